@@ -1,0 +1,186 @@
+"""goodtrace: where did the time of my training job go?
+
+The recording API (standard library only)::
+
+    import goodtrace as gt
+    gt.init("runs/exp1")
+    for step in range(start, total):
+        with gt.step(step) as s:
+            with gt.span("data"):
+                batch = next(loader)
+            loss = train_step(state, batch)   # asynchronous on GPU/TPU
+            s.complete_on(loss)               # observed lazily, one step later
+            gt.metric("loss", loss, reduce="mean")
+        if step % 1000 == 0:
+            with gt.span("checkpoint"):       # blocking: settles pending steps first
+                save(state)
+    gt.finish(completed=True)
+
+Flow: ``span()`` -> in-memory buffer -> writer thread -> per-rank segment files -> reader ->
+analysis -> renderers. Before ``init()`` (and with ``enabled=False``) every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from goodtrace import schema
+from goodtrace._process import discover_identity
+from goodtrace._recorder import NOOP_RECORDER, NoopRecorder, Recorder, Span, StepContext, set_disabled, span
+from goodtrace._storage import Storage
+from goodtrace._writer import GoodtraceWarning
+from goodtrace.config import Config, ConfigError
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "GoodtraceWarning",
+    "Span",
+    "StepContext",
+    "complete_on",
+    "current_step",
+    "event",
+    "finish",
+    "flush",
+    "init",
+    "is_enabled",
+    "metric",
+    "recorder",
+    "schema",
+    "span",
+    "step",
+    "tag",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_recorder: Recorder | NoopRecorder = NOOP_RECORDER
+_lock = threading.Lock()
+
+
+def init(
+    run_dir: str | os.PathLike[str],
+    *,
+    enabled: bool | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
+    ranks: Any = None,
+    config: Config | None = None,
+    clock: Callable[[], int] | None = None,
+    storage: Storage | None = None,
+    **options: Any,
+) -> Recorder | NoopRecorder:
+    """Start recording this rank into ``run_dir`` (a path or an fsspec URL).
+
+    Rank and world size come from the arguments, else from an initialised torch.distributed /
+    JAX, else from launcher variables (torchrun, Slurm, Open MPI), else 0 of 1. ``ranks``
+    (a collection of rank numbers) records only those ranks; others get the no-op recorder.
+    Other keyword options are :class:`Config` fields (e.g. ``lag=2``, ``flush_interval_s=5``).
+    """
+    global _recorder
+    if config is None:
+        config = Config.from_env(enabled=enabled, **options)
+    elif options or enabled is not None:
+        raise ConfigError("pass either config= or individual options, not both")
+    with _lock:
+        if isinstance(_recorder, Recorder) and not _recorder.finished:
+            raise RuntimeError(
+                f"goodtrace is already recording into {_recorder.run_dir!r}; call finish() first"
+            )
+        if not config.enabled:
+            set_disabled()
+            _recorder = NOOP_RECORDER
+            return _recorder
+        identity = discover_identity(rank=rank, world_size=world_size, local_rank=local_rank)
+        if ranks is not None and identity.rank not in set(ranks):
+            set_disabled()
+            _recorder = NOOP_RECORDER
+            return _recorder
+        kwargs: dict[str, Any] = {"storage": storage}
+        if clock is not None:
+            kwargs["clock"] = clock
+        _recorder = Recorder(os.fspath(run_dir), config, identity, **kwargs)
+        _recorder.activate()
+        return _recorder
+
+
+def finish(completed: bool = True) -> bool:
+    """Settle pending steps, write the finish record, flush and close the files.
+
+    ``completed=True`` says the job reached its end; ``False`` that it is stopping early.
+    Returns True when every record reached storage within ``finish_timeout_s``.
+    """
+    global _recorder
+    with _lock:
+        rec = _recorder
+        _recorder = NOOP_RECORDER
+    return rec.finish(completed)
+
+
+def flush(timeout: float | None = None) -> bool:
+    """Write everything buffered now; True when it reached storage within ``timeout``."""
+    return _recorder.flush(timeout)
+
+
+def recorder() -> Recorder | NoopRecorder:
+    """The active recorder (the shared no-op one when not recording)."""
+    return _recorder
+
+
+def is_enabled() -> bool:
+    return _recorder.enabled
+
+
+def current_step() -> int | None:
+    return _recorder.current_step
+
+
+def step(number: int) -> StepContext:
+    """``with gt.step(n) as s:``: the ambient step for spans, tags and metrics."""
+    return _recorder.step(number)  # type: ignore[no-any-return]
+
+
+def complete_on(value: object, step: int | None = None) -> None:
+    """The (current) step is complete when ``value`` is; observed with the lag, never earlier."""
+    _recorder.complete_on(value, step)
+
+
+def metric(name: str, value: object, reduce: str = "mean", step: int | None = None) -> None:
+    """A named value at the (current) step, reduced across ranks with ``reduce``."""
+    _recorder.metric(name, value, reduce, step)
+
+
+def tag(name: str, step: int | None = None) -> None:
+    """Label the (current) step, e.g. ``gt.tag("lr_drop")``."""
+    _recorder.tag(name, step)
+
+
+def event(name: str, **attrs: Any) -> None:
+    """A named instant with attributes, e.g. ``gt.event("preempted", signal=15)``."""
+    _recorder.event(name, attrs or None)
+
+
+def _at_exit() -> None:
+    rec = _recorder
+    if isinstance(rec, Recorder):
+        try:
+            rec.finish(None, "exit")
+        except Exception:  # noqa: BLE001, S110 - never fail interpreter shutdown
+            pass
+
+
+def _after_fork_in_child() -> None:
+    global _recorder, _lock
+    _lock = threading.Lock()
+    rec = _recorder
+    _recorder = NOOP_RECORDER
+    rec.after_fork_in_child()
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,586 @@
+"""The hot path: spans, steps with lagged completion, tags, events and metrics.
+
+A record is a tuple appended to a deque (atomic under the GIL, no lock); the writer thread
+turns tuples into JSON lines. Device values passed to ``complete_on`` / ``metric`` are kept as
+handles and observed only when that is free: when a later step ends (the lag), when a blocking
+span starts, or at ``finish()``. Nothing here raises into the training loop except a user's
+own exception inside a span, which is recorded and re-raised.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import gc
+import os
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from goodtrace import schema
+from goodtrace._process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
+from goodtrace._storage import Storage, open_storage
+from goodtrace._values import ValueAdapter, adapter_for, finite_or_none
+from goodtrace._writer import GoodtraceWarning, Writer
+from goodtrace.config import Config
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_get_ident = threading.get_ident
+_new = object.__new__
+_MAX_CATEGORY_CACHE = 10_000
+
+# The hot path reads these module globals (LOAD_GLOBAL is the cheapest lookup there is); they
+# are set when a Recorder becomes active and reset when it finishes. One recorder per process.
+_RUNNING, _DISABLED, _NOT_STARTED = 0, 1, 2
+_mode = _NOT_STARTED
+_clock: Callable[[], int] = time.perf_counter_ns
+_append: Callable[[tuple[Any, ...]], None] = collections.deque(maxlen=1).append
+_step: int | None = None
+_keys: dict[Any, tuple[str, str, bool, type[Span]]] = {}
+_active: Recorder | None = None
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("goodtrace")
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+class Span:
+    """A timed interval on the calling thread; one object per ``with`` entry.
+
+    In the buffer a span is ``(key, t0, t1, step, thread, attrs, exc_type)`` where
+    ``key = (name, category, blocking, class)`` is shared by every span of that name.
+    """
+
+    __slots__ = ("attrs", "key", "t0")
+
+    key: tuple[str, str, bool, type[Span]]
+    attrs: Mapping[str, Any] | None
+    t0: int
+
+    @property
+    def name(self) -> str:
+        return self.key[0]
+
+    @property
+    def category(self) -> str:
+        return self.key[1]
+
+    def __enter__(self) -> Span:
+        self.t0 = _clock()
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        _append((self.key, self.t0, _clock(), _step, _get_ident(), self.attrs, exc_type))
+
+    def __call__(self, func: F) -> F:
+        """Use as a decorator: each call of ``func`` runs in a fresh span of this name."""
+        name, category, attrs = self.key[0], self.key[1], self.attrs
+        return traced(lambda: span(name, category, attrs), func)
+
+
+class BlockingSpan(Span):
+    """A span of a blocking category: pending step completions are observed before t0."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Span:
+        if _active is not None:
+            _active.settle(schema.SYNC_BLOCKING)
+        self.t0 = _clock()
+        return self
+
+
+def span(name: Any, category: str | None = None, attrs: Mapping[str, Any] | None = None) -> Any:
+    """The hot path behind ``goodtrace.span`` (see there)."""
+    if _mode:
+        return NOOP_SPAN if _mode == _DISABLED else LateSpan(name, category, attrs)
+    try:
+        key = _keys[name if category is None else (name, category)]
+    except KeyError:
+        if type(name) is not str and callable(name):  # bare decorator: @gt.span
+            label = getattr(name, "__qualname__", repr(name))
+            return traced(lambda: span(label, category, attrs), name)
+        key = _new_key(name, category)
+    except TypeError:  # unhashable name: record its text
+        key = _new_key(repr(name)[:200], category)
+    s = _new(key[3])
+    s.key = key
+    s.attrs = attrs
+    return s
+
+
+def _new_key(name: Any, category: str | None) -> tuple[str, str, bool, type[Span]]:
+    rec = _active
+    if rec is None:
+        return (str(name), category or schema.COMPUTE, False, Span)
+    resolved, blocking = rec.resolve_category(name, category)
+    key = (name if isinstance(name, str) else repr(name)[:200], resolved, blocking,
+           BlockingSpan if blocking else Span)
+    if len(_keys) < _MAX_CATEGORY_CACHE:
+        _keys[name if category is None else (name, category)] = key
+    return key
+
+
+def span_key(name: str, category: str) -> tuple[str, str, bool, type[Span]]:
+    """The key for an automatic span (gc, compile): never blocking, cached."""
+    try:
+        return _keys[(name, category)]
+    except KeyError:
+        key = (name, category, False, Span)
+        if len(_keys) < _MAX_CATEGORY_CACHE:
+            _keys[(name, category)] = key
+        return key
+
+
+class _NoopSpan:
+    """The shared no-op: a context manager and a decorator that do nothing."""
+
+    __slots__ = ()
+    name = ""
+    category = ""
+
+    def __enter__(self) -> _NoopSpan:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        return None
+
+    def complete_on(self, value: object) -> None:
+        return None
+
+    def __call__(self, func: F) -> F:
+        return func  # recording is disabled for good: leave the function as it is
+
+
+NOOP_SPAN = _NoopSpan()
+
+
+class LateSpan:
+    """Returned before ``init()``: a no-op ``with`` block that, used as a decorator, traces
+    the function once recording starts (decorators usually run at import, before init)."""
+
+    __slots__ = ("attrs", "category", "name")
+
+    def __init__(self, name: Any, category: str | None, attrs: Mapping[str, Any] | None) -> None:
+        self.name = name
+        self.category = category
+        self.attrs = attrs
+
+    def __enter__(self) -> LateSpan:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        return None
+
+    def complete_on(self, value: object) -> None:
+        return None
+
+    def __call__(self, func: F) -> F:
+        if type(self.name) is not str and callable(self.name):  # bare @gt.span before init
+            target = self.name
+            label = getattr(target, "__qualname__", repr(target))
+            return traced(lambda: span(label, None, None), target)  # type: ignore[no-any-return]
+        name, category, attrs = self.name, self.category, self.attrs
+        return traced(lambda: span(name, category, attrs), func)
+
+
+class StepContext:
+    """``with gt.step(n) as s:`` sets the ambient step; ``s.complete_on(loss)`` marks its end."""
+
+    __slots__ = ("_rec", "number", "t0")
+
+    def __init__(self, rec: Recorder, number: int) -> None:
+        self._rec = rec
+        self.number = number
+        self.t0 = 0
+
+    def __enter__(self) -> StepContext:
+        self._rec.begin_step(self)
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._rec.end_step(self)
+
+    def complete_on(self, value: object) -> None:
+        """The step is complete when ``value`` is (observed lazily, with the lag)."""
+        self._rec.complete_on(value, step=self.number)
+
+
+class _Pending:
+    __slots__ = ("adapter", "handle", "metric", "ordinal", "step")
+
+    def __init__(
+        self, step: int | None, ordinal: int, adapter: ValueAdapter, handle: Any,
+        metric: tuple[str, str, int] | None,
+    ) -> None:
+        self.step = step
+        self.ordinal = ordinal  # how many steps had ended when its step began
+        self.adapter = adapter
+        self.handle = handle
+        self.metric = metric  # (name, reduce, t) for metric values, None for completions
+
+
+class Recorder:
+    """One rank's recorder. Created by ``goodtrace.init``; not meant to be built directly."""
+
+    enabled = True
+
+    def __init__(
+        self,
+        run_dir: str,
+        config: Config,
+        identity: ProcessIdentity,
+        *,
+        clock: Callable[[], int] = time.perf_counter_ns,
+        storage: Storage | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.config = config
+        self.identity = identity
+        self.clock = clock
+        self.buffer: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.session = f"{time.time_ns():020d}-{identity.pid}-{uuid.uuid4().hex[:8]}"
+        self._pid = identity.pid
+        self._active_step: StepContext | None = None
+        self._steps_ended = 0
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._pending_lock = threading.RLock()
+        self._overhead = config.all_overhead_categories
+        self._blocking = config.all_blocking_categories
+        self._warned: set[str] = set()
+        self.finished = False
+        self._gc_t0 = 0
+        self._gc_key = span_key("gc", schema.GC)
+        self.observations = 0
+        real_clock = clock is time.perf_counter_ns
+        proc_start, proc_source = process_start_mono_ns() if real_clock else (clock(), "clock")
+        self._header_static: dict[str, Any] = {
+            schema.F_KIND: schema.HEADER,
+            schema.H_SCHEMA: schema.SCHEMA_VERSION,
+            schema.H_VERSION: _version(),
+            schema.H_SESSION: self.session,
+            schema.H_RANK: identity.rank,
+            schema.H_WORLD: identity.world_size,
+            schema.H_LOCAL_RANK: identity.local_rank,
+            schema.H_HOST: identity.host,
+            schema.H_PID: identity.pid,
+            schema.H_RESTART: identity.restart,
+            schema.H_PROC_START: proc_start,
+            schema.H_PROC_START_SOURCE: proc_source,
+            schema.H_INIT: clock(),
+            schema.H_SUBMIT_WALL: submit_wall_ns(),
+            "main_tid": _get_ident(),
+            "rank_source": identity.rank_source,
+            "overhead_categories": sorted(self._overhead),
+            schema.H_CONFIG: config.to_record(),
+        }
+        self.storage = storage if storage is not None else open_storage(run_dir)
+        self.writer = Writer(
+            self.storage, self.buffer, config, self._header, f"rank-{identity.rank:05d}/{self.session}", clock
+        )
+
+    def activate(self) -> None:
+        """Make this the process's recorder: point the hot path at its buffer and clock."""
+        global _mode, _clock, _append, _step, _active
+        _keys.clear()
+        _clock = self.clock
+        _append = self.buffer.append
+        _step = None
+        _active = self
+        _mode = _RUNNING
+        self.writer.start()
+        if self.config.record_gc:
+            gc.callbacks.append(self._on_gc)
+
+    @property
+    def current_step(self) -> int | None:
+        return _step if _active is self else None
+
+    # ------------------------------------------------------------------ header
+    def _header(self, segment: int, wall: int, mono: int) -> dict[str, Any]:
+        header = dict(self._header_static)
+        header[schema.H_SEGMENT] = segment
+        header[schema.F_WALL] = wall
+        header[schema.F_MONO] = mono
+        return header
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned and len(self._warned) < 1000:
+            self._warned.add(key)
+            warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=4)
+
+    # ------------------------------------------------------------------ spans
+    def resolve_category(self, name: object, category: str | None) -> tuple[str, bool]:
+        """(category, blocking) for a span name: argument, config table, default table."""
+        if category is None and isinstance(name, str):
+            category = self.config.categories.get(name)
+        if category is None:
+            category = schema.category_for_name(name) if isinstance(name, str) else schema.COMPUTE
+        if not isinstance(category, str) or not category:
+            self._warn(f"category:{category!r}", f"invalid category {category!r}; using 'compute'")
+            category = schema.COMPUTE
+        if category not in schema.BUILTIN_CATEGORIES and category not in self._overhead:
+            self._warn(
+                f"category:{category}",
+                f"category {category!r} is neither built in nor declared in overhead_categories: "
+                "it counts as productive time",
+            )
+        return category, category in self._blocking
+
+    def record_span(
+        self, name: str, category: str, t0: int, t1: int, attrs: Mapping[str, Any] | None = None,
+        step: int | None = None, thread: int | None = None,
+    ) -> None:
+        """An automatic span measured elsewhere (compile listeners, gc): never settles."""
+        self.buffer.append(
+            (span_key(name, category), int(t0), int(t1), self.current_step if step is None else step,
+             _get_ident() if thread is None else thread, attrs, None)
+        )
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_t0 = self.clock()
+            return
+        t1 = self.clock()
+        t0 = self._gc_t0
+        if t0 and t1 - t0 >= self.config.gc_threshold_s * 1e9:
+            self.buffer.append(
+                (self._gc_key, t0, t1, _step, _get_ident(),
+                 {"generation": info.get("generation"), "collected": info.get("collected")}, None)
+            )
+
+    # ------------------------------------------------------------------ steps
+    def step(self, number: int) -> StepContext:
+        if type(number) is not int:
+            try:
+                number = int(number)  # type: ignore[call-overload]  # NumPy / torch integers
+            except (TypeError, ValueError):
+                self._warn("step-type", f"step number must be an int, got {number!r}; using a count")
+                number = self._steps_ended
+        return StepContext(self, number)
+
+    def begin_step(self, ctx: StepContext) -> None:
+        global _step
+        if self._active_step is not None:
+            self._warn("nested-step", "a step began inside another step; steps do not nest")
+        ctx.t0 = self.clock()
+        self._active_step = ctx
+        _step = ctx.number
+
+    def end_step(self, ctx: StepContext) -> None:
+        t1 = self.clock()
+        self.buffer.append((schema.STEP, ctx.number, ctx.t0, t1))
+        if self._active_step is ctx:
+            self._active_step = None
+        self._steps_ended += 1
+        if self._pending:
+            try:
+                self._settle_lagged(ctx.number)
+            except Exception as exc:  # noqa: BLE001
+                self._warn("settle", f"internal error while observing step values: {exc!r}")
+
+    def complete_on(self, value: object, step: int | None = None) -> None:
+        number = self.current_step if step is None else step
+        try:
+            adapter = adapter_for(value)
+            if adapter.host:
+                self.buffer.append((schema.SYNC, number, self.clock(), schema.SYNC_HOST))
+                return
+            handle = adapter.prepare(value)
+        except Exception as exc:  # noqa: BLE001
+            self._warn(f"complete_on:{type(value)}", f"complete_on ignored: {exc}")
+            return
+        with self._pending_lock:
+            self._pending.append(_Pending(number, self._steps_ended, adapter, handle, None))
+
+    def metric(self, name: str, value: object, reduce: str = "mean", step: int | None = None) -> None:
+        if reduce not in schema.REDUCTIONS:
+            self._warn(
+                f"reduce:{reduce!r}",
+                f"metric {name!r}: reduce must be one of {sorted(schema.REDUCTIONS)}, got {reduce!r}; "
+                "the value was not recorded",
+            )
+            return
+        number = self.current_step if step is None else step
+        t = self.clock()
+        try:
+            adapter = adapter_for(value)
+            if adapter.host:
+                self.buffer.append(
+                    (schema.METRIC, name, number, finite_or_none(adapter.to_float(value)), reduce, t)
+                )
+                return
+            handle = adapter.prepare(value)
+        except Exception as exc:  # noqa: BLE001
+            self._warn(f"metric:{name!r}", f"metric {name!r} not recorded: {exc}")
+            return
+        ordinal = self._steps_ended if self._active_step is not None else self._steps_ended - 1
+        with self._pending_lock:
+            self._pending.append(_Pending(number, ordinal, adapter, handle, (name, reduce, t)))
+
+    def _settle_lagged(self, ended_step: int) -> None:
+        lag = self.config.lag
+        ended = self._steps_ended
+        with self._pending_lock:
+            pending = self._pending
+            while pending and ended - pending[0].ordinal > lag:
+                self._observe(pending.popleft(), schema.SYNC_LAG)
+            # The step that just ended: if the loop already synchronised on its value (it logged
+            # the loss inside the step, say), its sync point is now. This probe never waits.
+            for entry in list(pending):
+                if entry.ordinal == ended - 1 and entry.metric is None and entry.step == ended_step:
+                    if entry.adapter.ready(entry.handle) is True:
+                        pending.remove(entry)
+                        self.buffer.append((schema.SYNC, entry.step, self.clock(), schema.SYNC_READY))
+
+    def settle(self, how: str = schema.SYNC_BLOCKING) -> None:
+        """Observe every pending value now (blocking spans, finish)."""
+        if not self._pending:
+            return
+        try:
+            with self._pending_lock:
+                while self._pending:
+                    self._observe(self._pending.popleft(), how)
+        except Exception as exc:  # noqa: BLE001
+            self._warn("settle", f"internal error while observing step values: {exc!r}")
+
+    def _observe(self, entry: _Pending, how: str) -> None:
+        try:
+            if entry.metric is not None:
+                name, reduce, t = entry.metric
+                value = finite_or_none(entry.adapter.to_float(entry.handle))
+                self.buffer.append((schema.METRIC, name, entry.step, value, reduce, t))
+                return
+            entry.adapter.wait(entry.handle)
+            self.observations += 1
+            self.buffer.append((schema.SYNC, entry.step, self.clock(), how))
+        except Exception as exc:  # noqa: BLE001 - the loop will see a device error itself
+            self._warn(f"observe:{type(exc)}", f"could not observe a value of step {entry.step}: {exc!r}")
+
+    # ------------------------------------------------------------------ tags, events
+    def tag(self, name: str, step: int | None = None) -> None:
+        self.buffer.append((schema.TAG, self.current_step if step is None else step, name, self.clock()))
+
+    def event(self, name: str, attrs: Mapping[str, Any] | None = None) -> None:
+        self.buffer.append((schema.EVENT, name, self.clock(), self.current_step, attrs))
+
+    def record_clock_offset(self, offset_ns: int, rtt_ns: int, reference_rank: int = 0) -> None:
+        self.buffer.append((schema.CLOCK, offset_ns, rtt_ns, reference_rank, self.clock()))
+
+    # ------------------------------------------------------------------ lifecycle
+    def flush(self, timeout: float | None = None) -> bool:
+        if self.finished or os.getpid() != self._pid:
+            return False
+        return self.writer.flush(self.config.finish_timeout_s if timeout is None else timeout)
+
+    def finish(self, completed: bool | None, reason: str = "finish") -> bool:
+        global _mode, _active, _append, _step
+        if self.finished or os.getpid() != self._pid:
+            return False
+        self.settle(schema.SYNC_FINISH)
+        if self._active_step is not None:
+            self._warn("finish-in-step", "finish() called inside a step")
+        self.finished = True
+        self.buffer.append((schema.FINISH, completed, self.clock(), reason))
+        if _active is self:
+            _mode = _NOT_STARTED
+            _active = None
+            _append = collections.deque(maxlen=1).append
+            _step = None
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        return self.writer.close(self.config.finish_timeout_s)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: never write into the parent's files, never take its locks."""
+        global _mode, _active, _append
+        self.finished = True
+        self._pid = -1
+        self.buffer = collections.deque(maxlen=1)
+        self._pending = collections.deque()
+        self._pending_lock = threading.RLock()
+        _mode = _DISABLED
+        _active = None
+        _append = self.buffer.append
+        try:
+            gc.callbacks.remove(self._on_gc)
+        except ValueError:
+            pass
+
+    @property
+    def dropped_records(self) -> int:
+        return self.writer.dropped_records
+
+
+def set_disabled() -> None:
+    """Recording is off for this process (``init(enabled=False)``): spans are the shared no-op."""
+    global _mode
+    _mode = _DISABLED
+
+
+class NoopRecorder:
+    """Disabled recording: every method is a no-op; ``span`` returns one shared object."""
+
+    enabled = False
+    current_step: int | None = None
+    observations = 0
+    dropped_records = 0
+    session = ""
+    run_dir = ""
+    finished = False
+
+    def step(self, number: int) -> Any:
+        return NOOP_SPAN
+
+    def complete_on(self, value: object, step: int | None = None) -> None:
+        return None
+
+    def metric(self, name: str, value: object, reduce: str = "mean", step: int | None = None) -> None:
+        return None
+
+    def tag(self, name: str, step: int | None = None) -> None:
+        return None
+
+    def event(self, name: str, attrs: Mapping[str, Any] | None = None) -> None:
+        return None
+
+    def record_span(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def record_clock_offset(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def settle(self, how: str = schema.SYNC_BLOCKING) -> None:
+        return None
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return True
+
+    def finish(self, completed: bool | None, reason: str = "finish") -> bool:
+        return True
+
+    def after_fork_in_child(self) -> None:
+        return None
+
+
+NOOP_RECORDER = NoopRecorder()
+
+
+def traced(span_factory: Callable[[], Any], func: F) -> F:
+    """Wrap ``func`` so each call runs inside a fresh span (decorator support)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with span_factory():
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

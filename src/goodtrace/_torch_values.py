@@ -1,0 +1,85 @@
+"""Adapter for torch tensors; imported only when the program passes one to goodtrace.
+
+A CPU tensor is a host value. For a CUDA tensor, ``prepare`` records a CUDA event on the
+current stream (no synchronisation); readiness is ``event.query()`` and waiting is
+``event.synchronize()``, so observing a step never syncs more than the loop itself does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from goodtrace._values import UnsupportedValue
+
+
+class _CpuTensor:
+    host = True
+
+    def prepare(self, value: Any) -> Any:
+        return value
+
+    def ready(self, handle: Any) -> bool | None:
+        return True
+
+    def wait(self, handle: Any) -> None:
+        return None
+
+    def to_float(self, handle: Any) -> float:
+        if handle.numel() != 1:
+            raise UnsupportedValue(f"a metric must be a scalar tensor, got shape {tuple(handle.shape)}")
+        return float(handle.detach().item())
+
+
+class _CudaTensor:
+    host = False
+
+    def prepare(self, value: Any) -> Any:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(value.device))
+        return (event, value)
+
+    def ready(self, handle: Any) -> bool | None:
+        return bool(handle[0].query())
+
+    def wait(self, handle: Any) -> None:
+        handle[0].synchronize()
+
+    def to_float(self, handle: Any) -> float:
+        event, value = handle
+        event.synchronize()
+        if value.numel() != 1:
+            raise UnsupportedValue(f"a metric must be a scalar tensor, got shape {tuple(value.shape)}")
+        return float(value.detach().item())
+
+
+class _AnyTensor:
+    """Tensors whose device is only known per value (the adapter cache is per type)."""
+
+    host = False
+    _cpu = _CpuTensor()
+    _cuda = _CudaTensor()
+
+    def prepare(self, value: Any) -> Any:
+        if value.device.type == "cuda":
+            return (self._cuda, self._cuda.prepare(value))
+        return (self._cpu, value)
+
+    def ready(self, handle: Any) -> bool | None:
+        adapter, inner = handle
+        return adapter.ready(inner)  # type: ignore[no-any-return]
+
+    def wait(self, handle: Any) -> None:
+        adapter, inner = handle
+        adapter.wait(inner)
+
+    def to_float(self, handle: Any) -> float:
+        adapter, inner = handle
+        return adapter.to_float(inner)  # type: ignore[no-any-return]
+
+
+def adapter_for_value(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        raise UnsupportedValue(f"unsupported torch object {type(value).__qualname__}")
+    return _AnyTensor()

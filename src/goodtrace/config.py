@@ -1,0 +1,133 @@
+"""Recorder configuration: one frozen, keyword-only dataclass, validated on construction.
+
+Every field can be overridden from the environment as ``GOODTRACE_<FIELD>`` (for example
+``GOODTRACE_ENABLED=0`` or ``GOODTRACE_FLUSH_INTERVAL_S=2``); explicit arguments win.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from goodtrace import schema
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message says which and why."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """How the recorder behaves. All durations are in seconds unless the name says otherwise."""
+
+    enabled: bool = True
+    lag: int = 1
+    flush_interval_s: float = 1.0
+    gc_threshold_s: float = 0.001
+    record_gc: bool = True
+    max_buffer_records: int = 2_000_000
+    max_pending_bytes: int = 64 * 1024 * 1024
+    segment_bytes: int = 64 * 1024 * 1024
+    remote_segment_bytes: int = 8 * 1024 * 1024
+    remote_upload_interval_s: float = 10.0
+    finish_timeout_s: float = 10.0
+    overhead_categories: tuple[str, ...] = ()
+    blocking_categories: tuple[str, ...] = ()
+    categories: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"enabled must be a bool, got {self.enabled!r}")
+        _check_int("lag", self.lag, minimum=0, maximum=1000)
+        _check_float("flush_interval_s", self.flush_interval_s, minimum=0.01, maximum=3600)
+        _check_float("gc_threshold_s", self.gc_threshold_s, minimum=0.0, maximum=3600)
+        _check_int("max_buffer_records", self.max_buffer_records, minimum=1000, maximum=10**9)
+        _check_int("max_pending_bytes", self.max_pending_bytes, minimum=1024, maximum=2**40)
+        _check_int("segment_bytes", self.segment_bytes, minimum=1024, maximum=2**40)
+        _check_int("remote_segment_bytes", self.remote_segment_bytes, minimum=1024, maximum=2**40)
+        _check_float(
+            "remote_upload_interval_s", self.remote_upload_interval_s, minimum=0.01, maximum=86400
+        )
+        _check_float("finish_timeout_s", self.finish_timeout_s, minimum=0.0, maximum=3600)
+        for field in ("overhead_categories", "blocking_categories"):
+            value = getattr(self, field)
+            if isinstance(value, str) or not all(isinstance(c, str) and c for c in value):
+                raise ConfigError(f"{field} must be a sequence of non-empty strings, got {value!r}")
+            object.__setattr__(self, field, tuple(value))
+        if not isinstance(self.categories, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in self.categories.items()
+        ):
+            raise ConfigError(f"categories must map span names to category names, got {self.categories!r}")
+        object.__setattr__(self, "categories", dict(self.categories))
+
+    @property
+    def all_overhead_categories(self) -> frozenset[str]:
+        return schema.OVERHEAD_CATEGORIES | frozenset(self.overhead_categories)
+
+    @property
+    def all_blocking_categories(self) -> frozenset[str]:
+        return schema.BLOCKING_CATEGORIES | frozenset(self.blocking_categories)
+
+    def to_record(self) -> dict[str, Any]:
+        """The configuration as written into each segment header."""
+        return {
+            "lag": self.lag,
+            "flush_interval_s": self.flush_interval_s,
+            "gc_threshold_s": self.gc_threshold_s,
+            "overhead_categories": list(self.overhead_categories),
+            "blocking_categories": list(self.blocking_categories),
+        }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+        """Build a config from ``GOODTRACE_*`` variables, then explicit ``overrides``."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = env.get("GOODTRACE_" + field.name.upper())
+            if raw is None or field.name == "categories":
+                continue
+            values[field.name] = _parse_env(field.name, raw, field.type)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown config option(s): {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+
+def _parse_env(name: str, raw: str, type_name: object) -> Any:
+    text = str(type_name)
+    try:
+        if text == "bool":
+            lowered = raw.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if text == "int":
+            return int(raw)
+        if text == "float":
+            return float(raw)
+        if text.startswith("tuple"):
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"GOODTRACE_{name.upper()}={raw!r} is not a valid {text}") from None
+    return raw
+
+
+def _check_int(name: str, value: object, *, minimum: int, maximum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an int, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{name} must be between {minimum} and {maximum}, got {value}")
+
+
+def _check_float(name: str, value: object, *, minimum: float, maximum: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if math.isnan(value) or not minimum <= value <= maximum:
+        raise ConfigError(f"{name} must be between {minimum} and {maximum}, got {value}")
