@@ -1,0 +1,71 @@
+"""The ``goodtrace`` command line: a thin dispatcher over ``goodtrace.commands.<name>``.
+
+Each subcommand is a module in ``goodtrace/commands`` exposing ``HELP`` (one line),
+``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when their
+subcommand runs, so ``goodtrace --help`` stays fast and needs no optional dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+from goodtrace import commands
+
+
+class CommandError(Exception):
+    """A user-facing error: printed as one line, exit status 2. No traceback."""
+
+
+def _command_names() -> list[str]:
+    return sorted(
+        info.name for info in pkgutil.iter_modules(commands.__path__) if not info.name.startswith("_")
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="goodtrace", description="Where did the time of my training job go?"
+    )
+    parser.add_argument("--version", action="version", version=f"goodtrace {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _command_names():
+        module = importlib.import_module(f"goodtrace.commands.{name}")
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(_module=module)
+    return parser
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("goodtrace")
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.run(args) or 0)
+    except CommandError as exc:
+        print(f"goodtrace {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

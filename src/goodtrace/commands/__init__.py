@@ -1,0 +1,1 @@
+"""Subcommands of the ``goodtrace`` CLI, one module each (see ``goodtrace.cli``)."""

@@ -1,0 +1,50 @@
+"""``goodtrace records RUN``: list a run's sessions and attempts (the raw view, no extras)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "list the sessions, attempts and record counts of a run directory"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run directory (path or fsspec URL)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    from goodtrace.cli import CommandError  # noqa: PLC0415
+    from goodtrace.reader import NotARunError, read_run  # noqa: PLC0415
+
+    try:
+        loaded = read_run(args.run)
+    except NotARunError as exc:
+        raise CommandError(str(exc)) from None
+    rows = []
+    for session in loaded.sessions:
+        finish = session.finish
+        rows.append(
+            {
+                "attempt": session.attempt,
+                "rank": session.rank,
+                "host": session.header.get("host"),
+                "pid": session.header.get("pid"),
+                "session": session.session_id,
+                "records": len(session.records),
+                "segments": session.segments,
+                "ended": "finished" if finish and finish.get("completed") else
+                ("exited" if finish else "no finish record (crashed or still running)"),
+            }
+        )
+    if args.json:
+        print(json.dumps({"sessions": rows, "problems": loaded.problems}, indent=2))
+        return 0
+    for row in rows:
+        print(
+            f"attempt {row['attempt']}  rank {row['rank']:>5}  {row['host']}:{row['pid']}  "
+            f"{row['records']:>8} records in {row['segments']} segment(s)  {row['ended']}"
+        )
+    for problem in loaded.problems:
+        print(f"warning: {problem}")
+    return 0
