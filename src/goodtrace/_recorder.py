@@ -261,6 +261,11 @@ class Recorder:
         self._gc_t0 = 0
         self._gc_key = span_key("gc", schema.GC)
         self.observations = 0
+        # Listeners (live aggregation, sinks): called in the training thread right after the
+        # record is made; they must be cheap and must not raise (exceptions are swallowed).
+        self.metric_listeners: list[Callable[[str, int | None, float | None, str], None]] = []
+        self.sync_listeners: list[Callable[[int | None, int, str], None]] = []
+        self.step_listeners: list[Callable[[int, int, int], None]] = []
         real_clock = clock is time.perf_counter_ns
         proc_start, proc_source = process_start_mono_ns() if real_clock else (clock(), "clock")
         self._header_static: dict[str, Any] = {
@@ -387,13 +392,18 @@ class Recorder:
                 self._settle_lagged(ctx.number)
             except Exception as exc:  # noqa: BLE001
                 self._warn("settle", f"internal error while observing step values: {exc!r}")
+        for listener in self.step_listeners:
+            try:
+                listener(ctx.number, ctx.t0, t1)
+            except Exception as exc:  # noqa: BLE001
+                self._warn(f"listener:{listener!r}", f"a step listener failed: {exc!r}")
 
     def complete_on(self, value: object, step: int | None = None) -> None:
         number = self.current_step if step is None else step
         try:
             adapter = adapter_for(value)
             if adapter.host:
-                self.buffer.append((schema.SYNC, number, self.clock(), schema.SYNC_HOST))
+                self._sync(number, self.clock(), schema.SYNC_HOST)
                 return
             handle = adapter.prepare(value)
         except Exception as exc:  # noqa: BLE001
@@ -415,9 +425,7 @@ class Recorder:
         try:
             adapter = adapter_for(value)
             if adapter.host:
-                self.buffer.append(
-                    (schema.METRIC, name, number, finite_or_none(adapter.to_float(value)), reduce, t)
-                )
+                self._metric(name, number, finite_or_none(adapter.to_float(value)), reduce, t)
                 return
             handle = adapter.prepare(value)
         except Exception as exc:  # noqa: BLE001
@@ -426,6 +434,22 @@ class Recorder:
         ordinal = self._steps_ended if self._active_step is not None else self._steps_ended - 1
         with self._pending_lock:
             self._pending.append(_Pending(number, ordinal, adapter, handle, (name, reduce, t)))
+
+    def _sync(self, step: int | None, t: int, how: str) -> None:
+        self.buffer.append((schema.SYNC, step, t, how))
+        for listener in self.sync_listeners:
+            try:
+                listener(step, t, how)
+            except Exception as exc:  # noqa: BLE001
+                self._warn(f"listener:{listener!r}", f"a sync listener failed: {exc!r}")
+
+    def _metric(self, name: str, step: int | None, value: float | None, reduce: str, t: int) -> None:
+        self.buffer.append((schema.METRIC, name, step, value, reduce, t))
+        for listener in self.metric_listeners:
+            try:
+                listener(name, step, value, reduce)
+            except Exception as exc:  # noqa: BLE001
+                self._warn(f"listener:{listener!r}", f"a metric listener failed: {exc!r}")
 
     def _settle_lagged(self, ended_step: int) -> None:
         lag = self.config.lag
@@ -440,7 +464,7 @@ class Recorder:
                 if entry.ordinal == ended - 1 and entry.metric is None and entry.step == ended_step:
                     if entry.adapter.ready(entry.handle) is True:
                         pending.remove(entry)
-                        self.buffer.append((schema.SYNC, entry.step, self.clock(), schema.SYNC_READY))
+                        self._sync(entry.step, self.clock(), schema.SYNC_READY)
 
     def settle(self, how: str = schema.SYNC_BLOCKING) -> None:
         """Observe every pending value now (blocking spans, finish)."""
@@ -458,11 +482,11 @@ class Recorder:
             if entry.metric is not None:
                 name, reduce, t = entry.metric
                 value = finite_or_none(entry.adapter.to_float(entry.handle))
-                self.buffer.append((schema.METRIC, name, entry.step, value, reduce, t))
+                self._metric(name, entry.step, value, reduce, t)
                 return
             entry.adapter.wait(entry.handle)
             self.observations += 1
-            self.buffer.append((schema.SYNC, entry.step, self.clock(), how))
+            self._sync(entry.step, self.clock(), how)
         except Exception as exc:  # noqa: BLE001 - the loop will see a device error itself
             self._warn(f"observe:{type(exc)}", f"could not observe a value of step {entry.step}: {exc!r}")
 
