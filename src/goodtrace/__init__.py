@@ -25,7 +25,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from goodtrace import schema
@@ -142,7 +142,7 @@ def current_step() -> int | None:
 
 def step(number: int) -> StepContext:
     """``with gt.step(n) as s:``: the ambient step for spans, tags and metrics."""
-    return _recorder.step(number)  # type: ignore[no-any-return]
+    return _recorder.step(number)  # type: ignore[no-any-return,unused-ignore]
 
 
 def complete_on(value: object, step: int | None = None) -> None:
@@ -170,7 +170,7 @@ def _at_exit() -> None:
     if isinstance(rec, Recorder):
         try:
             rec.finish(None, "exit")
-        except Exception:  # noqa: BLE001, S110 - never fail interpreter shutdown
+        except Exception:
             pass
 
 

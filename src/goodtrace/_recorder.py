@@ -38,7 +38,8 @@ _MAX_CATEGORY_CACHE = 10_000
 _RUNNING, _DISABLED, _NOT_STARTED = 0, 1, 2
 _mode = _NOT_STARTED
 _clock: Callable[[], int] = time.perf_counter_ns
-_append: Callable[[tuple[Any, ...]], None] = collections.deque(maxlen=1).append
+_SINK: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=1)
+_append: Callable[[tuple[Any, ...]], None] = _SINK.append
 _step: int | None = None
 _keys: dict[Any, tuple[str, str, bool, type[Span]]] = {}
 _active: Recorder | None = None
@@ -46,10 +47,10 @@ _active: Recorder | None = None
 
 def _version() -> str:
     try:
-        from importlib.metadata import version  # noqa: PLC0415
+        from importlib.metadata import version
 
         return version("goodtrace")
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "unknown"
 
 
@@ -102,7 +103,12 @@ class BlockingSpan(Span):
 def span(name: Any, category: str | None = None, attrs: Mapping[str, Any] | None = None) -> Any:
     """The hot path behind ``goodtrace.span`` (see there)."""
     if _mode:
-        return NOOP_SPAN if _mode == _DISABLED else LateSpan(name, category, attrs)
+        if _mode == _DISABLED:
+            return NOOP_SPAN
+        if type(name) is not str and callable(name):  # bare @gt.span before init
+            label = getattr(name, "__qualname__", repr(name))
+            return traced(lambda: span(label, category, attrs), name)
+        return LateSpan(name, category, attrs)
     try:
         key = _keys[name if category is None else (name, category)]
     except KeyError:
@@ -185,10 +191,6 @@ class LateSpan:
         return None
 
     def __call__(self, func: F) -> F:
-        if type(self.name) is not str and callable(self.name):  # bare @gt.span before init
-            target = self.name
-            label = getattr(target, "__qualname__", repr(target))
-            return traced(lambda: span(label, None, None), target)  # type: ignore[no-any-return]
         name, category, attrs = self.name, self.category, self.attrs
         return traced(lambda: span(name, category, attrs), func)
 
@@ -367,7 +369,7 @@ class Recorder:
     def step(self, number: int) -> StepContext:
         if type(number) is not int:
             try:
-                number = int(number)  # type: ignore[call-overload]  # NumPy / torch integers
+                number = int(number)  # NumPy / torch integers
             except (TypeError, ValueError):
                 self._warn("step-type", f"step number must be an int, got {number!r}; using a count")
                 number = self._steps_ended
@@ -390,12 +392,12 @@ class Recorder:
         if self._pending:
             try:
                 self._settle_lagged(ctx.number)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._warn("settle", f"internal error while observing step values: {exc!r}")
         for listener in self.step_listeners:
             try:
                 listener(ctx.number, ctx.t0, t1)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._warn(f"listener:{listener!r}", f"a step listener failed: {exc!r}")
 
     def complete_on(self, value: object, step: int | None = None) -> None:
@@ -406,7 +408,7 @@ class Recorder:
                 self._sync(number, self.clock(), schema.SYNC_HOST)
                 return
             handle = adapter.prepare(value)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._warn(f"complete_on:{type(value)}", f"complete_on ignored: {exc}")
             return
         with self._pending_lock:
@@ -428,7 +430,7 @@ class Recorder:
                 self._metric(name, number, finite_or_none(adapter.to_float(value)), reduce, t)
                 return
             handle = adapter.prepare(value)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._warn(f"metric:{name!r}", f"metric {name!r} not recorded: {exc}")
             return
         ordinal = self._steps_ended if self._active_step is not None else self._steps_ended - 1
@@ -440,7 +442,7 @@ class Recorder:
         for listener in self.sync_listeners:
             try:
                 listener(step, t, how)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._warn(f"listener:{listener!r}", f"a sync listener failed: {exc!r}")
 
     def _metric(self, name: str, step: int | None, value: float | None, reduce: str, t: int) -> None:
@@ -448,7 +450,7 @@ class Recorder:
         for listener in self.metric_listeners:
             try:
                 listener(name, step, value, reduce)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._warn(f"listener:{listener!r}", f"a metric listener failed: {exc!r}")
 
     def _settle_lagged(self, ended_step: int) -> None:
@@ -461,10 +463,10 @@ class Recorder:
             # The step that just ended: if the loop already synchronised on its value (it logged
             # the loss inside the step, say), its sync point is now. This probe never waits.
             for entry in list(pending):
-                if entry.ordinal == ended - 1 and entry.metric is None and entry.step == ended_step:
-                    if entry.adapter.ready(entry.handle) is True:
-                        pending.remove(entry)
-                        self._sync(entry.step, self.clock(), schema.SYNC_READY)
+                if (entry.ordinal == ended - 1 and entry.metric is None and entry.step == ended_step
+                        and entry.adapter.ready(entry.handle) is True):
+                    pending.remove(entry)
+                    self._sync(entry.step, self.clock(), schema.SYNC_READY)
 
     def settle(self, how: str = schema.SYNC_BLOCKING) -> None:
         """Observe every pending value now (blocking spans, finish)."""
@@ -474,7 +476,7 @@ class Recorder:
             with self._pending_lock:
                 while self._pending:
                     self._observe(self._pending.popleft(), how)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._warn("settle", f"internal error while observing step values: {exc!r}")
 
     def _observe(self, entry: _Pending, how: str) -> None:
@@ -487,7 +489,7 @@ class Recorder:
             entry.adapter.wait(entry.handle)
             self.observations += 1
             self._sync(entry.step, self.clock(), how)
-        except Exception as exc:  # noqa: BLE001 - the loop will see a device error itself
+        except Exception as exc:
             self._warn(f"observe:{type(exc)}", f"could not observe a value of step {entry.step}: {exc!r}")
 
     # ------------------------------------------------------------------ tags, events
@@ -518,7 +520,7 @@ class Recorder:
         if _active is self:
             _mode = _NOT_STARTED
             _active = None
-            _append = collections.deque(maxlen=1).append
+            _append = _SINK.append
             _step = None
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)

@@ -21,7 +21,6 @@ from goodtrace import schema
 from goodtrace._storage import Storage
 from goodtrace.config import Config
 
-
 _CHUNK_RECORDS = 20_000  # records per chunk handed to the I/O thread
 
 
@@ -184,7 +183,7 @@ class Writer:
         try:
             with self._flush_lock:
                 self._flush_locked()
-        except Exception as exc:  # noqa: BLE001 - the writer must never raise into training
+        except Exception as exc:
             self.write_errors += 1
             self.warn_once("flush", f"internal error while encoding records: {exc!r}")
 
@@ -210,7 +209,7 @@ class Writer:
                 try:
                     lines.append(encode(record))
                     count += 1
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     self.write_errors += 1
                     self.warn_once("encode", f"could not encode a record ({exc!r}); it was skipped")
             if exhausted:
@@ -254,7 +253,7 @@ class Writer:
                     self._write_chunk(*item)
                 if self._storage.remote:
                     self._maybe_upload(force=False)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.write_errors += 1
                 if item is not None:
                     self.dropped_records += item[1]
@@ -338,7 +337,7 @@ class Writer:
                 if self._storage.remote:
                     self._maybe_upload(force=True)
                 self._storage.close_file(self._segment_path())
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.write_errors += 1
                 self.warn_once("io", f"could not write to {self._storage.description}: {exc!r}")
                 done = False

@@ -42,10 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _version() -> str:
     try:
-        from importlib.metadata import version  # noqa: PLC0415
+        from importlib.metadata import version
 
         return version("goodtrace")
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "unknown"
 
 
@@ -68,4 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the package module so that CommandError is the one commands raise.
+    from goodtrace.cli import main as _main
+
+    sys.exit(_main())

@@ -42,7 +42,7 @@ class Config:
         if not isinstance(self.enabled, bool):
             raise ConfigError(f"enabled must be a bool, got {self.enabled!r}")
         _check_int("lag", self.lag, minimum=0, maximum=1000)
-        _check_float("flush_interval_s", self.flush_interval_s, minimum=0.01, maximum=3600)
+        _check_float("flush_interval_s", self.flush_interval_s, minimum=0.001, maximum=3600)
         _check_float("gc_threshold_s", self.gc_threshold_s, minimum=0.0, maximum=3600)
         _check_int("max_buffer_records", self.max_buffer_records, minimum=1000, maximum=10**9)
         _check_int("max_pending_bytes", self.max_pending_bytes, minimum=1024, maximum=2**40)

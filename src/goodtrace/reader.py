@@ -74,7 +74,7 @@ class Session:
     def finish(self) -> dict[str, Any] | None:
         for record in reversed(self.records):
             if record.get(schema.F_KIND) == schema.FINISH:
-                return record
+                return dict(record)
         return None
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
@@ -106,7 +106,7 @@ def _list_segments(run_dir: str) -> list[tuple[str, str]]:
     """(rank directory name, segment path) pairs, sorted."""
     found: list[tuple[str, str]] = []
     if is_url(run_dir):
-        import fsspec  # noqa: PLC0415
+        import fsspec
 
         fs, root = fsspec.core.url_to_fs(run_dir)
         for path in sorted(fs.glob(root.rstrip("/") + "/rank-*/*" + SEGMENT_SUFFIX)):
@@ -126,7 +126,7 @@ def _list_segments(run_dir: str) -> list[tuple[str, str]]:
 
 def _read_bytes(run_dir: str, path: str) -> bytes:
     if is_url(run_dir):
-        import fsspec  # noqa: PLC0415
+        import fsspec
 
         fs, _ = fsspec.core.url_to_fs(run_dir)
         return bytes(fs.cat_file(path))

@@ -118,7 +118,7 @@ class SimulatedDevice:
 @contextlib.contextmanager
 def capture(run_dir: str | os.PathLike[str] | None = None, **init_options: Any) -> Iterator[CaptureResult]:
     """Record inside the block, then read it back: ``with capture() as cap: ...; cap.run``."""
-    import goodtrace  # noqa: PLC0415
+    import goodtrace
 
     with contextlib.ExitStack() as stack:
         if run_dir is None:

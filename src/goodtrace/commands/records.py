@@ -14,8 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from goodtrace.cli import CommandError  # noqa: PLC0415
-    from goodtrace.reader import NotARunError, read_run  # noqa: PLC0415
+    from goodtrace.cli import CommandError
+    from goodtrace.reader import NotARunError, read_run
 
     try:
         loaded = read_run(args.run)
