@@ -58,7 +58,7 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_recorder: Recorder | NoopRecorder = NOOP_RECORDER
+_active_recorder: Recorder | NoopRecorder = NOOP_RECORDER
 _lock = threading.Lock()
 
 
@@ -82,31 +82,31 @@ def init(
     (a collection of rank numbers) records only those ranks; others get the no-op recorder.
     Other keyword options are :class:`Config` fields (e.g. ``lag=2``, ``flush_interval_s=5``).
     """
-    global _recorder
+    global _active_recorder
     if config is None:
         config = Config.from_env(enabled=enabled, **options)
     elif options or enabled is not None:
         raise ConfigError("pass either config= or individual options, not both")
     with _lock:
-        if isinstance(_recorder, Recorder) and not _recorder.finished:
+        if isinstance(_active_recorder, Recorder) and not _active_recorder.finished:
             raise RuntimeError(
-                f"goodtrace is already recording into {_recorder.run_dir!r}; call finish() first"
+                f"goodtrace is already recording into {_active_recorder.run_dir!r}; call finish() first"
             )
         if not config.enabled:
             set_disabled()
-            _recorder = NOOP_RECORDER
-            return _recorder
+            _active_recorder = NOOP_RECORDER
+            return _active_recorder
         identity = discover_identity(rank=rank, world_size=world_size, local_rank=local_rank)
         if ranks is not None and identity.rank not in set(ranks):
             set_disabled()
-            _recorder = NOOP_RECORDER
-            return _recorder
+            _active_recorder = NOOP_RECORDER
+            return _active_recorder
         kwargs: dict[str, Any] = {"storage": storage}
         if clock is not None:
             kwargs["clock"] = clock
-        _recorder = Recorder(os.fspath(run_dir), config, identity, **kwargs)
-        _recorder.activate()
-        return _recorder
+        _active_recorder = Recorder(os.fspath(run_dir), config, identity, **kwargs)
+        _active_recorder.activate()
+        return _active_recorder
 
 
 def finish(completed: bool = True) -> bool:
@@ -115,58 +115,58 @@ def finish(completed: bool = True) -> bool:
     ``completed=True`` says the job reached its end; ``False`` that it is stopping early.
     Returns True when every record reached storage within ``finish_timeout_s``.
     """
-    global _recorder
+    global _active_recorder
     with _lock:
-        rec = _recorder
-        _recorder = NOOP_RECORDER
+        rec = _active_recorder
+        _active_recorder = NOOP_RECORDER
     return rec.finish(completed)
 
 
 def flush(timeout: float | None = None) -> bool:
     """Write everything buffered now; True when it reached storage within ``timeout``."""
-    return _recorder.flush(timeout)
+    return _active_recorder.flush(timeout)
 
 
 def recorder() -> Recorder | NoopRecorder:
     """The active recorder (the shared no-op one when not recording)."""
-    return _recorder
+    return _active_recorder
 
 
 def is_enabled() -> bool:
-    return _recorder.enabled
+    return _active_recorder.enabled
 
 
 def current_step() -> int | None:
-    return _recorder.current_step
+    return _active_recorder.current_step
 
 
 def step(number: int) -> StepContext:
     """``with gt.step(n) as s:``: the ambient step for spans, tags and metrics."""
-    return _recorder.step(number)  # type: ignore[no-any-return,unused-ignore]
+    return _active_recorder.step(number)  # type: ignore[no-any-return,unused-ignore]
 
 
 def complete_on(value: object, step: int | None = None) -> None:
     """The (current) step is complete when ``value`` is; observed with the lag, never earlier."""
-    _recorder.complete_on(value, step)
+    _active_recorder.complete_on(value, step)
 
 
 def metric(name: str, value: object, reduce: str = "mean", step: int | None = None) -> None:
     """A named value at the (current) step, reduced across ranks with ``reduce``."""
-    _recorder.metric(name, value, reduce, step)
+    _active_recorder.metric(name, value, reduce, step)
 
 
 def tag(name: str, step: int | None = None) -> None:
     """Label the (current) step, e.g. ``gt.tag("lr_drop")``."""
-    _recorder.tag(name, step)
+    _active_recorder.tag(name, step)
 
 
 def event(name: str, **attrs: Any) -> None:
     """A named instant with attributes, e.g. ``gt.event("preempted", signal=15)``."""
-    _recorder.event(name, attrs or None)
+    _active_recorder.event(name, attrs or None)
 
 
 def _at_exit() -> None:
-    rec = _recorder
+    rec = _active_recorder
     if isinstance(rec, Recorder):
         try:
             rec.finish(None, "exit")
@@ -175,10 +175,10 @@ def _at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _recorder, _lock
+    global _active_recorder, _lock
     _lock = threading.Lock()
-    rec = _recorder
-    _recorder = NOOP_RECORDER
+    rec = _active_recorder
+    _active_recorder = NOOP_RECORDER
     rec.after_fork_in_child()
 
 
