@@ -236,3 +236,30 @@ def test_forked_child_neither_writes_nor_deadlocks(tmp_path: Any) -> None:
     names = {r["name"] for r in run.sessions[0].records if r["kind"] in ("span", "event")}
     assert "child" not in names and "child-event" not in names
     assert sum(1 for r in run.sessions[0].of_kind("span") if r["name"] == "parent") == 20 * 200
+
+
+def test_sigterm_records_preemption_and_flushes(tmp_path: Any) -> None:
+    run_dir = str(tmp_path / "run")
+    code = textwrap.dedent(
+        """
+        import sys, time
+        import goodtrace as gt
+        gt.init(sys.argv[1], flush_interval_s=60)  # nothing flushed by the timer
+        for k in range(5):
+            with gt.step(k) as s:
+                s.complete_on(1.0)
+        print("ready", flush=True)
+        time.sleep(60)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, run_dir], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=30) == -signal.SIGTERM  # it still dies of the signal
+    child.stdout.close()
+    (session,) = read_run(run_dir).sessions
+    assert [r["step"] for r in session.of_kind("sync")] == [0, 1, 2, 3, 4]
+    assert [r["name"] for r in session.of_kind("event")] == ["preempted"]
+    assert session.finish is not None
+    assert (session.finish["completed"], session.finish["reason"]) == (False, "signal")

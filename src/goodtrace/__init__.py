@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -106,6 +107,7 @@ def init(
             kwargs["clock"] = clock
         _active_recorder = Recorder(os.fspath(run_dir), config, identity, **kwargs)
         _active_recorder.activate()
+        _install_sigterm_handler(_active_recorder)
         return _active_recorder
 
 
@@ -163,6 +165,27 @@ def tag(name: str, step: int | None = None) -> None:
 def event(name: str, **attrs: Any) -> None:
     """A named instant with attributes, e.g. ``gt.event("preempted", signal=15)``."""
     _active_recorder.event(name, attrs or None)
+
+
+def _install_sigterm_handler(rec: Recorder) -> None:
+    """On SIGTERM (how schedulers preempt), record it and flush, then die as the signal says.
+
+    Only when the program has no SIGTERM handler of its own and we are in the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        try:
+            rec.event("preempted", {"signal": signum})
+            rec.finish(False, "signal")
+        finally:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _at_exit() -> None:

@@ -137,7 +137,7 @@ class Writer:
         self._prefix = segment_prefix
         self._clock = clock
         self._encoder = _Encoder()
-        self._flush_lock = threading.Lock()
+        self._flush_lock = threading.RLock()  # re-entrant: a signal handler may finish() mid-flush
         self._io_cond = threading.Condition()
         self._io_queue: collections.deque[tuple[bytes, int]] = collections.deque()
         self._io_pending_bytes = 0
