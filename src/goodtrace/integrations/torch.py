@@ -1,0 +1,477 @@
+"""PyTorch integration: device step timing, compile spans, memory, FLOPs, live aggregation, clocks.
+
+``instrument()`` (after ``goodtrace.init``, on every rank) hooks the active recorder:
+
+* **CUDA step events**: an event on the current stream when each step begins and ends. Once
+  they have completed (``query()``, never a synchronisation) the step's device time
+  (``device/busy_s``: begin→end event) and the device-idle gap before it (``device/idle_s``:
+  previous end→begin, i.e. time the stream had nothing queued) are recorded as metrics of that
+  step. Absent without CUDA, never faked.
+* **torch.compile**: dynamo's compile start/end callbacks become ``compile`` spans.
+* **Memory** every ``log_every`` steps: host RSS, and on CUDA the peak allocated/reserved
+  bytes since the previous log step (metrics ``memory/*``, reduced with ``max``).
+* **FLOPs**: given (``flops_per_step``) or measured once with :func:`measure_flops`; with
+  ``tokens_per_step`` and the device peak they give tokens/s, TFLOP/s and MFU in the live line,
+  and are recorded once as the ``model`` event for offline analysis.
+* **Live aggregation** (``goodtrace.live``) over a dedicated gloo group created here, and
+  **clock alignment** (``goodtrace.clocksync``) at start-up and every ``clock_sync_every`` steps.
+
+``instrument`` is collective when ``torch.distributed`` is initialised: all ranks call it.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from goodtrace import schema
+from goodtrace._writer import GoodtraceWarning
+from goodtrace.clocksync import OffsetSample, measure_offset
+from goodtrace.live import GatherHandle, LiveAggregator, LocalTransport, Transport
+
+__all__ = [
+    "GlooTransport",
+    "TorchIntegration",
+    "instrument",
+    "measure_flops",
+    "peak_flops_for",
+    "sync_clocks",
+]
+
+# Dense bf16/fp16 tensor-core peaks (FLOP/s) per device, from the vendors' data sheets.
+PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989.4e12),
+    ("H100 PCIe", 756.0e12),
+    ("H100", 989.4e12),
+    ("GH200", 989.4e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A10G", 70e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("V100", 125e12),
+    ("MI300X", 1307e12),
+)
+
+
+def peak_flops_for(device_name: str) -> float | None:
+    """The dense 16-bit peak of a known accelerator (by name), else None."""
+    for needle, peak in PEAK_FLOPS:
+        if needle.lower() in device_name.lower():
+            return peak
+    return None
+
+
+def measure_flops(model: torch.nn.Module, *args: Any, backward: bool = True, **kwargs: Any) -> int:
+    """FLOPs of one training step of ``model(*args, **kwargs)`` (forward, and backward of the
+    output's sum or of the loss it returns), counted once with PyTorch's FLOP counter.
+
+    Pass the plain module, not a DistributedDataParallel wrapper (its backward would run a
+    collective). Gradients the call produces are discarded; existing gradients are kept.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    saved = [(p, p.grad) for p in model.parameters()]
+    try:
+        with FlopCounterMode(display=False) as counter:
+            out = model(*args, **kwargs)
+            if backward:
+                loss = _scalar_of(out)
+                if loss is not None and loss.requires_grad:
+                    loss.backward()  # type: ignore[no-untyped-call]
+        return int(counter.get_total_flops())
+    finally:
+        for parameter, grad in saved:
+            parameter.grad = grad
+
+
+def _scalar_of(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out if out.numel() == 1 else out.float().sum()
+    if isinstance(out, (tuple, list)):
+        for item in reversed(out):  # (logits, loss) conventions: prefer a scalar
+            if isinstance(item, torch.Tensor) and item.numel() == 1:
+                return item
+        for item in out:
+            if isinstance(item, torch.Tensor):
+                return item.float().sum()
+    if isinstance(out, dict):
+        loss = out.get("loss")
+        if isinstance(loss, torch.Tensor):
+            return loss
+    return None
+
+
+# ------------------------------------------------------------------------------ distributed
+
+
+class _GlooGather:
+    def __init__(self, work: Any, outputs: list[torch.Tensor]) -> None:
+        self._work = work
+        self._outputs = outputs
+
+    def done(self) -> bool:
+        return bool(self._work.is_completed())
+
+    def wait(self) -> list[list[float]]:
+        self._work.wait()
+        return [t.tolist() for t in self._outputs]
+
+
+class GlooTransport:
+    """All-gather of float64 vectors on a gloo group, ``async_op=True`` (never a CUDA stream)."""
+
+    def __init__(self, group: Any) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    def all_gather(self, vector: list[float]) -> GatherHandle:
+        local = torch.tensor(vector, dtype=torch.float64)
+        outputs = [torch.empty_like(local) for _ in range(self.world_size)]
+        work = self._dist.all_gather(outputs, local, group=self.group, async_op=True)
+        return _GlooGather(work, outputs)
+
+
+def sync_clocks(group: Any, clock: Callable[[], int], rounds: int = 16) -> OffsetSample:
+    """Measure this rank's clock offset to rank 0 of ``group`` (a CPU/gloo group), after a
+    barrier. Collective: every rank of the group calls it."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    buffer2 = torch.zeros(2, dtype=torch.int64)
+    buffer1 = torch.zeros(1, dtype=torch.int64)
+
+    def send(peer: int, values: Sequence[int]) -> None:
+        dist.send(torch.tensor(list(values), dtype=torch.int64), group=group, group_dst=peer)
+
+    def recv(peer: int) -> Sequence[int]:
+        target = buffer1 if rank == 0 else buffer2  # pings carry t0, answers (t1, t2)
+        dist.recv(target, group=group, group_src=peer)
+        return [int(x) for x in target.tolist()]
+
+    dist.barrier(group=group)
+    return measure_offset(rank=rank, world_size=world, clock=clock, send=send, recv=recv, rounds=rounds)
+
+
+# ------------------------------------------------------------------------------ integration
+
+
+class _CudaStepTimer:
+    """Events at step boundaries on the current CUDA stream, resolved once they completed."""
+
+    _MAX_OUTSTANDING = 256
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+        self.device = torch.cuda.current_device()
+        self._begin: Any = None
+        self._begin_step: int | None = None
+        self._prev_end: Any = None
+        self._outstanding: collections.deque[tuple[int, Any, Any, Any]] = collections.deque()
+
+    def begin(self, number: int) -> None:
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record(torch.cuda.current_stream(self.device))
+        self._begin = event
+        self._begin_step = number
+
+    def end(self, number: int) -> None:
+        if self._begin is None or self._begin_step != number:
+            return
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end.record(torch.cuda.current_stream(self.device))
+        self._outstanding.append((number, self._prev_end, self._begin, end))
+        self._prev_end = end
+        self._begin = None
+        if len(self._outstanding) > self._MAX_OUTSTANDING:
+            self._outstanding.popleft()
+        self.poll(block=False)
+
+    def poll(self, block: bool) -> None:
+        while self._outstanding:
+            number, prev_end, begin, end = self._outstanding[0]
+            if block:
+                end.synchronize()
+            elif not end.query():
+                return
+            self._outstanding.popleft()
+            busy = begin.elapsed_time(end) / 1e3
+            self.recorder.metric("device/busy_s", busy, "mean", number)
+            if prev_end is not None:
+                self.recorder.metric("device/idle_s", max(0.0, prev_end.elapsed_time(begin) / 1e3), "max", number)
+
+
+def _cuda_in_use() -> bool:
+    """CUDA is available and the program has already initialised it (never initialise it here)."""
+    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        try:
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            return int(peak) * (1 if sys.platform == "darwin" else 1024)
+        except Exception:
+            return None
+
+
+class TorchIntegration:
+    """The hooks ``instrument()`` installed; ``close()`` (run by ``finish()``) removes them."""
+
+    def __init__(
+        self,
+        recorder: Any,
+        *,
+        log_every: int,
+        tokens_per_step: float | None,
+        flops_per_step: float | None,
+        peak_flops: float | None,
+        live: bool,
+        cuda_events: bool,
+        memory: bool,
+        compile_spans: bool,
+        clock_sync_every: int,
+        clock_sync_rounds: int,
+        printer: Callable[[str], None] | None,
+        group_timeout_s: float,
+    ) -> None:
+        self.recorder = recorder
+        self.log_every = log_every
+        self.memory = memory
+        self.clock_sync_every = clock_sync_every
+        self.clock_sync_rounds = clock_sync_rounds
+        self.group: Any = None
+        self.aggregator: LiveAggregator | None = None
+        self.cuda_timer: _CudaStepTimer | None = None
+        self.clock_offsets: list[OffsetSample] = []
+        self._compile_wanted = compile_spans
+        self._compile_hooks: tuple[Any, Any] | None = None
+        self._compile_t0: dict[int, int] = {}
+        self._closed = False
+        self._original_begin = recorder.begin_step
+        self._original_finish = recorder.finish
+
+        import torch.distributed as dist
+
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if distributed:
+            self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=group_timeout_s))
+        if cuda_events and _cuda_in_use():
+            self.cuda_timer = _CudaStepTimer(recorder)
+        if peak_flops is None and _cuda_in_use():
+            peak_flops = peak_flops_for(torch.cuda.get_device_name())
+        self.peak_flops = peak_flops
+        if tokens_per_step is not None or flops_per_step is not None:
+            recorder.event("model", {"tokens_per_step": tokens_per_step, "flops_per_step": flops_per_step,
+                                     "peak_flops": peak_flops})
+        if self.group is not None:
+            self._sync_clocks()
+        if live:
+            transport: Transport = GlooTransport(self.group) if self.group is not None else LocalTransport()
+            self.aggregator = LiveAggregator(
+                recorder, transport, log_every=log_every, tokens_per_step=tokens_per_step,
+                flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
+            )
+        self._maybe_hook_compile()
+        # Step-begin and finish hooks: the recorder has listeners for step *ends* only, so its
+        # two methods are wrapped on this instance (restored by close()).
+        recorder.begin_step = self._begin_step
+        recorder.finish = self._finish
+        recorder.step_listeners.insert(0, self._on_step_end)
+
+    # -------------------------------------------------------------- hooks
+    def _begin_step(self, ctx: Any) -> None:
+        self._original_begin(ctx)
+        if self._compile_hooks is None and self._compile_wanted:
+            self._maybe_hook_compile()
+        if self.cuda_timer is not None:
+            try:
+                self.cuda_timer.begin(ctx.number)
+            except Exception as exc:
+                self.cuda_timer = None
+                _warn(f"CUDA step events disabled: {exc!r}")
+
+    def _on_step_end(self, number: int, t0: int, t1: int) -> None:
+        if self.cuda_timer is not None:
+            self.cuda_timer.end(number)
+        if self.memory and number % self.log_every == 0:
+            self._record_memory(number)
+        if self.group is not None and self.clock_sync_every and number % self.clock_sync_every == 0:
+            self._sync_clocks()
+
+    def _record_memory(self, number: int) -> None:
+        rss = _rss_bytes()
+        if rss is not None:
+            self.recorder.metric("memory/rss_bytes", float(rss), "max", number)
+        if _cuda_in_use():
+            self.recorder.metric("memory/cuda_peak_allocated_bytes", float(torch.cuda.max_memory_allocated()),
+                                 "max", number)
+            self.recorder.metric("memory/cuda_peak_reserved_bytes", float(torch.cuda.max_memory_reserved()),
+                                 "max", number)
+            torch.cuda.reset_peak_memory_stats()
+
+    def _sync_clocks(self) -> None:
+        t0 = self.recorder.clock()
+        try:
+            sample = sync_clocks(self.group, self.recorder.clock, self.clock_sync_rounds)
+        except Exception as exc:
+            _warn(f"clock alignment failed ({exc!r}); later alignment falls back to wall-clock anchors")
+            self.clock_sync_every = 0
+            return
+        self.clock_offsets.append(sample)
+        self.recorder.record_clock_offset(sample.offset_ns, sample.rtt_ns, 0)
+        self.recorder.record_span("clock_sync", schema.LOG, t0, self.recorder.clock())
+        if self.aggregator is not None:
+            self.aggregator.on_overhead_span(schema.LOG, t0, self.recorder.clock())
+
+    def _maybe_hook_compile(self) -> None:
+        if not self._compile_wanted or self._compile_hooks is not None:
+            return
+        if "torch._dynamo" not in sys.modules:  # importing dynamo costs seconds: wait for the user to
+            return
+        try:
+            from torch._dynamo.callback import callback_handler
+        except Exception:
+            self._compile_wanted = False
+            return
+
+        def on_start(args: Any) -> None:
+            self._compile_t0[threading.get_ident()] = self.recorder.clock()
+
+        def on_end(args: Any) -> None:
+            t0 = self._compile_t0.pop(threading.get_ident(), None)
+            if t0 is None:
+                return
+            t1 = self.recorder.clock()
+            trigger = getattr(getattr(args, "callback_trigger", None), "name", None)
+            self.recorder.record_span(
+                "compile", schema.COMPILE, t0, t1, {"compile_id": str(getattr(args, "compile_id", "")),
+                                                     "trigger": trigger},
+            )
+            if self.aggregator is not None:
+                self.aggregator.on_overhead_span(schema.COMPILE, t0, t1)
+
+        callback_handler.register_start_callback(on_start)
+        callback_handler.register_end_callback(on_end)
+        self._compile_hooks = (on_start, on_end)
+
+    def _finish(self, completed: bool | None, reason: str = "finish") -> bool:
+        if reason == "finish":  # an explicit finish() on every rank: collectives are safe
+            self.close()
+        else:
+            self._unhook()
+        return bool(self._original_finish(completed, reason))
+
+    # -------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Resolve outstanding CUDA events, complete the last live windows, remove the hooks."""
+        if self._closed:
+            return
+        try:
+            if self.cuda_timer is not None:
+                self.recorder.settle(schema.SYNC_FINISH)
+                self.cuda_timer.poll(block=True)
+            if self.aggregator is not None:
+                self.aggregator.close()
+        finally:
+            self._unhook()
+
+    def _unhook(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        rec = self.recorder
+        for attr in ("begin_step", "finish"):
+            if attr in vars(rec):
+                delattr(rec, attr)
+        if self._on_step_end in rec.step_listeners:
+            rec.step_listeners.remove(self._on_step_end)
+        if self.aggregator is not None:
+            self.aggregator.abandon()
+        if self._compile_hooks is not None:
+            try:
+                from torch._dynamo.callback import callback_handler
+
+                callback_handler.remove_start_callback(self._compile_hooks[0])
+                callback_handler.remove_end_callback(self._compile_hooks[1])
+            except Exception:
+                pass
+            self._compile_hooks = None
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=3)
+
+
+class _Disabled:
+    """What ``instrument`` returns when goodtrace is not recording: does nothing."""
+
+    aggregator = None
+    cuda_timer = None
+    clock_offsets: list[OffsetSample] = []
+
+    def close(self) -> None:
+        return None
+
+
+def instrument(
+    *,
+    log_every: int = 10,
+    tokens_per_step: float | None = None,
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+    live: bool = True,
+    cuda_events: bool = True,
+    memory: bool = True,
+    compile_spans: bool = True,
+    clock_sync_every: int = 1000,
+    clock_sync_rounds: int = 16,
+    printer: Callable[[str], None] | None = None,
+    group_timeout_s: float = 120.0,
+) -> TorchIntegration | _Disabled:
+    """Hook PyTorch into the active recorder (call after ``goodtrace.init``, on every rank).
+
+    ``tokens_per_step`` / ``flops_per_step`` are this rank's per optimizer step (see
+    :func:`measure_flops`); ``peak_flops`` this rank's device peak (default: a table of known
+    accelerators; none on CPU, so no MFU). ``printer`` receives rank 0's live lines (default:
+    stdout). ``clock_sync_every`` re-measures clock offsets every that many steps (0: only at
+    start-up). ``finish()`` completes the live windows and removes the hooks.
+    """
+    import goodtrace
+
+    for label, number in (("log_every", log_every), ("clock_sync_every", clock_sync_every),
+                          ("clock_sync_rounds", clock_sync_rounds)):
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            raise ValueError(f"{label} must be a non-negative int, got {number!r}")
+    if log_every < 1 or clock_sync_rounds < 1:
+        raise ValueError("log_every and clock_sync_rounds must be at least 1")
+    for label, value in (("tokens_per_step", tokens_per_step), ("flops_per_step", flops_per_step),
+                         ("peak_flops", peak_flops)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0):
+            raise ValueError(f"{label} must be a non-negative number, got {value!r}")
+    recorder = goodtrace.recorder()
+    if not recorder.enabled:
+        return _Disabled()
+    return TorchIntegration(
+        recorder, log_every=log_every, tokens_per_step=tokens_per_step, flops_per_step=flops_per_step,
+        peak_flops=peak_flops, live=live, cuda_events=cuda_events, memory=memory, compile_spans=compile_spans,
+        clock_sync_every=clock_sync_every, clock_sync_rounds=clock_sync_rounds, printer=printer,
+        group_timeout_s=group_timeout_s,
+    )

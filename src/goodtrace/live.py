@@ -1,0 +1,594 @@
+"""Live aggregation across ranks: one collective per log step, never waited on by the loop.
+
+A :class:`LiveAggregator` listens to the recorder (metrics, sync points, step ends). Every
+``log_every`` steps it packs everything this rank recorded in the window since the previous
+log step — per metric: sum, sum of squares, min, max, count, last — into one fixed-size vector
+and hands it to a :class:`Transport`, which gathers the vectors of all ranks asynchronously
+(``torch.distributed`` on a separate gloo group, JAX multi-process utilities, or
+:class:`LocalTransport` for one process). The window is launched once its values are observed
+(``lag`` step ends after the log step) and completed when it is done, checked without waiting
+at each step end; the loop only waits when the *next* window launches and the previous one is
+still in flight (counted in ``blocking_waits``), or at ``finish()``. Rank 0 then reduces each
+metric with its reduction and prints one line (step, loss, step time = train + overheads,
+tokens/s, TFLOP/s, MFU, memory, goodput so far) and hands a :class:`LiveLine` to listeners.
+
+Framework-neutral: nothing here imports torch or jax.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import sys
+import threading
+import time
+import warnings
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from goodtrace import _recorder as core
+from goodtrace import schema
+from goodtrace._writer import GoodtraceWarning
+
+__all__ = [
+    "GatherHandle",
+    "LiveAggregator",
+    "LiveLine",
+    "LocalTransport",
+    "MetricSummary",
+    "Transport",
+    "format_bytes",
+]
+
+_STATS = 6  # sum, sum of squares, min, max, count, last
+_HEADER = 6  # fingerprint, step, number of metrics, tokens, flops, peak flops
+
+
+class GatherHandle(Protocol):
+    """An all-gather in flight."""
+
+    def done(self) -> bool:
+        """True when :meth:`wait` would return at once (never blocks)."""
+        ...
+
+    def wait(self) -> list[list[float]]:
+        """One vector per rank, in rank order (blocks until the gather completes)."""
+        ...
+
+
+class Transport(Protocol):
+    """Gathers one equally sized float vector from every rank, asynchronously."""
+
+    rank: int
+    world_size: int
+
+    def all_gather(self, vector: list[float]) -> GatherHandle: ...
+
+
+class _Done:
+    def __init__(self, vectors: list[list[float]]) -> None:
+        self._vectors = vectors
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> list[list[float]]:
+        return self._vectors
+
+
+class LocalTransport:
+    """One process, no collective: the gather is the vector itself."""
+
+    rank = 0
+    world_size = 1
+
+    def all_gather(self, vector: list[float]) -> GatherHandle:
+        return _Done([list(vector)])
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricSummary:
+    """A metric over all ranks and all its values in the window."""
+
+    name: str
+    reduce: str
+    count: int
+    sum: float
+    mean: float
+    min: float
+    max: float
+    std: float
+    last: float
+
+    @property
+    def value(self) -> float:
+        """The metric reduced with its own reduction."""
+        return float(getattr(self, self.reduce))
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveLine:
+    """What rank 0 knows at a log step. Times are rank 0's (job-level numbers are rank 0's)."""
+
+    step: int
+    steps: int  # steps in the window since the previous line
+    ranks: int  # ranks whose values were reduced
+    step_time_s: float | None  # window time / steps
+    train_s: float | None  # productive part of step_time_s
+    overhead_s: dict[str, float]  # per overhead category, per step
+    metrics: dict[str, MetricSummary]
+    tokens_per_s: float | None
+    tflops_per_s: float | None
+    mfu: float | None
+    goodput: float | None  # productive time / time since process start (this attempt, rank 0)
+    timing: str  # "sync" (from sync points) or "host" (no completion values: host step ends)
+    text: str
+
+
+@dataclasses.dataclass
+class _Window:
+    step: int
+    steps: int
+    start_ns: int
+    end_ns: int
+    timing: str
+    overhead_ns: dict[str, int]
+    names: list[tuple[str, str]]
+    vector: list[float]
+
+
+def format_bytes(count: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(count) >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count:.0f} B"
+
+
+def _si(value: float) -> str:
+    for suffix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{suffix}"
+    return f"{value:.1f}"
+
+
+class LiveAggregator:
+    """Reduce metrics across ranks every ``log_every`` steps; rank 0 prints one line each.
+
+    ``tokens_per_step`` and ``flops_per_step`` are this rank's (summed over ranks);
+    ``peak_flops`` is this rank's device peak (summed over ranks for MFU). Call :meth:`close`
+    before ``finish()`` (the torch integration does it for you): it launches the last windows
+    and waits for them.
+    """
+
+    def __init__(
+        self,
+        recorder: Any,
+        transport: Transport,
+        *,
+        log_every: int = 10,
+        tokens_per_step: float | None = None,
+        flops_per_step: float | None = None,
+        peak_flops: float | None = None,
+        max_metrics: int = 64,
+        printer: Callable[[str], None] | None = None,
+        process_start_ns: int | None = None,
+        watch_overhead: bool = True,
+    ) -> None:
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+            raise ValueError(f"log_every must be a positive int, got {log_every!r}")
+        if not isinstance(max_metrics, int) or not 1 <= max_metrics <= 10_000:
+            raise ValueError(f"max_metrics must be between 1 and 10000, got {max_metrics!r}")
+        for label, number in (("tokens_per_step", tokens_per_step), ("flops_per_step", flops_per_step),
+                              ("peak_flops", peak_flops)):
+            if number is not None and (not isinstance(number, (int, float)) or not number >= 0):
+                raise ValueError(f"{label} must be a non-negative number, got {number!r}")
+        self.recorder = recorder
+        self.transport = transport
+        self.log_every = log_every
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_step = flops_per_step
+        self.peak_flops = peak_flops
+        self.max_metrics = max_metrics
+        self.printer = printer if printer is not None else _print
+        self.listeners: list[Callable[[LiveLine], None]] = []
+        self.lines: list[LiveLine] = []
+        self.blocking_waits = 0  # launches or closes that had to wait for a gather in flight
+        self.completed_at: list[tuple[int, int, int]] = []  # (log step, launched at, completed at) end counts
+        config = getattr(recorder, "config", None)
+        self.lag = int(getattr(config, "lag", 1))
+        clock: Callable[[], int] = getattr(recorder, "clock", time.perf_counter_ns)
+        self._clock = clock
+        self._overhead_categories = sorted(getattr(config, "all_overhead_categories", schema.OVERHEAD_CATEGORIES))
+        self._lock = threading.RLock()
+        self._values: dict[int, list[tuple[str, str, float]]] = collections.defaultdict(list)
+        self._syncs: dict[int, int] = {}
+        self._ends = 0
+        self._first_t0: int | None = None
+        self._last_step_end: tuple[int, int] | None = None  # (step, host t1)
+        self._waiting: collections.deque[tuple[int, int, int]] = collections.deque()  # (step, ready_at, t1)
+        self._in_flight: collections.deque[tuple[_Window, GatherHandle, int]] = collections.deque()
+        self._prev_step: int | None = None
+        self._prev_end_ns: int | None = None
+        self._overhead_spans: list[tuple[str, int, int]] = []
+        self._productive_ns = 0
+        self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
+        self._warned: set[str] = set()
+        self._closed = False
+        self._watch = _watch_overhead_spans(self.on_overhead_span, self._overhead_categories) if watch_overhead else None
+        self._attach()
+
+    # ------------------------------------------------------------------ recorder hooks
+    def _attach(self) -> None:
+        rec = self.recorder
+        for attr, hook in (("metric_listeners", self._on_metric), ("sync_listeners", self._on_sync),
+                           ("step_listeners", self._on_step_end)):
+            listeners = getattr(rec, attr, None)
+            if isinstance(listeners, list):
+                listeners.append(hook)
+
+    def _detach(self) -> None:
+        rec = self.recorder
+        for attr, hook in (("metric_listeners", self._on_metric), ("sync_listeners", self._on_sync),
+                           ("step_listeners", self._on_step_end)):
+            listeners = getattr(rec, attr, None)
+            if isinstance(listeners, list) and hook in listeners:
+                listeners.remove(hook)
+        if self._watch is not None:
+            self._watch()
+            self._watch = None
+
+    def _on_metric(self, name: str, step: int | None, value: float | None, reduce: str) -> None:
+        if step is None or value is None:
+            return
+        with self._lock:
+            self._values[step].append((name, reduce, value))
+
+    def _on_sync(self, step: int | None, t: int, how: str) -> None:
+        if step is not None:
+            with self._lock:
+                self._syncs[step] = t
+
+    def on_overhead_span(self, category: str, t0: int, t1: int) -> None:
+        """An overhead span ended (called by the span watch and by automatic spans)."""
+        with self._lock:
+            self._overhead_spans.append((category, t0, t1))
+
+    def _on_step_end(self, number: int, t0: int, t1: int) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._ends += 1
+            if self._first_t0 is None:
+                self._first_t0 = t0
+            self._last_step_end = (number, t1)
+            if number % self.log_every == 0:
+                self._waiting.append((number, self._ends + self.lag, t1))
+            while self._waiting and self._waiting[0][1] <= self._ends:
+                step, _, host_t1 = self._waiting.popleft()
+                self._launch(step, host_t1)
+            self._poll()
+
+    # ------------------------------------------------------------------ windows
+    def _launch(self, step: int, host_t1: int) -> None:
+        if self._in_flight:  # the previous window must be complete before the next one starts
+            if not self._in_flight[0][1].done():
+                self.blocking_waits += 1
+            self._complete()
+        window = self._pack(step, host_t1)
+        if window is None:
+            return
+        try:
+            handle = self.transport.all_gather(window.vector)
+        except Exception as exc:
+            self._warn("launch", f"live aggregation disabled: the gather failed to start: {exc!r}")
+            self._closed = True
+            return
+        self._in_flight.append((window, handle, self._ends))
+
+    def _poll(self) -> None:
+        while self._in_flight and self._in_flight[0][1].done():
+            self._complete()
+
+    def _complete(self) -> None:
+        window, handle, launched = self._in_flight.popleft()
+        try:
+            vectors = handle.wait()
+        except Exception as exc:
+            self._warn("wait", f"live aggregation disabled: the gather failed: {exc!r}")
+            self._closed = True
+            self._in_flight.clear()
+            return
+        self.completed_at.append((window.step, launched, self._ends))
+        if self.transport.rank == 0:
+            try:
+                self._report(window, vectors)
+            except Exception as exc:
+                self._warn("report", f"live line for step {window.step} failed: {exc!r}")
+
+    def _pack(self, step: int, host_t1: int) -> _Window | None:
+        prev = self._prev_step
+        steps_in = sorted(s for s in self._values if s <= step and (prev is None or s > prev))
+        for stale in [s for s in self._values if s <= step]:
+            if stale not in steps_in:
+                del self._values[stale]
+        syncs = [(s, t) for s, t in self._syncs.items() if s <= step and (prev is None or s > prev)]
+        if syncs:
+            end_ns, timing = max(syncs, key=lambda item: item[0])[1], "sync"
+        else:
+            end_ns, timing = host_t1, "host"
+        for done in [s for s in self._syncs if s <= step]:
+            del self._syncs[done]
+        start_ns = self._prev_end_ns if self._prev_end_ns is not None else (self._first_t0 or end_ns)
+        count = step - prev if prev is not None and step > prev else max(1, self._ends)
+        overhead = self._overhead_in(start_ns, end_ns)
+        # per-metric stats of this rank over the window
+        stats: dict[tuple[str, str], list[float]] = {}
+        for s in steps_in:
+            for name, reduce, value in self._values.pop(s):
+                entry = stats.get((name, reduce))
+                if entry is None:
+                    stats[(name, reduce)] = [value, value * value, value, value, 1.0, value]
+                else:
+                    entry[0] += value
+                    entry[1] += value * value
+                    entry[2] = min(entry[2], value)
+                    entry[3] = max(entry[3], value)
+                    entry[4] += 1.0
+                    entry[5] = value
+        names = sorted(stats)
+        if len(names) > self.max_metrics:
+            self._warn("max_metrics", f"more than {self.max_metrics} metrics per log step: the live line "
+                       "shows the first ones by name (all are recorded)")
+            names = names[: self.max_metrics]
+        fingerprint = zlib.crc32("\n".join(f"{n}:{r}" for n, r in names).encode())
+        tokens = (self.tokens_per_step or 0.0) * count
+        flops = (self.flops_per_step or 0.0) * count
+        vector = [float(fingerprint), float(step), float(len(names)), tokens, flops, float(self.peak_flops or 0.0)]
+        for key in names:
+            vector.extend(stats[key])
+        vector.extend([0.0] * (_HEADER + _STATS * self.max_metrics - len(vector)))
+        self._prev_step = step
+        self._prev_end_ns = end_ns
+        return _Window(step, count, start_ns, end_ns, timing, overhead, names, vector)
+
+    def _overhead_in(self, start: int, end: int) -> dict[str, int]:
+        """Overhead time per category inside (start, end]; nested spans counted once."""
+        spans = sorted(self._overhead_spans, key=lambda s: (s[1], -s[2]))
+        result: dict[str, int] = {}
+        covered_until = start
+        for category, t0, t1 in spans:
+            lo, hi = max(t0, covered_until), min(t1, end)
+            if hi > lo:
+                result[category] = result.get(category, 0) + hi - lo
+                covered_until = hi
+        self._overhead_spans = [s for s in self._overhead_spans if s[2] > end]
+        return result
+
+    # ------------------------------------------------------------------ rank 0
+    def _report(self, window: _Window, vectors: Sequence[Sequence[float]]) -> None:
+        own = window.vector
+        merged: dict[tuple[str, str], list[float]] = {}
+        ranks = 0
+        tokens = flops = peak = 0.0
+        for vector in vectors:
+            if len(vector) != len(own) or vector[0] != own[0]:
+                self._warn("layout", "ranks recorded different metric names in a log window; the live "
+                           "line reduces only the ranks that match rank 0")
+                continue
+            ranks += 1
+            tokens += vector[3]
+            flops += vector[4]
+            peak += vector[5]
+            for index, key in enumerate(window.names):
+                base = _HEADER + _STATS * index
+                s, sq, lo, hi, n, last = (float(x) for x in vector[base: base + _STATS])
+                entry = merged.get(key)
+                if entry is None:
+                    merged[key] = [s, sq, lo, hi, n, last]
+                else:
+                    entry[0] += s
+                    entry[1] += sq
+                    entry[2] = min(entry[2], lo)
+                    entry[3] = max(entry[3], hi)
+                    entry[4] += n
+                    entry[5] = last  # "last": the highest rank's last value
+        metrics: dict[str, MetricSummary] = {}
+        for (name, reduce), (s, sq, lo, hi, n, last) in merged.items():
+            if n <= 0:
+                continue
+            mean = s / n
+            variance = max(0.0, sq / n - mean * mean)
+            metrics[name] = MetricSummary(name, reduce, int(n), s, mean, lo, hi, math.sqrt(variance), last)
+        window_ns = window.end_ns - window.start_ns
+        seconds = window_ns / 1e9 if window_ns > 0 else None
+        overhead_total = sum(window.overhead_ns.values())
+        if window_ns > 0:
+            self._productive_ns += max(0, window_ns - overhead_total)
+        step_time = seconds / window.steps if seconds else None
+        train = max(0.0, (window_ns - overhead_total) / 1e9 / window.steps) if seconds else None
+        overhead = {c: ns / 1e9 / window.steps for c, ns in sorted(window.overhead_ns.items())}
+        tokens_per_s = tokens / seconds if seconds and tokens else None
+        tflops = flops / seconds / 1e12 if seconds and flops else None
+        mfu = (flops / seconds) / peak if seconds and flops and peak else None
+        elapsed = window.end_ns - self._process_start_ns
+        goodput = self._productive_ns / elapsed if elapsed > 0 else None
+        line = LiveLine(
+            step=window.step, steps=window.steps, ranks=ranks, step_time_s=step_time, train_s=train,
+            overhead_s=overhead, metrics=metrics, tokens_per_s=tokens_per_s, tflops_per_s=tflops, mfu=mfu,
+            goodput=min(goodput, 1.0) if goodput is not None else None, timing=window.timing, text="",
+        )
+        line = dataclasses.replace(line, text=format_line(line))
+        self.lines.append(line)
+        self.printer(line.text)
+        for listener in self.listeners:
+            try:
+                listener(line)
+            except Exception as exc:
+                self._warn(f"listener:{listener!r}", f"a live-line listener failed: {exc!r}")
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self, wait: bool = True) -> None:
+        """Launch the windows still waiting (and a last partial one), then complete them all.
+
+        Every rank must call this (it is collective), normally through ``finish()``.
+        """
+        with self._lock:
+            if self._closed:
+                self._detach()
+                return
+            try:
+                settle = getattr(self.recorder, "settle", None)
+                if settle is not None:
+                    settle(schema.SYNC_FINISH)
+                while self._waiting:
+                    step, _, host_t1 = self._waiting.popleft()
+                    self._launch(step, host_t1)
+                last = self._last_step_end
+                if not self._closed and last is not None and (self._prev_step is None or last[0] > self._prev_step):
+                    self._launch(last[0], last[1])
+                while wait and self._in_flight:
+                    self._complete()
+            finally:
+                self._closed = True
+                self._detach()
+
+    def abandon(self) -> None:
+        """Stop without any collective (the process is exiting, perhaps after a crash)."""
+        with self._lock:
+            self._closed = True
+            self._in_flight.clear()
+            self._detach()
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=3)
+
+
+def format_line(line: LiveLine) -> str:
+    """``step 20 | loss 2.913 | 0.182 s = 0.151 train + 0.031 checkpoint_save | ...``."""
+    parts = [f"step {line.step}"]
+    loss = line.metrics.get("loss")
+    if loss is not None:
+        parts.append(f"loss {loss.value:.4f}")
+    if line.step_time_s is not None and line.train_s is not None:
+        split = " + ".join(f"{v:.3f} {c}" for c, v in line.overhead_s.items() if v >= 0.0005)
+        text = f"{line.step_time_s:.3f} s/step = {line.train_s:.3f} train"
+        parts.append(text + (f" + {split}" if split else ""))
+    if line.tokens_per_s is not None:
+        parts.append(f"{_si(line.tokens_per_s)} tok/s")
+    if line.tflops_per_s is not None:
+        parts.append(f"{line.tflops_per_s:.3g} TFLOP/s")
+    if line.mfu is not None:
+        parts.append(f"MFU {100 * line.mfu:.1f}%")
+    memory = []
+    for name, label in (("memory/cuda_peak_allocated_bytes", "cuda"), ("memory/cuda_peak_reserved_bytes", "reserved"),
+                        ("memory/rss_bytes", "rss")):
+        summary = line.metrics.get(name)
+        if summary is not None:
+            memory.append(f"{label} {format_bytes(summary.max)}")
+    if memory:
+        parts.append(" ".join(memory))
+    if line.goodput is not None:
+        parts.append(f"goodput {100 * line.goodput:.1f}%")
+    return " | ".join(parts)
+
+
+def _print(text: str) -> None:
+    print(text, file=sys.stdout, flush=True)
+
+
+def _process_start(recorder: Any) -> int:
+    header = getattr(recorder, "_header_static", None)  # no public accessor yet
+    if isinstance(header, dict) and isinstance(header.get(schema.H_PROC_START), int):
+        return int(header[schema.H_PROC_START])
+    clock: Callable[[], int] = getattr(recorder, "clock", time.perf_counter_ns)
+    return clock()
+
+
+# ---------------------------------------------------------------------------- overhead spans
+# The recorder has no span listener (spans are appended straight to its buffer on the hot
+# path). Live step-time splits need the overhead spans, so the first time a span name of an
+# overhead category is seen, its cached key points at a subclass whose __exit__ also tells the
+# aggregator. Compute spans keep the untouched fast path. Removed again by close().
+
+_watchers: list[Callable[[str, int, int], None]] = []
+_original_new_key: Any = None
+
+
+def _notify(category: str, t0: int, t1: int) -> None:
+    for watcher in _watchers:
+        try:
+            watcher(category, t0, t1)
+        except Exception:
+            pass
+
+
+class _WatchedSpan(core.Span):
+    __slots__ = ()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        t1 = core._clock()
+        core._append((self.key, self.t0, t1, core._step, threading.get_ident(), self.attrs, exc_type))
+        _notify(self.key[1], self.t0, t1)
+
+
+class _WatchedBlockingSpan(core.BlockingSpan):
+    __slots__ = ()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        t1 = core._clock()
+        core._append((self.key, self.t0, t1, core._step, threading.get_ident(), self.attrs, exc_type))
+        _notify(self.key[1], self.t0, t1)
+
+
+def _watched(key: tuple[str, str, bool, type[core.Span]], overhead: frozenset[str]) -> tuple[str, str, bool, type[core.Span]]:
+    if key[1] not in overhead or key[3] in (_WatchedSpan, _WatchedBlockingSpan):
+        return key
+    return (key[0], key[1], key[2], _WatchedBlockingSpan if key[2] else _WatchedSpan)
+
+
+def _unwatched(key: tuple[str, str, bool, type[core.Span]]) -> tuple[str, str, bool, type[core.Span]]:
+    if key[3] is _WatchedSpan:
+        return (key[0], key[1], key[2], core.Span)
+    if key[3] is _WatchedBlockingSpan:
+        return (key[0], key[1], key[2], core.BlockingSpan)
+    return key
+
+
+def _watch_overhead_spans(callback: Callable[[str, int, int], None], categories: Sequence[str]) -> Callable[[], None]:
+    """Call ``callback(category, t0, t1)`` when a span of one of ``categories`` ends."""
+    global _original_new_key
+    overhead = frozenset(categories)
+    if _original_new_key is None:
+        original = core._new_key
+        _original_new_key = original
+
+        def new_key(name: Any, category: str | None) -> tuple[str, str, bool, type[core.Span]]:
+            key = _watched(original(name, category), overhead)
+            cache_key = name if category is None else (name, category)
+            try:
+                if cache_key in core._keys:
+                    core._keys[cache_key] = key
+            except TypeError:
+                pass
+            return key
+
+        core._new_key = new_key
+    for cache_key, key in list(core._keys.items()):
+        core._keys[cache_key] = _watched(key, overhead)
+    _watchers.append(callback)
+
+    def remove() -> None:
+        global _original_new_key
+        if callback in _watchers:
+            _watchers.remove(callback)
+        if not _watchers and _original_new_key is not None:
+            core._new_key = _original_new_key
+            _original_new_key = None
+            for cache_key, key in list(core._keys.items()):
+                core._keys[cache_key] = _unwatched(key)
+
+    return remove
