@@ -1,7 +1,11 @@
-"""Adapter for JAX arrays; imported only when the program passes one to goodtrace.
+"""Adapter for JAX values; imported only when the program passes one to goodtrace.
 
-Readiness is ``Array.is_ready()`` (non-blocking); waiting is ``jax.block_until_ready``. Both
-work on every backend, CPU included, where dispatch is asynchronous too.
+A ``jax.Array`` is ready when ``Array.is_ready()`` says so (a non-blocking probe); waiting is
+``Array.block_until_ready()``. Both work on every backend, CPU included, where dispatch is
+asynchronous too. A pytree of arrays (``JaxTree``, or any value JAX flattens) is ready when
+every leaf is. Importing this module also installs the JAX compile listeners
+(``goodtrace.integrations.jax.install``), so compilations are recorded from then on even
+when the program never calls ``install()`` itself.
 """
 
 from __future__ import annotations
@@ -13,24 +17,104 @@ import jax
 from goodtrace._values import UnsupportedValue
 
 
-class _JaxArray:
+def _array_ready(leaf: Any) -> bool | None:
+    probe = getattr(leaf, "is_ready", None)
+    return bool(probe()) if probe is not None else None
+
+
+def _scalar(handle: Any) -> float:
+    if getattr(handle, "size", 1) != 1:
+        raise UnsupportedValue(f"a metric must be a scalar, got shape {getattr(handle, 'shape', '?')}")
+    if getattr(handle, "is_fully_addressable", True) is False:
+        # A global array spread over processes: every process holds the (replicated) scalar.
+        handle = handle.addressable_data(0)
+    return float(handle)
+
+
+class JaxArrayAdapter:
+    """One ``jax.Array``: the handle is the array itself (no copy, no device work)."""
+
     host = False
 
     def prepare(self, value: Any) -> Any:
+        if isinstance(value, jax.core.Tracer):
+            raise UnsupportedValue(
+                "got a JAX tracer: call complete_on/metric outside jit-compiled functions, "
+                "on the values they return"
+            )
         return value
 
     def ready(self, handle: Any) -> bool | None:
-        probe = getattr(handle, "is_ready", None)
-        return bool(probe()) if probe is not None else None
+        return _array_ready(handle)
 
     def wait(self, handle: Any) -> None:
-        jax.block_until_ready(handle)
+        handle.block_until_ready()
 
     def to_float(self, handle: Any) -> float:
-        if getattr(handle, "size", 1) != 1:
-            raise UnsupportedValue(f"a metric must be a scalar, got shape {getattr(handle, 'shape', '?')}")
-        return float(handle)
+        return _scalar(handle)
 
 
-def adapter_for_value(value: Any) -> Any:
-    return _JaxArray()
+class JaxTreeAdapter:
+    """A pytree: the handle is its list of array leaves; ready when every leaf is."""
+
+    host = False
+
+    def prepare(self, value: Any) -> Any:
+        tree = value.tree if isinstance(value, JaxTree) else value
+        return [leaf for leaf in jax.tree_util.tree_leaves(tree) if isinstance(leaf, jax.Array)]
+
+    def ready(self, handle: Any) -> bool | None:
+        return all(_array_ready(leaf) is not False for leaf in handle)
+
+    def wait(self, handle: Any) -> None:
+        for leaf in handle:
+            leaf.block_until_ready()
+
+    def to_float(self, handle: Any) -> float:
+        if len(handle) != 1:
+            raise UnsupportedValue(f"a metric must be a scalar, got a pytree of {len(handle)} arrays")
+        return _scalar(handle[0])
+
+
+class JaxTree:
+    """Wraps any pytree (a flax ``TrainState``, an optax state, nested dicts) for goodtrace:
+    ``s.complete_on(JaxTree(state))`` completes the step when every array leaf is ready.
+    Plain dicts/lists/tuples of arrays work without it; custom pytree classes need it."""
+
+    __slots__ = ("_handle", "tree")
+
+    def __init__(self, tree: Any) -> None:
+        self.tree = tree
+        self._handle = _TREE.prepare(tree)  # flatten once, on the caller's thread
+
+    def __goodtrace_ready__(self) -> bool:
+        return _TREE.ready(self._handle) is True
+
+    def __goodtrace_wait__(self) -> None:
+        _TREE.wait(self._handle)
+
+    def __goodtrace_float__(self) -> float:
+        return _TREE.to_float(self._handle)
+
+
+_ARRAY = JaxArrayAdapter()
+_TREE = JaxTreeAdapter()
+
+
+def adapter_for_value(value: Any) -> JaxArrayAdapter | JaxTreeAdapter:
+    """The adapter for a value whose type lives in ``jax``/``jaxlib`` (chosen once per type)."""
+    if isinstance(value, jax.Array):
+        return _ARRAY
+    return _TREE
+
+
+def _install_compile_listeners() -> None:
+    try:
+        from goodtrace.integrations import jax as integration
+
+        integration.install()
+    except Exception:
+        pass
+
+
+_install_compile_listeners()

@@ -1,0 +1,472 @@
+"""JAX integration: compile spans from JAX's own listeners, clock offsets and live metric
+reduction across ``jax.distributed`` processes.
+
+Contract:
+
+- :func:`install` (idempotent; also run when goodtrace first sees a JAX value) registers
+  listeners with ``jax.monitoring``. Every compile phase JAX reports (tracing, lowering to
+  MLIR, XLA compilation, persistent-cache reads) becomes a span of category ``compile`` that
+  ends when JAX reports it and lasts exactly the duration JAX measured, attributed to the
+  ambient step, which is tagged ``compile``. Nothing is inferred from step times.
+- :func:`measure_clock_offset` (collective) measures this process's monotonic-clock offset to
+  process 0 by ping-pong (``goodtrace.clocksync``) through the ``jax.distributed`` key-value
+  store, between two global barriers (``reference = local + offset_ns``, error <= rtt/2).
+- :class:`JaxTransport` carries ``goodtrace.live`` windows: one all-gather per log step, built
+  from ``jax.experimental.multihost_utils``, dispatched asynchronously, read when done.
+
+:func:`instrument` sets all of this up for the active recorder. Importing this module imports
+jax; ``import goodtrace`` never does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+import jax
+import numpy as np
+
+import goodtrace
+from goodtrace import schema
+from goodtrace._jax_values import JaxTree
+from goodtrace._recorder import Recorder
+from goodtrace._writer import GoodtraceWarning
+from goodtrace.clocksync import OffsetSample, measure_offset
+
+__all__ = [
+    "COMPILE_EVENTS",
+    "ClockOffset",
+    "CompileStats",
+    "JaxIntegration",
+    "JaxTransport",
+    "JaxTree",
+    "compile_stats",
+    "install",
+    "instrument",
+    "is_installed",
+    "measure_clock_offset",
+    "uninstall",
+]
+
+# ------------------------------------------------------------------------------ compile spans
+
+#: JAX duration events that are compile phases of this process, and the span names they get.
+COMPILE_EVENTS: Final[Mapping[str, str]] = {
+    "/jax/core/compile/jaxpr_trace_duration": "jax.trace",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "jax.lower",
+    "/jax/core/compile/backend_compile_duration": "jax.compile",
+    "/jax/compilation_cache/cache_retrieval_time_sec": "jax.cache_read",
+}
+_COMPILE_PREFIX: Final = "/jax/core/compile/"  # phases a newer JAX adds are recorded too
+_SAVED_EVENT: Final = "/jax/compilation_cache/compile_time_saved_sec"  # not a span: time *not* spent
+_CACHE_EVENTS: Final[Mapping[str, str]] = {
+    "/jax/compilation_cache/cache_hits": "hit",
+    "/jax/compilation_cache/cache_misses": "miss",
+}
+
+
+@dataclasses.dataclass
+class CompileStats:
+    """What the listeners saw in this process since :func:`install` (all recorders)."""
+
+    spans: int = 0
+    seconds: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+
+
+class _State(threading.local):
+    cache: str | None = None
+    saved_s: float | None = None
+
+
+_install_lock = threading.Lock()
+_installed = False
+_stats = CompileStats()
+_thread_state = _State()
+_tagged: tuple[int, int] = (-1, -1)  # (id of recorder, step) last tagged "compile"
+_span_watchers: list[Callable[[str, int, int], None]] = []  # live aggregators: (category, t0, t1)
+
+
+def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
+    """``jax.monitoring`` duration listener: called at the end of each phase, on its thread."""
+    global _tagged
+    try:
+        name = COMPILE_EVENTS.get(event)
+        if name is None:
+            if event == _SAVED_EVENT:
+                _thread_state.saved_s = float(duration_secs)
+            elif event.startswith(_COMPILE_PREFIX):
+                name = "jax." + event[len(_COMPILE_PREFIX) :].removesuffix("_duration")
+            if name is None:
+                return
+        _stats.spans += 1
+        _stats.seconds += float(duration_secs)
+        rec = goodtrace.recorder()
+        if not isinstance(rec, Recorder) or rec.finished:
+            return
+        t1 = rec.clock()
+        t0 = t1 - max(0, round(float(duration_secs) * 1e9))
+        attrs: dict[str, Any] = {"fun": str(kwargs.get("fun_name", ""))}
+        if name == "jax.compile":
+            if _thread_state.cache is not None:
+                attrs["cache"] = _thread_state.cache
+                _thread_state.cache = None
+            if _thread_state.saved_s is not None:
+                attrs["saved_s"] = round(_thread_state.saved_s, 6)
+                _thread_state.saved_s = None
+        rec.record_span(name, schema.COMPILE, t0, t1, attrs)
+        for watcher in _span_watchers:
+            watcher(schema.COMPILE, t0, t1)
+        step = rec.current_step
+        if step is not None and _tagged != (id(rec), step):
+            _tagged = (id(rec), step)
+            rec.tag(schema.COMPILE, step)
+    except Exception:
+        pass
+
+
+def _on_event(event: str, **kwargs: str | int) -> None:
+    """``jax.monitoring`` event listener: persistent-cache hits and misses."""
+    outcome = _CACHE_EVENTS.get(event)
+    if outcome is None:
+        return
+    _thread_state.cache = outcome
+    if outcome == "hit":
+        _stats.cache_hits += 1
+    else:
+        _stats.cache_misses += 1
+
+
+def install() -> None:
+    """Record JAX compilations as ``compile`` spans from now on (idempotent, thread-safe).
+
+    Compilations happen whether or not goodtrace is recording; while it is not, the
+    listeners only count them (:func:`compile_stats`). Call this before the first jitted call
+    so the first step's compilation is captured (``goodtrace`` does it by itself only when it
+    first sees a JAX value, which is usually after that call).
+    """
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        jax.monitoring.register_event_listener(_on_event)
+        _installed = True
+
+
+def uninstall() -> None:
+    """Remove the listeners (tests, or a program that wants JAX's listeners to itself)."""
+    global _installed
+    with _install_lock:
+        if not _installed:
+            return
+        jax.monitoring.unregister_event_duration_listener(_on_duration)
+        jax.monitoring.unregister_event_listener(_on_event)
+        _installed = False
+
+
+def is_installed() -> bool:
+    return _installed
+
+
+def compile_stats() -> CompileStats:
+    """A copy of the compile counters of this process."""
+    return dataclasses.replace(_stats)
+
+
+# ------------------------------------------------------------------------------ processes
+
+
+def _client() -> Any:
+    """The ``jax.distributed`` coordination client, or None when not initialised."""
+    from jax._src import distributed
+
+    return getattr(distributed.global_state, "client", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClockOffset:
+    """``reference_clock = local_clock + offset_ns`` (monotonic ns), to within ``rtt_ns / 2``."""
+
+    offset_ns: int
+    rtt_ns: int
+    rank: int
+    world_size: int
+    reference_rank: int = 0
+
+    @property
+    def error_bound_ns(self) -> int:
+        return self.rtt_ns // 2
+
+
+_clock_rounds = itertools.count()
+
+
+def measure_clock_offset(
+    *,
+    rounds: int = 16,
+    reference_rank: int = 0,
+    timeout_s: float = 60.0,
+    record: bool = True,
+    clock: Callable[[], int] | None = None,
+) -> ClockOffset:
+    """Collective (every process calls it, in the same order): this process's clock offset to
+    ``reference_rank``, measured between two global barriers by ``rounds`` ping-pongs through
+    the ``jax.distributed`` key-value store, keeping the one with the shortest round trip.
+
+    Single-process (or jax.distributed not initialised): offset 0, round trip 0. With
+    ``record`` the result is written as a ``clock`` record of the active recorder. The clock
+    is the recorder's (``time.perf_counter_ns`` when not recording).
+    """
+    rank, world = jax.process_index(), jax.process_count()
+    rec = goodtrace.recorder()
+    if clock is None:
+        clock = rec.clock if isinstance(rec, Recorder) else time.perf_counter_ns
+    client = _client()
+    if world == 1 or client is None:
+        sample = OffsetSample(0, 0)
+    else:
+        timeout_ms = max(1, int(timeout_s * 1000))
+        prefix = f"goodtrace/clock/{next(_clock_rounds)}"
+        sent: dict[int, int] = {}
+        received: dict[int, int] = {}
+
+        def send(peer: int, values: Sequence[int]) -> None:
+            number = sent[peer] = sent.get(peer, -1) + 1
+            client.key_value_set(f"{prefix}/{rank}-{peer}/{number}", ",".join(str(int(v)) for v in values))
+
+        def recv(peer: int) -> Sequence[int]:
+            number = received[peer] = received.get(peer, -1) + 1
+            raw = client.blocking_key_value_get(f"{prefix}/{peer}-{rank}/{number}", timeout_ms)
+            return [int(part) for part in str(raw).split(",")]
+
+        client.wait_at_barrier(f"{prefix}/begin", timeout_ms)
+        sample = measure_offset(
+            rank=rank, world_size=world, clock=clock, send=send, recv=recv,
+            rounds=rounds, reference_rank=reference_rank,
+        )
+        client.wait_at_barrier(f"{prefix}/end", timeout_ms)
+        if rank == reference_rank:
+            try:
+                client.key_value_delete(f"{prefix}/")
+            except Exception:
+                pass
+    result = ClockOffset(sample.offset_ns, sample.rtt_ns, rank, world, reference_rank)
+    if record and isinstance(rec, Recorder):
+        rec.record_clock_offset(result.offset_ns, result.rtt_ns, reference_rank)
+    return result
+
+
+# ------------------------------------------------------------------------------ live metrics
+
+
+def _replicate_rows(rows: Any) -> Any:
+    return rows
+
+
+class _JaxGather:
+    """An all-gather in flight: ``done()`` probes the replicated result without waiting."""
+
+    def __init__(self, out: Any, width: int) -> None:
+        self._out = out
+        self._width = width
+
+    def done(self) -> bool:
+        return bool(self._out.is_ready())
+
+    def wait(self) -> list[list[float]]:
+        rows = np.asarray(self._out.addressable_data(0)).view(np.float64)
+        return [[float(x) for x in row[: self._width]] for row in rows]
+
+
+class JaxTransport:
+    """The ``goodtrace.live`` transport over ``jax.distributed``: one row per process.
+
+    Each vector travels as the raw bits of its float64 values (uint32 pairs, exact even with
+    ``jax_enable_x64`` off), padded to ``capacity`` values (the next power of two beyond it)
+    so that one compiled gather serves every log step. The rows become one global array
+    (``multihost_utils.host_local_array_to_global_array``), replicated by a jitted identity
+    that JAX dispatches without waiting; ``wait()`` reads it, as ``process_allgather`` does.
+    Construction compiles the gather (collective: every process constructs one).
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        self.rank = jax.process_index()
+        self.world_size = jax.process_count()
+        self.capacity = max(1, capacity)
+        devices = np.array(jax.devices()).reshape(self.world_size, jax.local_device_count())
+        self._mesh = Mesh(devices, ("processes", "local_devices"))
+        self._rows_spec = PartitionSpec("processes")  # type: ignore[no-untyped-call]
+        replicated = NamedSharding(self._mesh, PartitionSpec())  # type: ignore[no-untyped-call]
+        self._replicate = jax.jit(_replicate_rows, out_shardings=replicated)
+        self.all_gather([0.0]).wait()
+
+    def all_gather(self, vector: list[float]) -> _JaxGather:
+        from jax.experimental import multihost_utils
+
+        width = self.capacity
+        while width < len(vector):
+            width *= 2
+        padded = np.zeros(width, dtype=np.float64)
+        padded[: len(vector)] = vector
+        bits = padded.view(np.uint32)[None, :]
+        rows = multihost_utils.host_local_array_to_global_array(bits, self._mesh, self._rows_spec)
+        return _JaxGather(self._replicate(rows), len(vector))
+
+
+# ------------------------------------------------------------------------------ together
+
+
+class JaxIntegration:
+    """What :func:`instrument` hooked into the recorder; ``finish()`` closes it (collectively)."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        *,
+        log_every: int,
+        live: bool,
+        tokens_per_step: float | None,
+        flops_per_step: float | None,
+        peak_flops: float | None,
+        clock_sync_every: int,
+        clock_sync_rounds: int,
+        printer: Callable[[str], None] | None,
+    ) -> None:
+        from goodtrace.live import LiveAggregator, LocalTransport, Transport
+
+        self.recorder = recorder
+        self.clock_sync_every = clock_sync_every
+        self.clock_sync_rounds = clock_sync_rounds
+        self.clock_offsets: list[ClockOffset] = []
+        self.aggregator: LiveAggregator | None = None
+        self._closed = False
+        self.distributed = jax.process_count() > 1 and _client() is not None
+        if tokens_per_step is not None or flops_per_step is not None:
+            recorder.event("model", {"tokens_per_step": tokens_per_step, "flops_per_step": flops_per_step,
+                                     "peak_flops": peak_flops})
+        if self.distributed:
+            self._sync_clocks()
+        if live:
+            transport: Transport = LocalTransport()
+            if self.distributed:
+                transport = JaxTransport()  # compiles its gather now, not inside a step
+            self.aggregator = LiveAggregator(
+                recorder, transport, log_every=log_every, tokens_per_step=tokens_per_step,
+                flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
+            )
+            _span_watchers.append(self.aggregator.on_overhead_span)
+        self._original_finish = recorder.finish
+        # The recorder has no finish hook: wrap the method on this instance (undone by close()).
+        recorder.finish = self._finish  # type: ignore[method-assign]
+        recorder.step_listeners.insert(0, self._on_step_end)
+
+    def _on_step_end(self, number: int, t0: int, t1: int) -> None:
+        if self.distributed and self.clock_sync_every and number % self.clock_sync_every == 0 and number:
+            self._sync_clocks()
+
+    def _sync_clocks(self) -> None:
+        rec = self.recorder
+        t0 = rec.clock()
+        try:
+            offset = measure_clock_offset(rounds=self.clock_sync_rounds, record=True, clock=rec.clock)
+        except Exception as exc:
+            _warn(f"clock alignment failed ({exc!r}); alignment falls back to wall-clock anchors")
+            self.clock_sync_every = 0
+            return
+        t1 = rec.clock()
+        self.clock_offsets.append(offset)
+        rec.record_span("clock_sync", schema.LOG, t0, t1, {"rtt_ns": offset.rtt_ns})
+        if self.aggregator is not None:
+            self.aggregator.on_overhead_span(schema.LOG, t0, t1)
+
+    def _finish(self, completed: bool | None, reason: str = "finish") -> bool:
+        if reason == "finish":  # an explicit finish() on every process: collectives are safe
+            self.close()
+        else:
+            self._unhook()
+        return bool(self._original_finish(completed, reason))
+
+    def close(self) -> None:
+        """Complete the last live windows (collective), then remove the hooks."""
+        if self._closed:
+            return
+        try:
+            if self.aggregator is not None:
+                self.aggregator.close()
+        finally:
+            self._unhook()
+
+    def _unhook(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        rec = self.recorder
+        if "finish" in vars(rec):
+            delattr(rec, "finish")
+        if self._on_step_end in rec.step_listeners:
+            rec.step_listeners.remove(self._on_step_end)
+        if self.aggregator is not None:
+            if self.aggregator.on_overhead_span in _span_watchers:
+                _span_watchers.remove(self.aggregator.on_overhead_span)
+            self.aggregator.abandon()
+
+
+class _Disabled:
+    """What :func:`instrument` returns when goodtrace is not recording."""
+
+    aggregator = None
+    clock_offsets: list[ClockOffset] = []
+
+    def close(self) -> None:
+        return None
+
+
+def instrument(
+    *,
+    log_every: int = 10,
+    live: bool = True,
+    tokens_per_step: float | None = None,
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+    clock_sync_every: int = 1000,
+    clock_sync_rounds: int = 16,
+    printer: Callable[[str], None] | None = None,
+) -> JaxIntegration | _Disabled:
+    """Hook JAX into the active recorder (after ``goodtrace.init``; collective: every process).
+
+    Installs the compile listeners; with ``jax.distributed`` initialised, measures the clock
+    offset to process 0 now and every ``clock_sync_every`` steps (0: only now); with ``live``,
+    reduces metrics across processes every ``log_every`` steps (``goodtrace.live``; process 0
+    prints one line per log step through ``printer``, default stdout). Rank and world size
+    were already taken from ``jax.distributed`` by ``init``. ``finish()`` closes it.
+    """
+    import goodtrace
+
+    for label, number in (("log_every", log_every), ("clock_sync_every", clock_sync_every),
+                          ("clock_sync_rounds", clock_sync_rounds)):
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            raise ValueError(f"{label} must be a non-negative int, got {number!r}")
+    if log_every < 1 or clock_sync_rounds < 1:
+        raise ValueError("log_every and clock_sync_rounds must be at least 1")
+    install()
+    rec = goodtrace.recorder()
+    if not isinstance(rec, Recorder):
+        return _Disabled()
+    return JaxIntegration(
+        rec, log_every=log_every, live=live, tokens_per_step=tokens_per_step, flops_per_step=flops_per_step,
+        peak_flops=peak_flops, clock_sync_every=clock_sync_every, clock_sync_rounds=clock_sync_rounds,
+        printer=printer,
+    )
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=3)
