@@ -1,6 +1,8 @@
 """Adapter for torch tensors; imported only when the program passes one to goodtrace.
 
-A CPU tensor is a host value. For a CUDA tensor, ``prepare`` records a CUDA event on the
+A CPU tensor is complete on arrival: its step's sync point is the end of that step ("ready"),
+and a scalar's value is read when it is passed (a CPU ``item()`` costs a microsecond and never
+waits), so a later in-place update cannot change what was recorded. For a CUDA tensor, ``prepare`` records a CUDA event on the
 current stream (no synchronisation); readiness is ``event.query()`` and waiting is
 ``event.synchronize()``, so observing a step never syncs more than the loop itself does.
 """
@@ -32,11 +34,29 @@ class _CpuTensor:
         return float(handle.detach().item())
 
 
+class _HostFloat:
+    """A CPU scalar already read into a Python float."""
+
+    host = True
+
+    def ready(self, handle: Any) -> bool | None:
+        return True
+
+    def wait(self, handle: Any) -> None:
+        return None
+
+    def to_float(self, handle: Any) -> float:
+        return float(handle)
+
+
+_HOST_FLOAT = _HostFloat()
+
+
 class _CudaTensor:
     host = False
 
     def prepare(self, value: Any) -> Any:
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(torch.cuda.current_stream(value.device))
         return (event, value)
 
@@ -62,8 +82,11 @@ class _AnyTensor:
     _cuda = _CudaTensor()
 
     def prepare(self, value: Any) -> Any:
-        if value.device.type == "cuda":
+        device = value.device.type
+        if device == "cuda":
             return (self._cuda, self._cuda.prepare(value))
+        if device == "cpu" and value.numel() == 1:
+            return (_HOST_FLOAT, float(value.detach().item()))
         return (self._cpu, value)
 
     def ready(self, handle: Any) -> bool | None:

@@ -80,6 +80,8 @@ def measure_flops(model: torch.nn.Module, *args: Any, backward: bool = True, **k
     from torch.utils.flop_counter import FlopCounterMode
 
     saved = [(p, p.grad) for p in model.parameters()]
+    for parameter, _ in saved:
+        parameter.grad = None  # backward would accumulate into existing gradients in place
     try:
         with FlopCounterMode(display=False) as counter:
             out = model(*args, **kwargs)
