@@ -1,0 +1,150 @@
+"""Helpers that write small run directories in the writer's JSON-lines format, with times
+given in seconds on one job clock (so every expected bucket is computed by hand), plus
+tests of the helpers themselves. Imported by the other analysis tests."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from goodtrace import schema
+from goodtrace.loading import LoadedRun, load_run
+
+WALL0 = 1_700_000_000 * 10**9  # the job clock's zero, on the wall clock
+
+
+def ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+class Proc:
+    """One process of one rank. Times are seconds on the job clock; each process has its own
+    monotonic origin (``mono_base``) so the wall-clock conversion is exercised."""
+
+    def __init__(
+        self,
+        run_dir: Path | str,
+        *,
+        rank: int = 0,
+        world: int = 1,
+        start: float = 0.0,
+        restart: int | None = None,
+        submit: float | None = None,
+        main_tid: int = 1,
+        lag: int = 1,
+        overhead: tuple[str, ...] = (),
+        host: str = "node0",
+        mono_base: int | None = None,
+        schema_version: int = schema.SCHEMA_VERSION,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.start = start
+        self.mono_base = mono_base if mono_base is not None else 7_000_000_000_000 + 1_000_000_007 * rank
+        self.session = f"{ns(start) + WALL0:020d}-{1000 + rank}-{rank:08x}"
+        self.lines: list[dict[str, Any]] = []
+        header: dict[str, Any] = {
+            "kind": "header", "schema": schema_version, "version": "test", "session": self.session,
+            "rank": rank, "world": world, "local_rank": rank, "host": host, "pid": 1000 + rank,
+            "restart": restart, "proc_start_mono": self.mono(start), "proc_start_source": "os",
+            "init_mono": self.mono(start), "submit_wall": None if submit is None else WALL0 + ns(submit),
+            "main_tid": main_tid, "rank_source": "argument", "overhead_categories": sorted(overhead),
+            "config": {"lag": lag, "overhead_categories": list(overhead)}, "segment": 0,
+            "wall": WALL0 + ns(start), "mono": self.mono(start),
+        }
+        if schema_version < 1:
+            for key in ("proc_start_mono", "main_tid", "submit_wall", "overhead_categories"):
+                header.pop(key)
+        self.header = header
+        self.main_tid = main_tid
+
+    def mono(self, t: float) -> int:
+        return self.mono_base + ns(t)
+
+    def span(self, name: str, t0: float, t1: float, cat: str | None = None, step: int | None = None,
+             tid: int | None = None) -> Proc:
+        self.lines.append({
+            "kind": "span", "name": name, "cat": cat or schema.category_for_name(name), "t0": self.mono(t0),
+            "t1": self.mono(t1), "step": step, "tid": self.main_tid if tid is None else tid, "err": False,
+            "attrs": None,
+        })
+        return self
+
+    def step(self, k: int, t0: float, t1: float) -> Proc:
+        self.lines.append({"kind": "step", "step": k, "t0": self.mono(t0), "t1": self.mono(t1)})
+        return self
+
+    def sync(self, k: int, t: float, how: str = "host") -> Proc:
+        self.lines.append({"kind": "sync", "step": k, "t": self.mono(t), "how": how})
+        return self
+
+    def tag(self, k: int, name: str, t: float) -> Proc:
+        self.lines.append({"kind": "tag", "step": k, "name": name, "t": self.mono(t)})
+        return self
+
+    def event(self, name: str, t: float, step: int | None = None) -> Proc:
+        self.lines.append({"kind": "event", "name": name, "t": self.mono(t), "step": step, "attrs": None})
+        return self
+
+    def metric(self, name: str, k: int, value: float, t: float) -> Proc:
+        self.lines.append({"kind": "metric", "name": name, "step": k, "value": value, "reduce": "mean",
+                           "t": self.mono(t)})
+        return self
+
+    def heartbeat(self, t: float) -> Proc:
+        self.lines.append({"kind": "heartbeat", "wall": WALL0 + ns(t), "mono": self.mono(t), "dropped": 0})
+        return self
+
+    def finish(self, t: float, completed: bool | None = True, reason: str = "finish") -> Proc:
+        self.lines.append({"kind": "finish", "completed": completed, "t": self.mono(t), "reason": reason})
+        return self.heartbeat(t)
+
+    def loop(self, steps: range, t0: float, step_s: float = 1.0, how: str = "host",
+             data_s: float = 0.0) -> float:
+        """A synchronous loop: step k runs [t, t+step_s] and is synced at its exit."""
+        t = t0
+        for k in steps:
+            if data_s:
+                self.span("data", t, t + data_s, step=k)
+            self.step(k, t, t + step_s)
+            self.sync(k, t + step_s, how)
+            t += step_s
+        return t
+
+    def write(self, *, torn: bool = False) -> Path:
+        rank_dir = self.run_dir / f"rank-{self.rank:05d}"
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        path = rank_dir / f"{self.session}.00000.jsonl"
+        text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in [self.header, *self.lines])
+        if torn:
+            text += '{"kind":"span","name":"tor'
+        path.write_text(text)
+        return path
+
+
+def load(run_dir: Path | str) -> LoadedRun:
+    return load_run(os.fspath(run_dir))
+
+
+def buckets_s(partition: Any) -> dict[str, float]:
+    """Non-zero buckets in seconds (exact to the ns)."""
+    return {k: v / 1e9 for k, v in partition.buckets_ns.items() if v}
+
+
+# ---------------------------------------------------------------------------- tests of helpers
+def test_proc_writes_the_writer_format(tmp_path: Path) -> None:
+    p = Proc(tmp_path, start=1.0)
+    p.loop(range(2), 1.0)
+    p.finish(3.0)
+    path = p.write(torn=True)
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0])["kind"] == "header"
+    assert json.loads(lines[1]) == {"kind": "step", "step": 0, "t0": p.mono(1.0), "t1": p.mono(2.0)}
+    loaded = load(tmp_path)
+    (session,) = loaded.sessions
+    assert session.start_wall == WALL0 + ns(1.0)
+    assert session.last_seen_wall == WALL0 + ns(3.0)
+    assert session.finish_completed is True
+    assert any("torn" in w for w in loaded.warnings)

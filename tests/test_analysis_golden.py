@@ -1,0 +1,296 @@
+"""Hand-computed timelines: each test writes a small run directory (times in seconds on one
+job clock), loads it through the DuckDB reader and asserts every bucket exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_analysis_builders import Proc, buckets_s, load
+
+from goodtrace.analysis import analyze
+
+
+def test_clean_run(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    p.span("init", 0, 2)
+    p.loop(range(5), 2.0)  # steps 0..4 over [2, 7]
+    p.finish(8.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {"productive": 5.0, "startup": 2.0, "teardown": 1.0}
+    assert result.partition.startup_parts_ns["init"] == 2_000_000_000
+    assert result.partition.total_ns == 8_000_000_000
+    assert result.partition.goodput == 5 / 8
+    assert [a.ended for a in result.attempts] == ["finished"]
+    assert result.ideal_step_s == 1.0
+    assert [r.step for r in result.steps] == [0, 1, 2, 3, 4]
+    assert all(r.step_time_s == 1.0 and r.productive_s == 1.0 for r in result.steps)
+    assert result.anomalies == ()
+
+
+def test_startup_and_compile_from_the_first_step(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    p.span("init", 0, 1)
+    p.span("restore", 1, 2)
+    p.step(0, 2.0, 2.1).sync(0, 7.0, "lag")  # step 0 took 5 s on the device: it compiled
+    for k in range(1, 5):
+        p.step(k, 6.0 + k, 6.1 + k).sync(k, 7.0 + k, "lag")
+    p.finish(11.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {"productive": 5.0, "startup": 2.0, "compile": 4.0}
+    parts = result.partition.startup_parts_ns
+    assert parts["init"] == 1_000_000_000 and parts["checkpoint_restore"] == 1_000_000_000
+    first = result.steps[0]
+    assert (first.step, first.step_time_s, first.productive_s, first.overhead_s) == (0, 5.0, 1.0, {"compile": 4.0})
+
+
+def test_explicit_compile_spans_count_once(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    p.step(0, 0.0, 0.1).span("compile", 0.1, 3.1, step=0).sync(0, 5.0, "lag")
+    for k in range(1, 4):
+        p.step(k, 4.0 + k, 4.1 + k).sync(k, 5.0 + k, "lag")
+    p.finish(8.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    # window 0 = 3 s of compile span + 2 s productive, of which 1 s above the ideal step time
+    assert buckets_s(result.partition) == {"productive": 4.0, "compile": 4.0}
+
+
+def test_checkpoint_every_two_steps_lands_in_the_next_interval(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    t = p.loop(range(2), 0.0)
+    p.span("checkpoint", t, t + 2, step=1)
+    t = p.loop(range(2, 4), t + 2)
+    p.span("checkpoint", t, t + 2, step=3)
+    t = p.loop(range(4, 6), t + 2)
+    p.finish(t)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {"productive": 6.0, "checkpoint_save": 4.0}
+    rows = {r.step: r for r in result.steps}
+    assert rows[2].step_time_s == 3.0 and rows[2].overhead_s == {"checkpoint_save": 2.0}
+    assert rows[2].explain() == "3.000 s = 1.000 s productive + 2.000 s checkpoint_save"
+    assert rows[1].step_time_s == 1.0 and rows[1].overhead_s == {}
+    assert result.slowest_steps(2)[0].step in (2, 4)
+
+
+def test_eval_with_nested_gc_counted_once(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    t = p.loop(range(2), 0.0)
+    p.span("eval", t, t + 3, step=1)
+    p.span("gc", t + 1, t + 1.5, cat="gc", step=1)  # inside eval: the outermost wins
+    p.span("checkpoint", 0.2, 1.8, tid=99)  # another thread: never double counted
+    t = p.loop(range(2, 4), t + 3)
+    p.finish(t)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {"productive": 4.0, "eval": 3.0}
+
+
+def test_crash_and_restart_from_a_checkpoint(tmp_path: Path) -> None:
+    a0 = Proc(tmp_path, restart=0)
+    t = a0.loop(range(3), 0.0)
+    a0.span("checkpoint", 3, 4, step=2)
+    a0.loop(range(3, 5), 4.0)  # steps 3, 4 over [4, 6]
+    a0.heartbeat(6.5)  # crashed in step 5: no finish record
+    a0.write()
+    a1 = Proc(tmp_path, restart=1, start=10.0)
+    a1.span("restore", 10, 11)
+    a1.loop(range(3, 6), 11.0)
+    a1.finish(14.0)
+    a1.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {
+        "productive": 6.0, "startup": 1.0, "checkpoint_save": 1.0, "wasted_progress": 2.0, "disruption": 4.0,
+    }
+    assert [(a.ended, a.first_step, a.last_step) for a in result.attempts] == [("crashed", 0, 4), ("finished", 3, 5)]
+    assert [r.counted for r in result.steps] == [True, True, True, False, False, True, True, True]
+    assert result.program.counted_steps == 6
+    assert t == 3.0
+
+
+def test_restart_from_step_zero_is_wasted_progress(tmp_path: Path) -> None:
+    a0 = Proc(tmp_path)
+    a0.loop(range(4), 0.0)
+    a0.heartbeat(4.0)
+    a0.write()
+    a1 = Proc(tmp_path, start=6.0)
+    a1.loop(range(6), 6.0)
+    a1.finish(12.0)
+    a1.write()
+    result = analyze(load(tmp_path))
+    assert result.jobs == 1
+    assert buckets_s(result.partition) == {"productive": 6.0, "wasted_progress": 4.0, "disruption": 2.0}
+    assert result.partition.goodput == 0.5
+
+
+def test_several_restarts(tmp_path: Path) -> None:
+    a0 = Proc(tmp_path, restart=0)
+    a0.loop(range(5), 0.0)
+    a0.heartbeat(5.5)
+    a0.write()
+    a1 = Proc(tmp_path, restart=1, start=7.0)
+    a1.span("restore", 7, 8)
+    a1.loop(range(3, 7), 8.0)
+    a1.write()  # crashed right after its last step's sync point (12 s)
+    a2 = Proc(tmp_path, restart=2, start=15.0)
+    a2.span("restore", 15, 16)
+    a2.loop(range(5, 10), 16.0)
+    a2.finish(21.0)
+    a2.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {
+        "productive": 10.0, "startup": 2.0, "wasted_progress": 4.0, "disruption": 5.0,
+    }
+    assert [a.ended for a in result.attempts] == ["crashed", "crashed", "finished"]
+    assert result.partition.total_ns == 21_000_000_000
+
+
+def test_idle_tail_is_teardown_not_productive(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    p.loop(range(5), 0.0)
+    for second in range(6, 66, 10):
+        p.heartbeat(second)
+    p.finish(65.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {"productive": 5.0, "teardown": 60.0}
+
+
+def test_steps_recorded_every_tenth_step_share_the_interval(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    for k in range(20):
+        p.step(k, k, k + 0.1)
+    p.sync(9, 10.0, "lag").sync(19, 20.0, "lag")
+    p.finish(20.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {"productive": 20.0}
+    assert len(result.steps) == 20
+    assert all(r.step_time_s == 1.0 and r.productive_s == 1.0 and r.shared == 10 for r in result.steps)
+    assert any("sparse" in w for w in result.warnings)
+
+
+def test_data_loading_in_a_synchronous_loop_is_badput(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    p.span("data", 0, 0.5)  # prefetch before the first step: part of startup
+    p.loop(range(5), 0.5, data_s=0.25, how="host")
+    p.finish(5.5)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert result.data_rule == "synchronous"
+    assert buckets_s(result.partition) == {"productive": 3.75, "data": 1.25, "startup": 0.5}
+    assert result.partition.startup_parts_ns["data"] == 500_000_000
+
+
+def test_data_loading_in_an_asynchronous_loop_is_productive(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    for k in range(5):
+        p.step(k, k, k + 0.3).span("data", k, k + 0.25, step=k).sync(k, k + 1.0, "lag")
+    p.span("gc", 2.05, 2.15, step=2)  # a gc pause inside a productive data span still counts
+    p.finish(5.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert result.data_rule == "asynchronous"
+    assert buckets_s(result.partition) == {"productive": 4.9, "gc": 0.1}
+
+
+def test_data_rule_override(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    p.loop(range(4), 0.0, data_s=0.5, how="lag")
+    p.finish(4.0)
+    p.write()
+    result = analyze(load(tmp_path), data_rule="synchronous")
+    assert buckets_s(result.partition) == {"productive": 2.0, "data": 2.0}
+
+
+def test_reused_run_directory_is_two_jobs(tmp_path: Path) -> None:
+    a = Proc(tmp_path)
+    a.loop(range(5), 0.0)
+    a.finish(5.0)
+    a.write()
+    b = Proc(tmp_path, start=100.0)
+    b.loop(range(3), 100.0)
+    b.finish(103.0)
+    b.write()
+    loaded = load(tmp_path)
+    last = analyze(loaded)
+    assert (last.jobs, last.job) == (2, 1)
+    assert buckets_s(last.partition) == {"productive": 3.0}
+    assert any("reused run directory" in w for w in last.warnings)
+    first = analyze(loaded, job=0)
+    assert buckets_s(first.partition) == {"productive": 5.0}
+
+
+def test_user_overhead_category_and_user_data_rule(tmp_path: Path) -> None:
+    p = Proc(tmp_path, overhead=("sync_weights",))
+    t = p.loop(range(2), 0.0)
+    p.span("push", t, t + 1, cat="sync_weights")
+    p.loop(range(2, 4), t + 1)
+    p.finish(5.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {"productive": 4.0, "sync_weights": 1.0}
+
+
+def test_interval_goodput_and_rolling_windows(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    p.span("init", 0, 2)
+    p.loop(range(5), 2.0)
+    p.finish(8.0)
+    p.write()
+    loaded = load(tmp_path)
+    result = analyze(loaded, window=(1.0, 4.0), rolling_s=3.0)
+    assert result.window is not None
+    assert buckets_s(result.window) == {"startup": 1.0, "productive": 2.0}
+    assert [(w.start_s, w.end_s, w.productive_s) for w in result.rolling] == [
+        (0.0, 3.0, 1.0), (3.0, 6.0, 3.0), (6.0, 8.0, 1.0)
+    ]
+    last = analyze(loaded, window=(-2.0, -0.0 - 1e-12))
+    assert last.window is not None and last.window.total_ns > 0
+
+
+def test_anomaly_lists_what_overlapped(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    t = 0.0
+    for k in range(10):
+        length = 3.0 if k == 6 else 1.0
+        p.step(k, t, t + length).sync(k, t + length)
+        if k == 6:
+            p.tag(6, "lr_drop", t + 0.5)
+            p.span("allreduce", t, t + 2.0, cat="compute", step=6)
+        t += length
+    p.finish(t)
+    p.write()
+    result = analyze(load(tmp_path))
+    (anomaly,) = result.anomalies
+    assert anomaly.step == 6 and anomaly.productive_s == 3.0
+    assert "tag:lr_drop" in anomaly.overlapped and "span:allreduce" in anomaly.overlapped
+
+
+def test_mfu_and_goodput_product(tmp_path: Path) -> None:
+    p = Proc(tmp_path, submit=-2.0, world=1)
+    p.loop(range(4), 0.0)
+    p.finish(4.0)
+    p.write()
+    result = analyze(load(tmp_path), flops_per_step=100e12, accelerator="h100")
+    assert buckets_s(result.partition) == {"productive": 4.0, "scheduling": 2.0}
+    program = result.program
+    assert program.mfu == pytest.approx(100e12 / 989e12)
+    assert program.scheduling_goodput == pytest.approx(4 / 6)
+    assert program.runtime_goodput == 1.0
+    assert program.ml_productivity_goodput == pytest.approx(4 / 6 * 100 / 989)
+
+
+def test_missing_rank_zero_and_older_schema(tmp_path: Path) -> None:
+    p = Proc(tmp_path, rank=1, world=2, schema_version=0)
+    p.loop(range(3), 0.0)
+    p.finish(3.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert result.reference_rank == 1
+    assert buckets_s(result.partition) == {"productive": 3.0}
+    text = " ".join(result.warnings)
+    assert "older schema version 0" in text and "rank 0 has no records" in text and "1 of 2 ranks" in text
