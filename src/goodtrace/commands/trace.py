@@ -1,0 +1,60 @@
+"""``goodtrace trace RUN -o FILE``: a Perfetto/Chrome trace of a run (``.json`` or ``.json.gz``).
+
+Every rank is a process, every thread a track, step intervals with their overhead split on a
+track of their own; ``--steps``, ``--ranks`` and ``--attempt`` select a slice. Open the file at
+https://ui.perfetto.dev (it stays in the browser) or in ``chrome://tracing``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "write a Perfetto/Chrome trace of all ranks (open it in ui.perfetto.dev)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run directory (path or fsspec URL)")
+    parser.add_argument("-o", "--output", required=True, metavar="FILE",
+                        help="trace file to write: .json, or .json.gz for a compressed one")
+    parser.add_argument("--steps", metavar="A:B",
+                        help="only steps A to B, both included (also A:, :B, or one step A)")
+    parser.add_argument("--ranks", metavar="LIST", help="only these ranks, e.g. 0,3,8-15")
+    parser.add_argument("--attempt", type=int, metavar="K", help="only attempt K (0 = the first launch)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from goodtrace.cli import CommandError
+    from goodtrace.reader import NotARunError, read_run
+    from goodtrace.renderers.perfetto import PerfettoRenderer, Selection, parse_ranks, parse_steps
+
+    try:
+        selection = Selection(
+            steps=parse_steps(args.steps) if args.steps else None,
+            ranks=parse_ranks(args.ranks) if args.ranks else None,
+            attempt=args.attempt,
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        loaded = read_run(args.run)
+    except NotARunError as exc:
+        raise CommandError(str(exc)) from None
+    if args.attempt is not None and not any(s.attempt == args.attempt for s in loaded.sessions):
+        attempts = sorted({s.attempt for s in loaded.sessions})
+        raise CommandError(f"the run has no attempt {args.attempt} (it has {attempts})")
+    try:
+        summary = PerfettoRenderer(selection).write(loaded, args.output)
+    except OSError as exc:
+        raise CommandError(f"cannot write {args.output}: {exc}") from None
+    for problem in loaded.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    if summary.processes == 0:
+        print("warning: the selection matched no rank with records; the trace is empty", file=sys.stderr)
+    if summary.warning:
+        print(f"warning: {summary.warning}", file=sys.stderr)
+    print(
+        f"wrote {summary.path}: {summary.processes} rank(s), {summary.spans} spans, "
+        f"{summary.events} events, {summary.bytes_written / 1e6:.1f} MB"
+    )
+    return 0

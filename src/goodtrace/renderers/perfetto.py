@@ -1,0 +1,636 @@
+"""Chrome/Perfetto trace JSON from a run's raw records (DESIGN.md section 6).
+
+Contract: ``PerfettoRenderer(selection).write(run, path)`` writes one trace (``.json`` or
+``.json.gz``) in which every rank is a process ``rank N (host)``; its tracks are the step
+intervals (T_{k-1}, T_k] with their overhead split, each recorded thread, and device time when
+recorded (spans of category ``device``). Spans are complete events (category and step in args),
+tags and events are instant events, metrics are counters. All ranks share one time axis: each
+session's monotonic clock is mapped through :func:`goodtrace.clocksync.clock_offsets`
+(``reference = local + offset_ns``) and shown relative to the earliest process start of the
+selection (its wall time is in the trace's ``otherData``).
+
+The step-interval model (:func:`step_intervals`) and the selection helpers are shared with the
+HTML renderer.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import gzip
+import io
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import IO, Any
+
+from goodtrace import schema
+from goodtrace.reader import Run, Session
+
+__all__ = [
+    "COMFORTABLE_TRACE_BYTES",
+    "DEVICE_CATEGORY",
+    "PerfettoRenderer",
+    "Selection",
+    "StepInterval",
+    "TraceSummary",
+    "overhead_categories",
+    "parse_ranks",
+    "parse_steps",
+    "session_clocks",
+    "step_intervals",
+]
+
+# The Perfetto UI runs its trace processor in WebAssembly inside the browser tab: JSON traces of
+# a few hundred MB open in seconds to a minute; past ~1 GB the tab needs many GB of memory and
+# past ~2 GB the URL loader fails. Above this size the command warns and suggests a slice.
+COMFORTABLE_TRACE_BYTES = 300_000_000
+
+# Spans of this category hold device (accelerator) busy intervals; they get their own track.
+DEVICE_CATEGORY = "device"
+
+
+# ------------------------------------------------------------------------------ selection
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Selection:
+    """Which part of a run to show. ``steps`` is inclusive at both ends (``None`` = open)."""
+
+    steps: tuple[int | None, int | None] | None = None
+    ranks: frozenset[int] | None = None
+    attempt: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps is not None:
+            first, last = self.steps
+            if first is not None and last is not None and last < first:
+                raise ValueError(f"step range {first}:{last} is empty (the range is inclusive: A <= B)")
+        if self.attempt is not None and self.attempt < 0:
+            raise ValueError(f"attempt must be 0 or more, got {self.attempt}")
+
+    def step_in_range(self, step: int) -> bool:
+        if self.steps is None:
+            return True
+        first, last = self.steps
+        return (first is None or step >= first) and (last is None or step <= last)
+
+    def sessions(self, run: Run) -> list[Session]:
+        return [
+            s
+            for s in run.sessions
+            if (self.attempt is None or s.attempt == self.attempt)
+            and (self.ranks is None or s.rank in self.ranks)
+        ]
+
+
+def parse_steps(text: str) -> tuple[int | None, int | None]:
+    """``"A:B"`` (inclusive), ``"A:"``, ``":B"`` or a single step ``"A"``."""
+    parts = text.split(":")
+    try:
+        if len(parts) == 1:
+            step = int(parts[0])
+            return step, step
+        if len(parts) == 2:
+            first = int(parts[0]) if parts[0].strip() else None
+            last = int(parts[1]) if parts[1].strip() else None
+            if first is not None and last is not None and last < first:
+                raise ValueError
+            return first, last
+    except ValueError:
+        pass
+    raise ValueError(f"bad step range {text!r}: expected A:B (inclusive), A:, :B or A")
+
+
+def parse_ranks(text: str) -> frozenset[int]:
+    """``"0,3,8-15"`` -> {0, 3, 8, ..., 15}."""
+    ranks: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                low, high = (int(x) for x in part.split("-", 1))
+                if high < low or low < 0:
+                    raise ValueError
+                ranks.update(range(low, high + 1))
+            else:
+                value = int(part)
+                if value < 0:
+                    raise ValueError
+                ranks.add(value)
+    except ValueError:
+        raise ValueError(f"bad rank list {text!r}: expected e.g. 0,3,8-15") from None
+    if not ranks:
+        raise ValueError(f"bad rank list {text!r}: no rank in it")
+    return frozenset(ranks)
+
+
+# ------------------------------------------------------------------------------ step intervals
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInterval:
+    """Step ``step``'s interval (T_{k-1}, T_k] on one session's monotonic clock.
+
+    When completion was sparse, the interval is shared by ``first_step`` .. ``step`` (a window:
+    its time is their total, never per-step truth). ``overhead_ns`` maps each overhead category
+    to the time its outermost main-thread spans cover inside the interval; ``regions`` lists
+    those (t0, t1, category) pieces; ``productive_ns`` is the rest. ``compute_ns`` is the time of
+    outermost main-thread ``compute`` spans inside it (0 when the loop records none).
+    """
+
+    first_step: int
+    step: int
+    t0: int
+    t1: int
+    how: str
+    overhead_ns: dict[str, int]
+    regions: tuple[tuple[int, int, str], ...]
+    compute_ns: int
+
+    @property
+    def duration_ns(self) -> int:
+        return self.t1 - self.t0
+
+    @property
+    def productive_ns(self) -> int:
+        return self.duration_ns - sum(self.overhead_ns.values())
+
+    @property
+    def is_window(self) -> bool:
+        return self.first_step != self.step
+
+
+def overhead_categories(session: Session) -> frozenset[str]:
+    """The built-in overhead categories plus those the session's config declared."""
+    extra: set[str] = set()
+    config = session.header.get(schema.H_CONFIG)
+    for declared in (session.header.get("overhead_categories"),
+                     config.get("overhead_categories") if isinstance(config, dict) else None):
+        if isinstance(declared, list):
+            extra.update(str(c) for c in declared)
+    return schema.OVERHEAD_CATEGORIES | extra
+
+
+def _outermost(spans: Iterable[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Outermost intervals of properly nested (t0, t1, label) spans: a span starting inside an
+    earlier kept one is dropped (nested, or overlapping on another thread: counted once)."""
+    kept: list[tuple[int, int, str]] = []
+    end = -(2**63)
+    for t0, t1, label in sorted(spans, key=lambda s: (s[0], -s[1])):
+        if t0 >= end:
+            kept.append((t0, t1, label))
+            end = t1
+        elif t1 > end:  # partial overlap: keep the uncovered tail, under the same label
+            kept.append((end, t1, label))
+            end = t1
+    return kept
+
+
+def _clip_sum(
+    pieces: Sequence[tuple[int, int, str]], starts: Sequence[int], t0: int, t1: int
+) -> list[tuple[int, int, str]]:
+    """Pieces (sorted, disjoint) clipped to (t0, t1]."""
+    out: list[tuple[int, int, str]] = []
+    index = max(0, bisect.bisect_right(starts, t0) - 1)
+    while index < len(pieces):
+        a, b, label = pieces[index]
+        if a >= t1:
+            break
+        lo, hi = max(a, t0), min(b, t1)
+        if hi > lo:
+            out.append((lo, hi, label))
+        index += 1
+    return out
+
+
+def step_intervals(session: Session) -> list[StepInterval]:
+    """The session's step intervals in time order, from its ``sync`` and ``step`` records.
+
+    The first interval starts when its first step was entered; each later one at the previous
+    sync point. Steps without a sync point of their own share the next one's interval.
+    """
+    syncs = sorted(
+        (int(r[schema.F_T]), int(r[schema.F_STEP]), str(r.get(schema.F_HOW, "")))
+        for r in session.records
+        if r.get(schema.F_KIND) == schema.SYNC
+        and isinstance(r.get(schema.F_T), int)
+        and isinstance(r.get(schema.F_STEP), int)
+    )
+    if not syncs:
+        return []
+    step_t0: dict[int, int] = {}
+    for r in session.records:
+        if r.get(schema.F_KIND) == schema.STEP and isinstance(r.get(schema.F_STEP), int):
+            step_t0.setdefault(int(r[schema.F_STEP]), int(r[schema.F_T0]))
+    overhead = overhead_categories(session)
+    main_tid = session.header.get("main_tid")
+    over: list[tuple[int, int, str]] = []
+    compute: list[tuple[int, int, str]] = []
+    for r in session.records:
+        if r.get(schema.F_KIND) != schema.SPAN or r.get(schema.F_THREAD) != main_tid:
+            continue
+        category = str(r.get(schema.F_CATEGORY))
+        piece = (int(r[schema.F_T0]), int(r[schema.F_T1]), category)
+        if category in overhead:
+            over.append(piece)
+        elif category == schema.COMPUTE:
+            compute.append(piece)
+    over_pieces = _outermost(over)
+    over_starts = [p[0] for p in over_pieces]
+    compute_pieces = _outermost(compute)
+    compute_starts = [p[0] for p in compute_pieces]
+
+    numbers = sorted(step_t0)
+    intervals: list[StepInterval] = []
+    previous_t: int | None = None
+    previous_step: int | None = None
+    for t, step, how in syncs:
+        low = 0 if previous_step is None else bisect.bisect_right(numbers, previous_step)
+        covered = numbers[low:bisect.bisect_right(numbers, step)]
+        first_step = covered[0] if covered else step
+        start = previous_t if previous_t is not None else min((step_t0[n] for n in covered), default=t)
+        start = min(start, t)
+        regions = _clip_sum(over_pieces, over_starts, start, t)
+        split: dict[str, int] = {}
+        for a, b, category in regions:
+            split[category] = split.get(category, 0) + (b - a)
+        compute_ns = sum(b - a for a, b, _ in _clip_sum(compute_pieces, compute_starts, start, t))
+        intervals.append(StepInterval(first_step, step, start, t, how, split, tuple(regions), compute_ns))
+        previous_t, previous_step = t, max(step, previous_step if previous_step is not None else step)
+    return intervals
+
+
+def session_clocks(run: Run) -> dict[str, Callable[[int], int]]:
+    """Per session id, a function mapping its monotonic ns onto aligned wall-clock ns.
+
+    Uses the measured clock offsets (:mod:`goodtrace.clocksync`); falls back to each session's
+    own (wall, monotonic) anchor when that module is unavailable.
+    """
+    try:
+        from goodtrace.clocksync import clock_offsets
+    except ImportError:  # pragma: no cover - the clock module ships with the package
+        return {s.session_id: s.wall_ns for s in run.sessions}
+    clocks = clock_offsets(run)
+    return {
+        s.session_id: (clocks[s.session_id].wall_ns if s.session_id in clocks else s.wall_ns)
+        for s in run.sessions
+    }
+
+
+# ------------------------------------------------------------------------------ the renderer
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceSummary:
+    """What was written: sizes and counts, plus a warning when the UI would struggle."""
+
+    path: str
+    bytes_written: int
+    json_bytes: int
+    events: int
+    processes: int
+    spans: int
+    origin_wall_ns: int
+    warning: str | None = None
+
+
+# UTF-8 output: the Perfetto JSON importer does not decode \uXXXX escapes in every field.
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _us(ns: int) -> str:
+    """Nanoseconds as a microsecond JSON number, exactly (Chrome trace ``ts``/``dur`` unit)."""
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    whole, frac = divmod(ns, 1000)
+    return f"{sign}{whole}.{frac:03d}" if frac else f"{sign}{whole}"
+
+
+def _ms(ns: int) -> float:
+    return round(ns / 1e6, 6)
+
+
+def _safe(value: Any) -> Any:
+    """JSON-safe args: non-finite floats become strings (the trace must stay valid JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_safe(v) for v in value]
+    return value
+
+
+class _Lane:
+    """One track: a synthetic thread id with a name and sort order."""
+
+    __slots__ = ("name", "sort", "tid")
+
+    def __init__(self, tid: int, name: str, sort: int) -> None:
+        self.tid, self.name, self.sort = tid, name, sort
+
+
+class PerfettoRenderer:
+    """Renders a run (or a :class:`Selection` of it) as Chrome trace-event JSON for Perfetto."""
+
+    def __init__(self, selection: Selection | None = None) -> None:
+        self.selection = selection or Selection()
+
+    def render(self, run: Run) -> str:
+        """The whole trace as one string (small runs and tests; large ones use :meth:`write`)."""
+        buffer = io.StringIO()
+        self._write_to(run, buffer)
+        return buffer.getvalue()
+
+    def write(self, run: Run, path: str | os.PathLike[str]) -> TraceSummary:
+        """Write the trace to ``path``; gzip-compressed when the name ends in ``.gz``."""
+        target = os.fspath(path)
+        if target.endswith(".gz"):
+            with gzip.open(target, "wt", encoding="utf-8", errors="replace", compresslevel=6) as handle:
+                counts = self._write_to(run, handle)
+        else:
+            with open(target, "w", encoding="utf-8", errors="replace") as handle:
+                counts = self._write_to(run, handle)
+        size = os.path.getsize(target)
+        warning = None
+        if counts.json_bytes > COMFORTABLE_TRACE_BYTES:
+            warning = self._too_big(run, counts.json_bytes)
+        return dataclasses.replace(counts, path=target, bytes_written=size, warning=warning)
+
+    def _too_big(self, run: Run, json_bytes: int) -> str:
+        steps = sorted(
+            {iv.step for s in self.selection.sessions(run) for iv in step_intervals(s)
+             if self.selection.step_in_range(iv.step)}
+        )
+        fraction = COMFORTABLE_TRACE_BYTES / json_bytes * 0.8
+        advice = []
+        if len(steps) > 1:
+            keep = max(1, int(len(steps) * fraction))
+            advice.append(f"--steps {steps[0]}:{steps[min(keep, len(steps)) - 1]}")
+        ranks = sorted({s.rank for s in self.selection.sessions(run)})
+        if len(ranks) > 1:
+            keep = max(1, int(len(ranks) * fraction))
+            advice.append(f"--ranks {ranks[0]}-{ranks[min(keep, len(ranks)) - 1]}")
+        suggestion = " or ".join(advice) if advice else "a smaller selection"
+        return (
+            f"the trace holds {json_bytes / 1e6:.0f} MB of JSON; the Perfetto UI opens up to about "
+            f"{COMFORTABLE_TRACE_BYTES / 1e6:.0f} MB comfortably (larger traces need many GB of browser "
+            f"memory and may fail to load). Try a slice, e.g. {suggestion}."
+        )
+
+    # -------------------------------------------------------------------- event generation
+
+    def _write_to(self, run: Run, out: IO[str]) -> TraceSummary:
+        selection = self.selection
+        sessions = selection.sessions(run)
+        to_wall = session_clocks(run)
+        prepared: list[tuple[Session, list[StepInterval], tuple[int, int] | None]] = []
+        for session in sessions:
+            intervals = step_intervals(session)
+            window = None
+            if selection.steps is not None:
+                chosen = [iv for iv in intervals if _interval_selected(iv, selection)]
+                if not chosen:
+                    continue
+                window = (chosen[0].t0, chosen[-1].t1)
+                intervals = chosen
+            prepared.append((session, intervals, window))
+
+        def start_of(session: Session, window: tuple[int, int] | None) -> int:
+            mono = window[0] if window else int(session.header.get(schema.H_PROC_START, session.header[schema.F_MONO]))
+            return to_wall[session.session_id](mono)
+
+        origin = min((start_of(s, w) for s, _, w in prepared), default=0)
+        counts = {"events": 0, "spans": 0, "bytes": 0}
+
+        def emit(text: str) -> None:
+            if counts["events"]:
+                text = ",\n" + text
+            out.write(text)
+            counts["events"] += 1
+            counts["bytes"] += len(text)
+
+        head = '{"displayTimeUnit":"ms","otherData":' + _JSON.encode(
+            {"generator": "goodtrace", "run": os.path.basename(os.path.normpath(run.path)),
+             "origin_wall_ns": origin, "clock": "aligned to each attempt's reference rank",
+             "steps": "inclusive" if selection.steps else "all"}
+        ) + ',"traceEvents":[\n'
+        out.write(head)
+        counts["bytes"] += len(head)
+
+        by_rank: dict[int, list[tuple[Session, list[StepInterval], tuple[int, int] | None]]] = {}
+        for item in prepared:
+            by_rank.setdefault(item[0].rank, []).append(item)
+        multiple_attempts = len({s.attempt for s, _, _ in prepared}) > 1
+        next_tid = 1
+        for rank in sorted(by_rank):
+            items = by_rank[rank]
+            pid = rank + 1  # pid 0 is special in trace processors; the rank is in the name
+            hosts = list(dict.fromkeys(str(s.header.get(schema.H_HOST, "?")) for s, _, _ in items))
+            emit(_meta("process_name", pid, 0, {"name": f"rank {rank} ({', '.join(hosts)})"}))
+            emit(_meta("process_sort_index", pid, 0, {"sort_index": rank}))
+            labels = "; ".join(
+                f"attempt {s.attempt}: pid {s.header.get(schema.H_PID)} on {s.header.get(schema.H_HOST)}"
+                for s, _, _ in items
+            )
+            emit(_meta("process_labels", pid, 0, {"labels": labels}))
+            lane_sort = 0
+            for session, intervals, window in items:
+                suffix = f" (attempt {session.attempt})" if multiple_attempts else ""
+                lanes: dict[Any, _Lane] = {}
+
+                def lane(key: Any, name: str, _pid: int = pid, _lanes: dict[Any, _Lane] = lanes) -> _Lane:
+                    nonlocal next_tid, lane_sort
+                    found = _lanes.get(key)
+                    if found is None:
+                        found = _lanes[key] = _Lane(next_tid, name, lane_sort)
+                        next_tid += 1
+                        lane_sort += 1
+                        emit(_meta("thread_name", _pid, found.tid, {"name": found.name}))
+                        emit(_meta("thread_sort_index", _pid, found.tid, {"sort_index": found.sort}))
+                    return found
+
+                self._emit_session(session, intervals, window, pid, lane, suffix,
+                                   to_wall[session.session_id], origin, emit, counts)
+        out.write("\n]}\n")
+        counts["bytes"] += 4
+        return TraceSummary(
+            path="", bytes_written=counts["bytes"], json_bytes=counts["bytes"], events=counts["events"],
+            processes=len(by_rank), spans=counts["spans"], origin_wall_ns=origin,
+        )
+
+    def _emit_session(
+        self,
+        session: Session,
+        intervals: list[StepInterval],
+        window: tuple[int, int] | None,
+        pid: int,
+        lane: Callable[[Any, str], _Lane],
+        suffix: str,
+        to_wall: Callable[[int], int],
+        origin: int,
+        emit: Callable[[str], None],
+        counts: dict[str, int],
+    ) -> None:
+        selection = self.selection
+        main_tid = session.header.get("main_tid")
+
+        def ts(mono: int) -> str:
+            return _us(to_wall(mono) - origin)
+
+        def inside(t0: int, t1: int) -> bool:
+            return window is None or (t1 > window[0] and t0 < window[1]) or (t0 == t1 and window[0] <= t0 <= window[1])
+
+        def step_ok(record: dict[str, Any], t: int) -> bool:
+            step = record.get(schema.F_STEP)
+            if selection.steps is None:
+                return True
+            if isinstance(step, int):
+                return selection.step_in_range(step)
+            return inside(t, t)
+
+        steps_lane = lane("steps", "steps" + suffix)
+        # Step intervals, with their overhead pieces nested under them.
+        for iv in intervals:
+            label = f"step {iv.step}" if not iv.is_window else f"steps {iv.first_step}-{iv.step}"
+            args: dict[str, Any] = {
+                "step": iv.step,
+                "attempt": session.attempt,
+                "step_time_ms": _ms(iv.duration_ns),
+                "productive_ms": _ms(iv.productive_ns),
+                "overhead_ms": {k: _ms(v) for k, v in sorted(iv.overhead_ns.items())},
+                "sync": iv.how,
+            }
+            if iv.is_window:
+                args["first_step"] = iv.first_step
+                args["window"] = "steps without their own sync point share this interval"
+            emit(_complete(label, "step", pid, steps_lane.tid, ts(iv.t0), _us(iv.t1 - iv.t0), args))
+            for a, b, category in iv.regions:
+                emit(_complete(category, "overhead", pid, steps_lane.tid, ts(a), _us(b - a), {"step": iv.step}))
+        if window is None:
+            proc_start = session.header.get(schema.H_PROC_START)
+            if isinstance(proc_start, int) and intervals and intervals[0].t0 > proc_start:
+                emit(_complete("startup", "startup", pid, steps_lane.tid, ts(proc_start),
+                               _us(intervals[0].t0 - proc_start), {"attempt": session.attempt}))
+            finish = session.finish
+            if finish is not None and intervals and isinstance(finish.get(schema.F_T), int):
+                end = int(finish[schema.F_T])
+                if end > intervals[-1].t1:
+                    emit(_complete("teardown", "teardown", pid, steps_lane.tid, ts(intervals[-1].t1),
+                                   _us(end - intervals[-1].t1), {"attempt": session.attempt}))
+
+        spans_by_lane: dict[Any, list[dict[str, Any]]] = {}
+        for record in session.records:
+            kind = record.get(schema.F_KIND)
+            if kind == schema.SPAN:
+                t0, t1 = int(record[schema.F_T0]), int(record[schema.F_T1])
+                if not inside(t0, t1):
+                    continue
+                category = str(record.get(schema.F_CATEGORY, schema.COMPUTE))
+                tid = record.get(schema.F_THREAD)
+                key: Any = "device" if category == DEVICE_CATEGORY else ("main" if tid == main_tid else tid)
+                spans_by_lane.setdefault(key, []).append(record)
+            elif kind == schema.TAG:
+                t = int(record[schema.F_T])
+                if step_ok(record, t):
+                    emit(_instant(str(record.get(schema.F_NAME)), "tag", pid, steps_lane.tid, ts(t),
+                                  {"step": record.get(schema.F_STEP)}))
+            elif kind == schema.EVENT:
+                t = int(record[schema.F_T])
+                if step_ok(record, t):
+                    args = {"step": record.get(schema.F_STEP)}
+                    attrs = record.get(schema.F_ATTRS)
+                    if isinstance(attrs, dict):
+                        args["attrs"] = _safe(attrs)
+                    emit(_instant(str(record.get(schema.F_NAME)), "event", pid,
+                                  lane("main", "main thread" + suffix).tid, ts(t), args))
+            elif kind == schema.METRIC:
+                value, when = record.get(schema.F_VALUE), record.get(schema.F_T)
+                if (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                        and isinstance(when, int) and step_ok(record, when)):
+                    emit('{"ph":"C","name":' + _JSON.encode(str(record.get(schema.F_NAME))) + f',"pid":{pid},'
+                         f'"ts":{ts(when)},"args":{{"value":{_JSON.encode(value)}}}}}')
+        # Lifecycle marks: the end of the session (finish or last sign of life).
+        if window is None:
+            finish = session.finish
+            main_lane = lane("main", "main thread" + suffix)
+            if finish is not None and isinstance(finish.get(schema.F_T), int):
+                completed = finish.get(schema.F_COMPLETED)
+                name = "finish" if completed else f"exit ({finish.get(schema.F_REASON)})"
+                emit(_instant(name, "lifecycle", pid, main_lane.tid, ts(int(finish[schema.F_T])),
+                              {"completed": completed, "attempt": session.attempt}))
+            else:
+                emit(_instant("last sign of life (no finish record)", "lifecycle", pid, main_lane.tid,
+                              ts(session.last_seen_mono), {"attempt": session.attempt}))
+
+        def lane_order(key: Any) -> tuple[int, str]:
+            return (0, "") if key == "main" else (2, "") if key == "device" else (1, str(key))
+
+        for key in sorted(spans_by_lane, key=lane_order):
+            if key == "main":
+                name = "main thread"
+            elif key == "device":
+                name = "device"
+            else:
+                name = f"thread {key}"
+            base = lane(key, name + suffix)
+            overflow: _Lane | None = None
+            stack: list[int] = []  # end times of the open slices on the base lane
+            for record in sorted(spans_by_lane[key], key=lambda r: (int(r[schema.F_T0]), -int(r[schema.F_T1]))):
+                t0, t1 = int(record[schema.F_T0]), int(record[schema.F_T1])
+                while stack and stack[-1] <= t0:
+                    stack.pop()
+                target = base
+                if stack and t1 > stack[-1]:
+                    # Partial overlap with an open slice (e.g. spans recorded out of order): a
+                    # track must nest properly, so it goes to an overflow track instead of being
+                    # dropped by the trace processor.
+                    if overflow is None:
+                        overflow = lane((key, "overlap"), name + " (overlapping spans)" + suffix)
+                    target = overflow
+                else:
+                    stack.append(t1)
+                args = {"step": record.get(schema.F_STEP)}
+                if record.get(schema.F_ERROR):
+                    args["error"] = record.get(schema.F_ERROR)
+                attrs = record.get(schema.F_ATTRS)
+                if isinstance(attrs, dict):
+                    args["attrs"] = _safe(attrs)
+                emit(_complete(str(record.get(schema.F_NAME)), str(record.get(schema.F_CATEGORY)), pid,
+                               target.tid, ts(t0), _us(t1 - t0), args))
+                counts["spans"] += 1
+
+
+def _interval_selected(iv: StepInterval, selection: Selection) -> bool:
+    """An interval is in the step range when any step it covers is."""
+    if selection.steps is None:
+        return True
+    first, last = selection.steps
+    return (first is None or iv.step >= first) and (last is None or iv.first_step <= last)
+
+
+def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> str:
+    return f'{{"ph":"M","name":"{name}","pid":{pid},"tid":{tid},"args":{_JSON.encode(args)}}}'
+
+
+def _complete(name: str, category: str, pid: int, tid: int, ts: str, dur: str, args: dict[str, Any]) -> str:
+    return (
+        f'{{"ph":"X","name":{_JSON.encode(name)},"cat":{_JSON.encode(category)},"pid":{pid},"tid":{tid},'
+        f'"ts":{ts},"dur":{dur},"args":{_JSON.encode(args)}}}'
+    )
+
+
+def _instant(name: str, category: str, pid: int, tid: int, ts: str, args: dict[str, Any]) -> str:
+    return (
+        f'{{"ph":"i","s":"t","name":{_JSON.encode(name)},"cat":{_JSON.encode(category)},"pid":{pid},'
+        f'"tid":{tid},"ts":{ts},"args":{_JSON.encode(args)}}}'
+    )
+
+
+def iter_events(text: str) -> Iterator[dict[str, Any]]:
+    """The events of a rendered trace (for tests and tools)."""
+    yield from json.loads(text)["traceEvents"]
