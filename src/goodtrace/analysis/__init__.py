@@ -23,6 +23,7 @@ renderers) and ``warnings``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -336,8 +337,8 @@ def analyze(
     window_partition = None
     if window is not None:
         lo_s, hi_s = window
-        a_ns = job_start + round(lo_s * NS) if lo_s >= 0 else timeline.end + round(lo_s * NS)
-        b_ns = job_start + round(hi_s * NS) if hi_s >= 0 else timeline.end + round(hi_s * NS)
+        a_ns = _window_edge(lo_s, job_start, timeline.end)
+        b_ns = _window_edge(hi_s, job_start, timeline.end)
         if b_ns <= a_ns:
             raise AnalysisError(f"empty window {lo_s}:{hi_s}")
         window_partition = interval_partition(timeline, a_ns, b_ns)
@@ -395,6 +396,13 @@ def analyze(
         form=run.form,
         records=run.records,
     )
+
+
+def _window_edge(seconds: float, start: int, end: int) -> int:
+    """Seconds from the job start (negative: from its end; infinite: the end itself)."""
+    if math.isinf(seconds):
+        return end if seconds > 0 else start
+    return start + round(seconds * NS) if seconds >= 0 else end + round(seconds * NS)
 
 
 def _program_goodput(

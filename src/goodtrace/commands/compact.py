@@ -1,0 +1,41 @@
+"""``goodtrace compact RUN``: write the run's records as one Parquet file for fast reports.
+
+Writes ``RUN/compact/records.parquet`` and a manifest; the JSON-lines segments stay where
+they are. ``goodtrace report`` then reads the Parquet copy, and JSON only for segments that
+changed or appeared since.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "compact a run's JSON-lines records into Parquet (faster reports on large runs)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from goodtrace.cli import CommandError
+    from goodtrace.commands.report import _progress
+    from goodtrace.loading import NotARunError, compact_run
+
+    if not os.path.exists(args.run):
+        raise CommandError(f"{args.run!r} does not exist")
+    update, stop = _progress()
+    try:
+        result = compact_run(args.run, progress=update)
+    except NotARunError as exc:
+        raise CommandError(f"{exc}: not a goodtrace run directory") from None
+    except OSError as exc:
+        raise CommandError(f"cannot compact {args.run!r}: {exc}") from None
+    finally:
+        stop()
+    print(
+        f"wrote {result.path}: {result.records:,} records from {result.files} segment file(s), "
+        f"{result.json_bytes / 1e6:.1f} MB of JSON lines -> {result.parquet_bytes / 1e6:.1f} MB of Parquet"
+    )
+    return 0

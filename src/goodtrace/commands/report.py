@@ -1,0 +1,136 @@
+"""``goodtrace report RUN``: where the time of a job went (console, or ``--json``).
+
+Loads the run with the DuckDB reader (a progress bar on a terminal), analyses it with
+``goodtrace.analysis.analyze`` and renders it. User errors (not a run, a bad window, an
+unknown accelerator) are one-line ``CommandError``s, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from typing import Any
+
+HELP = "goodput report of a run: buckets, attempts, step times, slowest steps, ranks (--json)"
+
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``1.5h`` -> seconds (a leading ``-`` is kept)."""
+    match = re.fullmatch(r"\s*(-?\d+(?:\.\d*)?)\s*(s|m|min|h|d)?\s*", text)
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90, 90s, 15m, 1.5h)")
+    return float(match.group(1)) * _UNITS[match.group(2) or ""]
+
+
+def parse_window(text: str) -> tuple[float, float]:
+    """``A:B`` (seconds from the job start; negative from its end; either side may be empty)
+    or one duration ``D`` meaning the last D of the job."""
+    if ":" in text:
+        lo, hi = text.split(":", 1)
+        a = parse_duration(lo) if lo.strip() else 0.0
+        b = parse_duration(hi) if hi.strip() else math.inf
+        if b != math.inf and (a >= 0) == (b >= 0) and b <= a:
+            raise ValueError(f"window {text!r} is empty (B must be after A)")
+        return a, b
+    width = parse_duration(text)
+    if width <= 0:
+        raise ValueError(f"window {text!r} must be a positive duration")
+    return -width, math.inf
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run directory")
+    parser.add_argument("--json", action="store_true", help="print the analysis as one JSON object")
+    parser.add_argument("--window", metavar="A:B|D",
+                        help="interval goodput for seconds A to B from the job start (negative: from "
+                             "the end), or the last duration D (e.g. 1h)")
+    parser.add_argument("--rolling", metavar="D", help="goodput over consecutive windows of duration D")
+    parser.add_argument("--job", type=int, metavar="N",
+                        help="which job of a reused run directory (0 = the oldest; default the last)")
+    parser.add_argument("--ideal-step", type=float, metavar="S", help="ideal step time in seconds")
+    parser.add_argument("--data-rule", choices=("asynchronous", "synchronous"),
+                        help="how to count in-step data loading (default: detected from the sync points)")
+    parser.add_argument("--flops-per-step", type=float, metavar="F",
+                        help="model FLOPs of one optimizer step, all devices together (for MFU)")
+    parser.add_argument("--accelerator", metavar="NAME",
+                        help="peak FLOP/s from the table: a100, h100, h200, b200, mi300x, tpu-v4, tpu-v5e, "
+                             "tpu-v5p, tpu-v6e")
+    parser.add_argument("--peak-tflops", type=float, metavar="T", help="peak TFLOP/s of one device (overrides)")
+    parser.add_argument("--devices-per-rank", type=int, default=1, metavar="N")
+    parser.add_argument("--top", type=int, default=10, metavar="N", help="how many slowest steps to list")
+    parser.add_argument("--no-steps", action="store_true", help="--json: leave out the full step table")
+
+
+def _progress() -> tuple[Any, Any]:
+    """A rich progress bar on stderr when it is a terminal; (callback, stop) otherwise no-ops."""
+    if not sys.stderr.isatty() and os.environ.get("GOODTRACE_PROGRESS") != "1":
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    task = bar.add_task("loading", total=1)
+    bar.start()
+
+    def update(what: str, done: int, total: int) -> None:
+        bar.update(task, description=what, completed=done, total=max(total, 1))
+
+    return update, bar.stop
+
+
+def run(args: argparse.Namespace) -> int:
+    from goodtrace.analysis import AnalysisError, analyze
+    from goodtrace.cli import CommandError
+    from goodtrace.loading import NotARunError, load_run
+
+    try:
+        window = parse_window(args.window) if args.window else None
+        rolling = parse_duration(args.rolling) if args.rolling else None
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    if rolling is not None and rolling <= 0:
+        raise CommandError("--rolling must be a positive duration")
+    if not os.path.exists(args.run):
+        raise CommandError(f"{args.run!r} does not exist")
+    update, stop = _progress()
+    try:
+        loaded = load_run(args.run, progress=update)
+    except NotARunError as exc:
+        raise CommandError(f"{exc}: not a goodtrace run directory") from None
+    except OSError as exc:
+        raise CommandError(f"cannot read {args.run!r}: {exc}") from None
+    finally:
+        stop()
+    try:
+        analysis = analyze(
+            loaded,
+            window=window,
+            rolling_s=rolling,
+            job=args.job,
+            ideal_step_s=args.ideal_step,
+            data_rule=args.data_rule,
+            flops_per_step=args.flops_per_step,
+            peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
+            accelerator=args.accelerator,
+            devices_per_rank=args.devices_per_rank,
+        )
+    except AnalysisError as exc:
+        raise CommandError(str(exc)) from None
+    if args.json:
+        from goodtrace.renderers.json_report import render_json
+
+        print(render_json(analysis, include_steps=not args.no_steps))
+        return 0
+    from rich.console import Console
+
+    from goodtrace.renderers.console import render_console
+
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "120"))
+    render_console(analysis, Console(width=width, highlight=False), top=args.top)
+    return 0

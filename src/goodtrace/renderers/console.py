@@ -1,0 +1,183 @@
+"""The console report (``goodtrace report RUN``): rich tables on a terminal or a pipe.
+
+``render_console(analysis, console)`` prints: the headline goodput, the bucket table (seconds
+and % of the job, startup parts beneath startup), attempts, step-time statistics, the slowest
+steps with their overhead split, anomalies, the per-rank spread and stragglers, program
+goodput (MFU) when FLOPs are known, and warnings. ``rich`` is imported here only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from goodtrace.analysis import Partition, RunAnalysis
+
+BUCKET_LABELS = {
+    "productive": "productive (goodput)",
+    "wasted_progress": "wasted progress (re-done steps)",
+    "checkpoint_save": "checkpoint save",
+    "checkpoint_restore": "checkpoint restore",
+}
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.3f} s" if seconds < 10 else f"{seconds:.1f} s"
+    minutes, sec = divmod(seconds, 60)
+    hours, minutes = divmod(int(minutes), 60)
+    return f"{hours}:{minutes:02d}:{sec:04.1f}" if hours else f"{minutes}:{sec:04.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f}%"
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else _duration(value)
+
+
+def bucket_table(partition: Partition, title: str) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("bucket")
+    table.add_column("seconds", justify="right")
+    table.add_column("% of job", justify="right")
+    total = partition.total_ns
+    for name, value in partition.buckets_ns.items():
+        if value == 0 and name != "productive":
+            continue
+        style = "bold green" if name == "productive" else None
+        table.add_row(BUCKET_LABELS.get(name, name), f"{value / 1e9:.3f}", f"{value / total * 100:.2f}%"
+                      if total else "—", style=style)
+        if name == "startup":
+            for part, part_ns in partition.startup_parts_ns.items():
+                if part_ns:
+                    table.add_row(f"  {part}", f"{part_ns / 1e9:.3f}", f"{part_ns / total * 100:.2f}%",
+                                  style="dim")
+    table.add_row("total", f"{total / 1e9:.3f}", "100.00%", style="bold")
+    return table
+
+
+def render_console(analysis: RunAnalysis, console: Console | None = None, *, top: int = 10) -> None:
+    console = console or Console()
+    p = analysis.partition
+    head = Text()
+    head.append("goodtrace report ", style="bold")
+    head.append(f"{analysis.path}  ")
+    head.append(f"({analysis.records:,} records, {analysis.spread.ranks} rank(s), "
+                f"{len(analysis.attempts)} attempt(s), form: {analysis.form})", style="dim")
+    console.print(head)
+    if analysis.jobs > 1:
+        console.print(f"[yellow]this run directory holds {analysis.jobs} jobs; showing job {analysis.job} "
+                      "(--job N for another)[/yellow]")
+    console.print(
+        Text.assemble(
+            ("Goodput ", "bold"), (f"{p.goodput * 100:.1f}%", "bold green"),
+            f" of {_duration(p.total_ns / 1e9)} job time "
+            f"(productive {_duration(p.seconds('productive'))}, rank {analysis.reference_rank}'s timeline)",
+        )
+    )
+    console.print()
+    console.print(bucket_table(p, "Where the time went"))
+    console.print(f"[dim]data loading: {analysis.data_rule_text}[/dim]")
+    if analysis.window is not None:
+        w = analysis.window
+        start = (w.start_wall_ns - p.start_wall_ns) / 1e9
+        console.print()
+        console.print(bucket_table(w, f"Window {start:.1f} s - {start + w.total_ns / 1e9:.1f} s: "
+                                      f"goodput {w.goodput * 100:.1f}%"))
+    if analysis.rolling:
+        table = Table(title="Rolling goodput", title_justify="left", show_edge=False)
+        for column in ("from", "to", "goodput"):
+            table.add_column(column, justify="right")
+        for r in analysis.rolling:
+            table.add_row(_duration(r.start_s), _duration(r.end_s), _pct(r.goodput))
+        console.print()
+        console.print(table)
+    console.print()
+    _attempts(console, analysis)
+    console.print()
+    _steps(console, analysis, top)
+    _ranks(console, analysis)
+    _program(console, analysis)
+    if analysis.warnings:
+        console.print()
+        for warning in analysis.warnings:
+            console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+
+
+def _attempts(console: Console, analysis: RunAnalysis) -> None:
+    table = Table(title="Attempts", title_justify="left", show_edge=False)
+    for column in ("#", "started", "duration", "ended", "steps", "ranks"):
+        table.add_column(column, justify="right" if column != "ended" else "left")
+    origin = analysis.partition.start_wall_ns
+    for a in analysis.attempts:
+        steps = "—" if a.first_step is None else f"{a.first_step}-{a.last_step}"
+        style = {"crashed": "red", "preempted": "yellow"}.get(a.ended)
+        table.add_row(str(a.index), f"+{_duration((a.start_wall - origin) / 1e9)}", _duration(a.duration_ns / 1e9),
+                      a.ended, steps, f"{a.ranks}/{a.world}", style=style)
+    console.print(table)
+
+
+def _steps(console: Console, analysis: RunAnalysis, top: int) -> None:
+    s = analysis.step_stats
+    if s.count == 0:
+        console.print("[yellow]no steps recorded[/yellow]")
+        return
+    console.print(
+        f"[bold]Step time[/bold] over {s.count} step executions: mean {_duration(s.mean_s)}, "
+        f"median {_duration(s.median_s)}, p90 {_duration(s.p90_s)}, p99 {_duration(s.p99_s)}, "
+        f"max {_duration(s.max_s)}; ideal (median productive) {_seconds(s.ideal_s)}",
+        highlight=False,
+    )
+    if s.shared_steps or s.host_timed_steps:
+        console.print(f"[dim]{s.shared_steps} step(s) are window averages (sparse completion), "
+                      f"{s.host_timed_steps} host-timed[/dim]")
+    table = Table(title=f"Slowest steps (top {top})", title_justify="left", show_edge=False)
+    for column in ("step", "attempt", "step time", "= productive + overhead", "tags"):
+        table.add_column(column, justify="right" if column in ("step", "attempt", "step time") else "left")
+    for r in analysis.slowest_steps(top):
+        flags = (" (avg)" if r.shared > 1 else "") + (" (host-timed)" if r.host_timed else "")
+        table.add_row(str(r.step), str(r.attempt), _duration(r.step_time_s) + flags, r.explain().split("= ", 1)[1],
+                      ", ".join(r.tags) + ("" if r.counted else " re-done later"))
+    console.print(table)
+    if analysis.anomalies:
+        table = Table(title=f"Anomalies: productive time above {_seconds(analysis.anomaly_threshold_s)}",
+                      title_justify="left", show_edge=False)
+        for column in ("step", "attempt", "productive", "overlapping"):
+            table.add_column(column)
+        for a in analysis.anomalies[:top]:
+            table.add_row(str(a.step), str(a.attempt), _duration(a.productive_s), ", ".join(a.overlapped) or "—")
+        console.print()
+        console.print(table)
+
+
+def _ranks(console: Console, analysis: RunAnalysis) -> None:
+    spread = analysis.spread
+    if spread.ranks > 1:
+        console.print()
+        console.print(
+            f"[bold]Per-rank spread[/bold] ({spread.ranks} ranks, {spread.analysed} analysed in full): goodput "
+            f"{_pct(spread.goodput_min)} - {_pct(spread.goodput_max)} (median {_pct(spread.goodput_median)}); "
+            f"median step time {_seconds(spread.step_time_median_min_s)} - {_seconds(spread.step_time_median_max_s)}",
+            highlight=False,
+        )
+    for s in analysis.stragglers:
+        console.print(f"[red]straggler:[/red] rank {s.rank} on {s.host}: {s.reason}", highlight=False)
+
+
+def _program(console: Console, analysis: RunAnalysis) -> None:
+    g = analysis.program
+    console.print()
+    parts: list[Any] = [f"runtime goodput {_pct(g.runtime_goodput)}"]
+    if g.scheduling_goodput is not None:
+        parts.append(f"scheduling goodput {_pct(g.scheduling_goodput)}")
+    if g.mfu is not None:
+        parts.append(f"program goodput (MFU) {_pct(g.mfu)} on {g.devices} device(s)")
+        parts.append(f"ML productivity goodput {_pct(g.ml_productivity_goodput)}")
+    else:
+        parts.append("MFU: pass --flops-per-step and --accelerator or --peak-tflops")
+    console.print("[bold]Goodput product[/bold]: " + "; ".join(parts), highlight=False)
