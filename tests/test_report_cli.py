@@ -1,0 +1,108 @@
+"""``goodtrace report`` and ``goodtrace compact`` run as subprocesses on the golden run
+directories (tests/data/runs, made by tests/data/make_golden.py); figures computed by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).parent / "data" / "runs"
+RESTART = DATA / "restart_2ranks"
+
+
+def goodtrace(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="120", GOODTRACE_PROGRESS="0")
+    return subprocess.run(
+        [sys.executable, "-m", "goodtrace.cli", *args], capture_output=True, text=True, env=env, timeout=120,
+        check=False,
+    )
+
+
+def report_json(*args: str) -> dict[str, Any]:
+    done = goodtrace("report", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+# Rank 0 of restart_2ranks, by hand: init 1 s; steps 0-2 (1 s each); checkpoint 0.5 s; steps
+# 3-4 (re-done later: 2 s wasted); crash 0.5 s after; down until 10 s (3.5 s disruption in
+# all); restore 1 s; steps 3-7 (5 s); 0.5 s teardown. 16.5 s, 8 s productive.
+EXPECTED_S = {
+    "productive": 8.0, "startup": 2.0, "checkpoint_save": 0.5, "wasted_progress": 2.0,
+    "disruption": 3.5, "teardown": 0.5,
+}
+
+
+def test_console_report() -> None:
+    done = goodtrace("report", str(RESTART))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "Goodput 48.5% of 16.5 s job time" in out
+    assert "wasted progress (re-done steps) │   2.000 │   12.12%" in out
+    assert "total                           │  16.500 │  100.00%" in out
+    assert "crashed" in out and "finished" in out
+    assert "1.500 s │ 1.000 s productive + 0.500 s checkpoint_save" in out
+    assert "straggler: rank 1 on node1" in out
+    assert "torn line" in out
+    assert "Traceback" not in done.stderr
+
+
+def test_json_report() -> None:
+    report = report_json(str(RESTART))
+    buckets = {k: v["seconds"] for k, v in report["partition"]["buckets"].items() if v["ns"]}
+    assert buckets == EXPECTED_S
+    assert sum(v["ns"] for v in report["partition"]["buckets"].values()) == 16_500_000_000
+    assert report["goodput"] == 8 / 16.5
+    assert [a["ended"] for a in report["attempts"]] == ["crashed", "finished"]
+    assert [(s["step"], s["attempt"], s["counted"]) for s in report["steps"]][3:6] == [
+        (3, 0, False), (4, 0, False), (3, 1, True)
+    ]
+    assert report["stragglers"][0]["rank"] == 1
+    assert report["spread"]["goodput_min"] == 8 / 16.7
+    assert report["data_rule"]["rule"] == "synchronous"
+
+
+def test_window_option() -> None:
+    report = report_json(str(RESTART), "--window", "5:12", "--rolling", "10", "--no-steps")
+    window = {k: v["seconds"] for k, v in report["window"]["buckets"].items() if v["ns"]}
+    # [5, 12): step 3 re-done (0.5 wasted) + step 4 (1 wasted), 0.5 crash, 3 down, restore 1, 1 step
+    assert window == {"productive": 1.0, "wasted_progress": 1.5, "disruption": 3.5, "startup": 1.0}
+    assert [r["productive_s"] for r in report["rolling"]] == [3.0, 5.0]
+    assert "steps" not in report
+
+
+def test_not_a_run_is_a_clear_error(tmp_path: Path) -> None:
+    done = goodtrace("report", str(tmp_path))
+    assert done.returncode == 2
+    assert "not a goodtrace run directory" in done.stderr and "Traceback" not in done.stderr
+    done = goodtrace("report", str(tmp_path / "missing"))
+    assert done.returncode == 2 and "does not exist" in done.stderr
+    done = goodtrace("report", str(RESTART), "--window", "banana")
+    assert done.returncode == 2 and "not a duration" in done.stderr
+    done = goodtrace("report", str(RESTART), "--accelerator", "abacus", "--flops-per-step", "1e12")
+    assert done.returncode == 2 and "unknown accelerator" in done.stderr
+
+
+def test_compact_then_report_reads_parquet(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(RESTART, run)
+    done = goodtrace("compact", str(run))
+    assert done.returncode == 0, done.stderr
+    assert "80 records from 4 segment file(s)" in done.stdout
+    report = report_json(str(run))
+    assert report["form"] == "parquet"
+    assert {k: v["seconds"] for k, v in report["partition"]["buckets"].items() if v["ns"]} == EXPECTED_S
+    original = report_json(str(RESTART))
+    assert report["steps"] == original["steps"] and report["spread"] == original["spread"]
+
+
+def test_older_schema_golden_run() -> None:
+    report = report_json(str(DATA / "schema_v0"))
+    assert report["partition"]["buckets"]["productive"]["seconds"] == 3.0
+    assert any("older schema version 0" in w for w in report["warnings"])
