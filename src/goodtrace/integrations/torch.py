@@ -283,6 +283,11 @@ class TorchIntegration:
         if tokens_per_step is not None or flops_per_step is not None:
             recorder.event("model", {"tokens_per_step": tokens_per_step, "flops_per_step": flops_per_step,
                                      "peak_flops": peak_flops})
+            # the offline analysis reads model FLOPs from these step-less metrics
+            if flops_per_step is not None:
+                recorder.metric("flops_per_step", float(flops_per_step), "last", None)
+            if tokens_per_step is not None:
+                recorder.metric("tokens_per_step", float(tokens_per_step), "last", None)
         if self.group is not None:
             self._sync_clocks()
         if live:
