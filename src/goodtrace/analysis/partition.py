@@ -304,10 +304,12 @@ def weighted_median(values: Sequence[tuple[float, int]]) -> float | None:
 
 def ideal_step_ns(cuts: Sequence[SessionCut]) -> float | None:
     """Median productive time per step over steady-state windows (each attempt's first window
-    excluded); the first windows themselves when there is nothing else."""
+    excluded, and windows that overhead fills entirely); the first windows themselves when
+    there is nothing else."""
     steady = [
         (w.total(PRODUCTIVE) / len(w.steps), len(w.steps))
-        for cut in cuts for w in cut.windows if not w.first_of_attempt and w.steps
+        for cut in cuts for w in cut.windows
+        if not w.first_of_attempt and w.steps and w.total(PRODUCTIVE) > 0
     ]
     if not steady:
         steady = [(w.total(PRODUCTIVE) / len(w.steps), len(w.steps)) for cut in cuts for w in cut.windows if w.steps]
