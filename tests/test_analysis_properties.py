@@ -1,0 +1,113 @@
+"""Property tests: for random valid timelines (attempts, sparse or missing sync points,
+nested and overlapping spans on several threads, crashes, restarts from any step), the
+buckets are non-negative and add up to the job time exactly, the labelled pieces tile the
+job, and interval goodput over windows that tile the job adds up to the whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from goodtrace.analysis import analyze, interval_partition
+from goodtrace.loading import LoadedRun, SessionInfo, SessionTimeline
+
+WALL0 = 1_700_000_000 * 10**9
+SECOND = 1_000_000_000
+CATEGORIES = ("compute", "data", "eval", "gc", "checkpoint_save", "checkpoint_restore", "init", "compile",
+              "profile", "log", "user_overhead", "user_productive")
+HOWS = ("lag", "host", "ready", "blocking", "finish")
+
+
+@st.composite
+def loaded_runs(draw: Any) -> LoadedRun:
+    sessions: list[SessionInfo] = []
+    timelines: dict[int, SessionTimeline] = {}
+    t = 0
+    next_step = 0
+    submit = WALL0 - draw(st.integers(0, 5 * SECOND)) if draw(st.booleans()) else None
+    for a in range(draw(st.integers(1, 3))):
+        start = t + draw(st.integers(1, 5 * SECOND))
+        mono_base = draw(st.integers(0, 10**12))
+
+        def mono(x: int, base: int = mono_base) -> int:
+            return x + base
+
+        cur = start + draw(st.integers(0, 3 * SECOND))
+        k = draw(st.integers(0, next_step)) if a else 0
+        tl = SessionTimeline()
+        for _ in range(draw(st.integers(0, 8))):
+            length = draw(st.integers(1, 3 * SECOND))
+            host_exit = draw(st.integers(0, length))
+            tl.steps.append((k, mono(cur), mono(cur + host_exit)))
+            if draw(st.booleans()):
+                tl.syncs.append((k, mono(cur + length), draw(st.sampled_from(HOWS))))
+            cur += length
+            k += 1
+        next_step = max(next_step, k)
+        end = cur + draw(st.integers(0, 3 * SECOND))
+        for _ in range(draw(st.integers(0, 10))):
+            s0 = draw(st.integers(start - SECOND, end + SECOND))
+            s1 = s0 + draw(st.integers(0, 4 * SECOND))
+            cat = draw(st.sampled_from(CATEGORIES))
+            tid = draw(st.sampled_from((1, 1, 1, 2)))
+            tl.spans.append((cat, cat, mono(s0), mono(s1), None, tid, False))
+        tl.spans.sort(key=lambda s: s[2])
+        tl.syncs.sort(key=lambda s: s[1])
+        times = [end] + [s[3] - mono_base for s in tl.spans] + [s[2] - mono_base for s in tl.steps]
+        last_seen = max(x for x in times if x >= start) if any(x >= start for x in times) else start
+        crashed = draw(st.booleans())
+        info = SessionInfo(
+            index=a, session=f"s{a}", rank=0, world=1, host="h", pid=a, restart=None,
+            proc_start=mono(start), init=mono(start), submit_wall=submit,
+            wall_anchor=WALL0 + start, mono_anchor=mono(start), last_seen=mono(last_seen),
+            finish_completed=None if crashed else draw(st.sampled_from((True, False, None))),
+            finish_t=None if crashed else mono(last_seen), has_finish=not crashed, main_tid=1,
+            overhead_categories=frozenset({"user_overhead"}),
+            first_step=min((s[0] for s in tl.steps), default=None),
+            last_step=max((s[0] for s in tl.steps), default=None), step_count=len(tl.steps),
+            sync_count=len(tl.syncs),
+        )
+        sessions.append(info)
+        timelines[a] = tl
+        t = last_seen
+    return LoadedRun(path="memory", sessions=sessions, timelines=timelines)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(loaded_runs())
+def test_buckets_are_non_negative_and_sum_to_the_job_time(run: LoadedRun) -> None:
+    result = analyze(run)
+    p = result.partition
+    assert all(v >= 0 for v in p.buckets_ns.values())
+    assert sum(p.buckets_ns.values()) == p.total_ns
+    assert sum(p.startup_parts_ns.values()) == p.buckets_ns["startup"]
+    pieces = result.timeline.pieces
+    assert all(x.end > x.start for x in pieces)
+    assert all(x.end == y.start for x, y in zip(pieces, pieces[1:], strict=False))
+    if pieces:
+        assert (pieces[0].start, pieces[-1].end) == (p.start_wall_ns, p.end_wall_ns)
+    for row in result.steps:
+        assert row.productive_s >= 0 and row.step_time_s > 0
+        assert abs(row.productive_s + sum(row.overhead_s.values()) - row.step_time_s) < 1e-6
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(loaded_runs(), st.lists(st.floats(0.0, 1.0), max_size=6))
+def test_interval_goodput_over_tiling_windows_adds_up_to_the_whole(run: LoadedRun, cuts: list[float]) -> None:
+    result = analyze(run)
+    timeline = result.timeline
+    total = timeline.end - timeline.start
+    edges = sorted({timeline.start, timeline.end, *(timeline.start + round(c * total) for c in cuts)})
+    summed: dict[str, int] = {}
+    for a, b in zip(edges, edges[1:], strict=False):
+        part = interval_partition(timeline, a, b)
+        assert sum(part.buckets_ns.values()) == b - a
+        for name, value in part.buckets_ns.items():
+            summed[name] = summed.get(name, 0) + value
+    assert {k: v for k, v in summed.items() if v} == {k: v for k, v in result.partition.buckets_ns.items() if v}
+    if total > 0:
+        width = max(total / 3 / 1e9, 1e-9)
+        rolled = analyze(run, rolling_s=width).rolling
+        assert abs(sum(w.productive_s for w in rolled) - result.partition.seconds("productive")) < 1e-6
