@@ -97,7 +97,7 @@ def test_two_processes_aggregate_metrics_and_measure_clock_offsets(tmp_path: Pat
                 other.kill()
             pytest.fail("jax.distributed workers did not finish within 90 s")
         logs.append(output)
-    for proc, log in zip(procs, logs):
+    for proc, log in zip(procs, logs, strict=True):
         if proc.returncode != 0 and "distributed" in log and "initialize" in log and "Error" in log:
             pytest.skip(f"jax.distributed could not start on CPU here:\n{log[-2000:]}")
         assert proc.returncode == 0, log[-4000:]
