@@ -500,7 +500,7 @@ def _pick_detail_sessions(
             if r not in chosen:
                 chosen.append(r)
         stride = max(1, len(ranks) // max(1, limit - len(chosen)))
-        for r in ranks[::stride]:
+        for r in ranks[::stride] + ranks:
             if len(chosen) >= limit:
                 break
             if r not in chosen:

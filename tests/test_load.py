@@ -1,0 +1,127 @@
+"""The DuckDB reader: torn and corrupt lines, missing finish records, headerless files, newer
+and older schema versions, many ranks with a detail sample, and the compacted Parquet form
+(including segments that grow or appear after compaction)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_analysis_builders import Proc, buckets_s, load
+
+from goodtrace.analysis import analyze
+from goodtrace.loading import NotARunError, compact_run, load_run
+
+
+def test_not_a_run(tmp_path: Path) -> None:
+    with pytest.raises(NotARunError, match="no goodtrace records"):
+        load_run(tmp_path)
+    with pytest.raises(NotARunError, match="not a directory"):
+        load_run(tmp_path / "nothing")
+    with pytest.raises(NotARunError, match="local run directories"):
+        load_run("s3://bucket/run")
+
+
+def test_corrupt_lines_headerless_and_newer_files(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    p.loop(range(3), 0.0)
+    p.finish(3.0)
+    path = p.write()
+    lines = path.read_text().splitlines()
+    lines.insert(2, '{"kind":"step","step":')  # corrupt line in the middle: skipped
+    path.write_text("\n".join(lines) + "\n")
+    (tmp_path / "rank-00000" / "junk.00000.jsonl").write_text('{"kind":"span"}\n')
+    newer = Proc(tmp_path, rank=1, world=2, schema_version=99)
+    newer.loop(range(3), 0.0)
+    newer.write()
+    loaded = load(tmp_path)
+    assert [s.rank for s in loaded.sessions] == [0]
+    text = " ".join(loaded.warnings)
+    assert "does not start with a goodtrace header" in text
+    assert "schema version 99, newer than this goodtrace reads" in text
+    result = analyze(loaded)
+    # the corrupt line was step 0's record; its interval still closes at its sync point
+    assert buckets_s(result.partition) == {"productive": 3.0}
+
+
+def test_missing_finish_is_a_crash_ending_at_the_last_sign_of_life(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    p.loop(range(3), 0.0)
+    p.heartbeat(4.0)
+    p.write(torn=True)
+    loaded = load(tmp_path)
+    (session,) = loaded.sessions
+    assert not session.has_finish
+    result = analyze(loaded)
+    assert result.attempts[0].ended == "crashed"
+    assert buckets_s(result.partition) == {"productive": 3.0, "disruption": 1.0}
+
+
+def test_preempted_and_exited_attempts(tmp_path: Path) -> None:
+    a = Proc(tmp_path)
+    a.loop(range(2), 0.0)
+    a.finish(2.0, completed=False, reason="finish")
+    a.write()
+    b = Proc(tmp_path, start=5.0)
+    b.loop(range(2, 4), 5.0)
+    b.finish(7.0, completed=None, reason="exit")
+    b.write()
+    result = analyze(load(tmp_path))
+    assert [x.ended for x in result.attempts] == ["preempted", "exited"]
+    assert buckets_s(result.partition) == {"productive": 4.0, "disruption": 3.0}
+
+
+def test_many_ranks_load_a_detail_sample(tmp_path: Path) -> None:
+    for rank in range(12):
+        p = Proc(tmp_path, rank=rank, world=12)
+        p.loop(range(4), 0.0, step_s=1.0 + (0.5 if rank == 7 else 0.0))
+        p.finish(6.0)
+        p.write()
+    loaded = load_run(tmp_path, detail_ranks=4)
+    detail_ranks = {loaded.sessions[i].rank for i in loaded.timelines}
+    assert len(detail_ranks) == 4 and {0, 7} <= detail_ranks
+    assert len(loaded.rank_summaries) == 12
+    result = analyze(loaded)
+    assert result.spread.ranks == 12 and result.spread.analysed == 4
+    assert result.spread.step_time_median_max_s == 1.5
+
+
+def test_compact_round_trip_and_later_segments(tmp_path: Path) -> None:
+    a = Proc(tmp_path, restart=0)
+    a.span("init", 0, 1)
+    a.loop(range(3), 1.0)
+    a.heartbeat(4.0)
+    a.write()
+    result = compact_run(tmp_path)
+    assert (result.files, result.records) == (1, 8)
+    manifest = json.loads((tmp_path / "compact" / "manifest.json").read_text())
+    assert manifest["files"][0]["path"].startswith("rank-00000/")
+    compacted = load(tmp_path)
+    assert compacted.form == "parquet"
+    assert buckets_s(analyze(compacted).partition) == {"productive": 3.0, "startup": 1.0}
+    # the job goes on after compaction: a new attempt (JSON) beside the Parquet copy
+    b = Proc(tmp_path, restart=1, start=6.0)
+    b.loop(range(3, 5), 6.0)
+    b.finish(8.0)
+    b.write()
+    mixed = load(tmp_path)
+    assert mixed.form == "parquet+jsonl"
+    assert buckets_s(analyze(mixed).partition) == {"productive": 5.0, "startup": 1.0, "disruption": 2.0}
+    # a compacted segment that grew since is read from JSON again, not twice
+    a.heartbeat(4.5)
+    a.write()
+    regrown = analyze(load(tmp_path))
+    assert buckets_s(regrown.partition) == {"productive": 5.0, "startup": 1.0, "disruption": 2.0}
+    again = load(tmp_path)
+    assert (again.form, again.records) == ("jsonl", 9 + 6)
+
+
+def test_importing_goodtrace_does_not_import_duckdb_or_rich() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, goodtrace, goodtrace.loading, goodtrace.analysis; "
+            "print(sorted(m for m in ('duckdb', 'rich') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
