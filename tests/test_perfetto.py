@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _browser import EVIL, MS, LoadedTrace, PerfettoUI, artifact, perfetto_ui, write_small_run
 
+from _browser import EVIL, MS, LoadedTrace, PerfettoUI, artifact, perfetto_ui, write_small_run
 from goodtrace.reader import read_run
 from goodtrace.renderers import perfetto
 from goodtrace.renderers.perfetto import PerfettoRenderer, Selection, parse_ranks, parse_steps, step_intervals

@@ -1,0 +1,196 @@
+"""The self-contained HTML report: its data, its escaping, a golden file, and the page itself
+opened in headless Chromium (no console errors, no network, charts drawn, hover, no injection)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _browser import EVIL, PageLog, artifact, browser, new_page, write_small_run
+from goodtrace.reader import read_run
+from goodtrace.renderers.html import embed_json, render_html, report_data
+
+GOLDEN = Path(__file__).parent / "data" / "golden_trace_small"
+UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
+
+
+def _analysis(run_dir: Path) -> Any:
+    from goodtrace.analysis import analyze
+    from goodtrace.loading import load_run
+
+    return analyze(load_run(run_dir))
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_small_run(tmp_path_factory.mktemp("small") / "run")
+
+
+@pytest.fixture(scope="module")
+def evil_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_small_run(tmp_path_factory.mktemp("evil") / "run", evil=True)
+
+
+# ------------------------------------------------------------------------------ data and escaping
+
+
+def test_embedded_json_cannot_close_the_script_element() -> None:
+    text = embed_json({"name": "</script><script>alert(1)</script>", "amp": "&", "ls": "\u2028\u2029"})
+    assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
+    assert json.loads(text) == {"name": "</script><script>alert(1)</script>", "amp": "&", "ls": "\u2028\u2029"}
+
+
+def test_report_data_from_the_analysis(small_run: Path) -> None:
+    data = report_data(_analysis(small_run), read_run(small_run))
+    summary = data["summary"]
+    assert summary["ranks"] == 3 and summary["attempts"] == 2 and summary["hosts"] == 2
+    assert summary["goodput"] == pytest.approx(0.7 / 2.59)
+    buckets = {name: seconds for name, seconds, _ in data["buckets"]}
+    assert buckets["productive"] == pytest.approx(0.7) and buckets["checkpoint_save"] == pytest.approx(0.08)
+    steps = data["steps"]
+    assert steps["steps"] == [0, 1, 2, 3, 3, 4, 5, 6] and steps["attempts"] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert steps["series"]["checkpoint_save"][5] == pytest.approx(0.04)
+    assert [b[:2] for b in steps["bands"]] == [[0, 3], [4, 7]]
+    assert steps["bands"][0][2] == "attempt 0 (crashed)" and steps["bands"][1][2] == "attempt 1 (finished)"
+    # The heat map shows the slow rank: rank 2 computes 80 ms per step, the others 50 ms.
+    heat = data["heatmap"]
+    assert heat["ranks"] == [0, 1, 2] and len(heat["columns"]) == 8
+    assert {v for v in heat["compute_ms"][2] if v is not None} == {80.0}
+    assert {v for v in heat["compute_ms"][0] if v is not None} == {50.0}
+    # Default gantt range: the steps around the slowest step (step 4 of attempt 1, checkpoint).
+    gantt = data["gantt"]
+    assert gantt["attempt"] == 1 and gantt["steps"] == [3, 6]
+    assert gantt["rows"] == ["rank 0 (node-a)", "rank 1 (node-a)", "rank 2 (node-b)"]
+    forward = gantt["names"].index("forward")
+    durations = {(row, round(t1 - t0, 3)) for row, t0, t1, name, *_ in gantt["items"] if name == forward}
+    assert durations == {(0, 50.0), (1, 50.0), (2, 80.0)}
+    # Aligned clock: every rank's first span of the range starts at the same time.
+    firsts = {row: min(t0 for r, t0, *_ in gantt["items"] if r == row) for row in range(3)}
+    assert set(firsts.values()) == {0.0}
+
+
+def test_report_data_with_a_chosen_range_and_without_analysis(small_run: Path) -> None:
+    data = report_data(None, read_run(small_run), gantt_steps=(1, 2))
+    assert data["buckets"] == [] and data["summary"]["analysed"] is False
+    assert data["steps"]["source"] == "records of rank 0"
+    assert data["gantt"]["attempt"] == 0 and data["gantt"]["steps"] == [1, 2]
+    assert {item[5] for item in data["gantt"]["items"]} == {1, 2}
+
+
+def test_golden_report_data() -> None:
+    data = report_data(None, read_run(GOLDEN / "run"))
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    golden = GOLDEN / "report_data.json"
+    if UPDATE or not golden.exists():
+        golden.write_text(text, encoding="utf-8")
+    assert text == golden.read_text(encoding="utf-8"), "set GOODTRACE_UPDATE_GOLDEN=1 after an intended change"
+
+
+def test_page_is_self_contained_and_run_text_is_inert(evil_run: Path) -> None:
+    html = render_html(_analysis(evil_run), read_run(evil_run))
+    assert html.count("</script") == 3  # the data block, ECharts, the page script
+    assert EVIL not in html and "<script>alert" not in html and "<svg" not in html
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html)
+    assert csp is not None and "default-src 'none'" in csp.group(1) and "unsafe-inline" not in csp.group(1).split(";")[1]
+
+
+# ------------------------------------------------------------------------------ in the browser
+
+JS_CANVAS_INK = """(id) => {
+  const canvas = document.querySelector('#' + id + ' canvas');
+  if (!canvas) return -1;
+  const ctx = canvas.getContext('2d');
+  const img = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+  let ink = 0;
+  for (let i = 0; i < img.length; i += 16) if (img[i] < 200 || img[i + 1] < 200 || img[i + 2] < 200) ink++;
+  return ink;
+}"""
+
+JS_BAR_POINT = """([name, row]) => {
+  const chart = window.goodtraceCharts.gantt;
+  const option = chart.getOption();
+  const items = option.series[0].data;
+  const names = JSON.parse(document.getElementById('goodtrace-data').textContent).gantt.names;
+  const want = names.indexOf(name);
+  const item = items.find(v => v[3] === want && v[0] === row && v[6] === 0 && v[7] === 0);
+  const point = chart.convertToPixel({seriesIndex: 0}, [(item[1] + item[2]) / 2, item[0]]);
+  const box = document.getElementById('gantt').getBoundingClientRect();
+  return {x: box.left + point[0], y: box.top + point[1], cx: point[0], cy: point[1]};
+}"""
+
+JS_PIXEL = """([id, x, y]) => {
+  const canvas = document.querySelector('#' + id + ' canvas');
+  const ratio = canvas.width / canvas.clientWidth;
+  return Array.from(canvas.getContext('2d').getImageData(Math.round(x * ratio), Math.round(y * ratio), 1, 1).data);
+}"""
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    with browser() as instance:
+        yield instance
+
+
+def _open(chromium: Any, path: Path) -> tuple[Any, PageLog]:
+    log = PageLog()
+    url = path.resolve().as_uri()
+    page = new_page(chromium, url, log)
+    page.goto(url, wait_until="load")
+    page.wait_for_function("() => window.goodtraceReady === true", timeout=60_000)
+    return page, log
+
+
+def _hover(page: Any, name: str, row: int = 0) -> str:
+    page.locator("#gantt").scroll_into_view_if_needed()
+    point = page.evaluate(JS_BAR_POINT, [name, row])
+    page.mouse.move(point["x"] - 3, point["y"])
+    page.mouse.move(point["x"], point["y"])
+    page.wait_for_function(
+        "(name) => document.getElementById('gantt').textContent.includes(name)", arg=name, timeout=10_000
+    )
+    return str(page.evaluate("() => document.getElementById('gantt').textContent"))
+
+
+def test_report_opens_offline_draws_and_hovers(chromium: Any, small_run: Path, tmp_path: Path) -> None:
+    path = tmp_path / "report.html"
+    path.write_text(render_html(_analysis(small_run), read_run(small_run)), encoding="utf-8")
+    page, log = _open(chromium, path)
+    assert log.errors == [] and log.console_errors == [] and log.dialogs == []
+    assert log.blocked == [] and log.requests == [path.resolve().as_uri()]
+    for chart in ("buckets", "steps", "heatmap", "gantt"):
+        assert page.evaluate(JS_CANVAS_INK, chart) > 200, f"{chart} chart drew nothing"
+    assert page.title() == "goodtrace: run"
+    assert "27.0%" in page.inner_text("#headline")
+    assert "checkpoint_save" in page.inner_text("#bucket-table")
+    # The gantt bar of 'forward' is drawn in the compute colour where the mouse will hover.
+    point = page.evaluate(JS_BAR_POINT, ["forward", 0])
+    assert page.evaluate(JS_PIXEL, ["gantt", point["cx"], point["cy"]])[:3] == [84, 112, 198]
+    tooltip = _hover(page, "forward")
+    assert "category: compute" in tooltip and "duration: 50.00 ms" in tooltip and "step: 3" in tooltip
+    page.screenshot(path=str(artifact("html-report-small.png")), full_page=True)
+    # The heat map switches between compute and step time.
+    page.click("#heat-step")
+    assert page.get_attribute("#heat-step", "aria-pressed") == "true"
+    assert log.errors == [] and log.console_errors == []
+
+
+def test_hostile_names_are_shown_as_text(chromium: Any, evil_run: Path, tmp_path: Path) -> None:
+    path = tmp_path / "evil.html"
+    path.write_text(render_html(_analysis(evil_run), read_run(evil_run)), encoding="utf-8")
+    page, log = _open(chromium, path)
+    tooltip = _hover(page, EVIL, row=2)  # rank 2, on the host named <script>...
+    page.wait_for_timeout(300)
+    assert EVIL in tooltip  # shown literally, as text
+    assert "<script>alert(2)</script>" in tooltip  # the host name, literally
+    assert log.dialogs == [] and log.errors == [] and log.console_errors == []
+    assert log.blocked == []  # an injected <img src=x> would have requested file:///.../x
+    assert page.evaluate("() => document.querySelectorAll('img, svg, iframe, object, embed').length") == 0
+    assert page.evaluate("() => document.querySelectorAll('script').length") == 3
+    page.screenshot(path=str(artifact("html-report-hostile.png")), full_page=True)
