@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_analysis_builders import Proc, buckets_s, load
 
 from goodtrace.analysis import analyze
+from test_analysis_builders import Proc, buckets_s, load
 
 
 def test_clean_run(tmp_path: Path) -> None:

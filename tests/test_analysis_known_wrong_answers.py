@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_analysis_builders import Proc, buckets_s, load
 
 import goodtrace as gt
 from goodtrace.analysis import analyze
 from goodtrace.testing import FakeClock
+from test_analysis_builders import Proc, buckets_s, load
 
 DATA = Path(__file__).parent / "data" / "runs"
 

@@ -5,6 +5,7 @@ job, and interval goodput over windows that tile the job adds up to the whole.""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -85,7 +86,7 @@ def test_buckets_are_non_negative_and_sum_to_the_job_time(run: LoadedRun) -> Non
     assert sum(p.startup_parts_ns.values()) == p.buckets_ns["startup"]
     pieces = result.timeline.pieces
     assert all(x.end > x.start for x in pieces)
-    assert all(x.end == y.start for x, y in zip(pieces, pieces[1:], strict=False))
+    assert all(x.end == y.start for x, y in itertools.pairwise(pieces))
     if pieces:
         assert (pieces[0].start, pieces[-1].end) == (p.start_wall_ns, p.end_wall_ns)
     for row in result.steps:
@@ -101,7 +102,7 @@ def test_interval_goodput_over_tiling_windows_adds_up_to_the_whole(run: LoadedRu
     total = timeline.end - timeline.start
     edges = sorted({timeline.start, timeline.end, *(timeline.start + round(c * total) for c in cuts)})
     summed: dict[str, int] = {}
-    for a, b in zip(edges, edges[1:], strict=False):
+    for a, b in itertools.pairwise(edges):
         part = interval_partition(timeline, a, b)
         assert sum(part.buckets_ns.values()) == b - a
         for name, value in part.buckets_ns.items():

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from test_analysis_builders import Proc, buckets_s, load
 
 from goodtrace.analysis import analyze
 from goodtrace.loading import NotARunError, compact_run, load_run
+from test_analysis_builders import Proc, buckets_s, load
 
 
 def test_not_a_run(tmp_path: Path) -> None:
