@@ -30,14 +30,14 @@ def _crash_at(text: str) -> int | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=2, help="number of CPU ranks (default 2)")
-    parser.add_argument("--steps", type=int, default=60, help="optimizer steps in total (default 60)")
-    parser.add_argument("--crash-at", type=_crash_at, default=34, metavar="STEP",
-                        help="the last rank dies after this step in the first attempt; 'none' for no crash (default 34)")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps in total (default 200)")
+    parser.add_argument("--crash-at", type=_crash_at, default=140, metavar="STEP",
+                        help="the last rank dies after this step in the first attempt; 'none' for no crash (default 140)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="run directory (default: a new goodtrace-demo/run-<time> in the current directory)")
-    parser.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="default 10")
-    parser.add_argument("--eval-every", type=int, default=15, metavar="N", help="default 15")
-    parser.add_argument("--log-every", type=int, default=5, metavar="N", help="live line every N steps (default 5)")
+    parser.add_argument("--checkpoint-every", type=int, default=25, metavar="N", help="default 25")
+    parser.add_argument("--eval-every", type=int, default=40, metavar="N", help="default 40")
+    parser.add_argument("--log-every", type=int, default=20, metavar="N", help="live line every N steps (default 20)")
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="DataLoader worker processes (default 1)")
 
 

@@ -25,11 +25,11 @@ from typing import IO
 class DemoConfig:
     run_dir: Path
     ranks: int = 2
-    steps: int = 60
-    crash_at: int | None = 34
-    checkpoint_every: int = 10
-    eval_every: int = 15
-    log_every: int = 5
+    steps: int = 200
+    crash_at: int | None = 140
+    checkpoint_every: int = 25
+    eval_every: int = 40
+    log_every: int = 20
     batch: int = 8
     workers: int = 1
     max_restarts: int = 2
