@@ -39,7 +39,7 @@ COMPACT_DIR = "compact"  # RUN/compact/{records.parquet, manifest.json}
 COMPACT_MANIFEST = "manifest.json"
 COMPACT_RECORDS = "records.parquet"
 COMPACT_FORMAT = 1
-DEFAULT_DETAIL_RANKS = 32  # ranks loaded record by record for the per-rank spread
+DEFAULT_DETAIL_RANKS = 16  # ranks loaded record by record for the per-rank spread
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -317,14 +317,14 @@ def _connect(tmpdir: str) -> Any:
     return con
 
 
-def _create_records_table(con: Any) -> None:
+def _create_records_table(con: Any, table: str = "records") -> None:
     cols = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS.items())
-    con.execute(f"CREATE TABLE records (sid INTEGER, {cols}, attrs VARCHAR)")
+    con.execute(f"CREATE TABLE {table} (sid INTEGER, {cols}, attrs VARCHAR)")
 
 
 def _insert_json(
     con: Any, paths: Sequence[str], sid_of_file: dict[str, int], progress: Progress | None, done: int,
-    total: int,
+    total: int, table: str = "records",
 ) -> int:
     batch = 32
     names = ", ".join(f"r.{name}" for name in _COLUMNS)
@@ -334,7 +334,7 @@ def _insert_json(
         con.executemany("INSERT INTO files_batch VALUES (?, ?)", [(p, sid_of_file[p]) for p in chunk])
         source = _read_json_sql(chunk)
         con.execute(
-            f"INSERT INTO records SELECT f.sid, {names}, NULL FROM {source} r "
+            f"INSERT INTO {table} SELECT f.sid, {names}, NULL FROM {source} r "
             "JOIN files_batch f ON r.filename = f.path "
             f"WHERE r.kind IS NOT NULL AND r.kind <> '{schema.HEADER}'"
         )
@@ -369,7 +369,9 @@ def _session_summaries(con: Any) -> dict[int, dict[str, Any]]:
     return {int(row[0]): dict(zip(keys, row[1:], strict=True)) for row in rows}
 
 
-def _rank_summaries(con: Any, sessions: Sequence[SessionInfo], attempts: Sequence[int]) -> dict[int, RankSummary]:
+def _rank_summaries(
+    con: Any, sessions: Sequence[SessionInfo], attempts: Sequence[int], counts: dict[int, int]
+) -> dict[int, RankSummary]:
     con.execute("CREATE OR REPLACE TEMP TABLE sess (sid INTEGER, attempt INTEGER, delta BIGINT, main_tid UBIGINT)")
     con.executemany(
         "INSERT INTO sess VALUES (?, ?, ?, ?)",
@@ -405,7 +407,6 @@ def _rank_summaries(con: Any, sessions: Sequence[SessionInfo], attempts: Sequenc
         SELECT sid, median(late), avg(CASE WHEN last AND n > 1 THEN 1.0 ELSE 0.0 END) FROM b GROUP BY sid
         """
     ).fetchall()
-    counts = dict(con.execute("SELECT sid, count(*) FROM records GROUP BY sid").fetchall())
     st = {int(r[0]): (r[1], r[2]) for r in step_times}
     cm = {int(r[0]): r[1] for r in compute}
     lt = {int(r[0]): (r[1], r[2]) for r in lateness}
@@ -429,49 +430,72 @@ def _float(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _load_timelines(con: Any, sids: Iterable[int]) -> dict[int, SessionTimeline]:
+def _load_timelines(con: Any, sids: Iterable[int], parquet_fids: dict[int, list[int]]) -> dict[int, SessionTimeline]:
+    """Every record of the wanted sessions. ``parquet_fids``: session -> file ids in the
+    Parquet copy (filtered on ``fid`` so that DuckDB skips the other row groups). One query
+    per record kind, rows fetched as ready-made tuples."""
     wanted = sorted(set(sids))
     timelines = {sid: SessionTimeline() for sid in wanted}
     if not wanted:
         return timelines
-    con.execute("CREATE OR REPLACE TEMP TABLE wanted (sid INTEGER)")
-    con.executemany("INSERT INTO wanted VALUES (?)", [(s,) for s in wanted])
-    cursor = con.execute(
-        """
-        SELECT sid, kind, name, cat, t0, t1, t, step, tid, err, how, value, reduce, offset_ns
-        FROM records WHERE sid IN (SELECT sid FROM wanted) AND kind IN
-            ('span', 'step', 'sync', 'tag', 'event', 'metric', 'clock')
-        ORDER BY sid, coalesce(t0, t)
-        """
+    columns = "kind, name, cat, t0, t1, t, step, tid, err, how, value, reduce, offset_ns"
+    sid_list = ", ".join(str(s) for s in wanted)
+    parts = [f"SELECT sid, {columns} FROM records_json WHERE sid IN ({sid_list})"]
+    fids = [f for s in wanted for f in parquet_fids.get(s, [])]
+    if fids:
+        fid_list = ", ".join(str(f) for f in sorted(fids))
+        parts.append(
+            f"SELECT m.sid, {', '.join('p.' + c.strip() for c in columns.split(','))} FROM parquet_records p "
+            f"JOIN fidmap m ON p.fid = m.fid WHERE p.fid IN ({fid_list})"
+        )
+    con.execute(f"CREATE OR REPLACE TEMP TABLE detail AS {' UNION ALL '.join(parts)}")
+
+    def grouped(sql: str) -> dict[int, list[Any]]:
+        out: dict[int, list[Any]] = {}
+        for row in con.execute(sql).fetchall():
+            out.setdefault(row[0], []).append(row[1:])
+        return out
+
+    spans = grouped(
+        f"SELECT sid, coalesce(name, '?'), coalesce(cat, '{schema.COMPUTE}'), t0, greatest(t0, t1), step, tid, "
+        f"coalesce(err, false) FROM detail WHERE kind = '{schema.SPAN}' AND t0 IS NOT NULL AND t1 IS NOT NULL "
+        "ORDER BY sid, t0"
     )
-    while True:
-        rows = cursor.fetchmany(100_000)
-        if not rows:
-            break
-        for sid, kind, name, cat, t0, t1, t, step, tid, err, how, value, reduce, offset in rows:
-            tl = timelines[sid]
-            if kind == schema.SPAN:
-                if t0 is not None and t1 is not None:
-                    tl.spans.append((name or "?", cat or schema.COMPUTE, t0, max(t0, t1), step, tid, bool(err)))
-            elif kind == schema.STEP:
-                if step is not None and t0 is not None and t1 is not None:
-                    tl.steps.append((step, t0, max(t0, t1)))
-            elif kind == schema.SYNC:
-                if step is not None and t is not None:
-                    tl.syncs.append((step, t, how or ""))
-            elif kind == schema.TAG:
-                if t is not None:
-                    tl.tags.append((step, name or "?", t))
-            elif kind == schema.EVENT:
-                if t is not None:
-                    tl.events.append((name or "?", t, step))
-            elif kind == schema.METRIC:
-                tl.metrics.append((name or "?", step, value, reduce or "mean"))
-            elif kind == schema.CLOCK and offset is not None:
-                tl.clock_offset = int(offset)
-    for tl in timelines.values():
-        tl.syncs.sort(key=lambda r: r[1])
-        tl.steps.sort(key=lambda r: r[1])
+    steps = grouped(
+        f"SELECT sid, step, t0, greatest(t0, t1) FROM detail WHERE kind = '{schema.STEP}' AND step IS NOT NULL "
+        "AND t0 IS NOT NULL AND t1 IS NOT NULL ORDER BY sid, t0"
+    )
+    syncs = grouped(
+        f"SELECT sid, step, t, coalesce(how, '') FROM detail WHERE kind = '{schema.SYNC}' AND step IS NOT NULL "
+        "AND t IS NOT NULL ORDER BY sid, t"
+    )
+    tags = grouped(
+        f"SELECT sid, step, coalesce(name, '?'), t FROM detail WHERE kind = '{schema.TAG}' AND t IS NOT NULL "
+        "ORDER BY sid, t"
+    )
+    events = grouped(
+        f"SELECT sid, coalesce(name, '?'), t, step FROM detail WHERE kind = '{schema.EVENT}' AND t IS NOT NULL "
+        "ORDER BY sid, t"
+    )
+    metrics = grouped(
+        f"SELECT sid, coalesce(name, '?'), step, value, coalesce(reduce, 'mean') FROM detail "
+        f"WHERE kind = '{schema.METRIC}' ORDER BY sid, t"
+    )
+    offsets = dict(
+        con.execute(
+            f"SELECT sid, arg_max(offset_ns, t) FROM detail WHERE kind = '{schema.CLOCK}' "
+            "AND offset_ns IS NOT NULL GROUP BY sid"
+        ).fetchall()
+    )
+    for sid, tl in timelines.items():
+        tl.spans = spans.get(sid, [])
+        tl.steps = steps.get(sid, [])
+        tl.syncs = syncs.get(sid, [])
+        tl.tags = tags.get(sid, [])
+        tl.events = events.get(sid, [])
+        tl.metrics = metrics.get(sid, [])
+        tl.clock_offset = int(offsets.get(sid) or 0)
+    con.execute("DROP TABLE detail")
     return timelines
 
 
@@ -589,27 +613,35 @@ def load_run(
     try:
         con = _connect(tmpdir)
         try:
-            _create_records_table(con)
+            _create_records_table(con, "records_json")
             con.execute("CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)")
+            con.execute("CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)")
             total = len(json_paths) + (1 if parquet_ok else 0)
+            parquet_fids: dict[int, list[int]] = {}
             done = 0
             if parquet_ok:
                 fid_to_sid = {
                     int(entry["fid"]): sid_of_file[p] for p, entry in parquet_ok.items() if p in sid_of_file
                 }
-                con.execute("CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)")
+                for fid, sid in fid_to_sid.items():
+                    parquet_fids.setdefault(sid, []).append(fid)
                 con.executemany("INSERT INTO fidmap VALUES (?, ?)", list(fid_to_sid.items()))
                 parquet = os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)
+                con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({_sql_str(parquet)})")
                 names = ", ".join(f"p.{name}" for name in _COLUMNS)
+                # A view, not a copy: every query scans only the Parquet columns it needs.
                 con.execute(
-                    f"INSERT INTO records SELECT m.sid, {names}, NULL FROM read_parquet({_sql_str(parquet)}) p "
-                    "JOIN fidmap m ON p.fid = m.fid"
+                    f"CREATE TEMP VIEW records AS SELECT m.sid, {names}, NULL::VARCHAR AS attrs "
+                    "FROM parquet_records p JOIN fidmap m ON p.fid = m.fid UNION ALL SELECT * FROM records_json"
                 )
                 done += 1
                 if progress is not None:
                     progress("reading compacted records", done, total)
+            else:
+                con.execute("CREATE TEMP VIEW parquet_records AS SELECT 0 AS fid, * FROM records_json LIMIT 0")
+                con.execute("CREATE TEMP VIEW records AS SELECT * FROM records_json")
             json_ok = [p for p in json_paths if p in sid_of_file]
-            _insert_json(con, json_ok, sid_of_file, progress, done, total)
+            _insert_json(con, json_ok, sid_of_file, progress, done, total, "records_json")
             if progress is not None:
                 progress("summarising", total, total)
             summaries = _session_summaries(con)
@@ -620,9 +652,10 @@ def load_run(
             from goodtrace.analysis.attempts import assign_attempts
 
             attempts = assign_attempts(sessions)
-            rank_summaries = _rank_summaries(con, sessions, attempts)
+            counts = {sid: int(v.get("records") or 0) for sid, v in summaries.items()}
+            rank_summaries = _rank_summaries(con, sessions, attempts, counts)
             detail = _pick_detail_sessions(sessions, rank_summaries, detail_ranks)
-            timelines = _load_timelines(con, detail)
+            timelines = _load_timelines(con, detail, parquet_fids)
         finally:
             con.close()
     finally:
@@ -692,8 +725,10 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
             if progress is not None:
                 progress("writing Parquet", len(segments), len(segments))
             con.execute(
-                f"COPY (SELECT * FROM records ORDER BY fid) TO {_sql_str(partial)} "
-                "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1000000)"
+                # Sorted by kind, then file: queries of one kind (sync points, spans) and of a
+                # few files (the detail ranks) skip the other row groups.
+                f"COPY (SELECT * FROM records ORDER BY kind, fid) TO {_sql_str(partial)} "
+                "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)"
             )
         finally:
             con.close()
