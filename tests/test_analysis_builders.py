@@ -38,6 +38,7 @@ class Proc:
         host: str = "node0",
         mono_base: int | None = None,
         schema_version: int = schema.SCHEMA_VERSION,
+        wall_skew: float = 0.0,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
@@ -52,7 +53,7 @@ class Proc:
             "init_mono": self.mono(start), "submit_wall": None if submit is None else WALL0 + ns(submit),
             "main_tid": main_tid, "rank_source": "argument", "overhead_categories": sorted(overhead),
             "config": {"lag": lag, "overhead_categories": list(overhead)}, "segment": 0,
-            "wall": WALL0 + ns(start), "mono": self.mono(start),
+            "wall": WALL0 + ns(start + wall_skew), "mono": self.mono(start),
         }
         if schema_version < 1:
             for key in ("proc_start_mono", "main_tid", "submit_wall", "overhead_categories"):
@@ -91,6 +92,12 @@ class Proc:
     def metric(self, name: str, k: int, value: float, t: float) -> Proc:
         self.lines.append({"kind": "metric", "name": name, "step": k, "value": value, "reduce": "mean",
                            "t": self.mono(t)})
+        return self
+
+    def clock(self, offset_ns: int, t: float) -> Proc:
+        """A clock-offset measurement: reference clock = this clock + offset_ns."""
+        self.lines.append({"kind": "clock", "offset_ns": offset_ns, "rtt_ns": 1000,
+                           "attrs": {"reference_rank": 0}, "t": self.mono(t)})
         return self
 
     def heartbeat(self, t: float) -> Proc:

@@ -172,3 +172,23 @@ def test_per_rank_durations_do_not_hide_a_rank_late_at_every_collective() -> Non
     assert (straggler.rank, straggler.host) == (1, "node1")
     late = {f.rank: f.lateness_median_s for f in result.spread.per_rank}
     assert late[1] == pytest.approx(0.2) and late[0] == 0.0
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_lateness_is_measured_on_the_aligned_clock(tmp_path: Path, measured: bool) -> None:
+    """Rank 1's wall clock is 0.5 s ahead; its measured offset to rank 0 puts its sync points
+    where they belong. Without a measurement the skew reads as lateness (and is reported)."""
+    procs = [Proc(tmp_path, rank=r, world=2, host=f"node{r}", wall_skew=0.5 * r) for r in (0, 1)]
+    for p in procs:
+        p.loop(range(6), 0.0)
+        p.finish(6.0)
+    if measured:
+        procs[1].clock(procs[0].mono_base - procs[1].mono_base, 0.5)
+    for p in procs:
+        p.write()
+    result = analyze(load(tmp_path))
+    late = {f.rank: f.lateness_median_s for f in result.spread.per_rank}
+    if measured:
+        assert late == {0: 0.0, 1: 0.0} and result.stragglers == ()
+    else:
+        assert late[1] == 0.5 and [s.rank for s in result.stragglers] == [1]

@@ -372,11 +372,28 @@ def _session_summaries(con: Any) -> dict[int, dict[str, Any]]:
 def _rank_summaries(
     con: Any, sessions: Sequence[SessionInfo], attempts: Sequence[int], counts: dict[int, int]
 ) -> dict[int, RankSummary]:
-    con.execute("CREATE OR REPLACE TEMP TABLE sess (sid INTEGER, attempt INTEGER, delta BIGINT, main_tid UBIGINT)")
-    con.executemany(
-        "INSERT INTO sess VALUES (?, ?, ?, ?)",
-        [(s.index, attempts[s.index], s.wall_anchor - s.mono_anchor, s.main_tid) for s in sessions],
+    # Sync points go onto one clock per attempt: measured offsets to the reference rank
+    # (reference = local + offset_ns, see goodtrace.clocksync) where recorded, else anchors.
+    offsets = dict(
+        con.execute(
+            f"SELECT sid, arg_max(offset_ns, t) FROM records WHERE kind = '{schema.CLOCK}' "
+            "AND offset_ns IS NOT NULL GROUP BY sid"
+        ).fetchall()
     )
+    reference: dict[int, SessionInfo] = {}
+    for s in sorted(sessions, key=lambda s: s.rank):
+        reference.setdefault(attempts[s.index], s)
+    rows = []
+    for s in sessions:
+        ref = reference[attempts[s.index]]
+        offset = offsets.get(s.index)
+        delta = (
+            int(offset) + ref.wall_anchor - ref.mono_anchor
+            if offset is not None and ref is not s else s.wall_anchor - s.mono_anchor
+        )
+        rows.append((s.index, attempts[s.index], delta, s.main_tid))
+    con.execute("CREATE OR REPLACE TEMP TABLE sess (sid INTEGER, attempt INTEGER, delta BIGINT, main_tid UBIGINT)")
+    con.executemany("INSERT INTO sess VALUES (?, ?, ?, ?)", rows)
     step_times = con.execute(
         f"""
         WITH s AS (SELECT sid, t - lag(t) OVER (PARTITION BY sid ORDER BY t) AS dt
