@@ -55,6 +55,7 @@ from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, find_anomalies
 from goodtrace.loading import LoadedRun, SessionInfo
 
 __all__ = [
+    "AnalysisError",
     "Anomaly",
     "Attempt",
     "Partition",
