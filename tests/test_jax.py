@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import queue
 import statistics
 import subprocess
@@ -301,3 +302,33 @@ def test_first_jax_value_installs_the_compile_listeners_and_import_stays_light(t
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+def test_persistent_cache_hits_and_misses_annotate_the_compile_spans(tmp_path: Any) -> None:
+    code = (
+        "import sys, json, jax, jax.numpy as jnp\n"
+        f"jax.config.update('jax_compilation_cache_dir', {str(tmp_path / 'cache')!r})\n"
+        "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)\n"
+        "jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)\n"
+        "import goodtrace as gt\n"
+        "from goodtrace.integrations import jax as gj\n"
+        "from goodtrace.testing import capture\n"
+        "gj.install()\n"
+        "x = jnp.ones((64, 64))\n"
+        "with capture() as cap:\n"
+        "    with gt.step(0) as s:\n"
+        "        s.complete_on(jax.jit(lambda a: (a @ a).sum())(x))\n"
+        "print(json.dumps([r for r in cap.records('span') if r['step'] == 0 and r['cat'] == 'compile']))\n"
+    )
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = ({r["name"]: r for r in spans} for spans in runs)
+    assert first["jax.compile"]["attrs"] == {"fun": "jit(<lambda>)", "cache": "miss"}
+    assert "jax.cache_read" not in first
+    assert second["jax.compile"]["attrs"]["cache"] == "hit"
+    assert "saved_s" in second["jax.compile"]["attrs"]
+    read = second["jax.cache_read"]
+    assert second["jax.compile"]["t0"] <= read["t0"] <= read["t1"] <= second["jax.compile"]["t1"]

@@ -112,7 +112,8 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
             return
         t1 = rec.clock()
         t0 = t1 - max(0, round(float(duration_secs) * 1e9))
-        attrs: dict[str, Any] = {"fun": str(kwargs.get("fun_name", ""))}
+        fun = kwargs.get("fun_name")
+        attrs: dict[str, Any] = {} if fun is None else {"fun": str(fun)}
         if name == "jax.compile":
             if _thread_state.cache is not None:
                 attrs["cache"] = _thread_state.cache
