@@ -332,3 +332,39 @@ def test_persistent_cache_hits_and_misses_annotate_the_compile_spans(tmp_path: A
     assert "saved_s" in second["jax.compile"]["attrs"]
     read = second["jax.cache_read"]
     assert second["jax.compile"]["t0"] <= read["t0"] <= read["t1"] <= second["jax.compile"]["t1"]
+
+
+def test_instrument_single_process_live_line_and_finish_closes_it() -> None:
+    lines: list[str] = []
+
+    @jax.jit
+    def f(a: Any) -> Any:
+        return a.sum()
+
+    with capture() as cap:
+        integration = gj.instrument(log_every=2, printer=lines.append)
+        rec = gt.recorder()
+        assert "finish" in vars(rec)  # wrapped until finish()
+        offset = gj.measure_clock_offset()  # one process: nothing to measure, recorded as 0
+        for k in range(5):
+            with gt.step(k) as s:
+                loss = f(jnp.full((3,), float(k)))
+                s.complete_on(loss)
+                gt.metric("loss", loss)
+    assert (offset.offset_ns, offset.rtt_ns, offset.world_size) == (0, 0, 1)
+    assert [(r["offset_ns"], r["rtt_ns"]) for r in cap.records(schema.CLOCK)] == [(0, 0)]
+    assert "finish" not in vars(rec)
+    assert integration.aggregator is not None
+    assert [line.step for line in integration.aggregator.lines] == [0, 2, 4]
+    assert integration.aggregator.lines[-1].metrics["loss"].value == pytest.approx((9.0 + 12.0) / 2)
+    assert len(lines) == 3 and lines[0].startswith("step 0")
+
+
+def test_instrument_when_not_recording_does_nothing() -> None:
+    gt.init("unused", enabled=False)
+    try:
+        integration = gj.instrument()
+        assert integration.aggregator is None
+        integration.close()
+    finally:
+        gt.finish()
