@@ -125,3 +125,16 @@ def test_importing_goodtrace_does_not_import_duckdb_or_rich() -> None:
             "print(sorted(m for m in ('duckdb', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_damaged_compacted_copy_falls_back_to_json_lines(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    p.loop(range(3), 0.0)
+    p.finish(3.0)
+    p.write()
+    compact_run(tmp_path)
+    (tmp_path / "compact" / "records.parquet").write_bytes(b"PAR1 not really parquet")
+    loaded = load(tmp_path)
+    assert loaded.form == "jsonl"
+    assert "compacted copy could not be read" in loaded.warnings[0]
+    assert buckets_s(analyze(loaded).partition) == {"productive": 3.0}

@@ -25,6 +25,7 @@ from goodtrace.reader import NotARunError
 
 __all__ = [
     "COMPACT_DIR",
+    "LoadError",
     "LoadedRun",
     "NotARunError",
     "RankSummary",
@@ -64,6 +65,10 @@ _COLUMNS: dict[str, str] = {
     schema.F_OFFSET: "BIGINT",
 }
 _RECORD_COLUMNS = ("sid", *_COLUMNS)  # sid: index of the session in LoadedRun.sessions
+
+
+class LoadError(RuntimeError):
+    """The records exist but cannot be read (the message says which and why)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -576,7 +581,34 @@ def load_run(
     progress: Progress | None = None,
     use_compact: bool = True,
 ) -> LoadedRun:
-    """Read a run directory (JSON lines, and its compacted Parquet form when present)."""
+    """Read a run directory (JSON lines, and its compacted Parquet form when present).
+
+    Raises ``NotARunError`` when the path holds no readable records, ``LoadError`` when DuckDB
+    cannot read them (a damaged compacted copy is skipped in favour of the JSON lines first).
+    """
+    import duckdb
+
+    try:
+        return _load_run(run_dir, detail_ranks=detail_ranks, progress=progress, use_compact=use_compact)
+    except duckdb.Error as exc:
+        if not use_compact:
+            raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
+        first = str(exc).splitlines()[0]
+    try:
+        loaded = _load_run(run_dir, detail_ranks=detail_ranks, progress=progress, use_compact=False)
+    except duckdb.Error as exc:
+        raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
+    loaded.warnings.insert(0, f"the compacted copy could not be read ({first}); read the JSON lines instead")
+    return loaded
+
+
+def _load_run(
+    run_dir: str | os.PathLike[str],
+    *,
+    detail_ranks: int,
+    progress: Progress | None,
+    use_compact: bool,
+) -> LoadedRun:
     path = os.fspath(run_dir)
     if is_url(path):
         raise NotARunError(
@@ -731,6 +763,8 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
     target = os.path.join(out_dir, COMPACT_RECORDS)
     partial = target + ".partial"
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-compact-")
+    import duckdb
+
     try:
         con = _connect(tmpdir)
         try:
@@ -749,6 +783,8 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
             )
         finally:
             con.close()
+    except duckdb.Error as exc:
+        raise LoadError(f"cannot compact {path!r}: {exc}") from None
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     os.replace(partial, target)

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
 
     from goodtrace.cli import CommandError
     from goodtrace.commands.report import _progress
-    from goodtrace.loading import NotARunError, compact_run
+    from goodtrace.loading import LoadError, NotARunError, compact_run
 
     if not os.path.exists(args.run):
         raise CommandError(f"{args.run!r} does not exist")
@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"{exc}: not a goodtrace run directory") from None
     except OSError as exc:
         raise CommandError(f"cannot compact {args.run!r}: {exc}") from None
+    except LoadError as exc:
+        raise CommandError(str(exc)) from None
     finally:
         stop()
     print(

@@ -87,7 +87,7 @@ def _progress() -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     from goodtrace.analysis import AnalysisError, analyze
     from goodtrace.cli import CommandError
-    from goodtrace.loading import NotARunError, load_run
+    from goodtrace.loading import LoadError, NotARunError, load_run
 
     try:
         window = parse_window(args.window) if args.window else None
@@ -105,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"{exc}: not a goodtrace run directory") from None
     except OSError as exc:
         raise CommandError(f"cannot read {args.run!r}: {exc}") from None
+    except LoadError as exc:
+        raise CommandError(str(exc)) from None
     finally:
         stop()
     try:
