@@ -70,7 +70,7 @@ def plain_block(state: TrainState, data: Data, steps: int, log_every: int,
 
 
 def traced_block(state: TrainState, data: Data, steps: int, log_every: int, run_dir: Path,
-                 first: int, lag: int) -> tuple[TrainState, float]:
+                 first: int, lag: int, complete_every: int) -> tuple[TrainState, float]:
     gt.init(run_dir, lag=lag)
     gt_jax.instrument(log_every=log_every, printer=lambda line: None)
     t0 = time.perf_counter()
@@ -79,8 +79,9 @@ def traced_block(state: TrainState, data: Data, steps: int, log_every: int, run_
             with gt.span("data"):
                 x, y = next(data)
             state, loss = train_step(state, x, y)
-            s.complete_on(loss)
-            gt.metric("loss", loss, "mean")
+            if (step + 1) % complete_every == 0:  # 1: every step; N: sparse completion
+                s.complete_on(loss)
+                gt.metric("loss", loss, "mean")
     jax.block_until_ready(state)
     elapsed = time.perf_counter() - t0
     gt.finish()
@@ -112,6 +113,8 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--lag", type=int, default=1, help="goodtrace's completion lag (steps)")
+    parser.add_argument("--complete-every", type=int, default=1,
+                        help="complete_on(loss) and the loss metric every N steps (sparse completion)")
     parser.add_argument("--quick", action="store_true", help="4 rounds of 20 steps (under a minute)")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with the figures")
     args = parser.parse_args()
@@ -124,9 +127,11 @@ def main() -> None:
     figures: dict[str, Any] = {
         "benchmark": "jax_overhead", "jax": jax.__version__, "backend": jax.default_backend(),
         "rounds": args.rounds, "block": args.block, "hidden": args.hidden, "lag": args.lag,
+        "complete_every": args.complete_every,
     }
     print(f"jax {jax.__version__} ({jax.default_backend()}), MLP 256-{args.hidden}-{args.hidden}-10 + adamw, "
-          f"batch 512, {args.rounds} rounds x {args.block} steps each way per pipeline, lag {args.lag}")
+          f"batch 512, {args.rounds} rounds x {args.block} steps each way per pipeline, lag {args.lag}, "
+          f"complete_on every {args.complete_every} step(s)")
     with tempfile.TemporaryDirectory(prefix="goodtrace-bench-") as tmp:
         for pipeline, data in (("host", host), ("device", device)):
             plain: list[float] = []
@@ -142,7 +147,7 @@ def main() -> None:
                     else:
                         state, block[which] = traced_block(
                             state, data, args.block, args.log_every, Path(tmp) / f"{pipeline}-{round_index}",
-                            first=round_index * args.block, lag=args.lag,
+                            first=round_index * args.block, lag=args.lag, complete_every=args.complete_every,
                         )
                 state, waiting = plain_block(state, data, args.block, args.log_every, wait_every_step=True)
                 by_hand.append(waiting)
