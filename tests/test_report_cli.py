@@ -106,3 +106,11 @@ def test_older_schema_golden_run() -> None:
     report = report_json(str(DATA / "schema_v0"))
     assert report["partition"]["buckets"]["productive"]["seconds"] == 3.0
     assert any("older schema version 0" in w for w in report["warnings"])
+
+
+def test_html_option_writes_a_page(tmp_path: Path) -> None:
+    target = tmp_path / "report.html"
+    done = goodtrace("report", str(RESTART), "--html", str(target))
+    assert done.returncode == 0, done.stderr
+    assert "Goodput 48.5%" in done.stdout and f"wrote {target}" in done.stderr
+    assert target.read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")

@@ -46,6 +46,7 @@ def parse_window(text: str) -> tuple[float, float]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run directory")
     parser.add_argument("--json", action="store_true", help="print the analysis as one JSON object")
+    parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report to FILE")
     parser.add_argument("--window", metavar="A:B|D",
                         help="interval goodput for seconds A to B from the job start (negative: from "
                              "the end), or the last duration D (e.g. 1h)")
@@ -124,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except AnalysisError as exc:
         raise CommandError(str(exc)) from None
+    if args.html:
+        _write_html(args.run, analysis, args.html)
     if args.json:
         from goodtrace.renderers.json_report import render_json
 
@@ -136,3 +139,24 @@ def run(args: argparse.Namespace) -> int:
     width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "120"))
     render_console(analysis, Console(width=width, highlight=False), top=args.top)
     return 0
+
+
+def _write_html(run_dir: str, analysis: Any, target: str) -> None:
+    """The HTML renderer draws its heat map and gantt chart from the records themselves."""
+    from goodtrace.cli import CommandError
+    from goodtrace.reader import NotARunError, read_run
+
+    try:
+        from goodtrace.renderers.html import render_html
+    except ImportError as exc:
+        raise CommandError(f"the HTML renderer is not available: {exc}") from None
+    try:
+        page = render_html(analysis, read_run(run_dir))
+    except NotARunError as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(page)
+    except OSError as exc:
+        raise CommandError(f"cannot write {target}: {exc}") from None
+    print(f"wrote {target} ({len(page.encode()) / 1e6:.1f} MB)", file=sys.stderr)
