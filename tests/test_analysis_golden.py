@@ -294,3 +294,18 @@ def test_missing_rank_zero_and_older_schema(tmp_path: Path) -> None:
     assert buckets_s(result.partition) == {"productive": 3.0}
     text = " ".join(result.warnings)
     assert "older schema version 0" in text and "rank 0 has no records" in text and "1 of 2 ranks" in text
+
+
+def test_device_idle_gap_charges_data_loading_in_an_asynchronous_loop(tmp_path: Path) -> None:
+    p = Proc(tmp_path)
+    for k in range(5):
+        p.step(k, k, k + 0.3).span("data", k, k + 0.25, step=k).sync(k, k + 1.0, "lag")
+        p.metric("device/busy_s", k, 0.9, k + 1.0)
+        p.metric("device/idle_s", k, 0.1 if k == 2 else 0.0, k + 1.0)  # the device waited for step 2's batch
+    p.finish(5.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert result.data_rule == "asynchronous+device"
+    assert buckets_s(result.partition) == {"productive": 4.9, "data": 0.1}
+    rows = {r.step: r for r in result.steps}
+    assert rows[2].overhead_s == {"data": 0.1} and rows[2].device_s == 0.9

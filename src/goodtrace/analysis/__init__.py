@@ -34,6 +34,7 @@ from goodtrace.analysis.partition import (
     DATA_RULE_TEXT,
     PRODUCTIVE,
     RULE_ASYNC,
+    RULE_ASYNC_DEVICE,
     RULE_SYNC,
     RULE_UNKNOWN,
     SessionCut,
@@ -310,7 +311,7 @@ def analyze(
     """
     if not run.sessions:
         raise AnalysisError("the run has no sessions")
-    if data_rule not in (None, RULE_ASYNC, RULE_SYNC, RULE_UNKNOWN):
+    if data_rule not in (None, RULE_ASYNC, RULE_ASYNC_DEVICE, RULE_SYNC, RULE_UNKNOWN):
         raise AnalysisError(f"data_rule must be {RULE_ASYNC!r} or {RULE_SYNC!r}, got {data_rule!r}")
     warnings = list(run.warnings)
     all_attempts = discover_attempts(run.sessions, warnings)

@@ -31,12 +31,16 @@ STARTUP_OTHER = "other"
 RULE_ASYNC = "asynchronous"
 RULE_SYNC = "synchronous"
 RULE_UNKNOWN = "unknown"
+RULE_ASYNC_DEVICE = "asynchronous+device"
+DEVICE_IDLE_METRIC = "device/idle_s"  # written by goodtrace.integrations.torch (CUDA events)
 
 DATA_RULE_TEXT = {
     RULE_ASYNC: "asynchronous loop (lagged sync points): in-step data loading overlapped queued "
     "device work, so it counts as productive",
     RULE_SYNC: "synchronous loop (host-value / ready sync points): the device waited for in-step "
     "data loading, so it counts as data badput",
+    RULE_ASYNC_DEVICE: "asynchronous loop with device timing: in-step data loading counts as data badput "
+    "only for the device-idle gap before its step (the device waited), the rest as productive",
     RULE_UNKNOWN: "no sync points recorded: in-step data loading is counted as data badput "
     "(synchronous assumption)",
 }
@@ -242,9 +246,32 @@ def cut_session(
             windows[-1].steps.extend(group)
     if windows:
         windows[0].first_of_attempt = True
+    if rule == RULE_ASYNC and _charge_device_idle(windows, timeline, info.main_tid):
+        rule = RULE_ASYNC_DEVICE
     tail_label = DISRUPTION if crashed else TEARDOWN
     tail = carver.carve(window_start, end, tail_label)
     return SessionCut(info.index, start, end, startup, windows, tail, rule, host_timed, crashed)
+
+
+def _charge_device_idle(windows: list[Window], timeline: SessionTimeline, main_tid: int | None) -> bool:
+    """Asynchronous loop with CUDA device timing: the device-idle gap before a step, up to that
+    step's data-loading time, becomes ``data`` in the step's interval. True when measured."""
+    idle = {
+        step: round(value * 1e9) for name, step, value, _ in timeline.metrics
+        if name == DEVICE_IDLE_METRIC and step is not None and value is not None and value > 0
+    }
+    if not any(name == DEVICE_IDLE_METRIC for name, _, _, _ in timeline.metrics):
+        return False
+    loading: dict[int, int] = {}
+    for _, cat, t0, t1, step, tid, _ in timeline.spans:
+        if cat == DATA and step is not None and (main_tid is None or tid is None or tid == main_tid):
+            loading[step] = loading.get(step, 0) + (t1 - t0)
+    for w in windows:
+        amount = sum(min(idle.get(s, 0), loading.get(s, 0)) for s in w.steps)
+        amount = min(amount, w.total(PRODUCTIVE))
+        if amount > 0:
+            w.pieces = relabel(w.pieces, amount, DATA, from_end=False)
+    return True
 
 
 def _window(

@@ -97,7 +97,8 @@ def _rows_of_window(
 
 
 def _device_seconds(values: dict[str, float]) -> float | None:
-    for key in ("device_time_s", "device_s", "device_busy_s"):
+    """Device-busy time of the step where the framework measured it (CUDA events)."""
+    for key in ("device/busy_s", "device_time_s"):
         if key in values:
             return values[key]
     return None
@@ -196,4 +197,7 @@ def _overlapping(w: Window | None, timelines: dict[int, SessionTimeline], tags: 
             names[name] = names.get(name, 0) + 1
     found.extend(f"span:{n}" for n in sorted(names) if n not in ("step",))
     found.extend(f"event:{name}" for name, _, step in tl.events if step in w.steps)
+    idle = sum(v or 0.0 for name, step, v, _ in tl.metrics if name == "device/idle_s" and step in w.steps)
+    if idle > 0:
+        found.append(f"device_idle:{idle:.3f}s")
     return tuple(dict.fromkeys(found))
