@@ -309,3 +309,18 @@ def test_device_idle_gap_charges_data_loading_in_an_asynchronous_loop(tmp_path: 
     assert buckets_s(result.partition) == {"productive": 4.9, "data": 0.1}
     rows = {r.step: r for r in result.steps}
     assert rows[2].overhead_s == {"data": 0.1} and rows[2].device_s == 0.9
+
+
+def test_an_attempt_without_rank_zero_is_stood_for_by_its_lowest_rank(tmp_path: Path) -> None:
+    for rank in (0, 1):
+        a0 = Proc(tmp_path, rank=rank, world=2, restart=0)
+        a0.loop(range(3), 0.0)
+        a0.heartbeat(3.5)
+        a0.write()
+    a1 = Proc(tmp_path, rank=1, world=2, restart=1, start=5.0)  # rank 0's files of attempt 1 are lost
+    a1.loop(range(3, 6), 5.0)
+    a1.finish(8.0)
+    a1.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {"productive": 6.0, "disruption": 2.0}
+    assert any("attempt 1: rank 0 has no records" in w for w in result.warnings)

@@ -252,20 +252,22 @@ class RunAnalysis:
 def _rank_timeline(
     run: LoadedRun,
     attempts: Sequence[Attempt],
-    rank: int,
+    rank: int | None,
     *,
     data_rule: str | None,
     ideal_override_ns: float | None,
     submit_wall: int | None,
 ) -> tuple[Timeline, float | None, list[str]] | None:
-    """The job timeline of one rank across the job's attempts (None without its records)."""
+    """The job timeline of one rank across the job's attempts (None without its records);
+    ``rank=None``: each attempt's reference session (rank 0, or its lowest rank present)."""
     by_index = {s.index: s for s in run.sessions}
     items: list[tuple[int, SessionInfo, SessionCut]] = []
     rules: list[str] = []
     for a in attempts:
         for index in a.sessions:
             info = by_index[index]
-            if info.rank == rank and index in run.timelines:
+            chosen = index == a.reference_session if rank is None else info.rank == rank
+            if chosen and index in run.timelines:
                 cut = cut_session(info, run.timelines[index], data_rule=data_rule)
                 items.append((a.index, info, cut))
                 rules.append(cut.data_rule)
@@ -326,7 +328,7 @@ def analyze(
     submit_wall = submits[0]
     ideal_override = None if ideal_step_s is None else ideal_step_s * NS
     built = _rank_timeline(
-        run, attempts, reference_rank, data_rule=data_rule, ideal_override_ns=ideal_override, submit_wall=submit_wall
+        run, attempts, None, data_rule=data_rule, ideal_override_ns=ideal_override, submit_wall=submit_wall
     )
     if built is None:
         raise AnalysisError(f"rank {reference_rank} has no records loaded")
@@ -351,9 +353,11 @@ def analyze(
     # per-rank spread
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
     detail_ranks = sorted({s.rank for s in job_sessions if s.index in run.timelines})
-    goodput_by_rank: dict[int, float] = {reference_rank: partition.goodput}
+    goodput_by_rank: dict[int, float] = {}
+    if all(by_index[a.reference_session].rank == reference_rank for a in attempts):
+        goodput_by_rank[reference_rank] = partition.goodput  # the reference timeline is this rank's
     for rank in detail_ranks:
-        if rank == reference_rank:
+        if rank in goodput_by_rank:
             continue
         other = _rank_timeline(
             run, attempts, rank, data_rule=data_rule, ideal_override_ns=ideal_override, submit_wall=submit_wall
