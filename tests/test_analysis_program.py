@@ -32,13 +32,18 @@ def test_unknown_accelerator_names_the_known_ones() -> None:
 def test_flops_from_a_metric_and_a_user_peak(tmp_path: Path) -> None:
     p = Proc(tmp_path, world=2)
     p.loop(range(4), 0.0)
-    p.metric("model_flops_per_step", 0, 4e12, 0.5)
+    p.metric("flops_per_step", 0, 4e12, 0.5)  # one rank's, as goodtrace.integrations.torch writes it
+    p.lines.append({"kind": "event", "name": "model", "t": p.mono(0.5), "step": None,
+                    "attrs": {"tokens_per_step": 512, "flops_per_step": 4e12, "peak_flops": 20e12}})
     p.finish(4.0)
     p.write()
+    recorded = analyze(load(tmp_path)).program
+    assert (recorded.flops_per_step, recorded.peak_flops_per_device, recorded.devices) == (8e12, 20e12, 2)
+    assert recorded.mfu == pytest.approx(8e12 * 4 / 4.0 / (20e12 * 2))
     program = analyze(load(tmp_path), peak_flops=10e12, devices_per_rank=2).program
-    assert program.flops_source == "metric model_flops_per_step"
+    assert program.flops_source == "flops_per_step metric of rank 0 x world size"
     assert program.devices == 4
-    assert program.mfu == pytest.approx(4e12 * 4 / 4.0 / (10e12 * 4))
+    assert program.mfu == pytest.approx(8e12 * 4 / 4.0 / (10e12 * 4))
     assert program.scheduling_goodput is None  # no submit time
     with pytest.raises(AnalysisError, match="unknown accelerator"):
         analyze(load(tmp_path), accelerator="abacus", flops_per_step=1.0)

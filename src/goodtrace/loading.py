@@ -132,6 +132,7 @@ class SessionTimeline:
     # name, step, value, reduce
     metrics: list[tuple[str, int | None, float | None, str]] = dataclasses.field(default_factory=list)
     clock_offset: int = 0  # latest measured offset of this rank's clock to rank 0 (ns)
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # attrs of the last "model" event
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,7 +305,7 @@ def _sql_str(text: str) -> str:
 
 
 def _read_json_sql(paths: Sequence[str]) -> str:
-    columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _COLUMNS.items()) + "}"
+    columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in (*_COLUMNS.items(), (schema.F_ATTRS, "JSON"))) + "}"
     files = "[" + ", ".join(_sql_str(p) for p in paths) + "]"
     return (
         f"read_json({files}, columns={columns}, format='newline_delimited', ignore_errors=true, "
@@ -339,7 +340,9 @@ def _insert_json(
         con.executemany("INSERT INTO files_batch VALUES (?, ?)", [(p, sid_of_file[p]) for p in chunk])
         source = _read_json_sql(chunk)
         con.execute(
-            f"INSERT INTO {table} SELECT f.sid, {names}, NULL FROM {source} r "
+            # attributes are kept for events only (spans' attributes are not analysed)
+            f"INSERT INTO {table} SELECT f.sid, {names}, CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END "
+            f"FROM {source} r "
             "JOIN files_batch f ON r.filename = f.path "
             f"WHERE r.kind IS NOT NULL AND r.kind <> '{schema.HEADER}'"
         )
@@ -460,7 +463,7 @@ def _load_timelines(con: Any, sids: Iterable[int], parquet_fids: dict[int, list[
     timelines = {sid: SessionTimeline() for sid in wanted}
     if not wanted:
         return timelines
-    columns = "kind, name, cat, t0, t1, t, step, tid, err, how, value, reduce, offset_ns"
+    columns = "kind, name, cat, t0, t1, t, step, tid, err, how, value, reduce, offset_ns, attrs"
     sid_list = ", ".join(str(s) for s in wanted)
     parts = [f"SELECT sid, {columns} FROM records_json WHERE sid IN ({sid_list})"]
     fids = [f for s in wanted for f in parquet_fids.get(s, [])]
@@ -509,7 +512,14 @@ def _load_timelines(con: Any, sids: Iterable[int], parquet_fids: dict[int, list[
             "AND offset_ns IS NOT NULL GROUP BY sid"
         ).fetchall()
     )
+    models = dict(
+        con.execute(
+            f"SELECT sid, arg_max(attrs, t) FROM detail WHERE kind = '{schema.EVENT}' AND name = 'model' "
+            "AND attrs IS NOT NULL GROUP BY sid"
+        ).fetchall()
+    )
     for sid, tl in timelines.items():
+        tl.model = _json_object(models.get(sid))
         tl.spans = spans.get(sid, [])
         tl.steps = steps.get(sid, [])
         tl.syncs = syncs.get(sid, [])
@@ -519,6 +529,16 @@ def _load_timelines(con: Any, sids: Iterable[int], parquet_fids: dict[int, list[
         tl.clock_offset = int(offsets.get(sid) or 0)
     con.execute("DROP TABLE detail")
     return timelines
+
+
+def _json_object(text: object) -> dict[str, Any]:
+    if not isinstance(text, str):
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _pick_detail_sessions(
@@ -680,7 +700,7 @@ def _load_run(
                 names = ", ".join(f"p.{name}" for name in _COLUMNS)
                 # A view, not a copy: every query scans only the Parquet columns it needs.
                 con.execute(
-                    f"CREATE TEMP VIEW records AS SELECT m.sid, {names}, NULL::VARCHAR AS attrs "
+                    f"CREATE TEMP VIEW records AS SELECT m.sid, {names}, p.attrs "
                     "FROM parquet_records p JOIN fidmap m ON p.fid = m.fid UNION ALL SELECT * FROM records_json"
                 )
                 done += 1

@@ -279,14 +279,21 @@ def _rank_timeline(
     return assemble(items, submit_wall=submit_wall), ideal, rules
 
 
-def _flops_from_metrics(run: LoadedRun, sessions: Sequence[int]) -> float | None:
+def _model_figures(run: LoadedRun, sessions: Sequence[int]) -> tuple[float | None, float | None]:
+    """(FLOPs per step of one rank, peak FLOP/s of its device) as the framework integration
+    recorded them: a ``flops_per_step`` metric and a ``model`` event (goodtrace.integrations)."""
     values = [
         value
         for index in sessions if index in run.timelines
         for name, _, value, _ in run.timelines[index].metrics
-        if name in ("model_flops_per_step", "flops_per_step", "model_flops") and value is not None
+        if name in ("model_flops_per_step", "flops_per_step") and value is not None
     ]
-    return statistics.median(values) if values else None
+    peaks = [
+        float(peak) for index in sessions if index in run.timelines
+        for peak in (run.timelines[index].model.get("peak_flops"),)
+        if isinstance(peak, (int, float)) and not isinstance(peak, bool) and peak > 0
+    ]
+    return (statistics.median(values) if values else None), (statistics.median(peaks) if peaks else None)
 
 
 def analyze(
@@ -308,8 +315,10 @@ def analyze(
     ``window`` = (a, b) in seconds from the job start (negative values count from its end);
     ``rolling_s`` adds interval goodput over consecutive windows of that width. ``data_rule``
     ("asynchronous"/"synchronous") overrides the detected loop kind. MFU needs
-    ``flops_per_step`` (model FLOPs of one optimizer step, all devices; else a
-    ``model_flops_per_step`` metric) and a peak (``peak_flops`` per device or ``accelerator``).
+    ``flops_per_step`` (model FLOPs of one optimizer step, all devices together; else the
+    framework integration's per-rank ``flops_per_step`` metric times the world size) and a
+    peak per device (``peak_flops``, else ``accelerator`` from the table, else the peak the
+    integration recorded in its ``model`` event).
     """
     if not run.sessions:
         raise AnalysisError("the run has no sessions")
@@ -422,10 +431,15 @@ def _program_goodput(
     devices_per_rank: int,
     submit_wall: int | None,
 ) -> ProgramGoodput:
+    devices = max(1, attempts[-1].world) * max(1, devices_per_rank)
     source = "given" if flops_per_step is not None else None
-    if flops_per_step is None:
-        flops_per_step = _flops_from_metrics(run, [a.reference_session for a in attempts])
-        source = "metric model_flops_per_step" if flops_per_step is not None else None
+    rank_flops, recorded_peak = _model_figures(run, [a.reference_session for a in attempts])
+    if flops_per_step is None and rank_flops is not None:
+        # the integration records one rank's FLOPs per step: the job's is world size times that
+        flops_per_step = rank_flops * max(1, attempts[-1].world)
+        source = "flops_per_step metric of rank 0 x world size"
+    if peak_flops is None and accelerator is None and recorded_peak is not None:
+        peak_flops = recorded_peak / max(1, devices_per_rank)
     if peak_flops is None and accelerator is not None:
         from goodtrace.accelerators import peak_flops as lookup
 
@@ -433,7 +447,6 @@ def _program_goodput(
             peak_flops = lookup(accelerator)
         except KeyError as exc:
             raise AnalysisError(str(exc.args[0])) from None
-    devices = max(1, attempts[-1].world) * max(1, devices_per_rank)
     counted = sum(w.counted_steps for w in timeline.windows)
     productive_s = partition.seconds(PRODUCTIVE)
     mfu = None
