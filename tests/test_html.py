@@ -148,7 +148,7 @@ def _open(chromium: Any, path: Path) -> tuple[Any, PageLog]:
 
 
 def _hover(page: Any, name: str, row: int = 0) -> str:
-    page.locator("#gantt").scroll_into_view_if_needed()
+    page.evaluate("() => document.getElementById('gantt').scrollIntoView({block: 'start'})")
     point = page.evaluate(JS_BAR_POINT, [name, row])
     page.mouse.move(point["x"] - 3, point["y"])
     page.mouse.move(point["x"], point["y"])

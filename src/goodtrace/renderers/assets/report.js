@@ -4,7 +4,8 @@
   'use strict';
   var data = JSON.parse(document.getElementById('goodtrace-data').textContent);
   var charts = {};
-  var pending = 0;
+  var pending = 0;  // charts created and not yet drawn ('finished' can fire inside setOption)
+  var allCreated = false;
   window.goodtraceCharts = charts;
   window.goodtraceTimings = {start: performance.now()};
   window.goodtraceReady = false;
@@ -57,7 +58,7 @@
       done = true;
       window.goodtraceTimings[id] = performance.now() - window.goodtraceTimings.start;
       pending -= 1;
-      if (pending === 0) window.goodtraceReady = true;
+      if (pending === 0 && allCreated) window.goodtraceReady = true;
     });
     instance.setOption(option);
     window.addEventListener('resize', function () { instance.resize(); });
@@ -293,12 +294,14 @@
                  {type: 'slider', xAxisIndex: 0, bottom: 8, filterMode: 'weakFilter'},
                  {type: 'slider', yAxisIndex: 0, right: 8, width: 14, filterMode: 'weakFilter',
                   endValue: Math.min(g.rows.length - 1, 63)}],
-      series: [{type: 'custom', renderItem: renderItem, encode: {x: [1, 2], y: 0}, clip: true,
+      // progressive: 0 draws every bar in one pass: incrementally drawn elements get no hover.
+      series: [{type: 'custom', renderItem: renderItem, encode: {x: [1, 2], y: 0}, clip: true, progressive: 0,
                 data: g.items,
                 markLine: {silent: true, symbol: 'none', lineStyle: {color: '#aab', type: 'dashed'},
                            label: {formatter: '{b}', fontSize: 10},
                            data: g.marks.map(function (m) { return {xAxis: m[0], name: m[1]}; })}}]
     });
   }
+  allCreated = true;
   if (pending === 0) window.goodtraceReady = true;
 })();

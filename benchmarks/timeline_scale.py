@@ -1,0 +1,173 @@
+"""Benchmark: ``goodtrace trace`` and the HTML report on a large synthetic run, and how long
+headless Chromium takes to draw the report's gantt chart of 20 steps of every rank.
+
+The run is the report benchmark's synthetic run (``benchmarks/report_scale.py``: every rank a
+file written through the real writer's encoder, 10 spans per step, rank 3 slower, checkpoints
+and evals), by default 1,024 ranks x 100 steps. Timed, each in a fresh process with its peak RSS:
+
+  1. ``goodtrace trace RUN -o all.json`` and ``-o all.json.gz`` (every rank, every step);
+  2. ``goodtrace trace RUN -o slice.json.gz --steps A:B`` (20 steps);
+  3. the HTML report: load + analyse (DuckDB), read the raw records, render (gantt: 20 steps);
+  4. Chromium (Debian's, via Playwright): open the file, time until every chart has drawn
+     (ECharts 'finished'), the gantt's own time, and the time from a hover to its tooltip.
+
+``--quick`` runs 128 ranks x 30 steps (under a minute); ``--json`` makes the last line one
+JSON object with every figure and ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report_scale import goodtrace_cmd, timed, write_rank  # the sibling benchmark: same run, same timer
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+GANTT_STEPS = 20
+
+
+def html_job(run_dir: str, out: str, first: int, last: int) -> None:
+    """Runs in its own process (for a clean peak RSS): what ``report --html`` does."""
+    from goodtrace.analysis import analyze
+    from goodtrace.loading import load_run
+    from goodtrace.reader import read_run
+    from goodtrace.renderers.html import render_html
+
+    t0 = time.perf_counter()
+    analysis = analyze(load_run(run_dir))
+    t1 = time.perf_counter()
+    run = read_run(run_dir)
+    t2 = time.perf_counter()
+    text = render_html(analysis, run, gantt_steps=(first, last))
+    t3 = time.perf_counter()
+    with open(out, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    t4 = time.perf_counter()
+    print(json.dumps({"analyse_s": round(t1 - t0, 2), "read_records_s": round(t2 - t1, 2),
+                      "render_s": round(t3 - t2, 2), "write_s": round(t4 - t3, 2)}))
+
+
+JS_BAR = """() => {
+  const chart = window.goodtraceCharts.gantt;
+  const items = chart.getOption().series[0].data;
+  let item = null;
+  for (const v of items) if (v[0] === 0 && v[7] === 0 && (!item || v[2] - v[1] > item[2] - item[1])) item = v;
+  const p = chart.convertToPixel({seriesIndex: 0}, [(item[1] + item[2]) / 2, item[0]]);
+  const box = document.getElementById('gantt').getBoundingClientRect();
+  return {x: box.left + p[0], y: box.top + p[1], items: items.length};
+}"""
+
+
+def chromium_render(path: Path) -> dict[str, Any]:
+    """Open the report offline in headless Chromium; times in seconds."""
+    from playwright.sync_api import sync_playwright
+
+    url = path.resolve().as_uri()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            t0 = time.perf_counter()
+            page.goto(url, wait_until="load", timeout=300_000)
+            loaded = time.perf_counter() - t0
+            page.wait_for_function("() => window.goodtraceReady === true", timeout=300_000, polling=50)
+            ready = time.perf_counter() - t0
+            timings = page.evaluate("() => window.goodtraceTimings")
+            page.evaluate("() => document.getElementById('gantt').scrollIntoView({block: 'start'})")
+            bar = page.evaluate(JS_BAR)
+            t1 = time.perf_counter()
+            page.mouse.move(bar["x"] - 2, bar["y"])
+            page.mouse.move(bar["x"], bar["y"])
+            page.wait_for_function("() => document.getElementById('gantt').textContent.includes('category:')",
+                                   timeout=60_000, polling=20)
+            hover = time.perf_counter() - t1
+            # A zoom (mouse wheel over the gantt) redraws the visible spans.
+            page.evaluate("() => { window.zoomed = false; "
+                          "window.goodtraceCharts.gantt.on('finished', () => { window.zoomed = true; }); }")
+            t2 = time.perf_counter()
+            page.mouse.wheel(0, -400)
+            page.wait_for_function("() => window.zoomed === true", timeout=120_000, polling=20)
+            zoom = time.perf_counter() - t2
+        finally:
+            browser.close()
+    return {"load_event_s": round(loaded, 2), "all_charts_drawn_s": round(ready, 2),
+            "gantt_drawn_after_script_start_s": round(timings["gantt"] / 1e3, 2),
+            "script_start_s": round(timings["start"] / 1e3, 2),
+            "hover_to_tooltip_s": round(hover, 3), "zoom_redraw_s": round(zoom, 3),
+            "gantt_items": bar["items"], "page_errors": errors}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small run (under a minute)")
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object with the figures")
+    parser.add_argument("--ranks", type=int)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--keep", metavar="DIR", help="write the run and outputs here and keep them")
+    parser.add_argument("--html-job", nargs=4, metavar=("RUN", "OUT", "FIRST", "LAST"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.html_job:
+        run_dir, out, first, last = args.html_job
+        html_job(run_dir, out, int(first), int(last))
+        return
+    ranks = args.ranks or (128 if args.quick else 1024)
+    steps = args.steps or (30 if args.quick else 100)
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="goodtrace-timeline-"))
+    run_dir = root / "run"
+    first = max(0, steps // 2 - GANTT_STEPS // 2)
+    last = min(steps - 1, first + GANTT_STEPS - 1)
+    figures: dict[str, Any] = {"ranks": ranks, "steps": steps, "spans_per_step": 10, "quick": args.quick,
+                               "cpus": os.cpu_count(), "gantt_steps": [first, last]}
+    try:
+        t0 = time.perf_counter()
+        records = sum(write_rank(run_dir, r, ranks, steps, 10, seed=1) for r in range(ranks))
+        figures.update(generate_s=round(time.perf_counter() - t0, 2), records=records,
+                       jsonl_bytes=sum(p.stat().st_size for p in run_dir.rglob("*.jsonl")))
+        print(f"generated {records:,} records ({figures['jsonl_bytes'] / 1e6:.0f} MB) for {ranks} ranks x "
+              f"{steps} steps", flush=True)
+
+        for label, name, extra in (("trace_all", "all.json", []), ("trace_all_gz", "all.json.gz", []),
+                                   ("trace_slice", "slice.json.gz", ["--steps", f"{first}:{last}"]),
+                                   ("trace_slice_plain", "slice.json", ["--steps", f"{first}:{last}"])):
+            out = root / name
+            seconds, peak, _ = timed(goodtrace_cmd("trace", str(run_dir), "-o", str(out), *extra))
+            figures[label] = {"s": round(seconds, 2), "peak_mib": round(peak), "bytes": out.stat().st_size}
+            print(f"{label}: {seconds:.2f} s, peak {peak:.0f} MiB, {out.stat().st_size / 1e6:.1f} MB", flush=True)
+
+        html = root / "report.html"
+        seconds, peak, out_text = timed([sys.executable, __file__, "--html-job", str(run_dir), str(html),
+                                         str(first), str(last)])
+        figures["html"] = {"s": round(seconds, 2), "peak_mib": round(peak), "bytes": html.stat().st_size,
+                           **json.loads(out_text.strip().splitlines()[-1])}
+        print(f"html report: {seconds:.2f} s, peak {peak:.0f} MiB, {html.stat().st_size / 1e6:.1f} MB "
+              f"({figures['html']})", flush=True)
+        if os.path.exists(CHROMIUM):
+            figures["chromium"] = chromium_render(html)
+            print(f"chromium: {figures['chromium']}", flush=True)
+        spans = ranks * steps * 10
+        figures["ratios"] = {
+            "trace_all_bytes_per_jsonl_byte": round(figures["trace_all"]["bytes"] / figures["jsonl_bytes"], 2),
+            "trace_all_us_per_span": round(figures["trace_all"]["s"] / spans * 1e6, 2),
+            "gz_over_plain": round(figures["trace_all_gz"]["bytes"] / figures["trace_all"]["bytes"], 3),
+            "html_bytes_per_gantt_span": round(figures["html"]["bytes"] / (ranks * (last - first + 1) * 10), 1),
+        }
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
