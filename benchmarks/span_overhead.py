@@ -88,7 +88,6 @@ def _optional_baselines() -> dict[str, Callable[[int], None]]:
     found: dict[str, Callable[[int], None]] = {}
     try:
         import torch  # noqa: F401
-
         from torch.profiler import record_function
 
         def torch_record_function(n: int) -> None:
