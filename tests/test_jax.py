@@ -225,6 +225,18 @@ def test_pytrees_complete_when_their_slowest_leaf_does(operands: tuple[Any, Any]
         assert sync["t"] >= done_ns[0] - 10_000_000
 
 
+def test_registered_pytree_classes_get_the_tree_adapter() -> None:
+    from goodtrace import _jax_values
+
+    tree = Custom(jnp.zeros(()), {"w": jnp.ones((2,))})
+    adapter = _jax_values.adapter_for_pytree(tree)
+    assert adapter is not None
+    handle = adapter.prepare(tree)
+    assert len(handle) == 2 and adapter.ready(handle) is True
+    assert _jax_values.adapter_for_pytree(object()) is None
+    assert _jax_values.adapter_for_pytree(Custom(1.0, 2.0)) is None  # no arrays in it
+
+
 def test_compile_spans_are_exactly_what_jax_reported(listeners: None) -> None:
     seen: list[tuple[str, float, str]] = []
 

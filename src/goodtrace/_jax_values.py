@@ -108,6 +108,16 @@ def adapter_for_value(value: Any) -> JaxArrayAdapter | JaxTreeAdapter:
     return _TREE
 
 
+def adapter_for_pytree(value: Any) -> JaxTreeAdapter | None:
+    """The pytree adapter when ``value`` is a registered JAX pytree node (a flax
+    ``TrainState``, an equinox module, ...) holding at least one ``jax.Array``; else None.
+    For ``goodtrace._values`` to try before giving up on an unknown type."""
+    leaves = jax.tree_util.tree_leaves(value)
+    if len(leaves) == 1 and leaves[0] is value:
+        return None  # not a container: JAX treats it as a leaf
+    return _TREE if any(isinstance(leaf, jax.Array) for leaf in leaves) else None
+
+
 def _install_compile_listeners() -> None:
     try:
         from goodtrace.integrations import jax as integration
