@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -108,6 +109,13 @@ def init(
         _active_recorder = Recorder(os.fspath(run_dir), config, identity, **kwargs)
         _active_recorder.activate()
         _install_sigterm_handler(_active_recorder)
+        if "jax" in sys.modules:  # the program already uses JAX: record its compiles from step 0
+            try:
+                from goodtrace.integrations import jax as jax_integration
+
+                jax_integration.install()
+            except Exception:  # an optional feature must never fail init
+                pass
         return _active_recorder
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -139,6 +140,10 @@ def _find_adapter(value: Any) -> ValueAdapter:
         return _HOST
     if isinstance(value, (tuple, list, dict)):
         return _Sequence()
+    if "jax" in sys.modules:  # a registered JAX pytree class (flax TrainState, equinox Module, ...)
+        tree = importlib.import_module("goodtrace._jax_values").adapter_for_pytree(value)
+        if tree is not None:
+            return tree  # type: ignore[no-any-return]
     raise UnsupportedValue(
         f"goodtrace cannot wait on a value of type {module}.{type(value).__qualname__}; "
         "pass a Python number, NumPy value, torch tensor, JAX array, or an object with "
