@@ -81,6 +81,10 @@ def test_report_data_with_a_chosen_range_and_without_analysis(small_run: Path) -
     assert data["steps"]["source"] == "records of rank 0"
     assert data["gantt"]["attempt"] == 0 and data["gantt"]["steps"] == [1, 2]
     assert {item[5] for item in data["gantt"]["items"]} == {1, 2}
+    open_ended = report_data(None, read_run(small_run), gantt_steps=(5, None))["gantt"]
+    assert open_ended["attempt"] == 1 and open_ended["steps"] == [5, 6]
+    redone = report_data(None, read_run(small_run), gantt_steps=(3, 3), gantt_attempt=0)["gantt"]
+    assert redone["attempt"] == 0 and redone["steps"] == [3, 3]
 
 
 def test_golden_report_data() -> None:

@@ -37,6 +37,8 @@ GANTT_STEPS = 20  # default width of the gantt chart's step range
 MAX_HEATMAP_COLUMNS = 240  # more step executions than this are averaged into bins
 MAX_GANTT_ITEMS = 600_000  # past this the gantt keeps the first ranks and says so
 
+StepRange = tuple[int | None, int | None]  # inclusive; None = open (as parse_steps returns)
+
 _JSON_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
                  0x2028: "\\u2028", 0x2029: "\\u2029"}
 
@@ -217,10 +219,11 @@ def _heatmap(sessions: Sequence[Session], intervals: Mapping[str, list[StepInter
 
 def _choose_gantt_range(
     steps: dict[str, Any], sessions: Sequence[Session], intervals: Mapping[str, list[StepInterval]],
-    gantt_steps: tuple[int, int] | None, gantt_attempt: int | None,
+    gantt_steps: StepRange | None, gantt_attempt: int | None,
 ) -> tuple[int, int, int] | None:
-    """(attempt, first step, last step): the asked range, else 20 steps around the slowest
-    step that is not the first of its attempt, else the last 20 steps."""
+    """(attempt, first step, last step): the asked range (in the last attempt that ran any of
+    it, unless ``gantt_attempt`` says which), else 20 steps around the slowest step that is not
+    the first of its attempt, else the last 20 steps."""
     executed: dict[int, list[int]] = {}
     for session in sessions:
         for iv in intervals[session.session_id]:
@@ -228,13 +231,16 @@ def _choose_gantt_range(
     if not executed:
         return None
     if gantt_steps is not None:
-        first, last = gantt_steps
-        candidates = [a for a in sorted(executed) if any(first <= s <= last for s in executed[a])]
+        low, high = gantt_steps
+        lo = -(2**62) if low is None else low
+        hi = 2**62 if high is None else high
+        candidates = [a for a in sorted(executed) if any(lo <= s <= hi for s in executed[a])]
         if gantt_attempt is not None:
             candidates = [a for a in candidates if a == gantt_attempt]
         if not candidates:
             return None
-        return candidates[-1], first, last
+        inside = [s for s in executed[candidates[-1]] if lo <= s <= hi]
+        return candidates[-1], min(inside), max(inside)
     totals = [sum(col) for col in zip(*steps["series"].values(), strict=True)] if steps["series"]["productive"] else []
     attempt, centre = max(executed), max(executed[max(executed)])
     if gantt_attempt is not None and gantt_attempt in executed:
@@ -310,7 +316,7 @@ def _gantt(
 
 
 def report_data(
-    analysis: Any, run: Run, *, gantt_steps: tuple[int, int] | None = None, gantt_attempt: int | None = None,
+    analysis: Any, run: Run, *, gantt_steps: StepRange | None = None, gantt_attempt: int | None = None,
 ) -> dict[str, Any]:
     """Everything the page draws, as one JSON-ready dict (also what the golden tests compare)."""
     as_dict = _as_dict(analysis)
@@ -342,7 +348,7 @@ def _script_hash(source: str) -> str:
 
 
 def render_html(
-    analysis: Any, run: Run, *, gantt_steps: tuple[int, int] | None = None, gantt_attempt: int | None = None,
+    analysis: Any, run: Run, *, gantt_steps: StepRange | None = None, gantt_attempt: int | None = None,
 ) -> str:
     """The report page: one self-contained HTML string (no network requests when opened)."""
     data = report_data(analysis, run, gantt_steps=gantt_steps, gantt_attempt=gantt_attempt)
@@ -376,7 +382,7 @@ def render_html(
 class HtmlRenderer:
     """``HtmlRenderer(gantt_steps=(A, B)).render(analysis, run)``: the renderer-object form."""
 
-    gantt_steps: tuple[int, int] | None = None
+    gantt_steps: StepRange | None = None
     gantt_attempt: int | None = None
 
     def render(self, analysis: Any, run: Run) -> str:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import gzip
 import io
 import json
 import math
+import operator
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any
@@ -275,10 +277,17 @@ def session_clocks(run: Run) -> dict[str, Callable[[int], int]]:
     except ImportError:  # pragma: no cover - the clock module ships with the package
         return {s.session_id: s.wall_ns for s in run.sessions}
     clocks = clock_offsets(run)
-    return {
-        s.session_id: (clocks[s.session_id].wall_ns if s.session_id in clocks else s.wall_ns)
-        for s in run.sessions
-    }
+    result: dict[str, Callable[[int], int]] = {}
+    for session in run.sessions:
+        clock = clocks.get(session.session_id)
+        if clock is None:
+            result[session.session_id] = session.wall_ns
+        elif len(clock.samples) <= 1:  # a constant shift: skip the per-call interpolation
+            shift = clock.offset_at(0) + clock.reference_wall_minus_mono_ns
+            result[session.session_id] = functools.partial(operator.add, shift)
+        else:
+            result[session.session_id] = clock.wall_ns
+    return result
 
 
 # ------------------------------------------------------------------------------ the renderer
@@ -300,6 +309,19 @@ class TraceSummary:
 
 # UTF-8 output: the Perfetto JSON importer does not decode \uXXXX escapes in every field.
 _JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+_STRINGS: dict[Any, str] = {}
+
+
+def _string(value: Any) -> str:
+    """A name or category as a JSON string, cached (runs repeat a few names millions of times)."""
+    cached = _STRINGS.get(value)
+    if cached is None:
+        if len(_STRINGS) > 100_000:
+            _STRINGS.clear()
+        cached = _STRINGS[value] = _JSON.encode(str(value))
+    return cached
 
 
 def _us(ns: int) -> str:
@@ -401,8 +423,9 @@ class PerfettoRenderer:
             prepared.append((session, intervals, window))
 
         def start_of(session: Session, window: tuple[int, int] | None) -> int:
-            mono = window[0] if window else int(session.header.get(schema.H_PROC_START, session.header[schema.F_MONO]))
-            return to_wall[session.session_id](mono)
+            proc_start = session.header.get(schema.H_PROC_START)
+            anchor = proc_start if isinstance(proc_start, int) else int(session.header[schema.F_MONO])
+            return to_wall[session.session_id](window[0] if window else anchor)
 
         origin = min((start_of(s, w) for s, _, w in prepared), default=0)
         counts = {"events": 0, "spans": 0, "bytes": 0}
@@ -552,7 +575,7 @@ class PerfettoRenderer:
                 value, when = record.get(schema.F_VALUE), record.get(schema.F_T)
                 if (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                         and isinstance(when, int) and step_ok(record, when)):
-                    emit('{"ph":"C","name":' + _JSON.encode(str(record.get(schema.F_NAME))) + f',"pid":{pid},'
+                    emit('{"ph":"C","name":' + _string(record.get(schema.F_NAME)) + f',"pid":{pid},'
                          f'"ts":{ts(when)},"args":{{"value":{_JSON.encode(value)}}}}}')
         # Lifecycle marks: the end of the session (finish or last sign of life).
         if window is None:
@@ -594,14 +617,20 @@ class PerfettoRenderer:
                     target = overflow
                 else:
                     stack.append(t1)
-                args = {"step": record.get(schema.F_STEP)}
-                if record.get(schema.F_ERROR):
-                    args["error"] = record.get(schema.F_ERROR)
-                attrs = record.get(schema.F_ATTRS)
-                if isinstance(attrs, dict):
-                    args["attrs"] = _safe(attrs)
-                emit(_complete(str(record.get(schema.F_NAME)), str(record.get(schema.F_CATEGORY)), pid,
-                               target.tid, ts(t0), _us(t1 - t0), args))
+                step = record.get(schema.F_STEP)
+                error, attrs = record.get(schema.F_ERROR), record.get(schema.F_ATTRS)
+                if not error and not isinstance(attrs, dict) and (step is None or type(step) is int):
+                    args_json = '{"step":null}' if step is None else f'{{"step":{step}}}'  # the common case
+                else:
+                    args = {"step": step}
+                    if error:
+                        args["error"] = error
+                    if isinstance(attrs, dict):
+                        args["attrs"] = _safe(attrs)
+                    args_json = _JSON.encode(args)
+                emit(f'{{"ph":"X","name":{_string(record.get(schema.F_NAME))},'
+                     f'"cat":{_string(record.get(schema.F_CATEGORY))},"pid":{pid},"tid":{target.tid},'
+                     f'"ts":{ts(t0)},"dur":{_us(t1 - t0)},"args":{args_json}}}')
                 counts["spans"] += 1
 
 
@@ -619,14 +648,14 @@ def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> str:
 
 def _complete(name: str, category: str, pid: int, tid: int, ts: str, dur: str, args: dict[str, Any]) -> str:
     return (
-        f'{{"ph":"X","name":{_JSON.encode(name)},"cat":{_JSON.encode(category)},"pid":{pid},"tid":{tid},'
+        f'{{"ph":"X","name":{_string(name)},"cat":{_string(category)},"pid":{pid},"tid":{tid},'
         f'"ts":{ts},"dur":{dur},"args":{_JSON.encode(args)}}}'
     )
 
 
 def _instant(name: str, category: str, pid: int, tid: int, ts: str, args: dict[str, Any]) -> str:
     return (
-        f'{{"ph":"i","s":"t","name":{_JSON.encode(name)},"cat":{_JSON.encode(category)},"pid":{pid},'
+        f'{{"ph":"i","s":"t","name":{_string(name)},"cat":{_string(category)},"pid":{pid},'
         f'"tid":{tid},"ts":{ts},"args":{_JSON.encode(args)}}}'
     )
 
