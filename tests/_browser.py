@@ -104,6 +104,11 @@ def write_small_run(root: Path, *, evil: bool = False) -> Path:
                 proc.add("sync", step=step, t=proc.t(t0 + 100 * MS), how="lag")
                 proc.add("metric", name="loss", step=step, value=2.0 - 0.1 * step, reduce="mean",
                          t=proc.t(t0 + 100 * MS))
+                if rank == 1 and attempt == 1:  # what the torch integration writes (CUDA events)
+                    proc.add("metric", name="device/busy_s", step=step, value=0.07, reduce="mean",
+                             t=proc.t(t0 + 100 * MS))
+                    proc.add("metric", name="device/idle_s", step=step, value=0.005, reduce="max",
+                             t=proc.t(t0 + 100 * MS))
                 if step == 2 and attempt == 0:
                     proc.add("event", name="loss spike", t=proc.t(t0 + 99 * MS), step=step,
                              attrs={"loss": 9.5, "why": "<svg onload=alert(4)>" if evil else "lr"})

@@ -104,12 +104,20 @@ def test_trace_structure(small_run: Path) -> None:
     assert len(tags) == 6 and {e["name"] for e in tags} == {"checkpoint"}
     spikes = [e for e in events if e["ph"] == "i" and e["name"] == "loss spike"]
     assert len(spikes) == 3 and spikes[0]["args"]["attrs"]["loss"] == 9.5
-    counters = [e for e in events if e["ph"] == "C"]
-    assert len(counters) == 3 * 8 and {e["name"] for e in counters} == {"loss"}
+    counters = Counter(e["name"] for e in events if e["ph"] == "C")
+    assert counters == {"loss": 3 * 8, "device/busy_s": 4, "device/idle_s": 4}
     # Device time on its own track; the crash is visible.
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
-    device = [e for e in _slices(events, cat="device")]
+    device = _slices(events, cat="device", pid=1)  # spans of category "device"
     assert len(device) == 4 and {threads[(1, e["tid"])] for e in device} == {"device (attempt 1)"}
+    # Per-step device-busy metrics (CUDA events): exact duration, drawn ending at the sync point.
+    measured = _slices(events, cat="device", pid=2)
+    assert [e["args"]["step"] for e in measured] == [3, 4, 5, 6]
+    assert all(e["dur"] == 70_000 and e["args"]["attrs"]["idle_before_ms"] == 5.0 for e in measured)
+    step_end = {e["args"]["step"]: e["ts"] + e["dur"] for e in _slices(events, cat="step", pid=2)
+                if e["args"]["attempt"] == 1}
+    assert all(e["ts"] + e["dur"] == step_end[e["args"]["step"]] for e in measured)
+    assert {threads[(2, e["tid"])] for e in measured} == {"device (attempt 1)"}
     lifecycle = Counter(e["name"] for e in events if e.get("cat") == "lifecycle")
     assert lifecycle == {"last sign of life (no finish record)": 3, "finish": 3}
 
@@ -247,7 +255,9 @@ def test_perfetto_ui_loads_the_trace(ui: PerfettoUI, small_run: Path, tmp_path: 
     counters = loaded.query(
         "SELECT t.name AS name, count(*) AS n FROM counter c JOIN counter_track t ON c.track_id = t.id GROUP BY t.name"
     )
-    assert counters == [{"name": "loss value", "n": 24}]
+    assert sorted(counters, key=lambda r: r["name"]) == [
+        {"name": "device/busy_s value", "n": 4}, {"name": "device/idle_s value", "n": 4}, {"name": "loss value", "n": 24},
+    ]
     threads = {r["name"] for r in loaded.query("SELECT name FROM thread WHERE name IS NOT NULL")}
     assert {"steps (attempt 0)", "main thread (attempt 1)", "device (attempt 1)", "thread 222 (attempt 0)"} <= threads
     loaded.page.screenshot(path=str(artifact("perfetto-small-trace.png")))

@@ -150,7 +150,9 @@ def _steps(run: Run, analysis: dict[str, Any] | None, sessions: Sequence[Session
     for category in categories:
         series[category] = []
     labels, attempts, shared, tags = [], [], [], []
+    device: list[float | None] = []  # device-busy seconds where measured (CUDA events)
     for row in rows:
+        device.append(_finite(row.get("device_s")))
         labels.append(int(row.get("step", 0)))
         attempts.append(int(row.get("attempt", 0)))
         shared.append(int(row.get("shared", 1) or 1))
@@ -177,7 +179,8 @@ def _steps(run: Run, analysis: dict[str, Any] | None, sessions: Sequence[Session
             bands.append([start, i - 1, label])
             start = i
     return {"source": source, "steps": labels, "attempts": attempts, "shared": shared, "tags": tags,
-            "series": series, "anomalies": anomalies, "bands": bands}
+            "series": series, "anomalies": anomalies, "bands": bands,
+            "device": device if any(v is not None for v in device) else None}
 
 
 def _heatmap(sessions: Sequence[Session], intervals: Mapping[str, list[StepInterval]]) -> dict[str, Any]:

@@ -49,8 +49,12 @@ __all__ = [
 # past ~2 GB the URL loader fails. Above this size the command warns and suggests a slice.
 COMFORTABLE_TRACE_BYTES = 300_000_000
 
-# Spans of this category hold device (accelerator) busy intervals; they get their own track.
+# Spans of this category hold device (accelerator) busy intervals; they get their own track,
+# as do the per-step device metrics that goodtrace.integrations.torch records from CUDA events.
 DEVICE_CATEGORY = "device"
+DEVICE_BUSY_METRIC = "device/busy_s"
+DEVICE_IDLE_METRIC = "device/idle_s"
+DEVICE_METRICS = (DEVICE_BUSY_METRIC, DEVICE_IDLE_METRIC)
 
 
 # ------------------------------------------------------------------------------ selection
@@ -547,6 +551,7 @@ class PerfettoRenderer:
                                    _us(end - intervals[-1].t1), {"attempt": session.attempt}))
 
         spans_by_lane: dict[Any, list[dict[str, Any]]] = {}
+        device: dict[str, dict[int, Any]] = {name: {} for name in DEVICE_METRICS}
         for record in session.records:
             kind = record.get(schema.F_KIND)
             if kind == schema.SPAN:
@@ -573,6 +578,8 @@ class PerfettoRenderer:
                                   lane("main", "main thread" + suffix).tid, ts(t), args))
             elif kind == schema.METRIC:
                 value, when = record.get(schema.F_VALUE), record.get(schema.F_T)
+                if record.get(schema.F_NAME) in DEVICE_METRICS and isinstance(record.get(schema.F_STEP), int):
+                    device[str(record.get(schema.F_NAME))][int(record[schema.F_STEP])] = value
                 if (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                         and isinstance(when, int) and step_ok(record, when)):
                     emit('{"ph":"C","name":' + _string(record.get(schema.F_NAME)) + f',"pid":{pid},'
@@ -589,6 +596,21 @@ class PerfettoRenderer:
             else:
                 emit(_instant("last sign of life (no finish record)", "lifecycle", pid, main_lane.tid,
                               ts(session.last_seen_mono), {"attempt": session.attempt}))
+
+        # Device-busy time measured per step (CUDA events, metric device/busy_s): its duration is
+        # exact, its position is not recorded; it is drawn ending at the step's sync point.
+        for iv in intervals:
+            busy = device[DEVICE_BUSY_METRIC].get(iv.step)
+            if isinstance(busy, (int, float)) and math.isfinite(busy) and busy > 0:
+                idle = device[DEVICE_IDLE_METRIC].get(iv.step)
+                spans_by_lane.setdefault("device", []).append({
+                    schema.F_NAME: "device busy", schema.F_CATEGORY: DEVICE_CATEGORY,
+                    schema.F_T0: max(iv.t0, iv.t1 - round(busy * 1e9)), schema.F_T1: iv.t1,
+                    schema.F_STEP: iv.step,
+                    schema.F_ATTRS: {"busy_ms": _ms(round(busy * 1e9)),
+                                     "idle_before_ms": _ms(round(idle * 1e9)) if isinstance(idle, (int, float)) else None,
+                                     "placement": "duration from device events; drawn ending at the sync point"},
+                })
 
         def lane_order(key: Any) -> tuple[int, str]:
             return (0, "") if key == "main" else (2, "") if key == "device" else (1, str(key))

@@ -176,6 +176,7 @@
         var v = steps.series[name][idx];
         if (v > 0) lines.push(esc(name) + ': ' + esc(seconds(v)));
       });
+      if (steps.device && steps.device[idx] !== null) lines.push('device busy: ' + esc(seconds(steps.device[idx])));
       if (steps.tags[idx].length) lines.push('tags: ' + esc(steps.tags[idx].join(', ')));
       var a = anomalyAt[idx];
       if (a) lines.push('anomaly: productive time above ' + esc(seconds(a[2])) + (a[1].length ? '; overlapped: ' + esc(a[1].join(', ')) : ''));
