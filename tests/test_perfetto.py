@@ -273,3 +273,39 @@ def test_perfetto_ui_loads_gzip_and_hostile_names(ui: PerfettoUI, tmp_path: Path
     assert names == [{"n": 27}]
     hosts = loaded.query("SELECT name FROM process WHERE pid = 3")
     assert hosts == [{"name": "rank 2 (<script>alert(2)</script>)"}]
+
+
+def test_perfetto_ui_loads_a_run_from_the_real_recorder(ui: PerfettoUI, tmp_path: Path) -> None:
+    import goodtrace as gt
+    from goodtrace.testing import SimulatedDevice, capture
+
+    device = SimulatedDevice()
+    try:
+        with capture(tmp_path / "recorded", rank=0, world_size=1) as cap:
+            for step in range(4):
+                with gt.step(step) as s:
+                    with gt.span("data"):
+                        pass
+                    value = device.launch(0.003, f"step{step}")
+                    s.complete_on(value)
+                    gt.metric("loss", 1.0 / (step + 1))
+                if step == 1:
+                    gt.tag("checkpoint")
+                    with gt.span("checkpoint"):
+                        pass
+            gt.event("done", where="<end>")
+    finally:
+        device.close()
+    assert cap.run is not None
+    path = tmp_path / "recorded.json"
+    PerfettoRenderer().write(cap.run, path)
+    loaded = ui.load(path)
+    _assert_clean(loaded)
+    steps = loaded.query("SELECT name FROM slice WHERE category = 'step' ORDER BY ts")
+    assert [r["name"] for r in steps] == ["step 0", "step 1", "step 2", "step 3"]
+    overhead = loaded.query(
+        "SELECT parent.name AS step FROM slice child JOIN slice parent ON child.parent_id = parent.id "
+        "WHERE child.name = 'checkpoint_save'"
+    )
+    assert overhead == [{"step": "step 2"}]  # saved after step 1: inside step 2's interval
+    assert loaded.query("SELECT count(*) AS n FROM slice WHERE name = 'data' AND category = 'data'") == [{"n": 4}]
