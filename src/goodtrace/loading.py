@@ -352,24 +352,140 @@ def _insert_json(
     return done
 
 
+def _aggregate_json(
+    con: Any, files_by_sid: dict[int, list[str]], progress: Progress | None, done: int, total: int
+) -> int:
+    """Parse the JSON files, about 32 at a time, straight into the per-session aggregates:
+    one pass, records never stored. The grouping keys are the file, the step of a sync
+    record (so every sync point comes out as its own row) and the thread of a compute span
+    (so the main thread's median can be picked)."""
+    sid_of_path = {p: sid for sid, paths in files_by_sid.items() for p in paths}
+    paths = [p for sid in sorted(files_by_sid) for p in files_by_sid[sid]]
+    if not paths:
+        return done
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE json_part (path VARCHAR, sync_step BIGINT, compute_tid UBIGINT, "
+        "sync_t BIGINT, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, step_count BIGINT, "
+        "sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, finish_t BIGINT, finish_reason VARCHAR, "
+        "preempt_events BIGINT, records BIGINT, compute_median DOUBLE, compute_n BIGINT, clock_offset BIGINT, "
+        "clock_t BIGINT)"
+    )
+    for start in range(0, len(paths), 32):
+        chunk = paths[start:start + 32]
+        con.execute(
+            f"""
+            INSERT INTO json_part SELECT filename,
+                   CASE WHEN kind = '{schema.SYNC}' THEN step END AS sync_step,
+                   CASE WHEN kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}' THEN tid END AS compute_tid,
+                   max(t) FILTER (WHERE kind = '{schema.SYNC}'),
+                   max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
+                   max(dropped),
+                   min(step) FILTER (WHERE kind = '{schema.STEP}'),
+                   max(step) FILTER (WHERE kind = '{schema.STEP}'),
+                   count(*) FILTER (WHERE kind = '{schema.STEP}'),
+                   count(*) FILTER (WHERE kind = '{schema.SYNC}'),
+                   count(*) FILTER (WHERE kind = '{schema.FINISH}'),
+                   arg_max(completed, t) FILTER (WHERE kind = '{schema.FINISH}'),
+                   max(t) FILTER (WHERE kind = '{schema.FINISH}'),
+                   arg_max(reason, t) FILTER (WHERE kind = '{schema.FINISH}'),
+                   count(*) FILTER (WHERE kind = '{schema.EVENT}' AND lower(name) LIKE '%preempt%'),
+                   count(*),
+                   median(t1 - t0) FILTER (WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}'),
+                   count(*) FILTER (WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}'),
+                   arg_max(offset_ns, t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL),
+                   max(t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL)
+            FROM {_read_json_sql(chunk)}
+            WHERE kind IS NOT NULL AND kind <> '{schema.HEADER}'
+            GROUP BY ALL
+            """
+        )
+        done += len(chunk)
+        if progress is not None:
+            progress("reading rank files", done, total)
+    con.execute("CREATE OR REPLACE TEMP TABLE json_sid (path VARCHAR, sid INTEGER)")
+    con.executemany("INSERT INTO json_sid VALUES (?, ?)", list(sid_of_path.items()))
+    con.execute(
+        "CREATE OR REPLACE TEMP VIEW json_rows AS SELECT s.sid, j.* FROM json_part j JOIN json_sid s USING (path)"
+    )
+    con.execute(
+        """
+        INSERT INTO summ_part SELECT sid, max(last_seen), max(dropped), min(first_step), max(last_step),
+               sum(step_count), sum(sync_count), sum(has_finish), arg_max(finish_completed, finish_t),
+               max(finish_t), arg_max(finish_reason, finish_t), sum(preempt_events), sum(records)
+        FROM json_rows GROUP BY sid
+        """
+    )
+    con.execute("INSERT INTO syncs SELECT sid, sync_step, sync_t FROM json_rows WHERE sync_step IS NOT NULL")
+    con.execute(
+        """
+        INSERT INTO compute_part SELECT r.sid, r.compute_median, r.compute_n FROM json_rows r
+        JOIN sessmain m ON r.sid = m.sid
+        WHERE r.compute_tid IS NOT NULL AND r.compute_n > 0 AND (m.main_tid IS NULL OR r.compute_tid = m.main_tid)
+        """
+    )
+    con.execute(
+        "INSERT INTO clock_part SELECT sid, clock_offset, clock_t FROM json_rows WHERE clock_offset IS NOT NULL"
+    )
+    return done
+
+
+_AGGREGATE_TABLES = (
+    "CREATE TABLE summ_part (sid INTEGER, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, "
+    "step_count BIGINT, sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, finish_t BIGINT, "
+    "finish_reason VARCHAR, preempt_events BIGINT, records BIGINT)",
+    "CREATE TABLE syncs (sid INTEGER, step BIGINT, t BIGINT)",
+    "CREATE TABLE compute_part (sid INTEGER, median DOUBLE, n BIGINT)",
+    "CREATE TABLE clock_part (sid INTEGER, offset_ns BIGINT, t BIGINT)",
+)
+
+
+def _aggregate(con: Any, source: str) -> None:
+    """Fold the records of ``source`` (a table or view with ``sid`` and the record columns)
+    into the per-session aggregate tables. Called once per batch of whole sessions, so the
+    records themselves are never stored."""
+    con.execute(
+        f"""
+        INSERT INTO summ_part SELECT sid,
+               max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
+               max(dropped),
+               min(step) FILTER (WHERE kind = '{schema.STEP}'),
+               max(step) FILTER (WHERE kind = '{schema.STEP}'),
+               count(*) FILTER (WHERE kind = '{schema.STEP}'),
+               count(*) FILTER (WHERE kind = '{schema.SYNC}'),
+               count(*) FILTER (WHERE kind = '{schema.FINISH}'),
+               arg_max(completed, t) FILTER (WHERE kind = '{schema.FINISH}'),
+               max(t) FILTER (WHERE kind = '{schema.FINISH}'),
+               arg_max(reason, t) FILTER (WHERE kind = '{schema.FINISH}'),
+               count(*) FILTER (WHERE kind = '{schema.EVENT}' AND lower(name) LIKE '%preempt%'),
+               count(*)
+        FROM {source} GROUP BY sid
+        """
+    )
+    con.execute(
+        f"INSERT INTO syncs SELECT sid, step, t FROM {source} "
+        f"WHERE kind = '{schema.SYNC}' AND step IS NOT NULL AND t IS NOT NULL"
+    )
+    con.execute(
+        f"""
+        INSERT INTO compute_part SELECT r.sid, median(r.t1 - r.t0), count(*)
+        FROM {source} r JOIN sessmain m ON r.sid = m.sid
+        WHERE r.kind = '{schema.SPAN}' AND r.cat = '{schema.COMPUTE}' AND (m.main_tid IS NULL OR r.tid = m.main_tid)
+        GROUP BY r.sid
+        """
+    )
+    con.execute(
+        f"INSERT INTO clock_part SELECT sid, arg_max(offset_ns, t), max(t) FROM {source} "
+        f"WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL GROUP BY sid"
+    )
+
+
 def _session_summaries(con: Any) -> dict[int, dict[str, Any]]:
     rows = con.execute(
-        f"""
-        SELECT sid,
-               max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))) AS last_seen,
-               max(dropped) AS dropped,
-               min(step) FILTER (WHERE kind = '{schema.STEP}') AS first_step,
-               max(step) FILTER (WHERE kind = '{schema.STEP}') AS last_step,
-               count(*) FILTER (WHERE kind = '{schema.STEP}') AS step_count,
-               count(*) FILTER (WHERE kind = '{schema.SYNC}') AS sync_count,
-               count(*) FILTER (WHERE kind = '{schema.FINISH}') AS has_finish,
-               arg_max(completed, t) FILTER (WHERE kind = '{schema.FINISH}') AS finish_completed,
-               max(t) FILTER (WHERE kind = '{schema.FINISH}') AS finish_t,
-               arg_max(reason, t) FILTER (WHERE kind = '{schema.FINISH}') AS finish_reason,
-               count(*) FILTER (WHERE kind = '{schema.EVENT}' AND lower(name) LIKE '%preempt%')
-                   AS preempt_events,
-               count(*) AS records
-        FROM records GROUP BY sid
+        """
+        SELECT sid, max(last_seen), max(dropped), min(first_step), max(last_step), sum(step_count),
+               sum(sync_count), sum(has_finish), arg_max(finish_completed, finish_t), max(finish_t),
+               arg_max(finish_reason, finish_t), sum(preempt_events), sum(records)
+        FROM summ_part GROUP BY sid
         """
     ).fetchall()
     keys = ("last_seen", "dropped", "first_step", "last_step", "step_count", "sync_count", "has_finish",
@@ -382,12 +498,7 @@ def _rank_summaries(
 ) -> dict[int, RankSummary]:
     # Sync points go onto one clock per attempt: measured offsets to the reference rank
     # (reference = local + offset_ns, see goodtrace.clocksync) where recorded, else anchors.
-    offsets = dict(
-        con.execute(
-            f"SELECT sid, arg_max(offset_ns, t) FROM records WHERE kind = '{schema.CLOCK}' "
-            "AND offset_ns IS NOT NULL GROUP BY sid"
-        ).fetchall()
-    )
+    offsets = dict(con.execute("SELECT sid, arg_max(offset_ns, t) FROM clock_part GROUP BY sid").fetchall())
     reference: dict[int, SessionInfo] = {}
     for s in sorted(sessions, key=lambda s: s.rank):
         reference.setdefault(attempts[s.index], s)
@@ -403,26 +514,19 @@ def _rank_summaries(
     con.execute("CREATE OR REPLACE TEMP TABLE sess (sid INTEGER, attempt INTEGER, delta BIGINT, main_tid UBIGINT)")
     con.executemany("INSERT INTO sess VALUES (?, ?, ?, ?)", rows)
     step_times = con.execute(
-        f"""
-        WITH s AS (SELECT sid, t - lag(t) OVER (PARTITION BY sid ORDER BY t) AS dt
-                   FROM records WHERE kind = '{schema.SYNC}')
+        """
+        WITH s AS (SELECT sid, t - lag(t) OVER (PARTITION BY sid ORDER BY t) AS dt FROM syncs)
         SELECT sid, median(dt), quantile_cont(dt, 0.9) FROM s WHERE dt IS NOT NULL GROUP BY sid
         """
     ).fetchall()
-    compute = con.execute(
-        f"""
-        SELECT r.sid, median(r.t1 - r.t0) FROM records r JOIN sess USING (sid)
-        WHERE r.kind = '{schema.SPAN}' AND r.cat = '{schema.COMPUTE}'
-          AND (sess.main_tid IS NULL OR r.tid = sess.main_tid)
-        GROUP BY r.sid
-        """
-    ).fetchall()
+    # a session read in several parts (rare: part compacted, part grown since) gets the
+    # count-weighted mean of its parts' medians
+    compute = con.execute("SELECT sid, sum(median * n) / sum(n) FROM compute_part GROUP BY sid").fetchall()
     lateness = con.execute(
-        f"""
+        """
         WITH a AS (
             SELECT r.sid, sess.attempt, r.step, max(r.t + sess.delta) AS w
-            FROM records r JOIN sess USING (sid)
-            WHERE r.kind = '{schema.SYNC}' AND r.step IS NOT NULL
+            FROM syncs r JOIN sess USING (sid)
             GROUP BY r.sid, sess.attempt, r.step),
         b AS (
             SELECT sid, w - min(w) OVER (PARTITION BY attempt, step) AS late,
@@ -455,17 +559,26 @@ def _float(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _load_timelines(con: Any, sids: Iterable[int], parquet_fids: dict[int, list[int]]) -> dict[int, SessionTimeline]:
-    """Every record of the wanted sessions. ``parquet_fids``: session -> file ids in the
-    Parquet copy (filtered on ``fid`` so that DuckDB skips the other row groups). One query
-    per record kind, rows fetched as ready-made tuples."""
+def _load_timelines(
+    con: Any, sids: Iterable[int], parquet_fids: dict[int, list[int]], json_files: dict[int, list[str]]
+) -> dict[int, SessionTimeline]:
+    """Every record of the wanted sessions: their JSON files read again (a few of many), and
+    their rows of the Parquet copy (filtered on ``fid``, so DuckDB skips other row groups).
+    One query per record kind, rows fetched as ready-made tuples."""
     wanted = sorted(set(sids))
     timelines = {sid: SessionTimeline() for sid in wanted}
     if not wanted:
         return timelines
     columns = "kind, name, cat, t0, t1, t, step, tid, err, how, value, reduce, offset_ns, attrs"
-    sid_list = ", ".join(str(s) for s in wanted)
-    parts = [f"SELECT sid, {columns} FROM records_json WHERE sid IN ({sid_list})"]
+    paths = [f for s in wanted for f in json_files.get(s, [])]
+    parts = [f"SELECT sid, {columns} FROM records_json WHERE false"]
+    if paths:
+        con.execute("DELETE FROM files_batch")
+        con.executemany("INSERT INTO files_batch VALUES (?, ?)", [(p, s) for s in wanted for p in json_files.get(s, [])])
+        parts = [
+            f"SELECT f.sid, {', '.join('r.' + c.strip() for c in columns.split(','))} FROM {_read_json_sql(paths)} r "
+            f"JOIN files_batch f ON r.filename = f.path WHERE r.kind IS NOT NULL AND r.kind <> '{schema.HEADER}'"
+        ]
     fids = [f for s in wanted for f in parquet_fids.get(s, [])]
     if fids:
         fid_list = ", ".join(str(f) for f in sorted(fids))
@@ -682,9 +795,20 @@ def _load_run(
     try:
         con = _connect(tmpdir)
         try:
-            _create_records_table(con, "records_json")
+            _create_records_table(con, "records_json")  # empty: the column layout of a record
             con.execute("CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)")
             con.execute("CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)")
+            con.execute("CREATE TEMP TABLE sessmain (sid INTEGER, main_tid UBIGINT)")
+            con.executemany(
+                "INSERT INTO sessmain VALUES (?, ?)",
+                [(i, _int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())],
+            )
+            for statement in _AGGREGATE_TABLES:
+                con.execute(statement)
+            json_by_sid: dict[int, list[str]] = {}
+            for p in json_paths:
+                if p in sid_of_file:
+                    json_by_sid.setdefault(sid_of_file[p], []).append(p)
             total = len(json_paths) + (1 if parquet_ok else 0)
             parquet_fids: dict[int, list[int]] = {}
             done = 0
@@ -700,17 +824,14 @@ def _load_run(
                 names = ", ".join(f"p.{name}" for name in _COLUMNS)
                 # A view, not a copy: every query scans only the Parquet columns it needs.
                 con.execute(
-                    f"CREATE TEMP VIEW records AS SELECT m.sid, {names}, p.attrs "
-                    "FROM parquet_records p JOIN fidmap m ON p.fid = m.fid UNION ALL SELECT * FROM records_json"
+                    f"CREATE TEMP VIEW compacted AS SELECT m.sid, {names}, p.attrs "
+                    "FROM parquet_records p JOIN fidmap m ON p.fid = m.fid"
                 )
+                _aggregate(con, "compacted")
                 done += 1
                 if progress is not None:
                     progress("reading compacted records", done, total)
-            else:
-                con.execute("CREATE TEMP VIEW parquet_records AS SELECT 0 AS fid, * FROM records_json LIMIT 0")
-                con.execute("CREATE TEMP VIEW records AS SELECT * FROM records_json")
-            json_ok = [p for p in json_paths if p in sid_of_file]
-            _insert_json(con, json_ok, sid_of_file, progress, done, total, "records_json")
+            done = _aggregate_json(con, json_by_sid, progress, done, total)
             if progress is not None:
                 progress("summarising", total, total)
             summaries = _session_summaries(con)
@@ -724,7 +845,7 @@ def _load_run(
             counts = {sid: int(v.get("records") or 0) for sid, v in summaries.items()}
             rank_summaries = _rank_summaries(con, sessions, attempts, counts)
             detail = _pick_detail_sessions(sessions, rank_summaries, detail_ranks)
-            timelines = _load_timelines(con, detail, parquet_fids)
+            timelines = _load_timelines(con, detail, parquet_fids, json_by_sid)
         finally:
             con.close()
     finally:
