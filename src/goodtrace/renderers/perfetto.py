@@ -434,12 +434,17 @@ class PerfettoRenderer:
         origin = min((start_of(s, w) for s, _, w in prepared), default=0)
         counts = {"events": 0, "spans": 0, "bytes": 0}
 
+        pending: list[str] = []  # written in chunks: one write per event is slow through gzip
+
         def emit(text: str) -> None:
             if counts["events"]:
                 text = ",\n" + text
-            out.write(text)
+            pending.append(text)
             counts["events"] += 1
             counts["bytes"] += len(text)
+            if len(pending) >= 8192:
+                out.write("".join(pending))
+                pending.clear()
 
         head = '{"displayTimeUnit":"ms","otherData":' + _JSON.encode(
             {"generator": "goodtrace", "run": os.path.basename(os.path.normpath(run.path)),
@@ -483,7 +488,8 @@ class PerfettoRenderer:
 
                 self._emit_session(session, intervals, window, pid, lane, suffix,
                                    to_wall[session.session_id], origin, emit, counts)
-        out.write("\n]}\n")
+        pending.append("\n]}\n")
+        out.write("".join(pending))
         counts["bytes"] += 4
         return TraceSummary(
             path="", bytes_written=counts["bytes"], json_bytes=counts["bytes"], events=counts["events"],
