@@ -277,8 +277,8 @@ def test_compile_spans_are_exactly_what_jax_reported(listeners: None) -> None:
     assert sorted(r["step"] for r in cap.records(schema.TAG) if r["name"] == "compile") == [0, 2]
 
     # Without the listeners there are no compile spans at all: nothing is guessed.
-    gj.uninstall()
     with capture() as cap:
+        gj.uninstall()  # init() installs them when JAX is imported: take them out again
         with gt.step(0) as s:
             s.complete_on(fresh(jnp.ones((32,))))
     assert [r for r in cap.records(schema.SPAN) if r["cat"] == schema.COMPILE] == []
