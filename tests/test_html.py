@@ -179,8 +179,14 @@ def test_report_opens_offline_draws_and_hovers(chromium: Any, small_run: Path, t
     tooltip = _hover(page, "forward")
     assert "category: compute" in tooltip and "duration: 50.00 ms" in tooltip and "step: 3" in tooltip
     page.screenshot(path=str(artifact("html-report-small.png")), full_page=True)
-    # The heat map switches between compute and step time.
+    # The heat map shows each rank relative to the median rank: the slow rank 2 at 1.6x.
+    cells = page.evaluate("() => window.goodtraceCharts.heatmap.getOption().series[0].data")
+    ratios = {(row, ratio) for _, row, ratio, _ in cells}
+    assert ratios == {(0, 1.0), (1, 1.0), (2, 1.6)}
+    # It switches between compute and step time (every rank waits for the slow one: all 1.0x).
     page.click("#heat-step")
+    cells = page.evaluate("() => window.goodtraceCharts.heatmap.getOption().series[0].data")
+    assert {ratio for _, _, ratio, _ in cells} == {1.0}
     assert page.get_attribute("#heat-step", "aria-pressed") == "true"
     assert log.errors == [] and log.console_errors == []
 

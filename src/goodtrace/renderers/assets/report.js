@@ -192,20 +192,31 @@
   // ---------------------------------------------------------------- heat map
   var heat = data.heatmap;
   var heatChart = null;
+  // Each cell is the rank's time relative to the median rank at that step (1.00 = median), so a
+  // rank that is 5% slower at every step stands out even next to a long first (compiling) step.
+  function median(values) {
+    var v = values.slice().sort(function (a, b) { return a - b; });
+    return v.length ? v[Math.floor(v.length / 2)] : null;
+  }
   function heatData(matrix) {
     var out = [];
-    var values = [];
-    for (var r = 0; r < matrix.length; r++) {
-      var row = matrix[r];
-      for (var c = 0; c < row.length; c++) {
-        if (row[c] !== null) { out.push([c, r, row[c]]); values.push(row[c]); }
+    var lo = 1, hi = 1;
+    var columns = matrix.length ? matrix[0].length : 0;
+    for (var c = 0; c < columns; c++) {
+      var column = [];
+      for (var r = 0; r < matrix.length; r++) if (matrix[r][c] !== null) column.push(matrix[r][c]);
+      var mid = median(column);
+      for (r = 0; r < matrix.length; r++) {
+        var v = matrix[r][c];
+        if (v === null) continue;
+        var ratio = mid > 0 ? v / mid : 1;
+        out.push([c, r, +ratio.toFixed(4), v]);
+        if (ratio < lo) lo = ratio;
+        if (ratio > hi) hi = ratio;
       }
     }
-    values.sort(function (a, b) { return a - b; });
-    var lo = values.length ? values[Math.floor(values.length * 0.01)] : 0;
-    var hi = values.length ? values[Math.min(values.length - 1, Math.floor(values.length * 0.99))] : 1;
-    if (hi <= lo) hi = lo + 1e-3;
-    return {points: out, lo: lo, hi: hi};
+    var spread = Math.min(Math.max(1 - lo, hi - 1, 0.02), 1);
+    return {points: out, lo: 1 - spread, hi: 1 + spread};
   }
   var rankLabels = heat.ranks.map(function (r) { return 'rank ' + r; });
   function heatOption(which) {
@@ -217,20 +228,24 @@
       tooltip: {trigger: 'item', formatter: function (p) {
         var c = p.value[0], r = p.value[1];
         return esc(rankLabels[r]) + ' (' + esc(heat.hosts[r]) + ')<br>step ' + esc(heat.columns[c]) +
-               '<br>' + esc(which === 'compute' ? 'compute' : 'step time') + ': ' + esc(ms(p.value[2])) +
-               (heat.bin > 1 ? ' (mean of ' + esc(heat.bin) + ' steps)' : '');
+               '<br>' + esc(which === 'compute' ? 'compute' : 'step time') + ': ' + esc(ms(p.value[3])) +
+               (heat.bin > 1 ? ' (mean of ' + esc(heat.bin) + ' steps)' : '') +
+               '<br>' + esc(p.value[2].toFixed(3)) + ' x the median rank';
       }},
       xAxis: {type: 'category', data: heat.columns, name: 'step', splitArea: {show: false}},
       yAxis: {type: 'category', data: rankLabels, inverse: true},
-      visualMap: {min: d.lo, max: d.hi, calculable: true, orient: 'vertical', right: 5, top: 'middle',
-                  text: ['slow', 'fast'], inRange: {color: ['#f7fbff', '#6baed6', '#08306b', '#fc8452', '#c23531']},
-                  formatter: function (v) { return ms(v); }},
-      dataZoom: [{type: 'slider', yAxisIndex: 0, right: 60, width: 14}, {type: 'slider', xAxisIndex: 0, bottom: 8}],
+      visualMap: {min: d.lo, max: d.hi, dimension: 2, calculable: true, orient: 'vertical', right: 5, top: 'middle',
+                  text: ['slower', 'faster'], inRange: {color: ['#2166ac', '#92c5de', '#f7f7f7', '#f4a582', '#b2182b']},
+                  formatter: function (v) { return v.toFixed(2) + 'x'; }},
+      // At most 128 ranks at a time (the slider scrolls through the rest), so every row is visible.
+      dataZoom: [{type: 'slider', yAxisIndex: 0, right: 60, width: 14, startValue: 0,
+                  endValue: Math.min(heat.ranks.length - 1, 127)},
+                 {type: 'slider', xAxisIndex: 0, bottom: 8}],
       series: [{type: 'heatmap', data: d.points, progressive: 0}]
     };
   }
   var heatNote = heat.columns.length + ' step execution column(s)' + (heat.bin > 1 ? ' (each the mean of ' + heat.bin + ' steps)' : '') +
-                 ' for ' + heat.ranks.length + ' rank(s). A slow rank is a dark row in compute time.';
+                 ' for ' + heat.ranks.length + ' rank(s), each cell relative to the median rank at that step: a slow rank is a red row.';
   document.getElementById('heat-note').textContent = heatNote;
   var computeButton = document.getElementById('heat-compute');
   var stepButton = document.getElementById('heat-step');
@@ -245,7 +260,7 @@
   showHeat(startWith);
   stepButton.addEventListener('click', function () { showHeat('step'); });
   computeButton.addEventListener('click', function () { showHeat('compute'); });
-  document.getElementById('heatmap').style.height = Math.max(260, Math.min(900, heat.ranks.length * 14 + 80)) + 'px';
+  document.getElementById('heatmap').style.height = Math.max(260, Math.min(900, Math.min(heat.ranks.length, 128) * 14 + 80)) + 'px';
   heatChart.resize();
 
   // ---------------------------------------------------------------- gantt
