@@ -352,84 +352,16 @@ def _insert_json(
     return done
 
 
-def _aggregate_json(
-    con: Any, files_by_sid: dict[int, list[str]], progress: Progress | None, done: int, total: int
-) -> int:
-    """Parse the JSON files, about 32 at a time, straight into the per-session aggregates:
-    one pass, records never stored. The grouping keys are the file, the step of a sync
-    record (so every sync point comes out as its own row) and the thread of a compute span
-    (so the main thread's median can be picked)."""
-    sid_of_path = {p: sid for sid, paths in files_by_sid.items() for p in paths}
-    paths = [p for sid in sorted(files_by_sid) for p in files_by_sid[sid]]
-    if not paths:
-        return done
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE json_part (path VARCHAR, sync_step BIGINT, compute_tid UBIGINT, "
-        "sync_t BIGINT, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, step_count BIGINT, "
-        "sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, finish_t BIGINT, finish_reason VARCHAR, "
-        "preempt_events BIGINT, records BIGINT, compute_median DOUBLE, compute_n BIGINT, clock_offset BIGINT, "
-        "clock_t BIGINT)"
-    )
-    for start in range(0, len(paths), 32):
-        chunk = paths[start:start + 32]
-        con.execute(
-            f"""
-            INSERT INTO json_part SELECT filename,
-                   CASE WHEN kind = '{schema.SYNC}' THEN step END AS sync_step,
-                   CASE WHEN kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}' THEN tid END AS compute_tid,
-                   max(t) FILTER (WHERE kind = '{schema.SYNC}'),
-                   max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
-                   max(dropped),
-                   min(step) FILTER (WHERE kind = '{schema.STEP}'),
-                   max(step) FILTER (WHERE kind = '{schema.STEP}'),
-                   count(*) FILTER (WHERE kind = '{schema.STEP}'),
-                   count(*) FILTER (WHERE kind = '{schema.SYNC}'),
-                   count(*) FILTER (WHERE kind = '{schema.FINISH}'),
-                   arg_max(completed, t) FILTER (WHERE kind = '{schema.FINISH}'),
-                   max(t) FILTER (WHERE kind = '{schema.FINISH}'),
-                   arg_max(reason, t) FILTER (WHERE kind = '{schema.FINISH}'),
-                   count(*) FILTER (WHERE kind = '{schema.EVENT}' AND lower(name) LIKE '%preempt%'),
-                   count(*),
-                   median(t1 - t0) FILTER (WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}'),
-                   count(*) FILTER (WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}'),
-                   arg_max(offset_ns, t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL),
-                   max(t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL)
-            FROM {_read_json_sql(chunk)}
-            WHERE kind IS NOT NULL AND kind <> '{schema.HEADER}'
-            GROUP BY ALL
-            """
-        )
-        done += len(chunk)
-        if progress is not None:
-            progress("reading rank files", done, total)
-    con.execute("CREATE OR REPLACE TEMP TABLE json_sid (path VARCHAR, sid INTEGER)")
-    con.executemany("INSERT INTO json_sid VALUES (?, ?)", list(sid_of_path.items()))
-    con.execute(
-        "CREATE OR REPLACE TEMP VIEW json_rows AS SELECT s.sid, j.* FROM json_part j JOIN json_sid s USING (path)"
-    )
-    con.execute(
-        """
-        INSERT INTO summ_part SELECT sid, max(last_seen), max(dropped), min(first_step), max(last_step),
-               sum(step_count), sum(sync_count), sum(has_finish), arg_max(finish_completed, finish_t),
-               max(finish_t), arg_max(finish_reason, finish_t), sum(preempt_events), sum(records)
-        FROM json_rows GROUP BY sid
-        """
-    )
-    con.execute("INSERT INTO syncs SELECT sid, sync_step, sync_t FROM json_rows WHERE sync_step IS NOT NULL")
-    con.execute(
-        """
-        INSERT INTO compute_part SELECT r.sid, r.compute_median, r.compute_n FROM json_rows r
-        JOIN sessmain m ON r.sid = m.sid
-        WHERE r.compute_tid IS NOT NULL AND r.compute_n > 0 AND (m.main_tid IS NULL OR r.compute_tid = m.main_tid)
-        """
-    )
-    con.execute(
-        "INSERT INTO clock_part SELECT sid, clock_offset, clock_t FROM json_rows WHERE clock_offset IS NOT NULL"
-    )
-    return done
-
-
+_PART_TABLE = (
+    "CREATE OR REPLACE TEMP TABLE part (key VARCHAR, sync_step BIGINT, compute_tid UBIGINT, "
+    "sync_t BIGINT, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, step_count BIGINT, "
+    "sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, finish_t BIGINT, finish_reason VARCHAR, "
+    "preempt_events BIGINT, records BIGINT, compute_median DOUBLE, compute_n BIGINT, clock_offset BIGINT, "
+    "clock_t BIGINT)"
+)
 _AGGREGATE_TABLES = (
+    _PART_TABLE,
+    "CREATE OR REPLACE TEMP TABLE keymap (key VARCHAR, sid INTEGER)",
     "CREATE TABLE summ_part (sid INTEGER, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, "
     "step_count BIGINT, sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, finish_t BIGINT, "
     "finish_reason VARCHAR, preempt_events BIGINT, records BIGINT)",
@@ -439,13 +371,17 @@ _AGGREGATE_TABLES = (
 )
 
 
-def _aggregate(con: Any, source: str) -> None:
-    """Fold the records of ``source`` (a table or view with ``sid`` and the record columns)
-    into the per-session aggregate tables. Called once per batch of whole sessions, so the
-    records themselves are never stored."""
+def _fold(con: Any, key: str, source: str) -> None:
+    """One pass over ``source`` (records of one or more files; ``key`` names the file) into
+    the ``part`` table. Grouping by the file, the step of a sync record and the thread of a
+    compute span keeps every sync point as its own row and the main thread's compute median
+    separable, so the records themselves are never stored."""
     con.execute(
         f"""
-        INSERT INTO summ_part SELECT sid,
+        INSERT INTO part SELECT {key} AS key,
+               CASE WHEN kind = '{schema.SYNC}' THEN step END AS sync_step,
+               CASE WHEN kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}' THEN tid END AS compute_tid,
+               max(t) FILTER (WHERE kind = '{schema.SYNC}'),
                max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
                max(dropped),
                min(step) FILTER (WHERE kind = '{schema.STEP}'),
@@ -457,26 +393,57 @@ def _aggregate(con: Any, source: str) -> None:
                max(t) FILTER (WHERE kind = '{schema.FINISH}'),
                arg_max(reason, t) FILTER (WHERE kind = '{schema.FINISH}'),
                count(*) FILTER (WHERE kind = '{schema.EVENT}' AND lower(name) LIKE '%preempt%'),
-               count(*)
-        FROM {source} GROUP BY sid
+               count(*),
+               median(t1 - t0) FILTER (WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}'),
+               count(*) FILTER (WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}'),
+               arg_max(offset_ns, t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL),
+               max(t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL)
+        FROM {source}
+        WHERE kind IS NOT NULL AND kind <> '{schema.HEADER}'
+        GROUP BY ALL
+        """
+    )
+
+
+def _fold_json(
+    con: Any, files_by_sid: dict[int, list[str]], progress: Progress | None, done: int, total: int
+) -> int:
+    """Parse the JSON files, about 32 at a time, straight into ``part``."""
+    paths = [p for sid in sorted(files_by_sid) for p in files_by_sid[sid]]
+    if paths:
+        con.executemany("INSERT INTO keymap VALUES (?, ?)", [(p, sid) for sid in files_by_sid for p in files_by_sid[sid]])
+    for start in range(0, len(paths), 32):
+        chunk = paths[start:start + 32]
+        _fold(con, "filename", _read_json_sql(chunk))
+        done += len(chunk)
+        if progress is not None:
+            progress("reading rank files", done, total)
+    return done
+
+
+def _distribute(con: Any) -> None:
+    """``part`` rows -> per-session summaries, sync points, compute medians, clock offsets."""
+    con.execute("CREATE OR REPLACE TEMP VIEW part_rows AS SELECT k.sid, p.* FROM part p JOIN keymap k USING (key)")
+    con.execute(
+        """
+        INSERT INTO summ_part SELECT sid, max(last_seen), max(dropped), min(first_step), max(last_step),
+               sum(step_count), sum(sync_count), sum(has_finish), arg_max(finish_completed, finish_t),
+               max(finish_t), arg_max(finish_reason, finish_t), sum(preempt_events), sum(records)
+        FROM part_rows GROUP BY sid
         """
     )
     con.execute(
-        f"INSERT INTO syncs SELECT sid, step, t FROM {source} "
-        f"WHERE kind = '{schema.SYNC}' AND step IS NOT NULL AND t IS NOT NULL"
+        "INSERT INTO syncs SELECT sid, sync_step, max(sync_t) FROM part_rows WHERE sync_step IS NOT NULL "
+        "GROUP BY sid, sync_step"
     )
     con.execute(
-        f"""
-        INSERT INTO compute_part SELECT r.sid, median(r.t1 - r.t0), count(*)
-        FROM {source} r JOIN sessmain m ON r.sid = m.sid
-        WHERE r.kind = '{schema.SPAN}' AND r.cat = '{schema.COMPUTE}' AND (m.main_tid IS NULL OR r.tid = m.main_tid)
-        GROUP BY r.sid
+        """
+        INSERT INTO compute_part SELECT r.sid, r.compute_median, r.compute_n FROM part_rows r
+        JOIN sessmain m ON r.sid = m.sid
+        WHERE r.compute_tid IS NOT NULL AND r.compute_n > 0 AND (m.main_tid IS NULL OR r.compute_tid = m.main_tid)
         """
     )
-    con.execute(
-        f"INSERT INTO clock_part SELECT sid, arg_max(offset_ns, t), max(t) FROM {source} "
-        f"WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL GROUP BY sid"
-    )
+    con.execute("INSERT INTO clock_part SELECT sid, clock_offset, clock_t FROM part_rows WHERE clock_offset IS NOT NULL")
 
 
 def _session_summaries(con: Any) -> dict[int, dict[str, Any]]:
@@ -820,18 +787,15 @@ def _load_run(
                     parquet_fids.setdefault(sid, []).append(fid)
                 con.executemany("INSERT INTO fidmap VALUES (?, ?)", list(fid_to_sid.items()))
                 parquet = os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)
+                # A view, not a copy: each query reads only the Parquet columns it needs.
                 con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({_sql_str(parquet)})")
-                names = ", ".join(f"p.{name}" for name in _COLUMNS)
-                # A view, not a copy: every query scans only the Parquet columns it needs.
-                con.execute(
-                    f"CREATE TEMP VIEW compacted AS SELECT m.sid, {names}, p.attrs "
-                    "FROM parquet_records p JOIN fidmap m ON p.fid = m.fid"
-                )
-                _aggregate(con, "compacted")
+                con.executemany("INSERT INTO keymap VALUES (?, ?)", [(f"fid:{f}", sid) for f, sid in fid_to_sid.items()])
+                _fold(con, "'fid:' || fid", "parquet_records")
                 done += 1
                 if progress is not None:
                     progress("reading compacted records", done, total)
-            done = _aggregate_json(con, json_by_sid, progress, done, total)
+            done = _fold_json(con, json_by_sid, progress, done, total)
+            _distribute(con)
             if progress is not None:
                 progress("summarising", total, total)
             summaries = _session_summaries(con)
