@@ -405,6 +405,46 @@ def _fold(con: Any, key: str, source: str) -> None:
     )
 
 
+def _fold_parquet(con: Any) -> None:
+    """The compacted copy into ``part`` in three targeted queries: the Parquet file is sorted by
+    record kind, so the sync-point and compute-span queries read only those row groups."""
+    key = "'fid:' || fid"
+    con.execute(
+        f"""
+        INSERT INTO part SELECT {key}, NULL, NULL, NULL,
+               max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
+               max(dropped),
+               min(step) FILTER (WHERE kind = '{schema.STEP}'),
+               max(step) FILTER (WHERE kind = '{schema.STEP}'),
+               count(*) FILTER (WHERE kind = '{schema.STEP}'),
+               count(*) FILTER (WHERE kind = '{schema.SYNC}'),
+               count(*) FILTER (WHERE kind = '{schema.FINISH}'),
+               arg_max(completed, t) FILTER (WHERE kind = '{schema.FINISH}'),
+               max(t) FILTER (WHERE kind = '{schema.FINISH}'),
+               arg_max(reason, t) FILTER (WHERE kind = '{schema.FINISH}'),
+               count(*) FILTER (WHERE kind = '{schema.EVENT}' AND lower(name) LIKE '%preempt%'),
+               count(*), NULL, 0,
+               arg_max(offset_ns, t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL),
+               max(t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL)
+        FROM parquet_records WHERE kind IS NOT NULL GROUP BY fid
+        """
+    )
+    con.execute(
+        f"""
+        INSERT INTO part (key, sync_step, sync_t, records)
+        SELECT {key}, step, max(t), 0 FROM parquet_records
+        WHERE kind = '{schema.SYNC}' AND step IS NOT NULL GROUP BY fid, step
+        """
+    )
+    con.execute(
+        f"""
+        INSERT INTO part (key, compute_tid, compute_median, compute_n, records)
+        SELECT {key}, tid, median(t1 - t0), count(*), 0 FROM parquet_records
+        WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}' AND tid IS NOT NULL GROUP BY fid, tid
+        """
+    )
+
+
 def _fold_json(
     con: Any, files_by_sid: dict[int, list[str]], progress: Progress | None, done: int, total: int
 ) -> int:
@@ -790,7 +830,7 @@ def _load_run(
                 # A view, not a copy: each query reads only the Parquet columns it needs.
                 con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({_sql_str(parquet)})")
                 con.executemany("INSERT INTO keymap VALUES (?, ?)", [(f"fid:{f}", sid) for f, sid in fid_to_sid.items()])
-                _fold(con, "'fid:' || fid", "parquet_records")
+                _fold_parquet(con)
                 done += 1
                 if progress is not None:
                     progress("reading compacted records", done, total)
