@@ -204,3 +204,19 @@ def test_hostile_names_are_shown_as_text(chromium: Any, evil_run: Path, tmp_path
     assert page.evaluate("() => document.querySelectorAll('img, svg, iframe, object, embed').length") == 0
     assert page.evaluate("() => document.querySelectorAll('script').length") == 3
     page.screenshot(path=str(artifact("html-report-hostile.png")), full_page=True)
+
+
+def test_report_command_writes_the_page(evil_run: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "cli.html"
+    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(evil_run), "--html", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    page = out.read_text(encoding="utf-8")
+    block = re.search(r'<script type="application/json" id="goodtrace-data">(.*?)</script>', page, re.S)
+    assert block is not None
+    data = json.loads(block.group(1))
+    assert EVIL in data["gantt"]["names"] and EVIL not in page
+    assert data["summary"]["analysed"] is True and data["buckets"]
