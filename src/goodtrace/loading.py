@@ -300,6 +300,15 @@ def _session_info(index: int, draft: _SessionDraft, summary: dict[str, Any]) -> 
 # ----------------------------------------------------------------------------------------------
 # DuckDB
 # ----------------------------------------------------------------------------------------------
+def _insert_rows(con: Any, table: str, rows: Sequence[Sequence[Any]]) -> None:
+    """Insert many rows in one statement (``executemany`` runs one statement per row)."""
+    if not rows:
+        return
+    columns = list(zip(*rows, strict=True))
+    select = ", ".join(f"unnest(${i + 1}) AS c{i}" for i in range(len(columns)))
+    con.execute(f"INSERT INTO {table} SELECT {select}", [list(c) for c in columns])
+
+
 def _sql_str(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -337,7 +346,7 @@ def _insert_json(
     for start in range(0, len(paths), batch):
         chunk = list(paths[start:start + batch])
         con.execute("DELETE FROM files_batch")
-        con.executemany("INSERT INTO files_batch VALUES (?, ?)", [(p, sid_of_file[p]) for p in chunk])
+        _insert_rows(con, "files_batch", [(p, sid_of_file[p]) for p in chunk])
         source = _read_json_sql(chunk)
         con.execute(
             # attributes are kept for events only (spans' attributes are not analysed)
@@ -451,7 +460,7 @@ def _fold_json(
     """Parse the JSON files, about 32 at a time, straight into ``part``."""
     paths = [p for sid in sorted(files_by_sid) for p in files_by_sid[sid]]
     if paths:
-        con.executemany("INSERT INTO keymap VALUES (?, ?)", [(p, sid) for sid in files_by_sid for p in files_by_sid[sid]])
+        _insert_rows(con, "keymap", [(p, sid) for sid in files_by_sid for p in files_by_sid[sid]])
     for start in range(0, len(paths), 32):
         chunk = paths[start:start + 32]
         _fold(con, "filename", _read_json_sql(chunk))
@@ -519,7 +528,7 @@ def _rank_summaries(
         )
         rows.append((s.index, attempts[s.index], delta, s.main_tid))
     con.execute("CREATE OR REPLACE TEMP TABLE sess (sid INTEGER, attempt INTEGER, delta BIGINT, main_tid UBIGINT)")
-    con.executemany("INSERT INTO sess VALUES (?, ?, ?, ?)", rows)
+    _insert_rows(con, "sess", rows)
     step_times = con.execute(
         """
         WITH s AS (SELECT sid, t - lag(t) OVER (PARTITION BY sid ORDER BY t) AS dt FROM syncs)
@@ -581,7 +590,7 @@ def _load_timelines(
     parts = [f"SELECT sid, {columns} FROM records_json WHERE false"]
     if paths:
         con.execute("DELETE FROM files_batch")
-        con.executemany("INSERT INTO files_batch VALUES (?, ?)", [(p, s) for s in wanted for p in json_files.get(s, [])])
+        _insert_rows(con, "files_batch", [(p, s) for s in wanted for p in json_files.get(s, [])])
         parts = [
             f"SELECT f.sid, {', '.join('r.' + c.strip() for c in columns.split(','))} FROM {_read_json_sql(paths)} r "
             f"JOIN files_batch f ON r.filename = f.path WHERE r.kind IS NOT NULL AND r.kind <> '{schema.HEADER}'"
@@ -806,9 +815,8 @@ def _load_run(
             con.execute("CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)")
             con.execute("CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)")
             con.execute("CREATE TEMP TABLE sessmain (sid INTEGER, main_tid UBIGINT)")
-            con.executemany(
-                "INSERT INTO sessmain VALUES (?, ?)",
-                [(i, _int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())],
+            _insert_rows(
+                con, "sessmain", [(i, _int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())]
             )
             for statement in _AGGREGATE_TABLES:
                 con.execute(statement)
@@ -825,11 +833,11 @@ def _load_run(
                 }
                 for fid, sid in fid_to_sid.items():
                     parquet_fids.setdefault(sid, []).append(fid)
-                con.executemany("INSERT INTO fidmap VALUES (?, ?)", list(fid_to_sid.items()))
+                _insert_rows(con, "fidmap", list(fid_to_sid.items()))
                 parquet = os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)
                 # A view, not a copy: each query reads only the Parquet columns it needs.
                 con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({_sql_str(parquet)})")
-                con.executemany("INSERT INTO keymap VALUES (?, ?)", [(f"fid:{f}", sid) for f, sid in fid_to_sid.items()])
+                _insert_rows(con, "keymap", [(f"fid:{f}", sid) for f, sid in fid_to_sid.items()])
                 _fold_parquet(con)
                 done += 1
                 if progress is not None:
