@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from goodtrace.analysis import analyze
-from test_analysis_builders import Proc, buckets_s, load
+from test_analysis_builders import WALL0, Proc, buckets_s, load, ns
 
 
 def test_clean_run(tmp_path: Path) -> None:
@@ -324,3 +324,14 @@ def test_an_attempt_without_rank_zero_is_stood_for_by_its_lowest_rank(tmp_path: 
     result = analyze(load(tmp_path))
     assert buckets_s(result.partition) == {"productive": 6.0, "disruption": 2.0}
     assert any("attempt 1: rank 0 has no records" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize(("now", "ended", "tail"), [(12.0, "running", "in_progress"), (100.0, "crashed", "disruption")])
+def test_a_live_run_is_running_not_crashed(tmp_path: Path, now: float, ended: str, tail: str) -> None:
+    p = Proc(tmp_path)
+    p.loop(range(8), 0.0)
+    p.heartbeat(10.0)  # alive at 10 s, no finish record yet
+    p.write()
+    result = analyze(load(tmp_path), now_wall_ns=WALL0 + ns(now))
+    assert result.attempts[0].ended == ended
+    assert buckets_s(result.partition) == {"productive": 8.0, tail: 2.0}

@@ -1,12 +1,12 @@
 """The analytical reader: a run directory -> a ``LoadedRun`` (plain dataclasses), via DuckDB.
 
-Every rank's JSON-lines segments (and the Parquet form that ``compact_run`` writes) are read
-with DuckDB into a temporary on-disk database, so memory stays bounded for any number of ranks
-and steps. Torn lines, missing ranks, missing finish records and older schema versions are
-tolerated and reported in ``LoadedRun.warnings``; a path that holds no records raises
-``NotARunError``. Full per-record timelines are kept only for the ranks the analysis needs
-(rank 0, or the lowest rank present, plus a sample for the per-rank spread); every rank gets a
-per-session summary computed in SQL. ``duckdb`` is imported only when a run is loaded.
+DuckDB parses every rank's JSON-lines segments (or reads the Parquet copy that
+``compact_run`` writes) straight into per-session aggregates, so memory stays bounded for any
+number of ranks and steps; full per-record timelines are loaded only for the ranks the
+analysis needs (rank 0, or the lowest rank present, plus a sample for the per-rank spread).
+Torn lines, missing ranks, missing finish records and older schema versions are tolerated and
+reported in ``LoadedRun.warnings``; a path that holds no records raises ``NotARunError``.
+``duckdb`` is imported only when a run is loaded.
 """
 
 from __future__ import annotations

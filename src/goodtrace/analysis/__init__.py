@@ -257,6 +257,7 @@ def _rank_timeline(
     data_rule: str | None,
     ideal_override_ns: float | None,
     submit_wall: int | None,
+    running: frozenset[int] = frozenset(),
 ) -> tuple[Timeline, float | None, list[str]] | None:
     """The job timeline of one rank across the job's attempts (None without its records);
     ``rank=None``: each attempt's reference session (rank 0, or its lowest rank present)."""
@@ -268,7 +269,7 @@ def _rank_timeline(
             info = by_index[index]
             chosen = index == a.reference_session if rank is None else info.rank == rank
             if chosen and index in run.timelines:
-                cut = cut_session(info, run.timelines[index], data_rule=data_rule)
+                cut = cut_session(info, run.timelines[index], data_rule=data_rule, running=a.index in running)
                 items.append((a.index, info, cut))
                 rules.append(cut.data_rule)
     if not items:
@@ -309,6 +310,7 @@ def analyze(
     accelerator: str | None = None,
     devices_per_rank: int = 1,
     anomaly_k: float = 5.0,
+    now_wall_ns: int | None = None,
 ) -> RunAnalysis:
     """Analyse one job of a loaded run (the last one by default).
 
@@ -318,14 +320,16 @@ def analyze(
     ``flops_per_step`` (model FLOPs of one optimizer step, all devices together; else the
     framework integration's per-rank ``flops_per_step`` metric times the world size) and a
     peak per device (``peak_flops``, else ``accelerator`` from the table, else the peak the
-    integration recorded in its ``model`` event).
+    integration recorded in its ``model`` event). ``now_wall_ns`` (the current time) lets a
+    last attempt that is still alive count as ``running``: its time after the last sync point
+    is ``in_progress`` instead of ``disruption``.
     """
     if not run.sessions:
         raise AnalysisError("the run has no sessions")
     if data_rule not in (None, RULE_ASYNC, RULE_ASYNC_DEVICE, RULE_SYNC, RULE_UNKNOWN):
         raise AnalysisError(f"data_rule must be {RULE_ASYNC!r} or {RULE_SYNC!r}, got {data_rule!r}")
     warnings = list(run.warnings)
-    all_attempts = discover_attempts(run.sessions, warnings)
+    all_attempts = discover_attempts(run.sessions, warnings, now_wall_ns=now_wall_ns)
     jobs = max(a.job for a in all_attempts) + 1
     chosen = jobs - 1 if job is None else job
     if not 0 <= chosen < jobs:
@@ -336,8 +340,10 @@ def analyze(
     submits = [by_index[a.reference_session].submit_wall for a in attempts]
     submit_wall = submits[0]
     ideal_override = None if ideal_step_s is None else ideal_step_s * NS
+    running = frozenset(a.index for a in attempts if a.ended == "running")
     built = _rank_timeline(
-        run, attempts, None, data_rule=data_rule, ideal_override_ns=ideal_override, submit_wall=submit_wall
+        run, attempts, None, data_rule=data_rule, ideal_override_ns=ideal_override, submit_wall=submit_wall,
+        running=running,
     )
     if built is None:
         raise AnalysisError(f"rank {reference_rank} has no records loaded")
@@ -369,7 +375,8 @@ def analyze(
         if rank in goodput_by_rank:
             continue
         other = _rank_timeline(
-            run, attempts, rank, data_rule=data_rule, ideal_override_ns=ideal_override, submit_wall=submit_wall
+            run, attempts, rank, data_rule=data_rule, ideal_override_ns=ideal_override, submit_wall=submit_wall,
+            running=running,
         )
         if other is not None:
             goodput_by_rank[rank] = interval_partition(other[0]).goodput

@@ -19,6 +19,8 @@ FINISHED = "finished"
 PREEMPTED = "preempted"
 EXITED = "exited"  # interpreter exit without finish(): completed unknown
 CRASHED = "crashed"
+RUNNING = "running"  # no finish record yet, but alive moments ago (a live run)
+LIVE_WINDOW_NS = 30 * 10**9
 
 
 def assign_attempts(sessions: Sequence[SessionInfo]) -> list[int]:
@@ -97,8 +99,16 @@ def how_ended(session: SessionInfo) -> str:
     return EXITED
 
 
-def discover_attempts(sessions: Sequence[SessionInfo], warnings: list[str] | None = None) -> list[Attempt]:
-    """Attempts in order, each with its job number (see the module docstring)."""
+def discover_attempts(
+    sessions: Sequence[SessionInfo],
+    warnings: list[str] | None = None,
+    *,
+    now_wall_ns: int | None = None,
+    live_window_ns: int = LIVE_WINDOW_NS,
+) -> list[Attempt]:
+    """Attempts in order, each with its job number (see the module docstring). Given the
+    current time, a last attempt without a finish record that showed life within
+    ``live_window_ns`` is ``running`` rather than ``crashed``."""
     numbers = assign_attempts(sessions)
     groups: dict[int, list[SessionInfo]] = {}
     for s, n in zip(sessions, numbers, strict=True):
@@ -158,4 +168,8 @@ def discover_attempts(sessions: Sequence[SessionInfo], warnings: list[str] | Non
         attempts.append(attempt)
         previous = attempt
         previous_submit = submit if submit is not None else previous_submit
+    if attempts and now_wall_ns is not None:
+        last = attempts[-1]
+        if last.ended == CRASHED and now_wall_ns - last.end_wall <= live_window_ns:
+            attempts[-1] = dataclasses.replace(last, ended=RUNNING)
     return attempts

@@ -27,6 +27,7 @@ SCHEDULING = schema.BUCKET_SCHEDULING
 COMPILE = schema.COMPILE
 DATA = schema.DATA
 STARTUP_OTHER = "other"
+IN_PROGRESS = "in_progress"  # a running attempt's time after its last sync point (live runs)
 
 RULE_ASYNC = "asynchronous"
 RULE_SYNC = "synchronous"
@@ -196,13 +197,16 @@ def cut_session(
     *,
     overhead: frozenset[str] | None = None,
     data_rule: str | None = None,
+    running: bool = False,
 ) -> SessionCut:
-    """Cut one session: process start -> first step (startup), step intervals, tail."""
+    """Cut one session: process start -> first step (startup), step intervals, tail. The tail
+    is ``teardown`` after a finish record, ``disruption`` after a crash, ``in_progress`` when
+    the process is still running."""
     categories = (overhead or schema.OVERHEAD_CATEGORIES) | info.overhead_categories
     rule = data_rule or data_rule_of(timeline)
     start = info.proc_start
     end = max(info.last_seen, start)
-    crashed = not info.has_finish
+    crashed = not info.has_finish and not running
     spans = [s for s in timeline.spans if s[3] > start and s[2] < end]
     flat = flatten_overhead(spans, categories, info.main_tid)
     carver = _Carver(flat)  # data spans included: startup parts and the tail
@@ -248,7 +252,7 @@ def cut_session(
         windows[0].first_of_attempt = True
     if rule == RULE_ASYNC and _charge_device_idle(windows, timeline, info.main_tid):
         rule = RULE_ASYNC_DEVICE
-    tail_label = DISRUPTION if crashed else TEARDOWN
+    tail_label = IN_PROGRESS if running else DISRUPTION if crashed else TEARDOWN
     tail = carver.carve(window_start, end, tail_label)
     return SessionCut(info.index, start, end, startup, windows, tail, rule, host_timed, crashed)
 

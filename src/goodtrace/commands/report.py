@@ -12,6 +12,7 @@ import math
 import os
 import re
 import sys
+import time
 from typing import Any
 
 HELP = "goodput report of a run: buckets, attempts, step times, slowest steps, ranks (--json)"
@@ -122,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
             accelerator=args.accelerator,
             devices_per_rank=args.devices_per_rank,
+            now_wall_ns=time.time_ns(),
         )
     except AnalysisError as exc:
         raise CommandError(str(exc)) from None
