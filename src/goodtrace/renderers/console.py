@@ -21,6 +21,7 @@ BUCKET_LABELS = {
     "wasted_progress": "wasted progress (re-done steps)",
     "checkpoint_save": "checkpoint save",
     "checkpoint_restore": "checkpoint restore",
+    "in_progress": "in progress (running now)",
 }
 
 
@@ -116,7 +117,7 @@ def _attempts(console: Console, analysis: RunAnalysis) -> None:
     origin = analysis.partition.start_wall_ns
     for a in analysis.attempts:
         steps = "—" if a.first_step is None else f"{a.first_step}-{a.last_step}"
-        style = {"crashed": "red", "preempted": "yellow"}.get(a.ended)
+        style = {"crashed": "red", "preempted": "yellow", "running": "cyan"}.get(a.ended)
         table.add_row(str(a.index), f"+{_duration((a.start_wall - origin) / 1e9)}", _duration(a.duration_ns / 1e9),
                       a.ended, steps, f"{a.ranks}/{a.world}", style=style)
     console.print(table)
