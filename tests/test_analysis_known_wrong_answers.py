@@ -172,6 +172,10 @@ def test_per_rank_durations_do_not_hide_a_rank_late_at_every_collective() -> Non
     assert (straggler.rank, straggler.host) == (1, "node1")
     late = {f.rank: f.lateness_median_s for f in result.spread.per_rank}
     assert late[1] == pytest.approx(0.2) and late[0] == 0.0
+    # each rank's own step table: rank 1's steps take as long as rank 0's, only later
+    assert sorted(result.rank_steps) == [0, 1]
+    assert [r.step for r in result.rank_steps[1]] == [r.step for r in result.rank_steps[0]]
+    assert {round(r.step_time_s, 9) for r in result.rank_steps[1][1:3]} == {1.0}
 
 
 @pytest.mark.parametrize("measured", [True, False])

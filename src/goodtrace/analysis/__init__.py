@@ -14,7 +14,8 @@ Entry point for renderers and tools::
 section 4 on the reference rank: rank 0 unless it is missing), ``window`` / ``rolling``
 (interval goodput), ``steps`` (the step table: one ``StepRow`` per execution with its
 interval, overhead split, productive time, tags and metrics), ``step_stats``, ``ideal_step_s``,
-``anomalies``, ``spread`` and ``stragglers`` (per rank), ``program`` (MFU, scheduling, runtime
+``anomalies``, ``spread`` and ``stragglers`` (per rank), ``rank_steps`` (the step table of
+every rank analysed in full, by rank; not in the JSON), ``program`` (MFU, scheduling, runtime
 and ML-productivity goodput), ``data_rule`` (how in-step data loading was counted),
 ``timeline`` (the labelled pieces that tile the job on the wall clock, for gantt/trace
 renderers) and ``warnings``.
@@ -207,6 +208,8 @@ class RunAnalysis:
     warnings: tuple[str, ...]
     form: str
     records: int
+    # the step table of every rank analysed in full (rank 0 and the detail sample), by rank
+    rank_steps: dict[int, tuple[StepRow, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def data_rule_text(self) -> str:
@@ -369,8 +372,10 @@ def analyze(
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
     detail_ranks = sorted({s.rank for s in job_sessions if s.index in run.timelines})
     goodput_by_rank: dict[int, float] = {}
+    rank_steps: dict[int, tuple[StepRow, ...]] = {}
     if all(by_index[a.reference_session].rank == reference_rank for a in attempts):
         goodput_by_rank[reference_rank] = partition.goodput  # the reference timeline is this rank's
+        rank_steps[reference_rank] = tuple(rows)
     for rank in detail_ranks:
         if rank in goodput_by_rank:
             continue
@@ -380,6 +385,7 @@ def analyze(
         )
         if other is not None:
             goodput_by_rank[rank] = interval_partition(other[0]).goodput
+            rank_steps[rank] = tuple(step_rows(other[0], run.timelines, other[0].start))
     figures = rank_figures(job_sessions, run.rank_summaries, goodput_by_rank)
     spread = spread_of(figures)
     stragglers = find_stragglers(figures, ideal_s)
@@ -417,6 +423,7 @@ def analyze(
         warnings=tuple(dict.fromkeys(warnings)),
         form=run.form,
         records=run.records,
+        rank_steps=rank_steps,
     )
 
 
