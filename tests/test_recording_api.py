@@ -297,9 +297,11 @@ def test_attempts_from_records_when_no_launcher_counter() -> None:
 
 
 def test_attempts_from_launcher_restart_counter() -> None:
-    sessions = [_session(0, 0, 100, restart=0), _session(0, 5, 100, restart=0), _session(0, 200, 300, restart=3)]
+    # The counter changing to 3 opens attempt 1 although rank 1 of attempt 0 was still alive.
+    sessions = [_session(0, 0, 100, restart=0), _session(1, 5, 150, restart=0),
+                _session(0, 120, 300, restart=3), _session(1, 121, 300, restart=3)]
     assign_attempts(sessions)
-    assert [s.attempt for s in sessions] == [0, 0, 1]
+    assert [s.attempt for s in sessions] == [0, 0, 1, 1]
 
 
 def test_records_command_lists_sessions(tmp_path: Any) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from goodtrace import schema
@@ -200,25 +200,47 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
     return Run(path=path, sessions=sessions, problems=problems)
 
 
-def assign_attempts(sessions: list[Session]) -> None:
-    """Number attempts 0, 1, ...: by launcher restart counter where every session has one,
-    otherwise in start order, opening a new attempt when a rank shows up a second time or a
-    session starts after every session of the current attempt has gone quiet."""
-    if sessions and all(s.restart is not None for s in sessions):
-        counters = sorted({s.restart for s in sessions if s.restart is not None})
-        index = {value: i for i, value in enumerate(counters)}
-        for session in sessions:
-            session.attempt = index[session.restart] if session.restart is not None else 0
-        return
+def number_attempts(
+    sessions: Sequence[tuple[int, int | None, int, int]],
+) -> list[int]:
+    """The one attempt rule, shared by this reader and the analysis.
+
+    ``sessions`` holds ``(rank, launcher restart counter or None, start wall ns, last seen wall
+    ns)`` per session; the result is each one's attempt number, 0, 1, ... in start order. A new
+    attempt opens when a session starts after every session of the current one went quiet, when
+    a rank shows up a second time (a rank cannot appear twice in one attempt), or when the
+    launcher's restart counter changes.
+    """
+    order = sorted(range(len(sessions)), key=lambda i: (sessions[i][2], sessions[i][0]))
+    result = [0] * len(sessions)
     attempt = -1
     ranks: set[int] = set()
     last_seen = 0
-    for session in sorted(sessions, key=lambda s: s.start_wall_ns):
-        start = session.start_wall_ns
-        if attempt < 0 or session.rank in ranks or start > last_seen:
+    counter: int | None = None
+    for i in order:
+        rank, restart, start, seen = sessions[i]
+        if (
+            attempt < 0
+            or rank in ranks
+            or start > last_seen
+            or (restart is not None and counter is not None and restart != counter)
+        ):
             attempt += 1
             ranks = set()
             last_seen = 0
-        session.attempt = attempt
-        ranks.add(session.rank)
-        last_seen = max(last_seen, session.wall_ns(session.last_seen_mono))
+            counter = restart
+        result[i] = attempt
+        ranks.add(rank)
+        last_seen = max(last_seen, seen)
+        if counter is None:
+            counter = restart
+    return result
+
+
+def assign_attempts(sessions: list[Session]) -> None:
+    """Set ``session.attempt`` on each session by :func:`number_attempts`."""
+    numbers = number_attempts(
+        [(s.rank, s.restart, s.start_wall_ns, s.wall_ns(s.last_seen_mono)) for s in sessions]
+    )
+    for session, number in zip(sessions, numbers, strict=True):
+        session.attempt = number

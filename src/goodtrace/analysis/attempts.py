@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from goodtrace.loading import SessionInfo
+from goodtrace.reader import number_attempts
 
 FINISHED = "finished"
 PREEMPTED = "preempted"
@@ -24,32 +25,8 @@ LIVE_WINDOW_NS = 30 * 10**9
 
 
 def assign_attempts(sessions: Sequence[SessionInfo]) -> list[int]:
-    """Attempt number of each session (indexed like ``sessions``), 0, 1, ... in start order."""
-    order = sorted(range(len(sessions)), key=lambda i: (sessions[i].start_wall, sessions[i].rank))
-    result = [0] * len(sessions)
-    attempt = -1
-    ranks: set[int] = set()
-    last_seen = 0
-    counter: int | None = None
-    for i in order:
-        s = sessions[i]
-        new = (
-            attempt < 0
-            or s.rank in ranks
-            or s.start_wall > last_seen
-            or (s.restart is not None and counter is not None and s.restart != counter)
-        )
-        if new:
-            attempt += 1
-            ranks = set()
-            last_seen = 0
-            counter = s.restart
-        result[i] = attempt
-        ranks.add(s.rank)
-        last_seen = max(last_seen, s.last_seen_wall)
-        if counter is None:
-            counter = s.restart
-    return result
+    """Attempt number of each session (indexed like ``sessions``): the reader's one rule."""
+    return number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
 
 
 @dataclasses.dataclass(frozen=True)
