@@ -356,7 +356,7 @@ def test_instrument_single_process_live_line_and_finish_closes_it() -> None:
     with capture() as cap:
         integration = gj.instrument(log_every=2, printer=lines.append)
         rec = gt.recorder()
-        assert "finish" in vars(rec)  # wrapped until finish()
+        assert rec.finish_listeners == [integration._on_finish]  # hooked until finish()
         offset = gj.measure_clock_offset()  # one process: nothing to measure, recorded as 0
         for k in range(5):
             with gt.step(k) as s:
@@ -365,7 +365,7 @@ def test_instrument_single_process_live_line_and_finish_closes_it() -> None:
                 gt.metric("loss", loss)
     assert (offset.offset_ns, offset.rtt_ns, offset.world_size) == (0, 0, 1)
     assert [(r["offset_ns"], r["rtt_ns"]) for r in cap.records(schema.CLOCK)] == [(0, 0)]
-    assert "finish" not in vars(rec)
+    assert rec.finish_listeners == [] and rec.overhead_span_listeners == []  # unhooked
     assert integration.aggregator is not None
     assert [line.step for line in integration.aggregator.lines] == [0, 2, 4]
     assert integration.aggregator.lines[-1].metrics["loss"].value == pytest.approx((9.0 + 12.0) / 2)

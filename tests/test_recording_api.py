@@ -16,6 +16,7 @@ import pytest
 import goodtrace as gt
 from goodtrace import schema
 from goodtrace._process import discover_identity, process_start_mono_ns
+from goodtrace._recorder import Recorder
 from goodtrace.config import Config, ConfigError
 from goodtrace.reader import Session, assign_attempts, read_run
 from goodtrace.testing import FakeClock, capture
@@ -318,3 +319,31 @@ def test_records_command_lists_sessions(tmp_path: Any) -> None:
         capture_output=True, text=True,
     )
     assert bad.returncode == 2 and "is not a directory" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_listeners_hear_step_begins_overhead_spans_and_finish() -> None:
+    clock = FakeClock()
+    heard: list[tuple[Any, ...]] = []
+    with capture(clock=clock, overhead_categories=("upload",), blocking_categories=("sync_point",)):
+        rec = gt.recorder()
+        assert isinstance(rec, Recorder)
+        rec.step_begin_listeners.append(lambda step, t0: heard.append(("begin", step)))
+        rec.overhead_span_listeners.append(lambda cat, t0, t1: heard.append(("overhead", cat, t1 - t0)))
+        rec.finish_listeners.append(lambda completed, reason: heard.append(("finish", completed, reason)))
+        with gt.step(3):
+            with gt.span("forward"):  # compute: no listener call on the fast path
+                clock.advance(1)
+            with gt.span("checkpoint"):
+                clock.advance(2)
+            with gt.span("push", category="upload"):
+                clock.advance(0.5)
+            with gt.span("wait", category="sync_point"):  # blocking but productive: not overhead
+                clock.advance(0.25)
+        rec.record_span("jit", schema.COMPILE, clock(), clock() + 10**9)
+    assert heard == [
+        ("begin", 3),
+        ("overhead", "checkpoint_save", 2 * 10**9),
+        ("overhead", "upload", 5 * 10**8),
+        ("overhead", "compile", 10**9),
+        ("finish", True, "finish"),
+    ]

@@ -88,7 +88,20 @@ class Span:
         return traced(lambda: span(name, category, attrs), func)
 
 
-class BlockingSpan(Span):
+class OverheadSpan(Span):
+    """A span of an overhead category: also tells the recorder's overhead-span listeners
+    (live step-time splits). Compute spans never pay for this."""
+
+    __slots__ = ()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        t1 = _clock()
+        _append((self.key, self.t0, t1, _step, _get_ident(), self.attrs, exc_type))
+        if _active is not None and _active.overhead_span_listeners:
+            _active.notify_overhead_span(self.key[1], self.t0, t1)
+
+
+class BlockingSpan(OverheadSpan):
     """A span of a blocking category: pending step completions are observed before t0."""
 
     __slots__ = ()
@@ -129,8 +142,8 @@ def _new_key(name: Any, category: str | None) -> tuple[str, str, bool, type[Span
     if rec is None:
         return (str(name), category or schema.COMPUTE, False, Span)
     resolved, blocking = rec.resolve_category(name, category)
-    key = (name if isinstance(name, str) else repr(name)[:200], resolved, blocking,
-           BlockingSpan if blocking else Span)
+    kind = BlockingSpan if blocking else OverheadSpan if resolved in rec.overhead_categories else Span
+    key = (name if isinstance(name, str) else repr(name)[:200], resolved, blocking, kind)
     if len(_keys) < _MAX_CATEGORY_CACHE:
         _keys[name if category is None else (name, category)] = key
     return key
@@ -257,6 +270,7 @@ class Recorder:
         self._pending: collections.deque[_Pending] = collections.deque()
         self._pending_lock = threading.RLock()
         self._overhead = config.all_overhead_categories
+        self.overhead_categories = self._overhead
         self._blocking = config.all_blocking_categories
         self._warned: set[str] = set()
         self.finished = False
@@ -267,7 +281,10 @@ class Recorder:
         # record is made; they must be cheap and must not raise (exceptions are swallowed).
         self.metric_listeners: list[Callable[[str, int | None, float | None, str], None]] = []
         self.sync_listeners: list[Callable[[int | None, int, str], None]] = []
-        self.step_listeners: list[Callable[[int, int, int], None]] = []
+        self.step_listeners: list[Callable[[int, int, int], None]] = []  # (step, t0, t1) at step end
+        self.step_begin_listeners: list[Callable[[int, int], None]] = []  # (step, t0)
+        self.finish_listeners: list[Callable[[bool | None, str], None]] = []  # before finishing
+        self.overhead_span_listeners: list[Callable[[str, int, int], None]] = []  # (category, t0, t1)
         real_clock = clock is time.perf_counter_ns
         proc_start, proc_source = process_start_mono_ns() if real_clock else (clock(), "clock")
         self._header_static: dict[str, Any] = {
@@ -352,6 +369,17 @@ class Recorder:
             (span_key(name, category), int(t0), int(t1), self.current_step if step is None else step,
              _get_ident() if thread is None else thread, attrs, None)
         )
+        if self.overhead_span_listeners and category in self._overhead:
+            self.notify_overhead_span(category, int(t0), int(t1))
+
+    def notify_overhead_span(self, category: str, t0: int, t1: int) -> None:
+        if category not in self._overhead:  # a user blocking category that counts as productive
+            return
+        for listener in self.overhead_span_listeners:
+            try:
+                listener(category, t0, t1)
+            except Exception as exc:
+                self._warn(f"listener:{listener!r}", f"an overhead-span listener failed: {exc!r}")
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -364,6 +392,8 @@ class Recorder:
                 (self._gc_key, t0, t1, _step, _get_ident(),
                  {"generation": info.get("generation"), "collected": info.get("collected")}, None)
             )
+            if self.overhead_span_listeners:
+                self.notify_overhead_span(schema.GC, t0, t1)
 
     # ------------------------------------------------------------------ steps
     def step(self, number: int) -> StepContext:
@@ -382,6 +412,11 @@ class Recorder:
         ctx.t0 = self.clock()
         self._active_step = ctx
         _step = ctx.number
+        for listener in self.step_begin_listeners:
+            try:
+                listener(ctx.number, ctx.t0)
+            except Exception as exc:
+                self._warn(f"listener:{listener!r}", f"a step-begin listener failed: {exc!r}")
 
     def end_step(self, ctx: StepContext) -> None:
         t1 = self.clock()
@@ -512,6 +547,11 @@ class Recorder:
         global _mode, _active, _append, _step
         if self.finished or os.getpid() != self._pid:
             return False
+        for listener in list(self.finish_listeners):  # integrations close (collectives) first
+            try:
+                listener(completed, reason)
+            except Exception as exc:
+                self._warn(f"listener:{listener!r}", f"a finish listener failed: {exc!r}")
         self.settle(schema.SYNC_FINISH)
         if self._active_step is not None:
             self._warn("finish-in-step", "finish() called inside a step")

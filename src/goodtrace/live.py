@@ -28,7 +28,6 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from goodtrace import _recorder as core
 from goodtrace import schema
 from goodtrace._writer import GoodtraceWarning
 
@@ -216,28 +215,32 @@ class LiveAggregator:
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
         self._warned: set[str] = set()
         self._closed = False
-        self._watch = _watch_overhead_spans(self.on_overhead_span, self._overhead_categories) if watch_overhead else None
+        self._watch_overhead = watch_overhead
         self._attach()
 
     # ------------------------------------------------------------------ recorder hooks
     def _attach(self) -> None:
         rec = self.recorder
-        for attr, hook in (("metric_listeners", self._on_metric), ("sync_listeners", self._on_sync),
-                           ("step_listeners", self._on_step_end)):
+        for attr, hook in self._hooks():
             listeners = getattr(rec, attr, None)
             if isinstance(listeners, list):
                 listeners.append(hook)
 
     def _detach(self) -> None:
         rec = self.recorder
-        for attr, hook in (("metric_listeners", self._on_metric), ("sync_listeners", self._on_sync),
-                           ("step_listeners", self._on_step_end)):
+        for attr, hook in self._hooks():
             listeners = getattr(rec, attr, None)
             if isinstance(listeners, list) and hook in listeners:
                 listeners.remove(hook)
-        if self._watch is not None:
-            self._watch()
-            self._watch = None
+
+    def _hooks(self) -> list[tuple[str, Callable[..., None]]]:
+        hooks: list[tuple[str, Callable[..., None]]] = [
+            ("metric_listeners", self._on_metric), ("sync_listeners", self._on_sync),
+            ("step_listeners", self._on_step_end),
+        ]
+        if self._watch_overhead:  # overhead spans, automatic ones (compile, gc) included
+            hooks.append(("overhead_span_listeners", self.on_overhead_span))
+        return hooks
 
     def _on_metric(self, name: str, step: int | None, value: float | None, reduce: str) -> None:
         if step is None or value is None:
@@ -251,7 +254,7 @@ class LiveAggregator:
                 self._syncs[step] = t
 
     def on_overhead_span(self, category: str, t0: int, t1: int) -> None:
-        """An overhead span ended (called by the span watch and by automatic spans)."""
+        """An overhead span ended (the recorder's overhead-span listener)."""
         with self._lock:
             self._overhead_spans.append((category, t0, t1))
 
@@ -506,89 +509,3 @@ def _process_start(recorder: Any) -> int:
         return int(header[schema.H_PROC_START])
     clock: Callable[[], int] = getattr(recorder, "clock", time.perf_counter_ns)
     return clock()
-
-
-# ---------------------------------------------------------------------------- overhead spans
-# The recorder has no span listener (spans are appended straight to its buffer on the hot
-# path). Live step-time splits need the overhead spans, so the first time a span name of an
-# overhead category is seen, its cached key points at a subclass whose __exit__ also tells the
-# aggregator. Compute spans keep the untouched fast path. Removed again by close().
-
-_watchers: list[Callable[[str, int, int], None]] = []
-_original_new_key: Any = None
-
-
-def _notify(category: str, t0: int, t1: int) -> None:
-    for watcher in _watchers:
-        try:
-            watcher(category, t0, t1)
-        except Exception:
-            pass
-
-
-class _WatchedSpan(core.Span):
-    __slots__ = ()
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        t1 = core._clock()
-        core._append((self.key, self.t0, t1, core._step, threading.get_ident(), self.attrs, exc_type))
-        _notify(self.key[1], self.t0, t1)
-
-
-class _WatchedBlockingSpan(core.BlockingSpan):
-    __slots__ = ()
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        t1 = core._clock()
-        core._append((self.key, self.t0, t1, core._step, threading.get_ident(), self.attrs, exc_type))
-        _notify(self.key[1], self.t0, t1)
-
-
-def _watched(key: tuple[str, str, bool, type[core.Span]], overhead: frozenset[str]) -> tuple[str, str, bool, type[core.Span]]:
-    if key[1] not in overhead or key[3] in (_WatchedSpan, _WatchedBlockingSpan):
-        return key
-    return (key[0], key[1], key[2], _WatchedBlockingSpan if key[2] else _WatchedSpan)
-
-
-def _unwatched(key: tuple[str, str, bool, type[core.Span]]) -> tuple[str, str, bool, type[core.Span]]:
-    if key[3] is _WatchedSpan:
-        return (key[0], key[1], key[2], core.Span)
-    if key[3] is _WatchedBlockingSpan:
-        return (key[0], key[1], key[2], core.BlockingSpan)
-    return key
-
-
-def _watch_overhead_spans(callback: Callable[[str, int, int], None], categories: Sequence[str]) -> Callable[[], None]:
-    """Call ``callback(category, t0, t1)`` when a span of one of ``categories`` ends."""
-    global _original_new_key
-    overhead = frozenset(categories)
-    if _original_new_key is None:
-        original = core._new_key
-        _original_new_key = original
-
-        def new_key(name: Any, category: str | None) -> tuple[str, str, bool, type[core.Span]]:
-            key = _watched(original(name, category), overhead)
-            cache_key = name if category is None else (name, category)
-            try:
-                if cache_key in core._keys:
-                    core._keys[cache_key] = key
-            except TypeError:
-                pass
-            return key
-
-        core._new_key = new_key
-    for cache_key, key in list(core._keys.items()):
-        core._keys[cache_key] = _watched(key, overhead)
-    _watchers.append(callback)
-
-    def remove() -> None:
-        global _original_new_key
-        if callback in _watchers:
-            _watchers.remove(callback)
-        if not _watchers and _original_new_key is not None:
-            core._new_key = _original_new_key
-            _original_new_key = None
-            for cache_key, key in list(core._keys.items()):
-                core._keys[cache_key] = _unwatched(key)
-
-    return remove

@@ -90,7 +90,6 @@ _installed = False
 _stats = CompileStats()
 _thread_state = _State()
 _tagged: tuple[int, int] = (-1, -1)  # (id of recorder, step) last tagged "compile"
-_span_watchers: list[Callable[[str, int, int], None]] = []  # live aggregators: (category, t0, t1)
 
 
 def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
@@ -121,9 +120,7 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
             if _thread_state.saved_s is not None:
                 attrs["saved_s"] = round(_thread_state.saved_s, 6)
                 _thread_state.saved_s = None
-        rec.record_span(name, schema.COMPILE, t0, t1, attrs)
-        for watcher in _span_watchers:
-            watcher(schema.COMPILE, t0, t1)
+        rec.record_span(name, schema.COMPILE, t0, t1, attrs)  # live aggregators hear of it too
         step = rec.current_step
         if step is not None and _tagged != (id(rec), step):
             _tagged = (id(rec), step)
@@ -364,10 +361,7 @@ class JaxIntegration:
                 recorder, transport, log_every=log_every, tokens_per_step=tokens_per_step,
                 flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
             )
-            _span_watchers.append(self.aggregator.on_overhead_span)
-        self._original_finish = recorder.finish
-        # The recorder has no finish hook: wrap the method on this instance (undone by close()).
-        recorder.finish = self._finish  # type: ignore[method-assign]
+        recorder.finish_listeners.append(self._on_finish)
         recorder.step_listeners.insert(0, self._on_step_end)
 
     def _on_step_end(self, number: int, t0: int, t1: int) -> None:
@@ -386,15 +380,12 @@ class JaxIntegration:
         t1 = rec.clock()
         self.clock_offsets.append(offset)
         rec.record_span("clock_sync", schema.LOG, t0, t1, {"rtt_ns": offset.rtt_ns})
-        if self.aggregator is not None:
-            self.aggregator.on_overhead_span(schema.LOG, t0, t1)
 
-    def _finish(self, completed: bool | None, reason: str = "finish") -> bool:
+    def _on_finish(self, completed: bool | None, reason: str) -> None:
         if reason == "finish":  # an explicit finish() on every process: collectives are safe
             self.close()
         else:
             self._unhook()
-        return bool(self._original_finish(completed, reason))
 
     def close(self) -> None:
         """Complete the last live windows (collective), then remove the hooks."""
@@ -411,13 +402,11 @@ class JaxIntegration:
             return
         self._closed = True
         rec = self.recorder
-        if "finish" in vars(rec):
-            delattr(rec, "finish")
+        if self._on_finish in rec.finish_listeners:
+            rec.finish_listeners.remove(self._on_finish)
         if self._on_step_end in rec.step_listeners:
             rec.step_listeners.remove(self._on_step_end)
         if self.aggregator is not None:
-            if self.aggregator.on_overhead_span in _span_watchers:
-                _span_watchers.remove(self.aggregator.on_overhead_span)
             self.aggregator.abandon()
 
 

@@ -267,8 +267,6 @@ class TorchIntegration:
         self._compile_hooks: tuple[Any, Any] | None = None
         self._compile_t0: dict[int, int] = {}
         self._closed = False
-        self._original_begin = recorder.begin_step
-        self._original_finish = recorder.finish
 
         import torch.distributed as dist
 
@@ -297,20 +295,17 @@ class TorchIntegration:
                 flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
             )
         self._maybe_hook_compile()
-        # Step-begin and finish hooks: the recorder has listeners for step *ends* only, so its
-        # two methods are wrapped on this instance (restored by close()).
-        recorder.begin_step = self._begin_step
-        recorder.finish = self._finish
+        recorder.step_begin_listeners.append(self._on_step_begin)
         recorder.step_listeners.insert(0, self._on_step_end)
+        recorder.finish_listeners.append(self._on_finish)
 
     # -------------------------------------------------------------- hooks
-    def _begin_step(self, ctx: Any) -> None:
-        self._original_begin(ctx)
+    def _on_step_begin(self, number: int, t0: int) -> None:
         if self._compile_hooks is None and self._compile_wanted:
             self._maybe_hook_compile()
         if self.cuda_timer is not None:
             try:
-                self.cuda_timer.begin(ctx.number)
+                self.cuda_timer.begin(number)
             except Exception as exc:
                 self.cuda_timer = None
                 _warn(f"CUDA step events disabled: {exc!r}")
@@ -345,8 +340,6 @@ class TorchIntegration:
         self.clock_offsets.append(sample)
         self.recorder.record_clock_offset(sample.offset_ns, sample.rtt_ns, 0)
         self.recorder.record_span("clock_sync", schema.LOG, t0, self.recorder.clock())
-        if self.aggregator is not None:
-            self.aggregator.on_overhead_span(schema.LOG, t0, self.recorder.clock())
 
     def _maybe_hook_compile(self) -> None:
         if not self._compile_wanted or self._compile_hooks is not None:
@@ -372,19 +365,16 @@ class TorchIntegration:
                 "compile", schema.COMPILE, t0, t1, {"compile_id": str(getattr(args, "compile_id", "")),
                                                      "trigger": trigger},
             )
-            if self.aggregator is not None:
-                self.aggregator.on_overhead_span(schema.COMPILE, t0, t1)
 
         callback_handler.register_start_callback(on_start)
         callback_handler.register_end_callback(on_end)
         self._compile_hooks = (on_start, on_end)
 
-    def _finish(self, completed: bool | None, reason: str = "finish") -> bool:
+    def _on_finish(self, completed: bool | None, reason: str) -> None:
         if reason == "finish":  # an explicit finish() on every rank: collectives are safe
             self.close()
         else:
             self._unhook()
-        return bool(self._original_finish(completed, reason))
 
     # -------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -405,11 +395,11 @@ class TorchIntegration:
             return
         self._closed = True
         rec = self.recorder
-        for attr in ("begin_step", "finish"):
-            if attr in vars(rec):
-                delattr(rec, attr)
-        if self._on_step_end in rec.step_listeners:
-            rec.step_listeners.remove(self._on_step_end)
+        for listeners, hook in ((rec.step_begin_listeners, self._on_step_begin),
+                                (rec.step_listeners, self._on_step_end),
+                                (rec.finish_listeners, self._on_finish)):
+            if hook in listeners:
+                listeners.remove(hook)
         if self.aggregator is not None:
             self.aggregator.abandon()
         if self._compile_hooks is not None:
