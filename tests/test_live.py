@@ -159,3 +159,17 @@ def test_bad_options_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="peak_flops"):
         LiveAggregator(gt.recorder(), LocalTransport(), peak_flops=-1)
 
+
+
+def test_first_line_divides_by_its_own_steps_whatever_the_lag() -> None:
+    clock = FakeClock()
+    with capture(clock=clock, lag=1):
+        agg = LiveAggregator(gt.recorder(), LocalTransport(), log_every=2, printer=lambda line: None)
+        for step in range(6):
+            with gt.step(step) as s:
+                clock.advance(0.5)
+                s.complete_on(1.0)
+        agg.close()
+    first = agg.lines[0]
+    # the first window holds steps 0..first.step, each 0.5 s; it is launched lag steps later
+    assert first.step_time_s == pytest.approx(0.5)

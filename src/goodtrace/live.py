@@ -205,6 +205,7 @@ class LiveAggregator:
         self._syncs: dict[int, int] = {}
         self._ends = 0
         self._first_t0: int | None = None
+        self._first_step: int | None = None
         self._last_step_end: tuple[int, int] | None = None  # (step, host t1)
         self._waiting: collections.deque[tuple[int, int, int]] = collections.deque()  # (step, ready_at, t1)
         self._in_flight: collections.deque[tuple[_Window, GatherHandle, int]] = collections.deque()
@@ -265,6 +266,7 @@ class LiveAggregator:
             self._ends += 1
             if self._first_t0 is None:
                 self._first_t0 = t0
+                self._first_step = number
             self._last_step_end = (number, t1)
             if number % self.log_every == 0:
                 self._waiting.append((number, self._ends + self.lag, t1))
@@ -324,7 +326,10 @@ class LiveAggregator:
         for done in [s for s in self._syncs if s <= step]:
             del self._syncs[done]
         start_ns = self._prev_end_ns if self._prev_end_ns is not None else (self._first_t0 or end_ns)
-        count = step - prev if prev is not None and step > prev else max(1, self._ends)
+        if prev is not None and step > prev:
+            count = step - prev
+        else:  # the first window: from the first step seen up to this one
+            count = max(1, step - (self._first_step if self._first_step is not None else step) + 1)
         overhead = self._overhead_in(start_ns, end_ns)
         # per-metric stats of this rank over the window
         stats: dict[tuple[str, str], list[float]] = {}
