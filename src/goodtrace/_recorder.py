@@ -12,13 +12,14 @@ from __future__ import annotations
 import collections
 import functools
 import gc
+import importlib
 import os
 import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from goodtrace import schema
 from goodtrace._process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
@@ -29,8 +30,18 @@ from goodtrace.config import Config
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# The optional C fast path (built from _speedups.c at install time when a compiler is there).
+_speedups: Any
+try:
+    if os.environ.get("GOODTRACE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("GOODTRACE_PURE_PYTHON is set")
+    _speedups = importlib.import_module("goodtrace._speedups")
+except ImportError:
+    _speedups = None
+IMPLEMENTATION = "python" if _speedups is None else "c"
+
 _get_ident = threading.get_ident
-_new = object.__new__
+_new: Callable[[type[Any]], Any] = object.__new__  # C-based spans: see below (cls.__new__)
 _MAX_CATEGORY_CACHE = 10_000
 
 # The hot path reads these module globals (LOAD_GLOBAL is the cheapest lookup there is); they
@@ -54,18 +65,38 @@ def _version() -> str:
         return "unknown"
 
 
-class Span:
-    """A timed interval on the calling thread; one object per ``with`` entry.
-
-    In the buffer a span is ``(key, t0, t1, step, thread, attrs, exc_type)`` where
-    ``key = (name, category, blocking, class)`` is shared by every span of that name.
-    """
+class _PySpanBase:
+    """The reference implementation of a span's ``with`` protocol; ``_speedups.SpanBase`` is
+    the same in C (used when it was built, unless ``GOODTRACE_PURE_PYTHON=1``)."""
 
     __slots__ = ("attrs", "key", "t0")
 
     key: tuple[str, str, bool, type[Span]]
     attrs: Mapping[str, Any] | None
     t0: int
+
+    def __enter__(self) -> Span:
+        self.t0 = _clock()
+        return self  # type: ignore[return-value]
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        _append((self.key, self.t0, _clock(), _step, _get_ident(), self.attrs, exc_type))
+
+
+if TYPE_CHECKING:
+    _SpanBase = _PySpanBase
+else:
+    _SpanBase = _PySpanBase if _speedups is None else _speedups.SpanBase
+
+
+class Span(_SpanBase):
+    """A timed interval on the calling thread; one object per ``with`` entry.
+
+    In the buffer a span is ``(key, t0, t1, step, thread, attrs, exc_type)`` where
+    ``key = (name, category, blocking, class)`` is shared by every span of that name.
+    """
+
+    __slots__ = ()
 
     @property
     def name(self) -> str:
@@ -74,13 +105,6 @@ class Span:
     @property
     def category(self) -> str:
         return self.key[1]
-
-    def __enter__(self) -> Span:
-        self.t0 = _clock()
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        _append((self.key, self.t0, _clock(), _step, _get_ident(), self.attrs, exc_type))
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: each call of ``func`` runs in a fresh span of this name."""
@@ -113,8 +137,9 @@ class BlockingSpan(OverheadSpan):
         return self
 
 
-def span(name: Any, category: str | None = None, attrs: Mapping[str, Any] | None = None) -> Any:
-    """The hot path behind ``goodtrace.span`` (see there)."""
+def _span_py(name: Any, category: str | None = None, attrs: Mapping[str, Any] | None = None) -> Any:
+    """The hot path behind ``goodtrace.span`` (see there), in Python: ``_speedups.span`` does
+    its common case (running, name already resolved) in C and calls this for the rest."""
     if _mode:
         if _mode == _DISABLED:
             return NOOP_SPAN
@@ -135,6 +160,13 @@ def span(name: Any, category: str | None = None, attrs: Mapping[str, Any] | None
     s.key = key
     s.attrs = attrs
     return s
+
+
+span = _span_py
+if _speedups is not None:
+    _new = _speedups.new_span
+    _speedups.bind(globals(), _span_py)
+    span = _speedups.span
 
 
 def _new_key(name: Any, category: str | None) -> tuple[str, str, bool, type[Span]]:

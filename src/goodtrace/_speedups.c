@@ -1,0 +1,391 @@
+/* The span hot path in C: optional, and exactly equivalent to the pure-Python code in
+ * _recorder.py (which is used when this module is not built, or GOODTRACE_PURE_PYTHON=1).
+ *
+ * Only the common case runs here: a running recorder and a span name already resolved to its
+ * key. Everything else (first use of a name, disabled or not started, bare decorators,
+ * unhashable names) calls back into the Python implementation. State is not copied into C:
+ * every call reads the recorder module's globals (_mode, _keys, _clock, _append, _step), so
+ * there is one source of truth and nothing to keep in sync.
+ *
+ * A span in the buffer is (key, t0, t1, step, thread, attrs, exc_type), as in Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <pythread.h>
+#include <time.h>
+
+static PyObject *g_globals = NULL;   /* the _recorder module's __dict__ */
+static PyObject *g_slow_span = NULL; /* _recorder._span_py */
+static PyObject *s_mode, *s_keys, *s_clock, *s_append, *s_step, *s_category, *s_attrs, *s_name, *s_noop;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *key;   /* (name, category, blocking, class) */
+    PyObject *attrs; /* mapping or NULL */
+    PyObject *t0;    /* int from the clock, NULL until entered */
+} SpanObject;
+
+static PyTypeObject SpanBaseType;
+
+static int
+span_traverse(SpanObject *self, visitproc visit, void *arg)
+{
+    /* no Py_VISIT(Py_TYPE(self)): subtype_traverse visits a heap subclass's type */
+    Py_VISIT(self->key);
+    Py_VISIT(self->attrs);
+    Py_VISIT(self->t0);
+    return 0;
+}
+
+static int
+span_clear(SpanObject *self)
+{
+    Py_CLEAR(self->key);
+    Py_CLEAR(self->attrs);
+    Py_CLEAR(self->t0);
+    return 0;
+}
+
+static void
+span_dealloc(SpanObject *self)
+{
+    /* a Python subclass's instance comes here from subtype_dealloc, which owns (and
+     * drops) the reference to its heap type */
+    PyObject_GC_UnTrack(self);
+    span_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A global of the recorder module (borrowed), or NULL with an exception set. */
+static PyObject *
+recorder_global(PyObject *name)
+{
+    PyObject *value;
+    if (g_globals == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "goodtrace._speedups is not bound to the recorder");
+        return NULL;
+    }
+    value = PyDict_GetItemWithError(g_globals, name);
+    if (value == NULL && !PyErr_Occurred()) {
+        PyErr_SetObject(PyExc_NameError, name);
+    }
+    return value;
+}
+
+static PyObject *g_perf_counter_ns = NULL; /* time.perf_counter_ns */
+
+static PyObject *
+read_clock(void)
+{
+    PyObject *clock = recorder_global(s_clock);
+    if (clock == NULL) {
+        return NULL;
+    }
+#if defined(__linux__) && defined(CLOCK_MONOTONIC)
+    /* time.perf_counter_ns() on Linux is clock_gettime(CLOCK_MONOTONIC): same value, no call */
+    if (clock == g_perf_counter_ns) {
+        struct timespec ts;
+        if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) {
+            return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+        }
+    }
+#endif
+    return PyObject_CallNoArgs(clock);
+}
+
+/* The calling thread's id as an int; one int object per thread, not one per span. */
+static unsigned long g_last_ident = 0;
+static PyObject *g_last_ident_obj = NULL;
+
+static PyObject *
+thread_ident(void)
+{
+    unsigned long ident = PyThread_get_thread_ident();
+    if (g_last_ident_obj == NULL || ident != g_last_ident) {
+        PyObject *obj = PyLong_FromUnsignedLong(ident);
+        if (obj == NULL) {
+            return NULL;
+        }
+        Py_XSETREF(g_last_ident_obj, obj);
+        g_last_ident = ident;
+    }
+    Py_INCREF(g_last_ident_obj);
+    return g_last_ident_obj;
+}
+
+static PyObject *
+span_enter(SpanObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *t0 = read_clock();
+    if (t0 == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(self->t0, t0);
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *
+span_exit(SpanObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *t1, *append, *step, *ident, *record, *result;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "__exit__ takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (self->t0 == NULL || self->key == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "goodtrace span exited without being entered");
+        return NULL;
+    }
+    t1 = read_clock();
+    if (t1 == NULL) {
+        return NULL;
+    }
+    append = recorder_global(s_append);
+    step = append == NULL ? NULL : recorder_global(s_step);
+    if (step == NULL) {
+        Py_DECREF(t1);
+        return NULL;
+    }
+    ident = thread_ident();
+    if (ident == NULL) {
+        Py_DECREF(t1);
+        return NULL;
+    }
+    record = PyTuple_New(7);
+    if (record == NULL) {
+        Py_DECREF(t1);
+        Py_DECREF(ident);
+        return NULL;
+    }
+    Py_INCREF(self->key);
+    PyTuple_SET_ITEM(record, 0, self->key);
+    Py_INCREF(self->t0);
+    PyTuple_SET_ITEM(record, 1, self->t0);
+    PyTuple_SET_ITEM(record, 2, t1);
+    Py_INCREF(step);
+    PyTuple_SET_ITEM(record, 3, step);
+    PyTuple_SET_ITEM(record, 4, ident);
+    PyObject *attrs = self->attrs == NULL ? Py_None : self->attrs;
+    Py_INCREF(attrs);
+    PyTuple_SET_ITEM(record, 5, attrs);
+    Py_INCREF(args[0]);
+    PyTuple_SET_ITEM(record, 6, args[0]);
+    Py_INCREF(append); /* the call may rebind the global (finish() in another thread) */
+    result = PyObject_CallOneArg(append, record);
+    Py_DECREF(append);
+    Py_DECREF(record);
+    if (result == NULL) {
+        return NULL;
+    }
+    Py_DECREF(result);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef span_methods[] = {
+    {"__enter__", (PyCFunction)span_enter, METH_NOARGS, "Start timing: t0 = the recorder's clock."},
+    {"__exit__", (PyCFunction)(void (*)(void))span_exit, METH_FASTCALL,
+     "Stop timing and append (key, t0, t1, step, thread, attrs, exc_type) to the buffer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef span_members[] = {
+    {"key", T_OBJECT_EX, offsetof(SpanObject, key), 0, "(name, category, blocking, class)"},
+    {"attrs", T_OBJECT, offsetof(SpanObject, attrs), 0, "attributes, or None"},
+    {"t0", T_OBJECT_EX, offsetof(SpanObject, t0), 0, "start time (clock ns)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SpanBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "goodtrace._speedups.SpanBase",
+    .tp_basicsize = sizeof(SpanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "C base of goodtrace's Span: __enter__/__exit__ without a Python frame.",
+    .tp_traverse = (traverseproc)span_traverse,
+    .tp_clear = (inquiry)span_clear,
+    .tp_dealloc = (destructor)span_dealloc,
+    .tp_methods = span_methods,
+    .tp_members = span_members,
+};
+
+static PyObject *
+call_slow(PyObject *name, PyObject *category, PyObject *attrs)
+{
+    PyObject *args[3] = {name, category, attrs};
+    if (g_slow_span == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "goodtrace._speedups is not bound to the recorder");
+        return NULL;
+    }
+    return PyObject_Vectorcall(g_slow_span, args, 3, NULL);
+}
+
+PyDoc_STRVAR(span_doc,
+"span(name, category=None, attrs=None)\n--\n\n"
+"A timed span (see goodtrace.span): the C fast path of goodtrace._recorder._span_py.");
+
+static PyObject *
+speedups_span(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *name = NULL, *category = Py_None, *attrs = Py_None;
+    PyObject *mode, *keys, *lookup, *key, *cls;
+    Py_ssize_t i, nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    SpanObject *span;
+
+    if (g_slow_span == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "goodtrace._speedups is not bound to the recorder");
+        return NULL;
+    }
+    if (nargs > 3) {
+        return PyObject_Vectorcall(g_slow_span, args, nargs, kwnames); /* its TypeError */
+    }
+    if (nargs > 0) name = args[0];
+    if (nargs > 1) category = args[1];
+    if (nargs > 2) attrs = args[2];
+    for (i = 0; i < nkw; i++) {
+        PyObject *kw = PyTuple_GET_ITEM(kwnames, i);
+        PyObject *value = args[nargs + i];
+        if (kw == s_category && nargs < 2) category = value;
+        else if (kw == s_attrs && nargs < 3) attrs = value;
+        else if (kw == s_name && nargs < 1) name = value;
+        else return PyObject_Vectorcall(g_slow_span, args, nargs, kwnames); /* its TypeError */
+    }
+    if (name == NULL) {
+        return PyObject_Vectorcall(g_slow_span, args, nargs, kwnames);
+    }
+
+    mode = recorder_global(s_mode);
+    if (mode == NULL) return NULL;
+    if (!PyLong_CheckExact(mode) || PyLong_AsLong(mode) != 0) {
+        if (PyLong_CheckExact(mode) && PyLong_AsLong(mode) == 1) { /* _DISABLED: the shared no-op */
+            PyObject *noop = PyDict_GetItemWithError(g_globals, s_noop);
+            if (noop != NULL) {
+                Py_INCREF(noop);
+                return noop;
+            }
+            if (PyErr_Occurred()) return NULL;
+        }
+        return call_slow(name, category, attrs);
+    }
+    keys = recorder_global(s_keys);
+    if (keys == NULL) return NULL;
+    if (!PyDict_CheckExact(keys)) return call_slow(name, category, attrs);
+    if (category == Py_None) {
+        Py_INCREF(name);
+        lookup = name;
+    }
+    else {
+        lookup = PyTuple_Pack(2, name, category);
+        if (lookup == NULL) return NULL;
+    }
+    key = PyDict_GetItemWithError(keys, lookup);
+    Py_DECREF(lookup);
+    if (key == NULL) {
+        PyErr_Clear(); /* KeyError-equivalent or unhashable: Python resolves and reports */
+        return call_slow(name, category, attrs);
+    }
+    if (!PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) != 4) {
+        return call_slow(name, category, attrs);
+    }
+    cls = PyTuple_GET_ITEM(key, 3);
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &SpanBaseType)) {
+        return call_slow(name, category, attrs);
+    }
+    span = (SpanObject *)((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
+    if (span == NULL) return NULL;
+    Py_INCREF(key);
+    span->key = key;
+    if (attrs != Py_None) {
+        Py_INCREF(attrs);
+        span->attrs = attrs;
+    }
+    return (PyObject *)span;
+}
+
+static PyObject *
+speedups_new_span(PyObject *Py_UNUSED(module), PyObject *cls)
+{
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &SpanBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "new_span: not a SpanBase subclass");
+        return NULL;
+    }
+    return ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
+}
+
+static PyObject *
+speedups_bind(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *globals, *slow;
+    if (!PyArg_ParseTuple(args, "O!O:bind", &PyDict_Type, &globals, &slow)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(slow)) {
+        PyErr_SetString(PyExc_TypeError, "bind: slow_span must be callable");
+        return NULL;
+    }
+    Py_INCREF(globals);
+    Py_XSETREF(g_globals, globals);
+    Py_INCREF(slow);
+    Py_XSETREF(g_slow_span, slow);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"span", (PyCFunction)(void (*)(void))speedups_span, METH_FASTCALL | METH_KEYWORDS, span_doc},
+    {"new_span", speedups_new_span, METH_O, "new_span(cls): an empty span of a SpanBase subclass."},
+    {"bind", speedups_bind, METH_VARARGS,
+     "bind(recorder_globals, slow_span): read state from these globals; defer to slow_span."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT,
+    "goodtrace._speedups",
+    "Optional C fast path for goodtrace spans (see _recorder.py for the reference code).",
+    -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    PyObject *m;
+    s_mode = PyUnicode_InternFromString("_mode");
+    s_keys = PyUnicode_InternFromString("_keys");
+    s_clock = PyUnicode_InternFromString("_clock");
+    s_append = PyUnicode_InternFromString("_append");
+    s_step = PyUnicode_InternFromString("_step");
+    s_category = PyUnicode_InternFromString("category");
+    s_attrs = PyUnicode_InternFromString("attrs");
+    s_name = PyUnicode_InternFromString("name");
+    s_noop = PyUnicode_InternFromString("NOOP_SPAN");
+    if (!s_noop || !s_mode || !s_keys || !s_clock || !s_append || !s_step || !s_category || !s_attrs || !s_name) {
+        return NULL;
+    }
+    {
+        PyObject *time_module = PyImport_ImportModule("time");
+        if (time_module == NULL) {
+            return NULL;
+        }
+        g_perf_counter_ns = PyObject_GetAttrString(time_module, "perf_counter_ns");
+        Py_DECREF(time_module);
+        if (g_perf_counter_ns == NULL) {
+            return NULL;
+        }
+    }
+    if (PyType_Ready(&SpanBaseType) < 0) {
+        return NULL;
+    }
+    m = PyModule_Create(&speedups_module);
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&SpanBaseType);
+    if (PyModule_AddObject(m, "SpanBase", (PyObject *)&SpanBaseType) < 0) {
+        Py_DECREF(&SpanBaseType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
