@@ -19,7 +19,9 @@ import argparse
 import contextlib
 import gc
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import goodtrace as gt
+from goodtrace import _recorder
 
 
 def _timeit(body: Callable[[int], None], n: int) -> float:
@@ -118,6 +121,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds (< 1 minute)")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
+    parser.add_argument("--no-fallback", action="store_true",
+                        help="skip measuring the pure-Python fallback (a second process)")
     args = parser.parse_args()
     n = 20_000 if args.quick else 100_000
     rounds = 5 if args.quick else 11
@@ -169,10 +174,26 @@ def main() -> int:
     targets = {"hot_path_vs_floor <= 2.5": ratios["hot_path_vs_floor"] <= 2.5,
                "disabled_vs_nullcontext <= 1.5": ratios["disabled_vs_nullcontext"] <= 1.5}
     for target, met in targets.items():
-        print(f"  target {target}: {'met' if met else 'NOT met'}")
+        print(f"  target {target}: {'met' if met else 'NOT met'} ({_recorder.IMPLEMENTATION} spans)")
+    fallback: dict[str, Any] | None = None
+    if _recorder.IMPLEMENTATION == "c" and not args.no_fallback:
+        # The pure-Python spans (no compiler at install, or GOODTRACE_PURE_PYTHON=1): a fresh
+        # interpreter, since the implementation is chosen at import; ratios to its own floor.
+        argv = [sys.executable, __file__, "--json", "--no-fallback"] + (["--quick"] if args.quick else [])
+        env = dict(os.environ, GOODTRACE_PURE_PYTHON="1")
+        out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
+        child = json.loads(out.stdout.strip().splitlines()[-1])
+        fallback = {"ns_per_span": {k: child["ns_per_span"][k] for k in
+                                    ("floor", "plain_cm", "goodtrace_hot_path", "goodtrace_disabled")},
+                    "ratios": {k: child["ratios"][k] for k in
+                               ("hot_path_vs_floor", "hot_path_vs_plain_cm", "disabled_vs_nullcontext")}}
+        print("pure-Python fallback (GOODTRACE_PURE_PYTHON=1, its own process and floor)")
+        for name, value in fallback["ratios"].items():
+            print(f"  {name:<32} {value:6.2f}x")
     if args.json:
-        result: dict[str, Any] = {"ns_per_span": ns, "ratios": ratios, "targets_met": targets,
-                                  "n": n, "rounds": rounds}
+        result: dict[str, Any] = {"implementation": _recorder.IMPLEMENTATION, "ns_per_span": ns,
+                                  "ratios": ratios, "targets_met": targets, "n": n, "rounds": rounds,
+                                  "pure_python_fallback": fallback}
         print(json.dumps(result))
     return 0
 
