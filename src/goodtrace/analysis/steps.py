@@ -172,6 +172,7 @@ def find_anomalies(
     mad = statistics.median(abs(v - median) for v in steady)
     threshold = median + max(k * 1.4826 * mad, 0.05 * median)
     by_key = {(w.attempt, s): w for w in windows for s in w.steps}
+    usual: dict[int, _UsualSpans] = {}
     found = []
     for r in rows:
         if r.first_of_attempt or r.productive_s <= threshold:
@@ -179,23 +180,52 @@ def find_anomalies(
         w = by_key.get((r.attempt, r.step))
         found.append(
             Anomaly(r.step, r.attempt, r.productive_s, threshold, r.step_time_s,
-                    _overlapping(w, session_timelines, r.tags))
+                    _overlapping(w, session_timelines, r.tags, usual))
         )
     return found, threshold
 
 
-def _overlapping(w: Window | None, timelines: dict[int, SessionTimeline], tags: tuple[str, ...]) -> tuple[str, ...]:
+class _UsualSpans:
+    """Per span name, its time per step in one session: the anomaly table names only spans
+    that took unusually long in the slow step (or appeared only there), not every span."""
+
+    def __init__(self, tl: SessionTimeline) -> None:
+        per_step: dict[str, dict[int, int]] = {}
+        steps: set[int] = set()
+        for name, _, t0, t1, step, _, _ in tl.spans:
+            if step is None:
+                continue
+            steps.add(step)
+            by_step = per_step.setdefault(name, {})
+            by_step[step] = by_step.get(step, 0) + (t1 - t0)
+        self.per_step = per_step
+        self.median_ns = {
+            name: statistics.median([by_step.get(k, 0) for k in steps]) for name, by_step in per_step.items()
+        }
+
+    def unusual(self, steps: Sequence[int]) -> list[str]:
+        found = []
+        for name, by_step in self.per_step.items():
+            took = sum(by_step.get(k, 0) for k in steps)
+            usual = self.median_ns[name] * len(steps)
+            if took > 1.5 * usual and took - usual >= 0.001 * NS:
+                found.append((took - usual, f"span:{name} {took / NS:.3f}s (usually {usual / NS:.3f}s)"))
+        return [label for _, label in sorted(found, key=lambda x: -x[0])[:5]]
+
+
+def _overlapping(
+    w: Window | None, timelines: dict[int, SessionTimeline], tags: tuple[str, ...],
+    usual: dict[int, _UsualSpans],
+) -> tuple[str, ...]:
     found = [f"tag:{t}" for t in tags]
     if w is None or w.session not in timelines:
         return tuple(found)
     tl = timelines[w.session]
     for label, length in sorted(w.overhead().items(), key=lambda kv: -kv[1]):
         found.append(f"{label}:{length / NS:.3f}s")
-    names: dict[str, int] = {}
-    for name, _, _, _, step, _, _ in tl.spans:
-        if step in w.steps:
-            names[name] = names.get(name, 0) + 1
-    found.extend(f"span:{n}" for n in sorted(names) if n not in ("step",))
+    if w.session not in usual:
+        usual[w.session] = _UsualSpans(tl)
+    found.extend(usual[w.session].unusual(sorted(w.steps)))
     found.extend(f"event:{name}" for name, _, step in tl.events if step in w.steps)
     idle = sum(v or 0.0 for name, step, v, _ in tl.metrics if name == "device/idle_s" and step in w.steps)
     if idle > 0:
