@@ -13,20 +13,11 @@ from typing import Any
 
 import torch
 
-from goodtrace._values import UnsupportedValue
+from goodtrace._values import UnsupportedValue, _HostNumber
 
 
-class _CpuTensor:
-    host = True
-
-    def prepare(self, value: Any) -> Any:
-        return value
-
-    def ready(self, handle: Any) -> bool | None:
-        return True
-
-    def wait(self, handle: Any) -> None:
-        return None
+class _CpuTensor(_HostNumber):
+    """A CPU tensor is computed by the time the op returns: like a host number."""
 
     def to_float(self, handle: Any) -> float:
         if handle.numel() != 1:
