@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
-    from goodtrace.reader import NotARunError, read_run
+    from goodtrace.commands.report import _progress
+    from goodtrace.reader import NotARunError
     from goodtrace.renderers.perfetto import PerfettoRenderer, Selection, parse_ranks, parse_steps
 
     try:
@@ -36,18 +37,25 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    renderer = PerfettoRenderer(selection)
+    # The run is read one session at a time (twice: an index first, then the records of each
+    # session as its events are written), so memory does not grow with the run's length.
+    update, stop = _progress()
     try:
-        loaded = read_run(args.run)
-    except NotARunError as exc:
-        raise CommandError(str(exc)) from None
-    if args.attempt is not None and not any(s.attempt == args.attempt for s in loaded.sessions):
-        attempts = sorted({s.attempt for s in loaded.sessions})
-        raise CommandError(f"the run has no attempt {args.attempt} (it has {attempts})")
-    try:
-        summary = PerfettoRenderer(selection).write(loaded, args.output)
-    except OSError as exc:
-        raise CommandError(f"cannot write {args.output}: {exc}") from None
-    for problem in loaded.problems:
+        try:
+            index = renderer.index(args.run, update)
+        except NotARunError as exc:
+            raise CommandError(str(exc)) from None
+        if args.attempt is not None and not any(s.attempt == args.attempt for s in index.sessions):
+            attempts = sorted({s.attempt for s in index.sessions})
+            raise CommandError(f"the run has no attempt {args.attempt} (it has {attempts})")
+        try:
+            summary = renderer.write(index, args.output, update)
+        except OSError as exc:
+            raise CommandError(f"cannot write {args.output}: {exc}") from None
+    finally:
+        stop()
+    for problem in index.problems:
         print(f"warning: {problem}", file=sys.stderr)
     if summary.processes == 0:
         print("warning: the selection matched no rank with records; the trace is empty", file=sys.stderr)

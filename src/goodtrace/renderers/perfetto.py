@@ -11,6 +11,14 @@ selection (its wall time is in the trace's ``otherData``).
 
 The step-interval model (:func:`step_intervals`) and the selection helpers are shared with the
 HTML renderer.
+
+Memory: ``write`` takes a :class:`goodtrace.reader.Run` already in memory (small runs, tests)
+or, for any size, a run directory or the :class:`goodtrace.reader.RunIndex` of
+:meth:`PerfettoRenderer.index`. Then the run is read twice, one session at a time: first every
+session's header, clock and finish records and step boundaries (:class:`StepSummary`: the
+attempts, the clock alignment, the time origin and the selected window of each session must
+be known before the first event), then each session's records, whose events go straight to
+the (gzip) file. The output is the same either way.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from goodtrace import schema
-from goodtrace.reader import Run, Session
+from goodtrace.reader import Run, RunIndex, Session, index_run
 
 __all__ = [
     "COMFORTABLE_TRACE_BYTES",
@@ -36,12 +44,15 @@ __all__ = [
     "PerfettoRenderer",
     "Selection",
     "StepInterval",
+    "StepSummary",
     "TraceSummary",
     "overhead_categories",
     "parse_ranks",
     "parse_steps",
     "session_clocks",
+    "step_bounds",
     "step_intervals",
+    "summarise_steps",
 ]
 
 # The Perfetto UI runs its trace processor in WebAssembly inside the browser tab: JSON traces of
@@ -213,12 +224,13 @@ def _clip_sum(
     return out
 
 
-def step_intervals(session: Session) -> list[StepInterval]:
-    """The session's step intervals in time order, from its ``sync`` and ``step`` records.
+StepRange = tuple[int | None, int | None]  # inclusive; None = open (as parse_steps returns)
+Bound = tuple[int, int, int, int, str]  # first_step, step, t0, t1, how: one interval without its split
 
-    The first interval starts when its first step was entered; each later one at the previous
-    sync point. Steps without a sync point of their own share the next one's interval.
-    """
+
+def step_bounds(session: Session) -> list[Bound]:
+    """Where the session's step intervals lie, from its ``sync`` and ``step`` records only:
+    ``(first_step, step, t0, t1, how)`` per interval, in time order (see :func:`step_intervals`)."""
     syncs = sorted(
         (int(r[schema.F_T]), int(r[schema.F_STEP]), str(r.get(schema.F_HOW, "")))
         for r in session.records
@@ -232,6 +244,29 @@ def step_intervals(session: Session) -> list[StepInterval]:
     for r in session.records:
         if r.get(schema.F_KIND) == schema.STEP and isinstance(r.get(schema.F_STEP), int):
             step_t0.setdefault(int(r[schema.F_STEP]), int(r[schema.F_T0]))
+    numbers = sorted(step_t0)
+    bounds: list[Bound] = []
+    previous_t: int | None = None
+    previous_step: int | None = None
+    for t, step, how in syncs:
+        low = 0 if previous_step is None else bisect.bisect_right(numbers, previous_step)
+        covered = numbers[low:bisect.bisect_right(numbers, step)]
+        first_step = covered[0] if covered else step
+        start = previous_t if previous_t is not None else min((step_t0[n] for n in covered), default=t)
+        bounds.append((first_step, step, min(start, t), t, how))
+        previous_t, previous_step = t, max(step, previous_step if previous_step is not None else step)
+    return bounds
+
+
+def step_intervals(session: Session) -> list[StepInterval]:
+    """The session's step intervals in time order, from its ``sync`` and ``step`` records.
+
+    The first interval starts when its first step was entered; each later one at the previous
+    sync point. Steps without a sync point of their own share the next one's interval.
+    """
+    bounds = step_bounds(session)
+    if not bounds:
+        return []
     overhead = overhead_categories(session)
     main_tid = session.header.get("main_tid")
     over: list[tuple[int, int, str]] = []
@@ -249,25 +284,85 @@ def step_intervals(session: Session) -> list[StepInterval]:
     over_starts = [p[0] for p in over_pieces]
     compute_pieces = _outermost(compute)
     compute_starts = [p[0] for p in compute_pieces]
-
-    numbers = sorted(step_t0)
     intervals: list[StepInterval] = []
-    previous_t: int | None = None
-    previous_step: int | None = None
-    for t, step, how in syncs:
-        low = 0 if previous_step is None else bisect.bisect_right(numbers, previous_step)
-        covered = numbers[low:bisect.bisect_right(numbers, step)]
-        first_step = covered[0] if covered else step
-        start = previous_t if previous_t is not None else min((step_t0[n] for n in covered), default=t)
-        start = min(start, t)
+    for first_step, step, start, t, how in bounds:
         regions = _clip_sum(over_pieces, over_starts, start, t)
         split: dict[str, int] = {}
         for a, b, category in regions:
             split[category] = split.get(category, 0) + (b - a)
         compute_ns = sum(b - a for a, b, _ in _clip_sum(compute_pieces, compute_starts, start, t))
         intervals.append(StepInterval(first_step, step, start, t, how, split, tuple(regions), compute_ns))
-        previous_t, previous_step = t, max(step, previous_step if previous_step is not None else step)
     return intervals
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSummary:
+    """What the renderers need of a session before its records are read: the step of each of
+    its intervals, in order (as arithmetic runs ``(first, stride, count)``: a few numbers for
+    any number of steps), and, for the step range ``steps_range``, the window ``(t0, t1)``
+    from the first to the last interval in it (None: no interval in the range)."""
+
+    runs: tuple[tuple[int, int, int], ...]
+    steps_range: StepRange | None = None
+    window: tuple[int, int] | None = None
+
+    @property
+    def steps(self) -> Iterator[int]:
+        for first, stride, count in self.runs:
+            for i in range(count):
+                yield first + i * stride
+
+
+def _runs(values: Iterable[int]) -> tuple[tuple[int, int, int], ...]:
+    runs: list[list[int]] = []
+    for value in values:
+        if runs:
+            last = runs[-1]
+            if last[2] == 1:
+                last[1], last[2] = value - last[0], 2
+                continue
+            if value == last[0] + last[1] * last[2]:
+                last[2] += 1
+                continue
+        runs.append([value, 0, 1])
+    return tuple((a, b, c) for a, b, c in runs)
+
+
+def _in_range(first_step: int, step: int, steps: StepRange | None) -> bool:
+    """An interval is in the step range when any step it covers is."""
+    if steps is None:
+        return True
+    first, last = steps
+    return (first is None or step >= first) and (last is None or first_step <= last)
+
+
+def summarise_steps(steps_range: StepRange | None = None) -> Callable[[Session], StepSummary]:
+    """The per-session summary the renderers read first (``index_run``'s ``summarise``)."""
+
+    def summarise(session: Session) -> StepSummary:
+        bounds = step_bounds(session)
+        window = None
+        if steps_range is not None:
+            chosen = [b for b in bounds if _in_range(b[0], b[1], steps_range)]
+            window = (chosen[0][2], chosen[-1][3]) if chosen else None
+        return StepSummary(_runs(b[1] for b in bounds), steps_range, window)
+
+    return summarise
+
+
+def step_summaries(
+    run: Run, sessions: Iterable[Session], steps_range: StepRange | None = None
+) -> dict[str, StepSummary]:
+    """Per session id, its :class:`StepSummary` for ``steps_range``: the index's own when it
+    was made for that range, else computed (from the records in memory, or read again)."""
+    summarise = summarise_steps(steps_range)
+    result: dict[str, StepSummary] = {}
+    for session in sessions:
+        summary = getattr(session, "summary", None)
+        if not isinstance(summary, StepSummary) or (steps_range is not None and summary.steps_range != steps_range):
+            summary = summarise(run.load(session))
+        result[session.session_id] = summary
+    return result
 
 
 def session_clocks(run: Run) -> dict[str, Callable[[int], int]]:
@@ -366,31 +461,49 @@ class PerfettoRenderer:
     def __init__(self, selection: Selection | None = None) -> None:
         self.selection = selection or Selection()
 
+    def index(
+        self, run_dir: str | os.PathLike[str], progress: Callable[[str, int, int], None] | None = None
+    ) -> RunIndex:
+        """Read the run once, keeping per session only what the trace needs before its first
+        event (see the module's docstring); pass the result to :meth:`write`."""
+        report = None if progress is None else functools.partial(progress, "reading")
+        return index_run(run_dir, summarise=summarise_steps(self.selection.steps), progress=report)
+
     def render(self, run: Run) -> str:
         """The whole trace as one string (small runs and tests; large ones use :meth:`write`)."""
         buffer = io.StringIO()
-        self._write_to(run, buffer)
+        self._write_to(run, buffer, step_summaries(run, self.selection.sessions(run), self.selection.steps))
         return buffer.getvalue()
 
-    def write(self, run: Run, path: str | os.PathLike[str]) -> TraceSummary:
-        """Write the trace to ``path``; gzip-compressed when the name ends in ``.gz``."""
+    def write(
+        self,
+        run: Run | str | os.PathLike[str],
+        path: str | os.PathLike[str],
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> TraceSummary:
+        """Write the trace to ``path``; gzip-compressed when the name ends in ``.gz``. ``run`` is
+        a run in memory, a :class:`RunIndex` or a run directory (read one session at a time).
+        ``progress(what, done, total)`` is called as the files are read and the ranks written."""
+        if not isinstance(run, Run):
+            run = self.index(run, progress)
+        summaries = step_summaries(run, self.selection.sessions(run), self.selection.steps)
         target = os.fspath(path)
         if target.endswith(".gz"):
             with gzip.open(target, "wt", encoding="utf-8", errors="replace", compresslevel=6) as handle:
-                counts = self._write_to(run, handle)
+                counts = self._write_to(run, handle, summaries, progress)
         else:
             with open(target, "w", encoding="utf-8", errors="replace") as handle:
-                counts = self._write_to(run, handle)
+                counts = self._write_to(run, handle, summaries, progress)
         size = os.path.getsize(target)
         warning = None
         if counts.json_bytes > COMFORTABLE_TRACE_BYTES:
-            warning = self._too_big(run, counts.json_bytes)
+            warning = self._too_big(run, counts.json_bytes, summaries)
         return dataclasses.replace(counts, path=target, bytes_written=size, warning=warning)
 
-    def _too_big(self, run: Run, json_bytes: int) -> str:
+    def _too_big(self, run: Run, json_bytes: int, summaries: dict[str, StepSummary]) -> str:
         steps = sorted(
-            {iv.step for s in self.selection.sessions(run) for iv in step_intervals(s)
-             if self.selection.step_in_range(iv.step)}
+            {step for s in self.selection.sessions(run) for step in summaries[s.session_id].steps
+             if self.selection.step_in_range(step)}
         )
         fraction = COMFORTABLE_TRACE_BYTES / json_bytes * 0.8
         advice = []
@@ -410,28 +523,33 @@ class PerfettoRenderer:
 
     # -------------------------------------------------------------------- event generation
 
-    def _write_to(self, run: Run, out: IO[str]) -> TraceSummary:
+    def _write_to(
+        self,
+        run: Run,
+        out: IO[str],
+        summaries: dict[str, StepSummary],
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> TraceSummary:
         selection = self.selection
         sessions = selection.sessions(run)
         to_wall = session_clocks(run)
-        prepared: list[tuple[Session, list[StepInterval], tuple[int, int] | None]] = []
+        # Which sessions have intervals in the step range, and where: from the summaries, so
+        # that the origin and the process list are known before any session's records are read.
+        prepared: list[tuple[Session, tuple[int, int] | None]] = []
         for session in sessions:
-            intervals = step_intervals(session)
             window = None
             if selection.steps is not None:
-                chosen = [iv for iv in intervals if _interval_selected(iv, selection)]
-                if not chosen:
+                window = summaries[session.session_id].window
+                if window is None:
                     continue
-                window = (chosen[0].t0, chosen[-1].t1)
-                intervals = chosen
-            prepared.append((session, intervals, window))
+            prepared.append((session, window))
 
         def start_of(session: Session, window: tuple[int, int] | None) -> int:
             proc_start = session.header.get(schema.H_PROC_START)
             anchor = proc_start if isinstance(proc_start, int) else int(session.header[schema.F_MONO])
             return to_wall[session.session_id](window[0] if window else anchor)
 
-        origin = min((start_of(s, w) for s, _, w in prepared), default=0)
+        origin = min((start_of(s, w) for s, w in prepared), default=0)
         counts = {"events": 0, "spans": 0, "bytes": 0}
 
         pending: list[str] = []  # written in chunks: one write per event is slow through gzip
@@ -454,24 +572,29 @@ class PerfettoRenderer:
         out.write(head)
         counts["bytes"] += len(head)
 
-        by_rank: dict[int, list[tuple[Session, list[StepInterval], tuple[int, int] | None]]] = {}
+        by_rank: dict[int, list[tuple[Session, tuple[int, int] | None]]] = {}
         for item in prepared:
             by_rank.setdefault(item[0].rank, []).append(item)
-        multiple_attempts = len({s.attempt for s, _, _ in prepared}) > 1
+        multiple_attempts = len({s.attempt for s, _ in prepared}) > 1
         next_tid = 1
+        written = 0
         for rank in sorted(by_rank):
             items = by_rank[rank]
             pid = rank + 1  # pid 0 is special in trace processors; the rank is in the name
-            hosts = list(dict.fromkeys(str(s.header.get(schema.H_HOST, "?")) for s, _, _ in items))
+            hosts = list(dict.fromkeys(str(s.header.get(schema.H_HOST, "?")) for s, _ in items))
             emit(_meta("process_name", pid, 0, {"name": f"rank {rank} ({', '.join(hosts)})"}))
             emit(_meta("process_sort_index", pid, 0, {"sort_index": rank}))
             labels = "; ".join(
                 f"attempt {s.attempt}: pid {s.header.get(schema.H_PID)} on {s.header.get(schema.H_HOST)}"
-                for s, _, _ in items
+                for s, _ in items
             )
             emit(_meta("process_labels", pid, 0, {"labels": labels}))
             lane_sort = 0
-            for session, intervals, window in items:
+            for indexed, window in items:
+                session = run.load(indexed)  # this session's records, and only its own, from here
+                intervals = step_intervals(session)
+                if selection.steps is not None:
+                    intervals = [iv for iv in intervals if _interval_selected(iv, selection)]
                 suffix = f" (attempt {session.attempt})" if multiple_attempts else ""
                 lanes: dict[Any, _Lane] = {}
 
@@ -488,6 +611,10 @@ class PerfettoRenderer:
 
                 self._emit_session(session, intervals, window, pid, lane, suffix,
                                    to_wall[session.session_id], origin, emit, counts)
+                del session, intervals
+                written += 1
+                if progress is not None:
+                    progress("writing", written, len(prepared))
         pending.append("\n]}\n")
         out.write("".join(pending))
         counts["bytes"] += 4
@@ -664,10 +791,7 @@ class PerfettoRenderer:
 
 def _interval_selected(iv: StepInterval, selection: Selection) -> bool:
     """An interval is in the step range when any step it covers is."""
-    if selection.steps is None:
-        return True
-    first, last = selection.steps
-    return (first is None or iv.step >= first) and (last is None or iv.first_step <= last)
+    return _in_range(iv.first_step, iv.step, selection.steps)
 
 
 def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> str:
