@@ -354,7 +354,8 @@ def test_instrument_single_process_live_line_and_finish_closes_it() -> None:
         return a.sum()
 
     with capture() as cap:
-        integration = gj.instrument(log_every=2, printer=lines.append)
+        integration = gj.instrument(log_every=2, printer=lines.append, flops_per_step=2e9,
+                                    tokens_per_step=512)
         rec = gt.recorder()
         assert rec.finish_listeners == [integration._on_finish]  # hooked until finish()
         offset = gj.measure_clock_offset()  # one process: nothing to measure, recorded as 0
@@ -370,6 +371,9 @@ def test_instrument_single_process_live_line_and_finish_closes_it() -> None:
     assert [line.step for line in integration.aggregator.lines] == [0, 2, 4]
     assert integration.aggregator.lines[-1].metrics["loss"].value == pytest.approx((9.0 + 12.0) / 2)
     assert len(lines) == 3 and lines[0].startswith("step 0")
+    # the model's size reaches the offline analysis (MFU) as step-less metrics, as with torch
+    model = {r["name"]: r["value"] for r in cap.records(schema.METRIC) if r.get("step") is None}
+    assert model == {"flops_per_step": 2e9, "tokens_per_step": 512.0}
 
 
 def test_instrument_when_not_recording_does_nothing() -> None:

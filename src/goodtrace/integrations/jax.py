@@ -24,7 +24,6 @@ import dataclasses
 import itertools
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -35,8 +34,9 @@ import goodtrace
 from goodtrace import schema
 from goodtrace._jax_values import JaxTree
 from goodtrace._recorder import Recorder
-from goodtrace._writer import GoodtraceWarning
 from goodtrace.clocksync import OffsetSample, measure_offset
+from goodtrace.integrations._common import Integration, announce_model
+from goodtrace.integrations._common import warn as _warn
 
 __all__ = [
     "COMPILE_EVENTS",
@@ -323,7 +323,7 @@ class JaxTransport:
 # ------------------------------------------------------------------------------ together
 
 
-class JaxIntegration:
+class JaxIntegration(Integration):
     """What :func:`instrument` hooked into the recorder; ``finish()`` closes it (collectively)."""
 
     def __init__(
@@ -341,16 +341,13 @@ class JaxIntegration:
     ) -> None:
         from goodtrace.live import LiveAggregator, LocalTransport, Transport
 
-        self.recorder = recorder
+        super().__init__(recorder)
         self.clock_sync_every = clock_sync_every
         self.clock_sync_rounds = clock_sync_rounds
         self.clock_offsets: list[ClockOffset] = []
         self.aggregator: LiveAggregator | None = None
-        self._closed = False
         self.distributed = jax.process_count() > 1 and _client() is not None
-        if tokens_per_step is not None or flops_per_step is not None:
-            recorder.event("model", {"tokens_per_step": tokens_per_step, "flops_per_step": flops_per_step,
-                                     "peak_flops": peak_flops})
+        announce_model(recorder, tokens_per_step, flops_per_step, peak_flops)
         if self.distributed:
             self._sync_clocks()
         if live:
@@ -361,8 +358,8 @@ class JaxIntegration:
                 recorder, transport, log_every=log_every, tokens_per_step=tokens_per_step,
                 flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
             )
-        recorder.finish_listeners.append(self._on_finish)
-        recorder.step_listeners.insert(0, self._on_step_end)
+        self._listen(recorder.finish_listeners, self._on_finish)
+        self._listen(recorder.step_listeners, self._on_step_end, first=True)
 
     def _on_step_end(self, number: int, t0: int, t1: int) -> None:
         if self.distributed and self.clock_sync_every and number % self.clock_sync_every == 0 and number:
@@ -380,34 +377,6 @@ class JaxIntegration:
         t1 = rec.clock()
         self.clock_offsets.append(offset)
         rec.record_span("clock_sync", schema.LOG, t0, t1, {"rtt_ns": offset.rtt_ns})
-
-    def _on_finish(self, completed: bool | None, reason: str) -> None:
-        if reason == "finish":  # an explicit finish() on every process: collectives are safe
-            self.close()
-        else:
-            self._unhook()
-
-    def close(self) -> None:
-        """Complete the last live windows (collective), then remove the hooks."""
-        if self._closed:
-            return
-        try:
-            if self.aggregator is not None:
-                self.aggregator.close()
-        finally:
-            self._unhook()
-
-    def _unhook(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        rec = self.recorder
-        if self._on_finish in rec.finish_listeners:
-            rec.finish_listeners.remove(self._on_finish)
-        if self._on_step_end in rec.step_listeners:
-            rec.step_listeners.remove(self._on_step_end)
-        if self.aggregator is not None:
-            self.aggregator.abandon()
 
 
 class _Disabled:
@@ -458,5 +427,3 @@ def instrument(
     )
 
 
-def _warn(message: str) -> None:
-    warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=3)

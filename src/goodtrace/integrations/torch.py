@@ -26,15 +26,15 @@ import datetime
 import os
 import sys
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from goodtrace import schema
-from goodtrace._writer import GoodtraceWarning
 from goodtrace.clocksync import OffsetSample, measure_offset
+from goodtrace.integrations._common import Integration, announce_model
+from goodtrace.integrations._common import warn as _warn
 from goodtrace.live import GatherHandle, LiveAggregator, LocalTransport, Transport
 
 __all__ = [
@@ -234,7 +234,7 @@ def _rss_bytes() -> int | None:
             return None
 
 
-class TorchIntegration:
+class TorchIntegration(Integration):
     """The hooks ``instrument()`` installed; ``close()`` (run by ``finish()``) removes them."""
 
     def __init__(
@@ -254,7 +254,7 @@ class TorchIntegration:
         printer: Callable[[str], None] | None,
         group_timeout_s: float,
     ) -> None:
-        self.recorder = recorder
+        super().__init__(recorder)
         self.log_every = log_every
         self.memory = memory
         self.clock_sync_every = clock_sync_every
@@ -266,7 +266,6 @@ class TorchIntegration:
         self._compile_wanted = compile_spans
         self._compile_hooks: tuple[Any, Any] | None = None
         self._compile_t0: dict[int, int] = {}
-        self._closed = False
 
         import torch.distributed as dist
 
@@ -278,14 +277,7 @@ class TorchIntegration:
         if peak_flops is None and _cuda_in_use():
             peak_flops = peak_flops_for(torch.cuda.get_device_name())
         self.peak_flops = peak_flops
-        if tokens_per_step is not None or flops_per_step is not None:
-            recorder.event("model", {"tokens_per_step": tokens_per_step, "flops_per_step": flops_per_step,
-                                     "peak_flops": peak_flops})
-            # the offline analysis reads model FLOPs from these step-less metrics
-            if flops_per_step is not None:
-                recorder.metric("flops_per_step", float(flops_per_step), "last", None)
-            if tokens_per_step is not None:
-                recorder.metric("tokens_per_step", float(tokens_per_step), "last", None)
+        announce_model(recorder, tokens_per_step, flops_per_step, peak_flops)
         if self.group is not None:
             self._sync_clocks()
         if live:
@@ -295,9 +287,9 @@ class TorchIntegration:
                 flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
             )
         self._maybe_hook_compile()
-        recorder.step_begin_listeners.append(self._on_step_begin)
-        recorder.step_listeners.insert(0, self._on_step_end)
-        recorder.finish_listeners.append(self._on_finish)
+        self._listen(recorder.step_begin_listeners, self._on_step_begin)
+        self._listen(recorder.step_listeners, self._on_step_end, first=True)
+        self._listen(recorder.finish_listeners, self._on_finish)
 
     # -------------------------------------------------------------- hooks
     def _on_step_begin(self, number: int, t0: int) -> None:
@@ -370,38 +362,14 @@ class TorchIntegration:
         callback_handler.register_end_callback(on_end)
         self._compile_hooks = (on_start, on_end)
 
-    def _on_finish(self, completed: bool | None, reason: str) -> None:
-        if reason == "finish":  # an explicit finish() on every rank: collectives are safe
-            self.close()
-        else:
-            self._unhook()
-
     # -------------------------------------------------------------- lifecycle
-    def close(self) -> None:
-        """Resolve outstanding CUDA events, complete the last live windows, remove the hooks."""
-        if self._closed:
-            return
-        try:
-            if self.cuda_timer is not None:
-                self.recorder.settle(schema.SYNC_FINISH)
-                self.cuda_timer.poll(block=True)
-            if self.aggregator is not None:
-                self.aggregator.close()
-        finally:
-            self._unhook()
+    def _before_close(self) -> None:
+        """Resolve outstanding CUDA events before the last live window."""
+        if self.cuda_timer is not None:
+            self.recorder.settle(schema.SYNC_FINISH)
+            self.cuda_timer.poll(block=True)
 
-    def _unhook(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        rec = self.recorder
-        for listeners, hook in ((rec.step_begin_listeners, self._on_step_begin),
-                                (rec.step_listeners, self._on_step_end),
-                                (rec.finish_listeners, self._on_finish)):
-            if hook in listeners:
-                listeners.remove(hook)
-        if self.aggregator is not None:
-            self.aggregator.abandon()
+    def _after_unhook(self) -> None:
         if self._compile_hooks is not None:
             try:
                 from torch._dynamo.callback import callback_handler
@@ -412,9 +380,6 @@ class TorchIntegration:
                 pass
             self._compile_hooks = None
 
-
-def _warn(message: str) -> None:
-    warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=3)
 
 
 class _Disabled:

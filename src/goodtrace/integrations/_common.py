@@ -1,0 +1,88 @@
+"""What the torch and JAX integrations share: the model announcement, and the lifecycle of
+the hooks ``instrument()`` installs (recorder listeners and the live aggregator).
+
+``finish()`` on every rank closes an integration collectively (the live aggregator's last
+window is a gather); any other end (a signal, interpreter exit) only unhooks, since the other
+ranks may be gone and a collective would hang.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from goodtrace._writer import GoodtraceWarning
+
+
+def warn(message: str) -> None:
+    warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=3)
+
+
+def announce_model(
+    recorder: Any, tokens_per_step: float | None, flops_per_step: float | None, peak_flops: float | None
+) -> None:
+    """Record the model's size: an event for people, step-less metrics for the offline analysis
+    (which reads model FLOPs and tokens per step from them)."""
+    if tokens_per_step is None and flops_per_step is None:
+        return
+    recorder.event("model", {"tokens_per_step": tokens_per_step, "flops_per_step": flops_per_step,
+                             "peak_flops": peak_flops})
+    if flops_per_step is not None:
+        recorder.metric("flops_per_step", float(flops_per_step), "last", None)
+    if tokens_per_step is not None:
+        recorder.metric("tokens_per_step", float(tokens_per_step), "last", None)
+
+
+class Integration:
+    """Base of ``TorchIntegration`` and ``JaxIntegration``: registers listeners so they can be
+    removed exactly once, and closes the live aggregator."""
+
+    aggregator: Any = None
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+        self._closed = False
+        self._hooks: list[tuple[list[Any], Callable[..., None]]] = []
+
+    def _listen(self, listeners: list[Any], hook: Callable[..., None], *, first: bool = False) -> None:
+        if first:
+            listeners.insert(0, hook)
+        else:
+            listeners.append(hook)
+        self._hooks.append((listeners, hook))
+
+    def _on_finish(self, completed: bool | None, reason: str) -> None:
+        if reason == "finish":  # an explicit finish() on every rank: collectives are safe
+            self.close()
+        else:
+            self._unhook()
+
+    def close(self) -> None:
+        """Complete the last live windows (collective), then remove the hooks."""
+        if self._closed:
+            return
+        try:
+            self._before_close()
+            if self.aggregator is not None:
+                self.aggregator.close()
+        finally:
+            self._unhook()
+
+    def _before_close(self) -> None:
+        """What must happen before the last live window closes (subclasses)."""
+
+    def _unhook(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for listeners, hook in self._hooks:
+            if hook in listeners:
+                listeners.remove(hook)
+        self._hooks.clear()
+        if self.aggregator is not None:
+            self.aggregator.abandon()
+        self._after_unhook()
+
+    def _after_unhook(self) -> None:
+        """Remove hooks installed outside the recorder (subclasses)."""
