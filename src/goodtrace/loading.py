@@ -380,6 +380,25 @@ _AGGREGATE_TABLES = (
 )
 
 
+# The per-file aggregates that both the JSON-lines and the Parquet folds compute (columns of
+# ``part`` after the key, sync step, compute thread and last sync point).
+_SESSION_COLUMNS = f"""max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
+               max(dropped),
+               min(step) FILTER (WHERE kind = '{schema.STEP}'),
+               max(step) FILTER (WHERE kind = '{schema.STEP}'),
+               count(*) FILTER (WHERE kind = '{schema.STEP}'),
+               count(*) FILTER (WHERE kind = '{schema.SYNC}'),
+               count(*) FILTER (WHERE kind = '{schema.FINISH}'),
+               arg_max(completed, t) FILTER (WHERE kind = '{schema.FINISH}'),
+               max(t) FILTER (WHERE kind = '{schema.FINISH}'),
+               arg_max(reason, t) FILTER (WHERE kind = '{schema.FINISH}'),
+               count(*) FILTER (WHERE kind = '{schema.EVENT}' AND lower(name) LIKE '%preempt%'),
+               count(*)"""
+# The latest measured clock offset of the file and when it was taken.
+_CLOCK_COLUMNS = f"""arg_max(offset_ns, t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL),
+               max(t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL)"""
+
+
 def _fold(con: Any, key: str, source: str) -> None:
     """One pass over ``source`` (records of one or more files; ``key`` names the file) into
     the ``part`` table. Grouping by the file, the step of a sync record and the thread of a
@@ -391,22 +410,10 @@ def _fold(con: Any, key: str, source: str) -> None:
                CASE WHEN kind = '{schema.SYNC}' THEN step END AS sync_step,
                CASE WHEN kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}' THEN tid END AS compute_tid,
                max(t) FILTER (WHERE kind = '{schema.SYNC}'),
-               max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
-               max(dropped),
-               min(step) FILTER (WHERE kind = '{schema.STEP}'),
-               max(step) FILTER (WHERE kind = '{schema.STEP}'),
-               count(*) FILTER (WHERE kind = '{schema.STEP}'),
-               count(*) FILTER (WHERE kind = '{schema.SYNC}'),
-               count(*) FILTER (WHERE kind = '{schema.FINISH}'),
-               arg_max(completed, t) FILTER (WHERE kind = '{schema.FINISH}'),
-               max(t) FILTER (WHERE kind = '{schema.FINISH}'),
-               arg_max(reason, t) FILTER (WHERE kind = '{schema.FINISH}'),
-               count(*) FILTER (WHERE kind = '{schema.EVENT}' AND lower(name) LIKE '%preempt%'),
-               count(*),
+               {_SESSION_COLUMNS},
                median(t1 - t0) FILTER (WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}'),
                count(*) FILTER (WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}'),
-               arg_max(offset_ns, t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL),
-               max(t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL)
+               {_CLOCK_COLUMNS}
         FROM {source}
         WHERE kind IS NOT NULL AND kind <> '{schema.HEADER}'
         GROUP BY ALL
@@ -421,20 +428,8 @@ def _fold_parquet(con: Any) -> None:
     con.execute(
         f"""
         INSERT INTO part SELECT {key}, NULL, NULL, NULL,
-               max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
-               max(dropped),
-               min(step) FILTER (WHERE kind = '{schema.STEP}'),
-               max(step) FILTER (WHERE kind = '{schema.STEP}'),
-               count(*) FILTER (WHERE kind = '{schema.STEP}'),
-               count(*) FILTER (WHERE kind = '{schema.SYNC}'),
-               count(*) FILTER (WHERE kind = '{schema.FINISH}'),
-               arg_max(completed, t) FILTER (WHERE kind = '{schema.FINISH}'),
-               max(t) FILTER (WHERE kind = '{schema.FINISH}'),
-               arg_max(reason, t) FILTER (WHERE kind = '{schema.FINISH}'),
-               count(*) FILTER (WHERE kind = '{schema.EVENT}' AND lower(name) LIKE '%preempt%'),
-               count(*), NULL, 0,
-               arg_max(offset_ns, t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL),
-               max(t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL)
+               {_SESSION_COLUMNS}, NULL, 0,
+               {_CLOCK_COLUMNS}
         FROM parquet_records WHERE kind IS NOT NULL GROUP BY fid
         """
     )
