@@ -19,7 +19,7 @@ def test_not_a_run(tmp_path: Path) -> None:
         load_run(tmp_path)
     with pytest.raises(NotARunError, match="not a directory"):
         load_run(tmp_path / "nothing")
-    with pytest.raises(NotARunError, match="local run directories"):
+    with pytest.raises(NotARunError, match=r"cannot list the run .*s3fs"):
         load_run("s3://bucket/run")
 
 
@@ -138,3 +138,52 @@ def test_a_damaged_compacted_copy_falls_back_to_json_lines(tmp_path: Path) -> No
     assert loaded.form == "jsonl"
     assert "compacted copy could not be read" in loaded.warnings[0]
     assert buckets_s(analyze(loaded).partition) == {"productive": 3.0}
+
+
+def test_a_run_on_object_storage_is_read_through_a_local_mirror(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """s3://, gs://... are fsspec URLs; memory:// is the same code path without a network."""
+    import os
+
+    import fsspec
+
+    monkeypatch.setenv("GOODTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    local = tmp_path / "run"
+    a = Proc(local, restart=0)
+    a.span("init", 0, 1)
+    a.loop(range(3), 1.0)
+    a.heartbeat(4.0)
+    a.write()
+    fs = fsspec.filesystem("memory")
+    url = "memory://goodtrace-tests/mirrored"
+
+    def upload() -> None:
+        for path in sorted(local.glob("rank-*/*.jsonl")):
+            fs.pipe_file(f"/goodtrace-tests/mirrored/{path.parent.name}/{path.name}", path.read_bytes())
+
+    upload()
+    loaded = load_run(url)
+    assert buckets_s(analyze(loaded).partition) == buckets_s(analyze(load(local)).partition)
+    assert any("local mirror" in w for w in loaded.warnings)
+    (mirrored,) = (tmp_path / "cache").glob("*/rank-*/*.jsonl")
+    assert (mirrored.parent.parent / "SOURCE").read_text().strip() == url
+    first_mtime = os.stat(mirrored).st_mtime_ns
+    # the job goes on: a second attempt appears; only the new file is fetched
+    b = Proc(local, restart=1, start=6.0)
+    b.loop(range(3, 5), 6.0)
+    b.finish(8.0)
+    b.write()
+    upload()
+    again = analyze(load_run(url))
+    assert buckets_s(again.partition) == {"productive": 5.0, "startup": 1.0, "disruption": 2.0}
+    assert os.stat(mirrored).st_mtime_ns == first_mtime
+    assert len(list((tmp_path / "cache").glob("*/rank-*/*.jsonl"))) == 2
+
+
+def test_unreadable_urls_are_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOODTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(NotARunError, match="cannot list the run"):
+        load_run("nosuchprotocol://bucket/run")
+    with pytest.raises(NotARunError, match="holds no goodtrace records"):
+        load_run("memory://goodtrace-tests/empty")
