@@ -3,9 +3,11 @@ opened in headless Chromium (no console errors, no network, charts drawn, hover,
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,9 @@ from typing import Any
 import pytest
 
 from _browser import EVIL, PageLog, artifact, browser, new_page, write_small_run
-from goodtrace.reader import read_run
-from goodtrace.renderers.html import embed_json, render_html, report_data
+from goodtrace.reader import RunIndex, Session, read_run
+from goodtrace.renderers import html
+from goodtrace.renderers.html import embed_json, index_for_html, render_html, report_data
 
 GOLDEN = Path(__file__).parent / "data" / "golden_trace_small"
 UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
@@ -94,6 +97,49 @@ def test_golden_report_data() -> None:
     if UPDATE or not golden.exists():
         golden.write_text(text, encoding="utf-8")
     assert text == golden.read_text(encoding="utf-8"), "set GOODTRACE_UPDATE_GOLDEN=1 after an intended change"
+
+
+GANTT_OPTIONS = [{}, {"gantt_steps": (1, 2)}, {"gantt_steps": (5, None)}, {"gantt_steps": (3, 3), "gantt_attempt": 0},
+                 {"gantt_attempt": 0}, {"gantt_steps": (0, 10**6)}]
+
+
+@pytest.mark.parametrize("analysed", [False, True])
+def test_streamed_report_data_is_the_in_memory_data(small_run: Path, analysed: bool) -> None:
+    analysis = _analysis(small_run) if analysed else None
+    index = index_for_html(small_run)
+    for options in GANTT_OPTIONS:
+        expected = report_data(analysis, read_run(small_run), **options)
+        assert report_data(analysis, index, **options) == expected
+        assert report_data(analysis, str(small_run), **options) == expected
+
+
+def test_report_data_reads_one_session_at_a_time(small_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    alive: list[weakref.ref[Session]] = []
+    original = RunIndex.load
+
+    def load(self: RunIndex, session: Session) -> Session:
+        gc.collect()
+        assert [ref() for ref in alive if ref() is not None] == [], "a session read earlier is still held"
+        loaded = original(self, session)
+        alive.append(weakref.ref(loaded))
+        return loaded
+
+    monkeypatch.setattr(RunIndex, "load", load)
+    assert report_data(None, index_for_html(small_run), gantt_steps=(3, 6))["gantt"]["rows"]
+
+
+def test_gantt_past_its_limit_keeps_the_lowest_ranks_whatever_the_order(
+    small_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    full = report_data(None, read_run(small_run), gantt_steps=(3, 6))["gantt"]
+    per_row = [sum(1 for item in full["items"] if item[0] == row) for row in range(3)]
+    monkeypatch.setattr(html, "MAX_GANTT_ITEMS", per_row[0] - 1)  # rank 0's spans pass it
+    for order in ([0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [2, 5, 0, 4, 1, 3]):
+        run = read_run(small_run)
+        run.sessions = [run.sessions[i] for i in order]
+        gantt = report_data(None, run, gantt_steps=(3, 6))["gantt"]
+        assert gantt["truncated"] is True and gantt["rows"] == full["rows"][:1]
+        assert gantt["items"] == full["items"][:per_row[0]] and gantt["marks"] == full["marks"]
 
 
 def test_page_is_self_contained_and_run_text_is_inert(evil_run: Path) -> None:
