@@ -114,3 +114,25 @@ def test_html_option_writes_a_page(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "Goodput 48.5%" in done.stdout and f"wrote {target}" in done.stderr
     assert target.read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
+
+
+def test_html_gantt_steps_option(tmp_path: Path) -> None:
+    import re
+
+    target = tmp_path / "report.html"
+    done = goodtrace("report", str(RESTART), "--html", str(target), "--gantt-steps", "4:6")
+    assert done.returncode == 0, done.stderr
+    block = re.search(r'<script type="application/json" id="goodtrace-data">(.*?)</script>',
+                      target.read_text(encoding="utf-8"), re.S)
+    assert block is not None
+    gantt = json.loads(block.group(1))["gantt"]
+    assert gantt["steps"] == [4, 6] and gantt["attempt"] == 1  # steps 3-4 were re-done: the last attempt
+    assert {item[5] for item in gantt["items"]} <= {3, 4, 5, 6}
+    for bad, message in (("9:3", "'9:3': it is empty"), ("x:y", "'x:y': expected A:B"), ("1:2:3", "'1:2:3': expected")):
+        done = goodtrace("report", str(RESTART), "--html", str(target), "--gantt-steps", bad)
+        assert done.returncode == 2 and f"--gantt-steps: bad step range {message}" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    done = goodtrace("report", str(RESTART), "--gantt-steps", "4:6")
+    assert done.returncode == 2 and "add --html FILE" in done.stderr
+    done = goodtrace("report", str(RESTART), "--html", str(target), "--gantt-steps", "500:")
+    assert done.returncode == 0 and "holds no step of the run" in done.stderr

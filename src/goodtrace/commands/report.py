@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run directory")
     parser.add_argument("--json", action="store_true", help="print the analysis as one JSON object")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report to FILE")
+    parser.add_argument("--gantt-steps", metavar="A:B",
+                        help="--html: the gantt chart shows steps A to B, both included (also A:, :B or one "
+                             "step A; default: 20 steps around the slowest step)")
     parser.add_argument("--window", metavar="A:B|D",
                         help="interval goodput for seconds A to B from the job start (negative: from "
                              "the end), or the last duration D (e.g. 1h)")
@@ -98,6 +101,16 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     if rolling is not None and rolling <= 0:
         raise CommandError("--rolling must be a positive duration")
+    gantt_steps = None
+    if args.gantt_steps is not None:
+        from goodtrace.renderers.perfetto import parse_steps
+
+        if not args.html:
+            raise CommandError("--gantt-steps chooses the steps of the HTML report's gantt chart: add --html FILE")
+        try:
+            gantt_steps = parse_steps(args.gantt_steps)
+        except ValueError as exc:
+            raise CommandError(f"--gantt-steps: {exc}") from None
     if not os.path.exists(args.run):
         raise CommandError(f"{args.run!r} does not exist")
     update, stop = _progress()
@@ -128,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     except AnalysisError as exc:
         raise CommandError(str(exc)) from None
     if args.html:
-        _write_html(args.run, analysis, args.html)
+        _write_html(args.run, analysis, args.html, gantt_steps)
     if args.json:
         from goodtrace.renderers.json_report import render_json
 
@@ -143,19 +156,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_html(run_dir: str, analysis: Any, target: str) -> None:
-    """The HTML renderer draws its heat map and gantt chart from the records themselves."""
+def _write_html(run_dir: str, analysis: Any, target: str, gantt_steps: tuple[int | None, int | None] | None) -> None:
+    """The HTML renderer draws its heat map and gantt chart from the records themselves, read
+    one rank's session at a time (memory does not grow with the run's length)."""
     from goodtrace.cli import CommandError
-    from goodtrace.reader import NotARunError, read_run
+    from goodtrace.reader import NotARunError
 
     try:
-        from goodtrace.renderers.html import render_html
+        from goodtrace.renderers.html import html_page, report_data
     except ImportError as exc:
         raise CommandError(f"the HTML renderer is not available: {exc}") from None
+    update, stop = _progress()
     try:
-        page = render_html(analysis, read_run(run_dir))
+        data = report_data(analysis, run_dir, gantt_steps=gantt_steps, progress=update)
     except NotARunError as exc:
         raise CommandError(str(exc)) from None
+    finally:
+        stop()
+    if gantt_steps is not None and data["gantt"] is None:
+        first, last = ("" if v is None else v for v in gantt_steps)
+        print(f"warning: --gantt-steps {first}:{last} holds no step of the run; the report has no gantt chart",
+              file=sys.stderr)
+    page = html_page(data)
     try:
         with open(target, "w", encoding="utf-8") as handle:
             handle.write(page)
