@@ -3,20 +3,25 @@ the real CLI, and the real Perfetto UI (offline, headless Chromium) querying its
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _browser import EVIL, MS, LoadedTrace, PerfettoUI, artifact, perfetto_ui, write_small_run
-from goodtrace.reader import read_run
+from goodtrace.reader import RunIndex, SegmentRecords, Session, index_run, parse_segment, read_run
 from goodtrace.renderers import perfetto
 from goodtrace.renderers.perfetto import PerfettoRenderer, Selection, parse_ranks, parse_steps, step_intervals
 
@@ -163,6 +168,103 @@ def test_golden_trace() -> None:
     if UPDATE or not golden.exists():
         golden.write_text(text, encoding="utf-8")
     assert text == golden.read_text(encoding="utf-8"), "set GOODTRACE_UPDATE_GOLDEN=1 after an intended change"
+
+
+# ------------------------------------------------------------------------------ streaming
+
+
+def _awkward_copy(small_run: Path, root: Path) -> Path:
+    """The small run with what a real directory holds: a session in two segments, a corrupt
+    line mid-file, a torn last line, CRLF line ends, and a file without a header."""
+    run_dir = root / "run"
+    shutil.copytree(small_run, run_dir)
+    path = next((run_dir / "rank-00001").glob("a1-*.jsonl"))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    cut = len(lines) // 2
+    path.write_text("\n".join(lines[:cut]) + "\n{not json\n", encoding="utf-8")
+    second = path.with_name(f"{header['session']}.00001.jsonl")
+    second.write_text("\n".join([json.dumps({**header, "segment": 1}), *lines[cut:]]) + '\n{"kind":"sp', encoding="utf-8")
+    crlf = next((run_dir / "rank-00002").glob("a0-*.jsonl"))
+    crlf.write_bytes(crlf.read_bytes().replace(b"\n", b"\r\n"))
+    (run_dir / "rank-00000" / "stray.jsonl").write_text('{"kind":"span"}\n', encoding="utf-8")
+    return run_dir
+
+
+SEGMENT_LINES = [
+    b'{"kind":"span","name":"a\\u00e9\xc3\xa9","t0":1,"t1":2,"attrs":{"x":[1,{"y":null}]}}',
+    b'{"kind":"sync","step":1,"t":5}', b'{"x":1}', b"5", b"", b"  ", b'{"kind":"step"}\r', b'{"kind":"tag"',
+    b"garbage", b'{"kind":"a"},{"kind":"b"}', b"\xff\xfe", b' {"kind":"e"}', b'{"kind":"e"} ', b'{"kind":1}',
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.sampled_from(SEGMENT_LINES), max_size=8), newline=st.booleans(), cut=st.integers(0, 400))
+def test_segment_records_decode_exactly_as_parse_segment(lines: list[bytes], newline: bool, cut: int) -> None:
+    data = b"\n".join(lines) + (b"\n" if newline else b"")
+    for piece in (data, data[:cut]):
+        expected_problems: list[str] = []
+        expected = parse_segment(piece, "f", expected_problems)
+        problems: list[str] = []
+        records = SegmentRecords(piece, "f", problems)
+        assert (list(records), records.torn) == expected and problems == expected_problems
+
+
+def test_index_run_keeps_what_read_run_gives_the_sessions(small_run: Path, tmp_path: Path) -> None:
+    awkward = _awkward_copy(small_run, tmp_path)
+    problems = read_run(awkward).problems
+    assert any("a1-r1.0.jsonl: line 18 is not valid JSON" in p for p in problems) and any("stray.jsonl" in p for p in problems)
+    assert {(s.segments, s.torn_lines) for s in read_run(awkward).sessions if s.session_id == "a1-r1"} == {(2, 2)}
+    for run_dir in (small_run, awkward, GOLDEN / "run"):
+        full = read_run(run_dir)
+        index = index_run(run_dir, summarise=lambda s: sorted(r["kind"] for r in s.records))
+        assert index.problems == full.problems
+        assert [s.session_id for s in index.sessions] == [s.session_id for s in full.sessions]
+        for indexed, session in zip(index.sessions, full.sessions, strict=True):
+            assert (indexed.header, indexed.attempt, indexed.segments, indexed.torn_lines) == (
+                session.header, session.attempt, session.segments, session.torn_lines)
+            assert indexed.last_seen_mono == session.last_seen_mono and indexed.finish == session.finish
+            assert indexed.of_kind("clock") == session.of_kind("clock")
+            assert indexed.summary == sorted(r["kind"] for r in session.records if r["kind"] in ("step", "sync"))
+            assert index.load(indexed).records == session.records
+
+
+SELECTIONS = [
+    Selection(), Selection(steps=(4, 5)), Selection(steps=(4, 5), ranks=frozenset({0, 2})), Selection(attempt=0),
+    Selection(steps=(None, 3), attempt=1), Selection(steps=(5, None)), Selection(steps=(3, 3)),
+]
+
+
+@pytest.mark.parametrize("selection", SELECTIONS, ids=repr)
+def test_streamed_trace_is_the_in_memory_trace(small_run: Path, tmp_path: Path, selection: Selection) -> None:
+    run_dir = _awkward_copy(small_run, tmp_path)
+    renderer = PerfettoRenderer(selection)
+    expected = renderer.render(read_run(run_dir))
+    assert renderer.render(renderer.index(run_dir)) == expected
+    assert renderer.render(index_run(run_dir)) == expected  # an index without summaries: read again
+    renderer.write(str(run_dir), tmp_path / "streamed.json.gz")
+    assert gzip.decompress((tmp_path / "streamed.json.gz").read_bytes()).decode() == expected
+
+
+def test_streaming_holds_one_session_at_a_time(small_run: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    alive: list[weakref.ref[Session]] = []
+    loads = []
+    original = RunIndex.load
+
+    def load(self: RunIndex, session: Session) -> Session:
+        gc.collect()
+        assert [ref() for ref in alive if ref() is not None] == [], "a session read earlier is still held"
+        loaded = original(self, session)
+        alive.append(weakref.ref(loaded))
+        loads.append(session.session_id)
+        return loaded
+
+    monkeypatch.setattr(RunIndex, "load", load)
+    renderer = PerfettoRenderer()
+    index = renderer.index(small_run)
+    renderer.write(index, tmp_path / "t.json")
+    assert sorted(loads) == sorted(s.session_id for s in index.sessions)  # each read once
 
 
 # ------------------------------------------------------------------------------ the command

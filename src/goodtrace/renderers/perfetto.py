@@ -112,12 +112,13 @@ def parse_steps(text: str) -> tuple[int | None, int | None]:
         if len(parts) == 2:
             first = int(parts[0]) if parts[0].strip() else None
             last = int(parts[1]) if parts[1].strip() else None
-            if first is not None and last is not None and last < first:
-                raise ValueError
-            return first, last
+        else:
+            raise ValueError
     except ValueError:
-        pass
-    raise ValueError(f"bad step range {text!r}: expected A:B (inclusive), A:, :B or A")
+        raise ValueError(f"bad step range {text!r}: expected A:B (inclusive), A:, :B or A") from None
+    if first is not None and last is not None and last < first:
+        raise ValueError(f"bad step range {text!r}: it is empty (A:B includes both ends, so A must not be after B)")
+    return first, last
 
 
 def parse_ranks(text: str) -> frozenset[int]:
