@@ -3,16 +3,22 @@ headless Chromium takes to draw the report's gantt chart of 20 steps of every ra
 
 The run is the report benchmark's synthetic run (``benchmarks/report_scale.py``: every rank a
 file written through the real writer's encoder, 10 spans per step, rank 3 slower, checkpoints
-and evals), by default 1,024 ranks x 100 steps. Timed, each in a fresh process with its peak RSS:
+and evals), by default at that benchmark's full size, 1,024 ranks x 1,000 steps (about 12.9
+million records, 1.5 GB of JSON lines). Timed, each in a fresh process with its peak RSS:
 
   1. ``goodtrace trace RUN -o all.json`` and ``-o all.json.gz`` (every rank, every step);
-  2. ``goodtrace trace RUN -o slice.json.gz --steps A:B`` (20 steps);
-  3. the HTML report: load + analyse (DuckDB), read the raw records, render (gantt: 20 steps);
+  2. ``goodtrace trace RUN -o slice.json[.gz] --steps A:B`` (20 steps of every rank);
+  3. the HTML report as ``goodtrace report RUN --html FILE --gantt-steps A:B`` makes it: load +
+     analyse (DuckDB), index the run, read each session's records once, build the page;
   4. Chromium (Debian's, via Playwright): open the file, time until every chart has drawn
      (ECharts 'finished'), the gantt's own time, and the time from a hover to its tooltip.
 
-``--quick`` runs 128 ranks x 30 steps (under a minute); ``--json`` makes the last line one
-JSON object with every figure and ratio.
+Both renderers stream the run one session at a time: peak memory is one rank's records plus
+what is kept (the gantt's spans, per-rank summaries), whatever the number of steps. ``--ranks``
+and ``--steps`` change the size; ``--quick`` runs 128 ranks x 30 steps
+(under a minute); ``--json`` makes the last line one JSON object with every figure and ratio.
+``--keep DIR`` writes the run and the outputs there and keeps them (re-using a run already
+there of the same size).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,31 +35,47 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report_scale import goodtrace_cmd, timed, write_rank  # the sibling benchmark: same run, same timer
+from report_scale import goodtrace_cmd, write_rank  # the sibling benchmark: same run
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 GANTT_STEPS = 20
 
 
 def html_job(run_dir: str, out: str, first: int, last: int) -> None:
-    """Runs in its own process (for a clean peak RSS): what ``report --html`` does."""
+    """Runs in its own process (for a clean peak RSS): what ``report --html --gantt-steps`` does."""
     from goodtrace.analysis import analyze
     from goodtrace.loading import load_run
-    from goodtrace.reader import read_run
-    from goodtrace.renderers.html import render_html
+    from goodtrace.renderers.html import html_page, index_for_html, report_data
 
     t0 = time.perf_counter()
     analysis = analyze(load_run(run_dir))
     t1 = time.perf_counter()
-    run = read_run(run_dir)
+    index = index_for_html(run_dir)
     t2 = time.perf_counter()
-    text = render_html(analysis, run, gantt_steps=(first, last))
+    data = report_data(analysis, index, gantt_steps=(first, last))
     t3 = time.perf_counter()
+    text = html_page(data)
     with open(out, "w", encoding="utf-8") as handle:
         handle.write(text)
     t4 = time.perf_counter()
-    print(json.dumps({"analyse_s": round(t1 - t0, 2), "read_records_s": round(t2 - t1, 2),
-                      "render_s": round(t3 - t2, 2), "write_s": round(t4 - t3, 2)}))
+    print(json.dumps({"analyse_s": round(t1 - t0, 2), "index_s": round(t2 - t1, 2),
+                      "records_s": round(t3 - t2, 2), "page_s": round(t4 - t3, 2),
+                      "gantt_spans": len(data["gantt"]["items"]) if data["gantt"] else 0}))
+
+
+def timed(cmd: list[str]) -> tuple[float, float, str, str]:
+    """(seconds, peak RSS MiB, stdout, stderr) of a command in a fresh process."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=dict(os.environ, GOODTRACE_PROGRESS="0"))
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed: {stderr}")
+        return seconds, usage.ru_maxrss / 1024, stdout, stderr
 
 
 JS_BAR = """() => {
@@ -112,8 +135,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small run (under a minute)")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with the figures")
-    parser.add_argument("--ranks", type=int)
-    parser.add_argument("--steps", type=int)
+    parser.add_argument("--ranks", type=int, help="ranks (default 1,024; --quick: 128)")
+    parser.add_argument("--steps", type=int, help="steps per rank (default 1,000; --quick: 30)")
     parser.add_argument("--keep", metavar="DIR", help="write the run and outputs here and keep them")
     parser.add_argument("--html-job", nargs=4, metavar=("RUN", "OUT", "FIRST", "LAST"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -122,7 +145,7 @@ def main() -> None:
         html_job(run_dir, out, int(first), int(last))
         return
     ranks = args.ranks or (128 if args.quick else 1024)
-    steps = args.steps or (30 if args.quick else 100)
+    steps = args.steps or (30 if args.quick else 1000)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="goodtrace-timeline-"))
     run_dir = root / "run"
     first = max(0, steps // 2 - GANTT_STEPS // 2)
@@ -130,24 +153,35 @@ def main() -> None:
     figures: dict[str, Any] = {"ranks": ranks, "steps": steps, "spans_per_step": 10, "quick": args.quick,
                                "cpus": os.cpu_count(), "gantt_steps": [first, last]}
     try:
+        marker = root / "run-size.json"
         t0 = time.perf_counter()
-        records = sum(write_rank(run_dir, r, ranks, steps, 10, seed=1) for r in range(ranks))
+        if args.keep and marker.exists() and json.loads(marker.read_text())[:2] == [ranks, steps]:
+            records = json.loads(marker.read_text())[2]
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            records = sum(write_rank(run_dir, r, ranks, steps, 10, seed=1) for r in range(ranks))
+            marker.write_text(json.dumps([ranks, steps, records]))
         figures.update(generate_s=round(time.perf_counter() - t0, 2), records=records,
                        jsonl_bytes=sum(p.stat().st_size for p in run_dir.rglob("*.jsonl")))
-        print(f"generated {records:,} records ({figures['jsonl_bytes'] / 1e6:.0f} MB) for {ranks} ranks x "
+        print(f"run: {records:,} records ({figures['jsonl_bytes'] / 1e6:.0f} MB) for {ranks} ranks x "
               f"{steps} steps", flush=True)
 
         for label, name, extra in (("trace_all", "all.json", []), ("trace_all_gz", "all.json.gz", []),
                                    ("trace_slice", "slice.json.gz", ["--steps", f"{first}:{last}"]),
                                    ("trace_slice_plain", "slice.json", ["--steps", f"{first}:{last}"])):
             out = root / name
-            seconds, peak, _ = timed(goodtrace_cmd("trace", str(run_dir), "-o", str(out), *extra))
-            figures[label] = {"s": round(seconds, 2), "peak_mib": round(peak), "bytes": out.stat().st_size}
-            print(f"{label}: {seconds:.2f} s, peak {peak:.0f} MiB, {out.stat().st_size / 1e6:.1f} MB", flush=True)
+            seconds, peak, _, err = timed(goodtrace_cmd("trace", str(run_dir), "-o", str(out), *extra))
+            figures[label] = {"s": round(seconds, 2), "peak_mib": round(peak), "bytes": out.stat().st_size,
+                              "perfetto_size_warning": "Perfetto UI opens up to about" in err}
+            print(f"{label}: {seconds:.2f} s, peak {peak:.0f} MiB, {out.stat().st_size / 1e6:.1f} MB"
+                  + (" (warned: above what the Perfetto UI opens comfortably)"
+                     if figures[label]["perfetto_size_warning"] else ""), flush=True)
+            if name == "all.json" and not args.keep:
+                out.unlink()  # 1.6 GB at full size: only its size is needed from here on
 
         html = root / "report.html"
-        seconds, peak, out_text = timed([sys.executable, __file__, "--html-job", str(run_dir), str(html),
-                                         str(first), str(last)])
+        seconds, peak, out_text, _ = timed([sys.executable, __file__, "--html-job", str(run_dir), str(html),
+                                            str(first), str(last)])
         figures["html"] = {"s": round(seconds, 2), "peak_mib": round(peak), "bytes": html.stat().st_size,
                            **json.loads(out_text.strip().splitlines()[-1])}
         print(f"html report: {seconds:.2f} s, peak {peak:.0f} MiB, {html.stat().st_size / 1e6:.1f} MB "
@@ -156,11 +190,12 @@ def main() -> None:
             figures["chromium"] = chromium_render(html)
             print(f"chromium: {figures['chromium']}", flush=True)
         spans = ranks * steps * 10
+        gantt_spans = figures["html"]["gantt_spans"] or 1
         figures["ratios"] = {
             "trace_all_bytes_per_jsonl_byte": round(figures["trace_all"]["bytes"] / figures["jsonl_bytes"], 2),
             "trace_all_us_per_span": round(figures["trace_all"]["s"] / spans * 1e6, 2),
             "gz_over_plain": round(figures["trace_all_gz"]["bytes"] / figures["trace_all"]["bytes"], 3),
-            "html_bytes_per_gantt_span": round(figures["html"]["bytes"] / (ranks * (last - first + 1) * 10), 1),
+            "html_bytes_per_gantt_span": round(figures["html"]["bytes"] / gantt_spans, 1),
         }
     finally:
         if not args.keep:
