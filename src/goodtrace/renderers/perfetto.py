@@ -426,10 +426,11 @@ def _string(value: Any) -> str:
 
 def _us(ns: int) -> str:
     """Nanoseconds as a microsecond JSON number, exactly (Chrome trace ``ts``/``dur`` unit)."""
-    sign = "-" if ns < 0 else ""
-    ns = abs(ns)
-    whole, frac = divmod(ns, 1000)
-    return f"{sign}{whole}.{frac:03d}" if frac else f"{sign}{whole}"
+    if ns >= 0:
+        whole, frac = divmod(ns, 1000)
+        return f"{whole}.{frac:03d}" if frac else str(whole)
+    whole, frac = divmod(-ns, 1000)
+    return f"-{whole}.{frac:03d}" if frac else f"-{whole}"
 
 
 def _ms(ns: int) -> float:
@@ -555,15 +556,18 @@ class PerfettoRenderer:
 
         pending: list[str] = []  # written in chunks: one write per event is slow through gzip
 
-        def emit(text: str) -> None:
-            if counts["events"]:
-                text = ",\n" + text
-            pending.append(text)
-            counts["events"] += 1
-            counts["bytes"] += len(text)
-            if len(pending) >= 8192:
-                out.write("".join(pending))
+        def flush() -> None:
+            if pending:
+                text = (",\n" if counts["events"] else "") + ",\n".join(pending)
+                out.write(text)
+                counts["events"] += len(pending)
+                counts["bytes"] += len(text)
                 pending.clear()
+
+        def emit(text: str) -> None:
+            pending.append(text)
+            if len(pending) >= 8192:
+                flush()
 
         head = '{"displayTimeUnit":"ms","otherData":' + _JSON.encode(
             {"generator": "goodtrace", "run": os.path.basename(os.path.normpath(run.path)),
@@ -616,8 +620,8 @@ class PerfettoRenderer:
                 written += 1
                 if progress is not None:
                     progress("writing", written, len(prepared))
-        pending.append("\n]}\n")
-        out.write("".join(pending))
+        flush()
+        out.write("\n]}\n")
         counts["bytes"] += 4
         return TraceSummary(
             path="", bytes_written=counts["bytes"], json_bytes=counts["bytes"], events=counts["events"],
@@ -786,8 +790,8 @@ class PerfettoRenderer:
                     args_json = _JSON.encode(args)
                 emit(f'{{"ph":"X","name":{_string(record.get(schema.F_NAME))},'
                      f'"cat":{_string(record.get(schema.F_CATEGORY))},"pid":{pid},"tid":{target.tid},'
-                     f'"ts":{ts(t0)},"dur":{_us(t1 - t0)},"args":{args_json}}}')
-                counts["spans"] += 1
+                     f'"ts":{_us(to_wall(t0) - origin)},"dur":{_us(t1 - t0)},"args":{args_json}}}')
+            counts["spans"] += len(spans_by_lane[key])
 
 
 def _interval_selected(iv: StepInterval, selection: Selection) -> bool:
