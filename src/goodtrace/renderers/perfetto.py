@@ -232,19 +232,25 @@ Bound = tuple[int, int, int, int, str]  # first_step, step, t0, t1, how: one int
 def step_bounds(session: Session) -> list[Bound]:
     """Where the session's step intervals lie, from its ``sync`` and ``step`` records only:
     ``(first_step, step, t0, t1, how)`` per interval, in time order (see :func:`step_intervals`)."""
-    syncs = sorted(
-        (int(r[schema.F_T]), int(r[schema.F_STEP]), str(r.get(schema.F_HOW, "")))
-        for r in session.records
-        if r.get(schema.F_KIND) == schema.SYNC
-        and isinstance(r.get(schema.F_T), int)
-        and isinstance(r.get(schema.F_STEP), int)
-    )
+    return _bounds(session.records)
+
+
+def _bounds(records: Iterable[dict[str, Any]]) -> list[Bound]:
+    syncs: list[tuple[int, int, str]] = []
+    entered: list[dict[str, Any]] = []
+    for r in records:
+        kind = r.get(schema.F_KIND)
+        if kind == schema.SYNC:
+            if isinstance(r.get(schema.F_T), int) and isinstance(r.get(schema.F_STEP), int):
+                syncs.append((int(r[schema.F_T]), int(r[schema.F_STEP]), str(r.get(schema.F_HOW, ""))))
+        elif kind == schema.STEP and isinstance(r.get(schema.F_STEP), int):
+            entered.append(r)
     if not syncs:
         return []
+    syncs.sort()
     step_t0: dict[int, int] = {}
-    for r in session.records:
-        if r.get(schema.F_KIND) == schema.STEP and isinstance(r.get(schema.F_STEP), int):
-            step_t0.setdefault(int(r[schema.F_STEP]), int(r[schema.F_T0]))
+    for r in entered:
+        step_t0.setdefault(int(r[schema.F_STEP]), int(r[schema.F_T0]))
     numbers = sorted(step_t0)
     bounds: list[Bound] = []
     previous_t: int | None = None
@@ -265,22 +271,29 @@ def step_intervals(session: Session) -> list[StepInterval]:
     The first interval starts when its first step was entered; each later one at the previous
     sync point. Steps without a sync point of their own share the next one's interval.
     """
-    bounds = step_bounds(session)
+    main_tid = session.header.get("main_tid")
+    span_kind, sync_kind, step_kind = schema.SPAN, schema.SYNC, schema.STEP
+    steps: list[dict[str, Any]] = []  # sync and step records
+    main: list[dict[str, Any]] = []  # main-thread spans
+    for r in session.records:  # one pass: sessions hold hundreds of thousands of records
+        kind = r.get(schema.F_KIND)
+        if kind == span_kind:
+            if r.get(schema.F_THREAD) == main_tid:
+                main.append(r)
+        elif kind in (sync_kind, step_kind):
+            steps.append(r)
+    bounds = _bounds(steps)
     if not bounds:
         return []
     overhead = overhead_categories(session)
-    main_tid = session.header.get("main_tid")
     over: list[tuple[int, int, str]] = []
     compute: list[tuple[int, int, str]] = []
-    for r in session.records:
-        if r.get(schema.F_KIND) != schema.SPAN or r.get(schema.F_THREAD) != main_tid:
-            continue
+    for r in main:
         category = str(r.get(schema.F_CATEGORY))
-        piece = (int(r[schema.F_T0]), int(r[schema.F_T1]), category)
         if category in overhead:
-            over.append(piece)
+            over.append((int(r[schema.F_T0]), int(r[schema.F_T1]), category))
         elif category == schema.COMPUTE:
-            compute.append(piece)
+            compute.append((int(r[schema.F_T0]), int(r[schema.F_T1]), category))
     over_pieces = _outermost(over)
     over_starts = [p[0] for p in over_pieces]
     compute_pieces = _outermost(compute)
