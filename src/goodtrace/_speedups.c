@@ -292,9 +292,14 @@ speedups_span(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &SpanBaseType)) {
         return call_slow(name, category, attrs);
     }
-    span = (SpanObject *)((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
-    if (span == NULL) return NULL;
+    /* own the key (and so cls) before allocating: an allocation can run the cyclic GC and
+     * its Python callbacks (goodtrace's own gc span among them) */
     Py_INCREF(key);
+    span = (SpanObject *)((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
+    if (span == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
     span->key = key;
     if (attrs != Py_None) {
         Py_INCREF(attrs);
