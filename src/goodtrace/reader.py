@@ -351,7 +351,8 @@ def index_run(
             summarised.add(current)
 
     span_kind, kept_kinds, summary_kinds = schema.SPAN, _INDEX_KEPT, _SUMMARY_KINDS
-    time_fields = (schema.F_T1, schema.F_T, schema.F_MONO)
+    t1_field, t_field, mono_field, kind_field = schema.F_T1, schema.F_T, schema.F_MONO, schema.F_KIND
+    no_time = float("-inf")  # below every int, so no None test per record
     keep_steps = summarise is not None
     for done, (rank_dir, segment) in enumerate(segments, 1):
         where = f"{rank_dir}/{os.path.basename(segment)}"
@@ -390,21 +391,28 @@ def index_run(
             if session_id in summarised:
                 split.add(session_id)
             current, steps_kept = session_id, []
-        latest = session.latest_mono
+        latest: float = no_time if session.latest_mono is None else session.latest_mono
         kept = session.records
         for record in records:
-            for field in time_fields:  # Session.last_seen_mono's rule
-                value = record.get(field)
-                if isinstance(value, int) and (latest is None or value > latest):
-                    latest = value
-            kind = record[schema.F_KIND]
+            # Session.last_seen_mono's rule, unrolled (this loop sees every record of the run).
+            get = record.get
+            value = get(t1_field)
+            if isinstance(value, int) and value > latest:
+                latest = value
+            value = get(t_field)
+            if isinstance(value, int) and value > latest:
+                latest = value
+            value = get(mono_field)
+            if isinstance(value, int) and value > latest:
+                latest = value
+            kind = record[kind_field]
             if kind == span_kind:
                 continue
             if kind in kept_kinds:
                 kept.append(record)
             elif keep_steps and kind in summary_kinds:
                 steps_kept.append(record)
-        session.latest_mono = latest
+        session.latest_mono = None if latest == no_time else int(latest)
         session.segments += 1
         session.torn_lines += reader.torn
         session.files.append((segment, len(data)))
