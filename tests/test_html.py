@@ -117,10 +117,10 @@ def test_report_data_reads_one_session_at_a_time(small_run: Path, monkeypatch: p
     alive: list[weakref.ref[Session]] = []
     original = RunIndex.load
 
-    def load(self: RunIndex, session: Session) -> Session:
+    def load(self: RunIndex, session: Session, keep: Any = None) -> Session:
         gc.collect()
         assert [ref() for ref in alive if ref() is not None] == [], "a session read earlier is still held"
-        loaded = original(self, session)
+        loaded = original(self, session, keep)
         alive.append(weakref.ref(loaded))
         return loaded
 

@@ -249,22 +249,28 @@ def test_streamed_trace_is_the_in_memory_trace(small_run: Path, tmp_path: Path, 
 def test_streaming_holds_one_session_at_a_time(small_run: Path, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     alive: list[weakref.ref[Session]] = []
-    loads = []
+    loads: list[tuple[str, int]] = []
     original = RunIndex.load
 
-    def load(self: RunIndex, session: Session) -> Session:
+    def load(self: RunIndex, session: Session, keep: Any = None) -> Session:
         gc.collect()
         assert [ref() for ref in alive if ref() is not None] == [], "a session read earlier is still held"
-        loaded = original(self, session)
+        loaded = original(self, session, keep)
         alive.append(weakref.ref(loaded))
-        loads.append(session.session_id)
+        loads.append((session.session_id, len(loaded.records)))
         return loaded
 
     monkeypatch.setattr(RunIndex, "load", load)
     renderer = PerfettoRenderer()
     index = renderer.index(small_run)
     renderer.write(index, tmp_path / "t.json")
-    assert sorted(loads) == sorted(s.session_id for s in index.sessions)  # each read once
+    assert sorted(sid for sid, _ in loads) == sorted(s.session_id for s in index.sessions)  # each read once
+    everything = dict(loads)
+    # A slice keeps only the records it can use (bounds, spans touching its window, its marks).
+    loads.clear()
+    sliced = PerfettoRenderer(Selection(steps=(1, 1), attempt=0))
+    sliced.write(sliced.index(small_run), tmp_path / "s.json")
+    assert loads and all(0 < n < everything[sid] / 2 for sid, n in loads)
 
 
 # ------------------------------------------------------------------------------ the command

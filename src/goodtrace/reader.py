@@ -107,9 +107,9 @@ class Run:
                 if kind is None or record.get(schema.F_KIND) == kind:
                     yield session, record
 
-    def load(self, session: Session) -> Session:
-        """``session`` with all its records: here they are already in memory (see
-        :meth:`RunIndex.load` for the streaming form)."""
+    def load(self, session: Session, keep: Callable[[dict[str, Any]], bool] | None = None) -> Session:
+        """``session`` with all its records: here they are already in memory, returned as they
+        are (``keep`` only matters to :meth:`RunIndex.load`, the streaming form)."""
         return session
 
 
@@ -297,8 +297,9 @@ class RunIndex(Run):
     """A run read by :func:`index_run`: its sessions are :class:`IndexedSession` (attempts
     assigned, problems found) and :meth:`load` reads one session's records when asked."""
 
-    def load(self, session: Session) -> Session:
-        """The session with all its records, read again from its files."""
+    def load(self, session: Session, keep: Callable[[dict[str, Any]], bool] | None = None) -> Session:
+        """The session with its records, read again from its files: all of them, or those for
+        which ``keep(record)`` is true (the others are never held, only decoded)."""
         if not isinstance(session, IndexedSession):
             return session
         records: list[dict[str, Any]] = []
@@ -310,7 +311,7 @@ class RunIndex(Run):
             parsed = iter(SegmentRecords(data, segment, []))
             first = next(parsed, None)
             if first is not None and first.get(schema.F_KIND) == schema.HEADER:
-                records.extend(parsed)
+                records.extend(parsed if keep is None else filter(keep, parsed))
         return Session(header=session.header, records=records, segments=session.segments,
                        torn_lines=session.torn_lines, attempt=session.attempt)
 

@@ -609,7 +609,8 @@ class PerfettoRenderer:
             emit(_meta("process_labels", pid, 0, {"labels": labels}))
             lane_sort = 0
             for indexed, window in items:
-                session = run.load(indexed)  # this session's records, and only its own, from here
+                # This session's records (for a slice, only those it can use), and no other's.
+                session = run.load(indexed, None if window is None else _slice_records(selection, window))
                 intervals = step_intervals(session)
                 if selection.steps is not None:
                     intervals = [iv for iv in intervals if _interval_selected(iv, selection)]
@@ -805,6 +806,34 @@ class PerfettoRenderer:
                      f'"cat":{_string(record.get(schema.F_CATEGORY))},"pid":{pid},"tid":{target.tid},'
                      f'"ts":{_us(to_wall(t0) - origin)},"dur":{_us(t1 - t0)},"args":{args_json}}}')
             counts["spans"] += len(spans_by_lane[key])
+
+
+def _slice_records(selection: Selection, window: tuple[int, int]) -> Callable[[dict[str, Any]], bool]:
+    """The records a session's slice can use, so that a stream keeps no others: step and sync
+    records (interval bounds), spans that touch the window (the step intervals' overhead split
+    inside it depends on no other span), device metrics, and tags, events and metrics of the
+    step range or, without a step, inside the window. Emission tests each record again."""
+    w0, w1 = window
+    in_range = selection.step_in_range
+    span, bounds, marks = schema.SPAN, (schema.SYNC, schema.STEP), (schema.TAG, schema.EVENT, schema.METRIC)
+
+    def keep(record: dict[str, Any]) -> bool:
+        kind = record.get(schema.F_KIND)
+        if kind == span:
+            t0, t1 = int(record[schema.F_T0]), int(record[schema.F_T1])
+            return (t1 > w0 and t0 < w1) or (t0 == t1 and w0 <= t0 <= w1)
+        if kind in bounds:
+            return True
+        if kind in marks:
+            if kind == schema.METRIC and record.get(schema.F_NAME) in DEVICE_METRICS:
+                return True
+            step, t = record.get(schema.F_STEP), record.get(schema.F_T)
+            if isinstance(step, int):
+                return in_range(step)
+            return not isinstance(t, int) or w0 <= t <= w1
+        return False  # finish, heartbeat, clock: a slice draws no lifecycle marks
+
+    return keep
 
 
 def _interval_selected(iv: StepInterval, selection: Selection) -> bool:
