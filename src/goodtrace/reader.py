@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from goodtrace import schema
 from goodtrace._storage import is_url, local_path
@@ -228,6 +228,34 @@ class SegmentRecords:
                 yield record
 
 
+
+S = TypeVar("S", bound="Session")
+
+
+def _readable_version(header: dict[str, Any], where: str, problems: list[str]) -> bool:
+    """Whether this goodtrace reads the segment's schema version (a problem when not)."""
+    version = header.get(schema.H_SCHEMA)
+    if version in schema.READABLE_VERSIONS:
+        return True
+    problems.append(
+        f"{where}: schema version {version!r} is not one this goodtrace reads "
+        f"({sorted(schema.READABLE_VERSIONS)}); skipped — upgrade goodtrace"
+    )
+    return False
+
+
+def _session_of(by_session: dict[str, Any], header: dict[str, Any], make: type[S]) -> tuple[str, S]:
+    """The session a segment belongs to (segments of one process share its session id); the
+    first segment's header is the session's header."""
+    session_id = str(header.get(schema.H_SESSION))
+    session = by_session.get(session_id)
+    if session is None:
+        session = make(header=header, records=[])
+        by_session[session_id] = session
+    elif header.get(schema.H_SEGMENT, 0) == 0:
+        session.header = header
+    return session_id, session
+
 def read_run(run_dir: str | os.PathLike[str]) -> Run:
     """Load every rank's segments of a run directory into sessions, attempts assigned."""
     path = os.fspath(run_dir)
@@ -249,20 +277,9 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
                 problems.append(f"{where}: does not start with a header record; skipped")
             continue
         header = records[0]
-        version = header.get(schema.H_SCHEMA)
-        if version not in schema.READABLE_VERSIONS:
-            problems.append(
-                f"{where}: schema version {version!r} is not one this goodtrace reads "
-                f"({sorted(schema.READABLE_VERSIONS)}); skipped — upgrade goodtrace"
-            )
+        if not _readable_version(header, where, problems):
             continue
-        session_id = str(header.get(schema.H_SESSION))
-        session = by_session.get(session_id)
-        if session is None:
-            session = Session(header=header, records=[])
-            by_session[session_id] = session
-        elif header.get(schema.H_SEGMENT, 0) == 0:
-            session.header = header
+        _, session = _session_of(by_session, header, Session)
         session.records.extend(records[1:])
         session.segments += 1
         session.torn_lines += torn
@@ -371,22 +388,12 @@ def index_run(
                     pass
                 problems.append(f"{where}: does not start with a header record; skipped")
             continue
-        version = header.get(schema.H_SCHEMA)
-        if version not in schema.READABLE_VERSIONS:
-            for _ in records:
+        if header.get(schema.H_SCHEMA) not in schema.READABLE_VERSIONS:
+            for _ in records:  # its problems are reported as read_run reports them
                 pass
-            problems.append(
-                f"{where}: schema version {version!r} is not one this goodtrace reads "
-                f"({sorted(schema.READABLE_VERSIONS)}); skipped — upgrade goodtrace"
-            )
+            _readable_version(header, where, problems)
             continue
-        session_id = str(header.get(schema.H_SESSION))
-        session = by_session.get(session_id)
-        if session is None:
-            session = IndexedSession(header=header, records=[])
-            by_session[session_id] = session
-        elif header.get(schema.H_SEGMENT, 0) == 0:
-            session.header = header
+        session_id, session = _session_of(by_session, header, IndexedSession)
         if session_id != current:
             summarise_current()
             if session_id in summarised:
