@@ -86,3 +86,12 @@ class Integration:
 
     def _after_unhook(self) -> None:
         """Remove hooks installed outside the recorder (subclasses)."""
+
+
+class Disabled:
+    """What ``instrument()`` returns when goodtrace is not recording: does nothing."""
+
+    aggregator = None
+
+    def close(self) -> None:
+        return None

@@ -35,7 +35,7 @@ from goodtrace import schema
 from goodtrace._jax_values import JaxTree
 from goodtrace._recorder import Recorder
 from goodtrace.clocksync import OffsetSample, measure_offset
-from goodtrace.integrations._common import Integration, announce_model
+from goodtrace.integrations._common import Disabled, Integration, announce_model
 from goodtrace.integrations._common import warn as _warn
 
 __all__ = [
@@ -379,14 +379,10 @@ class JaxIntegration(Integration):
         rec.record_span("clock_sync", schema.LOG, t0, t1, {"rtt_ns": offset.rtt_ns})
 
 
-class _Disabled:
+class _Disabled(Disabled):
     """What :func:`instrument` returns when goodtrace is not recording."""
 
-    aggregator = None
     clock_offsets: list[ClockOffset] = []
-
-    def close(self) -> None:
-        return None
 
 
 def instrument(

@@ -33,7 +33,7 @@ import torch
 
 from goodtrace import schema
 from goodtrace.clocksync import OffsetSample, measure_offset
-from goodtrace.integrations._common import Integration, announce_model
+from goodtrace.integrations._common import Disabled, Integration, announce_model
 from goodtrace.integrations._common import warn as _warn
 from goodtrace.live import GatherHandle, LiveAggregator, LocalTransport, Transport
 
@@ -382,15 +382,11 @@ class TorchIntegration(Integration):
 
 
 
-class _Disabled:
-    """What ``instrument`` returns when goodtrace is not recording: does nothing."""
+class _Disabled(Disabled):
+    """What :func:`instrument` returns when goodtrace is not recording."""
 
-    aggregator = None
     cuda_timer = None
     clock_offsets: list[OffsetSample] = []
-
-    def close(self) -> None:
-        return None
 
 
 def instrument(
