@@ -111,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
             gantt_steps = parse_steps(args.gantt_steps)
         except ValueError as exc:
             raise CommandError(f"--gantt-steps: {exc}") from None
-    if "://" not in args.run and not os.path.exists(args.run):  # URLs: the loader mirrors them
+    from goodtrace._storage import is_url, local_path
+
+    if not is_url(args.run) and not os.path.exists(local_path(args.run)):  # URLs: the loader mirrors them
         raise CommandError(f"{args.run!r} does not exist")
     update, stop = _progress()
     try:
