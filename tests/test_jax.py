@@ -2,10 +2,13 @@
 
 Ground truth for step completion comes from a watcher thread that does nothing but wait on
 each step's result in turn and record when it became ready (each step depends on the previous
-one). The jitted step is a matmul chain whose device time D is long (~0.1 s) and measured
-once, synchronously, before the loop. Margins: on a shared 2-core machine the wake-up of a
-waiting thread (goodtrace's or the watcher's) jitters by up to ~6 ms, so single steps may
-differ by 8% + 5 ms; the median step by 3%, the sum over steps by 2%.
+one). The jitted step is a matmul chain whose depth is calibrated so that its device time D is
+about 0.1 s on the machine running the test (a fixed depth gave 26 ms on one machine and 57 ms
+on another, where ms-scale jitter is 5%), measured once, synchronously, before the loop.
+Margins: on a shared 2-core machine the wake-up of a waiting thread (goodtrace's or the
+watcher's) jitters by up to ~6 ms, so single steps may differ by 8% + 5 ms; the median step by
+3%, the sum over steps by 2%. The watcher itself is one of those threads, so a run whose
+ground truth was disturbed is run again (up to three runs, each held to every bound).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from goodtrace.testing import capture  # noqa: E402
 
 N = 640
 DEPTH = 10  # ~50 ms on one CPU core
-LONG_DEPTH = 20  # the timing test: ~0.1 s unloaded, so that ms-scale wake-up jitter is a few percent
+LONG_DEPTH = 20  # the smallest depth of the timing test, calibrated up to TARGET_DEVICE_S
+TARGET_DEVICE_S = 0.1  # so that ms-scale wake-up jitter is a few percent of a step
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -78,6 +82,12 @@ class CompletionWatcher:
         return self.done_ns
 
 
+def _calibrated_depth(x: Any, w: Any) -> int:
+    """The chain depth whose device time is about TARGET_DEVICE_S here (at least LONG_DEPTH)."""
+    per_link_s = _device_time_s(x, w, LONG_DEPTH) / LONG_DEPTH
+    return max(LONG_DEPTH, min(20 * LONG_DEPTH, round(TARGET_DEVICE_S / per_link_s)))
+
+
 def _device_time_s(x: Any, w: Any, depth: int, repeats: int = 3) -> float:
     """D: one step run synchronously (compiled already), median of ``repeats``."""
     chain(x, w, depth)[0].block_until_ready()
@@ -96,6 +106,16 @@ def listeners() -> Iterator[None]:
     gj.install()
 
 
+def _matches_truth(ours: list[float], truth: list[float], measured: range, compile_s: float) -> bool:
+    """The accuracy bounds of the ground-truth test (see the module's docstring), all at once."""
+    return (
+        all(abs(ours[k] - truth[k]) <= 0.08 * truth[k] + 0.005 for k in measured)
+        and sum(ours[k] for k in measured) == pytest.approx(sum(truth[k] for k in measured), rel=0.02)
+        and statistics.median(abs(ours[k] / truth[k] - 1) for k in measured) < 0.03
+        and ours[0] - compile_s == pytest.approx(truth[0] - compile_s, rel=0.05, abs=0.003)
+    )
+
+
 def _steps_and_syncs(cap: Any) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
     steps = {r["step"]: r for r in cap.records(schema.STEP)}
     syncs = {r["step"]: r for r in cap.records(schema.SYNC)}
@@ -106,7 +126,8 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
     operands: tuple[Any, Any], listeners: None
 ) -> None:
     x0, w = operands
-    device_s = _device_time_s(x0, w, LONG_DEPTH)  # D, measured once
+    depth = _calibrated_depth(x0, w)
+    device_s = _device_time_s(x0, w, depth)  # D, measured once
     steps_n = 8
     measured = range(steps_n - 1)  # the last one settles at finish(), so it is excluded
     for _ in range(3):  # outside load on the 2 shared cores can delay a thread: up to 3 runs
@@ -118,7 +139,7 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
             for k in range(steps_n):
                 with gt.step(k) as s:
                     t0 = time.perf_counter()
-                    loss, x = chain(x, w, LONG_DEPTH)  # returns before the device ran it
+                    loss, x = chain(x, w, depth)  # returns before the device ran it
                     naive_s.append(time.perf_counter() - t0)  # the naive host timer
                     s.complete_on(loss)
                     watcher.watch(loss)
@@ -130,12 +151,14 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
         sync_ns = [syncs[k]["t"] for k in range(steps_n)]
         ours = [(sync_ns[0] - steps[0]["t0"]) / 1e9] + [(b - a) / 1e9 for a, b in itertools.pairwise(sync_ns)]
         truth = [(done_ns[0] - steps[0]["t0"]) / 1e9] + [(b - a) / 1e9 for a, b in itertools.pairwise(done_ns)]
-        if all(abs(ours[k] - truth[k]) <= 0.08 * truth[k] + 0.005 for k in measured):
+        compile_spans = [r for r in cap.records(schema.SPAN) if r["cat"] == schema.COMPILE and r["step"] == 0]
+        compile_s = sum(r["t1"] - r["t0"] for r in compile_spans) / 1e9
+        if _matches_truth(ours, truth, measured, compile_s):
             break
     table = "\n".join(
         f"step {k}: goodtrace {ours[k] * 1e3:8.2f} ms  truth {truth[k] * 1e3:8.2f} ms  "
         f"host timer {naive_s[k] * 1e3:8.2f} ms" for k in range(steps_n)
-    ) + f"\nD (measured once) {device_s * 1e3:.2f} ms"
+    ) + f"\nD (measured once, depth {depth}) {device_s * 1e3:.2f} ms"
     print(table)
 
     # Every step (the last one settles at finish(), so it is excluded): goodtrace = truth.
@@ -143,6 +166,7 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
         assert abs(ours[k] - truth[k]) <= 0.08 * truth[k] + 0.005, table
     assert sum(ours[k] for k in measured) == pytest.approx(sum(truth[k] for k in measured), rel=0.02)
     assert statistics.median(abs(ours[k] / truth[k] - 1) for k in measured) < 0.03, table
+    assert ours[0] - compile_s == pytest.approx(truth[0] - compile_s, rel=0.05, abs=0.003), table
     # Steady-state steps take about D. D was measured once, synchronously, a second earlier;
     # other jobs on this shared 2-core machine change its speed by up to 2x from one second to
     # the next (seen while writing this test), hence the in-run watcher above as the per-step
@@ -154,17 +178,15 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
         assert naive_s[k] < 0.2 * device_s, table
         assert abs(naive_s[k] - truth[k]) > 0.7 * truth[k], table
 
-    # Step 0 holds the compilation, labelled compile by JAX's own listeners, plus its run.
-    compile_spans = [r for r in cap.records(schema.SPAN) if r["cat"] == schema.COMPILE and r["step"] == 0]
+    # Step 0 holds the compilation, labelled compile by JAX's own listeners, plus its run (as
+    # long as a steady step, measured in this run: D from before the loop may be stale by 2x).
     assert {r["name"] for r in compile_spans} >= {"jax.trace", "jax.lower", "jax.compile"}
     assert all(r["attrs"]["fun"] in ("chain", "jit(chain)") for r in compile_spans)
     assert all(steps[0]["t0"] <= r["t0"] <= r["t1"] <= sync_ns[0] for r in compile_spans)
-    compile_s = sum(r["t1"] - r["t0"] for r in compile_spans) / 1e9
     assert compile_s > 0.005
-    assert ours[0] >= compile_s + 0.7 * device_s, table
-    assert ours[0] - compile_s == pytest.approx(truth[0] - compile_s, rel=0.05, abs=0.003)
+    assert ours[0] >= compile_s + 0.7 * steady, table
     # The host timer sees the compilation (synchronous) but not the run of step 0.
-    assert naive_s[0] < ours[0] - 0.5 * device_s, table
+    assert naive_s[0] < ours[0] - 0.5 * steady, table
     assert {r["step"] for r in cap.records(schema.TAG) if r["name"] == "compile"} == {0}
 
 
