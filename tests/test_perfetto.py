@@ -23,7 +23,14 @@ from hypothesis import strategies as st
 from _browser import EVIL, MS, LoadedTrace, PerfettoUI, artifact, perfetto_ui, write_small_run
 from goodtrace.reader import RunIndex, SegmentRecords, Session, index_run, parse_segment, read_run
 from goodtrace.renderers import perfetto
-from goodtrace.renderers.perfetto import PerfettoRenderer, Selection, parse_ranks, parse_steps, step_intervals
+from goodtrace.renderers.perfetto import (
+    PerfettoRenderer,
+    Selection,
+    format_ranks,
+    parse_ranks,
+    parse_steps,
+    step_intervals,
+)
 
 GOLDEN = Path(__file__).parent / "data" / "golden_trace_small"
 UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
@@ -67,6 +74,13 @@ def test_sparse_sync_points_make_one_shared_window(small_run: Path) -> None:
     intervals = step_intervals(session)
     assert [(iv.first_step, iv.step) for iv in intervals] == [(0, 0), (1, 3)]
     assert intervals[1].duration_ns == 300 * MS and intervals[1].is_window
+
+
+def test_format_ranks_is_what_parse_ranks_reads() -> None:
+    assert format_ranks({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+    assert format_ranks({3}) == "3"
+    assert format_ranks(set()) == ""
+    assert parse_ranks(format_ranks({0, 1, 2, 5, 7, 8, 100})) == {0, 1, 2, 5, 7, 8, 100}
 
 
 def test_parse_selection() -> None:
@@ -291,7 +305,12 @@ def test_cli_writes_a_slice(small_run: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--steps", "9:2"], "bad step range"), (["--ranks", "x"], "bad rank list"), (["--attempt", "7"], "no attempt 7")],
+    [
+        (["--steps", "9:2"], "bad step range"),
+        (["--ranks", "x"], "bad rank list"),
+        (["--attempt", "7"], "no attempt 7"),
+        (["--ranks", "5-9"], "the run has no rank in '5-9' (it has ranks 0-2)"),
+    ],
 )
 def test_cli_user_errors(small_run: Path, tmp_path: Path, extra: list[str], message: str) -> None:
     done = _cli("trace", str(small_run), "-o", str(tmp_path / "x.json"), *extra)

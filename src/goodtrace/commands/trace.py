@@ -27,7 +27,13 @@ def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
     from goodtrace.commands.report import _progress
     from goodtrace.reader import NotARunError
-    from goodtrace.renderers.perfetto import PerfettoRenderer, Selection, parse_ranks, parse_steps
+    from goodtrace.renderers.perfetto import (
+        PerfettoRenderer,
+        Selection,
+        format_ranks,
+        parse_ranks,
+        parse_steps,
+    )
 
     try:
         selection = Selection(
@@ -49,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         if args.attempt is not None and not any(s.attempt == args.attempt for s in index.sessions):
             attempts = sorted({s.attempt for s in index.sessions})
             raise CommandError(f"the run has no attempt {args.attempt} (it has {attempts})")
+        ranks = {s.rank for s in index.sessions}
+        if selection.ranks is not None and not ranks & selection.ranks:
+            raise CommandError(f"the run has no rank in {args.ranks!r} (it has ranks {format_ranks(ranks)})")
         try:
             summary = renderer.write(index, args.output, update)
         except OSError as exc:

@@ -146,6 +146,19 @@ def parse_ranks(text: str) -> frozenset[int]:
     return frozenset(ranks)
 
 
+def format_ranks(ranks: set[int] | frozenset[int]) -> str:
+    """{0, 1, 2, 5, 7, 8} -> ``"0-2,5,7-8"`` (the form :func:`parse_ranks` reads)."""
+    parts: list[str] = []
+    ordered = sorted(ranks)
+    start = 0
+    for i, rank in enumerate(ordered):
+        if i + 1 == len(ordered) or ordered[i + 1] != rank + 1:
+            first = ordered[start]
+            parts.append(str(first) if first == rank else f"{first}-{rank}")
+            start = i + 1
+    return ",".join(parts)
+
+
 # ------------------------------------------------------------------------------ step intervals
 
 
