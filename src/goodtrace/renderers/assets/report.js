@@ -297,14 +297,15 @@
     };
     chart('gantt', {
       animation: false,
-      grid: {left: 150, right: 40, top: 30, bottom: 60},
+      grid: {left: 150, right: 40, top: 30, bottom: 75},
       tooltip: {trigger: 'item', confine: true, formatter: function (p) {
         var v = p.value;
         return '<b>' + esc(g.names[v[3]]) + '</b><br>category: ' + esc(g.categories[v[4]]) +
                '<br>duration: ' + esc(ms(v[2] - v[1])) + '<br>step: ' + esc(v[5] < 0 ? '-' : v[5]) +
                '<br>' + esc(g.rows[v[0]]) + (v[7] === 1 ? ' (other thread)' : v[7] === 2 ? ' (device)' : '');
       }},
-      xAxis: {type: 'value', name: 'ms', min: 'dataMin', max: 'dataMax', scale: true},
+      xAxis: {type: 'value', name: 'ms from the range start', nameLocation: 'middle', nameGap: 22,
+              min: 'dataMin', max: 'dataMax', scale: true},
       yAxis: {type: 'category', data: g.rows, inverse: true, axisLabel: {fontSize: 11}},
       dataZoom: [{type: 'inside', xAxisIndex: 0, filterMode: 'weakFilter'},
                  {type: 'slider', xAxisIndex: 0, bottom: 8, filterMode: 'weakFilter'},
@@ -314,7 +315,8 @@
       series: [{type: 'custom', renderItem: renderItem, encode: {x: [1, 2], y: 0}, clip: true, progressive: 0,
                 data: g.items,
                 markLine: {silent: true, symbol: 'none', lineStyle: {color: '#aab', type: 'dashed'},
-                           label: {formatter: '{b}', fontSize: 10},
+                           // the y axis is inverted, so 'start' is the top edge: clear of the ms labels below
+                           label: {formatter: '{b}', fontSize: 10, position: 'start'},
                            data: g.marks.map(function (m) { return {xAxis: m[0], name: m[1]}; })}}]
     });
   }
