@@ -10,6 +10,8 @@ million records, 1.5 GB of JSON lines). Timed, each in a fresh process with its 
   2. ``goodtrace trace RUN -o slice.json[.gz] --steps A:B`` (20 steps of every rank);
   3. the HTML report as ``goodtrace report RUN --html FILE --gantt-steps A:B`` makes it: load +
      analyse (DuckDB), index the run, read each session's records once, build the page;
+  0. the baseline: ``json.loads`` of every line of the run once (the least any reader pays;
+     the ratios ``*_over_decode`` divide by it, so they hold on a noisy shared machine);
   4. Chromium (Debian's, via Playwright): open the file, time until every chart has drawn
      (ECharts 'finished'), the gantt's own time, and the time from a hover to its tooltip.
 
@@ -61,6 +63,19 @@ def html_job(run_dir: str, out: str, first: int, last: int) -> None:
     print(json.dumps({"analyse_s": round(t1 - t0, 2), "index_s": round(t2 - t1, 2),
                       "records_s": round(t3 - t2, 2), "page_s": round(t4 - t3, 2),
                       "gantt_spans": len(data["gantt"]["items"]) if data["gantt"] else 0}))
+
+
+def decode_job(run_dir: str) -> None:
+    """The baseline, in its own process: ``json.loads`` of every line of every rank file once,
+    the least any reader of the run pays (goodtrace's renderers decode the run twice)."""
+    loads = json.loads
+    lines = 0
+    for path in sorted(Path(run_dir).rglob("*.jsonl")):
+        with open(path, "rb") as handle:
+            for line in handle:
+                loads(line)
+                lines += 1
+    print(json.dumps({"lines": lines}))
 
 
 def timed(cmd: list[str]) -> tuple[float, float, str, str]:
@@ -139,7 +154,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="steps per rank (default 1,000; --quick: 30)")
     parser.add_argument("--keep", metavar="DIR", help="write the run and outputs here and keep them")
     parser.add_argument("--html-job", nargs=4, metavar=("RUN", "OUT", "FIRST", "LAST"), help=argparse.SUPPRESS)
+    parser.add_argument("--decode-job", metavar="RUN", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.decode_job:
+        decode_job(args.decode_job)
+        return
     if args.html_job:
         run_dir, out, first, last = args.html_job
         html_job(run_dir, out, int(first), int(last))
@@ -166,6 +185,10 @@ def main() -> None:
         print(f"run: {records:,} records ({figures['jsonl_bytes'] / 1e6:.0f} MB) for {ranks} ranks x "
               f"{steps} steps", flush=True)
 
+        seconds, peak, _, _ = timed([sys.executable, __file__, "--decode-job", str(run_dir)])
+        figures["baseline_decode"] = {"s": round(seconds, 2), "peak_mib": round(peak)}
+        print(f"baseline: json.loads of every line once: {seconds:.2f} s, peak {peak:.0f} MiB", flush=True)
+
         for label, name, extra in (("trace_all", "all.json", []), ("trace_all_gz", "all.json.gz", []),
                                    ("trace_slice", "slice.json.gz", ["--steps", f"{first}:{last}"]),
                                    ("trace_slice_plain", "slice.json", ["--steps", f"{first}:{last}"])):
@@ -191,7 +214,12 @@ def main() -> None:
             print(f"chromium: {figures['chromium']}", flush=True)
         spans = ranks * steps * 10
         gantt_spans = figures["html"]["gantt_spans"] or 1
+        decode_s = figures["baseline_decode"]["s"] or 0.01
         figures["ratios"] = {
+            "trace_all_over_decode": round(figures["trace_all"]["s"] / decode_s, 2),
+            "trace_all_gz_over_decode": round(figures["trace_all_gz"]["s"] / decode_s, 2),
+            "trace_slice_over_decode": round(figures["trace_slice"]["s"] / decode_s, 2),
+            "html_over_decode": round(figures["html"]["s"] / decode_s, 2),
             "trace_all_bytes_per_jsonl_byte": round(figures["trace_all"]["bytes"] / figures["jsonl_bytes"], 2),
             "trace_all_us_per_span": round(figures["trace_all"]["s"] / spans * 1e6, 2),
             "gz_over_plain": round(figures["trace_all_gz"]["bytes"] / figures["trace_all"]["bytes"], 3),
