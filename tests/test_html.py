@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,6 +235,24 @@ def test_report_opens_offline_draws_and_hovers(chromium: Any, small_run: Path, t
     cells = page.evaluate("() => window.goodtraceCharts.heatmap.getOption().series[0].data")
     assert {ratio for _, _, ratio, _ in cells} == {1.0}
     assert page.get_attribute("#heat-step", "aria-pressed") == "true"
+    assert log.errors == [] and log.console_errors == []
+
+
+def test_two_ranks_heat_map_shows_the_slow_one_red_and_the_fast_one_blue(
+    chromium: Any, small_run: Path, tmp_path: Path
+) -> None:
+    # Ranks 1 (50 ms of compute) and 2 (80 ms) only: the median of two is their mean (65 ms),
+    # so the slow rank is above 1.00 and the fast one below (the upper one as the median made
+    # the slow rank the grey reference).
+    run_dir = tmp_path / "two"
+    shutil.copytree(small_run, run_dir)
+    shutil.rmtree(run_dir / "rank-00000")
+    path = tmp_path / "report.html"
+    path.write_text(render_html(_analysis(run_dir), read_run(run_dir)), encoding="utf-8")
+    page, log = _open(chromium, path)
+    cells = page.evaluate("() => window.goodtraceCharts.heatmap.getOption().series[0].data")
+    ratios = {(row, ratio) for _, row, ratio, _ in cells}
+    assert ratios == {(0, round(50 / 65, 4)), (1, round(80 / 65, 4))}
     assert log.errors == [] and log.console_errors == []
 
 

@@ -196,7 +196,10 @@
   // rank that is 5% slower at every step stands out even next to a long first (compiling) step.
   function median(values) {
     var v = values.slice().sort(function (a, b) { return a - b; });
-    return v.length ? v[Math.floor(v.length / 2)] : null;
+    // the mean of the middle two for an even count: with two ranks the upper one alone would
+    // make the slower rank the 1.00 reference and show only the faster one
+    var h = Math.floor(v.length / 2);
+    return v.length ? (v.length % 2 ? v[h] : (v[h - 1] + v[h]) / 2) : null;
   }
   function heatData(matrix) {
     var out = [];
@@ -224,7 +227,7 @@
     var d = heatData(matrix);
     return {
       animation: false,
-      grid: {left: 80, right: 90, top: 10, bottom: 60},
+      grid: {left: 80, right: 135, top: 10, bottom: 75},
       tooltip: {trigger: 'item', formatter: function (p) {
         var c = p.value[0], r = p.value[1];
         return esc(rankLabels[r]) + ' (' + esc(heat.hosts[r]) + ')<br>step ' + esc(heat.columns[c]) +
@@ -232,13 +235,16 @@
                (heat.bin > 1 ? ' (mean of ' + esc(heat.bin) + ' steps)' : '') +
                '<br>' + esc(p.value[2].toFixed(3)) + ' x the median rank';
       }},
-      xAxis: {type: 'category', data: heat.columns, name: 'step', splitArea: {show: false}},
+      xAxis: {type: 'category', data: heat.columns, name: heat.columns.some(function (c) { return c.charAt(0) === 'a'; }) ? 'step (aK: = attempt K)' : 'step',
+              nameLocation: 'middle', nameGap: 24,
+              splitArea: {show: false}},
       yAxis: {type: 'category', data: rankLabels, inverse: true},
-      visualMap: {min: d.lo, max: d.hi, dimension: 2, calculable: true, orient: 'vertical', right: 5, top: 'middle',
+      // the colour scale at the right edge, its handle labels clear of the rank slider beside it
+      visualMap: {min: d.lo, max: d.hi, dimension: 2, calculable: true, orient: 'vertical', right: 10, top: 'middle',
                   text: ['slower', 'faster'], inRange: {color: ['#2166ac', '#92c5de', '#f7f7f7', '#f4a582', '#b2182b']},
                   formatter: function (v) { return v.toFixed(2) + 'x'; }},
       // At most 128 ranks at a time (the slider scrolls through the rest), so every row is visible.
-      dataZoom: [{type: 'slider', yAxisIndex: 0, right: 60, width: 14, startValue: 0,
+      dataZoom: [{type: 'slider', yAxisIndex: 0, right: 112, width: 14, startValue: 0,
                   endValue: Math.min(heat.ranks.length - 1, 127)},
                  {type: 'slider', xAxisIndex: 0, bottom: 8}],
       series: [{type: 'heatmap', data: d.points, progressive: 0}]
