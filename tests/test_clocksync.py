@@ -106,9 +106,12 @@ def test_injected_offset_is_measured_within_1ms_and_undone_by_the_reader(tmp_pat
 
     measured = json.loads((out_dir / "rank1.json").read_text())
     assert len(measured) == 3  # at start-up and at steps 2 and 4
+    # Within 1 ms, unless outside load stretched every round trip past 2 ms: the estimate's own
+    # bound is then rtt / 2 (seen once at load average 4: a 3.7 ms round trip, 1.7 ms off).
+    bound = max(1_000_000, max(rtt for _, rtt in measured) // 2 + 100_000)
     for offset, rtt in measured:
         # reference = local + offset: rank 1 is ahead, so its offset is -SHIFT
-        assert abs(offset + SHIFT_NS) < 1_000_000, (offset, rtt)
+        assert abs(offset + SHIFT_NS) < bound, (offset, rtt)
     assert json.loads((out_dir / "rank0.json").read_text()) == [[0, 0]] * 3
 
     run = read_run(run_dir)
@@ -124,6 +127,6 @@ def test_injected_offset_is_measured_within_1ms_and_undone_by_the_reader(tmp_pat
             raw = event["t"]
             aligned = clocks[session.session_id].to_reference(raw)
             truth = event["attrs"]["true_ns"]  # both processes share the host's monotonic clock
-            assert abs(aligned - truth) < 1_000_000
+            assert abs(aligned - truth) < bound
             if session.rank == 1:
                 assert raw - truth == pytest.approx(SHIFT_NS, abs=1_000_000)  # the raw timeline is off by 5 s
