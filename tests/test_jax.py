@@ -106,14 +106,17 @@ def listeners() -> Iterator[None]:
     gj.install()
 
 
-def _matches_truth(ours: list[float], truth: list[float], measured: range, compile_s: float) -> bool:
-    """The accuracy bounds of the ground-truth test (see the module's docstring), all at once."""
-    return (
-        all(abs(ours[k] - truth[k]) <= 0.08 * truth[k] + 0.005 for k in measured)
-        and sum(ours[k] for k in measured) == pytest.approx(sum(truth[k] for k in measured), rel=0.02)
-        and statistics.median(abs(ours[k] / truth[k] - 1) for k in measured) < 0.03
-        and ours[0] - compile_s == pytest.approx(truth[0] - compile_s, rel=0.05, abs=0.003)
-    )
+def _misses_truth(ours: list[float], truth: list[float], measured: range, compile_s: float) -> list[str]:
+    """The accuracy bounds of the ground-truth test (see the module's docstring) that this run
+    missed: the retry loop runs again while any is missed, and the test asserts none is."""
+    missed = [f"step {k}: beyond 8% + 5 ms" for k in measured if abs(ours[k] - truth[k]) > 0.08 * truth[k] + 0.005]
+    if sum(ours[k] for k in measured) != pytest.approx(sum(truth[k] for k in measured), rel=0.02):
+        missed.append("sum of steps: beyond 2%")
+    if statistics.median(abs(ours[k] / truth[k] - 1) for k in measured) >= 0.03:
+        missed.append("median step: beyond 3%")
+    if ours[0] - compile_s != pytest.approx(truth[0] - compile_s, rel=0.05, abs=0.003):
+        missed.append("step 0 after its compilation: beyond 5% + 3 ms")
+    return missed
 
 
 def _steps_and_syncs(cap: Any) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
@@ -153,7 +156,8 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
         truth = [(done_ns[0] - steps[0]["t0"]) / 1e9] + [(b - a) / 1e9 for a, b in itertools.pairwise(done_ns)]
         compile_spans = [r for r in cap.records(schema.SPAN) if r["cat"] == schema.COMPILE and r["step"] == 0]
         compile_s = sum(r["t1"] - r["t0"] for r in compile_spans) / 1e9
-        if _matches_truth(ours, truth, measured, compile_s):
+        missed = _misses_truth(ours, truth, measured, compile_s)
+        if not missed:
             break
     table = "\n".join(
         f"step {k}: goodtrace {ours[k] * 1e3:8.2f} ms  truth {truth[k] * 1e3:8.2f} ms  "
@@ -162,11 +166,7 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
     print(table)
 
     # Every step (the last one settles at finish(), so it is excluded): goodtrace = truth.
-    for k in measured:
-        assert abs(ours[k] - truth[k]) <= 0.08 * truth[k] + 0.005, table
-    assert sum(ours[k] for k in measured) == pytest.approx(sum(truth[k] for k in measured), rel=0.02)
-    assert statistics.median(abs(ours[k] / truth[k] - 1) for k in measured) < 0.03, table
-    assert ours[0] - compile_s == pytest.approx(truth[0] - compile_s, rel=0.05, abs=0.003), table
+    assert missed == [], table
     # Steady-state steps take about D. D was measured once, synchronously, a second earlier;
     # other jobs on this shared 2-core machine change its speed by up to 2x from one second to
     # the next (seen while writing this test), hence the in-run watcher above as the per-step
@@ -179,14 +179,16 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
         assert abs(naive_s[k] - truth[k]) > 0.7 * truth[k], table
 
     # Step 0 holds the compilation, labelled compile by JAX's own listeners, plus its run (as
-    # long as a steady step, measured in this run: D from before the loop may be stale by 2x).
+    # long as a steady step by the watcher's truth in this run: D from before the loop may be
+    # stale by 2x under outside load).
     assert {r["name"] for r in compile_spans} >= {"jax.trace", "jax.lower", "jax.compile"}
     assert all(r["attrs"]["fun"] in ("chain", "jit(chain)") for r in compile_spans)
     assert all(steps[0]["t0"] <= r["t0"] <= r["t1"] <= sync_ns[0] for r in compile_spans)
     assert compile_s > 0.005
-    assert ours[0] >= compile_s + 0.7 * steady, table
+    true_steady = statistics.median(truth[1 : steps_n - 1])
+    assert ours[0] >= compile_s + 0.7 * true_steady, table
     # The host timer sees the compilation (synchronous) but not the run of step 0.
-    assert naive_s[0] < ours[0] - 0.5 * steady, table
+    assert naive_s[0] < ours[0] - 0.5 * true_steady, table
     assert {r["step"] for r in cap.records(schema.TAG) if r["name"] == "compile"} == {0}
 
 
