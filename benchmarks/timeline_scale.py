@@ -6,12 +6,12 @@ file written through the real writer's encoder, 10 spans per step, rank 3 slower
 and evals), by default at that benchmark's full size, 1,024 ranks x 1,000 steps (about 12.9
 million records, 1.5 GB of JSON lines). Timed, each in a fresh process with its peak RSS:
 
+  0. the baseline: ``json.loads`` of every line of the run once (the least any reader pays;
+     the ratios ``*_over_decode`` divide by it, so they hold on a noisy shared machine);
   1. ``goodtrace trace RUN -o all.json`` and ``-o all.json.gz`` (every rank, every step);
   2. ``goodtrace trace RUN -o slice.json[.gz] --steps A:B`` (20 steps of every rank);
   3. the HTML report as ``goodtrace report RUN --html FILE --gantt-steps A:B`` makes it: load +
      analyse (DuckDB), index the run, read each session's records once, build the page;
-  0. the baseline: ``json.loads`` of every line of the run once (the least any reader pays;
-     the ratios ``*_over_decode`` divide by it, so they hold on a noisy shared machine);
   4. Chromium (Debian's, via Playwright): open the file, time until every chart has drawn
      (ECharts 'finished'), the gantt's own time, and the time from a hover to its tooltip.
 
