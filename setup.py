@@ -5,6 +5,6 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         # optional: a machine without a C compiler still installs, with the pure-Python spans
-        Extension("goodtrace._speedups", ["src/goodtrace/_speedups.c"], optional=True),
+        Extension("goodtrace.record._speedups", ["src/goodtrace/record/_speedups.c"], optional=True),
     ]
 )

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from goodtrace import schema
-from goodtrace._recorder import Span
-from goodtrace._writer import _Encoder
+from goodtrace.record.spans import Span
+from goodtrace.record.writer import _Encoder
 
 WALL0 = 1_700_000_000 * 10**9
 SECOND = 1_000_000_000
@@ -57,7 +57,7 @@ def _key(name: str, category: str) -> tuple[str, str, bool, type[Span]]:
 
 
 def header(rank: int, world: int, session: str, mono: int, proc_start: int) -> dict[str, Any]:
-    """The header the recorder writes (same fields, see _recorder.Recorder)."""
+    """The header the recorder writes (same fields, see goodtrace.record.recorder.Recorder)."""
     return {
         "kind": "header", "schema": schema.SCHEMA_VERSION, "version": "bench", "session": session,
         "rank": rank, "world": world, "local_rank": rank % 8, "host": f"node{rank // 8:04d}",
@@ -149,7 +149,7 @@ def timed(cmd: list[str]) -> tuple[float, float, str]:
 
 
 def goodtrace_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "goodtrace.cli", *args]
+    return [sys.executable, "-m", "goodtrace", *args]
 
 
 # ------------------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ def compare_with_mlgm(steps: int) -> dict[str, Any]:
     except ImportError:
         return {"skipped": "ml-goodput-measurement is not installed (pip install ml-goodput-measurement)"}
     from goodtrace.analysis import analyze
-    from goodtrace.loading import load_run
+    from goodtrace.read.load import load_run
 
     cases = {
         # name: (startup s, step s, first step extra s, tail s)

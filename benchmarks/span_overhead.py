@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import goodtrace as gt
-from goodtrace import _recorder
+from goodtrace.record import spans as _recorder
 
 
 def _timeit(body: Callable[[int], None], n: int) -> float:

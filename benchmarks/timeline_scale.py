@@ -46,7 +46,7 @@ GANTT_STEPS = 20
 def html_job(run_dir: str, out: str, first: int, last: int) -> None:
     """Runs in its own process (for a clean peak RSS): what ``report --html --gantt-steps`` does."""
     from goodtrace.analysis import analyze
-    from goodtrace.loading import load_run
+    from goodtrace.read.load import load_run
     from goodtrace.renderers.html import html_page, index_for_html, report_data
 
     t0 = time.perf_counter()

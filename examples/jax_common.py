@@ -101,7 +101,7 @@ def step_table(run_dir: str) -> list[tuple[int, float, dict[str, float]]]:
     step k's interval is (T_{k-1}, T_k] between sync points; the first runs from its step
     entry. Overhead spans (compile, checkpoint, eval, ...) are clipped to the interval."""
     from goodtrace import schema
-    from goodtrace.reader import read_run
+    from goodtrace.read.sessions import read_run
 
     run = read_run(run_dir)
     session = [s for s in run.sessions if s.rank == 0][-1]
@@ -135,7 +135,7 @@ def print_report(run_dir: str) -> None:
     """The full report from ``goodtrace.analysis`` when it is installed, else a short summary."""
     try:
         from goodtrace.analysis import analyze
-        from goodtrace.loading import load_run
+        from goodtrace.read.load import load_run
         from goodtrace.renderers.console import render_console
     except ImportError:
         rows = step_table(run_dir)

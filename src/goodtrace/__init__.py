@@ -17,25 +17,31 @@ The recording API (standard library only)::
     gt.finish(completed=True)
 
 Flow: ``span()`` -> in-memory buffer -> writer thread -> per-rank segment files -> reader ->
-analysis -> renderers. Before ``init()`` (and with ``enabled=False``) every call is a no-op.
+analysis -> renderers; the package's folders follow it (``record/`` runs inside the job and
+loads the standard library only, ``read/``, ``analysis/``, ``renderers/`` and ``cli/`` run
+afterwards). Before ``init()`` (and with ``enabled=False``) every call is a no-op.
 """
 
 from __future__ import annotations
 
-import atexit
-import os
-import signal
-import sys
-import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 from goodtrace import schema
-from goodtrace._process import discover_identity
-from goodtrace._recorder import NOOP_RECORDER, NoopRecorder, Recorder, Span, StepContext, set_disabled, span
-from goodtrace._storage import Storage
-from goodtrace._writer import GoodtraceWarning
-from goodtrace.config import Config, ConfigError
+from goodtrace.record.api import (
+    complete_on,
+    current_step,
+    event,
+    finish,
+    flush,
+    init,
+    is_enabled,
+    metric,
+    recorder,
+    step,
+    tag,
+)
+from goodtrace.record.config import Config, ConfigError
+from goodtrace.record.errors import GoodtraceWarning
+from goodtrace.record.recorder import StepContext
+from goodtrace.record.spans import Span, span
 
 __all__ = [
     "Config",
@@ -57,161 +63,3 @@ __all__ = [
     "step",
     "tag",
 ]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-_active_recorder: Recorder | NoopRecorder = NOOP_RECORDER
-_lock = threading.Lock()
-
-
-def init(
-    run_dir: str | os.PathLike[str],
-    *,
-    enabled: bool | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    local_rank: int | None = None,
-    ranks: Any = None,
-    config: Config | None = None,
-    clock: Callable[[], int] | None = None,
-    storage: Storage | None = None,
-    **options: Any,
-) -> Recorder | NoopRecorder:
-    """Start recording this rank into ``run_dir`` (a path or an fsspec URL).
-
-    Rank and world size come from the arguments, else from an initialised torch.distributed /
-    JAX, else from launcher variables (torchrun, Slurm, Open MPI), else 0 of 1. ``ranks``
-    (a collection of rank numbers) records only those ranks; others get the no-op recorder.
-    Other keyword options are :class:`Config` fields (e.g. ``lag=2``, ``flush_interval_s=5``).
-    """
-    global _active_recorder
-    if config is None:
-        config = Config.from_env(enabled=enabled, **options)
-    elif options or enabled is not None:
-        raise ConfigError("pass either config= or individual options, not both")
-    with _lock:
-        if isinstance(_active_recorder, Recorder) and not _active_recorder.finished:
-            raise RuntimeError(
-                f"goodtrace is already recording into {_active_recorder.run_dir!r}; call finish() first"
-            )
-        if not config.enabled:
-            set_disabled()
-            _active_recorder = NOOP_RECORDER
-            return _active_recorder
-        identity = discover_identity(rank=rank, world_size=world_size, local_rank=local_rank)
-        if ranks is not None and identity.rank not in set(ranks):
-            set_disabled()
-            _active_recorder = NOOP_RECORDER
-            return _active_recorder
-        kwargs: dict[str, Any] = {"storage": storage}
-        if clock is not None:
-            kwargs["clock"] = clock
-        _active_recorder = Recorder(os.fspath(run_dir), config, identity, **kwargs)
-        _active_recorder.activate()
-        _install_sigterm_handler(_active_recorder)
-        if "jax" in sys.modules:  # the program already uses JAX: record its compiles from step 0
-            try:
-                from goodtrace.integrations import jax as jax_integration
-
-                jax_integration.install()
-            except Exception:  # an optional feature must never fail init
-                pass
-        return _active_recorder
-
-
-def finish(completed: bool = True) -> bool:
-    """Settle pending steps, write the finish record, flush and close the files.
-
-    ``completed=True`` says the job reached its end; ``False`` that it is stopping early.
-    Returns True when every record reached storage within ``finish_timeout_s``.
-    """
-    global _active_recorder
-    with _lock:
-        rec = _active_recorder
-        _active_recorder = NOOP_RECORDER
-    return rec.finish(completed)
-
-
-def flush(timeout: float | None = None) -> bool:
-    """Write everything buffered now; True when it reached storage within ``timeout``."""
-    return _active_recorder.flush(timeout)
-
-
-def recorder() -> Recorder | NoopRecorder:
-    """The active recorder (the shared no-op one when not recording)."""
-    return _active_recorder
-
-
-def is_enabled() -> bool:
-    return _active_recorder.enabled
-
-
-def current_step() -> int | None:
-    return _active_recorder.current_step
-
-
-def step(number: int) -> StepContext:
-    """``with gt.step(n) as s:``: the ambient step for spans, tags and metrics."""
-    return _active_recorder.step(number)  # type: ignore[no-any-return,unused-ignore]
-
-
-def complete_on(value: object, step: int | None = None) -> None:
-    """The (current) step is complete when ``value`` is; observed with the lag, never earlier."""
-    _active_recorder.complete_on(value, step)
-
-
-def metric(name: str, value: object, reduce: str = "mean", step: int | None = None) -> None:
-    """A named value at the (current) step, reduced across ranks with ``reduce``."""
-    _active_recorder.metric(name, value, reduce, step)
-
-
-def tag(name: str, step: int | None = None) -> None:
-    """Label the (current) step, e.g. ``gt.tag("lr_drop")``."""
-    _active_recorder.tag(name, step)
-
-
-def event(name: str, **attrs: Any) -> None:
-    """A named instant with attributes, e.g. ``gt.event("preempted", signal=15)``."""
-    _active_recorder.event(name, attrs or None)
-
-
-def _install_sigterm_handler(rec: Recorder) -> None:
-    """On SIGTERM (how schedulers preempt), record it and flush, then die as the signal says.
-
-    Only when the program has no SIGTERM handler of its own and we are in the main thread.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def on_sigterm(signum: int, frame: object) -> None:
-        try:
-            rec.event("preempted", {"signal": signum})
-            rec.finish(False, "signal")
-        finally:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-
-
-def _at_exit() -> None:
-    rec = _active_recorder
-    if isinstance(rec, Recorder):
-        try:
-            rec.finish(None, "exit")
-        except Exception:
-            pass
-
-
-def _after_fork_in_child() -> None:
-    global _active_recorder, _lock
-    _lock = threading.Lock()
-    rec = _active_recorder
-    _active_recorder = NOOP_RECORDER
-    rec.after_fork_in_child()
-
-
-atexit.register(_at_exit)
-os.register_at_fork(after_in_child=_after_fork_in_child)

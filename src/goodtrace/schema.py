@@ -162,6 +162,13 @@ BASE_BUCKETS: Final = (
     BUCKET_TEARDOWN,
 )
 
+# Device time (framework integrations): spans of this category hold accelerator-busy intervals;
+# these per-step metrics come from CUDA events (goodtrace.integrations.torch).
+DEVICE_CATEGORY: Final = "device"
+DEVICE_BUSY_METRIC: Final = "device/busy_s"  # device time of the step (begin -> end event)
+DEVICE_IDLE_METRIC: Final = "device/idle_s"  # the stream's idle gap before the step
+DEVICE_METRICS: Final = (DEVICE_BUSY_METRIC, DEVICE_IDLE_METRIC)
+
 REDUCTIONS: Final = frozenset({"mean", "sum", "min", "max", "std", "last"})
 
 # Environment variables of launchers that count restarts (attempt discovery).

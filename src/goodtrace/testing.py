@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from goodtrace.reader import Run, read_run
+from goodtrace.read.sessions import Run, read_run
 
 
 class FakeClock:

@@ -2,7 +2,7 @@
 
 Entry point for renderers and tools::
 
-    from goodtrace.loading import load_run
+    from goodtrace.read.load import load_run
     from goodtrace.analysis import analyze
     result = analyze(load_run("runs/exp1"), window=(0.0, 3600.0))
     result.partition.goodput            # productive share of the job's time (0..1)
@@ -25,15 +25,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from goodtrace import schema
 from goodtrace.analysis.attempts import Attempt, discover_attempts
+from goodtrace.analysis.goodput import (
+    NS,
+    AnalysisError,
+    Partition,
+    WindowGoodput,
+    interval_partition,
+    rolling_goodput,
+)
 from goodtrace.analysis.partition import (
     DATA_RULE_TEXT,
-    PRODUCTIVE,
     RULE_ASYNC,
     RULE_ASYNC_DEVICE,
     RULE_SYNC,
@@ -45,6 +50,7 @@ from goodtrace.analysis.partition import (
     cut_session,
     ideal_step_ns,
 )
+from goodtrace.analysis.program import ProgramGoodput, program_goodput
 from goodtrace.analysis.ranks import (
     RankFigure,
     RankSpread,
@@ -54,7 +60,7 @@ from goodtrace.analysis.ranks import (
     spread_of,
 )
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, find_anomalies, step_rows, step_stats
-from goodtrace.loading import LoadedRun, SessionInfo
+from goodtrace.read.loaded import LoadedRun, SessionInfo
 
 __all__ = [
     "AnalysisError",
@@ -74,115 +80,6 @@ __all__ = [
     "interval_partition",
     "rolling_goodput",
 ]
-
-NS = 1e9
-STARTUP_PARTS = (schema.INIT, schema.CHECKPOINT_RESTORE, schema.DATA, schema.COMPILE, "other")
-
-
-class AnalysisError(ValueError):
-    """The loaded run cannot be analysed (no sessions, no such job)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Partition:
-    """Every nanosecond of [start, end) in exactly one bucket; ``productive`` is goodput."""
-
-    start_wall_ns: int
-    end_wall_ns: int
-    buckets_ns: dict[str, int]
-    startup_parts_ns: dict[str, int]
-
-    @property
-    def total_ns(self) -> int:
-        return self.end_wall_ns - self.start_wall_ns
-
-    @property
-    def goodput(self) -> float:
-        return self.buckets_ns.get(PRODUCTIVE, 0) / self.total_ns if self.total_ns > 0 else 0.0
-
-    def seconds(self, bucket: str) -> float:
-        return self.buckets_ns.get(bucket, 0) / NS
-
-    def fraction(self, bucket: str) -> float:
-        return self.buckets_ns.get(bucket, 0) / self.total_ns if self.total_ns > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "start_wall_ns": self.start_wall_ns,
-            "end_wall_ns": self.end_wall_ns,
-            "total_s": self.total_ns / NS,
-            "goodput": self.goodput,
-            "buckets": {
-                name: {"ns": ns, "seconds": ns / NS, "fraction": self.fraction(name)}
-                for name, ns in self.buckets_ns.items()
-            },
-            "startup_parts": {name: {"ns": ns, "seconds": ns / NS} for name, ns in self.startup_parts_ns.items()},
-        }
-
-
-def _ordered(buckets: dict[str, int]) -> dict[str, int]:
-    out = {name: buckets.get(name, 0) for name in schema.BASE_BUCKETS}
-    for name in sorted(buckets):
-        if name not in out:
-            out[name] = buckets[name]
-    return out
-
-
-def interval_partition(timeline: Timeline, a_ns: int | None = None, b_ns: int | None = None) -> Partition:
-    """The partition clipped to the wall-clock window [a, b) (the whole job by default)."""
-    lo = timeline.start if a_ns is None else max(a_ns, timeline.start)
-    hi = timeline.end if b_ns is None else min(b_ns, timeline.end)
-    hi = max(hi, lo)
-    buckets, parts = timeline.totals(lo, hi)
-    return Partition(lo, hi, _ordered(buckets), {p: parts.get(p, 0) for p in STARTUP_PARTS} | parts)
-
-
-@dataclasses.dataclass(frozen=True)
-class WindowGoodput:
-    start_s: float  # relative to the job start
-    end_s: float
-    goodput: float
-    productive_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def rolling_goodput(timeline: Timeline, width_s: float) -> list[WindowGoodput]:
-    """Interval goodput over consecutive windows of ``width_s`` tiling the job (the last one
-    may be shorter)."""
-    if width_s <= 0:
-        raise AnalysisError("the rolling window width must be positive")
-    width = max(1, round(width_s * NS))
-    out = []
-    a = timeline.start
-    while a < timeline.end:
-        b = min(a + width, timeline.end)
-        p = interval_partition(timeline, a, b)
-        out.append(
-            WindowGoodput((a - timeline.start) / NS, (b - timeline.start) / NS, p.goodput, p.seconds(PRODUCTIVE))
-        )
-        a = b
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class ProgramGoodput:
-    """MFU and the goodput product (DESIGN.md section 4). Fields are None when unknown."""
-
-    flops_per_step: float | None
-    flops_source: str | None
-    peak_flops_per_device: float | None
-    accelerator: str | None
-    devices: int
-    counted_steps: int
-    mfu: float | None  # program goodput: model FLOP/s over productive time / peak FLOP/s
-    scheduling_goodput: float | None  # time since the first process start / time since submission
-    runtime_goodput: float  # productive / time since the first process start
-    ml_productivity_goodput: float | None  # scheduling x runtime x program
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,22 +180,6 @@ def _rank_timeline(
     return assemble(items, submit_wall=submit_wall), ideal, rules
 
 
-def _model_figures(run: LoadedRun, sessions: Sequence[int]) -> tuple[float | None, float | None]:
-    """(FLOPs per step of one rank, peak FLOP/s of its device) as the framework integration
-    recorded them: a ``flops_per_step`` metric and a ``model`` event (goodtrace.integrations)."""
-    values = [
-        value
-        for index in sessions if index in run.timelines
-        for name, _, value, _ in run.timelines[index].metrics
-        if name in ("model_flops_per_step", "flops_per_step") and value is not None
-    ]
-    peaks = [
-        float(peak) for index in sessions if index in run.timelines
-        for peak in (run.timelines[index].model.get("peak_flops"),)
-        if isinstance(peak, (int, float)) and not isinstance(peak, bool) and peak > 0
-    ]
-    return (statistics.median(values) if values else None), (statistics.median(peaks) if peaks else None)
-
 
 def analyze(
     run: LoadedRun,
@@ -392,7 +273,7 @@ def analyze(
     for a in attempts:
         if a.ranks < a.world:
             warnings.append(f"attempt {a.index}: {a.world - a.ranks} of {a.world} ranks have no records")
-    program = _program_goodput(
+    program = program_goodput(
         run, attempts, timeline, partition, flops_per_step, peak_flops, accelerator, devices_per_rank, submit_wall
     )
     if any(r.shared > 1 for r in rows):
@@ -432,57 +313,3 @@ def _window_edge(seconds: float, start: int, end: int) -> int:
     if math.isinf(seconds):
         return end if seconds > 0 else start
     return start + round(seconds * NS) if seconds >= 0 else end + round(seconds * NS)
-
-
-def _program_goodput(
-    run: LoadedRun,
-    attempts: Sequence[Attempt],
-    timeline: Timeline,
-    partition: Partition,
-    flops_per_step: float | None,
-    peak_flops: float | None,
-    accelerator: str | None,
-    devices_per_rank: int,
-    submit_wall: int | None,
-) -> ProgramGoodput:
-    devices = max(1, attempts[-1].world) * max(1, devices_per_rank)
-    source = "given" if flops_per_step is not None else None
-    rank_flops, recorded_peak = _model_figures(run, [a.reference_session for a in attempts])
-    if flops_per_step is None and rank_flops is not None:
-        # the integration records one rank's FLOPs per step: the job's is world size times that
-        flops_per_step = rank_flops * max(1, attempts[-1].world)
-        source = "flops_per_step metric of rank 0 x world size"
-    if peak_flops is None and accelerator is None and recorded_peak is not None:
-        peak_flops = recorded_peak / max(1, devices_per_rank)
-    if peak_flops is None and accelerator is not None:
-        from goodtrace.accelerators import peak_flops as lookup
-
-        try:
-            peak_flops = lookup(accelerator)
-        except KeyError as exc:
-            raise AnalysisError(str(exc.args[0])) from None
-    counted = sum(w.counted_steps for w in timeline.windows)
-    productive_s = partition.seconds(PRODUCTIVE)
-    mfu = None
-    if flops_per_step is not None and peak_flops and productive_s > 0:
-        mfu = flops_per_step * counted / productive_s / (peak_flops * devices)
-    since_start = timeline.end - (submit_wall if submit_wall is not None and submit_wall < timeline.start
-                                  else timeline.start)
-    held = partition.total_ns - partition.buckets_ns.get(schema.BUCKET_SCHEDULING, 0)
-    runtime = partition.buckets_ns.get(PRODUCTIVE, 0) / held if held > 0 else 0.0
-    scheduling = held / since_start if submit_wall is not None and since_start > 0 else None
-    product = None
-    if mfu is not None:
-        product = (scheduling if scheduling is not None else 1.0) * runtime * mfu
-    return ProgramGoodput(
-        flops_per_step=flops_per_step,
-        flops_source=source,
-        peak_flops_per_device=peak_flops,
-        accelerator=accelerator,
-        devices=devices,
-        counted_steps=counted,
-        mfu=mfu,
-        scheduling_goodput=scheduling,
-        runtime_goodput=runtime,
-        ml_productivity_goodput=product,
-    )

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from goodtrace.loading import SessionInfo
-from goodtrace.reader import number_attempts
+from goodtrace.read.loaded import SessionInfo
+from goodtrace.read.sessions import number_attempts
 
 FINISHED = "finished"
 PREEMPTED = "preempted"

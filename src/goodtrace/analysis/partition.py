@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from goodtrace import schema
-from goodtrace.loading import SessionInfo, SessionTimeline
+from goodtrace.read.loaded import SessionInfo, SessionTimeline
 
 PRODUCTIVE = schema.BUCKET_PRODUCTIVE
 STARTUP = schema.BUCKET_STARTUP
@@ -33,7 +33,7 @@ RULE_ASYNC = "asynchronous"
 RULE_SYNC = "synchronous"
 RULE_UNKNOWN = "unknown"
 RULE_ASYNC_DEVICE = "asynchronous+device"
-DEVICE_IDLE_METRIC = "device/idle_s"  # written by goodtrace.integrations.torch (CUDA events)
+DEVICE_IDLE_METRIC = schema.DEVICE_IDLE_METRIC
 
 DATA_RULE_TEXT = {
     RULE_ASYNC: "asynchronous loop (lagged sync points): in-step data loading overlapped queued "

@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from goodtrace.loading import RankSummary, SessionInfo
+from goodtrace.read.loaded import RankSummary, SessionInfo
 
 NS = 1e9
 SLOW_SPEED = 0.9  # a rank computing at < 90% of the reference speed is named

@@ -14,8 +14,9 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from goodtrace import schema
 from goodtrace.analysis.partition import PRODUCTIVE, WASTED, Timeline, Window
-from goodtrace.loading import SessionTimeline
+from goodtrace.read.loaded import SessionTimeline
 
 NS = 1e9
 
@@ -98,7 +99,7 @@ def _rows_of_window(
 
 def _device_seconds(values: dict[str, float]) -> float | None:
     """Device-busy time of the step where the framework measured it (CUDA events)."""
-    for key in ("device/busy_s", "device_time_s"):
+    for key in (schema.DEVICE_BUSY_METRIC, "device_time_s"):
         if key in values:
             return values[key]
     return None
@@ -227,7 +228,7 @@ def _overlapping(
         usual[w.session] = _UsualSpans(tl)
     found.extend(usual[w.session].unusual(sorted(w.steps)))
     found.extend(f"event:{name}" for name, _, step in tl.events if step in w.steps)
-    idle = sum(v or 0.0 for name, step, v, _ in tl.metrics if name == "device/idle_s" and step in w.steps)
+    idle = sum(v or 0.0 for name, step, v, _ in tl.metrics if name == schema.DEVICE_IDLE_METRIC and step in w.steps)
     if idle > 0:
         found.append(f"device_idle:{idle:.3f}s")
     return tuple(dict.fromkeys(found))

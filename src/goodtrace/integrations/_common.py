@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from goodtrace._writer import GoodtraceWarning
+from goodtrace.record.errors import GoodtraceWarning
 
 
 def warn(message: str) -> None:

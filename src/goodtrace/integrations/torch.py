@@ -13,8 +13,8 @@
 * **FLOPs**: given (``flops_per_step``) or measured once with :func:`measure_flops`; with
   ``tokens_per_step`` and the device peak they give tokens/s, TFLOP/s and MFU in the live line,
   and are recorded once as the ``model`` event for offline analysis.
-* **Live aggregation** (``goodtrace.live``) over a dedicated gloo group created here, and
-  **clock alignment** (``goodtrace.clocksync``) at start-up and every ``clock_sync_every`` steps.
+* **Live aggregation** (``goodtrace.record.live``) over a dedicated gloo group created here, and
+  **clock alignment** (``goodtrace.record.clocksync``) at start-up and every ``clock_sync_every`` steps.
 
 ``instrument`` is collective when ``torch.distributed`` is initialised: all ranks call it.
 """
@@ -32,10 +32,11 @@ from typing import Any
 import torch
 
 from goodtrace import schema
-from goodtrace.clocksync import OffsetSample, measure_offset
+from goodtrace.accelerators import peak_flops_for_device
 from goodtrace.integrations._common import Disabled, Integration, announce_model
 from goodtrace.integrations._common import warn as _warn
-from goodtrace.live import GatherHandle, LiveAggregator, LocalTransport, Transport
+from goodtrace.record.clocksync import OffsetSample, measure_offset
+from goodtrace.record.live import GatherHandle, LiveAggregator, LocalTransport, Transport
 
 __all__ = [
     "GlooTransport",
@@ -46,28 +47,9 @@ __all__ = [
     "sync_clocks",
 ]
 
-# Dense bf16/fp16 tensor-core peaks (FLOP/s) per device, from the vendors' data sheets.
-PEAK_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989.4e12),
-    ("H100 PCIe", 756.0e12),
-    ("H100", 989.4e12),
-    ("GH200", 989.4e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-    ("A10G", 70e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-    ("V100", 125e12),
-    ("MI300X", 1307e12),
-)
-
-
 def peak_flops_for(device_name: str) -> float | None:
-    """The dense 16-bit peak of a known accelerator (by name), else None."""
-    for needle, peak in PEAK_FLOPS:
-        if needle.lower() in device_name.lower():
-            return peak
-    return None
+    """The dense 16-bit peak of a known accelerator (by its CUDA device name), else None."""
+    return peak_flops_for_device(device_name)
 
 
 def measure_flops(model: torch.nn.Module, *args: Any, backward: bool = True, **kwargs: Any) -> int:
@@ -210,9 +192,9 @@ class _CudaStepTimer:
                 return
             self._outstanding.popleft()
             busy = begin.elapsed_time(end) / 1e3
-            self.recorder.metric("device/busy_s", busy, "mean", number)
+            self.recorder.metric(schema.DEVICE_BUSY_METRIC, busy, "mean", number)
             if prev_end is not None:
-                self.recorder.metric("device/idle_s", max(0.0, prev_end.elapsed_time(begin) / 1e3), "max", number)
+                self.recorder.metric(schema.DEVICE_IDLE_METRIC, max(0.0, prev_end.elapsed_time(begin) / 1e3), "max", number)
 
 
 def _cuda_in_use() -> bool:

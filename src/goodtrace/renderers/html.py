@@ -2,14 +2,14 @@
 
 Contract: ``render_html(analysis, run)`` returns the whole page as a string. ``analysis`` is a
 :class:`goodtrace.analysis.RunAnalysis` (or its ``to_dict()``, or ``None`` for the raw view);
-``run`` is the :class:`goodtrace.reader.Run` whose records feed the per-rank heat map and the
+``run`` is the :class:`goodtrace.read.sessions.Run` whose records feed the per-rank heat map and the
 gantt chart. The page shows the goodput headline and buckets, step time with its overhead
 split (tags, anomalies, attempts), a rank x step heat map and a gantt chart of every rank's
 spans for a step range, drawn with the Apache ECharts build vendored in ``assets/`` (pinned; see
 ``assets/ECHARTS-VERSION``).
 
-Memory: ``run`` may be a :class:`goodtrace.reader.Run` in memory, or (for any size) a run
-directory or the :class:`goodtrace.reader.RunIndex` of :func:`index_for_html`. The run is then
+Memory: ``run`` may be a :class:`goodtrace.read.sessions.Run` in memory, or (for any size) a run
+directory or the :class:`goodtrace.read.sessions.RunIndex` of :func:`index_for_html`. The run is then
 read one session at a time: the index gives every session's steps (enough to choose the gantt
 range and lay out the heat map), then each session's records are read once, added to the heat
 map's sums and dropped, except the spans inside the gantt range. What is held is the heat
@@ -30,30 +30,20 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.reader import Run, RunIndex, Session, index_run
-from goodtrace.renderers.perfetto import (
-    DEVICE_CATEGORY,
-    StepInterval,
-    StepSummary,
-    session_clocks,
-    step_intervals,
-    step_summaries,
-    summarise_steps,
-)
+from goodtrace.analysis.clock import session_clocks
+from goodtrace.analysis.intervals import step_intervals, step_summaries, summarise_steps
+from goodtrace.analysis.selection import StepRange
+from goodtrace.read.sessions import Run, RunIndex, Session, index_run
+from goodtrace.renderers.html_charts import Gantt, Heatmap, choose_gantt_range, rounded
 
 __all__ = ["ECHARTS_VERSION", "HtmlRenderer", "html_page", "index_for_html", "render_html", "report_data"]
 
 ECHARTS_VERSION = "6.1.0"
-GANTT_STEPS = 20  # default width of the gantt chart's step range
-MAX_HEATMAP_COLUMNS = 240  # more step executions than this are averaged into bins
-MAX_GANTT_ITEMS = 600_000  # past this the gantt keeps the first ranks and says so
-
-StepRange = tuple[int | None, int | None]  # inclusive; None = open (as parse_steps returns)
 
 _JSON_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
                  0x2028: "\\u2028", 0x2029: "\\u2029"}
@@ -83,10 +73,6 @@ def _as_dict(analysis: Any) -> dict[str, Any] | None:
 
 def _finite(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
-def _r(value: float, digits: int = 3) -> float:
-    return round(value, digits)
 
 
 # ------------------------------------------------------------------------------ sections
@@ -131,7 +117,7 @@ def _buckets(analysis: dict[str, Any] | None) -> list[list[Any]]:
         return []
     buckets = (analysis.get("partition") or {}).get("buckets") or {}
     return [
-        [name, _r(float(b.get("seconds", 0.0)), 6), _r(float(b.get("fraction", 0.0)), 6)]
+        [name, rounded(float(b.get("seconds", 0.0)), 6), rounded(float(b.get("fraction", 0.0)), 6)]
         for name, b in buckets.items()
         if isinstance(b, Mapping) and b.get("ns")
     ]
@@ -173,10 +159,10 @@ def _steps(run: Run, analysis: dict[str, Any] | None, sessions: Sequence[Session
         attempts.append(int(row.get("attempt", 0)))
         shared.append(int(row.get("shared", 1) or 1))
         tags.append([str(t) for t in row.get("tags") or []])
-        series["productive"].append(_r(float(row.get("productive_s") or 0.0), 6))
+        series["productive"].append(rounded(float(row.get("productive_s") or 0.0), 6))
         overhead = row.get("overhead_s") or {}
         for category in categories:
-            series[category].append(_r(float(overhead.get(category) or 0.0), 6))
+            series[category].append(rounded(float(overhead.get(category) or 0.0), 6))
     index = {(a, s): i for i, (a, s) in enumerate(zip(attempts, labels, strict=True))}
     anomalies = []
     for anomaly in (analysis or {}).get("anomalies") or []:
@@ -197,190 +183,6 @@ def _steps(run: Run, analysis: dict[str, Any] | None, sessions: Sequence[Session
     return {"source": source, "steps": labels, "attempts": attempts, "shared": shared, "tags": tags,
             "series": series, "anomalies": anomalies, "bands": bands,
             "device": device if any(v is not None for v in device) else None}
-
-
-class _Heatmap:
-    """Rank x step-execution matrices of step time and compute time (ms), binned when wide.
-
-    The columns come from the sessions' step summaries; each session's intervals are added
-    as its records are read (in session order, so the sums are those of one pass)."""
-
-    def __init__(self, sessions: Sequence[Session], summaries: Mapping[str, StepSummary]) -> None:
-        keys = sorted({(s.attempt, step) for s in sessions for step in summaries[s.session_id].steps})
-        self.ranks = sorted({s.rank for s in sessions})
-        width = max(1, math.ceil(len(keys) / MAX_HEATMAP_COLUMNS))
-        self.column_of = {key: i // width for i, key in enumerate(keys)}
-        self.width = width
-        columns = []
-        for start in range(0, len(keys), width):
-            group = keys[start:start + width]
-            (a0, s0), (a1, s1) = group[0], group[-1]
-            label = f"{s0}" if len(group) == 1 else f"{s0}-{s1}"
-            if len({a for a, _ in keys}) > 1:
-                label = f"a{a0}:{label}" if a0 == a1 else f"a{a0}:{s0}-a{a1}:{s1}"
-            columns.append(label)
-        self.columns = columns
-        self.row_of = {rank: i for i, rank in enumerate(self.ranks)}
-        n = len(columns)
-        self.sums = {name: [[0.0] * n for _ in self.ranks] for name in ("step", "compute")}
-        self.counts = [[0] * n for _ in self.ranks]
-        self.hosts: dict[int, str] = {}
-        for session in sessions:
-            self.hosts.setdefault(session.rank, str(session.header.get(schema.H_HOST)))
-
-    def add(self, session: Session, intervals: Iterable[StepInterval]) -> None:
-        row = self.row_of[session.rank]
-        steps, compute, counts = self.sums["step"][row], self.sums["compute"][row], self.counts[row]
-        for iv in intervals:
-            col = self.column_of[(session.attempt, iv.step)]
-            steps[col] += iv.duration_ns / 1e6
-            compute[col] += iv.compute_ns / 1e6
-            counts[col] += 1
-
-    def result(self) -> dict[str, Any]:
-        def matrix(name: str) -> list[list[float | None]]:
-            return [[_r(v / c, 3) if c else None for v, c in zip(values, count_row, strict=True)]
-                    for values, count_row in zip(self.sums[name], self.counts, strict=True)]
-
-        has_compute = any(v for row in self.sums["compute"] for v in row)
-        return {"ranks": self.ranks, "hosts": [self.hosts.get(r, "?") for r in self.ranks],
-                "columns": self.columns, "bin": self.width, "step_ms": matrix("step"),
-                "compute_ms": matrix("compute") if has_compute else None}
-
-
-def _choose_gantt_range(
-    steps: dict[str, Any], executed: Mapping[int, set[int]],
-    gantt_steps: StepRange | None, gantt_attempt: int | None,
-) -> tuple[int, int, int] | None:
-    """(attempt, first step, last step): the asked range (in the last attempt that ran any of
-    it, unless ``gantt_attempt`` says which), else 20 steps around the slowest step that is not
-    the first of its attempt, else the last 20 steps. ``executed``: the steps of each attempt."""
-    if not executed:
-        return None
-    if gantt_steps is not None:
-        low, high = gantt_steps
-        lo = -(2**62) if low is None else low
-        hi = 2**62 if high is None else high
-        candidates = [a for a in sorted(executed) if any(lo <= s <= hi for s in executed[a])]
-        if gantt_attempt is not None:
-            candidates = [a for a in candidates if a == gantt_attempt]
-        if not candidates:
-            return None
-        inside = [s for s in executed[candidates[-1]] if lo <= s <= hi]
-        return candidates[-1], min(inside), max(inside)
-    totals = [sum(col) for col in zip(*steps["series"].values(), strict=True)] if steps["series"]["productive"] else []
-    attempt, centre = max(executed), max(executed[max(executed)])
-    if gantt_attempt is not None and gantt_attempt in executed:
-        attempt, centre = gantt_attempt, max(executed[gantt_attempt])
-    best = -1.0
-    for i, total in enumerate(totals):
-        a = steps["attempts"][i]
-        if gantt_attempt is not None and a != gantt_attempt:
-            continue
-        if i > 0 and steps["attempts"][i - 1] == a and total > best and a in executed:
-            best, attempt, centre = total, a, steps["steps"][i]
-    numbers = sorted(executed[attempt])
-    pos = numbers.index(centre) if centre in numbers else len(numbers) - 1
-    lo = max(0, min(pos - GANTT_STEPS // 2, len(numbers) - GANTT_STEPS))
-    chosen = numbers[lo:lo + GANTT_STEPS]
-    return attempt, chosen[0], chosen[-1]
-
-
-# One span kept for the gantt: t0, t1 (its session's clock), category, thread, name, step.
-_GanttSpan = tuple[int, int, str, Any, str, Any]
-
-
-@dataclasses.dataclass
-class _GanttRow:
-    session: Session  # as indexed: header and attempt only
-    w0: int
-    w1: int
-    marks: list[tuple[int, int]]  # (t0, step) of each interval in the range
-    spans: list[_GanttSpan] | None  # None: dropped, the row is past MAX_GANTT_ITEMS
-
-
-class _Gantt:
-    """The gantt chart of every rank's spans for the chosen (attempt, first, last) range.
-
-    Sessions come in any order, one at a time; only their spans inside the range are kept.
-    Rows are laid out in rank order at the end, up to MAX_GANTT_ITEMS spans: a row that
-    certainly lies past that limit (the rows of lower rank already hold more) is dropped at
-    once, so memory stays bounded for any range."""
-
-    def __init__(self, chosen: tuple[int, int, int] | None) -> None:
-        self.chosen = chosen
-        self.rows: dict[int, _GanttRow] = {}
-        self.kept = 0
-        self._strings: dict[str, str] = {}
-
-    def add(self, indexed: Session, session: Session, intervals: Sequence[StepInterval]) -> None:
-        if self.chosen is None or indexed.attempt != self.chosen[0]:
-            return
-        _, first, last = self.chosen
-        ivs = [iv for iv in intervals if iv.step >= first and iv.first_step <= last]
-        if not ivs:
-            return
-        w0, w1 = ivs[0].t0, ivs[-1].t1
-        intern = self._strings.setdefault
-        spans: list[_GanttSpan] = [
-            (int(r[schema.F_T0]), int(r[schema.F_T1]), intern(str(r.get(schema.F_CATEGORY)), str(r.get(schema.F_CATEGORY))),
-             r.get(schema.F_THREAD), intern(str(r.get(schema.F_NAME)), str(r.get(schema.F_NAME))), r.get(schema.F_STEP))
-            for r in session.records
-            if r.get(schema.F_KIND) == schema.SPAN and int(r[schema.F_T1]) > w0 and int(r[schema.F_T0]) < w1
-        ]
-        self.rows[indexed.rank] = _GanttRow(indexed, w0, w1, [(iv.t0, iv.step) for iv in ivs], spans)
-        self.kept += len(spans)
-        if self.kept > MAX_GANTT_ITEMS:
-            self._drop_rows_past_the_limit()
-
-    def _drop_rows_past_the_limit(self) -> None:
-        before = 0
-        for rank in sorted(self.rows):
-            row = self.rows[rank]
-            if before > MAX_GANTT_ITEMS and row.spans is not None:
-                self.kept -= len(row.spans)
-                row.spans, row.marks = None, []
-            before += len(row.spans or ())
-
-    def result(self, to_wall: Mapping[str, Callable[[int], int]]) -> dict[str, Any] | None:
-        if self.chosen is None or not self.rows:
-            return None
-        attempt, first, last = self.chosen
-        picked = [self.rows[rank] for rank in sorted(self.rows)]
-        origin = min(to_wall[p.session.session_id](p.w0) for p in picked)
-        names: dict[str, int] = {}
-        categories: dict[str, int] = {}
-        items: list[list[float | int]] = []
-        rows: list[str] = []
-        marks: list[list[Any]] = []
-        truncated = False
-        for row, picked_row in enumerate(picked):
-            if len(items) > MAX_GANTT_ITEMS:
-                truncated = True
-                break
-            session, spans = picked_row.session, picked_row.spans
-            assert spans is not None  # dropped rows lie past the limit
-            clock = to_wall[session.session_id]
-            rows.append(f"rank {session.rank} ({session.header.get(schema.H_HOST)})")
-            main_tid = session.header.get("main_tid")
-            if row == 0:
-                marks = [[_r((clock(t0) - origin) / 1e6), f"step {step}"] for t0, step in picked_row.marks]
-            spans.sort(key=lambda r: (r[0], -r[1]))
-            stacks: dict[Any, list[int]] = {}
-            for t0, t1, category, tid, name, step in spans:
-                lane = 2 if category == DEVICE_CATEGORY else (0 if tid == main_tid else 1)
-                stack = stacks.setdefault((lane, tid), [])
-                while stack and stack[-1] <= t0:
-                    stack.pop()
-                depth = len(stack)
-                stack.append(t1)
-                items.append([
-                    row, _r((clock(t0) - origin) / 1e6), _r((clock(t1) - origin) / 1e6),
-                    names.setdefault(name, len(names)), categories.setdefault(category, len(categories)),
-                    step if isinstance(step, int) else -1, min(depth, 5), lane,
-                ])
-        return {"attempt": attempt, "steps": [first, last], "rows": rows, "names": list(names),
-                "categories": list(categories), "items": items, "marks": marks, "truncated": truncated}
 
 
 def index_for_html(
@@ -415,9 +217,9 @@ def report_data(
         numbers = summaries[session.session_id].steps
         executed.setdefault(session.attempt, set()).update(numbers)
     executed = {a: numbers for a, numbers in executed.items() if numbers}
-    chosen = _choose_gantt_range(steps, executed, gantt_steps, gantt_attempt)
-    heatmap = _Heatmap(sessions, summaries)
-    gantt = _Gantt(chosen)
+    chosen = choose_gantt_range(steps, executed, gantt_steps, gantt_attempt)
+    heatmap = Heatmap(sessions, summaries)
+    gantt = Gantt(chosen)
     # One pass over the records, one session at a time.
     for done, indexed in enumerate(sessions, 1):
         session = run.load(indexed)

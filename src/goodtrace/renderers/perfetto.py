@@ -1,19 +1,17 @@
-"""Chrome/Perfetto trace JSON from a run's raw records (DESIGN.md section 6).
+"""Chrome/Perfetto trace JSON of a run (DESIGN.md section 6).
 
 Contract: ``PerfettoRenderer(selection).write(run, path)`` writes one trace (``.json`` or
 ``.json.gz``) in which every rank is a process ``rank N (host)``; its tracks are the step
 intervals (T_{k-1}, T_k] with their overhead split, each recorded thread, and device time when
 recorded (spans of category ``device``). Spans are complete events (category and step in args),
 tags and events are instant events, metrics are counters. All ranks share one time axis: each
-session's monotonic clock is mapped through :func:`goodtrace.clocksync.clock_offsets`
+session's monotonic clock is mapped through :func:`goodtrace.analysis.clock.session_clocks`
 (``reference = local + offset_ns``) and shown relative to the earliest process start of the
-selection (its wall time is in the trace's ``otherData``).
+selection (its wall time is in the trace's ``otherData``). Step intervals come from
+:mod:`goodtrace.analysis.intervals`, the event encoders from :mod:`trace_events`.
 
-The step-interval model (:func:`step_intervals`) and the selection helpers are shared with the
-HTML renderer.
-
-Memory: ``write`` takes a :class:`goodtrace.reader.Run` already in memory (small runs, tests)
-or, for any size, a run directory or the :class:`goodtrace.reader.RunIndex` of
+Memory: ``write`` takes a :class:`goodtrace.read.sessions.Run` already in memory (small runs,
+tests) or, for any size, a run directory or the :class:`goodtrace.read.sessions.RunIndex` of
 :meth:`PerfettoRenderer.index`. Then the run is read twice, one session at a time: first every
 session's header, clock and finish records and step boundaries (:class:`StepSummary`: the
 attempts, the clock alignment, the time origin and the selected window of each session must
@@ -23,464 +21,47 @@ the (gzip) file. The output is the same either way.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import gzip
 import io
-import json
 import math
-import operator
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable
 from typing import IO, Any
 
 from goodtrace import schema
-from goodtrace.reader import Run, RunIndex, Session, index_run
-
-__all__ = [
-    "COMFORTABLE_TRACE_BYTES",
-    "DEVICE_CATEGORY",
-    "PerfettoRenderer",
-    "Selection",
-    "StepInterval",
-    "StepSummary",
-    "TraceSummary",
-    "overhead_categories",
-    "parse_ranks",
-    "parse_steps",
-    "session_clocks",
-    "step_bounds",
-    "step_intervals",
-    "summarise_steps",
-]
-
-# The Perfetto UI runs its trace processor in WebAssembly inside the browser tab: JSON traces of
-# a few hundred MB open in seconds to a minute; past ~1 GB the tab needs many GB of memory and
-# past ~2 GB the URL loader fails. Above this size the command warns and suggests a slice.
-COMFORTABLE_TRACE_BYTES = 300_000_000
-
-# Spans of this category hold device (accelerator) busy intervals; they get their own track,
-# as do the per-step device metrics that goodtrace.integrations.torch records from CUDA events.
-DEVICE_CATEGORY = "device"
-DEVICE_BUSY_METRIC = "device/busy_s"
-DEVICE_IDLE_METRIC = "device/idle_s"
-DEVICE_METRICS = (DEVICE_BUSY_METRIC, DEVICE_IDLE_METRIC)
-
-
-# ------------------------------------------------------------------------------ selection
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Selection:
-    """Which part of a run to show. ``steps`` is inclusive at both ends (``None`` = open)."""
-
-    steps: tuple[int | None, int | None] | None = None
-    ranks: frozenset[int] | None = None
-    attempt: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.steps is not None:
-            first, last = self.steps
-            if first is not None and last is not None and last < first:
-                raise ValueError(f"step range {first}:{last} is empty (the range is inclusive: A <= B)")
-        if self.attempt is not None and self.attempt < 0:
-            raise ValueError(f"attempt must be 0 or more, got {self.attempt}")
-
-    def step_in_range(self, step: int) -> bool:
-        if self.steps is None:
-            return True
-        first, last = self.steps
-        return (first is None or step >= first) and (last is None or step <= last)
-
-    def sessions(self, run: Run) -> list[Session]:
-        return [
-            s
-            for s in run.sessions
-            if (self.attempt is None or s.attempt == self.attempt)
-            and (self.ranks is None or s.rank in self.ranks)
-        ]
-
-
-def parse_steps(text: str) -> tuple[int | None, int | None]:
-    """``"A:B"`` (inclusive), ``"A:"``, ``":B"`` or a single step ``"A"``."""
-    parts = text.split(":")
-    try:
-        if len(parts) == 1:
-            step = int(parts[0])
-            return step, step
-        if len(parts) == 2:
-            first = int(parts[0]) if parts[0].strip() else None
-            last = int(parts[1]) if parts[1].strip() else None
-        else:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"bad step range {text!r}: expected A:B (inclusive), A:, :B or A") from None
-    if first is not None and last is not None and last < first:
-        raise ValueError(f"bad step range {text!r}: it is empty (A:B includes both ends, so A must not be after B)")
-    return first, last
-
-
-def parse_ranks(text: str) -> frozenset[int]:
-    """``"0,3,8-15"`` -> {0, 3, 8, ..., 15}."""
-    ranks: set[int] = set()
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                low, high = (int(x) for x in part.split("-", 1))
-                if high < low or low < 0:
-                    raise ValueError
-                ranks.update(range(low, high + 1))
-            else:
-                value = int(part)
-                if value < 0:
-                    raise ValueError
-                ranks.add(value)
-    except ValueError:
-        raise ValueError(f"bad rank list {text!r}: expected e.g. 0,3,8-15") from None
-    if not ranks:
-        raise ValueError(f"bad rank list {text!r}: no rank in it")
-    return frozenset(ranks)
-
-
-def format_ranks(ranks: set[int] | frozenset[int]) -> str:
-    """{0, 1, 2, 5, 7, 8} -> ``"0-2,5,7-8"`` (the form :func:`parse_ranks` reads)."""
-    parts: list[str] = []
-    ordered = sorted(ranks)
-    start = 0
-    for i, rank in enumerate(ordered):
-        if i + 1 == len(ordered) or ordered[i + 1] != rank + 1:
-            first = ordered[start]
-            parts.append(str(first) if first == rank else f"{first}-{rank}")
-            start = i + 1
-    return ",".join(parts)
-
-
-# ------------------------------------------------------------------------------ step intervals
-
-
-@dataclasses.dataclass(frozen=True)
-class StepInterval:
-    """Step ``step``'s interval (T_{k-1}, T_k] on one session's monotonic clock.
-
-    When completion was sparse, the interval is shared by ``first_step`` .. ``step`` (a window:
-    its time is their total, never per-step truth). ``overhead_ns`` maps each overhead category
-    to the time its outermost main-thread spans cover inside the interval; ``regions`` lists
-    those (t0, t1, category) pieces; ``productive_ns`` is the rest. ``compute_ns`` is the time of
-    outermost main-thread ``compute`` spans inside it (0 when the loop records none).
-    """
-
-    first_step: int
-    step: int
-    t0: int
-    t1: int
-    how: str
-    overhead_ns: dict[str, int]
-    regions: tuple[tuple[int, int, str], ...]
-    compute_ns: int
-
-    @property
-    def duration_ns(self) -> int:
-        return self.t1 - self.t0
-
-    @property
-    def productive_ns(self) -> int:
-        return self.duration_ns - sum(self.overhead_ns.values())
-
-    @property
-    def is_window(self) -> bool:
-        return self.first_step != self.step
-
-
-def overhead_categories(session: Session) -> frozenset[str]:
-    """The built-in overhead categories plus those the session's config declared."""
-    extra: set[str] = set()
-    config = session.header.get(schema.H_CONFIG)
-    for declared in (session.header.get("overhead_categories"),
-                     config.get("overhead_categories") if isinstance(config, dict) else None):
-        if isinstance(declared, list):
-            extra.update(str(c) for c in declared)
-    return schema.OVERHEAD_CATEGORIES | extra
-
-
-def _outermost(spans: Iterable[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
-    """Outermost intervals of properly nested (t0, t1, label) spans: a span starting inside an
-    earlier kept one is dropped (nested, or overlapping on another thread: counted once)."""
-    kept: list[tuple[int, int, str]] = []
-    end = -(2**63)
-    for t0, t1, label in sorted(spans, key=lambda s: (s[0], -s[1])):
-        if t0 >= end:
-            kept.append((t0, t1, label))
-            end = t1
-        elif t1 > end:  # partial overlap: keep the uncovered tail, under the same label
-            kept.append((end, t1, label))
-            end = t1
-    return kept
-
-
-def _clip_sum(
-    pieces: Sequence[tuple[int, int, str]], starts: Sequence[int], t0: int, t1: int
-) -> list[tuple[int, int, str]]:
-    """Pieces (sorted, disjoint) clipped to (t0, t1]."""
-    out: list[tuple[int, int, str]] = []
-    index = max(0, bisect.bisect_right(starts, t0) - 1)
-    while index < len(pieces):
-        a, b, label = pieces[index]
-        if a >= t1:
-            break
-        lo, hi = max(a, t0), min(b, t1)
-        if hi > lo:
-            out.append((lo, hi, label))
-        index += 1
-    return out
-
-
-StepRange = tuple[int | None, int | None]  # inclusive; None = open (as parse_steps returns)
-Bound = tuple[int, int, int, int, str]  # first_step, step, t0, t1, how: one interval without its split
-
-
-def step_bounds(session: Session) -> list[Bound]:
-    """Where the session's step intervals lie, from its ``sync`` and ``step`` records only:
-    ``(first_step, step, t0, t1, how)`` per interval, in time order (see :func:`step_intervals`)."""
-    return _bounds(session.records)
-
-
-def _bounds(records: Iterable[dict[str, Any]]) -> list[Bound]:
-    syncs: list[tuple[int, int, str]] = []
-    entered: list[dict[str, Any]] = []
-    for r in records:
-        kind = r.get(schema.F_KIND)
-        if kind == schema.SYNC:
-            if isinstance(r.get(schema.F_T), int) and isinstance(r.get(schema.F_STEP), int):
-                syncs.append((int(r[schema.F_T]), int(r[schema.F_STEP]), str(r.get(schema.F_HOW, ""))))
-        elif kind == schema.STEP and isinstance(r.get(schema.F_STEP), int):
-            entered.append(r)
-    if not syncs:
-        return []
-    syncs.sort()
-    step_t0: dict[int, int] = {}
-    for r in entered:
-        step_t0.setdefault(int(r[schema.F_STEP]), int(r[schema.F_T0]))
-    numbers = sorted(step_t0)
-    bounds: list[Bound] = []
-    previous_t: int | None = None
-    previous_step: int | None = None
-    for t, step, how in syncs:
-        low = 0 if previous_step is None else bisect.bisect_right(numbers, previous_step)
-        covered = numbers[low:bisect.bisect_right(numbers, step)]
-        first_step = covered[0] if covered else step
-        start = previous_t if previous_t is not None else min((step_t0[n] for n in covered), default=t)
-        bounds.append((first_step, step, min(start, t), t, how))
-        previous_t, previous_step = t, max(step, previous_step if previous_step is not None else step)
-    return bounds
-
-
-def step_intervals(session: Session) -> list[StepInterval]:
-    """The session's step intervals in time order, from its ``sync`` and ``step`` records.
-
-    The first interval starts when its first step was entered; each later one at the previous
-    sync point. Steps without a sync point of their own share the next one's interval.
-    """
-    main_tid = session.header.get("main_tid")
-    span_kind, sync_kind, step_kind = schema.SPAN, schema.SYNC, schema.STEP
-    steps: list[dict[str, Any]] = []  # sync and step records
-    main: list[dict[str, Any]] = []  # main-thread spans
-    for r in session.records:  # one pass: sessions hold hundreds of thousands of records
-        kind = r.get(schema.F_KIND)
-        if kind == span_kind:
-            if r.get(schema.F_THREAD) == main_tid:
-                main.append(r)
-        elif kind in (sync_kind, step_kind):
-            steps.append(r)
-    bounds = _bounds(steps)
-    if not bounds:
-        return []
-    overhead = overhead_categories(session)
-    over: list[tuple[int, int, str]] = []
-    compute: list[tuple[int, int, str]] = []
-    for r in main:
-        category = str(r.get(schema.F_CATEGORY))
-        if category in overhead:
-            over.append((int(r[schema.F_T0]), int(r[schema.F_T1]), category))
-        elif category == schema.COMPUTE:
-            compute.append((int(r[schema.F_T0]), int(r[schema.F_T1]), category))
-    over_pieces = _outermost(over)
-    over_starts = [p[0] for p in over_pieces]
-    compute_pieces = _outermost(compute)
-    compute_starts = [p[0] for p in compute_pieces]
-    intervals: list[StepInterval] = []
-    for first_step, step, start, t, how in bounds:
-        regions = _clip_sum(over_pieces, over_starts, start, t)
-        split: dict[str, int] = {}
-        for a, b, category in regions:
-            split[category] = split.get(category, 0) + (b - a)
-        compute_ns = sum(b - a for a, b, _ in _clip_sum(compute_pieces, compute_starts, start, t))
-        intervals.append(StepInterval(first_step, step, start, t, how, split, tuple(regions), compute_ns))
-    return intervals
-
-
-@dataclasses.dataclass(frozen=True)
-class StepSummary:
-    """What the renderers need of a session before its records are read: the step of each of
-    its intervals, in order (as arithmetic runs ``(first, stride, count)``: a few numbers for
-    any number of steps), and, for the step range ``steps_range``, the window ``(t0, t1)``
-    from the first to the last interval in it (None: no interval in the range)."""
-
-    runs: tuple[tuple[int, int, int], ...]
-    steps_range: StepRange | None = None
-    window: tuple[int, int] | None = None
-
-    @property
-    def steps(self) -> Iterator[int]:
-        for first, stride, count in self.runs:
-            for i in range(count):
-                yield first + i * stride
-
-
-def _runs(values: Iterable[int]) -> tuple[tuple[int, int, int], ...]:
-    runs: list[list[int]] = []
-    for value in values:
-        if runs:
-            last = runs[-1]
-            if last[2] == 1:
-                last[1], last[2] = value - last[0], 2
-                continue
-            if value == last[0] + last[1] * last[2]:
-                last[2] += 1
-                continue
-        runs.append([value, 0, 1])
-    return tuple((a, b, c) for a, b, c in runs)
-
-
-def _in_range(first_step: int, step: int, steps: StepRange | None) -> bool:
-    """An interval is in the step range when any step it covers is."""
-    if steps is None:
-        return True
-    first, last = steps
-    return (first is None or step >= first) and (last is None or first_step <= last)
-
-
-def summarise_steps(steps_range: StepRange | None = None) -> Callable[[Session], StepSummary]:
-    """The per-session summary the renderers read first (``index_run``'s ``summarise``)."""
-
-    def summarise(session: Session) -> StepSummary:
-        bounds = step_bounds(session)
-        window = None
-        if steps_range is not None:
-            chosen = [b for b in bounds if _in_range(b[0], b[1], steps_range)]
-            window = (chosen[0][2], chosen[-1][3]) if chosen else None
-        return StepSummary(_runs(b[1] for b in bounds), steps_range, window)
-
-    return summarise
-
-
-def step_summaries(
-    run: Run, sessions: Iterable[Session], steps_range: StepRange | None = None
-) -> dict[str, StepSummary]:
-    """Per session id, its :class:`StepSummary` for ``steps_range``: the index's own when it
-    was made for that range, else computed (from the records in memory, or read again)."""
-    summarise = summarise_steps(steps_range)
-    result: dict[str, StepSummary] = {}
-    for session in sessions:
-        summary = getattr(session, "summary", None)
-        if not isinstance(summary, StepSummary) or (steps_range is not None and summary.steps_range != steps_range):
-            summary = summarise(run.load(session))
-        result[session.session_id] = summary
-    return result
-
-
-def session_clocks(run: Run) -> dict[str, Callable[[int], int]]:
-    """Per session id, a function mapping its monotonic ns onto aligned wall-clock ns.
-
-    Uses the measured clock offsets (:mod:`goodtrace.clocksync`); falls back to each session's
-    own (wall, monotonic) anchor when that module is unavailable.
-    """
-    try:
-        from goodtrace.clocksync import clock_offsets
-    except ImportError:  # pragma: no cover - the clock module ships with the package
-        return {s.session_id: s.wall_ns for s in run.sessions}
-    clocks = clock_offsets(run)
-    result: dict[str, Callable[[int], int]] = {}
-    for session in run.sessions:
-        clock = clocks.get(session.session_id)
-        if clock is None:
-            result[session.session_id] = session.wall_ns
-        elif len(clock.samples) <= 1:  # a constant shift: skip the per-call interpolation
-            shift = clock.offset_at(0) + clock.reference_wall_minus_mono_ns
-            result[session.session_id] = functools.partial(operator.add, shift)
-        else:
-            result[session.session_id] = clock.wall_ns
-    return result
-
-
-# ------------------------------------------------------------------------------ the renderer
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceSummary:
-    """What was written: sizes and counts, plus a warning when the UI would struggle."""
-
-    path: str
-    bytes_written: int
-    json_bytes: int
-    events: int
-    processes: int
-    spans: int
-    origin_wall_ns: int
-    warning: str | None = None
-
-
-# UTF-8 output: the Perfetto JSON importer does not decode \uXXXX escapes in every field.
-_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-_STRINGS: dict[Any, str] = {}
-
-
-def _string(value: Any) -> str:
-    """A name or category as a JSON string, cached (runs repeat a few names millions of times)."""
-    cached = _STRINGS.get(value)
-    if cached is None:
-        if len(_STRINGS) > 100_000:
-            _STRINGS.clear()
-        cached = _STRINGS[value] = _JSON.encode(str(value))
-    return cached
-
-
-def _us(ns: int) -> str:
-    """Nanoseconds as a microsecond JSON number, exactly (Chrome trace ``ts``/``dur`` unit)."""
-    if ns >= 0:
-        whole, frac = divmod(ns, 1000)
-        return f"{whole}.{frac:03d}" if frac else str(whole)
-    whole, frac = divmod(-ns, 1000)
-    return f"-{whole}.{frac:03d}" if frac else f"-{whole}"
-
-
-def _ms(ns: int) -> float:
-    return round(ns / 1e6, 6)
-
-
-def _safe(value: Any) -> Any:
-    """JSON-safe args: non-finite floats become strings (the trace must stay valid JSON)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_safe(v) for v in value]
-    return value
-
-
-class _Lane:
-    """One track: a synthetic thread id with a name and sort order."""
-
-    __slots__ = ("name", "sort", "tid")
-
-    def __init__(self, tid: int, name: str, sort: int) -> None:
-        self.tid, self.name, self.sort = tid, name, sort
+from goodtrace.analysis.clock import session_clocks
+from goodtrace.analysis.intervals import (
+    StepInterval,
+    StepSummary,
+    in_range,
+    step_intervals,
+    step_summaries,
+    summarise_steps,
+)
+from goodtrace.analysis.selection import Selection
+from goodtrace.read.sessions import Run, RunIndex, Session, index_run
+from goodtrace.renderers.trace_events import (
+    COMFORTABLE_TRACE_BYTES,
+    JSON,
+    Lane,
+    TraceSummary,
+    complete,
+    instant,
+    meta,
+    ms,
+    safe,
+    string,
+    us,
+)
+
+__all__ = ["PerfettoRenderer", "Selection", "TraceSummary"]
+
+DEVICE_CATEGORY = schema.DEVICE_CATEGORY
+DEVICE_BUSY_METRIC = schema.DEVICE_BUSY_METRIC
+DEVICE_IDLE_METRIC = schema.DEVICE_IDLE_METRIC
+DEVICE_METRICS = schema.DEVICE_METRICS
 
 
 class PerfettoRenderer:
@@ -595,7 +176,7 @@ class PerfettoRenderer:
             if len(pending) >= 8192:
                 flush()
 
-        head = '{"displayTimeUnit":"ms","otherData":' + _JSON.encode(
+        head = '{"displayTimeUnit":"ms","otherData":' + JSON.encode(
             {"generator": "goodtrace", "run": os.path.basename(os.path.normpath(run.path)),
              "origin_wall_ns": origin, "clock": "aligned to each attempt's reference rank",
              "steps": "inclusive" if selection.steps else "all"}
@@ -613,13 +194,13 @@ class PerfettoRenderer:
             items = by_rank[rank]
             pid = rank + 1  # pid 0 is special in trace processors; the rank is in the name
             hosts = list(dict.fromkeys(str(s.header.get(schema.H_HOST, "?")) for s, _ in items))
-            emit(_meta("process_name", pid, 0, {"name": f"rank {rank} ({', '.join(hosts)})"}))
-            emit(_meta("process_sort_index", pid, 0, {"sort_index": rank}))
+            emit(meta("process_name", pid, 0, {"name": f"rank {rank} ({', '.join(hosts)})"}))
+            emit(meta("process_sort_index", pid, 0, {"sort_index": rank}))
             labels = "; ".join(
                 f"attempt {s.attempt}: pid {s.header.get(schema.H_PID)} on {s.header.get(schema.H_HOST)}"
                 for s, _ in items
             )
-            emit(_meta("process_labels", pid, 0, {"labels": labels}))
+            emit(meta("process_labels", pid, 0, {"labels": labels}))
             lane_sort = 0
             for indexed, window in items:
                 # This session's records (for a slice, only those it can use), and no other's.
@@ -628,17 +209,17 @@ class PerfettoRenderer:
                 if selection.steps is not None:
                     intervals = [iv for iv in intervals if _interval_selected(iv, selection)]
                 suffix = f" (attempt {session.attempt})" if multiple_attempts else ""
-                lanes: dict[Any, _Lane] = {}
+                lanes: dict[Any, Lane] = {}
 
-                def lane(key: Any, name: str, _pid: int = pid, _lanes: dict[Any, _Lane] = lanes) -> _Lane:
+                def lane(key: Any, name: str, _pid: int = pid, _lanes: dict[Any, Lane] = lanes) -> Lane:
                     nonlocal next_tid, lane_sort
                     found = _lanes.get(key)
                     if found is None:
-                        found = _lanes[key] = _Lane(next_tid, name, lane_sort)
+                        found = _lanes[key] = Lane(next_tid, name, lane_sort)
                         next_tid += 1
                         lane_sort += 1
-                        emit(_meta("thread_name", _pid, found.tid, {"name": found.name}))
-                        emit(_meta("thread_sort_index", _pid, found.tid, {"sort_index": found.sort}))
+                        emit(meta("thread_name", _pid, found.tid, {"name": found.name}))
+                        emit(meta("thread_sort_index", _pid, found.tid, {"sort_index": found.sort}))
                     return found
 
                 self._emit_session(session, intervals, window, pid, lane, suffix,
@@ -661,7 +242,7 @@ class PerfettoRenderer:
         intervals: list[StepInterval],
         window: tuple[int, int] | None,
         pid: int,
-        lane: Callable[[Any, str], _Lane],
+        lane: Callable[[Any, str], Lane],
         suffix: str,
         to_wall: Callable[[int], int],
         origin: int,
@@ -672,7 +253,7 @@ class PerfettoRenderer:
         main_tid = session.header.get("main_tid")
 
         def ts(mono: int) -> str:
-            return _us(to_wall(mono) - origin)
+            return us(to_wall(mono) - origin)
 
         def inside(t0: int, t1: int) -> bool:
             return window is None or (t1 > window[0] and t0 < window[1]) or (t0 == t1 and window[0] <= t0 <= window[1])
@@ -692,28 +273,28 @@ class PerfettoRenderer:
             args: dict[str, Any] = {
                 "step": iv.step,
                 "attempt": session.attempt,
-                "step_time_ms": _ms(iv.duration_ns),
-                "productive_ms": _ms(iv.productive_ns),
-                "overhead_ms": {k: _ms(v) for k, v in sorted(iv.overhead_ns.items())},
+                "step_time_ms": ms(iv.duration_ns),
+                "productive_ms": ms(iv.productive_ns),
+                "overhead_ms": {k: ms(v) for k, v in sorted(iv.overhead_ns.items())},
                 "sync": iv.how,
             }
             if iv.is_window:
                 args["first_step"] = iv.first_step
                 args["window"] = "steps without their own sync point share this interval"
-            emit(_complete(label, "step", pid, steps_lane.tid, ts(iv.t0), _us(iv.t1 - iv.t0), args))
+            emit(complete(label, "step", pid, steps_lane.tid, ts(iv.t0), us(iv.t1 - iv.t0), args))
             for a, b, category in iv.regions:
-                emit(_complete(category, "overhead", pid, steps_lane.tid, ts(a), _us(b - a), {"step": iv.step}))
+                emit(complete(category, "overhead", pid, steps_lane.tid, ts(a), us(b - a), {"step": iv.step}))
         if window is None:
             proc_start = session.header.get(schema.H_PROC_START)
             if isinstance(proc_start, int) and intervals and intervals[0].t0 > proc_start:
-                emit(_complete("startup", "startup", pid, steps_lane.tid, ts(proc_start),
-                               _us(intervals[0].t0 - proc_start), {"attempt": session.attempt}))
+                emit(complete("startup", "startup", pid, steps_lane.tid, ts(proc_start),
+                               us(intervals[0].t0 - proc_start), {"attempt": session.attempt}))
             finish = session.finish
             if finish is not None and intervals and isinstance(finish.get(schema.F_T), int):
                 end = int(finish[schema.F_T])
                 if end > intervals[-1].t1:
-                    emit(_complete("teardown", "teardown", pid, steps_lane.tid, ts(intervals[-1].t1),
-                                   _us(end - intervals[-1].t1), {"attempt": session.attempt}))
+                    emit(complete("teardown", "teardown", pid, steps_lane.tid, ts(intervals[-1].t1),
+                                   us(end - intervals[-1].t1), {"attempt": session.attempt}))
 
         spans_by_lane: dict[Any, list[dict[str, Any]]] = {}
         device: dict[str, dict[int, Any]] = {name: {} for name in DEVICE_METRICS}
@@ -730,7 +311,7 @@ class PerfettoRenderer:
             elif kind == schema.TAG:
                 t = int(record[schema.F_T])
                 if step_ok(record, t):
-                    emit(_instant(str(record.get(schema.F_NAME)), "tag", pid, steps_lane.tid, ts(t),
+                    emit(instant(str(record.get(schema.F_NAME)), "tag", pid, steps_lane.tid, ts(t),
                                   {"step": record.get(schema.F_STEP)}))
             elif kind == schema.EVENT:
                 t = int(record[schema.F_T])
@@ -738,8 +319,8 @@ class PerfettoRenderer:
                     args = {"step": record.get(schema.F_STEP)}
                     attrs = record.get(schema.F_ATTRS)
                     if isinstance(attrs, dict):
-                        args["attrs"] = _safe(attrs)
-                    emit(_instant(str(record.get(schema.F_NAME)), "event", pid,
+                        args["attrs"] = safe(attrs)
+                    emit(instant(str(record.get(schema.F_NAME)), "event", pid,
                                   lane("main", "main thread" + suffix).tid, ts(t), args))
             elif kind == schema.METRIC:
                 value, when = record.get(schema.F_VALUE), record.get(schema.F_T)
@@ -747,8 +328,8 @@ class PerfettoRenderer:
                     device[str(record.get(schema.F_NAME))][int(record[schema.F_STEP])] = value
                 if (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                         and isinstance(when, int) and step_ok(record, when)):
-                    emit('{"ph":"C","name":' + _string(record.get(schema.F_NAME)) + f',"pid":{pid},'
-                         f'"ts":{ts(when)},"args":{{"value":{_JSON.encode(value)}}}}}')
+                    emit('{"ph":"C","name":' + string(record.get(schema.F_NAME)) + f',"pid":{pid},'
+                         f'"ts":{ts(when)},"args":{{"value":{JSON.encode(value)}}}}}')
         # Lifecycle marks: the end of the session (finish or last sign of life).
         if window is None:
             finish = session.finish
@@ -756,10 +337,10 @@ class PerfettoRenderer:
             if finish is not None and isinstance(finish.get(schema.F_T), int):
                 completed = finish.get(schema.F_COMPLETED)
                 name = "finish" if completed else f"exit ({finish.get(schema.F_REASON)})"
-                emit(_instant(name, "lifecycle", pid, main_lane.tid, ts(int(finish[schema.F_T])),
+                emit(instant(name, "lifecycle", pid, main_lane.tid, ts(int(finish[schema.F_T])),
                               {"completed": completed, "attempt": session.attempt}))
             else:
-                emit(_instant("last sign of life (no finish record)", "lifecycle", pid, main_lane.tid,
+                emit(instant("last sign of life (no finish record)", "lifecycle", pid, main_lane.tid,
                               ts(session.last_seen_mono), {"attempt": session.attempt}))
 
         # Device-busy time measured per step (CUDA events, metric device/busy_s): its duration is
@@ -772,8 +353,8 @@ class PerfettoRenderer:
                     schema.F_NAME: "device busy", schema.F_CATEGORY: DEVICE_CATEGORY,
                     schema.F_T0: max(iv.t0, iv.t1 - round(busy * 1e9)), schema.F_T1: iv.t1,
                     schema.F_STEP: iv.step,
-                    schema.F_ATTRS: {"busy_ms": _ms(round(busy * 1e9)),
-                                     "idle_before_ms": _ms(round(idle * 1e9)) if isinstance(idle, (int, float)) else None,
+                    schema.F_ATTRS: {"busy_ms": ms(round(busy * 1e9)),
+                                     "idle_before_ms": ms(round(idle * 1e9)) if isinstance(idle, (int, float)) else None,
                                      "placement": "duration from device events; drawn ending at the sync point"},
                 })
 
@@ -788,7 +369,7 @@ class PerfettoRenderer:
             else:
                 name = f"thread {key}"
             base = lane(key, name + suffix)
-            overflow: _Lane | None = None
+            overflow: Lane | None = None
             stack: list[int] = []  # end times of the open slices on the base lane
             for record in sorted(spans_by_lane[key], key=lambda r: (int(r[schema.F_T0]), -int(r[schema.F_T1]))):
                 t0, t1 = int(record[schema.F_T0]), int(record[schema.F_T1])
@@ -813,11 +394,11 @@ class PerfettoRenderer:
                     if error:
                         args["error"] = error
                     if isinstance(attrs, dict):
-                        args["attrs"] = _safe(attrs)
-                    args_json = _JSON.encode(args)
-                emit(f'{{"ph":"X","name":{_string(record.get(schema.F_NAME))},'
-                     f'"cat":{_string(record.get(schema.F_CATEGORY))},"pid":{pid},"tid":{target.tid},'
-                     f'"ts":{_us(to_wall(t0) - origin)},"dur":{_us(t1 - t0)},"args":{args_json}}}')
+                        args["attrs"] = safe(attrs)
+                    args_json = JSON.encode(args)
+                emit(f'{{"ph":"X","name":{string(record.get(schema.F_NAME))},'
+                     f'"cat":{string(record.get(schema.F_CATEGORY))},"pid":{pid},"tid":{target.tid},'
+                     f'"ts":{us(to_wall(t0) - origin)},"dur":{us(t1 - t0)},"args":{args_json}}}')
             counts["spans"] += len(spans_by_lane[key])
 
 
@@ -851,27 +432,4 @@ def _slice_records(selection: Selection, window: tuple[int, int]) -> Callable[[d
 
 def _interval_selected(iv: StepInterval, selection: Selection) -> bool:
     """An interval is in the step range when any step it covers is."""
-    return _in_range(iv.first_step, iv.step, selection.steps)
-
-
-def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> str:
-    return f'{{"ph":"M","name":"{name}","pid":{pid},"tid":{tid},"args":{_JSON.encode(args)}}}'
-
-
-def _complete(name: str, category: str, pid: int, tid: int, ts: str, dur: str, args: dict[str, Any]) -> str:
-    return (
-        f'{{"ph":"X","name":{_string(name)},"cat":{_string(category)},"pid":{pid},"tid":{tid},'
-        f'"ts":{ts},"dur":{dur},"args":{_JSON.encode(args)}}}'
-    )
-
-
-def _instant(name: str, category: str, pid: int, tid: int, ts: str, args: dict[str, Any]) -> str:
-    return (
-        f'{{"ph":"i","s":"t","name":{_string(name)},"cat":{_string(category)},"pid":{pid},'
-        f'"tid":{tid},"ts":{ts},"args":{_JSON.encode(args)}}}'
-    )
-
-
-def iter_events(text: str) -> Iterator[dict[str, Any]]:
-    """The events of a rendered trace (for tests and tools)."""
-    yield from json.loads(text)["traceEvents"]
+    return in_range(iv.first_step, iv.step, selection.steps)

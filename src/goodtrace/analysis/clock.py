@@ -1,97 +1,25 @@
-"""Clock alignment across ranks: measure each rank's offset to a reference rank, align timelines.
+"""One mapping of each session's clock onto its attempt's reference clock (reader side).
 
-Measuring (framework-neutral): :func:`measure_offset` runs an NTP-like ping-pong between this
-rank and the reference rank through two callables, ``send(peer, values)`` and
-``recv(peer) -> values`` (lists of ints), and keeps the sample with the smallest round trip.
-The result says ``reference_clock = local_clock + offset_ns`` with an error of at most
-``rtt_ns / 2``. torch.distributed (``goodtrace.integrations.torch``) and JAX adapters supply the
-callables; the recorder stores each measurement as a ``clock`` record.
-
-Aligning (reader side, no framework needed): :func:`clock_offsets` turns the ``clock`` records
-of a :class:`goodtrace.reader.Run` into one :class:`SessionClock` per session, mapping that
-session's monotonic times onto the monotonic clock of its attempt's reference session (and to
-wall time through the reference's anchor). Sessions without measurements fall back to their
-(wall, monotonic) anchors, which is exact on one host and NTP-accurate across hosts.
+:func:`clock_offsets` turns the ``clock`` records of a :class:`goodtrace.read.sessions.Run` into
+one :class:`SessionClock` per session, mapping that session's monotonic times onto the
+monotonic clock of its attempt's reference session (and to wall time through the reference's
+anchor). Sessions without measurements fall back to their (wall, monotonic) anchors, which is
+exact on one host and NTP-accurate across hosts. The offsets themselves are measured in the job
+(:mod:`goodtrace.record.clocksync`): ``reference = local + offset_ns``, accurate to rtt/2.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+import functools
+import operator
+from collections.abc import Callable
 
 from goodtrace import schema
+from goodtrace.read.sessions import Run, Session
 
-if TYPE_CHECKING:
-    from goodtrace.reader import Run, Session
-
-__all__ = [
-    "OffsetSample",
-    "SessionClock",
-    "clock_offsets",
-    "estimate_offset",
-    "measure_offset",
-]
-
-Send = Callable[[int, Sequence[int]], None]
-Recv = Callable[[int], Sequence[int]]
-
-
-@dataclasses.dataclass(frozen=True)
-class OffsetSample:
-    """``reference_clock ≈ local_clock + offset_ns``, accurate to ``rtt_ns / 2``."""
-
-    offset_ns: int
-    rtt_ns: int
-
-
-def estimate_offset(t0: int, t1: int, t2: int, t3: int) -> OffsetSample:
-    """One ping-pong: sent at local ``t0``, received at reference ``t1``, answered at reference
-    ``t2``, answer received at local ``t3``. Assumes symmetric one-way delays (as NTP does)."""
-    return OffsetSample(offset_ns=((t1 - t0) + (t2 - t3)) // 2, rtt_ns=(t3 - t0) - (t2 - t1))
-
-
-def measure_offset(
-    *,
-    rank: int,
-    world_size: int,
-    clock: Callable[[], int],
-    send: Send,
-    recv: Recv,
-    rounds: int = 16,
-    reference_rank: int = 0,
-) -> OffsetSample:
-    """Every rank calls this together. The reference rank answers ``rounds`` pings from each
-    other rank in turn (and returns a zero offset); every other rank returns its min-RTT sample.
-    """
-    if rounds < 1:
-        raise ValueError(f"rounds must be at least 1, got {rounds}")
-    if not 0 <= reference_rank < world_size or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} / reference rank {reference_rank} not in a world of {world_size}")
-    if rank == reference_rank:
-        for peer in range(world_size):
-            if peer == reference_rank:
-                continue
-            for _ in range(rounds):
-                recv(peer)
-                t1 = clock()
-                send(peer, (t1, clock()))
-        return OffsetSample(0, 0)
-    best: OffsetSample | None = None
-    for _ in range(rounds):
-        t0 = clock()
-        send(reference_rank, (t0,))
-        answer = recv(reference_rank)
-        t3 = clock()
-        sample = estimate_offset(t0, int(answer[0]), int(answer[1]), t3)
-        if best is None or sample.rtt_ns < best.rtt_ns:
-            best = sample
-    assert best is not None  # rounds >= 1
-    return best
-
-
-# ---------------------------------------------------------------------------------- reader side
+__all__ = ["SessionClock", "clock_offsets", "session_clocks"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,3 +118,22 @@ def _clock_samples(session: Session) -> list[tuple[int, int, int]]:
             samples.append((t, offset, rtt))
     samples.sort()
     return samples
+
+
+def session_clocks(run: Run) -> dict[str, Callable[[int], int]]:
+    """Per session id, a function mapping its monotonic ns onto aligned wall-clock ns.
+
+    Uses the measured clock offsets (:func:`clock_offsets`).
+    """
+    clocks = clock_offsets(run)
+    result: dict[str, Callable[[int], int]] = {}
+    for session in run.sessions:
+        clock = clocks.get(session.session_id)
+        if clock is None:
+            result[session.session_id] = session.wall_ns
+        elif len(clock.samples) <= 1:  # a constant shift: skip the per-call interpolation
+            shift = clock.offset_at(0) + clock.reference_wall_minus_mono_ns
+            result[session.session_id] = functools.partial(operator.add, shift)
+        else:
+            result[session.session_id] = clock.wall_ns
+    return result

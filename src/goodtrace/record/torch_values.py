@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from goodtrace._values import UnsupportedValue, _HostNumber
+from goodtrace.record.value_types import HostNumber, UnsupportedValue
 
 
-class _CpuTensor(_HostNumber):
+class _CpuTensor(HostNumber):
     """A CPU tensor is computed by the time the op returns: like a host number."""
 
     def to_float(self, handle: Any) -> float:
@@ -25,22 +25,7 @@ class _CpuTensor(_HostNumber):
         return float(handle.detach().item())
 
 
-class _HostFloat:
-    """A CPU scalar already read into a Python float."""
-
-    host = True
-
-    def ready(self, handle: Any) -> bool | None:
-        return True
-
-    def wait(self, handle: Any) -> None:
-        return None
-
-    def to_float(self, handle: Any) -> float:
-        return float(handle)
-
-
-_HOST_FLOAT = _HostFloat()
+_HOST_FLOAT = HostNumber()  # a CPU scalar already read into a Python float
 
 
 class _CudaTensor:

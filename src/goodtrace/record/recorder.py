@@ -1,59 +1,36 @@
-"""The hot path: spans, steps with lagged completion, tags, events and metrics.
+"""One rank's recorder: steps with lagged completion, tags, events, metrics, and its lifecycle.
 
-A record is a tuple appended to a deque (atomic under the GIL, no lock); the writer thread
-turns tuples into JSON lines. Device values passed to ``complete_on`` / ``metric`` are kept as
-handles and observed only when that is free: when a later step ends (the lag), when a blocking
-span starts, or at ``finish()``. Nothing here raises into the training loop except a user's
-own exception inside a span, which is recorded and re-raised.
+Device values passed to ``complete_on`` / ``metric`` are kept as handles and observed only when
+that is free: when a later step ends (the lag), when a blocking span starts, or at ``finish()``.
+Records are tuples appended to the recorder's deque; the writer thread turns them into JSON
+lines. Spans themselves are in :mod:`goodtrace.record.spans` (the hot path). Nothing here
+raises into the training loop except a user's own exception inside a span, which is recorded
+and re-raised.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import gc
-import importlib
 import os
 import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from goodtrace import schema
-from goodtrace._process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
-from goodtrace._storage import Storage, open_storage
-from goodtrace._values import ValueAdapter, adapter_for, finite_or_none
-from goodtrace._writer import GoodtraceWarning, Writer
-from goodtrace.config import Config
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-# The optional C fast path (built from _speedups.c at install time when a compiler is there).
-_speedups: Any
-try:
-    if os.environ.get("GOODTRACE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("GOODTRACE_PURE_PYTHON is set")
-    _speedups = importlib.import_module("goodtrace._speedups")
-except ImportError:
-    _speedups = None
-IMPLEMENTATION = "python" if _speedups is None else "c"
+from goodtrace.record import spans
+from goodtrace.record.config import Config
+from goodtrace.record.errors import GoodtraceWarning
+from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
+from goodtrace.record.spans import NOOP_SPAN, span_key
+from goodtrace.record.storage import Storage, open_storage
+from goodtrace.record.values import ValueAdapter, adapter_for, finite_or_none
+from goodtrace.record.writer import Writer
 
 _get_ident = threading.get_ident
-_new: Callable[[type[Any]], Any] = object.__new__  # C-based spans: see below (cls.__new__)
-_MAX_CATEGORY_CACHE = 10_000
-
-# The hot path reads these module globals (LOAD_GLOBAL is the cheapest lookup there is); they
-# are set when a Recorder becomes active and reset when it finishes. One recorder per process.
-_RUNNING, _DISABLED, _NOT_STARTED = 0, 1, 2
-_mode = _NOT_STARTED
-_clock: Callable[[], int] = time.perf_counter_ns
-_SINK: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=1)
-_append: Callable[[tuple[Any, ...]], None] = _SINK.append
-_step: int | None = None
-_keys: dict[Any, tuple[str, str, bool, type[Span]]] = {}
-_active: Recorder | None = None
 
 
 def _version() -> str:
@@ -63,181 +40,6 @@ def _version() -> str:
         return version("goodtrace")
     except Exception:
         return "unknown"
-
-
-class _PySpanBase:
-    """The reference implementation of a span's ``with`` protocol; ``_speedups.SpanBase`` is
-    the same in C (used when it was built, unless ``GOODTRACE_PURE_PYTHON=1``)."""
-
-    __slots__ = ("attrs", "key", "t0")
-
-    key: tuple[str, str, bool, type[Span]]
-    attrs: Mapping[str, Any] | None
-    t0: int
-
-    def __enter__(self) -> Span:
-        self.t0 = _clock()
-        return self  # type: ignore[return-value]
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        _append((self.key, self.t0, _clock(), _step, _get_ident(), self.attrs, exc_type))
-
-
-if TYPE_CHECKING:
-    _SpanBase = _PySpanBase
-else:
-    _SpanBase = _PySpanBase if _speedups is None else _speedups.SpanBase
-
-
-class Span(_SpanBase):
-    """A timed interval on the calling thread; one object per ``with`` entry.
-
-    In the buffer a span is ``(key, t0, t1, step, thread, attrs, exc_type)`` where
-    ``key = (name, category, blocking, class)`` is shared by every span of that name.
-    """
-
-    __slots__ = ()
-
-    @property
-    def name(self) -> str:
-        return self.key[0]
-
-    @property
-    def category(self) -> str:
-        return self.key[1]
-
-    def __call__(self, func: F) -> F:
-        """Use as a decorator: each call of ``func`` runs in a fresh span of this name."""
-        name, category, attrs = self.key[0], self.key[1], self.attrs
-        return traced(lambda: span(name, category, attrs), func)
-
-
-class OverheadSpan(Span):
-    """A span of an overhead category: also tells the recorder's overhead-span listeners
-    (live step-time splits). Compute spans never pay for this."""
-
-    __slots__ = ()
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        t1 = _clock()
-        _append((self.key, self.t0, t1, _step, _get_ident(), self.attrs, exc_type))
-        if _active is not None and _active.overhead_span_listeners:
-            _active.notify_overhead_span(self.key[1], self.t0, t1)
-
-
-class BlockingSpan(OverheadSpan):
-    """A span of a blocking category: pending step completions are observed before t0."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> Span:
-        if _active is not None:
-            _active.settle(schema.SYNC_BLOCKING)
-        self.t0 = _clock()
-        return self
-
-
-def _span_py(name: Any, category: str | None = None, attrs: Mapping[str, Any] | None = None) -> Any:
-    """The hot path behind ``goodtrace.span`` (see there), in Python: ``_speedups.span`` does
-    its common case (running, name already resolved) in C and calls this for the rest."""
-    if _mode:
-        if _mode == _DISABLED:
-            return NOOP_SPAN
-        if type(name) is not str and callable(name):  # bare @gt.span before init
-            label = getattr(name, "__qualname__", repr(name))
-            return traced(lambda: span(label, category, attrs), name)
-        return LateSpan(name, category, attrs)
-    try:
-        key = _keys[name if category is None else (name, category)]
-    except KeyError:
-        if type(name) is not str and callable(name):  # bare decorator: @gt.span
-            label = getattr(name, "__qualname__", repr(name))
-            return traced(lambda: span(label, category, attrs), name)
-        key = _new_key(name, category)
-    except TypeError:  # unhashable name: record its text
-        key = _new_key(repr(name)[:200], category)
-    s = _new(key[3])
-    s.key = key
-    s.attrs = attrs
-    return s
-
-
-span = _span_py
-if _speedups is not None:
-    _new = _speedups.new_span
-    _speedups.bind(globals(), _span_py)
-    span = _speedups.span
-
-
-def _new_key(name: Any, category: str | None) -> tuple[str, str, bool, type[Span]]:
-    rec = _active
-    if rec is None:
-        return (str(name), category or schema.COMPUTE, False, Span)
-    resolved, blocking = rec.resolve_category(name, category)
-    kind = BlockingSpan if blocking else OverheadSpan if resolved in rec.overhead_categories else Span
-    key = (name if isinstance(name, str) else repr(name)[:200], resolved, blocking, kind)
-    if len(_keys) < _MAX_CATEGORY_CACHE:
-        _keys[name if category is None else (name, category)] = key
-    return key
-
-
-def span_key(name: str, category: str) -> tuple[str, str, bool, type[Span]]:
-    """The key for an automatic span (gc, compile): never blocking, cached."""
-    try:
-        return _keys[(name, category)]
-    except KeyError:
-        key = (name, category, False, Span)
-        if len(_keys) < _MAX_CATEGORY_CACHE:
-            _keys[(name, category)] = key
-        return key
-
-
-class _NoopSpan:
-    """The shared no-op: a context manager and a decorator that do nothing."""
-
-    __slots__ = ()
-    name = ""
-    category = ""
-
-    def __enter__(self) -> _NoopSpan:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        return None
-
-    def complete_on(self, value: object) -> None:
-        return None
-
-    def __call__(self, func: F) -> F:
-        return func  # recording is disabled for good: leave the function as it is
-
-
-NOOP_SPAN = _NoopSpan()
-
-
-class LateSpan:
-    """Returned before ``init()``: a no-op ``with`` block that, used as a decorator, traces
-    the function once recording starts (decorators usually run at import, before init)."""
-
-    __slots__ = ("attrs", "category", "name")
-
-    def __init__(self, name: Any, category: str | None, attrs: Mapping[str, Any] | None) -> None:
-        self.name = name
-        self.category = category
-        self.attrs = attrs
-
-    def __enter__(self) -> LateSpan:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        return None
-
-    def complete_on(self, value: object) -> None:
-        return None
-
-    def __call__(self, func: F) -> F:
-        name, category, attrs = self.name, self.category, self.attrs
-        return traced(lambda: span(name, category, attrs), func)
 
 
 class StepContext:
@@ -346,20 +148,14 @@ class Recorder:
 
     def activate(self) -> None:
         """Make this the process's recorder: point the hot path at its buffer and clock."""
-        global _mode, _clock, _append, _step, _active
-        _keys.clear()
-        _clock = self.clock
-        _append = self.buffer.append
-        _step = None
-        _active = self
-        _mode = _RUNNING
+        spans.bind(self)
         self.writer.start()
         if self.config.record_gc:
             gc.callbacks.append(self._on_gc)
 
     @property
     def current_step(self) -> int | None:
-        return _step if _active is self else None
+        return spans.current_step(self)
 
     # ------------------------------------------------------------------ header
     def _header(self, segment: int, wall: int, mono: int) -> dict[str, Any]:
@@ -421,7 +217,7 @@ class Recorder:
         t0 = self._gc_t0
         if t0 and t1 - t0 >= self.config.gc_threshold_s * 1e9:
             self.buffer.append(
-                (self._gc_key, t0, t1, _step, _get_ident(),
+                (self._gc_key, t0, t1, spans.current_step(self), _get_ident(),
                  {"generation": info.get("generation"), "collected": info.get("collected")}, None)
             )
             if self.overhead_span_listeners:
@@ -438,12 +234,11 @@ class Recorder:
         return StepContext(self, number)
 
     def begin_step(self, ctx: StepContext) -> None:
-        global _step
         if self._active_step is not None:
             self._warn("nested-step", "a step began inside another step; steps do not nest")
         ctx.t0 = self.clock()
         self._active_step = ctx
-        _step = ctx.number
+        spans.set_step(ctx.number)
         for listener in self.step_begin_listeners:
             try:
                 listener(ctx.number, ctx.t0)
@@ -576,7 +371,6 @@ class Recorder:
         return self.writer.flush(self.config.finish_timeout_s if timeout is None else timeout)
 
     def finish(self, completed: bool | None, reason: str = "finish") -> bool:
-        global _mode, _active, _append, _step
         if self.finished or os.getpid() != self._pid:
             return False
         for listener in list(self.finish_listeners):  # integrations close (collectives) first
@@ -589,26 +383,19 @@ class Recorder:
             self._warn("finish-in-step", "finish() called inside a step")
         self.finished = True
         self.buffer.append((schema.FINISH, completed, self.clock(), reason))
-        if _active is self:
-            _mode = _NOT_STARTED
-            _active = None
-            _append = _SINK.append
-            _step = None
+        spans.unbind(self)
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         return self.writer.close(self.config.finish_timeout_s)
 
     def after_fork_in_child(self) -> None:
         """In a forked child: never write into the parent's files, never take its locks."""
-        global _mode, _active, _append
         self.finished = True
         self._pid = -1
         self.buffer = collections.deque(maxlen=1)
         self._pending = collections.deque()
         self._pending_lock = threading.RLock()
-        _mode = _DISABLED
-        _active = None
-        _append = self.buffer.append
+        spans.disable_after_fork(self, self.buffer)
         try:
             gc.callbacks.remove(self._on_gc)
         except ValueError:
@@ -618,11 +405,6 @@ class Recorder:
     def dropped_records(self) -> int:
         return self.writer.dropped_records
 
-
-def set_disabled() -> None:
-    """Recording is off for this process (``init(enabled=False)``): spans are the shared no-op."""
-    global _mode
-    _mode = _DISABLED
 
 
 class NoopRecorder:
@@ -671,14 +453,3 @@ class NoopRecorder:
 
 
 NOOP_RECORDER = NoopRecorder()
-
-
-def traced(span_factory: Callable[[], Any], func: F) -> F:
-    """Wrap ``func`` so each call runs inside a fresh span (decorator support)."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with span_factory():
-            return func(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]

@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
-    from goodtrace.reader import NotARunError, read_run
+    from goodtrace.read.sessions import NotARunError, read_run
 
     try:
         loaded = read_run(args.run)

@@ -20,12 +20,12 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from goodtrace.cli import CommandError
-    from goodtrace.commands.report import _progress
-    from goodtrace.loading import LoadError, NotARunError, compact_run
+    from goodtrace.cli.progress import progress_bar
+    from goodtrace.read.load import LoadError, NotARunError, compact_run
 
     if not os.path.exists(args.run):
         raise CommandError(f"{args.run!r} does not exist")
-    update, stop = _progress()
+    update, stop = progress_bar()
     try:
         result = compact_run(args.run, progress=update)
     except NotARunError as exc:

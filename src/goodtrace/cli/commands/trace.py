@@ -25,15 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
-    from goodtrace.commands.report import _progress
-    from goodtrace.reader import NotARunError
-    from goodtrace.renderers.perfetto import (
-        PerfettoRenderer,
-        Selection,
-        format_ranks,
-        parse_ranks,
-        parse_steps,
-    )
+    from goodtrace.cli.progress import progress_bar
+    from goodtrace.cli.ranges import format_ranks, parse_ranks, parse_steps
+    from goodtrace.read.sessions import NotARunError
+    from goodtrace.renderers.perfetto import PerfettoRenderer, Selection
 
     try:
         selection = Selection(
@@ -46,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     renderer = PerfettoRenderer(selection)
     # The run is read one session at a time (twice: an index first, then the records of each
     # session as its events are written), so memory does not grow with the run's length.
-    update, stop = _progress()
+    update, stop = progress_bar()
     try:
         try:
             index = renderer.index(args.run, update)

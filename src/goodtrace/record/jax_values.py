@@ -4,7 +4,7 @@ A ``jax.Array`` is ready when ``Array.is_ready()`` says so (a non-blocking probe
 ``Array.block_until_ready()``. Both work on every backend, CPU included, where dispatch is
 asynchronous too. A pytree of arrays (``JaxTree``, or any value JAX flattens) is ready when
 every leaf is. Importing this module also installs the JAX compile listeners
-(``goodtrace.integrations.jax.install``), so compilations are recorded from then on even
+(:func:`goodtrace.record.jax_compile.install`), so compilations are recorded from then on even
 when the program never calls ``install()`` itself.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 
 import jax
 
-from goodtrace._values import UnsupportedValue
+from goodtrace.record import jax_compile
+from goodtrace.record.value_types import UnsupportedValue
 
 
 def _array_ready(leaf: Any) -> bool | None:
@@ -111,20 +112,14 @@ def adapter_for_value(value: Any) -> JaxArrayAdapter | JaxTreeAdapter:
 def adapter_for_pytree(value: Any) -> JaxTreeAdapter | None:
     """The pytree adapter when ``value`` is a registered JAX pytree node (a flax
     ``TrainState``, an equinox module, ...) holding at least one ``jax.Array``; else None.
-    For ``goodtrace._values`` to try before giving up on an unknown type."""
+    For :mod:`goodtrace.record.values` to try before giving up on an unknown type."""
     leaves = jax.tree_util.tree_leaves(value)
     if len(leaves) == 1 and leaves[0] is value:
         return None  # not a container: JAX treats it as a leaf
     return _TREE if any(isinstance(leaf, jax.Array) for leaf in leaves) else None
 
 
-def _install_compile_listeners() -> None:
-    try:
-        from goodtrace.integrations import jax as integration
-
-        integration.install()
-    except Exception:
-        pass
-
-
-_install_compile_listeners()
+try:
+    jax_compile.install()  # compilations are recorded from the first JAX value on
+except Exception:  # an optional feature must never break reading a value
+    pass

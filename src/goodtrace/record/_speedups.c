@@ -63,7 +63,7 @@ recorder_global(PyObject *name)
 {
     PyObject *value;
     if (g_globals == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "goodtrace._speedups is not bound to the recorder");
+        PyErr_SetString(PyExc_RuntimeError, "goodtrace.record._speedups is not bound to the recorder");
         return NULL;
     }
     value = PyDict_GetItemWithError(g_globals, name);
@@ -199,7 +199,7 @@ static PyMemberDef span_members[] = {
 
 static PyTypeObject SpanBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "goodtrace._speedups.SpanBase",
+    .tp_name = "goodtrace.record._speedups.SpanBase",
     .tp_basicsize = sizeof(SpanObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "C base of goodtrace's Span: __enter__/__exit__ without a Python frame.",
@@ -215,7 +215,7 @@ call_slow(PyObject *name, PyObject *category, PyObject *attrs)
 {
     PyObject *args[3] = {name, category, attrs};
     if (g_slow_span == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "goodtrace._speedups is not bound to the recorder");
+        PyErr_SetString(PyExc_RuntimeError, "goodtrace.record._speedups is not bound to the recorder");
         return NULL;
     }
     return PyObject_Vectorcall(g_slow_span, args, 3, NULL);
@@ -223,7 +223,7 @@ call_slow(PyObject *name, PyObject *category, PyObject *attrs)
 
 PyDoc_STRVAR(span_doc,
 "span(name, category=None, attrs=None)\n--\n\n"
-"A timed span (see goodtrace.span): the C fast path of goodtrace._recorder._span_py.");
+"A timed span (see goodtrace.span): the C fast path of goodtrace.record.spans._span_py.");
 
 static PyObject *
 speedups_span(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -234,7 +234,7 @@ speedups_span(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     SpanObject *span;
 
     if (g_slow_span == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "goodtrace._speedups is not bound to the recorder");
+        PyErr_SetString(PyExc_RuntimeError, "goodtrace.record._speedups is not bound to the recorder");
         return NULL;
     }
     if (nargs > 3) {
@@ -346,7 +346,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
-    "goodtrace._speedups",
+    "goodtrace.record._speedups",
     "Optional C fast path for goodtrace spans (see _recorder.py for the reference code).",
     -1,
     module_methods,

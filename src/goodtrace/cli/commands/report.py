@@ -71,28 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-steps", action="store_true", help="--json: leave out the full step table")
 
 
-def _progress() -> tuple[Any, Any]:
-    """A rich progress bar on stderr when it is a terminal; (callback, stop) otherwise no-ops."""
-    if not sys.stderr.isatty() and os.environ.get("GOODTRACE_PROGRESS") != "1":
-        return None, lambda: None
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-    task = bar.add_task("loading", total=1)
-    bar.start()
-
-    def update(what: str, done: int, total: int) -> None:
-        bar.update(task, description=what, completed=done, total=max(total, 1))
-
-    return update, bar.stop
-
-
 def run(args: argparse.Namespace) -> int:
     from goodtrace.analysis import AnalysisError, analyze
     from goodtrace.cli import CommandError
-    from goodtrace.loading import LoadError, NotARunError, load_run
+    from goodtrace.cli.progress import progress_bar
+    from goodtrace.read.load import LoadError, NotARunError, load_run
 
     try:
         window = parse_window(args.window) if args.window else None
@@ -103,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--rolling must be a positive duration")
     gantt_steps = None
     if args.gantt_steps is not None:
-        from goodtrace.renderers.perfetto import parse_steps
+        from goodtrace.cli.ranges import parse_steps
 
         if not args.html:
             raise CommandError("--gantt-steps chooses the steps of the HTML report's gantt chart: add --html FILE")
@@ -111,11 +94,11 @@ def run(args: argparse.Namespace) -> int:
             gantt_steps = parse_steps(args.gantt_steps)
         except ValueError as exc:
             raise CommandError(f"--gantt-steps: {exc}") from None
-    from goodtrace._storage import is_url, local_path
+    from goodtrace.record.storage import is_url, local_path
 
     if not is_url(args.run) and not os.path.exists(local_path(args.run)):  # URLs: the loader mirrors them
         raise CommandError(f"{args.run!r} does not exist")
-    update, stop = _progress()
+    update, stop = progress_bar()
     try:
         loaded = load_run(args.run, progress=update)
     except NotARunError as exc:
@@ -162,13 +145,14 @@ def _write_html(run_dir: str, analysis: Any, target: str, gantt_steps: tuple[int
     """The HTML renderer draws its heat map and gantt chart from the records themselves, read
     one rank's session at a time (memory does not grow with the run's length)."""
     from goodtrace.cli import CommandError
-    from goodtrace.reader import NotARunError
+    from goodtrace.cli.progress import progress_bar
+    from goodtrace.read.sessions import NotARunError
 
     try:
         from goodtrace.renderers.html import html_page, report_data
     except ImportError as exc:
         raise CommandError(f"the HTML renderer is not available: {exc}") from None
-    update, stop = _progress()
+    update, stop = progress_bar()
     try:
         data = report_data(analysis, run_dir, gantt_steps=gantt_steps, progress=update)
     except NotARunError as exc:

@@ -2,7 +2,7 @@
 
 An adapter is chosen by the value's type, once per type, without importing any framework:
 Python numbers and NumPy values are host values (complete on arrival); torch tensors and JAX
-arrays are handled by ``goodtrace._torch_values`` / ``goodtrace._jax_values``, imported only
+arrays are handled by ``goodtrace.record.torch_values`` / ``goodtrace.record.jax_values``, imported only
 when such a value is first passed. Any other object can take part through the protocol below.
 
 Protocol (duck-typed): ``__goodtrace_wait__()`` blocks until the value is complete;
@@ -16,44 +16,14 @@ import importlib
 import math
 import sys
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
+
+from goodtrace.record.value_types import HostNumber, UnsupportedValue, ValueAdapter
+
+__all__ = ["UnsupportedValue", "ValueAdapter", "adapter_for", "finite_or_none"]
 
 
-class ValueAdapter(Protocol):
-    """How goodtrace handles one kind of value. ``prepare`` runs on the hot path (cheap)."""
-
-    host: bool  # True: complete on arrival, never waits
-
-    def prepare(self, value: Any) -> Any: ...
-
-    def ready(self, handle: Any) -> bool | None: ...
-
-    def wait(self, handle: Any) -> None: ...
-
-    def to_float(self, handle: Any) -> float: ...
-
-
-class UnsupportedValue(TypeError):
-    """The value is of a type goodtrace cannot wait on or read."""
-
-
-class _HostNumber:
-    host = True
-
-    def prepare(self, value: Any) -> Any:
-        return value
-
-    def ready(self, handle: Any) -> bool | None:
-        return True
-
-    def wait(self, handle: Any) -> None:
-        return None
-
-    def to_float(self, handle: Any) -> float:
-        return float(handle)
-
-
-class _NumpyValue(_HostNumber):
+class _NumpyValue(HostNumber):
     def to_float(self, handle: Any) -> float:
         size = getattr(handle, "size", 1)
         if size != 1:
@@ -105,12 +75,12 @@ class _Sequence:
         raise UnsupportedValue("a metric must be a scalar, not a sequence")
 
 
-_HOST = _HostNumber()
+_HOST = HostNumber()
 _ADAPTERS: dict[type, ValueAdapter] = {int: _HOST, float: _HOST, bool: _HOST}
 _LAZY_MODULES: tuple[tuple[str, str], ...] = (
-    ("torch", "goodtrace._torch_values"),
-    ("jax", "goodtrace._jax_values"),
-    ("jaxlib", "goodtrace._jax_values"),
+    ("torch", "goodtrace.record.torch_values"),
+    ("jax", "goodtrace.record.jax_values"),
+    ("jaxlib", "goodtrace.record.jax_values"),
 )
 
 
@@ -141,7 +111,7 @@ def _find_adapter(value: Any) -> ValueAdapter:
     if isinstance(value, (tuple, list, dict)):
         return _Sequence()
     if "jax" in sys.modules:  # a registered JAX pytree class (flax TrainState, equinox Module, ...)
-        tree = importlib.import_module("goodtrace._jax_values").adapter_for_pytree(value)
+        tree = importlib.import_module("goodtrace.record.jax_values").adapter_for_pytree(value)
         if tree is not None:
             return tree  # type: ignore[no-any-return]
     raise UnsupportedValue(

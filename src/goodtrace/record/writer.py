@@ -18,14 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from goodtrace import schema
-from goodtrace._storage import Storage
-from goodtrace.config import Config
+from goodtrace.record.config import Config
+from goodtrace.record.errors import GoodtraceWarning
+from goodtrace.record.storage import Storage
 
 _CHUNK_RECORDS = 20_000  # records per chunk handed to the I/O thread
-
-
-class GoodtraceWarning(UserWarning):
-    """Something went wrong inside goodtrace; training continues."""
 
 
 def _dumps(value: Any) -> str:

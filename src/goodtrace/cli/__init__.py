@@ -1,6 +1,6 @@
-"""The ``goodtrace`` command line: a thin dispatcher over ``goodtrace.commands.<name>``.
+"""The ``goodtrace`` command line: a thin dispatcher over ``goodtrace.cli.commands.<name>``.
 
-Each subcommand is a module in ``goodtrace/commands`` exposing ``HELP`` (one line),
+Each subcommand is a module in ``goodtrace/cli/commands`` exposing ``HELP`` (one line),
 ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when their
 subcommand runs, so ``goodtrace --help`` stays fast and needs no optional dependency.
 """
@@ -13,7 +13,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-from goodtrace import commands
+from goodtrace.cli import commands
 
 
 class CommandError(Exception):
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"goodtrace {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _command_names():
-        module = importlib.import_module(f"goodtrace.commands.{name}")
+        module = importlib.import_module(f"goodtrace.cli.commands.{name}")
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
         command.set_defaults(_module=module)
@@ -66,9 +66,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
 
-
-if __name__ == "__main__":
-    # Run through the package module so that CommandError is the one commands raise.
-    from goodtrace.cli import main as _main
-
-    sys.exit(_main())

@@ -43,11 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _has(name: str, option: str | None = None) -> bool:
     """Whether subcommand ``name`` is installed (and accepts ``option``)."""
-    if importlib.util.find_spec(f"goodtrace.commands.{name}") is None:
+    if importlib.util.find_spec(f"goodtrace.cli.commands.{name}") is None:
         return False
     if option is None:
         return True
-    module = importlib.import_module(f"goodtrace.commands.{name}")
+    module = importlib.import_module(f"goodtrace.cli.commands.{name}")
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)
     return option in parser._option_string_actions  # argparse has no public lookup
@@ -96,7 +96,7 @@ def _write_outputs(run_dir: Path) -> int:
     report_txt, report_html, trace_json = run_dir / "report.txt", run_dir / "report.html", run_dir / "trace.json"
     console = _subcommand("report", [str(run_dir)])
     if console is None:
-        written.append(("console report", None, "not available yet: goodtrace.commands.report is not installed"))
+        written.append(("console report", None, "not available yet: goodtrace.cli.commands.report is not installed"))
     elif console.returncode != 0:
         written.append(("console report", None, f"failed: {console.stderr.strip()[-500:]}"))
     else:
@@ -113,7 +113,7 @@ def _write_outputs(run_dir: Path) -> int:
         written.append(("HTML report", report_html, ""))
     trace = _subcommand("trace", [str(run_dir), "-o", str(trace_json)])
     if trace is None:
-        written.append(("Perfetto trace", None, "not available yet: goodtrace.commands.trace is not installed"))
+        written.append(("Perfetto trace", None, "not available yet: goodtrace.cli.commands.trace is not installed"))
     elif trace.returncode != 0 or not trace_json.exists():
         written.append(("Perfetto trace", None, f"failed: {trace.stderr.strip()[-500:]}"))
     else:

@@ -1,0 +1,94 @@
+"""The live line: what rank 0 knows at a log step, and how it is printed.
+
+:class:`LiveLine` is what :class:`goodtrace.record.live.LiveAggregator` hands to listeners
+(sinks) and prints through :func:`format_line`: ``step 20 | loss 2.913 | 0.182 s/step = 0.151
+train + 0.031 checkpoint_save | 30.4k tok/s | ... | goodput 9.1%``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["LiveLine", "MetricSummary", "format_bytes", "format_line"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricSummary:
+    """A metric over all ranks and all its values in the window."""
+
+    name: str
+    reduce: str
+    count: int
+    sum: float
+    mean: float
+    min: float
+    max: float
+    std: float
+    last: float
+
+    @property
+    def value(self) -> float:
+        """The metric reduced with its own reduction."""
+        return float(getattr(self, self.reduce))
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveLine:
+    """What rank 0 knows at a log step. Times are rank 0's (job-level numbers are rank 0's)."""
+
+    step: int
+    steps: int  # steps in the window since the previous line
+    ranks: int  # ranks whose values were reduced
+    step_time_s: float | None  # window time / steps
+    train_s: float | None  # productive part of step_time_s
+    overhead_s: dict[str, float]  # per overhead category, per step
+    metrics: dict[str, MetricSummary]
+    tokens_per_s: float | None
+    tflops_per_s: float | None
+    mfu: float | None
+    goodput: float | None  # productive time / time since process start (this attempt, rank 0)
+    timing: str  # "sync" (from sync points) or "host" (no completion values: host step ends)
+    text: str
+
+
+def format_bytes(count: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(count) >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count:.0f} B"
+
+
+def _si(value: float) -> str:
+    for suffix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{suffix}"
+    return f"{value:.1f}"
+
+
+def format_line(line: LiveLine) -> str:
+    """``step 20 | loss 2.913 | 0.182 s = 0.151 train + 0.031 checkpoint_save | ...``."""
+    parts = [f"step {line.step}"]
+    loss = line.metrics.get("loss")
+    if loss is not None:
+        parts.append(f"loss {loss.value:.4f}")
+    if line.step_time_s is not None and line.train_s is not None:
+        split = " + ".join(f"{v:.3f} {c}" for c, v in line.overhead_s.items() if v >= 0.0005)
+        text = f"{line.step_time_s:.3f} s/step = {line.train_s:.3f} train"
+        parts.append(text + (f" + {split}" if split else ""))
+    if line.tokens_per_s is not None:
+        parts.append(f"{_si(line.tokens_per_s)} tok/s")
+    if line.tflops_per_s is not None:
+        parts.append(f"{line.tflops_per_s:.3g} TFLOP/s")
+    if line.mfu is not None:
+        parts.append(f"MFU {100 * line.mfu:.1f}%")
+    memory = []
+    for name, label in (("memory/cuda_peak_allocated_bytes", "cuda"), ("memory/cuda_peak_reserved_bytes", "reserved"),
+                        ("memory/rss_bytes", "rss")):
+        summary = line.metrics.get(name)
+        if summary is not None:
+            memory.append(f"{label} {format_bytes(summary.max)}")
+    if memory:
+        parts.append(" ".join(memory))
+    if line.goodput is not None:
+        parts.append(f"goodput {100 * line.goodput:.1f}%")
+    return " | ".join(parts)

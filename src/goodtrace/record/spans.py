@@ -1,0 +1,292 @@
+"""The hot path: ``span()`` and the span objects, reading module globals set by the recorder.
+
+A span is a tuple appended to the active recorder's deque (atomic under the GIL, no lock, no
+I/O); the writer thread turns tuples into JSON lines. The optional C fast path
+(``_speedups.c``, built at install time where a compiler exists) implements the common case of
+``span()`` and the span's ``with`` protocol; without it the same logic runs in Python
+(``GOODTRACE_PURE_PYTHON=1`` selects it explicitly). :class:`goodtrace.record.recorder.Recorder`
+points these globals at itself with :func:`bind` and releases them with :func:`unbind`.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import importlib
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from goodtrace import schema
+
+if TYPE_CHECKING:
+    from goodtrace.record.recorder import Recorder
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The optional C fast path (built from _speedups.c at install time when a compiler is there).
+_speedups: Any
+try:
+    if os.environ.get("GOODTRACE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("GOODTRACE_PURE_PYTHON is set")
+    _speedups = importlib.import_module("goodtrace.record._speedups")
+except ImportError:
+    _speedups = None
+IMPLEMENTATION = "python" if _speedups is None else "c"
+
+_get_ident = threading.get_ident
+_new: Callable[[type[Any]], Any] = object.__new__  # C-based spans: see below (cls.__new__)
+_MAX_CATEGORY_CACHE = 10_000
+
+# The hot path reads these module globals (LOAD_GLOBAL is the cheapest lookup there is); they
+# are set when a Recorder becomes active and reset when it finishes. One recorder per process.
+_RUNNING, _DISABLED, _NOT_STARTED = 0, 1, 2
+_mode = _NOT_STARTED
+_clock: Callable[[], int] = time.perf_counter_ns
+_SINK: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=1)
+_append: Callable[[tuple[Any, ...]], None] = _SINK.append
+_step: int | None = None
+_keys: dict[Any, tuple[str, str, bool, type[Span]]] = {}
+_active: Recorder | None = None
+
+
+class _PySpanBase:
+    """The reference implementation of a span's ``with`` protocol; ``_speedups.SpanBase`` is
+    the same in C (used when it was built, unless ``GOODTRACE_PURE_PYTHON=1``)."""
+
+    __slots__ = ("attrs", "key", "t0")
+
+    key: tuple[str, str, bool, type[Span]]
+    attrs: Mapping[str, Any] | None
+    t0: int
+
+    def __enter__(self) -> Span:
+        self.t0 = _clock()
+        return self  # type: ignore[return-value]
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        _append((self.key, self.t0, _clock(), _step, _get_ident(), self.attrs, exc_type))
+
+
+if TYPE_CHECKING:
+    _SpanBase = _PySpanBase
+else:
+    _SpanBase = _PySpanBase if _speedups is None else _speedups.SpanBase
+
+
+class Span(_SpanBase):
+    """A timed interval on the calling thread; one object per ``with`` entry.
+
+    In the buffer a span is ``(key, t0, t1, step, thread, attrs, exc_type)`` where
+    ``key = (name, category, blocking, class)`` is shared by every span of that name.
+    """
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return self.key[0]
+
+    @property
+    def category(self) -> str:
+        return self.key[1]
+
+    def __call__(self, func: F) -> F:
+        """Use as a decorator: each call of ``func`` runs in a fresh span of this name."""
+        name, category, attrs = self.key[0], self.key[1], self.attrs
+        return traced(lambda: span(name, category, attrs), func)
+
+
+class OverheadSpan(Span):
+    """A span of an overhead category: also tells the recorder's overhead-span listeners
+    (live step-time splits). Compute spans never pay for this."""
+
+    __slots__ = ()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        t1 = _clock()
+        _append((self.key, self.t0, t1, _step, _get_ident(), self.attrs, exc_type))
+        if _active is not None and _active.overhead_span_listeners:
+            _active.notify_overhead_span(self.key[1], self.t0, t1)
+
+
+class BlockingSpan(OverheadSpan):
+    """A span of a blocking category: pending step completions are observed before t0."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Span:
+        if _active is not None:
+            _active.settle(schema.SYNC_BLOCKING)
+        self.t0 = _clock()
+        return self
+
+
+def _span_py(name: Any, category: str | None = None, attrs: Mapping[str, Any] | None = None) -> Any:
+    """The hot path behind ``goodtrace.span`` (see there), in Python: ``_speedups.span`` does
+    its common case (running, name already resolved) in C and calls this for the rest."""
+    if _mode:
+        if _mode == _DISABLED:
+            return NOOP_SPAN
+        if type(name) is not str and callable(name):  # bare @gt.span before init
+            label = getattr(name, "__qualname__", repr(name))
+            return traced(lambda: span(label, category, attrs), name)
+        return LateSpan(name, category, attrs)
+    try:
+        key = _keys[name if category is None else (name, category)]
+    except KeyError:
+        if type(name) is not str and callable(name):  # bare decorator: @gt.span
+            label = getattr(name, "__qualname__", repr(name))
+            return traced(lambda: span(label, category, attrs), name)
+        key = _new_key(name, category)
+    except TypeError:  # unhashable name: record its text
+        key = _new_key(repr(name)[:200], category)
+    s = _new(key[3])
+    s.key = key
+    s.attrs = attrs
+    return s
+
+
+span = _span_py
+if _speedups is not None:
+    _new = _speedups.new_span
+    _speedups.bind(globals(), _span_py)
+    span = _speedups.span
+
+
+def _new_key(name: Any, category: str | None) -> tuple[str, str, bool, type[Span]]:
+    rec = _active
+    if rec is None:
+        return (str(name), category or schema.COMPUTE, False, Span)
+    resolved, blocking = rec.resolve_category(name, category)
+    kind = BlockingSpan if blocking else OverheadSpan if resolved in rec.overhead_categories else Span
+    key = (name if isinstance(name, str) else repr(name)[:200], resolved, blocking, kind)
+    if len(_keys) < _MAX_CATEGORY_CACHE:
+        _keys[name if category is None else (name, category)] = key
+    return key
+
+
+def span_key(name: str, category: str) -> tuple[str, str, bool, type[Span]]:
+    """The key for an automatic span (gc, compile): never blocking, cached."""
+    try:
+        return _keys[(name, category)]
+    except KeyError:
+        key = (name, category, False, Span)
+        if len(_keys) < _MAX_CATEGORY_CACHE:
+            _keys[(name, category)] = key
+        return key
+
+
+class _NoopSpan:
+    """The shared no-op: a context manager and a decorator that do nothing."""
+
+    __slots__ = ()
+    name = ""
+    category = ""
+
+    def __enter__(self) -> _NoopSpan:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        return None
+
+    def complete_on(self, value: object) -> None:
+        return None
+
+    def __call__(self, func: F) -> F:
+        return func  # recording is disabled for good: leave the function as it is
+
+
+NOOP_SPAN = _NoopSpan()
+
+
+class LateSpan:
+    """Returned before ``init()``: a no-op ``with`` block that, used as a decorator, traces
+    the function once recording starts (decorators usually run at import, before init)."""
+
+    __slots__ = ("attrs", "category", "name")
+
+    def __init__(self, name: Any, category: str | None, attrs: Mapping[str, Any] | None) -> None:
+        self.name = name
+        self.category = category
+        self.attrs = attrs
+
+    def __enter__(self) -> LateSpan:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        return None
+
+    def complete_on(self, value: object) -> None:
+        return None
+
+    def __call__(self, func: F) -> F:
+        name, category, attrs = self.name, self.category, self.attrs
+        return traced(lambda: span(name, category, attrs), func)
+
+
+
+
+def traced(span_factory: Callable[[], Any], func: F) -> F:
+    """Wrap ``func`` so each call runs inside a fresh span (decorator support)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with span_factory():
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+
+def bind(rec: Recorder) -> None:
+    """Point the hot path at ``rec``: its buffer, its clock; no step yet."""
+    global _mode, _clock, _append, _step, _active
+    _keys.clear()
+    _clock = rec.clock
+    _append = rec.buffer.append
+    _step = None
+    _active = rec
+    _mode = _RUNNING
+
+
+def unbind(rec: Recorder) -> None:
+    """``rec`` stops recording: spans become late spans again (a later ``init`` may rebind)."""
+    global _mode, _active, _append, _step
+    if _active is rec:
+        _mode = _NOT_STARTED
+        _active = None
+        _append = _SINK.append
+        _step = None
+
+
+def disable_after_fork(rec: Recorder, buffer: collections.deque[tuple[Any, ...]]) -> None:
+    """In a forked child: spans are no-ops for good and never touch the parent's buffer."""
+    global _mode, _active, _append
+    _mode = _DISABLED
+    _active = None
+    _append = buffer.append
+
+
+def set_disabled() -> None:
+    """Recording is off for this process (``init(enabled=False)``): spans are the shared no-op."""
+    global _mode
+    _mode = _DISABLED
+
+
+def set_step(number: int | None) -> None:
+    """The ambient step of spans from now on."""
+    global _step
+    _step = number
+
+
+def active_recorder() -> Recorder | None:
+    """The recorder spans go to now (None when not recording)."""
+    return _active
+
+
+def current_step(rec: object) -> int | None:
+    """The ambient step, when ``rec`` is the active recorder."""
+    return _step if _active is rec else None
