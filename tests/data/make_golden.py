@@ -15,7 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
-from test_analysis_builders import Proc  # noqa: E402
+from helpers.builders import Proc  # noqa: E402
 
 
 def restart_2ranks(root: Path) -> None:

@@ -15,18 +15,18 @@ from typing import Any
 
 import pytest
 
-from _browser import EVIL, PageLog, artifact, browser, new_page, write_small_run
-from goodtrace.reader import RunIndex, Session, read_run
-from goodtrace.renderers import html
+from goodtrace.read.sessions import RunIndex, Session, read_run
+from goodtrace.renderers import html_charts
 from goodtrace.renderers.html import embed_json, index_for_html, render_html, report_data
+from helpers.browser import EVIL, PageLog, artifact, browser, new_page, write_small_run
 
-GOLDEN = Path(__file__).parent / "data" / "golden_trace_small"
+GOLDEN = Path(__file__).parent.parent / "data" / "golden_trace_small"
 UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
 
 
 def _analysis(run_dir: Path) -> Any:
     from goodtrace.analysis import analyze
-    from goodtrace.loading import load_run
+    from goodtrace.read.load import load_run
 
     return analyze(load_run(run_dir))
 
@@ -134,7 +134,7 @@ def test_gantt_past_its_limit_keeps_the_lowest_ranks_whatever_the_order(
 ) -> None:
     full = report_data(None, read_run(small_run), gantt_steps=(3, 6))["gantt"]
     per_row = [sum(1 for item in full["items"] if item[0] == row) for row in range(3)]
-    monkeypatch.setattr(html, "MAX_GANTT_ITEMS", per_row[0] - 1)  # rank 0's spans pass it
+    monkeypatch.setattr(html_charts, "MAX_GANTT_ITEMS", per_row[0] - 1)  # rank 0's spans pass it
     for order in ([0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [2, 5, 0, 4, 1, 3]):
         run = read_run(small_run)
         run.sessions = [run.sessions[i] for i in order]

@@ -75,7 +75,7 @@ def _free_port() -> int:
 def test_two_processes_aggregate_metrics_and_measure_clock_offsets(tmp_path: Path) -> None:
     pytest.importorskip("jax")
     from goodtrace import schema
-    from goodtrace.reader import read_run
+    from goodtrace.read.sessions import read_run
 
     run_dir = tmp_path / "run"
     port = _free_port()

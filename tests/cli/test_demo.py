@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from goodtrace.reader import read_run
+from goodtrace.read.sessions import read_run
 
 pytest.importorskip("torch")
 
@@ -63,9 +63,9 @@ def _report_json(run_dir: Path) -> dict[str, Any]:
 def test_demo_report_has_the_buckets_of_a_crash_and_a_restart(demo_run: tuple[Path, str]) -> None:
     run_dir, stdout = demo_run
     try:
-        import goodtrace.commands.report  # noqa: F401
+        import goodtrace.cli.commands.report  # noqa: F401
     except ImportError:
-        pytest.skip("needs 'goodtrace report --json' (goodtrace.commands.report) which is not installed")
+        pytest.skip("needs 'goodtrace report --json' (goodtrace.cli.commands.report) which is not installed")
     report = _report_json(run_dir)
     buckets = report["partition"]["buckets"]
     for name in ("wasted_progress", "disruption", "checkpoint_save", "eval"):

@@ -15,10 +15,10 @@ import pytest
 
 import goodtrace as gt
 from goodtrace import schema
-from goodtrace._process import discover_identity, process_start_mono_ns
-from goodtrace._recorder import Recorder
-from goodtrace.config import Config, ConfigError
-from goodtrace.reader import Session, assign_attempts, read_run
+from goodtrace.read.sessions import Session, assign_attempts, read_run
+from goodtrace.record.config import Config, ConfigError
+from goodtrace.record.process import discover_identity, process_start_mono_ns
+from goodtrace.record.recorder import Recorder
 from goodtrace.testing import FakeClock, capture
 
 
@@ -254,7 +254,7 @@ def test_rank_discovery_from_launcher_variables() -> None:
 
 def test_process_start_comes_from_the_os_and_precedes_init() -> None:
     code = (
-        "import time; time.sleep(0.3); import goodtrace._process as p, time; "
+        "import time; time.sleep(0.3); import goodtrace.record.process as p, time; "
         "s, src = p.process_start_mono_ns(); print(time.perf_counter_ns() - s, src)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

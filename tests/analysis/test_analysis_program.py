@@ -10,8 +10,8 @@ import pytest
 
 from goodtrace.accelerators import ACCELERATORS, peak_flops
 from goodtrace.analysis import AnalysisError, analyze
-from goodtrace.commands.report import parse_duration, parse_window
-from test_analysis_builders import Proc, load
+from goodtrace.cli.commands.report import parse_duration, parse_window
+from helpers.builders import Proc, load
 
 
 @pytest.mark.parametrize(

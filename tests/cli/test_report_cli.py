@@ -11,14 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).parent / "data" / "runs"
+DATA = Path(__file__).parent.parent / "data" / "runs"
 RESTART = DATA / "restart_2ranks"
 
 
 def goodtrace(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="120", GOODTRACE_PROGRESS="0")
     return subprocess.run(
-        [sys.executable, "-m", "goodtrace.cli", *args], capture_output=True, text=True, env=env, timeout=120,
+        [sys.executable, "-m", "goodtrace", *args], capture_output=True, text=True, env=env, timeout=120,
         check=False,
     )
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import goodtrace as gt
-from goodtrace.reader import read_run
+from goodtrace.read.sessions import read_run
 
 torch = pytest.importorskip("torch")
 

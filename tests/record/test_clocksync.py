@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 import goodtrace as gt
-from goodtrace.clocksync import clock_offsets, estimate_offset, measure_offset
-from goodtrace.reader import read_run
+from goodtrace.analysis.clock import clock_offsets
+from goodtrace.read.sessions import read_run
+from goodtrace.record.clocksync import estimate_offset, measure_offset
 
 SHIFT_NS = 5_000_000_000 + 123_457  # rank 1's clock runs 5.000123457 s ahead of rank 0's
 

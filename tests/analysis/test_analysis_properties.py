@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goodtrace.analysis import analyze, interval_partition
-from goodtrace.loading import LoadedRun, SessionInfo, SessionTimeline
+from goodtrace.read.load import LoadedRun, SessionInfo, SessionTimeline
 
 WALL0 = 1_700_000_000 * 10**9
 SECOND = 1_000_000_000

@@ -72,7 +72,7 @@ def test_measure_flops_counts_forward_and_backward_and_keeps_gradients() -> None
 
 
 def test_peak_flops_table() -> None:
-    assert peak_flops_for("NVIDIA H100 80GB HBM3") == pytest.approx(989.4e12)
+    assert peak_flops_for("NVIDIA H100 80GB HBM3") == pytest.approx(989e12)
     assert peak_flops_for("NVIDIA H100 PCIe") == pytest.approx(756e12)
     assert peak_flops_for("NVIDIA A100-SXM4-40GB") == pytest.approx(312e12)
     assert peak_flops_for("cpu") is None

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import goodtrace as gt
-from goodtrace.live import LiveAggregator, LiveLine, LocalTransport, format_line
+from goodtrace.record.live import LiveAggregator, LiveLine, LocalTransport, format_line
 from goodtrace.testing import FakeClock, capture
 
 torch = pytest.importorskip("torch")

@@ -20,19 +20,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _browser import EVIL, MS, LoadedTrace, PerfettoUI, artifact, perfetto_ui, write_small_run
-from goodtrace.reader import RunIndex, SegmentRecords, Session, index_run, parse_segment, read_run
+from goodtrace.analysis.intervals import step_intervals
+from goodtrace.cli.ranges import format_ranks, parse_ranks, parse_steps
+from goodtrace.read.segments import SegmentRecords, parse_segment
+from goodtrace.read.sessions import RunIndex, Session, index_run, read_run
 from goodtrace.renderers import perfetto
-from goodtrace.renderers.perfetto import (
-    PerfettoRenderer,
-    Selection,
-    format_ranks,
-    parse_ranks,
-    parse_steps,
-    step_intervals,
-)
+from goodtrace.renderers.perfetto import PerfettoRenderer, Selection
+from helpers.browser import EVIL, MS, LoadedTrace, PerfettoUI, artifact, perfetto_ui, write_small_run
 
-GOLDEN = Path(__file__).parent / "data" / "golden_trace_small"
+GOLDEN = Path(__file__).parent.parent / "data" / "golden_trace_small"
 UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from goodtrace.analysis import analyze
-from test_analysis_builders import WALL0, Proc, buckets_s, load, ns
+from helpers.builders import WALL0, Proc, buckets_s, load, ns
 
 
 def test_clean_run(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 import goodtrace as gt
-from goodtrace.reader import read_run
+from goodtrace.read.sessions import read_run
 
 CHILD_RECORDS = textwrap.dedent(
     """

@@ -11,9 +11,9 @@ import pytest
 import goodtrace as gt
 from goodtrace.analysis import analyze
 from goodtrace.testing import FakeClock
-from test_analysis_builders import Proc, buckets_s, load
+from helpers.builders import Proc, buckets_s, load
 
-DATA = Path(__file__).parent / "data" / "runs"
+DATA = Path(__file__).parent.parent / "data" / "runs"
 
 
 class FakeValue:

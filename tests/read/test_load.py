@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from goodtrace.analysis import analyze
-from goodtrace.loading import NotARunError, compact_run, load_run
-from test_analysis_builders import Proc, buckets_s, load
+from goodtrace.read.load import NotARunError, compact_run, load_run
+from helpers.builders import Proc, buckets_s, load
 
 
 def test_not_a_run(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_importing_goodtrace_does_not_import_duckdb_or_rich() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, goodtrace, goodtrace.loading, goodtrace.analysis; "
+    code = ("import sys, goodtrace, goodtrace.read.load, goodtrace.analysis; "
             "print(sorted(m for m in ('duckdb', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

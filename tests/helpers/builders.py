@@ -1,6 +1,6 @@
 """Helpers that write small run directories in the writer's JSON-lines format, with times
-given in seconds on one job clock (so every expected bucket is computed by hand), plus
-tests of the helpers themselves. Imported by the other analysis tests."""
+given in seconds on one job clock (so every expected bucket is computed by hand). Imported by
+the analysis, reader and CLI tests; ``tests/analysis/test_builders.py`` checks them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.loading import LoadedRun, load_run
+from goodtrace.read.load import LoadedRun, load_run
 
 WALL0 = 1_700_000_000 * 10**9  # the job clock's zero, on the wall clock
 
@@ -141,17 +141,3 @@ def buckets_s(partition: Any) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------- tests of helpers
-def test_proc_writes_the_writer_format(tmp_path: Path) -> None:
-    p = Proc(tmp_path, start=1.0)
-    p.loop(range(2), 1.0)
-    p.finish(3.0)
-    path = p.write(torn=True)
-    lines = path.read_text().splitlines()
-    assert json.loads(lines[0])["kind"] == "header"
-    assert json.loads(lines[1]) == {"kind": "step", "step": 0, "t0": p.mono(1.0), "t1": p.mono(2.0)}
-    loaded = load(tmp_path)
-    (session,) = loaded.sessions
-    assert session.start_wall == WALL0 + ns(1.0)
-    assert session.last_seen_wall == WALL0 + ns(3.0)
-    assert session.finish_completed is True
-    assert any("torn" in w for w in loaded.warnings)
