@@ -19,14 +19,14 @@ READABLE_VERSIONS: Final = frozenset({1})
 # --------------------------------------------------------------------------------------------
 HEADER: Final = "header"  # first line of every segment: who wrote it, schema, clock anchor
 SPAN: Final = "span"  # named host interval: name, category, t0, t1, step, thread, attrs, error
-STEP: Final = "step"  # host entry/exit of a step context: step, t0 (enter), t1 (exit)
-SYNC: Final = "sync"  # a step's sync point: step, t (observation time), how
+STEP: Final = "step"  # host entry/exit of a step context: step, t0 (enter), t1 (exit), seq
+SYNC: Final = "sync"  # a step's sync point: step, t (when its value was ready), how, seq, after
 TAG: Final = "tag"  # label on a step: step, name, t
 EVENT: Final = "event"  # named instant: name, t, step, attrs
 METRIC: Final = "metric"  # named value at a step: name, step, value, reduce, t
 HEARTBEAT: Final = "heartbeat"  # each flush: wall, mono (a clock anchor), dropped so far
 CLOCK: Final = "clock"  # offset of this rank's clock to the reference rank: offset_ns, rtt_ns
-FINISH: Final = "finish"  # finish() or interpreter exit: completed (true/false/null), t, reason
+FINISH: Final = "finish"  # finish() or interpreter exit: completed (true/false/null), t, reason, exception
 
 RECORD_KINDS: Final = (HEADER, SPAN, STEP, SYNC, TAG, EVENT, METRIC, HEARTBEAT, CLOCK, FINISH)
 
@@ -36,7 +36,9 @@ SYNC_READY: Final = "ready"  # already complete when its step ended (the loop ha
 SYNC_HOST: Final = "host"  # a host value (Python number, NumPy, CPU tensor): complete on arrival
 SYNC_BLOCKING: Final = "blocking"  # observed because a blocking span started
 SYNC_FINISH: Final = "finish"  # observed at finish() / exit
-SYNC_HOWS: Final = (SYNC_LAG, SYNC_READY, SYNC_HOST, SYNC_BLOCKING, SYNC_FINISH)
+SYNC_POLL: Final = "poll"  # dated by the background readiness check (before anyone looked at it)
+SYNC_BARRIER: Final = "barrier"  # a framework device barrier ran before a blocking span
+SYNC_HOWS: Final = (SYNC_LAG, SYNC_READY, SYNC_HOST, SYNC_BLOCKING, SYNC_FINISH, SYNC_POLL, SYNC_BARRIER)
 
 # Field names on disk (JSON). One place, so reader and writer never disagree.
 F_KIND: Final = "kind"
@@ -59,6 +61,15 @@ F_COMPLETED: Final = "completed"
 F_REASON: Final = "reason"
 F_OFFSET: Final = "offset_ns"
 F_RTT: Final = "rtt_ns"
+# The execution a step or sync record belongs to: 0, 1, 2, ... in step-entry order within the
+# session. Step numbers may repeat or go back; executions never do (older files lack it: the
+# readers number executions by the order of step records, and match sync records in order).
+F_SEQ: Final = "seq"
+# On a sync record: the latest time the value was seen *not* ready (the readiness check before
+# the one that dated it), so the true ready time lies in (after, t]. Absent when not polled.
+F_READY_AFTER: Final = "after"
+# On a finish record: the qualified type name of the uncaught exception that ended the process.
+F_EXCEPTION: Final = "exception"
 
 # Header fields.
 H_SCHEMA: Final = "schema"

@@ -8,15 +8,14 @@ ranks may be gone and a collective would hang.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
-from goodtrace.record.errors import GoodtraceWarning
+from goodtrace.record.errors import warn as _warn
 
 
 def warn(message: str) -> None:
-    warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=3)
+    _warn(message, stacklevel=3)
 
 
 def announce_model(

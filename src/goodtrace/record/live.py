@@ -23,13 +23,12 @@ import math
 import sys
 import threading
 import time
-import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from goodtrace import schema
-from goodtrace.record.errors import GoodtraceWarning
+from goodtrace.record.errors import warn
 from goodtrace.record.liveline import LiveLine, MetricSummary, format_bytes, format_line
 
 __all__ = [
@@ -421,7 +420,7 @@ class LiveAggregator:
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=3)
+            warn(message, stacklevel=3)
 
 
 

@@ -16,14 +16,13 @@ import os
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from goodtrace import schema
 from goodtrace.record import spans
 from goodtrace.record.config import Config
-from goodtrace.record.errors import GoodtraceWarning
+from goodtrace.record.errors import warn
 from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
 from goodtrace.record.spans import NOOP_SPAN, span_key
 from goodtrace.record.storage import Storage, open_storage
@@ -168,7 +167,7 @@ class Recorder:
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned and len(self._warned) < 1000:
             self._warned.add(key)
-            warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=4)
+            warn(message, stacklevel=4)
 
     # ------------------------------------------------------------------ spans
     def resolve_category(self, name: object, category: str | None) -> tuple[str, bool]:

@@ -13,13 +13,12 @@ import collections
 import json
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from goodtrace import schema
 from goodtrace.record.config import Config
-from goodtrace.record.errors import GoodtraceWarning
+from goodtrace.record.errors import warn
 from goodtrace.record.storage import Storage
 
 _CHUNK_RECORDS = 20_000  # records per chunk handed to the I/O thread
@@ -164,7 +163,7 @@ class Writer:
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=2)
+            warn(message, stacklevel=2)
 
     # ---------------------------------------------------------------- flusher side
     def _flush_loop(self) -> None:
