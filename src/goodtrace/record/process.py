@@ -133,7 +133,8 @@ def process_start_mono_ns(pid: int | None = None) -> tuple[int, str]:
 
 
 def submit_wall_ns(environ: Mapping[str, str] | None = None) -> int | None:
-    """Job submission time when the scheduler exposes it (``GOODTRACE_SUBMIT_TIME``, seconds)."""
+    """Job submission time (wall ns) when known: ``GOODTRACE_SUBMIT_TIME``, else Slurm's
+    ``SLURM_JOB_SUBMIT_TIME`` (seconds since the Unix epoch); None otherwise."""
     env = os.environ if environ is None else environ
     raw = env.get("GOODTRACE_SUBMIT_TIME") or env.get("SLURM_JOB_SUBMIT_TIME")
     if not raw:
