@@ -35,7 +35,7 @@ def test_links_resolve_inside_the_project(page: Path) -> None:
             continue
         path_part, _, anchor = target.partition("#")
         linked = (page.parent / path_part).resolve() if path_part else page
-        if not linked.exists() or ROOT not in linked.parents and linked != ROOT:
+        if not linked.exists() or (ROOT not in linked.parents and linked != ROOT):
             bad.append(f"{target}: no such file in the project")
         elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
             bad.append(f"{target}: no heading #{anchor} in {linked.relative_to(ROOT)}")
