@@ -155,11 +155,13 @@ BUCKET_WASTED_PROGRESS: Final = "wasted_progress"
 BUCKET_DISRUPTION: Final = "disruption"
 BUCKET_TEARDOWN: Final = "teardown"
 BUCKET_DATA: Final = DATA
+BUCKET_WARMUP: Final = "warmup"  # a first step's excess over the ideal without compile evidence (inferred)
 BASE_BUCKETS: Final = (
     BUCKET_PRODUCTIVE,
     BUCKET_SCHEDULING,
     BUCKET_STARTUP,
     COMPILE,
+    BUCKET_WARMUP,
     CHECKPOINT_SAVE,
     CHECKPOINT_RESTORE,
     EVAL,

@@ -22,7 +22,7 @@ def test_clean_run(tmp_path: Path) -> None:
     assert result.partition.startup_parts_ns["init"] == 2_000_000_000
     assert result.partition.total_ns == 8_000_000_000
     assert result.partition.goodput == 5 / 8
-    assert [a.ended for a in result.attempts] == ["finished"]
+    assert [a.ended for a in result.attempts] == ["completed"]
     assert result.ideal_step_s == 1.0
     assert [r.step for r in result.steps] == [0, 1, 2, 3, 4]
     assert all(r.step_time_s == 1.0 and r.productive_s == 1.0 for r in result.steps)
@@ -39,11 +39,13 @@ def test_startup_and_compile_from_the_first_step(tmp_path: Path) -> None:
     p.finish(11.0)
     p.write()
     result = analyze(load(tmp_path))
-    assert buckets_s(result.partition) == {"productive": 5.0, "startup": 2.0, "compile": 4.0}
+    # no compile span says it compiled: the excess is warm-up, inferred (and said so)
+    assert buckets_s(result.partition) == {"productive": 5.0, "startup": 2.0, "warmup": 4.0}
+    assert any("warm-up is inferred" in w for w in result.warnings)
     parts = result.partition.startup_parts_ns
     assert parts["init"] == 1_000_000_000 and parts["checkpoint_restore"] == 1_000_000_000
     first = result.steps[0]
-    assert (first.step, first.step_time_s, first.productive_s, first.overhead_s) == (0, 5.0, 1.0, {"compile": 4.0})
+    assert (first.step, first.step_time_s, first.productive_s, first.overhead_s) == (0, 5.0, 1.0, {"warmup": 4.0})
 
 
 def test_explicit_compile_spans_count_once(tmp_path: Path) -> None:
@@ -54,8 +56,9 @@ def test_explicit_compile_spans_count_once(tmp_path: Path) -> None:
     p.finish(8.0)
     p.write()
     result = analyze(load(tmp_path))
-    # window 0 = 3 s of compile span + 2 s productive, of which 1 s above the ideal step time
-    assert buckets_s(result.partition) == {"productive": 4.0, "compile": 4.0}
+    # window 0 = 3 s of compile span + 2 s productive, of which 1 s above the ideal step time:
+    # compile is what the span measured, the rest of the excess is warm-up (inferred)
+    assert buckets_s(result.partition) == {"productive": 4.0, "compile": 3.0, "warmup": 1.0}
 
 
 def test_checkpoint_every_two_steps_lands_in_the_next_interval(tmp_path: Path) -> None:
@@ -105,7 +108,7 @@ def test_crash_and_restart_from_a_checkpoint(tmp_path: Path) -> None:
     assert buckets_s(result.partition) == {
         "productive": 6.0, "startup": 1.0, "checkpoint_save": 1.0, "wasted_progress": 2.0, "disruption": 4.0,
     }
-    assert [(a.ended, a.first_step, a.last_step) for a in result.attempts] == [("crashed", 0, 4), ("finished", 3, 5)]
+    assert [(a.ended, a.first_step, a.last_step) for a in result.attempts] == [("killed", 0, 4), ("completed", 3, 5)]
     assert [r.counted for r in result.steps] == [True, True, True, False, False, True, True, True]
     assert result.program.counted_steps == 6
     assert t == 3.0
@@ -144,7 +147,8 @@ def test_several_restarts(tmp_path: Path) -> None:
     assert buckets_s(result.partition) == {
         "productive": 10.0, "startup": 2.0, "wasted_progress": 4.0, "disruption": 5.0,
     }
-    assert [a.ended for a in result.attempts] == ["crashed", "crashed", "finished"]
+    # no finish record and a later attempt exists: killed (an uncaught exception would say crashed)
+    assert [a.ended for a in result.attempts] == ["killed", "killed", "completed"]
     assert result.partition.total_ns == 21_000_000_000
 
 
@@ -330,7 +334,7 @@ def test_an_attempt_without_rank_zero_is_stood_for_by_its_lowest_rank(tmp_path: 
     assert any("attempt 1: rank 0 has no records" in w for w in result.warnings)
 
 
-@pytest.mark.parametrize(("now", "ended", "tail"), [(12.0, "running", "in_progress"), (100.0, "crashed", "disruption")])
+@pytest.mark.parametrize(("now", "ended", "tail"), [(12.0, "running", "in_progress"), (100.0, "lost", "disruption")])
 def test_a_live_run_is_running_not_crashed(tmp_path: Path, now: float, ended: str, tail: str) -> None:
     p = Proc(tmp_path)
     p.loop(range(8), 0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,7 @@ def test_demo_records_two_attempts_checkpoints_evals_and_redone_steps(demo_run: 
     finishes = [s.finish for s in attempts[1]]
     assert all(f is not None and f["completed"] is True for f in finishes)
     # live lines on rank 0's console: one per log step, with the step time split and throughput
-    live = [line for line in stdout.splitlines() if line.startswith("step ")]
+    live = [line for line in stdout.splitlines() if re.match(r"step \d+ \| ", line)]
     assert live and all("s/step" in line and "tok/s" in line for line in live)
     assert "rank 1 exited with code 17" in stdout and "attempt 1" in stdout
 

@@ -46,7 +46,7 @@ def test_console_report() -> None:
     assert "Goodput 48.5% of 16.5 s job time" in out
     assert "wasted progress (re-done steps) │   2.000 │   12.12%" in out
     assert "total                           │  16.500 │  100.00%" in out
-    assert "crashed" in out and "finished" in out
+    assert "killed (rank 0: no finish record)" in out and "completed" in out
     assert "1.500 s │ 1.000 s productive + 0.500 s checkpoint_save" in out
     assert "straggler: rank 1 on node1" in out
     assert "torn line" in out
@@ -59,7 +59,8 @@ def test_json_report() -> None:
     assert buckets == EXPECTED_S
     assert sum(v["ns"] for v in report["partition"]["buckets"].values()) == 16_500_000_000
     assert report["goodput"] == 8 / 16.5
-    assert [a["ended"] for a in report["attempts"]] == ["crashed", "finished"]
+    assert [a["ended"] for a in report["attempts"]] == ["killed", "completed"]
+    assert report["attempts"][0]["ended_text"] == "killed (rank 0: no finish record)"
     assert [(s["step"], s["attempt"], s["counted"]) for s in report["steps"]][3:6] == [
         (3, 0, False), (4, 0, False), (3, 1, True)
     ]

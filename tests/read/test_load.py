@@ -45,7 +45,7 @@ def test_corrupt_lines_headerless_and_newer_files(tmp_path: Path) -> None:
     assert buckets_s(result.partition) == {"productive": 3.0}
 
 
-def test_missing_finish_is_a_crash_ending_at_the_last_sign_of_life(tmp_path: Path) -> None:
+def test_missing_finish_is_lost_ending_at_the_last_sign_of_life(tmp_path: Path) -> None:
     p = Proc(tmp_path)
     p.loop(range(3), 0.0)
     p.heartbeat(4.0)
@@ -54,11 +54,13 @@ def test_missing_finish_is_a_crash_ending_at_the_last_sign_of_life(tmp_path: Pat
     (session,) = loaded.sessions
     assert not session.has_finish
     result = analyze(loaded)
-    assert result.attempts[0].ended == "crashed"
+    # no finish record, no later attempt, heartbeats stopped: lost (since its last heartbeat)
+    assert result.attempts[0].ended == "lost"
+    assert result.attempts[0].ending.detail.startswith("no heartbeat since ")
     assert buckets_s(result.partition) == {"productive": 3.0, "disruption": 1.0}
 
 
-def test_preempted_and_exited_attempts(tmp_path: Path) -> None:
+def test_stopped_early_and_exited_attempts(tmp_path: Path) -> None:
     a = Proc(tmp_path)
     a.loop(range(2), 0.0)
     a.finish(2.0, completed=False, reason="finish")
@@ -68,23 +70,24 @@ def test_preempted_and_exited_attempts(tmp_path: Path) -> None:
     b.finish(7.0, completed=None, reason="exit")
     b.write()
     result = analyze(load(tmp_path))
-    assert [x.ended for x in result.attempts] == ["preempted", "exited"]
+    assert [x.ended for x in result.attempts] == ["stopped early", "exited"]
     assert buckets_s(result.partition) == {"productive": 4.0, "disruption": 3.0}
 
 
-def test_many_ranks_load_a_detail_sample(tmp_path: Path) -> None:
+def test_every_rank_is_analysed_and_only_the_reference_rank_read_in_full(tmp_path: Path) -> None:
     for rank in range(12):
         p = Proc(tmp_path, rank=rank, world=12)
         p.loop(range(4), 0.0, step_s=1.0 + (0.5 if rank == 7 else 0.0))
         p.finish(6.0)
         p.write()
-    loaded = load_run(tmp_path, detail_ranks=4)
-    detail_ranks = {loaded.sessions[i].rank for i in loaded.timelines}
-    assert len(detail_ranks) == 4 and {0, 7} <= detail_ranks
-    assert len(loaded.rank_summaries) == 12
+    loaded = load_run(tmp_path)
+    assert {loaded.sessions[i].rank for i in loaded.timelines} == {0}
+    assert len(loaded.session_records) == 12
     result = analyze(loaded)
-    assert result.spread.ranks == 12 and result.spread.analysed == 4
+    assert result.spread.ranks == 12 and result.spread.analysed == 12
     assert result.spread.step_time_median_max_s == 1.5
+    goodput = {f.rank: f.goodput for f in result.spread.per_rank}
+    assert goodput[0] == pytest.approx(4 / 6) and goodput[7] == pytest.approx(6 / 6)
 
 
 def test_compact_round_trip_and_later_segments(tmp_path: Path) -> None:

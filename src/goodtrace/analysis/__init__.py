@@ -9,16 +9,19 @@ Entry point for renderers and tools::
     result.partition.buckets_ns         # every bucket, integer ns, summing to total_ns exactly
     result.to_dict()                    # the JSON form (``goodtrace report --json``)
 
+One run model: every session of the job is cut once (:mod:`goodtrace.analysis.executions`:
+its step executions, intervals and overhead, ``RunAnalysis.cuts``), and every number and view
+(the console, ``--json``, the HTML report, the Perfetto trace) draws from those cuts and from
+one mapping of each session's clock (``RunAnalysis.clocks``).
+
 ``RunAnalysis`` holds: ``attempts`` (launches of the reported job, how each ended), ``jobs``
-(more than one when an unrelated job reused the run directory), ``partition`` (DESIGN.md
-section 4 on the reference rank: rank 0 unless it is missing), ``window`` / ``rolling``
-(interval goodput), ``steps`` (the step table: one ``StepRow`` per execution with its
-interval, overhead split, productive time, tags and metrics), ``step_stats``, ``ideal_step_s``,
-``anomalies``, ``spread`` and ``stragglers`` (per rank), ``rank_steps`` (the step table of
-every rank analysed in full, by rank; not in the JSON), ``program`` (MFU, scheduling, runtime
-and ML-productivity goodput), ``data_rule`` (how in-step data loading was counted),
-``timeline`` (the labelled pieces that tile the job on the wall clock, for gantt/trace
-renderers) and ``warnings``.
+(more than one when an unrelated job reused the run directory), ``partition`` (on the
+reference rank: rank 0 unless it is missing), ``window`` / ``rolling`` (interval goodput),
+``steps`` (the step table: one ``StepRow`` per execution of the reference rank),
+``step_stats``, ``ideal_step_s``, ``anomalies``, ``spread`` and ``stragglers`` (every rank),
+``program`` (MFU, scheduling, runtime and ML-productivity goodput), ``data_rule`` (how in-step
+data loading was counted), ``events``, ``timeline`` (the labelled pieces that tile the job on
+the wall clock) and ``warnings``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,17 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from goodtrace.analysis.attempts import Attempt, discover_attempts
+from goodtrace.analysis.attempts import Attempt, Liveness, discover_attempts
+from goodtrace.analysis.clock import SessionClock, loaded_clocks
+from goodtrace.analysis.executions import (
+    DATA_RULE_TEXT,
+    RULE_ASYNC,
+    RULE_ASYNC_DEVICE,
+    RULE_SYNC,
+    RULE_UNKNOWN,
+    SessionSteps,
+    cut_session,
+)
 from goodtrace.analysis.goodput import (
     NS,
     AnalysisError,
@@ -38,17 +51,14 @@ from goodtrace.analysis.goodput import (
     rolling_goodput,
 )
 from goodtrace.analysis.partition import (
-    DATA_RULE_TEXT,
-    RULE_ASYNC,
-    RULE_ASYNC_DEVICE,
-    RULE_SYNC,
-    RULE_UNKNOWN,
-    SessionCut,
+    DISRUPTION,
+    IN_PROGRESS,
+    PRODUCTIVE,
+    TEARDOWN,
     Timeline,
-    apply_compile,
     assemble,
-    cut_session,
     ideal_step_ns,
+    noise_threshold_ns,
 )
 from goodtrace.analysis.program import ProgramGoodput, program_goodput
 from goodtrace.analysis.ranks import (
@@ -60,12 +70,13 @@ from goodtrace.analysis.ranks import (
     spread_of,
 )
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, find_anomalies, step_rows, step_stats
-from goodtrace.read.loaded import LoadedRun, SessionInfo
+from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
 __all__ = [
     "AnalysisError",
     "Anomaly",
     "Attempt",
+    "EventRow",
     "Partition",
     "ProgramGoodput",
     "RankFigure",
@@ -80,6 +91,23 @@ __all__ = [
     "interval_partition",
     "rolling_goodput",
 ]
+
+MAX_EVENTS = 1000  # events listed in the report (all are in the trace)
+
+
+@dataclasses.dataclass(frozen=True)
+class EventRow:
+    """A ``gt.event`` of the job, on its rank's clock relative to the job start."""
+
+    rank: int
+    attempt: int
+    name: str
+    time_s: float
+    step: int | None
+    attrs: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +133,13 @@ class RunAnalysis:
     warnings: tuple[str, ...]
     form: str
     records: int
-    # the step table of every rank analysed in full (rank 0 and the detail sample), by rank
-    rank_steps: dict[int, tuple[StepRow, ...]] = dataclasses.field(default_factory=dict)
+    events: tuple[EventRow, ...] = ()
+    events_total: int = 0
+    # the run model every view draws from: each session of the job cut once, its clock mapping
+    sessions: tuple[SessionInfo, ...] = ()
+    cuts: dict[int, SessionSteps] = dataclasses.field(default_factory=dict)
+    clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
+    attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def data_rule_text(self) -> str:
@@ -115,10 +148,15 @@ class RunAnalysis:
     def slowest_steps(self, n: int = 10) -> list[StepRow]:
         return sorted(self.steps, key=lambda r: -r.step_time_s)[:n]
 
+    def to_wall(self, session: int, t: int) -> int:
+        """A session's monotonic ``t`` on the job's aligned wall clock (the one mapping)."""
+        clock = self.clocks.get(session)
+        return clock.wall_ns(t) if clock is not None else self.sessions[session].wall(t)
+
     def to_dict(self, *, include_steps: bool = True) -> dict[str, Any]:
         start = self.partition.start_wall_ns
         out: dict[str, Any] = {
-            "schema": "goodtrace.report/1",
+            "schema": "goodtrace.report/2",
             "path": self.path,
             "job": self.job,
             "jobs": self.jobs,
@@ -142,6 +180,8 @@ class RunAnalysis:
             "spread": self.spread.to_dict(),
             "stragglers": [s.to_dict() for s in self.stragglers],
             "program": self.program.to_dict(),
+            "events": [e.to_dict() for e in self.events],
+            "events_total": self.events_total,
             "warnings": list(self.warnings),
         }
         if include_steps:
@@ -149,36 +189,60 @@ class RunAnalysis:
         return out
 
 
-def _rank_timeline(
-    run: LoadedRun,
-    attempts: Sequence[Attempt],
-    rank: int | None,
-    *,
-    data_rule: str | None,
-    ideal_override_ns: float | None,
-    submit_wall: int | None,
-    running: frozenset[int] = frozenset(),
-) -> tuple[Timeline, float | None, list[str]] | None:
-    """The job timeline of one rank across the job's attempts (None without its records);
-    ``rank=None``: each attempt's reference session (rank 0, or its lowest rank present)."""
-    by_index = {s.index: s for s in run.sessions}
-    items: list[tuple[int, SessionInfo, SessionCut]] = []
-    rules: list[str] = []
+def _tail_label(attempt: Attempt) -> str:
+    if attempt.ended == "running":
+        return IN_PROGRESS
+    return TEARDOWN if attempt.normal else DISRUPTION
+
+
+def _cut_all(
+    run: LoadedRun, attempts: Sequence[Attempt], data_rule: str | None
+) -> dict[int, SessionSteps]:
+    """Every session of the job, cut once (an empty record set when none was loaded)."""
+    cuts: dict[int, SessionSteps] = {}
     for a in attempts:
         for index in a.sessions:
-            info = by_index[index]
-            chosen = index == a.reference_session if rank is None else info.rank == rank
-            if chosen and index in run.timelines:
-                cut = cut_session(info, run.timelines[index], data_rule=data_rule, running=a.index in running)
-                items.append((a.index, info, cut))
-                rules.append(cut.data_rule)
+            records = run.session_records.get(index) or SessionRecords()
+            cuts[index] = cut_session(run.sessions[index], records, tail_label=_tail_label(a),
+                                      close_trailing=a.normal, data_rule=data_rule)
+    return cuts
+
+
+def _rank_timeline(
+    run: LoadedRun, attempts: Sequence[Attempt], cuts: dict[int, SessionSteps], rank: int | None, *,
+    ideal_override_ns: float | None, submit_wall: int | None, pieces: bool,
+) -> tuple[Timeline, float | None] | None:
+    """The job timeline of one rank across the job's attempts (None without its sessions);
+    ``rank=None``: each attempt's reference session (rank 0, or its lowest rank present)."""
+    items = [
+        (a.index, run.sessions[i], cuts[i])
+        for a in attempts for i in a.sessions
+        if (i == a.reference_session if rank is None else run.sessions[i].rank == rank)
+    ]
     if not items:
         return None
-    ideal = ideal_override_ns if ideal_override_ns is not None else ideal_step_ns([c for _, _, c in items])
-    for _, _, cut in items:
-        apply_compile(cut, ideal)
-    return assemble(items, submit_wall=submit_wall), ideal, rules
+    chosen = [c for _, _, c in items]
+    ideal = ideal_override_ns if ideal_override_ns is not None else ideal_step_ns(chosen)
+    timeline = assemble(items, ideal=ideal, noise=noise_threshold_ns(chosen), submit_wall=submit_wall, pieces=pieces)
+    return timeline, ideal
 
+
+def _events(run: LoadedRun, attempts: Sequence[Attempt], job_start: int) -> tuple[list[EventRow], int]:
+    """The job's events, earliest first (attributes from the reference sessions' timelines)."""
+    rows: list[EventRow] = []
+    for a in attempts:
+        for index in a.sessions:
+            info = run.sessions[index]
+            timeline = run.timelines.get(index)
+            if timeline is not None:
+                for name, t, step, attrs in timeline.events:
+                    rows.append(EventRow(info.rank, a.index, name, (info.wall(t) - job_start) / NS, step, attrs))
+                continue
+            records = run.session_records.get(index)
+            for name, t, step in records.events if records is not None else ():
+                rows.append(EventRow(info.rank, a.index, name, (info.wall(t) - job_start) / NS, step))
+    rows.sort(key=lambda e: (e.time_s, e.rank))
+    return rows[:MAX_EVENTS], len(rows)
 
 
 def analyze(
@@ -195,6 +259,7 @@ def analyze(
     devices_per_rank: int = 1,
     anomaly_k: float = 5.0,
     now_wall_ns: int | None = None,
+    alive: Liveness | None = None,
 ) -> RunAnalysis:
     """Analyse one job of a loaded run (the last one by default).
 
@@ -204,16 +269,16 @@ def analyze(
     ``flops_per_step`` (model FLOPs of one optimizer step, all devices together; else the
     framework integration's per-rank ``flops_per_step`` metric times the world size) and a
     peak per device (``peak_flops``, else ``accelerator`` from the table, else the peak the
-    integration recorded in its ``model`` event). ``now_wall_ns`` (the current time) lets a
-    last attempt that is still alive count as ``running``: its time after the last sync point
-    is ``in_progress`` instead of ``disruption``.
+    integration recorded in its ``model`` event). ``now_wall_ns`` (the current time) and
+    ``alive(host, pid)`` (a process probe) tell a last attempt that still runs (its time after
+    the last sync point is ``in_progress``) from one that was lost.
     """
     if not run.sessions:
         raise AnalysisError("the run has no sessions")
     if data_rule not in (None, RULE_ASYNC, RULE_ASYNC_DEVICE, RULE_SYNC, RULE_UNKNOWN):
         raise AnalysisError(f"data_rule must be {RULE_ASYNC!r} or {RULE_SYNC!r}, got {data_rule!r}")
     warnings = list(run.warnings)
-    all_attempts = discover_attempts(run.sessions, warnings, now_wall_ns=now_wall_ns)
+    all_attempts = discover_attempts(run.sessions, warnings, now_wall_ns=now_wall_ns, alive=alive)
     jobs = max(a.job for a in all_attempts) + 1
     chosen = jobs - 1 if job is None else job
     if not 0 <= chosen < jobs:
@@ -221,17 +286,15 @@ def analyze(
     attempts = [a for a in all_attempts if a.job == chosen]
     by_index = {s.index: s for s in run.sessions}
     reference_rank = min(by_index[a.reference_session].rank for a in attempts)
-    submits = [by_index[a.reference_session].submit_wall for a in attempts]
-    submit_wall = submits[0]
+    submit_wall = by_index[attempts[0].reference_session].submit_wall
     ideal_override = None if ideal_step_s is None else ideal_step_s * NS
-    running = frozenset(a.index for a in attempts if a.ended == "running")
-    built = _rank_timeline(
-        run, attempts, None, data_rule=data_rule, ideal_override_ns=ideal_override, submit_wall=submit_wall,
-        running=running,
-    )
+    cuts = _cut_all(run, attempts, data_rule)
+    built = _rank_timeline(run, attempts, cuts, None, ideal_override_ns=ideal_override, submit_wall=submit_wall,
+                           pieces=True)
     if built is None:
         raise AnalysisError(f"rank {reference_rank} has no records loaded")
-    timeline, ideal_ns, rules = built
+    timeline, ideal_ns = built
+    rules = [c.data_rule for c in timeline.cuts]
     rule = data_rule or (max(set(rules), key=rules.count) if rules else RULE_UNKNOWN)
     if len(set(rules)) > 1:
         warnings.append(f"attempts differ in loop kind ({', '.join(sorted(set(rules)))}); data rule per attempt")
@@ -249,39 +312,28 @@ def analyze(
     rows = step_rows(timeline, run.timelines, job_start)
     ideal_s = None if ideal_ns is None else ideal_ns / NS
     anomalies, threshold = find_anomalies(rows, timeline.windows, run.timelines, k=anomaly_k)
-    # per-rank spread
+    # every rank: its own partition (totals), step times, compute, lateness on the aligned clock
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
-    detail_ranks = sorted({s.rank for s in job_sessions if s.index in run.timelines})
+    attempt_of = {i: a.index for a in attempts for i in a.sessions}
+    clocks = loaded_clocks(run, [a.sessions for a in attempts])
     goodput_by_rank: dict[int, float] = {}
-    rank_steps: dict[int, tuple[StepRow, ...]] = {}
-    if all(by_index[a.reference_session].rank == reference_rank for a in attempts):
-        goodput_by_rank[reference_rank] = partition.goodput  # the reference timeline is this rank's
-        rank_steps[reference_rank] = tuple(rows)
-    for rank in detail_ranks:
-        if rank in goodput_by_rank:
-            continue
-        other = _rank_timeline(
-            run, attempts, rank, data_rule=data_rule, ideal_override_ns=ideal_override, submit_wall=submit_wall,
-            running=running,
-        )
-        if other is not None:
-            goodput_by_rank[rank] = interval_partition(other[0]).goodput
-            rank_steps[rank] = tuple(step_rows(other[0], run.timelines, other[0].start))
-    figures = rank_figures(job_sessions, run.rank_summaries, goodput_by_rank)
+    for rank in sorted({s.rank for s in job_sessions}):
+        other = _rank_timeline(run, attempts, cuts, rank, ideal_override_ns=ideal_override, submit_wall=submit_wall,
+                               pieces=False)
+        if other is not None and other[0].end > other[0].start:
+            goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
+    figures = rank_figures(job_sessions, cuts, run.session_records, attempt_of, clocks, goodput_by_rank)
     spread = spread_of(figures)
     stragglers = find_stragglers(figures, ideal_s)
     for a in attempts:
         if a.ranks < a.world:
             warnings.append(f"attempt {a.index}: {a.world - a.ranks} of {a.world} ranks have no records")
     program = program_goodput(
-        run, attempts, timeline, partition, flops_per_step, peak_flops, accelerator, devices_per_rank, submit_wall
+        run, attempts, timeline, partition, flops_per_step, peak_flops, accelerator, devices_per_rank, submit_wall,
+        warnings,
     )
-    if any(r.shared > 1 for r in rows):
-        warnings.append("some steps have no sync point of their own: their time is the average of the "
-                        "interval they share (sparse completion)")
-    if any(c.host_timed for c in timeline.cuts):
-        warnings.append("no sync points were recorded: step intervals are host-timed (step exit times), "
-                        "which under asynchronous dispatch measure dispatch, not device time")
+    _explain(rows, timeline, cuts, warnings)
+    events, events_total = _events(run, attempts, job_start)
     return RunAnalysis(
         path=run.path,
         job=chosen,
@@ -304,8 +356,35 @@ def analyze(
         warnings=tuple(dict.fromkeys(warnings)),
         form=run.form,
         records=run.records,
-        rank_steps=rank_steps,
+        events=tuple(events),
+        events_total=events_total,
+        sessions=tuple(run.sessions),
+        cuts=cuts,
+        clocks=clocks,
+        attempt_of=attempt_of,
     )
+
+
+def _explain(rows: Sequence[StepRow], timeline: Timeline, cuts: dict[int, SessionSteps], warnings: list[str]) -> None:
+    """Warnings for step tables that are not per-step truth, or that had to drop records."""
+    if any(r.shared > 1 for r in rows):
+        warnings.append("some steps have no sync point of their own: their time is the average of the "
+                        "interval they share (sparse completion)")
+    if any(c.host_timed for c in timeline.cuts):
+        warnings.append("no sync points were recorded (no complete_on): step intervals are host-timed (step "
+                        "entry to exit), which under asynchronous dispatch measure dispatch, not device time")
+    repeated = sum(1 for r in rows if r.repeated)
+    decreasing = sum(1 for r in rows if r.decreasing)
+    if repeated or decreasing:
+        warnings.append(f"step numbers repeat ({repeated} executions) or go back ({decreasing}) within a session: "
+                        "each execution is timed on its own (see the seq column)")
+    ignored = sum(c.ignored_syncs for c in cuts.values())
+    if ignored:
+        warnings.append(f"{ignored} sync point(s) were ignored: they named no execution of their step, came before "
+                        "its entry, or came before an earlier execution's")
+    if any(w.warmup_ns for w in timeline.windows):
+        warnings.append("warm-up is inferred: the first step of an attempt took longer than the ideal step beyond "
+                        "noise with no compile span to explain it")
 
 
 def _window_edge(seconds: float, start: int, end: int) -> int:

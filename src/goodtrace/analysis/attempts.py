@@ -3,30 +3,58 @@ whether the run directory holds more than one job.
 
 Pure functions over ``SessionInfo``. An attempt opens when a session starts after every
 session of the current attempt went quiet, when a rank shows up a second time, or when the
-launcher's restart counter changes. A new *job* (an unrelated job reusing the run directory)
-opens when the previous attempt finished cleanly and the new one goes back in steps, when the
-launcher restart counter goes backwards, or when the recorded submit time differs.
+launcher's restart counter changes (:func:`goodtrace.read.sessions.number_attempts`). A new
+*job* (an unrelated job reusing the run directory) opens when the previous attempt completed
+and the new one goes back in steps, when the launcher restart counter goes backwards, or when
+the recorded submit time differs.
+
+How a session ended: ``completed`` / ``stopped early`` (``finish()``), ``crashed`` (an uncaught
+exception, named), ``preempted`` (SIGTERM), ``exited`` (interpreter exit without ``finish()``),
+and without a finish record ``killed`` (a later attempt exists), ``running`` (alive moments ago)
+or ``lost`` (no heartbeat since ...). An attempt's ending is its first rank's ending in time:
+when one rank crashes and the launcher then stops the others, the attempt ``crashed (rank R:
+...)``, not ``preempted``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import datetime
+from collections.abc import Callable, Sequence
 
 from goodtrace.read.loaded import SessionInfo
 from goodtrace.read.sessions import number_attempts
 
-FINISHED = "finished"
+COMPLETED = "completed"
+STOPPED = "stopped early"
+CRASHED = "crashed"
 PREEMPTED = "preempted"
 EXITED = "exited"  # interpreter exit without finish(): completed unknown
-CRASHED = "crashed"
+KILLED = "killed"  # no finish record, and a later attempt exists
+LOST = "lost"  # no finish record, heartbeats stopped, nothing newer
 RUNNING = "running"  # no finish record yet, but alive moments ago (a live run)
-LIVE_WINDOW_NS = 30 * 10**9
+NORMAL_ENDINGS = frozenset({COMPLETED, STOPPED, EXITED})
+MIN_STALE_NS = 10 * 10**9  # heartbeats are stale after 5 flush intervals, and at least this long
+
+# (host, pid) -> True (alive), False (gone) or None (cannot tell: another host)
+Liveness = Callable[[str, int], bool | None]
 
 
 def assign_attempts(sessions: Sequence[SessionInfo]) -> list[int]:
     """Attempt number of each session (indexed like ``sessions``): the reader's one rule."""
     return number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
+
+
+@dataclasses.dataclass(frozen=True)
+class Ending:
+    """How a session, or an attempt, ended."""
+
+    kind: str  # one of the endings above
+    detail: str = ""  # the exception type, "no heartbeat since ...", "rank R: ..."
+
+    @property
+    def text(self) -> str:
+        return f"{self.kind} ({self.detail})" if self.detail else self.kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +69,19 @@ class Attempt:
     reference_session: int  # the session whose timeline stands for the attempt (rank 0)
     start_wall: int  # reference rank's process start
     end_wall: int  # its finish, or last sign of life when it crashed
-    ended: str  # finished / preempted / exited / crashed
+    ending: Ending
     first_step: int | None
     last_step: int | None
     restart_counter: int | None
+    session_endings: dict[int, Ending] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ended(self) -> str:
+        return self.ending.kind
+
+    @property
+    def normal(self) -> bool:
+        return self.ending.kind in NORMAL_ENDINGS
 
     @property
     def duration_ns(self) -> int:
@@ -59,21 +96,61 @@ class Attempt:
             "start_wall_ns": self.start_wall,
             "end_wall_ns": self.end_wall,
             "duration_s": self.duration_ns / 1e9,
-            "ended": self.ended,
+            "ended": self.ending.kind,
+            "ended_detail": self.ending.detail,
+            "ended_text": self.ending.text,
             "first_step": self.first_step,
             "last_step": self.last_step,
             "restart_counter": self.restart_counter,
         }
 
 
-def how_ended(session: SessionInfo) -> str:
-    if not session.has_finish:
-        return CRASHED
-    if session.finish_completed is True:
-        return FINISHED
-    if session.finish_completed is False or session.preempt_events:
-        return PREEMPTED
-    return EXITED
+def _exception_name(qualified: str | None) -> str:
+    if not qualified:
+        return "exception"
+    return qualified.removeprefix("builtins.")
+
+
+def _wall_time(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def session_ending(
+    s: SessionInfo, *, later_attempt: bool, newest_wall: int, now_wall_ns: int | None, alive: Liveness | None
+) -> Ending:
+    """How one session ended (see the module docstring)."""
+    if s.has_finish:
+        if s.finish_reason == "exception":
+            return Ending(CRASHED, _exception_name(s.finish_exception))
+        if s.finish_completed is True:
+            return Ending(COMPLETED)
+        if s.finish_reason == "signal" or s.preempt_events:
+            return Ending(PREEMPTED)
+        if s.finish_completed is False:
+            return Ending(STOPPED)
+        return Ending(EXITED)
+    if later_attempt:
+        return Ending(KILLED, "no finish record")
+    stale = max(5 * round(s.flush_interval_s * 1e9), MIN_STALE_NS)
+    seen = s.last_seen_wall
+    state = alive(s.host, s.pid) if alive is not None else None
+    if state is False or newest_wall - seen > stale or (
+        state is None and (now_wall_ns is None or now_wall_ns - seen > stale)
+    ):
+        return Ending(LOST, f"no heartbeat since {_wall_time(seen)}")
+    return Ending(RUNNING)
+
+
+def _attempt_ending(members: Sequence[SessionInfo], endings: dict[int, Ending]) -> Ending:
+    """The first rank's ending in time; running while any rank runs."""
+    if any(endings[s.index].kind == RUNNING for s in members):
+        return Ending(RUNNING)
+    first = min(members, key=lambda s: (s.wall(s.finish_t) if s.has_finish and s.finish_t is not None
+                                        else s.last_seen_wall, s.rank))
+    ending = endings[first.index]
+    if ending.kind in NORMAL_ENDINGS or len(members) == 1:
+        return ending
+    return Ending(ending.kind, f"rank {first.rank}" + (f": {ending.detail}" if ending.detail else ""))
 
 
 def discover_attempts(
@@ -81,15 +158,17 @@ def discover_attempts(
     warnings: list[str] | None = None,
     *,
     now_wall_ns: int | None = None,
-    live_window_ns: int = LIVE_WINDOW_NS,
+    alive: Liveness | None = None,
 ) -> list[Attempt]:
-    """Attempts in order, each with its job number (see the module docstring). Given the
-    current time, a last attempt without a finish record that showed life within
-    ``live_window_ns`` is ``running`` rather than ``crashed``."""
+    """Attempts in order, each with its job number and ending (see the module docstring).
+    ``now_wall_ns`` and ``alive`` (a process probe for this host) tell a last attempt that is
+    still running from one that was lost; without them it counts as lost."""
     numbers = assign_attempts(sessions)
     groups: dict[int, list[SessionInfo]] = {}
     for s, n in zip(sessions, numbers, strict=True):
         groups.setdefault(n, []).append(s)
+    newest = max((s.last_seen_wall for s in sessions), default=0)
+    last_attempt = max(groups, default=-1)
     attempts: list[Attempt] = []
     job = 0
     previous: Attempt | None = None
@@ -101,6 +180,11 @@ def discover_attempts(
             warnings.append(
                 f"attempt {n}: rank 0 has no records; rank {reference.rank}'s timeline stands for the job"
             )
+        endings = {
+            s.index: session_ending(s, later_attempt=n != last_attempt, newest_wall=newest,
+                                    now_wall_ns=now_wall_ns, alive=alive)
+            for s in members
+        }
         steps = [s.first_step for s in members if s.first_step is not None]
         last_steps = [s.last_step for s in members if s.last_step is not None]
         first_step = min(steps) if steps else None
@@ -115,13 +199,13 @@ def discover_attempts(
                 and reference.restart < previous.restart_counter
             )
             other_submit = submit is not None and previous_submit is not None and submit != previous_submit
-            if (previous.ended == FINISHED and backwards) or counter_back or other_submit:
+            if (previous.ended == COMPLETED and backwards) or counter_back or other_submit:
                 job += 1
                 if warnings is not None:
                     why = (
                         "a different submit time" if other_submit else
                         "the launcher restart counter went back" if counter_back else
-                        f"the previous attempt finished at step {previous.last_step} and this one "
+                        f"the previous attempt completed at step {previous.last_step} and this one "
                         f"starts again at step {first_step}"
                     )
                     warnings.append(
@@ -137,16 +221,13 @@ def discover_attempts(
             reference_session=reference.index,
             start_wall=reference.start_wall,
             end_wall=reference.last_seen_wall,
-            ended=how_ended(reference),
+            ending=_attempt_ending(members, endings),
             first_step=first_step,
             last_step=max(last_steps) if last_steps else None,
             restart_counter=reference.restart,
+            session_endings=endings,
         )
         attempts.append(attempt)
         previous = attempt
         previous_submit = submit if submit is not None else previous_submit
-    if attempts and now_wall_ns is not None:
-        last = attempts[-1]
-        if last.ended == CRASHED and now_wall_ns - last.end_wall <= live_window_ns:
-            attempts[-1] = dataclasses.replace(last, ended=RUNNING)
     return attempts

@@ -14,12 +14,13 @@ import bisect
 import dataclasses
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from goodtrace import schema
+from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.sessions import Run, Session
 
-__all__ = ["SessionClock", "clock_offsets", "session_clocks"]
+__all__ = ["ClockSource", "SessionClock", "align", "clock_offsets", "loaded_clocks", "session_clocks"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,22 +63,67 @@ class SessionClock:
         return self.to_reference(t) + self.reference_wall_minus_mono_ns
 
 
-def _wall_minus_mono(session: Session) -> int:
-    return int(session.header[schema.F_WALL]) - int(session.header[schema.F_MONO])
+@dataclasses.dataclass(frozen=True)
+class ClockSource:
+    """What the mapping of one session is built from: its anchor and its clock samples."""
+
+    key: str
+    rank: int
+    wall_minus_mono_ns: int
+    samples: tuple[tuple[int, int, int], ...]  # (t, offset_ns, rtt_ns) on its own clock
+
+
+def align(attempt: Sequence[ClockSource], *, reference_rank: int = 0, max_rtt_factor: float = 4.0) -> dict[str, SessionClock]:
+    """The mapping of every session of one attempt onto its reference session's clock.
+
+    The reference is the session of ``reference_rank`` (the rank the offsets were measured
+    against), else the lowest rank present. Measurements whose round trip exceeds
+    ``max_rtt_factor`` times that session's best round trip are ignored (a congested exchange
+    is less accurate than an earlier or later quiet one); sessions without measurements fall
+    back to the wall/monotonic anchors.
+    """
+    result: dict[str, SessionClock] = {}
+    if not attempt:
+        return result
+    candidates = [s for s in attempt if s.rank == reference_rank] or sorted(attempt, key=lambda s: s.rank)
+    reference = candidates[0]
+    ref_anchor = reference.wall_minus_mono_ns
+    for source in attempt:
+        anchor = source.wall_minus_mono_ns - ref_anchor
+        if source is reference:
+            result[source.key] = SessionClock(source.key, reference.key, "reference", (), 0, ref_anchor)
+            continue
+        samples = sorted(s for s in source.samples if s[2] >= 0)
+        if samples and reference.rank == reference_rank:
+            best = min(rtt for _, _, rtt in samples)
+            limit = max(best * max_rtt_factor, best + 100_000)
+            kept = tuple(s for s in samples if s[2] <= limit)
+            result[source.key] = SessionClock(source.key, reference.key, "measured", kept, anchor, ref_anchor)
+        else:
+            result[source.key] = SessionClock(source.key, reference.key, "anchor", (), anchor, ref_anchor)
+    return result
+
+
+def loaded_clocks(run: LoadedRun, attempts: Sequence[Sequence[int]]) -> dict[int, SessionClock]:
+    """Per session index of a loaded run, its mapping (``attempts``: session indexes of each)."""
+    out: dict[int, SessionClock] = {}
+    for members in attempts:
+        sources = []
+        for index in members:
+            info = run.sessions[index]
+            records = run.session_records.get(index)
+            sources.append(ClockSource(str(index), info.rank, info.wall_anchor - info.mono_anchor,
+                                       tuple(records.clock) if records is not None else ()))
+        out.update({int(k): v for k, v in align(sources).items()})
+    return out
 
 
 def clock_offsets(run: Run, *, max_rtt_factor: float = 4.0) -> dict[str, SessionClock]:
-    """Per session id, the mapping of its clock onto its attempt's reference session.
-
-    The reference of an attempt is the session whose rank the clock records name
-    (``attrs.reference_rank``, rank 0 by default), else the lowest rank present. Measurements
-    whose round trip exceeds ``max_rtt_factor`` times that session's best round trip are ignored
-    (a congested exchange is less accurate than an earlier or later quiet one).
-    """
+    """Per session id of a run read by :mod:`goodtrace.read.sessions`, its mapping onto its
+    attempt's reference session (see :func:`align`; the reference rank is the one the clock
+    records name, rank 0 by default)."""
     result: dict[str, SessionClock] = {}
     for sessions in run.attempts():
-        if not sessions:
-            continue
         wanted_reference = 0
         for session in sessions:
             for record in session.of_kind(schema.CLOCK):
@@ -85,28 +131,12 @@ def clock_offsets(run: Run, *, max_rtt_factor: float = 4.0) -> dict[str, Session
                 if isinstance(attrs, dict) and isinstance(attrs.get("reference_rank"), int):
                     wanted_reference = int(attrs["reference_rank"])
                     break
-        candidates = [s for s in sessions if s.rank == wanted_reference] or sorted(sessions, key=lambda s: s.rank)
-        reference = candidates[0]
-        ref_anchor = _wall_minus_mono(reference)
-        for session in sessions:
-            anchor = _wall_minus_mono(session) - ref_anchor
-            if session is reference:
-                result[session.session_id] = SessionClock(
-                    session.session_id, reference.session_id, "reference", (), 0, ref_anchor
-                )
-                continue
-            samples = _clock_samples(session)
-            if samples and reference.rank == wanted_reference:
-                best = min(rtt for _, _, rtt in samples)
-                limit = max(best * max_rtt_factor, best + 100_000)
-                kept = tuple(s for s in samples if s[2] <= limit)
-                result[session.session_id] = SessionClock(
-                    session.session_id, reference.session_id, "measured", kept, anchor, ref_anchor
-                )
-            else:
-                result[session.session_id] = SessionClock(
-                    session.session_id, reference.session_id, "anchor", (), anchor, ref_anchor
-                )
+        sources = [
+            ClockSource(s.session_id, s.rank, int(s.header[schema.F_WALL]) - int(s.header[schema.F_MONO]),
+                        tuple(_clock_samples(s)))
+            for s in sessions
+        ]
+        result.update(align(sources, reference_rank=wanted_reference, max_rtt_factor=max_rtt_factor))
     return result
 
 

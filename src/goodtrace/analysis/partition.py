@@ -1,89 +1,74 @@
-"""The partition of time (DESIGN.md section 4): one rank's timeline cut into labelled pieces.
+"""The partition of time (docs/semantics.md): one rank's sessions strung across a job's attempts.
 
-``session_windows`` cuts one session (one process) into startup, step intervals
-(T_{k-1}, T_k] and a tail, each carved into pieces labelled by the outermost overhead span
-on the main thread (or ``productive``). ``assemble`` strings the sessions of one rank across
-the attempts of a job on the wall clock (scheduling, disruption between attempts), moves the
-first interval's excess over the ideal step time to ``compile`` and the productive time of
-executions that a restart threw away to ``wasted_progress``. The result tiles the job's time
-exactly, in integer nanoseconds, so buckets always add up to 100% and clip to any window.
+:func:`assemble` places each session's cut (:mod:`goodtrace.analysis.executions`) on the wall
+clock in start order: ``scheduling`` before the first process start (when the submit time is
+known), ``disruption`` between an attempt's end and the next one's process start, each
+attempt's first interval's productive time above the ideal step time as ``warmup`` (inferred,
+only when beyond noise; compile spans are ``compile`` already), and the productive time of
+executions that a later attempt ran again as ``wasted_progress``. The result tiles the job's
+time exactly, in integer nanoseconds, so buckets always add up to 100% and clip to any window.
+
+With ``pieces=False`` the same walk adds up bucket totals only (what every rank's spread
+needs), cutting pieces just for the rare interval that crosses the next attempt's start.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable, Sequence
+import statistics
+from collections.abc import Sequence
 
 from goodtrace import schema
-from goodtrace.read.loaded import SessionInfo, SessionTimeline
+from goodtrace.analysis.executions import Piece, SessionSteps, relabel
+from goodtrace.read.loaded import SessionInfo
+
+__all__ = [
+    "DISRUPTION",
+    "IN_PROGRESS",
+    "PRODUCTIVE",
+    "TEARDOWN",
+    "WARMUP",
+    "WASTED",
+    "Timeline",
+    "Window",
+    "assemble",
+    "ideal_step_ns",
+    "noise_threshold_ns",
+]
 
 PRODUCTIVE = schema.BUCKET_PRODUCTIVE
-STARTUP = schema.BUCKET_STARTUP
 TEARDOWN = schema.BUCKET_TEARDOWN
 DISRUPTION = schema.BUCKET_DISRUPTION
 WASTED = schema.BUCKET_WASTED_PROGRESS
 SCHEDULING = schema.BUCKET_SCHEDULING
-COMPILE = schema.COMPILE
-DATA = schema.DATA
-STARTUP_OTHER = "other"
+WARMUP = schema.BUCKET_WARMUP
 IN_PROGRESS = "in_progress"  # a running attempt's time after its last sync point (live runs)
-
-RULE_ASYNC = "asynchronous"
-RULE_SYNC = "synchronous"
-RULE_UNKNOWN = "unknown"
-RULE_ASYNC_DEVICE = "asynchronous+device"
-DEVICE_IDLE_METRIC = schema.DEVICE_IDLE_METRIC
-
-DATA_RULE_TEXT = {
-    RULE_ASYNC: "asynchronous loop (lagged sync points): in-step data loading overlapped queued "
-    "device work, so it counts as productive",
-    RULE_SYNC: "synchronous loop (host-value / ready sync points): the device waited for in-step "
-    "data loading, so it counts as data badput",
-    RULE_ASYNC_DEVICE: "asynchronous loop with device timing: in-step data loading counts as data badput "
-    "only for the device-idle gap before its step (the device waited), the rest as productive",
-    RULE_UNKNOWN: "no sync points recorded: in-step data loading is counted as data badput "
-    "(synchronous assumption)",
-}
-
-
-@dataclasses.dataclass
-class Piece:
-    """A half-open wall/mono interval [start, end) with its bucket (and startup part)."""
-
-    start: int
-    end: int
-    label: str
-    part: str = ""
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start
 
 
 @dataclasses.dataclass
 class Window:
-    """One step interval: the steps that share it (one, unless completion was sparse)."""
+    """One step interval of the timeline, on the wall clock, with its pieces after the
+    attempt-level relabels (warm-up, wasted progress)."""
 
+    cut: SessionSteps
+    index: int  # window index in the cut
+    attempt: int
     start: int
     end: int
-    steps: list[int]
     pieces: list[Piece]
-    first_of_attempt: bool = False
-    host_timed: bool = False  # end is a step's host exit, not an observed sync point
-    session: int = -1
-    attempt: int = -1
-    counted_steps: int = 0  # steps whose execution counts toward the final progress
-    lost_steps: frozenset[int] = frozenset()  # re-done (or lost) after a restart
-    compile_ns: int = 0  # productive time moved to compile
+    lost: frozenset[int]  # executions (indexes in the cut) whose work a later attempt redid
+    first_of_attempt: bool
+    warmup_ns: int
 
     @property
     def length(self) -> int:
         return self.end - self.start
 
     @property
-    def shared(self) -> bool:
-        return len(self.steps) > 1
+    def executions(self) -> range:
+        first = self.cut.win_first[self.index]
+        return range(first, first + self.cut.win_count[self.index])
 
     def total(self, label: str) -> int:
         return sum(p.length for p in self.pieces if p.label == label)
@@ -95,222 +80,46 @@ class Window:
                 out[p.label] = out.get(p.label, 0) + p.length
         return out
 
+    @property
+    def counted_steps(self) -> int:
+        return len(self.executions) - len(self.lost)
+
 
 @dataclasses.dataclass
-class SessionCut:
-    """One session cut into startup pieces, windows and tail pieces (session's own clock)."""
+class Timeline:
+    """One rank's job timeline: pieces tiling [start, end) on the wall clock (empty in totals
+    mode, where ``buckets``/``parts`` hold the sums)."""
 
-    session: int
     start: int
     end: int
-    startup: list[Piece]
+    pieces: list[Piece]
     windows: list[Window]
-    tail: list[Piece]
-    data_rule: str
-    host_timed: bool
-    crashed: bool
+    cuts: list[SessionSteps]
+    buckets: dict[str, int] = dataclasses.field(default_factory=dict)
+    parts: dict[str, int] = dataclasses.field(default_factory=dict)
 
-
-def data_rule_of(timeline: SessionTimeline) -> str:
-    """``asynchronous`` when most sync points were observed with the lag, ``synchronous`` when
-    they were host values or already complete; ``unknown`` when there are none."""
-    lagged = sum(1 for _, _, how in timeline.syncs if how == schema.SYNC_LAG)
-    synchronous = sum(1 for _, _, how in timeline.syncs if how in (schema.SYNC_HOST, schema.SYNC_READY))
-    if lagged == 0 and synchronous == 0:
-        return RULE_UNKNOWN
-    return RULE_ASYNC if lagged > synchronous else RULE_SYNC
-
-
-def flatten_overhead(
-    spans: Iterable[tuple[str, str, int, int, int | None, int | None, bool]],
-    overhead: frozenset[str],
-    main_tid: int | None,
-) -> list[tuple[int, int, str]]:
-    """Disjoint (t0, t1, category) intervals of overhead (and data) spans on the main thread.
-    Nested spans count once: the outermost wins; a partial overlap adds only its new part."""
-    chosen = sorted(
-        (t0, -t1, cat)
-        for _, cat, t0, t1, _, tid, _ in spans
-        if (cat in overhead or cat == DATA) and t1 > t0 and (main_tid is None or tid is None or tid == main_tid)
-    )
-    out: list[tuple[int, int, str]] = []
-    reach = None
-    for t0, neg_t1, cat in chosen:
-        t1 = -neg_t1
-        if reach is None or t0 >= reach:
-            out.append((t0, t1, cat))
-            reach = t1
-        elif t1 > reach:
-            out.append((reach, t1, cat))
-            reach = t1
-    return out
-
-
-class _Carver:
-    """Cuts successive, increasing ranges [a, b) into pieces against disjoint span intervals."""
-
-    def __init__(self, intervals: list[tuple[int, int, str]]) -> None:
-        self.intervals = intervals
-        self.starts = [iv[0] for iv in intervals]
-
-    def carve(self, a: int, b: int, default: str, *, data_label: str = DATA, part_mode: bool = False) -> list[Piece]:
-        pieces: list[Piece] = []
-        if b <= a:
-            return pieces
-        i = max(0, bisect.bisect_right(self.starts, a) - 1)
-        cursor = a
-        intervals = self.intervals
-        while i < len(intervals) and intervals[i][0] < b:
-            t0, t1, cat = intervals[i]
-            i += 1
-            if t1 <= cursor:
+    def totals(self, a: int | None = None, b: int | None = None) -> tuple[dict[str, int], dict[str, int]]:
+        """Bucket totals (ns) and startup parts, optionally clipped to [a, b)."""
+        if not self.pieces:
+            return dict(self.buckets), dict(self.parts)
+        lo = self.start if a is None else max(a, self.start)
+        hi = self.end if b is None else min(b, self.end)
+        buckets: dict[str, int] = {}
+        parts: dict[str, int] = {}
+        if hi <= lo:
+            return buckets, parts
+        starts = [p.start for p in self.pieces]
+        i = max(0, bisect.bisect_right(starts, lo) - 1)
+        for p in self.pieces[i:]:
+            if p.start >= hi:
+                break
+            length = min(p.end, hi) - max(p.start, lo)
+            if length <= 0:
                 continue
-            s, e = max(t0, cursor), min(t1, b)
-            if s > cursor:
-                _add(pieces, cursor, s, default, part_mode)
-            label = data_label if cat == DATA else cat
-            _add(pieces, s, e, label, part_mode)
-            cursor = e
-        if cursor < b:
-            _add(pieces, cursor, b, default, part_mode)
-        return pieces
-
-
-def _add(pieces: list[Piece], s: int, e: int, label: str, part_mode: bool) -> None:
-    if e <= s:
-        return
-    if part_mode:
-        part = STARTUP_OTHER if label == STARTUP else label
-        label = STARTUP
-    else:
-        part = ""
-    last = pieces[-1] if pieces else None
-    if last is not None and last.label == label and last.part == part and last.end == s:
-        last.end = e
-    else:
-        pieces.append(Piece(s, e, label, part))
-
-
-def cut_session(
-    info: SessionInfo,
-    timeline: SessionTimeline,
-    *,
-    overhead: frozenset[str] | None = None,
-    data_rule: str | None = None,
-    running: bool = False,
-) -> SessionCut:
-    """Cut one session: process start -> first step (startup), step intervals, tail. The tail
-    is ``teardown`` after a finish record, ``disruption`` after a crash, ``in_progress`` when
-    the process is still running."""
-    categories = (overhead or schema.OVERHEAD_CATEGORIES) | info.overhead_categories
-    rule = data_rule or data_rule_of(timeline)
-    start = info.proc_start
-    end = max(info.last_seen, start)
-    crashed = not info.has_finish and not running
-    spans = [s for s in timeline.spans if s[3] > start and s[2] < end]
-    flat = flatten_overhead(spans, categories, info.main_tid)
-    carver = _Carver(flat)  # data spans included: startup parts and the tail
-    window_carver = carver
-    if rule == RULE_ASYNC:
-        # Productive data spans are no overhead: leave them out so nested overhead still counts.
-        window_carver = _Carver(
-            flatten_overhead([s for s in spans if s[1] != DATA], categories, info.main_tid)
-        )
-    executions = [(step, t0, t1) for step, t0, t1 in timeline.steps if t0 >= start and t1 <= end]
-    sync_at: dict[int, int] = {}
-    for step, t, _ in timeline.syncs:
-        if start <= t <= end and (step not in sync_at or t > sync_at[step]):
-            sync_at[step] = t
-    host_timed = not sync_at and bool(executions)
-    if host_timed:
-        sync_at = {step: t1 for step, _, t1 in executions}
-    windows: list[Window] = []
-    if not executions:
-        startup = carver.carve(start, end, STARTUP, part_mode=True)
-        return SessionCut(info.index, start, end, startup, [], [], rule, host_timed, crashed)
-    first_start = executions[0][1]
-    startup = carver.carve(start, first_start, STARTUP, part_mode=True)
-    window_start = first_start
-    group: list[int] = []
-    trailing_end = first_start
-    for step, _, t1 in executions:
-        group.append(step)
-        trailing_end = max(trailing_end, t1)
-        sync_t = sync_at.get(step)
-        if sync_t is not None and sync_t > window_start:
-            windows.append(_window(window_carver, window_start, sync_t, group, info.index, rule, host_timed))
-            window_start = sync_t
-            group = []
-    if group:  # executions after the last sync point: closed at their host exit
-        t = max(trailing_end, window_start)
-        if t > window_start:
-            windows.append(_window(window_carver, window_start, t, group, info.index, rule, True))
-            window_start = t
-        elif windows:
-            windows[-1].steps.extend(group)
-    if windows:
-        windows[0].first_of_attempt = True
-    if rule == RULE_ASYNC and _charge_device_idle(windows, timeline, info.main_tid):
-        rule = RULE_ASYNC_DEVICE
-    tail_label = IN_PROGRESS if running else DISRUPTION if crashed else TEARDOWN
-    tail = carver.carve(window_start, end, tail_label)
-    return SessionCut(info.index, start, end, startup, windows, tail, rule, host_timed, crashed)
-
-
-def _charge_device_idle(windows: list[Window], timeline: SessionTimeline, main_tid: int | None) -> bool:
-    """Asynchronous loop with CUDA device timing: the device-idle gap before a step, up to that
-    step's data-loading time, becomes ``data`` in the step's interval. True when measured."""
-    idle = {
-        step: round(value * 1e9) for name, step, value, _ in timeline.metrics
-        if name == DEVICE_IDLE_METRIC and step is not None and value is not None and value > 0
-    }
-    if not any(name == DEVICE_IDLE_METRIC for name, _, _, _ in timeline.metrics):
-        return False
-    loading: dict[int, int] = {}
-    for _, cat, t0, t1, step, tid, _ in timeline.spans:
-        if cat == DATA and step is not None and (main_tid is None or tid is None or tid == main_tid):
-            loading[step] = loading.get(step, 0) + (t1 - t0)
-    for w in windows:
-        amount = sum(min(idle.get(s, 0), loading.get(s, 0)) for s in w.steps)
-        amount = min(amount, w.total(PRODUCTIVE))
-        if amount > 0:
-            w.pieces = relabel(w.pieces, amount, DATA, from_end=False)
-    return True
-
-
-def _window(
-    carver: _Carver, a: int, b: int, steps: list[int], session: int, rule: str, host_timed: bool
-) -> Window:
-    pieces = carver.carve(a, b, PRODUCTIVE, data_label=PRODUCTIVE if rule == RULE_ASYNC else DATA)
-    return Window(a, b, list(steps), pieces, session=session, host_timed=host_timed)
-
-
-# ----------------------------------------------------------------------------------------------
-# Relabelling productive time: compile excess, wasted progress
-# ----------------------------------------------------------------------------------------------
-def relabel(pieces: list[Piece], amount: int, label: str, *, from_end: bool) -> list[Piece]:
-    """Move ``amount`` ns of productive pieces to ``label`` (earliest first, or latest first)."""
-    if amount <= 0:
-        return pieces
-    order = range(len(pieces) - 1, -1, -1) if from_end else range(len(pieces))
-    result: dict[int, list[Piece]] = {}
-    left = amount
-    for i in order:
-        p = pieces[i]
-        if left <= 0 or p.label != PRODUCTIVE:
-            continue
-        take = min(left, p.length)
-        left -= take
-        if take == p.length:
-            result[i] = [Piece(p.start, p.end, label)]
-        elif from_end:
-            result[i] = [Piece(p.start, p.end - take, PRODUCTIVE), Piece(p.end - take, p.end, label)]
-        else:
-            result[i] = [Piece(p.start, p.start + take, label), Piece(p.start + take, p.end, PRODUCTIVE)]
-    out: list[Piece] = []
-    for i, p in enumerate(pieces):
-        out.extend(result.get(i, [p]))
-    return out
+            buckets[p.label] = buckets.get(p.label, 0) + length
+            if p.part:
+                parts[p.part] = parts.get(p.part, 0) + length
+        return buckets, parts
 
 
 def weighted_median(values: Sequence[tuple[float, int]]) -> float | None:
@@ -333,138 +142,140 @@ def weighted_median(values: Sequence[tuple[float, int]]) -> float | None:
     return (lower + upper) / 2
 
 
-def ideal_step_ns(cuts: Sequence[SessionCut]) -> float | None:
-    """Median productive time per step over steady-state windows (each attempt's first window
-    excluded, and windows that overhead fills entirely); the first windows themselves when
-    there is nothing else."""
-    steady = [
-        (w.total(PRODUCTIVE) / len(w.steps), len(w.steps))
-        for cut in cuts for w in cut.windows
-        if not w.first_of_attempt and w.steps and w.total(PRODUCTIVE) > 0
+def _steady(cuts: Sequence[SessionSteps]) -> list[tuple[float, int]]:
+    """(productive per step, steps) of every window but each session's first."""
+    return [
+        (cut.win_productive[w] / cut.win_count[w], cut.win_count[w])
+        for cut in cuts for w in range(1, cut.windows) if cut.win_productive[w] > 0
     ]
+
+
+def ideal_step_ns(cuts: Sequence[SessionSteps]) -> float | None:
+    """Median productive time per step over steady-state intervals (each attempt's first
+    excluded, and intervals that overhead fills entirely); the first ones when nothing else."""
+    steady = _steady(cuts)
     if not steady:
-        steady = [(w.total(PRODUCTIVE) / len(w.steps), len(w.steps)) for cut in cuts for w in cut.windows if w.steps]
+        steady = [(cut.win_productive[0] / cut.win_count[0], cut.win_count[0]) for cut in cuts if cut.windows]
     return weighted_median(steady)
 
 
-def apply_compile(cut: SessionCut, ideal: float | None) -> None:
-    """The first window's productive time above the ideal step time becomes ``compile``
-    (explicit compile spans are already out of the productive time, so they count once)."""
+def noise_threshold_ns(cuts: Sequence[SessionSteps]) -> float:
+    """How far above the ideal a step must be to be more than noise: max(5 x 1.4826 x MAD,
+    5% of the median) of the steady productive step times (the anomaly rule)."""
+    values = [v for v, w in _steady(cuts) for _ in range(min(w, 1))]
+    if len(values) < 3:
+        return 0.05 * (statistics.median(values) if values else 0.0)
+    median = statistics.median(values)
+    mad = statistics.median(abs(v - median) for v in values)
+    return max(5 * 1.4826 * mad, 0.05 * median)
+
+
+def _warmup(cut: SessionSteps, ideal: float | None, noise: float) -> int:
+    """The first interval's productive time above the ideal, when beyond noise (else 0)."""
     if ideal is None or not cut.windows:
-        return
-    first = cut.windows[0]
-    excess = first.total(PRODUCTIVE) - round(ideal * len(first.steps))
-    if excess > 0:
-        first.pieces = relabel(first.pieces, excess, COMPILE, from_end=False)
-        first.compile_ns = excess
+        return 0
+    excess = cut.win_productive[0] - round(ideal * cut.win_count[0])
+    return excess if excess > noise * cut.win_count[0] and excess > 0 else 0
 
 
-# ----------------------------------------------------------------------------------------------
-# Assembly across attempts on the wall clock
-# ----------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Timeline:
-    """One rank's job timeline: pieces tiling [start, end) on the wall clock."""
-
-    start: int
-    end: int
-    pieces: list[Piece]
-    windows: list[Window]  # wall clock, in order, each with its attempt
-    cuts: list[SessionCut]
-
-    def totals(self, a: int | None = None, b: int | None = None) -> tuple[dict[str, int], dict[str, int]]:
-        """Bucket totals (ns) and startup parts, optionally clipped to [a, b)."""
-        lo = self.start if a is None else max(a, self.start)
-        hi = self.end if b is None else min(b, self.end)
-        buckets: dict[str, int] = {}
-        parts: dict[str, int] = {}
-        if hi <= lo:
-            return buckets, parts
-        starts = [p.start for p in self.pieces]
-        i = max(0, bisect.bisect_right(starts, lo) - 1)
-        for p in self.pieces[i:]:
-            if p.start >= hi:
-                break
-            length = min(p.end, hi) - max(p.start, lo)
-            if length <= 0:
-                continue
-            buckets[p.label] = buckets.get(p.label, 0) + length
-            if p.part:
-                parts[p.part] = parts.get(p.part, 0) + length
-        return buckets, parts
-
-
-def _shift(pieces: Iterable[Piece], delta: int) -> list[Piece]:
-    return [Piece(p.start + delta, p.end + delta, p.label, p.part) for p in pieces]
+def _lost(cut: SessionSteps, w: int, limit: int | None) -> frozenset[int]:
+    if limit is None:
+        return frozenset()
+    first = cut.win_first[w]
+    return frozenset(i for i in range(first, first + cut.win_count[w]) if cut.exec_step[i] >= limit)
 
 
 def assemble(
-    cuts: Sequence[tuple[int, SessionInfo, SessionCut]],
+    cuts: Sequence[tuple[int, SessionInfo, SessionSteps]],
     *,
+    ideal: float | None,
+    noise: float = 0.0,
     submit_wall: int | None = None,
+    pieces: bool = True,
 ) -> Timeline:
-    """String one rank's session cuts (attempt, info, cut), in attempt order, on the wall clock.
-
-    Before the first process start: ``scheduling`` (when the submit time is known). Between an
-    attempt's end and the next one's process start: ``disruption``. Productive time of
-    executions whose step a later attempt started again from (or before) becomes
-    ``wasted_progress``. Overlaps (a process still alive when the next started) are cut off.
-    """
+    """String one rank's session cuts (attempt, info, cut), in attempt order, on the wall clock
+    (see the module docstring). Overlaps (a process still alive when the next one started) are
+    cut off at the next one's start."""
     ordered = sorted(cuts, key=lambda c: (c[1].start_wall, c[0]))
-    pieces: list[Piece] = []
+    out_pieces: list[Piece] = []
     windows: list[Window] = []
+    buckets: dict[str, int] = {}
+    parts: dict[str, int] = {}
+
+    def emit(p: Piece, lo: int, hi: int | None) -> int:
+        """Add ``p`` clipped to [lo, hi); returns the new cursor."""
+        s, e = max(p.start, lo), p.end if hi is None else min(p.end, hi)
+        if e <= s:
+            return lo
+        if pieces:
+            last = out_pieces[-1] if out_pieces else None
+            if last is not None and last.end == s and last.label == p.label and last.part == p.part:
+                last.end = e
+            else:
+                out_pieces.append(Piece(s, e, p.label, p.part))
+        buckets[p.label] = buckets.get(p.label, 0) + e - s
+        if p.part:
+            parts[p.part] = parts.get(p.part, 0) + e - s
+        return e
+
     # the restore point after each attempt: the lowest step any later attempt starts at
     restore_after: list[int | None] = [None] * len(ordered)
     lowest: int | None = None
     for k in range(len(ordered) - 1, -1, -1):
         restore_after[k] = lowest
         cut = ordered[k][2]
-        if any(w.steps for w in cut.windows):
-            first = min(min(w.steps) for w in cut.windows if w.steps)
-            lowest = first if lowest is None else min(lowest, first)
+        executed = [cut.exec_step[i] for i in range(len(cut.exec_step)) if cut.exec_window[i] >= 0]
+        if executed:
+            lowest = min(executed) if lowest is None else min(lowest, min(executed))
     job_start = ordered[0][1].start_wall if ordered else 0
+    start = job_start
     if submit_wall is not None and ordered and submit_wall < job_start:
-        pieces.append(Piece(submit_wall, job_start, SCHEDULING))
-    start = submit_wall if submit_wall is not None and submit_wall < job_start else job_start
+        emit(Piece(submit_wall, job_start, SCHEDULING), submit_wall, None)
+        start = submit_wall
     cursor = job_start
     for k, (attempt, info, cut) in enumerate(ordered):
         delta = info.wall_anchor - info.mono_anchor
-        next_start = ordered[k + 1][1].start_wall if k + 1 < len(ordered) else None
-        session_pieces = list(_shift(cut.startup, delta))
-        limit = restore_after[k]
-        for w in cut.windows:
-            moved = Window(
-                w.start + delta, w.end + delta, w.steps, _shift(w.pieces, delta),
-                first_of_attempt=w.first_of_attempt, host_timed=w.host_timed, session=w.session,
-                attempt=attempt, compile_ns=w.compile_ns,
-            )
-            lost_steps = frozenset(s for s in w.steps if limit is not None and s >= limit)
-            lost = sum(1 for s in w.steps if s in lost_steps)
-            moved.counted_steps = len(w.steps) - lost
-            moved.lost_steps = lost_steps
-            if lost:
-                productive = moved.total(PRODUCTIVE)
-                amount = productive if lost == len(w.steps) else productive * lost // len(w.steps)
-                moved.pieces = relabel(moved.pieces, amount, WASTED, from_end=True)
-            windows.append(moved)
-            session_pieces.extend(moved.pieces)
-        session_pieces.extend(_shift(cut.tail, delta))
+        limit = None if k + 1 == len(ordered) else ordered[k + 1][1].start_wall
         session_start = info.start_wall
         if session_start > cursor:
-            pieces.append(Piece(cursor, session_start, DISRUPTION))
-            cursor = session_start
-        for p in session_pieces:
-            s, e = max(p.start, cursor), p.end
-            if next_start is not None:
-                e = min(e, next_start)
-            if e > s:
-                pieces.append(Piece(s, e, p.label, p.part))
-                cursor = e
-    end = cursor
-    merged: list[Piece] = []
-    for p in pieces:
-        if merged and merged[-1].end == p.start and merged[-1].label == p.label and merged[-1].part == p.part:
-            merged[-1].end = p.end
-        else:
-            merged.append(p)
-    return Timeline(start, end, merged, windows, [c for _, _, c in ordered])
+            cursor = emit(Piece(cursor, session_start, DISRUPTION), cursor, None)
+        for p in cut.startup_pieces():
+            cursor = emit(Piece(p.start + delta, p.end + delta, p.label, p.part), cursor, limit)
+        warmup = _warmup(cut, ideal, noise)
+        for w in range(cut.windows):
+            a, b = cut.win_start[w] + delta, cut.win_end[w] + delta
+            lost = _lost(cut, w, restore_after[k])
+            amount_warm = warmup if w == 0 else 0
+            if not pieces and (limit is None or b <= limit) and a >= cursor:
+                # totals only: the whole window, without cutting pieces
+                productive = cut.win_productive[w] - amount_warm
+                wasted = _wasted(productive, len(lost), cut.win_count[w])
+                for label, column in cut.win_overhead.items():
+                    if column[w]:
+                        buckets[label] = buckets.get(label, 0) + column[w]
+                for label, ns in ((PRODUCTIVE, productive - wasted), (WARMUP, amount_warm), (WASTED, wasted)):
+                    if ns:
+                        buckets[label] = buckets.get(label, 0) + ns
+                cursor = b
+                continue
+            window_pieces = [Piece(p.start + delta, p.end + delta, p.label) for p in cut.window_pieces(w)]
+            if amount_warm:
+                window_pieces = relabel(window_pieces, amount_warm, WARMUP, from_end=False)
+            if lost:
+                productive = sum(p.length for p in window_pieces if p.label == PRODUCTIVE)
+                window_pieces = relabel(window_pieces, _wasted(productive, len(lost), cut.win_count[w]),
+                                        WASTED, from_end=True)
+            if pieces:
+                windows.append(Window(cut, w, attempt, a, b, window_pieces, lost, w == 0, amount_warm))
+            for p in window_pieces:
+                cursor = emit(p, cursor, limit)
+        for p in cut.tail_pieces():
+            cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
+    return Timeline(start, cursor, out_pieces, windows, [c for _, _, c in ordered], buckets, parts)
+
+
+def _wasted(productive: int, lost: int, count: int) -> int:
+    """The productive time of ``lost`` of the ``count`` executions sharing an interval."""
+    if lost == 0:
+        return 0
+    return productive if lost == count else productive * lost // count

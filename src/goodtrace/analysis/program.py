@@ -62,10 +62,15 @@ def program_goodput(
     accelerator: str | None,
     devices_per_rank: int,
     submit_wall: int | None,
+    warnings: list[str] | None = None,
 ) -> ProgramGoodput:
     devices = max(1, attempts[-1].world) * max(1, devices_per_rank)
     source = "given" if flops_per_step is not None else None
     rank_flops, recorded_peak = model_figures(run, [a.reference_session for a in attempts])
+    if rank_flops is not None and not rank_flops > 0:
+        if warnings is not None:
+            warnings.append(f"the recorded flops_per_step ({rank_flops:g}) is not positive: MFU is not computed")
+        rank_flops = None
     if flops_per_step is None and rank_flops is not None:
         # the integration records one rank's FLOPs per step: the job's is world size times that
         flops_per_step = rank_flops * max(1, attempts[-1].world)
@@ -84,6 +89,9 @@ def program_goodput(
     mfu = None
     if flops_per_step is not None and peak_flops and productive_s > 0:
         mfu = flops_per_step * counted / productive_s / (peak_flops * devices)
+        if warnings is not None and mfu > 1.0:
+            warnings.append(f"MFU comes out at {mfu:.0%}, above 100%: the FLOPs per step ({flops_per_step:g}) or the "
+                            f"peak ({peak_flops:g} FLOP/s per device) is wrong")
     since_start = timeline.end - (submit_wall if submit_wall is not None and submit_wall < timeline.start
                                   else timeline.start)
     held = partition.total_ns - partition.buckets_ns.get(schema.BUCKET_SCHEDULING, 0)

@@ -1,10 +1,16 @@
-"""Per-rank spread and stragglers (pure functions).
+"""Per-rank spread and stragglers (pure functions over every rank's cut sessions).
 
-Spread: the partition of DESIGN.md section 4 computed on each detail rank's own timeline
-(every rank in small runs, a sample including the slowest and fastest in large ones), beside
-the step-time figures that SQL computed for every rank. Stragglers: (a) relative compute
-speed = median over ranks of the median compute span ÷ this rank's median compute span;
-(b) arrival lateness at each step's sync point against the earliest rank of that attempt.
+Every rank is analysed: its goodput (its own partition, in totals), its step times and its
+outermost compute time per execution come from the same cut as the reference rank's. A rank is
+compared with the median of the *other* ranks, never with a median that includes itself (with
+two ranks that would hide the slow one):
+
+- relative compute speed = the other ranks' median compute time per execution ÷ this rank's;
+- arrival lateness at sync points: when its steps became ready on the aligned clock, minus the
+  other ranks' median, and how often it was the last;
+- span-start lateness: when it entered each span of a sampled step on the aligned clock, minus
+  the other ranks' median, per span name; with a collective inside the step every rank finishes
+  together, but the slow rank enters the span that holds the collective late.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from goodtrace.read.loaded import RankSummary, SessionInfo
+from goodtrace.analysis.clock import SessionClock
+from goodtrace.analysis.executions import SessionSteps
+from goodtrace.read.loaded import SessionInfo, SessionRecords
 
 NS = 1e9
-SLOW_SPEED = 0.9  # a rank computing at < 90% of the reference speed is named
+SLOW_SPEED = 0.9  # a rank computing at < 90% of the other ranks' speed is named
 LATE_FRACTION = 0.5  # ... or one that is the last to arrive at more than half the sync points
 
 
@@ -25,13 +33,15 @@ LATE_FRACTION = 0.5  # ... or one that is the last to arrive at more than half t
 class RankFigure:
     rank: int
     host: str
-    goodput: float | None  # None when the rank was not analysed record by record
+    goodput: float | None
     step_time_median_s: float | None
     step_time_p90_s: float | None
     compute_median_s: float | None
-    relative_speed: float | None
-    lateness_median_s: float | None
-    late_fraction: float | None
+    relative_speed: float | None  # the other ranks' median compute time / this rank's
+    lateness_median_s: float | None  # sync points, vs the other ranks' median
+    late_fraction: float | None  # share of sync points where this rank was the last
+    start_lateness_s: float | None = None  # the largest median span-start lateness, by span name
+    late_span: str | None = None  # ... of this span
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -50,7 +60,7 @@ class Straggler:
 @dataclasses.dataclass(frozen=True)
 class RankSpread:
     ranks: int
-    analysed: int  # ranks whose full partition was computed
+    analysed: int  # ranks whose partition was computed (all of them)
     goodput_min: float | None
     goodput_median: float | None
     goodput_max: float | None
@@ -62,44 +72,124 @@ class RankSpread:
         return dataclasses.asdict(self) | {"per_rank": [r.to_dict() for r in self.per_rank]}
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _others_median(ordered: Sequence[float], i: int) -> float:
+    """The median of the sorted ``ordered`` without its element at index ``i`` (n >= 2)."""
+    n = len(ordered) - 1
+
+    def at(j: int) -> float:
+        return ordered[j] if j < i else ordered[j + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
+def _leave_one_out(values: dict[int, float]) -> dict[int, float]:
+    """Per key, the median of the other keys' values (keys with a value only, at least two)."""
+    if len(values) < 2:
+        return {}
+    items = sorted(values.items(), key=lambda kv: kv[1])
+    ordered = [v for _, v in items]
+    return {key: _others_median(ordered, i) for i, (key, _) in enumerate(items)}
+
+
+def _sampled(step: int) -> bool:
+    return step < 64 or step % 16 == 0  # as the loader samples span starts
 
 
 def rank_figures(
     sessions: Sequence[SessionInfo],
-    summaries: dict[int, RankSummary],
+    cuts: dict[int, SessionSteps],
+    records: dict[int, SessionRecords],
+    attempt_of: dict[int, int],
+    clocks: dict[int, SessionClock],
     goodput_by_rank: dict[int, float],
 ) -> list[RankFigure]:
-    """One figure per rank over the given sessions (a rank's sessions combined by median)."""
+    """One figure per rank over the given sessions (a rank's sessions combined)."""
     by_rank: dict[int, list[SessionInfo]] = {}
     for s in sessions:
         by_rank.setdefault(s.rank, []).append(s)
-    compute = {
-        r: _median([summaries[s.index].compute_median_ns for s in ss if s.index in summaries])
-        for r, ss in by_rank.items()
-    }
-    reference = _median(list(compute.values()))
+    step_times: dict[int, list[float]] = {}
+    compute: dict[int, float] = {}
+    arrivals: dict[tuple[int, int], dict[int, int]] = {}  # (attempt, step) -> rank -> aligned sync time
+    starts: dict[tuple[int, int, str], dict[int, int]] = {}  # (attempt, step, name) -> rank -> aligned start
+    for rank, members in by_rank.items():
+        times: list[float] = []
+        per_execution: list[int] = []
+        for s in members:
+            cut = cuts.get(s.index)
+            if cut is None:
+                continue
+            clock = clocks.get(s.index)
+            attempt = attempt_of[s.index]
+            for w in range(cut.windows):
+                count = cut.win_count[w]
+                times.extend([(cut.win_end[w] - cut.win_start[w]) / count / NS] * count)
+                step = cut.exec_step[cut.win_first[w]]
+                if count == 1 and _sampled(step):
+                    t = cut.win_end[w]
+                    arrivals.setdefault((attempt, step), {})[rank] = clock.to_reference(t) if clock else t
+            per_execution.extend(v for v in cut.exec_compute if v > 0)
+            rec = records.get(s.index)
+            if rec is not None:
+                for step, name, t0 in rec.starts:
+                    starts.setdefault((attempt, step, name), {})[rank] = clock.to_reference(t0) if clock else t0
+        step_times[rank] = times
+        if per_execution:
+            compute[rank] = float(statistics.median(per_execution))
+    others_compute = _leave_one_out(compute)
+    late: dict[int, list[float]] = {}
+    last: dict[int, list[bool]] = {}
+    for ranks in arrivals.values():
+        if len(ranks) < 2:
+            continue
+        others = _leave_one_out({r: float(t) for r, t in ranks.items()})
+        latest = max(ranks.values())
+        for r, t in ranks.items():
+            late.setdefault(r, []).append((t - others[r]) / NS)
+            last.setdefault(r, []).append(t == latest)
+    start_late: dict[int, dict[str, list[float]]] = {}
+    for (_, _, name), ranks in starts.items():
+        if len(ranks) < 2:
+            continue
+        others = _leave_one_out({r: float(t) for r, t in ranks.items()})
+        for r, t in ranks.items():
+            start_late.setdefault(r, {}).setdefault(name, []).append((t - others[r]) / NS)
     figures = []
     for rank in sorted(by_rank):
-        ss = by_rank[rank]
-        sums = [summaries[s.index] for s in ss if s.index in summaries]
-        c = compute[rank]
-        step_med = _median([x.step_time_median_ns for x in sums])
-        step_p90 = _median([x.step_time_p90_ns for x in sums])
-        late = _median([x.lateness_median_ns for x in sums])
+        c = compute.get(rank)
+        reference = others_compute.get(rank)
+        worst: tuple[float, str] | None = None
+        for name, values in sorted(start_late.get(rank, {}).items()):
+            median = statistics.median(values)
+            if worst is None or median > worst[0]:
+                worst = (median, name)
+        flags = last.get(rank, [])
         figures.append(
             RankFigure(
                 rank=rank,
-                host=ss[-1].host,
+                host=by_rank[rank][-1].host,
                 goodput=goodput_by_rank.get(rank),
-                step_time_median_s=None if step_med is None else step_med / NS,
-                step_time_p90_s=None if step_p90 is None else step_p90 / NS,
+                step_time_median_s=_median(step_times[rank]),
+                step_time_p90_s=_quantile(step_times[rank], 0.9),
                 compute_median_s=None if c is None else c / NS,
                 relative_speed=None if c is None or reference is None or c <= 0 else reference / c,
-                lateness_median_s=None if late is None else late / NS,
-                late_fraction=_median([x.late_fraction for x in sums]),
+                lateness_median_s=_median(late.get(rank, [])),
+                late_fraction=sum(flags) / len(flags) if flags else None,
+                start_lateness_s=None if worst is None else worst[0],
+                late_span=None if worst is None else worst[1],
             )
         )
     return figures
@@ -121,7 +211,8 @@ def spread_of(figures: Sequence[RankFigure]) -> RankSpread:
 
 
 def find_stragglers(figures: Sequence[RankFigure], ideal_step_s: float | None) -> list[Straggler]:
-    """Ranks that compute slower than the others, or arrive last at most sync points."""
+    """Ranks that compute slower than the others, arrive last at most sync points, or enter a
+    span consistently later than the others."""
     if len(figures) < 2:
         return []
     floor = max(0.001, 0.02 * (ideal_step_s or 0.0))
@@ -129,15 +220,17 @@ def find_stragglers(figures: Sequence[RankFigure], ideal_step_s: float | None) -
     for f in figures:
         reasons = []
         if f.relative_speed is not None and f.relative_speed < SLOW_SPEED:
-            reasons.append(f"computes at {f.relative_speed:.0%} of the median rank's speed")
+            reasons.append(f"computes at {f.relative_speed:.0%} of the other ranks' speed")
         if (
             f.late_fraction is not None and f.late_fraction > LATE_FRACTION
             and f.lateness_median_s is not None and f.lateness_median_s > floor
         ):
             reasons.append(
                 f"last to arrive at {f.late_fraction:.0%} of sync points, "
-                f"{f.lateness_median_s * 1e3:.1f} ms late (median)"
+                f"{f.lateness_median_s * 1e3:.1f} ms after the other ranks (median)"
             )
+        if f.start_lateness_s is not None and f.start_lateness_s > max(floor, 0.05 * (ideal_step_s or 0.0)):
+            reasons.append(f"enters {f.late_span!r} {f.start_lateness_s * 1e3:.1f} ms after the other ranks (median)")
         if reasons:
             found.append(Straggler(f.rank, f.host, "; ".join(reasons)))
     return found

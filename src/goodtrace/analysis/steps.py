@@ -1,10 +1,11 @@
 """The step table, step-time statistics and step-time anomalies (pure functions).
 
-One row per step execution of the reference rank, in time order. Step time is the whole
-interval T_k - T_{k-1}; when several steps share an interval (sparse completion) each gets the
-window average and ``shared`` is set; ``host_timed`` marks intervals closed by a host exit
-rather than an observed sync point. Anomalies: productive time above median + k * 1.4826 * MAD
-(floored at 5% of the median), each with what overlapped it.
+One row per step execution of the reference rank, in time order (``seq`` numbers executions
+within a session; a repeated or decreasing step number is flagged, never merged). Step time is
+the whole interval T_k - T_{k-1}; when several executions share an interval (sparse
+completion) each gets the window average and ``shared`` is set; ``host_timed`` marks intervals
+closed by a host exit rather than an observed sync point. Anomalies: productive time above
+median + k * 1.4826 * MAD (floored at 5% of the median), each with what overlapped it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.analysis.partition import PRODUCTIVE, WASTED, Timeline, Window
+from goodtrace.analysis.executions import FLAG_DECREASING, FLAG_REPEATED, HOST_EXIT
+from goodtrace.analysis.partition import PRODUCTIVE, WARMUP, WASTED, Timeline, Window
 from goodtrace.read.loaded import SessionTimeline
 
 NS = 1e9
@@ -32,13 +34,20 @@ class StepRow:
     step_time_s: float
     productive_s: float
     overhead_s: dict[str, float]
-    shared: int  # number of steps sharing the interval (1 = per-step truth)
+    shared: int  # number of executions sharing the interval (1 = per-step truth)
     host_timed: bool
     first_of_attempt: bool
     counted: bool  # counts toward the final progress (False: re-done after a restart)
+    seq: int = 0  # the execution within its session (entry order)
+    start_ns: int = 0  # the interval (start_ns, end_ns] on the wall clock (shared when sparse)
+    end_ns: int = 0
+    sync: str = ""  # how the interval's closing sync point was taken
+    repeated: bool = False  # this step number ran before in the same session
+    decreasing: bool = False  # lower than the previous execution's step number
     tags: tuple[str, ...] = ()
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     device_s: float | None = None
+    compute_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"tags": list(self.tags)}
@@ -50,8 +59,9 @@ class StepRow:
         return f"{self.step_time_s:.3f} s = " + " + ".join(parts)
 
 
-def step_rows(timeline: Timeline, session_timelines: dict[int, SessionTimeline], job_start: int) -> list[StepRow]:
-    """Rows of the step table from the reference timeline's windows."""
+def _marks(session_timelines: dict[int, SessionTimeline]) -> tuple[
+    dict[tuple[int, int], list[str]], dict[tuple[int, int], dict[str, float]]
+]:
     tags: dict[tuple[int, int], list[str]] = {}
     metrics: dict[tuple[int, int], dict[str, float]] = {}
     for session, tl in session_timelines.items():
@@ -61,6 +71,12 @@ def step_rows(timeline: Timeline, session_timelines: dict[int, SessionTimeline],
         for name, step, value, _ in tl.metrics:
             if step is not None and value is not None:
                 metrics.setdefault((session, step), {})[name] = value
+    return tags, metrics
+
+
+def step_rows(timeline: Timeline, session_timelines: dict[int, SessionTimeline], job_start: int) -> list[StepRow]:
+    """Rows of the step table from the reference timeline's windows."""
+    tags, metrics = _marks(session_timelines)
     rows: list[StepRow] = []
     for w in timeline.windows:
         rows.extend(_rows_of_window(w, tags, metrics, job_start))
@@ -71,12 +87,18 @@ def _rows_of_window(
     w: Window, tags: dict[tuple[int, int], list[str]], metrics: dict[tuple[int, int], dict[str, float]],
     job_start: int,
 ) -> list[StepRow]:
-    n = len(w.steps)
+    cut = w.cut
+    executions = w.executions
+    n = len(executions)
     overhead = w.overhead()
     wasted = overhead.pop(WASTED, 0)
     productive = w.total(PRODUCTIVE) + wasted
+    how = cut.win_how[w.index]
     rows = []
-    for i, step in enumerate(w.steps):
+    for position, i in enumerate(executions):
+        step = cut.exec_step[i]
+        flags = cut.exec_flags[i]
+        values = metrics.get((cut.session, step), {})
         rows.append(
             StepRow(
                 step=step,
@@ -86,12 +108,19 @@ def _rows_of_window(
                 productive_s=productive / n / NS,
                 overhead_s={k: v / n / NS for k, v in overhead.items()},
                 shared=n,
-                host_timed=w.host_timed,
-                first_of_attempt=w.first_of_attempt and i == 0,
-                counted=step not in w.lost_steps,
-                tags=tuple(tags.get((w.session, step), ())),
-                metrics=metrics.get((w.session, step), {}),
-                device_s=_device_seconds(metrics.get((w.session, step), {})),
+                host_timed=cut.host_timed or how == HOST_EXIT,
+                first_of_attempt=w.first_of_attempt and position == 0,
+                counted=i not in w.lost,
+                seq=cut.exec_seq[i],
+                start_ns=w.start,
+                end_ns=w.end,
+                sync=how,
+                repeated=bool(flags & FLAG_REPEATED),
+                decreasing=bool(flags & FLAG_DECREASING),
+                tags=tuple(tags.get((cut.session, step), ())),
+                metrics=values,
+                device_s=_device_seconds(values),
+                compute_s=cut.exec_compute[i] / NS if cut.exec_compute[i] else None,
             )
         )
     return rows
@@ -116,6 +145,8 @@ class StepStats:
     ideal_s: float | None
     shared_steps: int
     host_timed_steps: int
+    repeated_steps: int = 0
+    decreasing_steps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -142,6 +173,8 @@ def step_stats(rows: Sequence[StepRow], ideal_s: float | None) -> StepStats:
         ideal_s=ideal_s,
         shared_steps=sum(1 for r in rows if r.shared > 1),
         host_timed_steps=sum(1 for r in rows if r.host_timed),
+        repeated_steps=sum(1 for r in rows if r.repeated),
+        decreasing_steps=sum(1 for r in rows if r.decreasing),
     )
 
 
@@ -152,7 +185,8 @@ class Anomaly:
     productive_s: float
     threshold_s: float
     step_time_s: float
-    overlapped: tuple[str, ...]  # tags, overhead spans, gc, events within the interval
+    overlapped: tuple[str, ...]  # tags, overhead, unusually long spans, events, device-idle gap
+    seq: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"overlapped": list(self.overlapped)}
@@ -172,23 +206,24 @@ def find_anomalies(
     median = statistics.median(steady)
     mad = statistics.median(abs(v - median) for v in steady)
     threshold = median + max(k * 1.4826 * mad, 0.05 * median)
-    by_key = {(w.attempt, s): w for w in windows for s in w.steps}
-    usual: dict[int, _UsualSpans] = {}
+    by_key = {(w.attempt, w.cut.exec_seq[i]): w for w in windows for i in w.executions}
+    usual: dict[int, _SessionMarks] = {}
     found = []
     for r in rows:
         if r.first_of_attempt or r.productive_s <= threshold:
             continue
-        w = by_key.get((r.attempt, r.step))
+        w = by_key.get((r.attempt, r.seq))
         found.append(
             Anomaly(r.step, r.attempt, r.productive_s, threshold, r.step_time_s,
-                    _overlapping(w, session_timelines, r.tags, usual))
+                    _overlapping(w, session_timelines, r.tags, usual), r.seq)
         )
     return found, threshold
 
 
-class _UsualSpans:
-    """Per span name, its time per step in one session: the anomaly table names only spans
-    that took unusually long in the slow step (or appeared only there), not every span."""
+class _SessionMarks:
+    """One session's spans per name and step (the anomaly table names only spans that took
+    unusually long in the slow step, or appeared only there), events and device-idle time by
+    step: indexed once, so that each anomaly costs only its own steps."""
 
     def __init__(self, tl: SessionTimeline) -> None:
         per_step: dict[str, dict[int, int]] = {}
@@ -203,6 +238,14 @@ class _UsualSpans:
         self.median_ns = {
             name: statistics.median([by_step.get(k, 0) for k in steps]) for name, by_step in per_step.items()
         }
+        self.events: dict[int, list[str]] = {}
+        for name, _, step, _ in tl.events:
+            if step is not None:
+                self.events.setdefault(step, []).append(name)
+        self.idle: dict[int, float] = {}
+        for name, step, value, _ in tl.metrics:
+            if name == schema.DEVICE_IDLE_METRIC and step is not None and value:
+                self.idle[step] = self.idle.get(step, 0.0) + value
 
     def unusual(self, steps: Sequence[int]) -> list[str]:
         found = []
@@ -216,19 +259,22 @@ class _UsualSpans:
 
 def _overlapping(
     w: Window | None, timelines: dict[int, SessionTimeline], tags: tuple[str, ...],
-    usual: dict[int, _UsualSpans],
+    marks: dict[int, _SessionMarks],
 ) -> tuple[str, ...]:
     found = [f"tag:{t}" for t in tags]
-    if w is None or w.session not in timelines:
+    if w is None or w.cut.session not in timelines:
         return tuple(found)
-    tl = timelines[w.session]
+    session = w.cut.session
     for label, length in sorted(w.overhead().items(), key=lambda kv: -kv[1]):
-        found.append(f"{label}:{length / NS:.3f}s")
-    if w.session not in usual:
-        usual[w.session] = _UsualSpans(tl)
-    found.extend(usual[w.session].unusual(sorted(w.steps)))
-    found.extend(f"event:{name}" for name, _, step in tl.events if step in w.steps)
-    idle = sum(v or 0.0 for name, step, v, _ in tl.metrics if name == schema.DEVICE_IDLE_METRIC and step in w.steps)
+        if label not in (WASTED, WARMUP):
+            found.append(f"{label}:{length / NS:.3f}s")
+    if session not in marks:
+        marks[session] = _SessionMarks(timelines[session])
+    m = marks[session]
+    steps = sorted({w.cut.exec_step[i] for i in w.executions})
+    found.extend(m.unusual(steps))
+    found.extend(f"event:{name}" for step in steps for name in m.events.get(step, ()))
+    idle = sum(m.idle.get(step, 0.0) for step in steps)
     if idle > 0:
         found.append(f"device_idle:{idle:.3f}s")
     return tuple(dict.fromkeys(found))

@@ -20,7 +20,7 @@ __all__ = ["COMPACT_DIR", "CompactResult", "compact_manifest", "compact_run"]
 COMPACT_DIR = "compact"  # RUN/compact/{records.parquet, manifest.json}
 COMPACT_MANIFEST = "manifest.json"
 COMPACT_RECORDS = "records.parquet"
-COMPACT_FORMAT = 1
+COMPACT_FORMAT = 2  # 2: the seq, after, exception and rtt_ns columns
 
 
 def compact_manifest(root: str) -> dict[str, Any] | None:

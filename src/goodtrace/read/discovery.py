@@ -1,4 +1,4 @@
-"""Session discovery for the analytical reader: headers, sessions, and which ranks to load
+"""Session discovery for the analytical reader: headers, sessions, and which sessions to load
 record by record (plain Python, one header line per file)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.read.loaded import RankSummary, SessionInfo
+from goodtrace.read.loaded import SessionInfo
 
 
 def read_header(path: str) -> dict[str, Any] | None:
@@ -100,6 +100,8 @@ def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> Se
         v for v in (mono, proc_start, summary.get("last_seen"), summary.get("finish_t")) if isinstance(v, int)
     )
     lag = config.get("lag", 1)
+    blocking = config.get("blocking_categories") or []
+    flush = config.get("flush_interval_s")
     return SessionInfo(
         index=index,
         session=str(header.get(schema.H_SESSION) or draft.where),
@@ -117,9 +119,13 @@ def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> Se
         finish_completed=summary.get("finish_completed"),
         finish_t=summary.get("finish_t"),
         finish_reason=summary.get("finish_reason"),
+        finish_exception=summary.get("finish_exception"),
         has_finish=bool(summary.get("has_finish")),
+        last_heartbeat=summary.get("heartbeat"),
+        flush_interval_s=float(flush) if isinstance(flush, (int, float)) and flush > 0 else 1.0,
         main_tid=int_or_none(header.get("main_tid")),
         overhead_categories=frozenset(str(c) for c in overhead if isinstance(c, str)),
+        blocking_categories=schema.BLOCKING_CATEGORIES | frozenset(str(c) for c in blocking if isinstance(c, str)),
         lag=int(lag) if isinstance(lag, int) else 1,
         dropped=int(summary.get("dropped") or 0),
         schema_version=int_or_none(header.get(schema.H_SCHEMA)) or 0,
@@ -128,41 +134,19 @@ def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> Se
         step_count=int(summary.get("step_count") or 0),
         sync_count=int(summary.get("sync_count") or 0),
         preempt_events=int(summary.get("preempt_events") or 0),
+        records=int(summary.get("records") or 0),
     )
 
 
-def pick_detail_sessions(
-    sessions: Sequence[SessionInfo], summaries: dict[int, RankSummary], limit: int
-) -> list[int]:
-    """Every session of the lowest rank (rank 0), plus sessions of up to ``limit`` ranks: all
-    ranks when there are few, else the slowest and fastest by median step/compute time and an
-    even sample of the rest."""
-    ranks = sorted({s.rank for s in sessions})
-    if not ranks:
-        return []
-    chosen: list[int] = [ranks[0]]
-    if len(ranks) <= limit:
-        chosen = ranks
-    else:
-        by_rank: dict[int, float] = {}
-        for s in sessions:
-            summary = summaries.get(s.index)
-            value = None if summary is None else (summary.compute_median_ns or summary.step_time_median_ns)
-            if value is not None:
-                by_rank[s.rank] = max(by_rank.get(s.rank, 0.0), value)
-        ordered = sorted(by_rank, key=lambda r: by_rank[r])
-        extremes = ordered[-(limit // 4):] + ordered[: limit // 8]
-        for r in extremes:
-            if r not in chosen:
-                chosen.append(r)
-        stride = max(1, len(ranks) // max(1, limit - len(chosen)))
-        for r in ranks[::stride] + ranks:
-            if len(chosen) >= limit:
-                break
-            if r not in chosen:
-                chosen.append(r)
-    wanted = set(chosen)
-    return [s.index for s in sessions if s.rank in wanted]
+def reference_sessions(sessions: Sequence[SessionInfo], attempts: Sequence[int]) -> list[int]:
+    """The sessions read record by record: each attempt's lowest rank (rank 0 when present),
+    whose timeline stands for the job (tags, metrics and spans of the step table)."""
+    lowest: dict[int, SessionInfo] = {}
+    for s in sessions:
+        best = lowest.get(attempts[s.index])
+        if best is None or s.rank < best.rank:
+            lowest[attempts[s.index]] = s
+    return sorted(s.index for s in lowest.values())
 
 
 def warn_about_gaps(sessions: Sequence[SessionInfo], warnings: list[str]) -> None:

@@ -1,20 +1,24 @@
-"""The DuckDB side of the analytical reader: record files -> per-session aggregates in SQL.
+"""The DuckDB side of the analytical reader: record files -> per-session columns in SQL.
 
-DuckDB parses every rank's JSON-lines segments (or reads the compacted Parquet copy) straight
-into per-session aggregates (``part`` -> summaries, sync points, compute medians, clock
-offsets), so memory stays bounded for any number of ranks and steps; :func:`load_timelines`
-reads every record of the few sessions the analysis needs in full.
+DuckDB parses every rank's JSON-lines segments (a batch of whole sessions at a time,
+materialised once and queried several times) or reads the compacted Parquet copy, and keeps
+only what the run model needs of every session: a summary (last sign of life, finish, counts),
+step and sync records, main-thread overhead spans, the outermost compute time of each
+execution, device metrics, clock samples, a sample of span starts and events. Memory stays
+bounded for any number of ranks and steps; :func:`load_timelines` reads every record of the
+few sessions the analysis needs in full.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.read.loaded import Progress, RankSummary, SessionInfo, SessionTimeline
+from goodtrace.read.loaded import NO_TIME, Progress, SessionRecords, SessionTimeline
 
 # Columns read from every record line. Fields a record kind does not have are NULL.
 _COLUMNS: dict[str, str] = {
@@ -35,8 +39,15 @@ _COLUMNS: dict[str, str] = {
     schema.F_COMPLETED: "BOOLEAN",
     schema.F_REASON: "VARCHAR",
     schema.F_OFFSET: "BIGINT",
+    schema.F_RTT: "BIGINT",
+    schema.F_SEQ: "BIGINT",
+    schema.F_READY_AFTER: "BIGINT",
+    schema.F_EXCEPTION: "VARCHAR",
 }
-_RECORD_COLUMNS = ("sid", *_COLUMNS)  # sid: index of the session in LoadedRun.sessions
+_MAX_EVENT_ATTRS = 4096  # event attributes longer than this (as JSON text) are not kept
+# Span starts sampled for arrival lateness: every step of short runs, every 16th of long ones.
+_START_SAMPLE = f"({schema.F_STEP} < 64 OR {schema.F_STEP} % 16 = 0)"
+_DEVICE_METRICS = ", ".join(f"'{m}'" for m in schema.DEVICE_METRICS)
 
 
 def insert_rows(con: Any, table: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -80,6 +91,7 @@ def insert_json(
     con: Any, paths: Sequence[str], sid_of_file: dict[str, int], progress: Progress | None, done: int,
     total: int, table: str = "records",
 ) -> int:
+    """Every record of ``paths`` into ``table`` (``goodtrace compact``)."""
     batch = 32
     names = ", ".join(f"r.{name}" for name in _COLUMNS)
     for start in range(0, len(paths), batch):
@@ -100,90 +112,127 @@ def insert_json(
     return done
 
 
-_PART_TABLE = (
-    "CREATE OR REPLACE TEMP TABLE part (key VARCHAR, sync_step BIGINT, compute_tid UBIGINT, "
-    "sync_t BIGINT, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, step_count BIGINT, "
-    "sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, finish_t BIGINT, finish_reason VARCHAR, "
-    "preempt_events BIGINT, records BIGINT, compute_median DOUBLE, compute_n BIGINT, clock_offset BIGINT, "
-    "clock_t BIGINT)"
-)
-AGGREGATE_TABLES = (
-    _PART_TABLE,
-    "CREATE OR REPLACE TEMP TABLE keymap (key VARCHAR, sid INTEGER)",
-    "CREATE TABLE summ_part (sid INTEGER, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, "
+# ---------------------------------------------------------------------------------- the fold
+MODEL_TABLES = (
+    "CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)",
+    "CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)",
+    "CREATE TEMP TABLE sessmain (sid INTEGER, main_tid UBIGINT)",
+    "CREATE TABLE summ (sid INTEGER, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, "
     "step_count BIGINT, sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, finish_t BIGINT, "
-    "finish_reason VARCHAR, preempt_events BIGINT, records BIGINT)",
-    "CREATE TABLE syncs (sid INTEGER, step BIGINT, t BIGINT)",
-    "CREATE TABLE compute_part (sid INTEGER, median DOUBLE, n BIGINT)",
-    "CREATE TABLE clock_part (sid INTEGER, offset_ns BIGINT, t BIGINT)",
+    "finish_reason VARCHAR, finish_exception VARCHAR, preempt_events BIGINT, records BIGINT, heartbeat BIGINT)",
+    "CREATE TABLE m_steps (sid INTEGER, seq BIGINT, step BIGINT, t0 BIGINT, t1 BIGINT)",
+    "CREATE TABLE m_syncs (sid INTEGER, seq BIGINT, step BIGINT, t BIGINT, how VARCHAR, after BIGINT)",
+    "CREATE TABLE m_spans (sid INTEGER, cat VARCHAR, t0 BIGINT, t1 BIGINT, step BIGINT)",
+    "CREATE TABLE m_compute (sid INTEGER, seq BIGINT, ns BIGINT)",
+    "CREATE TABLE m_device (sid INTEGER, name VARCHAR, step BIGINT, value DOUBLE)",
+    "CREATE TABLE m_clock (sid INTEGER, t BIGINT, offset_ns BIGINT, rtt_ns BIGINT)",
+    "CREATE TABLE m_starts (sid INTEGER, step BIGINT, name VARCHAR, t0 BIGINT)",
+    "CREATE TABLE m_events (sid INTEGER, name VARCHAR, t BIGINT, step BIGINT)",
+    "CREATE TABLE m_model (sid INTEGER, name VARCHAR, value DOUBLE, attrs VARCHAR, t BIGINT)",
 )
 
-
-# The per-file aggregates that both the JSON-lines and the Parquet folds compute (columns of
-# ``part`` after the key, sync step, compute thread and last sync point).
-_SESSION_COLUMNS = f"""max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
-               max(dropped),
-               min(step) FILTER (WHERE kind = '{schema.STEP}'),
-               max(step) FILTER (WHERE kind = '{schema.STEP}'),
-               count(*) FILTER (WHERE kind = '{schema.STEP}'),
-               count(*) FILTER (WHERE kind = '{schema.SYNC}'),
-               count(*) FILTER (WHERE kind = '{schema.FINISH}'),
-               arg_max(completed, t) FILTER (WHERE kind = '{schema.FINISH}'),
-               max(t) FILTER (WHERE kind = '{schema.FINISH}'),
-               arg_max(reason, t) FILTER (WHERE kind = '{schema.FINISH}'),
-               count(*) FILTER (WHERE kind = '{schema.EVENT}' AND lower(name) LIKE '%preempt%'),
-               count(*)"""
-# The latest measured clock offset of the file and when it was taken.
-_CLOCK_COLUMNS = f"""arg_max(offset_ns, t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL),
-               max(t) FILTER (WHERE kind = '{schema.CLOCK}' AND offset_ns IS NOT NULL)"""
+_MAIN = "(m.main_tid IS NULL OR b.tid IS NULL OR b.tid = m.main_tid)"
 
 
-def _fold(con: Any, key: str, source: str) -> None:
-    """One pass over ``source`` (records of one or more files; ``key`` names the file) into
-    the ``part`` table. Grouping by the file, the step of a sync record and the thread of a
-    compute span keeps every sync point as its own row and the main thread's compute median
-    separable, so the records themselves are never stored."""
+def _extract(con: Any, source: str) -> None:
+    """What the run model needs of the records in ``source`` (a relation with a ``sid`` column
+    holding whole sessions), into the ``summ`` and ``m_*`` tables."""
+    k = schema
     con.execute(
         f"""
-        INSERT INTO part SELECT {key} AS key,
-               CASE WHEN kind = '{schema.SYNC}' THEN step END AS sync_step,
-               CASE WHEN kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}' THEN tid END AS compute_tid,
-               max(t) FILTER (WHERE kind = '{schema.SYNC}'),
-               {_SESSION_COLUMNS},
-               median(t1 - t0) FILTER (WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}'),
-               count(*) FILTER (WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}'),
-               {_CLOCK_COLUMNS}
-        FROM {source}
-        WHERE kind IS NOT NULL AND kind <> '{schema.HEADER}'
+        INSERT INTO summ SELECT sid,
+               max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
+               max(dropped),
+               min(step) FILTER (WHERE kind = '{k.STEP}'),
+               max(step) FILTER (WHERE kind = '{k.STEP}'),
+               count(*) FILTER (WHERE kind = '{k.STEP}'),
+               count(*) FILTER (WHERE kind = '{k.SYNC}'),
+               count(*) FILTER (WHERE kind = '{k.FINISH}'),
+               arg_max(completed, t) FILTER (WHERE kind = '{k.FINISH}'),
+               max(t) FILTER (WHERE kind = '{k.FINISH}'),
+               arg_max(reason, t) FILTER (WHERE kind = '{k.FINISH}'),
+               arg_max(exception, t) FILTER (WHERE kind = '{k.FINISH}'),
+               count(*) FILTER (WHERE kind = '{k.EVENT}' AND lower(name) LIKE '%preempt%'),
+               count(*),
+               max(mono) FILTER (WHERE kind = '{k.HEARTBEAT}')
+        FROM {source} WHERE kind IS NOT NULL GROUP BY sid
+        """
+    )
+    # Executions: the recorder numbers them (seq); older files are numbered by entry order.
+    con.execute(
+        f"""
+        INSERT INTO m_steps SELECT sid, coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0) - 1),
+               step, t0, greatest(t0, t1)
+        FROM {source} WHERE kind = '{k.STEP}' AND step IS NOT NULL AND t0 IS NOT NULL AND t1 IS NOT NULL
+        """
+    )
+    con.execute(
+        f"""
+        INSERT INTO m_syncs SELECT sid, coalesce(seq, -1), step, t, coalesce(how, ''), after
+        FROM {source} WHERE kind = '{k.SYNC}' AND step IS NOT NULL AND t IS NOT NULL
+        """
+    )
+    con.execute(
+        f"""
+        INSERT INTO m_spans SELECT b.sid, b.cat, b.t0, b.t1, b.step
+        FROM {source} b JOIN sessmain m USING (sid)
+        WHERE b.kind = '{k.SPAN}' AND b.cat IS NOT NULL AND b.cat <> '{k.COMPUTE}' AND b.t0 IS NOT NULL
+          AND b.t1 > b.t0 AND {_MAIN}
+        """
+    )
+    # Outermost main-thread compute time per execution: a span nested in an earlier one adds
+    # nothing, a partial overlap adds its uncovered tail; each part belongs to the execution
+    # entered last before it began.
+    con.execute(
+        f"""
+        INSERT INTO m_compute
+        WITH c AS (
+            SELECT b.sid, b.t0, b.t1,
+                   max(b.t1) OVER (PARTITION BY b.sid ORDER BY b.t0, b.t1 DESC
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+            FROM {source} b JOIN sessmain m USING (sid)
+            WHERE b.kind = '{k.SPAN}' AND b.cat = '{k.COMPUTE}' AND b.t0 IS NOT NULL AND b.t1 > b.t0 AND {_MAIN}),
+        o AS (SELECT sid, greatest(t0, coalesce(reach, t0)) AS a, t1 AS z FROM c WHERE reach IS NULL OR t1 > reach),
+        e AS (SELECT sid, coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0) - 1) AS seq, t0
+              FROM {source} WHERE kind = '{k.STEP}' AND step IS NOT NULL AND t0 IS NOT NULL AND t1 IS NOT NULL)
+        SELECT o.sid, e.seq, sum(o.z - o.a) FROM o ASOF JOIN e ON o.sid = e.sid AND o.a >= e.t0 GROUP BY ALL
+        """
+    )
+    con.execute(
+        f"""
+        INSERT INTO m_device SELECT sid, name, step, value FROM {source}
+        WHERE kind = '{k.METRIC}' AND name IN ({_DEVICE_METRICS}) AND step IS NOT NULL AND value IS NOT NULL
+        """
+    )
+    con.execute(
+        f"""
+        INSERT INTO m_clock SELECT sid, t, offset_ns, coalesce(rtt_ns, 0) FROM {source}
+        WHERE kind = '{k.CLOCK}' AND t IS NOT NULL AND offset_ns IS NOT NULL
+        """
+    )
+    con.execute(
+        f"""
+        INSERT INTO m_starts SELECT b.sid, b.step, b.name, min(b.t0)
+        FROM {source} b JOIN sessmain m USING (sid)
+        WHERE b.kind = '{k.SPAN}' AND b.step IS NOT NULL AND b.name IS NOT NULL AND b.t0 IS NOT NULL
+          AND {_START_SAMPLE} AND {_MAIN}
         GROUP BY ALL
         """
     )
-
-
-def fold_parquet(con: Any) -> None:
-    """The compacted copy into ``part`` in three targeted queries: the Parquet file is sorted by
-    record kind, so the sync-point and compute-span queries read only those row groups."""
-    key = "'fid:' || fid"
     con.execute(
         f"""
-        INSERT INTO part SELECT {key}, NULL, NULL, NULL,
-               {_SESSION_COLUMNS}, NULL, 0,
-               {_CLOCK_COLUMNS}
-        FROM parquet_records WHERE kind IS NOT NULL GROUP BY fid
+        INSERT INTO m_events SELECT sid, coalesce(name, '?'), t, step FROM {source}
+        WHERE kind = '{k.EVENT}' AND t IS NOT NULL
         """
     )
     con.execute(
         f"""
-        INSERT INTO part (key, sync_step, sync_t, records)
-        SELECT {key}, step, max(t), 0 FROM parquet_records
-        WHERE kind = '{schema.SYNC}' AND step IS NOT NULL GROUP BY fid, step
-        """
-    )
-    con.execute(
-        f"""
-        INSERT INTO part (key, compute_tid, compute_median, compute_n, records)
-        SELECT {key}, tid, median(t1 - t0), count(*), 0 FROM parquet_records
-        WHERE kind = '{schema.SPAN}' AND cat = '{schema.COMPUTE}' AND tid IS NOT NULL GROUP BY fid, tid
+        INSERT INTO m_model SELECT sid, name, value,
+               CASE WHEN kind = '{k.EVENT}' AND length(CAST(attrs AS VARCHAR)) <= {_MAX_EVENT_ATTRS}
+                    THEN CAST(attrs AS VARCHAR) END, t
+        FROM {source}
+        WHERE (kind = '{k.METRIC}' AND name IN ('flops_per_step', 'model_flops_per_step', 'tokens_per_step'))
+           OR (kind = '{k.EVENT}' AND name = 'model')
         """
     )
 
@@ -191,124 +240,117 @@ def fold_parquet(con: Any) -> None:
 def fold_json(
     con: Any, files_by_sid: dict[int, list[str]], progress: Progress | None, done: int, total: int
 ) -> int:
-    """Parse the JSON files, about 32 at a time, straight into ``part``."""
-    paths = [p for sid in sorted(files_by_sid) for p in files_by_sid[sid]]
-    if paths:
-        insert_rows(con, "keymap", [(p, sid) for sid in files_by_sid for p in files_by_sid[sid]])
-    for start in range(0, len(paths), 32):
-        chunk = paths[start:start + 32]
-        _fold(con, "filename", read_json_sql(chunk))
-        done += len(chunk)
+    """Parse the JSON files, whole sessions of about 32 files at a time: each batch is parsed
+    once into a table that the extraction queries then read."""
+    batches: list[list[tuple[str, int]]] = [[]]
+    for sid in sorted(files_by_sid):
+        if batches[-1] and len(batches[-1]) + len(files_by_sid[sid]) > 32:
+            batches.append([])
+        batches[-1].extend((p, sid) for p in files_by_sid[sid])
+    names = ", ".join(f"r.{name}" for name in _COLUMNS)
+    for batch in batches:
+        if not batch:
+            continue
+        con.execute("DELETE FROM files_batch")
+        insert_rows(con, "files_batch", batch)
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE batch AS SELECT f.sid, {names}, "
+            f"CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END AS attrs "
+            f"FROM {read_json_sql([p for p, _ in batch])} r JOIN files_batch f ON r.filename = f.path "
+            f"WHERE r.kind IS NOT NULL AND r.kind <> '{schema.HEADER}'"
+        )
+        _extract(con, "batch")
+        con.execute("DROP TABLE batch")
+        done += len(batch)
         if progress is not None:
             progress("reading rank files", done, total)
     return done
 
 
-def distribute(con: Any) -> None:
-    """``part`` rows -> per-session summaries, sync points, compute medians, clock offsets."""
-    con.execute("CREATE OR REPLACE TEMP VIEW part_rows AS SELECT k.sid, p.* FROM part p JOIN keymap k USING (key)")
+def fold_parquet(con: Any) -> None:
+    """The compacted copy (``parquet_records``, sessions mapped through ``fidmap``)."""
     con.execute(
-        """
-        INSERT INTO summ_part SELECT sid, max(last_seen), max(dropped), min(first_step), max(last_step),
-               sum(step_count), sum(sync_count), sum(has_finish), arg_max(finish_completed, finish_t),
-               max(finish_t), arg_max(finish_reason, finish_t), sum(preempt_events), sum(records)
-        FROM part_rows GROUP BY sid
-        """
+        "CREATE OR REPLACE TEMP VIEW parquet_sid AS SELECT m.sid, p.* EXCLUDE (fid) "
+        "FROM parquet_records p JOIN fidmap m USING (fid)"
     )
-    con.execute(
-        "INSERT INTO syncs SELECT sid, sync_step, max(sync_t) FROM part_rows WHERE sync_step IS NOT NULL "
-        "GROUP BY sid, sync_step"
-    )
-    con.execute(
-        """
-        INSERT INTO compute_part SELECT r.sid, r.compute_median, r.compute_n FROM part_rows r
-        JOIN sessmain m ON r.sid = m.sid
-        WHERE r.compute_tid IS NOT NULL AND r.compute_n > 0 AND (m.main_tid IS NULL OR r.compute_tid = m.main_tid)
-        """
-    )
-    con.execute("INSERT INTO clock_part SELECT sid, clock_offset, clock_t FROM part_rows WHERE clock_offset IS NOT NULL")
+    _extract(con, "parquet_sid")
 
 
 def session_summaries(con: Any) -> dict[int, dict[str, Any]]:
+    """Per session, its figures over all its files (a session read in parts is combined)."""
     rows = con.execute(
         """
         SELECT sid, max(last_seen), max(dropped), min(first_step), max(last_step), sum(step_count),
                sum(sync_count), sum(has_finish), arg_max(finish_completed, finish_t), max(finish_t),
-               arg_max(finish_reason, finish_t), sum(preempt_events), sum(records)
-        FROM summ_part GROUP BY sid
+               arg_max(finish_reason, finish_t), arg_max(finish_exception, finish_t), sum(preempt_events),
+               sum(records), max(heartbeat)
+        FROM summ GROUP BY sid
         """
     ).fetchall()
     keys = ("last_seen", "dropped", "first_step", "last_step", "step_count", "sync_count", "has_finish",
-            "finish_completed", "finish_t", "finish_reason", "preempt_events", "records")
+            "finish_completed", "finish_t", "finish_reason", "finish_exception", "preempt_events", "records",
+            "heartbeat")
     return {int(row[0]): dict(zip(keys, row[1:], strict=True)) for row in rows}
 
 
-def rank_summaries(
-    con: Any, sessions: Sequence[SessionInfo], attempts: Sequence[int], counts: dict[int, int]
-) -> dict[int, RankSummary]:
-    # Sync points go onto one clock per attempt: measured offsets to the reference rank
-    # (reference = local + offset_ns, see goodtrace.record.clocksync) where recorded, else anchors.
-    offsets = dict(con.execute("SELECT sid, arg_max(offset_ns, t) FROM clock_part GROUP BY sid").fetchall())
-    reference: dict[int, SessionInfo] = {}
-    for s in sorted(sessions, key=lambda s: s.rank):
-        reference.setdefault(attempts[s.index], s)
-    rows = []
-    for s in sessions:
-        ref = reference[attempts[s.index]]
-        offset = offsets.get(s.index)
-        delta = (
-            int(offset) + ref.wall_anchor - ref.mono_anchor
-            if offset is not None and ref is not s else s.wall_anchor - s.mono_anchor
-        )
-        rows.append((s.index, attempts[s.index], delta, s.main_tid))
-    con.execute("CREATE OR REPLACE TEMP TABLE sess (sid INTEGER, attempt INTEGER, delta BIGINT, main_tid UBIGINT)")
-    insert_rows(con, "sess", rows)
-    step_times = con.execute(
-        """
-        WITH s AS (SELECT sid, t - lag(t) OVER (PARTITION BY sid ORDER BY t) AS dt FROM syncs)
-        SELECT sid, median(dt), quantile_cont(dt, 0.9) FROM s WHERE dt IS NOT NULL GROUP BY sid
-        """
-    ).fetchall()
-    # a session read in several parts (rare: part compacted, part grown since) gets the
-    # count-weighted mean of its parts' medians
-    compute = con.execute("SELECT sid, sum(median * n) / sum(n) FROM compute_part GROUP BY sid").fetchall()
-    lateness = con.execute(
-        """
-        WITH a AS (
-            SELECT r.sid, sess.attempt, r.step, max(r.t + sess.delta) AS w
-            FROM syncs r JOIN sess USING (sid)
-            GROUP BY r.sid, sess.attempt, r.step),
-        b AS (
-            SELECT sid, w - min(w) OVER (PARTITION BY attempt, step) AS late,
-                   w = max(w) OVER (PARTITION BY attempt, step) AS last,
-                   count(*) OVER (PARTITION BY attempt, step) AS n
-            FROM a)
-        SELECT sid, median(late), avg(CASE WHEN last AND n > 1 THEN 1.0 ELSE 0.0 END) FROM b GROUP BY sid
-        """
-    ).fetchall()
-    st = {int(r[0]): (r[1], r[2]) for r in step_times}
-    cm = {int(r[0]): r[1] for r in compute}
-    lt = {int(r[0]): (r[1], r[2]) for r in lateness}
-    out: dict[int, RankSummary] = {}
-    for s in sessions:
-        a, b = st.get(s.index, (None, None))
-        c, d = lt.get(s.index, (None, None))
-        out[s.index] = RankSummary(
-            index=s.index,
-            step_time_median_ns=_float(a),
-            step_time_p90_ns=_float(b),
-            compute_median_ns=_float(cm.get(s.index)),
-            lateness_median_ns=_float(c),
-            late_fraction=_float(d),
-            records=int(counts.get(s.index, 0)),
-        )
+def _ints(values: Iterable[int | None]) -> array[int]:
+    return array("q", (NO_TIME if v is None else v for v in values))
+
+
+def session_records(con: Any, sids: Iterable[int]) -> dict[int, SessionRecords]:
+    """Every session's :class:`SessionRecords`, built from per-session lists (one row each)."""
+    out = {sid: SessionRecords() for sid in sids}
+    for sid, seq, step, t0, t1 in con.execute(
+        "SELECT sid, list(seq ORDER BY seq, t0), list(step ORDER BY seq, t0), list(t0 ORDER BY seq, t0), "
+        "list(t1 ORDER BY seq, t0) FROM m_steps GROUP BY sid"
+    ).fetchall():
+        r = out[sid]
+        r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(seq), _ints(step), _ints(t0), _ints(t1)
+    for sid, seq, step, t, after, how in con.execute(
+        "SELECT sid, list(seq ORDER BY t, seq), list(step ORDER BY t, seq), list(t ORDER BY t, seq), "
+        "list(after ORDER BY t, seq), list(how ORDER BY t, seq) FROM m_syncs GROUP BY sid"
+    ).fetchall():
+        r = out[sid]
+        r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(seq), _ints(step), _ints(t), _ints(after)
+        r.sync_how = [str(h) for h in how]
+    for sid, cat, t0, t1, step in con.execute(
+        "SELECT sid, list(cat ORDER BY t0, t1 DESC), list(t0 ORDER BY t0, t1 DESC), "
+        "list(t1 ORDER BY t0, t1 DESC), list(step ORDER BY t0, t1 DESC) FROM m_spans GROUP BY sid"
+    ).fetchall():
+        r = out[sid]
+        r.span_category = [str(c) for c in cat]
+        r.span_t0, r.span_t1, r.span_step = _ints(t0), _ints(t1), _ints(step)
+    for sid, seq, ns in con.execute("SELECT sid, seq, sum(ns) FROM m_compute GROUP BY ALL").fetchall():
+        out[sid].compute_ns[int(seq)] = int(ns)
+    for sid, name, step, value in con.execute("SELECT sid, name, step, last(value) FROM m_device GROUP BY ALL").fetchall():
+        out[sid].device.setdefault(str(name), {})[int(step)] = float(value)
+    for sid, t, offset, rtt in con.execute("SELECT sid, t, offset_ns, rtt_ns FROM m_clock ORDER BY sid, t").fetchall():
+        out[sid].clock.append((int(t), int(offset), int(rtt)))
+    for sid, step, name, t0 in con.execute(
+        "SELECT sid, step, name, min(t0) FROM m_starts GROUP BY ALL ORDER BY sid, step, name"
+    ).fetchall():
+        out[sid].starts.append((int(step), str(name), int(t0)))
+    for sid, name, t, step in con.execute("SELECT sid, name, t, step FROM m_events ORDER BY sid, t").fetchall():
+        out[sid].events.append((str(name), int(t), None if step is None else int(step)))
     return out
 
 
-def _float(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None
+def model_figures(con: Any) -> dict[int, dict[str, Any]]:
+    """Per session, what the framework integration recorded about the model: its latest
+    ``flops_per_step``/``tokens_per_step`` metrics and ``model`` event attributes."""
+    out: dict[int, dict[str, Any]] = {}
+    for sid, name, value, attrs in con.execute(
+        "SELECT sid, name, arg_max(value, t), arg_max(attrs, t) FROM m_model GROUP BY sid, name"
+    ).fetchall():
+        entry = out.setdefault(int(sid), {})
+        if name == "model":
+            entry["model"] = _json_object(attrs)
+        elif value is not None:
+            entry[str(name)] = float(value)
+    return out
 
 
+# ---------------------------------------------------------------------------------- full timelines
 def load_timelines(
     con: Any, sids: Iterable[int], parquet_fids: dict[int, list[int]], json_files: dict[int, list[str]]
 ) -> dict[int, SessionTimeline]:
@@ -319,9 +361,10 @@ def load_timelines(
     timelines = {sid: SessionTimeline() for sid in wanted}
     if not wanted:
         return timelines
-    columns = "kind, name, cat, t0, t1, t, step, tid, err, how, value, reduce, offset_ns, attrs"
+    columns = "kind, name, cat, t0, t1, t, step, tid, err, how, value, reduce, attrs"
+    create_records_table(con, "records_none")
+    parts = [f"SELECT sid, {columns} FROM records_none WHERE false"]
     paths = [f for s in wanted for f in json_files.get(s, [])]
-    parts = [f"SELECT sid, {columns} FROM records_json WHERE false"]
     if paths:
         con.execute("DELETE FROM files_batch")
         insert_rows(con, "files_batch", [(p, s) for s in wanted for p in json_files.get(s, [])])
@@ -362,35 +405,24 @@ def load_timelines(
         "ORDER BY sid, t"
     )
     events = grouped(
-        f"SELECT sid, coalesce(name, '?'), t, step FROM detail WHERE kind = '{schema.EVENT}' AND t IS NOT NULL "
-        "ORDER BY sid, t"
+        f"SELECT sid, coalesce(name, '?'), t, step, CASE WHEN length(CAST(attrs AS VARCHAR)) <= {_MAX_EVENT_ATTRS} "
+        f"THEN CAST(attrs AS VARCHAR) END FROM detail WHERE kind = '{schema.EVENT}' AND t IS NOT NULL ORDER BY sid, t"
     )
     metrics = grouped(
         f"SELECT sid, coalesce(name, '?'), step, value, coalesce(reduce, 'mean') FROM detail "
         f"WHERE kind = '{schema.METRIC}' ORDER BY sid, t"
     )
-    offsets = dict(
-        con.execute(
-            f"SELECT sid, arg_max(offset_ns, t) FROM detail WHERE kind = '{schema.CLOCK}' "
-            "AND offset_ns IS NOT NULL GROUP BY sid"
-        ).fetchall()
-    )
-    models = dict(
-        con.execute(
-            f"SELECT sid, arg_max(attrs, t) FROM detail WHERE kind = '{schema.EVENT}' AND name = 'model' "
-            "AND attrs IS NOT NULL GROUP BY sid"
-        ).fetchall()
-    )
     for sid, tl in timelines.items():
-        tl.model = _json_object(models.get(sid))
         tl.spans = spans.get(sid, [])
         tl.steps = steps.get(sid, [])
         tl.syncs = syncs.get(sid, [])
         tl.tags = tags.get(sid, [])
-        tl.events = events.get(sid, [])
+        tl.events = [(n, t, s, _json_object(a) or None) for n, t, s, a in events.get(sid, [])]
         tl.metrics = metrics.get(sid, [])
-        tl.clock_offset = int(offsets.get(sid) or 0)
+        models = [attrs for name, _, _, attrs in tl.events if name == "model" and attrs]
+        tl.model = models[-1] if models else {}
     con.execute("DROP TABLE detail")
+    con.execute("DROP TABLE records_none")
     return timelines
 
 

@@ -1,9 +1,10 @@
 """The analytical reader: a run directory -> a ``LoadedRun`` (plain dataclasses), via DuckDB.
 
 DuckDB parses every rank's JSON-lines segments (or reads the Parquet copy that
-``compact_run`` writes) straight into per-session aggregates, so memory stays bounded for any
-number of ranks and steps; full per-record timelines are loaded only for the ranks the
-analysis needs (rank 0, or the lowest rank present, plus a sample for the per-rank spread).
+``compact_run`` writes) into what the run model needs of every session (summaries and compact
+columns: executions, sync points, overhead spans, compute per execution, clock samples), so
+memory stays bounded for any number of ranks and steps; full per-record timelines are loaded
+only for each attempt's reference session (rank 0, or the lowest rank present).
 Torn lines, missing ranks, missing finish records and older schema versions are tolerated and
 reported in ``LoadedRun.warnings``; a path that holds no records raises ``NotARunError``.
 ``duckdb`` is imported only when a run is loaded.
@@ -22,12 +23,19 @@ from goodtrace.read.discovery import (
     collect_sessions,
     ends_torn,
     int_or_none,
-    pick_detail_sessions,
     read_header,
+    reference_sessions,
     session_info,
     warn_about_gaps,
 )
-from goodtrace.read.loaded import LoadedRun, LoadError, Progress, RankSummary, SessionInfo, SessionTimeline
+from goodtrace.read.loaded import (
+    LoadedRun,
+    LoadError,
+    Progress,
+    SessionInfo,
+    SessionRecords,
+    SessionTimeline,
+)
 from goodtrace.read.mirror import mirror_run
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.sessions import number_attempts
@@ -38,16 +46,13 @@ __all__ = [
     "LoadError",
     "LoadedRun",
     "NotARunError",
-    "RankSummary",
     "SessionInfo",
+    "SessionRecords",
     "SessionTimeline",
     "compact_run",
     "load_run",
     "mirror_run",
 ]
-
-DEFAULT_DETAIL_RANKS = 16  # ranks loaded record by record for the per-rank spread
-
 
 def _segment_paths(root: str) -> list[str]:
     return [path for _, path in list_segments(root)]
@@ -56,7 +61,6 @@ def _segment_paths(root: str) -> list[str]:
 def load_run(
     run_dir: str | os.PathLike[str],
     *,
-    detail_ranks: int = DEFAULT_DETAIL_RANKS,
     progress: Progress | None = None,
     use_compact: bool = True,
 ) -> LoadedRun:
@@ -68,13 +72,13 @@ def load_run(
     import duckdb
 
     try:
-        return _load_run(run_dir, detail_ranks=detail_ranks, progress=progress, use_compact=use_compact)
+        return _load_run(run_dir, progress=progress, use_compact=use_compact)
     except duckdb.Error as exc:
         if not use_compact:
             raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
         first = str(exc).splitlines()[0]
     try:
-        loaded = _load_run(run_dir, detail_ranks=detail_ranks, progress=progress, use_compact=False)
+        loaded = _load_run(run_dir, progress=progress, use_compact=False)
     except duckdb.Error as exc:
         raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
     loaded.warnings.insert(0, f"the compacted copy could not be read ({first}); read the JSON lines instead")
@@ -84,7 +88,6 @@ def load_run(
 def _load_run(
     run_dir: str | os.PathLike[str],
     *,
-    detail_ranks: int,
     progress: Progress | None,
     use_compact: bool,
 ) -> LoadedRun:
@@ -137,24 +140,21 @@ def _load_run(
         for f in draft.files:
             sid_of_file[f] = index
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-load-")
+    parquet_fids: dict[int, list[int]] = {}
+    json_by_sid: dict[int, list[str]] = {}
+    for p in json_paths:
+        if p in sid_of_file:
+            json_by_sid.setdefault(sid_of_file[p], []).append(p)
+    parquet = os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)
     try:
         con = duckdb_sql.connect(tmpdir)
         try:
-            duckdb_sql.create_records_table(con, "records_json")  # empty: the column layout of a record
-            con.execute("CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)")
-            con.execute("CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)")
-            con.execute("CREATE TEMP TABLE sessmain (sid INTEGER, main_tid UBIGINT)")
+            for statement in duckdb_sql.MODEL_TABLES:
+                con.execute(statement)
             duckdb_sql.insert_rows(
                 con, "sessmain", [(i, int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())]
             )
-            for statement in duckdb_sql.AGGREGATE_TABLES:
-                con.execute(statement)
-            json_by_sid: dict[int, list[str]] = {}
-            for p in json_paths:
-                if p in sid_of_file:
-                    json_by_sid.setdefault(sid_of_file[p], []).append(p)
             total = len(json_paths) + (1 if parquet_ok else 0)
-            parquet_fids: dict[int, list[int]] = {}
             done = 0
             if parquet_ok:
                 fid_to_sid = {
@@ -163,16 +163,13 @@ def _load_run(
                 for fid, sid in fid_to_sid.items():
                     parquet_fids.setdefault(sid, []).append(fid)
                 duckdb_sql.insert_rows(con, "fidmap", list(fid_to_sid.items()))
-                parquet = os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)
                 # A view, not a copy: each query reads only the Parquet columns it needs.
                 con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(parquet)})")
-                duckdb_sql.insert_rows(con, "keymap", [(f"fid:{f}", sid) for f, sid in fid_to_sid.items()])
                 duckdb_sql.fold_parquet(con)
                 done += 1
                 if progress is not None:
                     progress("reading compacted records", done, total)
             done = duckdb_sql.fold_json(con, json_by_sid, progress, done, total)
-            duckdb_sql.distribute(con)
             if progress is not None:
                 progress("summarising", total, total)
             summaries = duckdb_sql.session_summaries(con)
@@ -180,11 +177,13 @@ def _load_run(
                 session_info(i, draft, summaries.get(i, {})) for i, draft in enumerate(drafts.values())
             ]
             record_count = sum(int(s.get("records") or 0) for s in summaries.values())
+            records = duckdb_sql.session_records(con, range(len(sessions)))
+            models = duckdb_sql.model_figures(con)
             attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
-            counts = {sid: int(v.get("records") or 0) for sid, v in summaries.items()}
-            rank_summaries = duckdb_sql.rank_summaries(con, sessions, attempts, counts)
-            detail = pick_detail_sessions(sessions, rank_summaries, detail_ranks)
-            timelines = duckdb_sql.load_timelines(con, detail, parquet_fids, json_by_sid)
+            timelines = duckdb_sql.load_timelines(con, reference_sessions(sessions, attempts), parquet_fids, json_by_sid)
+            for sid, timeline in timelines.items():
+                if not timeline.model and "model" in models.get(sid, {}):
+                    timeline.model = models[sid]["model"]
         finally:
             con.close()
     finally:
@@ -192,6 +191,7 @@ def _load_run(
     form = "jsonl" if not parquet_ok else ("parquet" if not json_paths else "parquet+jsonl")
     warn_about_gaps(sessions, warnings)
     return LoadedRun(
-        path=path, sessions=sessions, timelines=timelines, rank_summaries=rank_summaries,
-        warnings=warnings, form=form, records=record_count,
+        path=path, sessions=sessions, timelines=timelines, session_records=records, warnings=warnings,
+        form=form, records=record_count, files=json_by_sid, parquet_fids=parquet_fids,
+        parquet_path=parquet if parquet_ok else None, models=models,
     )

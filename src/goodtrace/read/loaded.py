@@ -1,21 +1,35 @@
 """What the analytical reader returns: plain dataclasses, no I/O.
 
-A :class:`LoadedRun` holds one :class:`SessionInfo` per session (one process of one rank),
-per-session figures computed in SQL for every rank (:class:`RankSummary`), and the full
-:class:`SessionTimeline` of the sessions the analysis needs record by record.
+A :class:`LoadedRun` holds one :class:`SessionInfo` per session (one process of one rank), the
+:class:`SessionRecords` every session contributes to the run model (its step executions, sync
+points, main-thread overhead spans, per-execution compute time, clock samples, events: compact
+columns, so that 10,000 ranks of a long run fit in memory), and the full
+:class:`SessionTimeline` of the few sessions the analysis reads record by record (the reference
+rank: tags, metrics and every span of its step table).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from collections.abc import Callable
 from typing import Any
 
 from goodtrace import schema
 
-__all__ = ["LoadError", "LoadedRun", "Progress", "RankSummary", "SessionInfo", "SessionTimeline"]
+__all__ = [
+    "NO_TIME",
+    "LoadError",
+    "LoadedRun",
+    "Progress",
+    "SessionInfo",
+    "SessionRecords",
+    "SessionTimeline",
+]
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+NO_TIME = -(2**63)  # a missing time or number in the integer columns below
 
 
 class LoadError(RuntimeError):
@@ -43,9 +57,13 @@ class SessionInfo:
     finish_completed: bool | None = None
     finish_t: int | None = None
     finish_reason: str | None = None
+    finish_exception: str | None = None  # the uncaught exception that ended the process
     has_finish: bool = False
+    last_heartbeat: int | None = None
+    flush_interval_s: float = 1.0
     main_tid: int | None = None
     overhead_categories: frozenset[str] = frozenset()
+    blocking_categories: frozenset[str] = frozenset()
     lag: int = 1
     dropped: int = 0
     schema_version: int = schema.SCHEMA_VERSION
@@ -54,6 +72,7 @@ class SessionInfo:
     step_count: int = 0
     sync_count: int = 0
     preempt_events: int = 0
+    records: int = 0
 
     def wall(self, mono: int) -> int:
         """This session's monotonic ns -> wall-clock ns (the header anchor)."""
@@ -68,9 +87,46 @@ class SessionInfo:
         return self.wall(self.last_seen)
 
 
+def _ints() -> array[int]:
+    return array("q")
+
+
+@dataclasses.dataclass
+class SessionRecords:
+    """The records of one session that the run model is built from, as columns.
+
+    Step executions in entry order (``seq`` 0, 1, ... numbers them: the recorder writes it, for
+    older files it is the entry order); sync points (``sync_seq`` is -1 where the record names
+    no execution; ``sync_after`` is :data:`NO_TIME` where it was not polled); main-thread spans
+    of every category but ``compute`` (overhead and data), sorted by start; the outermost
+    main-thread compute time of each execution (compute spans belong to the execution entered
+    last before they started); device metrics by step; clock samples; a sample of span start
+    times (for arrival lateness); events.
+    """
+
+    step_seq: array[int] = dataclasses.field(default_factory=_ints)
+    step_number: array[int] = dataclasses.field(default_factory=_ints)
+    step_t0: array[int] = dataclasses.field(default_factory=_ints)
+    step_t1: array[int] = dataclasses.field(default_factory=_ints)
+    sync_seq: array[int] = dataclasses.field(default_factory=_ints)
+    sync_step: array[int] = dataclasses.field(default_factory=_ints)
+    sync_t: array[int] = dataclasses.field(default_factory=_ints)
+    sync_after: array[int] = dataclasses.field(default_factory=_ints)
+    sync_how: list[str] = dataclasses.field(default_factory=list)
+    span_category: list[str] = dataclasses.field(default_factory=list)
+    span_t0: array[int] = dataclasses.field(default_factory=_ints)
+    span_t1: array[int] = dataclasses.field(default_factory=_ints)
+    span_step: array[int] = dataclasses.field(default_factory=_ints)
+    compute_ns: dict[int, int] = dataclasses.field(default_factory=dict)  # seq -> ns
+    device: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)  # metric -> step -> value
+    clock: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # (t, offset_ns, rtt_ns)
+    starts: list[tuple[int, str, int]] = dataclasses.field(default_factory=list)  # (step, span name, t0)
+    events: list[tuple[str, int, int | None]] = dataclasses.field(default_factory=list)  # (name, t, step)
+
+
 @dataclasses.dataclass
 class SessionTimeline:
-    """Every record of one session, as tuples sorted by time (loaded for detail ranks only)."""
+    """Every record of one session, as tuples sorted by time (the reference rank's sessions)."""
 
     steps: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # step, t0, t1
     syncs: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)  # step, t, how
@@ -79,34 +135,29 @@ class SessionTimeline:
         default_factory=list
     )
     tags: list[tuple[int | None, str, int]] = dataclasses.field(default_factory=list)  # step, name, t
-    events: list[tuple[str, int, int | None]] = dataclasses.field(default_factory=list)  # name, t, step
+    # name, t, step, attributes (a JSON object, when small)
+    events: list[tuple[str, int, int | None, dict[str, Any] | None]] = dataclasses.field(default_factory=list)
     # name, step, value, reduce
     metrics: list[tuple[str, int | None, float | None, str]] = dataclasses.field(default_factory=list)
-    clock_offset: int = 0  # latest measured offset of this rank's clock to rank 0 (ns)
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # attrs of the last "model" event
-
-
-@dataclasses.dataclass(frozen=True)
-class RankSummary:
-    """Per-session figures computed in SQL for every rank (bounded memory at any scale)."""
-
-    index: int  # session index
-    step_time_median_ns: float | None
-    step_time_p90_ns: float | None
-    compute_median_ns: float | None
-    lateness_median_ns: float | None  # arrival at sync points vs the earliest rank, same attempt
-    late_fraction: float | None  # share of sync points where this rank was the last to arrive
-    records: int
 
 
 @dataclasses.dataclass
 class LoadedRun:
-    """What the analysis reads: sessions of every rank, timelines of the detail ranks."""
+    """What the analysis reads: every session's summary and model records, and the full
+    timelines of the reference rank's sessions."""
 
     path: str
     sessions: list[SessionInfo]
     timelines: dict[int, SessionTimeline]
-    rank_summaries: dict[int, RankSummary] = dataclasses.field(default_factory=dict)
+    session_records: dict[int, SessionRecords] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
     form: str = "jsonl"  # "jsonl", "parquet" or "parquet+jsonl"
     records: int = 0
+    # where each session's records are, for views that read raw spans again (see read.spans)
+    files: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # JSON segment files
+    parquet_fids: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # rows of the Parquet copy
+    parquet_path: str | None = None
+    # per session, what the framework integration recorded about the model (flops_per_step,
+    # tokens_per_step metrics; "model": the model event's attributes)
+    models: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)

@@ -8,9 +8,11 @@ goodput (MFU) when FLOPs are known, and warnings. ``rich`` is imported here only
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -18,11 +20,23 @@ from goodtrace.analysis import Partition, RunAnalysis
 
 BUCKET_LABELS = {
     "productive": "productive (goodput)",
+    "warmup": "warm-up (first step, inferred)",
     "wasted_progress": "wasted progress (re-done steps)",
     "checkpoint_save": "checkpoint save",
     "checkpoint_restore": "checkpoint restore",
     "in_progress": "in progress (running now)",
 }
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def safe(text: object) -> str:
+    """Run text (names, hosts, warnings) for the console: control characters (ESC, OSC, ...)
+    shown as escapes, lone surrogates replaced, rich markup escaped. Names are data."""
+    value = str(text).encode("utf-8", "replace").decode("utf-8")
+    value = _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], value)
+    return escape(value)
 
 
 def _duration(seconds: float) -> str:
@@ -51,12 +65,12 @@ def bucket_table(partition: Partition, title: str) -> Table:
         if value == 0 and name != "productive":
             continue
         style = "bold green" if name == "productive" else None
-        table.add_row(BUCKET_LABELS.get(name, name), f"{value / 1e9:.3f}", f"{value / total * 100:.2f}%"
+        table.add_row(safe(BUCKET_LABELS.get(name, name)), f"{value / 1e9:.3f}", f"{value / total * 100:.2f}%"
                       if total else "—", style=style)
         if name == "startup":
             for part, part_ns in partition.startup_parts_ns.items():
                 if part_ns:
-                    table.add_row(f"  {part}", f"{part_ns / 1e9:.3f}", f"{part_ns / total * 100:.2f}%",
+                    table.add_row(f"  {safe(part)}", f"{part_ns / 1e9:.3f}", f"{part_ns / total * 100:.2f}%",
                                   style="dim")
     table.add_row("total", f"{total / 1e9:.3f}", "100.00%", style="bold")
     return table
@@ -67,7 +81,7 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
     p = analysis.partition
     head = Text()
     head.append("goodtrace report ", style="bold")
-    head.append(f"{analysis.path}  ")
+    head.append(f"{Text.from_markup(safe(analysis.path)).plain}  ")
     head.append(f"({analysis.records:,} records, {analysis.spread.ranks} rank(s), "
                 f"{len(analysis.attempts)} attempt(s), form: {analysis.form})", style="dim")
     console.print(head)
@@ -103,11 +117,27 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
     console.print()
     _steps(console, analysis, top)
     _ranks(console, analysis)
+    _events(console, analysis, top)
     _program(console, analysis)
     if analysis.warnings:
         console.print()
         for warning in analysis.warnings:
-            console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+            console.print(f"[yellow]warning:[/yellow] {safe(warning)}", highlight=False)
+
+
+def _events(console: Console, analysis: RunAnalysis, top: int) -> None:
+    if not analysis.events:
+        return
+    console.print()
+    shown = analysis.events[: max(top, 20)]
+    table = Table(title=f"Events ({analysis.events_total}; first {len(shown)})", title_justify="left", show_edge=False)
+    for column in ("at", "rank", "attempt", "step", "event"):
+        table.add_column(column, justify="left" if column == "event" else "right")
+    for e in shown:
+        attrs = "" if not e.attrs else " " + ", ".join(f"{k}={v}" for k, v in list(e.attrs.items())[:4])
+        table.add_row(f"+{_duration(max(0.0, e.time_s))}", str(e.rank), str(e.attempt),
+                      "—" if e.step is None else str(e.step), safe((e.name + attrs)[:200]))
+    console.print(table)
 
 
 def _attempts(console: Console, analysis: RunAnalysis) -> None:
@@ -117,9 +147,9 @@ def _attempts(console: Console, analysis: RunAnalysis) -> None:
     origin = analysis.partition.start_wall_ns
     for a in analysis.attempts:
         steps = "—" if a.first_step is None else f"{a.first_step}-{a.last_step}"
-        style = {"crashed": "red", "preempted": "yellow", "running": "cyan"}.get(a.ended)
+        style = {"crashed": "red", "killed": "red", "lost": "red", "preempted": "yellow", "running": "cyan"}.get(a.ended)
         table.add_row(str(a.index), f"+{_duration((a.start_wall - origin) / 1e9)}", _duration(a.duration_ns / 1e9),
-                      a.ended, steps, f"{a.ranks}/{a.world}", style=style)
+                      safe(a.ending.text), steps, f"{a.ranks}/{a.world}", style=style)
     console.print(table)
 
 
@@ -134,16 +164,19 @@ def _steps(console: Console, analysis: RunAnalysis, top: int) -> None:
         f"max {_duration(s.max_s)}; ideal (median productive) {_seconds(s.ideal_s)}",
         highlight=False,
     )
-    if s.shared_steps or s.host_timed_steps:
+    if s.shared_steps or s.host_timed_steps or s.repeated_steps or s.decreasing_steps:
         console.print(f"[dim]{s.shared_steps} step(s) are window averages (sparse completion), "
-                      f"{s.host_timed_steps} host-timed[/dim]")
+                      f"{s.host_timed_steps} host-timed, {s.repeated_steps} repeated, "
+                      f"{s.decreasing_steps} going back[/dim]")
     table = Table(title=f"Slowest steps (top {top})", title_justify="left", show_edge=False)
     for column in ("step", "attempt", "step time", "= productive + overhead", "tags"):
         table.add_column(column, justify="right" if column in ("step", "attempt", "step time") else "left")
     for r in analysis.slowest_steps(top):
         flags = (" (avg)" if r.shared > 1 else "") + (" (host-timed)" if r.host_timed else "")
-        table.add_row(str(r.step), str(r.attempt), _duration(r.step_time_s) + flags, r.explain().split("= ", 1)[1],
-                      ", ".join(r.tags) + ("" if r.counted else " re-done later"))
+        flags += " (repeated)" if r.repeated else ""
+        table.add_row(str(r.step), str(r.attempt), _duration(r.step_time_s) + flags,
+                      safe(r.explain().split("= ", 1)[1]),
+                      safe(", ".join(r.tags)) + ("" if r.counted else " re-done later"))
     console.print(table)
     if analysis.anomalies:
         table = Table(title=f"Anomalies: productive time above {_seconds(analysis.anomaly_threshold_s)}",
@@ -151,7 +184,7 @@ def _steps(console: Console, analysis: RunAnalysis, top: int) -> None:
         for column in ("step", "attempt", "productive", "overlapping"):
             table.add_column(column)
         for a in analysis.anomalies[:top]:
-            table.add_row(str(a.step), str(a.attempt), _duration(a.productive_s), ", ".join(a.overlapped) or "—")
+            table.add_row(str(a.step), str(a.attempt), _duration(a.productive_s), safe(", ".join(a.overlapped)) or "—")
         console.print()
         console.print(table)
 
@@ -161,13 +194,13 @@ def _ranks(console: Console, analysis: RunAnalysis) -> None:
     if spread.ranks > 1:
         console.print()
         console.print(
-            f"[bold]Per-rank spread[/bold] ({spread.ranks} ranks, {spread.analysed} analysed in full): goodput "
+            f"[bold]Per-rank spread[/bold] ({spread.ranks} ranks, {spread.analysed} analysed): goodput "
             f"{_pct(spread.goodput_min)} - {_pct(spread.goodput_max)} (median {_pct(spread.goodput_median)}); "
             f"median step time {_seconds(spread.step_time_median_min_s)} - {_seconds(spread.step_time_median_max_s)}",
             highlight=False,
         )
     for s in analysis.stragglers:
-        console.print(f"[red]straggler:[/red] rank {s.rank} on {s.host}: {s.reason}", highlight=False)
+        console.print(f"[red]straggler:[/red] rank {s.rank} on {safe(s.host)}: {safe(s.reason)}", highlight=False)
 
 
 def _program(console: Console, analysis: RunAnalysis) -> None:
@@ -176,6 +209,8 @@ def _program(console: Console, analysis: RunAnalysis) -> None:
     parts: list[Any] = [f"runtime goodput {_pct(g.runtime_goodput)}"]
     if g.scheduling_goodput is not None:
         parts.append(f"scheduling goodput {_pct(g.scheduling_goodput)}")
+    else:
+        parts.append("scheduling goodput unknown (set GOODTRACE_SUBMIT_TIME)")
     if g.mfu is not None:
         parts.append(f"program goodput (MFU) {_pct(g.mfu)} on {g.devices} device(s)")
         parts.append(f"ML productivity goodput {_pct(g.ml_productivity_goodput)}")
