@@ -11,12 +11,16 @@ million records, 1.5 GB of JSON lines). Timed, each in a fresh process with its 
   1. ``goodtrace trace RUN -o all.json`` and ``-o all.json.gz`` (every rank, every step);
   2. ``goodtrace trace RUN -o slice.json[.gz] --steps A:B`` (20 steps of every rank);
   3. the HTML report as ``goodtrace report RUN --html FILE --gantt-steps A:B`` makes it: load +
-     analyse (DuckDB), index the run, read each session's records once, build the page;
+     analyse (DuckDB), read the gantt range's spans of every rank (DuckDB), build the page;
+  3b. ``goodtrace report RUN --json``, the reference the timelines are held to: since every view
+     draws from the same analysis, the HTML report and a 20-step trace slice should take at most
+     twice what it takes (ratios ``*_over_report_json``);
   4. Chromium (Debian's, via Playwright): open the file, time until every chart has drawn
      (ECharts 'finished'), the gantt's own time, and the time from a hover to its tooltip.
 
-Both renderers stream the run one session at a time: peak memory is one rank's records plus
-what is kept (the gantt's spans, per-rank summaries), whatever the number of steps. ``--ranks``
+Both renderers draw the steps from the analysis and read raw spans for the windows they show,
+one batch of sessions at a time: peak memory is the analysis plus what is kept (the gantt's
+spans), whatever the number of steps. ``--ranks``
 and ``--steps`` change the size; ``--quick`` runs 128 ranks x 30 steps
 (under a minute); ``--json`` makes the last line one JSON object with every figure and ratio.
 ``--keep DIR`` writes the run and the outputs there and keeps them (re-using a run already
@@ -47,21 +51,21 @@ def html_job(run_dir: str, out: str, first: int, last: int) -> None:
     """Runs in its own process (for a clean peak RSS): what ``report --html --gantt-steps`` does."""
     from goodtrace.analysis import analyze
     from goodtrace.read.load import load_run
-    from goodtrace.renderers.html import html_page, index_for_html, report_data
+    from goodtrace.renderers.html import html_page, report_data
 
     t0 = time.perf_counter()
-    analysis = analyze(load_run(run_dir))
+    loaded = load_run(run_dir)
     t1 = time.perf_counter()
-    index = index_for_html(run_dir)
+    analysis = analyze(loaded)
     t2 = time.perf_counter()
-    data = report_data(analysis, index, gantt_steps=(first, last))
+    data = report_data(analysis, loaded, gantt_steps=(first, last))
     t3 = time.perf_counter()
     text = html_page(data)
     with open(out, "w", encoding="utf-8") as handle:
         handle.write(text)
     t4 = time.perf_counter()
-    print(json.dumps({"analyse_s": round(t1 - t0, 2), "index_s": round(t2 - t1, 2),
-                      "records_s": round(t3 - t2, 2), "page_s": round(t4 - t3, 2),
+    print(json.dumps({"load_s": round(t1 - t0, 2), "analyse_s": round(t2 - t1, 2),
+                      "gantt_spans_s": round(t3 - t2, 2), "page_s": round(t4 - t3, 2),
                       "gantt_spans": len(data["gantt"]["items"]) if data["gantt"] else 0}))
 
 
@@ -189,6 +193,10 @@ def main() -> None:
         figures["baseline_decode"] = {"s": round(seconds, 2), "peak_mib": round(peak)}
         print(f"baseline: json.loads of every line once: {seconds:.2f} s, peak {peak:.0f} MiB", flush=True)
 
+        seconds, peak, _, _ = timed(goodtrace_cmd("report", str(run_dir), "--json", "--no-steps"))
+        figures["report_json"] = {"s": round(seconds, 2), "peak_mib": round(peak)}
+        print(f"report --json: {seconds:.2f} s, peak {peak:.0f} MiB", flush=True)
+
         for label, name, extra in (("trace_all", "all.json", []), ("trace_all_gz", "all.json.gz", []),
                                    ("trace_slice", "slice.json.gz", ["--steps", f"{first}:{last}"]),
                                    ("trace_slice_plain", "slice.json", ["--steps", f"{first}:{last}"])):
@@ -215,7 +223,11 @@ def main() -> None:
         spans = ranks * steps * 10
         gantt_spans = figures["html"]["gantt_spans"] or 1
         decode_s = figures["baseline_decode"]["s"] or 0.01
+        report_s = figures["report_json"]["s"] or 0.01
         figures["ratios"] = {
+            "html_over_report_json": round(figures["html"]["s"] / report_s, 2),
+            "trace_slice_over_report_json": round(figures["trace_slice"]["s"] / report_s, 2),
+            "trace_all_over_report_json": round(figures["trace_all"]["s"] / report_s, 2),
             "trace_all_over_decode": round(figures["trace_all"]["s"] / decode_s, 2),
             "trace_all_gz_over_decode": round(figures["trace_all_gz"]["s"] / decode_s, 2),
             "trace_slice_over_decode": round(figures["trace_slice"]["s"] / decode_s, 2),

@@ -97,32 +97,15 @@ def evaluate(state: TrainState, data: Iterator[tuple[np.ndarray, np.ndarray]], b
 
 
 def step_table(run_dir: str) -> list[tuple[int, float, dict[str, float]]]:
-    """(step, step time s, overhead s per category) from the small reader, rank 0, last session:
-    step k's interval is (T_{k-1}, T_k] between sync points; the first runs from its step
-    entry. Overhead spans (compile, checkpoint, eval, ...) are clipped to the interval."""
-    from goodtrace import schema
-    from goodtrace.read.sessions import read_run
+    """(step, step time s, overhead s per category) of rank 0's last attempt: goodtrace's own
+    step table (``goodtrace report --json`` shows the same rows): step k's interval is
+    (T_{k-1}, T_k] between sync points, its overhead split out."""
+    from goodtrace.analysis import analyze
+    from goodtrace.read.load import load_run
 
-    run = read_run(run_dir)
-    session = [s for s in run.sessions if s.rank == 0][-1]
-    entries = {r["step"]: r["t0"] for r in session.of_kind(schema.STEP)}
-    syncs = sorted((r["t"], r["step"]) for r in session.of_kind(schema.SYNC) if r["step"] is not None)
-    overhead = set(session.header.get("overhead_categories", schema.OVERHEAD_CATEGORIES))
-    spans = [r for r in session.of_kind(schema.SPAN) if r["cat"] in overhead and r["tid"] == session.header["main_tid"]]
-    rows = []
-    previous: int | None = None
-    for t, step in syncs:
-        start = entries.get(step, t) if previous is None else previous
-        split: dict[str, float] = {}
-        covered = start
-        for span in sorted(spans, key=lambda r: (r["t0"], -r["t1"])):  # outermost first, counted once
-            lo, hi = max(span["t0"], covered), min(span["t1"], t)
-            if hi > lo:
-                split[span["cat"]] = split.get(span["cat"], 0.0) + (hi - lo) / 1e9
-                covered = hi
-        rows.append((step, (t - start) / 1e9, split))
-        previous = t
-    return rows
+    rows = analyze(load_run(run_dir)).steps
+    last = max((r.attempt for r in rows), default=0)
+    return [(r.step, r.step_time_s, dict(r.overhead_s)) for r in rows if r.attempt == last]
 
 
 def explain(seconds: float, split: dict[str, float]) -> str:
@@ -132,19 +115,9 @@ def explain(seconds: float, split: dict[str, float]) -> str:
 
 
 def print_report(run_dir: str) -> None:
-    """The full report from ``goodtrace.analysis`` when it is installed, else a short summary."""
-    try:
-        from goodtrace.analysis import analyze
-        from goodtrace.read.load import load_run
-        from goodtrace.renderers.console import render_console
-    except ImportError:
-        rows = step_table(run_dir)
-        total = sum(seconds for _, seconds, _ in rows)
-        overhead: dict[str, float] = {}
-        for _, _, split in rows:
-            for category, seconds in split.items():
-                overhead[category] = overhead.get(category, 0.0) + seconds
-        print(f"steps: {len(rows)}, {total:.2f} s; overhead inside steps: "
-              + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(overhead.items())))
-        return
+    """The full console report (``goodtrace report RUN``)."""
+    from goodtrace.analysis import analyze
+    from goodtrace.read.load import load_run
+    from goodtrace.renderers.console import render_console
+
     render_console(analyze(load_run(run_dir)))

@@ -128,6 +128,25 @@ def write_small_run(root: Path, *, evil: bool = False) -> Path:
     return root
 
 
+def awkward_copy(small_run: Path, root: Path) -> Path:
+    """The small run with what a real directory holds: a session in two segments, a corrupt
+    line mid-file, a torn last line, CRLF line ends, and a file without a header."""
+    run_dir = root / "run"
+    shutil.copytree(small_run, run_dir)
+    path = next((run_dir / "rank-00001").glob("a1-*.jsonl"))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    cut = len(lines) // 2
+    path.write_text("\n".join(lines[:cut]) + "\n{not json\n", encoding="utf-8")
+    second = path.with_name(f"{header['session']}.00001.jsonl")
+    second.write_text("\n".join([json.dumps({**header, "segment": 1}), *lines[cut:]]) + '\n{"kind":"sp', encoding="utf-8")
+    crlf = next((run_dir / "rank-00002").glob("a0-*.jsonl"))
+    crlf.write_bytes(crlf.read_bytes().replace(b"\n", b"\r\n"))
+    (run_dir / "rank-00000" / "stray.jsonl").write_text('{"kind":"span"}\n', encoding="utf-8")
+    return run_dir
+
+
+
 # ------------------------------------------------------------------------------ the browser
 
 CHROMIUM_FLAGS = [

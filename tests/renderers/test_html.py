@@ -3,32 +3,30 @@ opened in headless Chromium (no console errors, no network, charts drawn, hover,
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
 import shutil
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from goodtrace.read.sessions import RunIndex, Session, read_run
+from goodtrace.analysis import RunAnalysis, analyze
+from goodtrace.read.load import load_run
+from goodtrace.read.loaded import LoadedRun
 from goodtrace.renderers import html_charts
-from goodtrace.renderers.html import embed_json, index_for_html, render_html, report_data
+from goodtrace.renderers.html import embed_json, render_html, report_data
 from helpers.browser import EVIL, PageLog, artifact, browser, new_page, write_small_run
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden_trace_small"
 UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
 
 
-def _analysis(run_dir: Path) -> Any:
-    from goodtrace.analysis import analyze
-    from goodtrace.read.load import load_run
-
-    return analyze(load_run(run_dir))
+def _analysed(run_dir: Path) -> tuple[RunAnalysis, LoadedRun]:
+    loaded = load_run(run_dir)
+    return analyze(loaded), loaded
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +49,8 @@ def test_embedded_json_cannot_close_the_script_element() -> None:
 
 
 def test_report_data_from_the_analysis(small_run: Path) -> None:
-    data = report_data(_analysis(small_run), read_run(small_run))
+    analysis, loaded = _analysed(small_run)
+    data = report_data(analysis, loaded)
     summary = data["summary"]
     assert summary["ranks"] == 3 and summary["attempts"] == 2 and summary["hosts"] == 2
     assert summary["goodput"] == pytest.approx(0.7 / 2.59)
@@ -61,7 +60,13 @@ def test_report_data_from_the_analysis(small_run: Path) -> None:
     assert steps["steps"] == [0, 1, 2, 3, 3, 4, 5, 6] and steps["attempts"] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert steps["series"]["checkpoint_save"][5] == pytest.approx(0.04)
     assert [b[:2] for b in steps["bands"]] == [[0, 3], [4, 7]]
-    assert steps["bands"][0][2] == "attempt 0 (crashed)" and steps["bands"][1][2] == "attempt 1 (finished)"
+    assert steps["bands"][0][2] == "attempt 0 (killed (rank 0: no finish record))"
+    assert steps["bands"][1][2] == "attempt 1 (completed)"
+    # the step executions are the analysis's, to the nanosecond
+    assert steps["start_ns"] == [r.start_ns for r in analysis.steps]
+    assert steps["end_ns"] == [r.end_ns for r in analysis.steps] and steps["seq"] == [r.seq for r in analysis.steps]
+    assert summary["events"][0]["name"] == "loss spike" and summary["events_total"] == 3
+    assert "checkpoint_save" in data["legend"] and "disruption" in data["legend"]
     # The heat map shows the slow rank: rank 2 computes 80 ms per step, the others 50 ms.
     heat = data["heatmap"]
     assert heat["ranks"] == [0, 1, 2] and len(heat["columns"]) == 8
@@ -79,72 +84,55 @@ def test_report_data_from_the_analysis(small_run: Path) -> None:
     assert set(firsts.values()) == {0.0}
 
 
-def test_report_data_with_a_chosen_range_and_without_analysis(small_run: Path) -> None:
-    data = report_data(None, read_run(small_run), gantt_steps=(1, 2))
-    assert data["buckets"] == [] and data["summary"]["analysed"] is False
-    assert data["steps"]["source"] == "records of rank 0"
+def test_report_data_with_a_chosen_range(small_run: Path) -> None:
+    analysis, loaded = _analysed(small_run)
+    data = report_data(analysis, loaded, gantt_steps=(1, 2))
     assert data["gantt"]["attempt"] == 0 and data["gantt"]["steps"] == [1, 2]
     assert {item[5] for item in data["gantt"]["items"]} == {1, 2}
-    open_ended = report_data(None, read_run(small_run), gantt_steps=(5, None))["gantt"]
+    open_ended = report_data(analysis, loaded, gantt_steps=(5, None))["gantt"]
     assert open_ended["attempt"] == 1 and open_ended["steps"] == [5, 6]
-    redone = report_data(None, read_run(small_run), gantt_steps=(3, 3), gantt_attempt=0)["gantt"]
+    redone = report_data(analysis, loaded, gantt_steps=(3, 3), gantt_attempt=0)["gantt"]
     assert redone["attempt"] == 0 and redone["steps"] == [3, 3]
+    assert report_data(analysis, loaded, gantt_steps=(50, 60))["gantt"] is None
 
 
 def test_golden_report_data() -> None:
-    data = report_data(None, read_run(GOLDEN / "run"))
+    """The page's data for the golden run. A missing golden file fails the test (write it with
+    GOODTRACE_UPDATE_GOLDEN=1 after an intended change, and check its diff)."""
+    data = report_data(*_analysed(GOLDEN / "run"))
+    data["summary"]["run"] = "run"
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     golden = GOLDEN / "report_data.json"
-    if UPDATE or not golden.exists():
+    if UPDATE:
         golden.write_text(text, encoding="utf-8")
+    assert golden.exists(), f"{golden} is missing: run with GOODTRACE_UPDATE_GOLDEN=1 and check it"
     assert text == golden.read_text(encoding="utf-8"), "set GOODTRACE_UPDATE_GOLDEN=1 after an intended change"
 
 
-GANTT_OPTIONS = [{}, {"gantt_steps": (1, 2)}, {"gantt_steps": (5, None)}, {"gantt_steps": (3, 3), "gantt_attempt": 0},
-                 {"gantt_attempt": 0}, {"gantt_steps": (0, 10**6)}]
+def test_a_loop_without_steps_says_why_there_are_no_intervals(tmp_path: Path) -> None:
+    import goodtrace as gt
+
+    gt.init(tmp_path / "run", rank=0, world_size=1)
+    with gt.span("work"):
+        pass
+    gt.finish()
+    data = report_data(*_analysed(tmp_path / "run"))
+    assert data["steps"]["steps"] == [] and "never entered gt.step" in data["steps"]["why_empty"]
+    assert data["gantt"] is None
 
 
-@pytest.mark.parametrize("analysed", [False, True])
-def test_streamed_report_data_is_the_in_memory_data(small_run: Path, analysed: bool) -> None:
-    analysis = _analysis(small_run) if analysed else None
-    index = index_for_html(small_run)
-    for options in GANTT_OPTIONS:
-        expected = report_data(analysis, read_run(small_run), **options)
-        assert report_data(analysis, index, **options) == expected
-        assert report_data(analysis, str(small_run), **options) == expected
-
-
-def test_report_data_reads_one_session_at_a_time(small_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    alive: list[weakref.ref[Session]] = []
-    original = RunIndex.load
-
-    def load(self: RunIndex, session: Session, keep: Any = None) -> Session:
-        gc.collect()
-        assert [ref() for ref in alive if ref() is not None] == [], "a session read earlier is still held"
-        loaded = original(self, session, keep)
-        alive.append(weakref.ref(loaded))
-        return loaded
-
-    monkeypatch.setattr(RunIndex, "load", load)
-    assert report_data(None, index_for_html(small_run), gantt_steps=(3, 6))["gantt"]["rows"]
-
-
-def test_gantt_past_its_limit_keeps_the_lowest_ranks_whatever_the_order(
-    small_run: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    full = report_data(None, read_run(small_run), gantt_steps=(3, 6))["gantt"]
+def test_gantt_past_its_limit_keeps_the_lowest_ranks(small_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    analysis, loaded = _analysed(small_run)
+    full = report_data(analysis, loaded, gantt_steps=(3, 6))["gantt"]
     per_row = [sum(1 for item in full["items"] if item[0] == row) for row in range(3)]
     monkeypatch.setattr(html_charts, "MAX_GANTT_ITEMS", per_row[0] - 1)  # rank 0's spans pass it
-    for order in ([0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [2, 5, 0, 4, 1, 3]):
-        run = read_run(small_run)
-        run.sessions = [run.sessions[i] for i in order]
-        gantt = report_data(None, run, gantt_steps=(3, 6))["gantt"]
-        assert gantt["truncated"] is True and gantt["rows"] == full["rows"][:1]
-        assert gantt["items"] == full["items"][:per_row[0]] and gantt["marks"] == full["marks"]
+    gantt = report_data(analysis, loaded, gantt_steps=(3, 6))["gantt"]
+    assert gantt["truncated"] is True and gantt["rows"] == full["rows"][:1]
+    assert gantt["items"] == full["items"][:per_row[0]] and gantt["marks"] == full["marks"]
 
 
 def test_page_is_self_contained_and_run_text_is_inert(evil_run: Path) -> None:
-    html = render_html(_analysis(evil_run), read_run(evil_run))
+    html = render_html(*_analysed(evil_run))
     assert html.count("</script") == 3  # the data block, ECharts, the page script
     assert EVIL not in html and "<script>alert" not in html and "<svg" not in html
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
@@ -211,7 +199,7 @@ def _hover(page: Any, name: str, row: int = 0) -> str:
 
 def test_report_opens_offline_draws_and_hovers(chromium: Any, small_run: Path, tmp_path: Path) -> None:
     path = tmp_path / "report.html"
-    path.write_text(render_html(_analysis(small_run), read_run(small_run)), encoding="utf-8")
+    path.write_text(render_html(*_analysed(small_run)), encoding="utf-8")
     page, log = _open(chromium, path)
     assert log.errors == [] and log.console_errors == [] and log.dialogs == []
     assert log.blocked == [] and log.requests == [path.resolve().as_uri()]
@@ -248,7 +236,7 @@ def test_two_ranks_heat_map_shows_the_slow_one_red_and_the_fast_one_blue(
     shutil.copytree(small_run, run_dir)
     shutil.rmtree(run_dir / "rank-00000")
     path = tmp_path / "report.html"
-    path.write_text(render_html(_analysis(run_dir), read_run(run_dir)), encoding="utf-8")
+    path.write_text(render_html(*_analysed(run_dir)), encoding="utf-8")
     page, log = _open(chromium, path)
     cells = page.evaluate("() => window.goodtraceCharts.heatmap.getOption().series[0].data")
     ratios = {(row, ratio) for _, row, ratio, _ in cells}
@@ -258,7 +246,7 @@ def test_two_ranks_heat_map_shows_the_slow_one_red_and_the_fast_one_blue(
 
 def test_hostile_names_are_shown_as_text(chromium: Any, evil_run: Path, tmp_path: Path) -> None:
     path = tmp_path / "evil.html"
-    path.write_text(render_html(_analysis(evil_run), read_run(evil_run)), encoding="utf-8")
+    path.write_text(render_html(*_analysed(evil_run)), encoding="utf-8")
     page, log = _open(chromium, path)
     tooltip = _hover(page, EVIL, row=2)  # rank 2, on the host named <script>...
     page.wait_for_timeout(300)

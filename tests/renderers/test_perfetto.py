@@ -3,33 +3,53 @@ the real CLI, and the real Perfetto UI (offline, headless Chromium) querying its
 
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import os
 import shutil
 import subprocess
 import sys
-import weakref
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from goodtrace.analysis.intervals import step_intervals
+from goodtrace.analysis import RunAnalysis, analyze
+from goodtrace.analysis.intervals import session_windows
 from goodtrace.cli.ranges import format_ranks, parse_ranks, parse_steps
-from goodtrace.read.segments import SegmentRecords, parse_segment
-from goodtrace.read.sessions import RunIndex, Session, index_run, read_run
+from goodtrace.read.load import load_run
+from goodtrace.read.loaded import LoadedRun
 from goodtrace.renderers import perfetto
 from goodtrace.renderers.perfetto import PerfettoRenderer, Selection
-from helpers.browser import EVIL, MS, LoadedTrace, PerfettoUI, artifact, perfetto_ui, write_small_run
+from helpers.browser import (
+    EVIL,
+    MS,
+    LoadedTrace,
+    PerfettoUI,
+    artifact,
+    awkward_copy,
+    perfetto_ui,
+    write_small_run,
+)
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden_trace_small"
 UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
+
+
+def _analysed(run_dir: Path) -> tuple[RunAnalysis, LoadedRun]:
+    loaded = load_run(run_dir)
+    return analyze(loaded), loaded
+
+
+def _render(run_dir: Path, selection: Selection | None = None) -> str:
+    analysis, loaded = _analysed(run_dir)
+    return PerfettoRenderer(selection).render(analysis, loaded)
+
+
+def _session(analysis: RunAnalysis, rank: int, attempt: int) -> int:
+    return next(i for i in analysis.cuts if analysis.sessions[i].rank == rank and analysis.attempt_of[i] == attempt)
 
 
 def _events(text: str) -> list[dict[str, Any]]:
@@ -49,25 +69,30 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_step_intervals_split_overhead_and_start_at_previous_sync(small_run: Path) -> None:
-    run = read_run(small_run)
-    session = next(s for s in run.sessions if s.rank == 0 and s.attempt == 1)
-    intervals = {iv.step: iv for iv in step_intervals(session)}
+    analysis, _ = _analysed(small_run)
+    session = _session(analysis, 0, 1)
+    intervals = {iv.step: iv for iv in session_windows(analysis, session)}
     assert sorted(intervals) == [3, 4, 5, 6]
     # Step 3 (first of the attempt) starts when it was entered; step 4's interval holds the
     # checkpoint saved after step 3 (a blocking span settles step 3 first).
     assert intervals[3].duration_ns == 100 * MS
-    assert intervals[4].t0 == intervals[3].t1
+    assert intervals[4].start == intervals[3].end
     assert intervals[4].duration_ns == 140 * MS
     assert intervals[4].overhead_ns == {"checkpoint_save": 40 * MS}
     assert intervals[4].productive_ns == 100 * MS
-    assert intervals[4].compute_ns == 50 * MS
+    cut = analysis.cuts[session]
+    assert list(cut.exec_compute) == [50 * MS] * 4  # outermost main-thread compute per execution
 
 
-def test_sparse_sync_points_make_one_shared_window(small_run: Path) -> None:
-    run = read_run(small_run)
-    session = next(s for s in run.sessions if s.rank == 0 and s.attempt == 0)
-    session.records = [r for r in session.records if not (r["kind"] == "sync" and r["step"] in (1, 2))]
-    intervals = step_intervals(session)
+def test_sparse_sync_points_make_one_shared_window(small_run: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "sparse"
+    shutil.copytree(small_run, run_dir)
+    path = next((run_dir / "rank-00000").glob("a0-*.jsonl"))
+    lines = [line for line in path.read_text().splitlines()
+             if not (json.loads(line)["kind"] == "sync" and json.loads(line)["step"] in (1, 2))]
+    path.write_text("\n".join(lines) + "\n")
+    analysis, _ = _analysed(run_dir)
+    intervals = session_windows(analysis, _session(analysis, 0, 0))
     assert [(iv.first_step, iv.step) for iv in intervals] == [(0, 0), (1, 3)]
     assert intervals[1].duration_ns == 300 * MS and intervals[1].is_window
 
@@ -97,7 +122,8 @@ def test_parse_selection() -> None:
 
 
 def test_trace_structure(small_run: Path) -> None:
-    events = _events(PerfettoRenderer().render(read_run(small_run)))
+    analysis, loaded = _analysed(small_run)
+    events = _events(PerfettoRenderer().render(analysis, loaded))
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {1: "rank 0 (node-a)", 2: "rank 1 (node-a)", 3: "rank 2 (node-b)"}
     # Spans: category and step in args; rank 2 is the slow one.
@@ -107,8 +133,11 @@ def test_trace_structure(small_run: Path) -> None:
     # Step track with the overhead split.
     step4 = [e for e in _slices(events, name="step 4") if e["args"]["attempt"] == 1]
     assert len(step4) == 3
-    assert all(e["args"]["overhead_ms"] == {"checkpoint_save": 40.0} for e in step4)
-    assert all(e["args"]["step_time_ms"] == 140.0 and e["args"]["productive_ms"] == 100.0 for e in step4)
+    # rank 1 measured a 5 ms device-idle gap before each step (CUDA events) while it loaded data:
+    # the analysis charges it as data, and the trace shows the analysis's split
+    assert {e["pid"]: e["args"]["overhead_ms"] for e in step4} == {
+        1: {"checkpoint_save": 40.0}, 2: {"checkpoint_save": 40.0, "data": 5.0}, 3: {"checkpoint_save": 40.0}}
+    assert all(e["args"]["step_time_ms"] == 140.0 for e in step4)
     # Aligned clocks: every rank's step 2 ends at the same true time, although rank 1's
     # header wall clock is 20 ms off (corrected by its measured offset) and every process has
     # a different monotonic base.
@@ -134,109 +163,64 @@ def test_trace_structure(small_run: Path) -> None:
     assert all(e["ts"] + e["dur"] == step_end[e["args"]["step"]] for e in measured)
     assert {threads[(2, e["tid"])] for e in measured} == {"device (attempt 1)"}
     lifecycle = Counter(e["name"] for e in events if e.get("cat") == "lifecycle")
-    assert lifecycle == {"last sign of life (no finish record)": 3, "finish": 3}
+    assert lifecycle == {"killed (no finish record)": 3, "completed": 3}
+    # The steps track is the analysis's step table, to the nanosecond (rank 0 is the reference).
+    origin = json.loads(PerfettoRenderer().render(analysis, loaded))["otherData"]["origin_wall_ns"]
+    track = sorted((round(float(e["ts"]) * 1000) + origin, round(float(e["ts"] + e["dur"]) * 1000) + origin)
+                   for e in _slices(events, cat="step", pid=1))
+    assert track == sorted((r.start_ns, r.end_ns) for r in analysis.steps)
 
 
 def test_selection_by_steps_ranks_and_attempt(small_run: Path) -> None:
-    run = read_run(small_run)
-    events = _events(PerfettoRenderer(Selection(steps=(4, 5), ranks=frozenset({0, 2}))).render(run))
+    analysis, loaded = _analysed(small_run)
+    events = _events(PerfettoRenderer(Selection(steps=(4, 5), ranks=frozenset({0, 2}))).render(analysis, loaded))
     assert {e["pid"] for e in events} == {1, 3}
     steps = {e["name"] for e in _slices(events, cat="step")}
     assert steps == {"step 4", "step 5"}
     assert {e["args"]["step"] for e in _slices(events, name="forward")} <= {3, 4, 5}
     assert not [e for e in events if e.get("cat") in ("startup", "teardown")]
-    only_first = _events(PerfettoRenderer(Selection(attempt=0)).render(run))
+    only_first = _events(PerfettoRenderer(Selection(attempt=0)).render(analysis, loaded))
     assert {e["args"]["attempt"] for e in _slices(only_first, cat="step")} == {0}
     assert max(e["args"]["step"] for e in _slices(only_first, cat="step")) == 3
 
 
 def test_partially_overlapping_spans_go_to_an_overflow_track(small_run: Path, tmp_path: Path) -> None:
-    run = read_run(small_run)
-    session = run.sessions[0]
-    first = next(r for r in session.records if r["kind"] == "span" and r["name"] == "forward")
-    session.records.append({**first, "name": "late", "t0": first["t0"] + MS, "t1": first["t1"] + MS})
-    events = _events(PerfettoRenderer().render(run))
+    run_dir = tmp_path / "overlap"
+    shutil.copytree(small_run, run_dir)
+    path = next((run_dir / "rank-00000").glob("a0-*.jsonl"))
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    first = next(r for r in records if r["kind"] == "span" and r["name"] == "forward")
+    with open(path, "a") as handle:
+        handle.write(json.dumps({**first, "name": "late", "t0": first["t0"] + MS, "t1": first["t1"] + MS}) + "\n")
+    events = _events(_render(run_dir))
     late = _slices(events, name="late")[0]
     names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert names[late["tid"]].startswith("main thread (overlapping spans)")
 
 
 def test_gzip_output_and_size_warning(small_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = read_run(small_run)
-    plain = PerfettoRenderer().write(run, tmp_path / "t.json")
-    packed = PerfettoRenderer().write(run, tmp_path / "t.json.gz")
+    run = _analysed(small_run)
+    plain = PerfettoRenderer().write(*run, tmp_path / "t.json")
+    packed = PerfettoRenderer().write(*run, tmp_path / "t.json.gz")
     assert gzip.decompress((tmp_path / "t.json.gz").read_bytes()) == (tmp_path / "t.json").read_bytes()
     assert packed.bytes_written < plain.bytes_written and plain.warning is None
     monkeypatch.setattr(perfetto, "COMFORTABLE_TRACE_BYTES", plain.json_bytes // 4)
-    warned = PerfettoRenderer().write(run, tmp_path / "t2.json")
+    warned = PerfettoRenderer().write(*run, tmp_path / "t2.json")
     assert warned.warning is not None and "--steps 0:" in warned.warning and "--ranks 0-" in warned.warning
 
 
 def test_golden_trace() -> None:
-    text = PerfettoRenderer().render(read_run(GOLDEN / "run"))
+    """The trace of the golden run. A missing golden file fails the test (write it with
+    GOODTRACE_UPDATE_GOLDEN=1 after an intended change, and check its diff)."""
+    text = _render(GOLDEN / "run")
     golden = GOLDEN / "trace.json"
-    if UPDATE or not golden.exists():
+    if UPDATE:
         golden.write_text(text, encoding="utf-8")
+    assert golden.exists(), f"{golden} is missing: run with GOODTRACE_UPDATE_GOLDEN=1 and check it"
     assert text == golden.read_text(encoding="utf-8"), "set GOODTRACE_UPDATE_GOLDEN=1 after an intended change"
 
 
 # ------------------------------------------------------------------------------ streaming
-
-
-def _awkward_copy(small_run: Path, root: Path) -> Path:
-    """The small run with what a real directory holds: a session in two segments, a corrupt
-    line mid-file, a torn last line, CRLF line ends, and a file without a header."""
-    run_dir = root / "run"
-    shutil.copytree(small_run, run_dir)
-    path = next((run_dir / "rank-00001").glob("a1-*.jsonl"))
-    lines = path.read_text(encoding="utf-8").splitlines()
-    header = json.loads(lines[0])
-    cut = len(lines) // 2
-    path.write_text("\n".join(lines[:cut]) + "\n{not json\n", encoding="utf-8")
-    second = path.with_name(f"{header['session']}.00001.jsonl")
-    second.write_text("\n".join([json.dumps({**header, "segment": 1}), *lines[cut:]]) + '\n{"kind":"sp', encoding="utf-8")
-    crlf = next((run_dir / "rank-00002").glob("a0-*.jsonl"))
-    crlf.write_bytes(crlf.read_bytes().replace(b"\n", b"\r\n"))
-    (run_dir / "rank-00000" / "stray.jsonl").write_text('{"kind":"span"}\n', encoding="utf-8")
-    return run_dir
-
-
-SEGMENT_LINES = [
-    b'{"kind":"span","name":"a\\u00e9\xc3\xa9","t0":1,"t1":2,"attrs":{"x":[1,{"y":null}]}}',
-    b'{"kind":"sync","step":1,"t":5}', b'{"x":1}', b"5", b"", b"  ", b'{"kind":"step"}\r', b'{"kind":"tag"',
-    b"garbage", b'{"kind":"a"},{"kind":"b"}', b"\xff\xfe", b' {"kind":"e"}', b'{"kind":"e"} ', b'{"kind":1}',
-]
-
-
-@settings(max_examples=300, deadline=None)
-@given(lines=st.lists(st.sampled_from(SEGMENT_LINES), max_size=8), newline=st.booleans(), cut=st.integers(0, 400))
-def test_segment_records_decode_exactly_as_parse_segment(lines: list[bytes], newline: bool, cut: int) -> None:
-    data = b"\n".join(lines) + (b"\n" if newline else b"")
-    for piece in (data, data[:cut]):
-        expected_problems: list[str] = []
-        expected = parse_segment(piece, "f", expected_problems)
-        problems: list[str] = []
-        records = SegmentRecords(piece, "f", problems)
-        assert (list(records), records.torn) == expected and problems == expected_problems
-
-
-def test_index_run_keeps_what_read_run_gives_the_sessions(small_run: Path, tmp_path: Path) -> None:
-    awkward = _awkward_copy(small_run, tmp_path)
-    problems = read_run(awkward).problems
-    assert any("a1-r1.0.jsonl: line 18 is not valid JSON" in p for p in problems) and any("stray.jsonl" in p for p in problems)
-    assert {(s.segments, s.torn_lines) for s in read_run(awkward).sessions if s.session_id == "a1-r1"} == {(2, 2)}
-    for run_dir in (small_run, awkward, GOLDEN / "run"):
-        full = read_run(run_dir)
-        index = index_run(run_dir, summarise=lambda s: sorted(r["kind"] for r in s.records))
-        assert index.problems == full.problems
-        assert [s.session_id for s in index.sessions] == [s.session_id for s in full.sessions]
-        for indexed, session in zip(index.sessions, full.sessions, strict=True):
-            assert (indexed.header, indexed.attempt, indexed.segments, indexed.torn_lines) == (
-                session.header, session.attempt, session.segments, session.torn_lines)
-            assert indexed.last_seen_mono == session.last_seen_mono and indexed.finish == session.finish
-            assert indexed.of_kind("clock") == session.of_kind("clock")
-            assert indexed.summary == sorted(r["kind"] for r in session.records if r["kind"] in ("step", "sync"))
-            assert index.load(indexed).records == session.records
 
 
 SELECTIONS = [
@@ -246,41 +230,23 @@ SELECTIONS = [
 
 
 @pytest.mark.parametrize("selection", SELECTIONS, ids=repr)
-def test_streamed_trace_is_the_in_memory_trace(small_run: Path, tmp_path: Path, selection: Selection) -> None:
-    run_dir = _awkward_copy(small_run, tmp_path)
-    renderer = PerfettoRenderer(selection)
-    expected = renderer.render(read_run(run_dir))
-    assert renderer.render(renderer.index(run_dir)) == expected
-    assert renderer.render(index_run(run_dir)) == expected  # an index without summaries: read again
-    renderer.write(str(run_dir), tmp_path / "streamed.json.gz")
-    assert gzip.decompress((tmp_path / "streamed.json.gz").read_bytes()).decode() == expected
-
-
-def test_streaming_holds_one_session_at_a_time(small_run: Path, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    alive: list[weakref.ref[Session]] = []
-    loads: list[tuple[str, int]] = []
-    original = RunIndex.load
-
-    def load(self: RunIndex, session: Session, keep: Any = None) -> Session:
-        gc.collect()
-        assert [ref() for ref in alive if ref() is not None] == [], "a session read earlier is still held"
-        loaded = original(self, session, keep)
-        alive.append(weakref.ref(loaded))
-        loads.append((session.session_id, len(loaded.records)))
-        return loaded
-
-    monkeypatch.setattr(RunIndex, "load", load)
-    renderer = PerfettoRenderer()
-    index = renderer.index(small_run)
-    renderer.write(index, tmp_path / "t.json")
-    assert sorted(sid for sid, _ in loads) == sorted(s.session_id for s in index.sessions)  # each read once
-    everything = dict(loads)
-    # A slice keeps only the records it can use (bounds, spans touching its window, its marks).
-    loads.clear()
-    sliced = PerfettoRenderer(Selection(steps=(1, 1), attempt=0))
-    sliced.write(sliced.index(small_run), tmp_path / "s.json")
-    assert loads and all(0 < n < everything[sid] / 2 for sid, n in loads)
+def test_a_real_directory_renders_every_slice(small_run: Path, tmp_path: Path, selection: Selection) -> None:
+    """Split sessions, corrupt and torn lines, CRLF and a headerless file: every slice renders as
+    valid JSON whose steps track is the analysis's, and a slice holds only what touches it."""
+    run_dir = awkward_copy(small_run, tmp_path)
+    analysis, loaded = _analysed(run_dir)
+    events = _events(PerfettoRenderer(selection).render(analysis, loaded))
+    steps = {(e["pid"], e["args"]["attempt"], e["args"]["step"]) for e in _slices(events, cat="step")}
+    expected = {
+        (analysis.sessions[i].rank + 1, analysis.attempt_of[i], w.step)
+        for i in PerfettoRenderer(selection).sessions(analysis) for w in session_windows(analysis, i, selection.steps)
+    }
+    assert steps == expected
+    if selection.steps is not None:
+        lo, hi = selection.steps
+        assert all((lo is None or e["args"]["step"] is None or e["args"]["step"] >= lo - 1)
+                   and (hi is None or e["args"]["step"] is None or e["args"]["step"] <= hi)
+                   for e in _slices(events, name="forward"))
 
 
 # ------------------------------------------------------------------------------ the command
@@ -335,7 +301,7 @@ def _assert_clean(loaded: LoadedTrace) -> None:
 
 def test_perfetto_ui_loads_the_trace(ui: PerfettoUI, small_run: Path, tmp_path: Path) -> None:
     path = tmp_path / "small.json"
-    PerfettoRenderer().write(read_run(small_run), path)
+    PerfettoRenderer().write(*_analysed(small_run), path)
     expected = _events(path.read_text(encoding="utf-8"))
     loaded = ui.load(path)
     _assert_clean(loaded)
@@ -366,9 +332,12 @@ def test_perfetto_ui_loads_the_trace(ui: PerfettoUI, small_run: Path, tmp_path: 
         "SELECT parent.name AS step, parent.dur AS step_dur, child.name AS part, child.dur AS part_dur "
         "FROM slice child JOIN slice parent ON child.parent_id = parent.id WHERE child.category = 'overhead'"
     )
-    assert len(nested) == 3
+    checkpoints = [row for row in nested if row["part"] == "checkpoint_save"]
+    assert len(checkpoints) == 3  # after step 3 of attempt 1 (attempt 0 crashed before step 4 ended: its tail)
     assert all(row == {"step": "step 4", "step_dur": 140 * MS, "part": "checkpoint_save", "part_dur": 40 * MS}
-               for row in nested)
+               for row in checkpoints if row["step"] == "step 4")
+    # attempt 0's step 3 was done again by attempt 1: its productive time is wasted progress
+    assert {row["step"] for row in nested if row["part"] == "wasted_progress"} == {"step 3"}
     # Ranks aligned on the corrected clock: step 2 starts at the same ts on every rank.
     aligned = loaded.query("SELECT count(DISTINCT ts) AS n, count(*) AS c FROM slice WHERE name = 'step 2'")
     assert aligned == [{"n": 1, "c": 3}]
@@ -389,7 +358,7 @@ def test_perfetto_ui_loads_the_trace(ui: PerfettoUI, small_run: Path, tmp_path: 
 def test_perfetto_ui_loads_gzip_and_hostile_names(ui: PerfettoUI, tmp_path: Path) -> None:
     run_dir = write_small_run(tmp_path / "evil", evil=True)
     path = tmp_path / "evil.json.gz"
-    PerfettoRenderer().write(read_run(run_dir), path)
+    PerfettoRenderer().write(*_analysed(run_dir), path)
     loaded = ui.load(path)
     _assert_clean(loaded)
     names = loaded.query(f"SELECT count(*) AS n FROM slice WHERE name = '{EVIL}'")
@@ -421,7 +390,7 @@ def test_perfetto_ui_loads_a_run_from_the_real_recorder(ui: PerfettoUI, tmp_path
         device.close()
     assert cap.run is not None
     path = tmp_path / "recorded.json"
-    PerfettoRenderer().write(cap.run, path)
+    PerfettoRenderer().write(*_analysed(tmp_path / "recorded"), path)
     loaded = ui.load(path)
     _assert_clean(loaded)
     steps = loaded.query("SELECT name FROM slice WHERE category = 'step' ORDER BY ts")

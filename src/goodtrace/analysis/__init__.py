@@ -140,6 +140,7 @@ class RunAnalysis:
     cuts: dict[int, SessionSteps] = dataclasses.field(default_factory=dict)
     clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
+    relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
 
     @property
     def data_rule_text(self) -> str:
@@ -147,6 +148,9 @@ class RunAnalysis:
 
     def slowest_steps(self, n: int = 10) -> list[StepRow]:
         return sorted(self.steps, key=lambda r: -r.step_time_s)[:n]
+
+    def attempts_by_index(self) -> dict[int, Attempt]:
+        return {a.index: a for a in self.attempts}
 
     def to_wall(self, session: int, t: int) -> int:
         """A session's monotonic ``t`` on the job's aligned wall clock (the one mapping)."""
@@ -317,11 +321,15 @@ def analyze(
     attempt_of = {i: a.index for a in attempts for i in a.sessions}
     clocks = loaded_clocks(run, [a.sessions for a in attempts])
     goodput_by_rank: dict[int, float] = {}
+    relabels: dict[int, tuple[int, int | None]] = {}
     for rank in sorted({s.rank for s in job_sessions}):
         other = _rank_timeline(run, attempts, cuts, rank, ideal_override_ns=ideal_override, submit_wall=submit_wall,
                                pieces=False)
-        if other is not None and other[0].end > other[0].start:
-            goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
+        if other is not None:
+            relabels.update(other[0].relabels)
+            if other[0].end > other[0].start:
+                goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
+    relabels.update(timeline.relabels)  # the reference timeline's, as its step table shows them
     figures = rank_figures(job_sessions, cuts, run.session_records, attempt_of, clocks, goodput_by_rank)
     spread = spread_of(figures)
     stragglers = find_stragglers(figures, ideal_s)
@@ -362,6 +370,7 @@ def analyze(
         cuts=cuts,
         clocks=clocks,
         attempt_of=attempt_of,
+        relabels=relabels,
     )
 
 

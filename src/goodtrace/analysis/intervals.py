@@ -1,259 +1,107 @@
-"""Step intervals of one session from its raw records (the trace and the HTML report).
+"""The step intervals the timelines draw, from the run model (never cut again by a view).
 
-:func:`step_intervals` cuts a session's ``sync`` and ``step`` records into intervals
-(T_{k-1}, T_k] with the overhead split of its main-thread spans; :func:`summarise_steps` keeps
-only where the intervals lie (:class:`StepSummary`), which a streaming reader computes first.
+:func:`session_windows` gives a session's intervals exactly as the analysis cut them (with
+the attempt-level relabels: warm-up, wasted progress), optionally only those holding a step of
+a range; :func:`slice_window` the part of the session's clock a slice of steps covers. The
+trace's steps track, the HTML heat map and gantt chart, and the report's step table all come
+from the same :class:`goodtrace.analysis.executions.SessionSteps`.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from goodtrace import schema
+from goodtrace.analysis.executions import Piece
+from goodtrace.analysis.partition import PRODUCTIVE, window_pieces
 from goodtrace.analysis.selection import StepRange
-from goodtrace.read.sessions import Run, Session
 
-__all__ = [
-    "Bound",
-    "StepInterval",
-    "StepSummary",
-    "in_range",
-    "overhead_categories",
-    "step_bounds",
-    "step_intervals",
-    "step_summaries",
-    "summarise_steps",
-]
+if TYPE_CHECKING:
+    from goodtrace.analysis import RunAnalysis
+
+__all__ = ["WindowView", "in_range", "session_windows", "slice_window"]
 
 
 @dataclasses.dataclass(frozen=True)
-class StepInterval:
-    """Step ``step``'s interval (T_{k-1}, T_k] on one session's monotonic clock.
+class WindowView:
+    """One step interval (start, end] of one session, on that session's monotonic clock."""
 
-    When completion was sparse, the interval is shared by ``first_step`` .. ``step`` (a window:
-    its time is their total, never per-step truth). ``overhead_ns`` maps each overhead category
-    to the time its outermost main-thread spans cover inside the interval; ``regions`` lists
-    those (t0, t1, category) pieces; ``productive_ns`` is the rest. ``compute_ns`` is the time of
-    outermost main-thread ``compute`` spans inside it (0 when the loop records none).
-    """
-
-    first_step: int
-    step: int
-    t0: int
-    t1: int
+    session: int
+    index: int
+    attempt: int
+    start: int
+    end: int
     how: str
-    overhead_ns: dict[str, int]
-    regions: tuple[tuple[int, int, str], ...]
-    compute_ns: int
+    steps: tuple[int, ...]  # the step numbers of the executions sharing it, in order
+    seqs: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+    lost: frozenset[int]  # executions (indexes in the session's cut) a later attempt redid
 
     @property
     def duration_ns(self) -> int:
-        return self.t1 - self.t0
+        return self.end - self.start
+
+    @property
+    def overhead_ns(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.pieces:
+            if p.label != PRODUCTIVE:
+                out[p.label] = out.get(p.label, 0) + p.length
+        return out
 
     @property
     def productive_ns(self) -> int:
-        return self.duration_ns - sum(self.overhead_ns.values())
+        return sum(p.length for p in self.pieces if p.label == PRODUCTIVE)
+
+    @property
+    def first_step(self) -> int:
+        return self.steps[0]
+
+    @property
+    def step(self) -> int:
+        return self.steps[-1]
 
     @property
     def is_window(self) -> bool:
-        return self.first_step != self.step
+        return len(self.steps) > 1
 
 
-def overhead_categories(session: Session) -> frozenset[str]:
-    """The built-in overhead categories plus those the session's config declared."""
-    extra: set[str] = set()
-    config = session.header.get(schema.H_CONFIG)
-    for declared in (session.header.get("overhead_categories"),
-                     config.get("overhead_categories") if isinstance(config, dict) else None):
-        if isinstance(declared, list):
-            extra.update(str(c) for c in declared)
-    return schema.OVERHEAD_CATEGORIES | extra
+def in_range(steps: tuple[int, ...], selected: StepRange | None) -> bool:
+    """An interval is in a step range when any of its executions' steps is."""
+    if selected is None:
+        return True
+    lo, hi = selected
+    return any((lo is None or s >= lo) and (hi is None or s <= hi) for s in steps)
 
 
-def _outermost(spans: Iterable[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
-    """Outermost intervals of properly nested (t0, t1, label) spans: a span starting inside an
-    earlier kept one is dropped (nested, or overlapping on another thread: counted once)."""
-    kept: list[tuple[int, int, str]] = []
-    end = -(2**63)
-    for t0, t1, label in sorted(spans, key=lambda s: (s[0], -s[1])):
-        if t0 >= end:
-            kept.append((t0, t1, label))
-            end = t1
-        elif t1 > end:  # partial overlap: keep the uncovered tail, under the same label
-            kept.append((end, t1, label))
-            end = t1
-    return kept
-
-
-def _clip_sum(
-    pieces: Sequence[tuple[int, int, str]], starts: Sequence[int], t0: int, t1: int
-) -> list[tuple[int, int, str]]:
-    """Pieces (sorted, disjoint) clipped to (t0, t1]."""
-    out: list[tuple[int, int, str]] = []
-    index = max(0, bisect.bisect_right(starts, t0) - 1)
-    while index < len(pieces):
-        a, b, label = pieces[index]
-        if a >= t1:
-            break
-        lo, hi = max(a, t0), min(b, t1)
-        if hi > lo:
-            out.append((lo, hi, label))
-        index += 1
+def session_windows(analysis: RunAnalysis, session: int, selected: StepRange | None = None) -> list[WindowView]:
+    """The session's intervals (those holding a step of ``selected``), from the run model."""
+    cut = analysis.cuts.get(session)
+    if cut is None:
+        return []
+    relabels = analysis.relabels.get(session, (0, None))
+    attempt = analysis.attempt_of.get(session, -1)
+    out = []
+    for w in range(cut.windows):
+        first = cut.win_first[w]
+        executions = range(first, first + cut.win_count[w])
+        steps = tuple(cut.exec_step[i] for i in executions)
+        if not in_range(steps, selected):
+            continue
+        pieces, lost = window_pieces(cut, w, relabels)
+        out.append(WindowView(session, w, attempt, cut.win_start[w], cut.win_end[w], cut.win_how[w], steps,
+                              tuple(cut.exec_seq[i] for i in executions), tuple(pieces), lost))
     return out
 
 
-
-Bound = tuple[int, int, int, int, str]  # first_step, step, t0, t1, how: one interval without its split
-
-
-def step_bounds(session: Session) -> list[Bound]:
-    """Where the session's step intervals lie, from its ``sync`` and ``step`` records only:
-    ``(first_step, step, t0, t1, how)`` per interval, in time order (see :func:`step_intervals`)."""
-    return _bounds(session.records)
-
-
-def _bounds(records: Iterable[dict[str, Any]]) -> list[Bound]:
-    syncs: list[tuple[int, int, str]] = []
-    entered: list[dict[str, Any]] = []
-    for r in records:
-        kind = r.get(schema.F_KIND)
-        if kind == schema.SYNC:
-            if isinstance(r.get(schema.F_T), int) and isinstance(r.get(schema.F_STEP), int):
-                syncs.append((int(r[schema.F_T]), int(r[schema.F_STEP]), str(r.get(schema.F_HOW, ""))))
-        elif kind == schema.STEP and isinstance(r.get(schema.F_STEP), int):
-            entered.append(r)
-    if not syncs:
-        return []
-    syncs.sort()
-    step_t0: dict[int, int] = {}
-    for r in entered:
-        step_t0.setdefault(int(r[schema.F_STEP]), int(r[schema.F_T0]))
-    numbers = sorted(step_t0)
-    bounds: list[Bound] = []
-    previous_t: int | None = None
-    previous_step: int | None = None
-    for t, step, how in syncs:
-        low = 0 if previous_step is None else bisect.bisect_right(numbers, previous_step)
-        covered = numbers[low:bisect.bisect_right(numbers, step)]
-        first_step = covered[0] if covered else step
-        start = previous_t if previous_t is not None else min((step_t0[n] for n in covered), default=t)
-        bounds.append((first_step, step, min(start, t), t, how))
-        previous_t, previous_step = t, max(step, previous_step if previous_step is not None else step)
-    return bounds
-
-
-def step_intervals(session: Session) -> list[StepInterval]:
-    """The session's step intervals in time order, from its ``sync`` and ``step`` records.
-
-    The first interval starts when its first step was entered; each later one at the previous
-    sync point. Steps without a sync point of their own share the next one's interval.
-    """
-    main_tid = session.header.get("main_tid")
-    span_kind, sync_kind, step_kind = schema.SPAN, schema.SYNC, schema.STEP
-    steps: list[dict[str, Any]] = []  # sync and step records
-    main: list[dict[str, Any]] = []  # main-thread spans
-    for r in session.records:  # one pass: sessions hold hundreds of thousands of records
-        kind = r.get(schema.F_KIND)
-        if kind == span_kind:
-            if r.get(schema.F_THREAD) == main_tid:
-                main.append(r)
-        elif kind in (sync_kind, step_kind):
-            steps.append(r)
-    bounds = _bounds(steps)
-    if not bounds:
-        return []
-    overhead = overhead_categories(session)
-    over: list[tuple[int, int, str]] = []
-    compute: list[tuple[int, int, str]] = []
-    for r in main:
-        category = str(r.get(schema.F_CATEGORY))
-        if category in overhead:
-            over.append((int(r[schema.F_T0]), int(r[schema.F_T1]), category))
-        elif category == schema.COMPUTE:
-            compute.append((int(r[schema.F_T0]), int(r[schema.F_T1]), category))
-    over_pieces = _outermost(over)
-    over_starts = [p[0] for p in over_pieces]
-    compute_pieces = _outermost(compute)
-    compute_starts = [p[0] for p in compute_pieces]
-    intervals: list[StepInterval] = []
-    for first_step, step, start, t, how in bounds:
-        regions = _clip_sum(over_pieces, over_starts, start, t)
-        split: dict[str, int] = {}
-        for a, b, category in regions:
-            split[category] = split.get(category, 0) + (b - a)
-        compute_ns = sum(b - a for a, b, _ in _clip_sum(compute_pieces, compute_starts, start, t))
-        intervals.append(StepInterval(first_step, step, start, t, how, split, tuple(regions), compute_ns))
-    return intervals
-
-
-@dataclasses.dataclass(frozen=True)
-class StepSummary:
-    """What the renderers need of a session before its records are read: the step of each of
-    its intervals, in order (as arithmetic runs ``(first, stride, count)``: a few numbers for
-    any number of steps), and, for the step range ``steps_range``, the window ``(t0, t1)``
-    from the first to the last interval in it (None: no interval in the range)."""
-
-    runs: tuple[tuple[int, int, int], ...]
-    steps_range: StepRange | None = None
-    window: tuple[int, int] | None = None
-
-    @property
-    def steps(self) -> Iterator[int]:
-        for first, stride, count in self.runs:
-            for i in range(count):
-                yield first + i * stride
-
-
-def _runs(values: Iterable[int]) -> tuple[tuple[int, int, int], ...]:
-    runs: list[list[int]] = []
-    for value in values:
-        if runs:
-            last = runs[-1]
-            if last[2] == 1:
-                last[1], last[2] = value - last[0], 2
-                continue
-            if value == last[0] + last[1] * last[2]:
-                last[2] += 1
-                continue
-        runs.append([value, 0, 1])
-    return tuple((a, b, c) for a, b, c in runs)
-
-
-def in_range(first_step: int, step: int, steps: StepRange | None) -> bool:
-    """An interval is in the step range when any step it covers is."""
-    if steps is None:
-        return True
-    first, last = steps
-    return (first is None or step >= first) and (last is None or first_step <= last)
-
-
-def summarise_steps(steps_range: StepRange | None = None) -> Callable[[Session], StepSummary]:
-    """The per-session summary the renderers read first (``index_run``'s ``summarise``)."""
-
-    def summarise(session: Session) -> StepSummary:
-        bounds = step_bounds(session)
-        window = None
-        if steps_range is not None:
-            chosen = [b for b in bounds if in_range(b[0], b[1], steps_range)]
-            window = (chosen[0][2], chosen[-1][3]) if chosen else None
-        return StepSummary(_runs(b[1] for b in bounds), steps_range, window)
-
-    return summarise
-
-
-def step_summaries(
-    run: Run, sessions: Iterable[Session], steps_range: StepRange | None = None
-) -> dict[str, StepSummary]:
-    """Per session id, its :class:`StepSummary` for ``steps_range``: the index's own when it
-    was made for that range, else computed (from the records in memory, or read again)."""
-    summarise = summarise_steps(steps_range)
-    result: dict[str, StepSummary] = {}
-    for session in sessions:
-        summary = getattr(session, "summary", None)
-        if not isinstance(summary, StepSummary) or (steps_range is not None and summary.steps_range != steps_range):
-            summary = summarise(run.load(session))
-        result[session.session_id] = summary
-    return result
+def slice_window(analysis: RunAnalysis, session: int, selected: StepRange | None) -> tuple[int, int] | None:
+    """The part of a session's clock that a slice of steps covers (from its first interval in
+    the range to its last); the whole session when ``selected`` is None; None when no interval
+    of the session holds a step of the range."""
+    cut = analysis.cuts.get(session)
+    if cut is None:
+        return None
+    if selected is None:
+        return (cut.start, max(cut.end, cut.last_end))
+    windows = session_windows(analysis, session, selected)
+    return (windows[0].start, windows[-1].end) if windows else None

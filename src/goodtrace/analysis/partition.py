@@ -35,6 +35,7 @@ __all__ = [
     "assemble",
     "ideal_step_ns",
     "noise_threshold_ns",
+    "window_pieces",
 ]
 
 PRODUCTIVE = schema.BUCKET_PRODUCTIVE
@@ -97,6 +98,8 @@ class Timeline:
     cuts: list[SessionSteps]
     buckets: dict[str, int] = dataclasses.field(default_factory=dict)
     parts: dict[str, int] = dataclasses.field(default_factory=dict)
+    # per session: (warm-up ns moved out of its first interval, the restore point after it)
+    relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
 
     def totals(self, a: int | None = None, b: int | None = None) -> tuple[dict[str, int], dict[str, int]]:
         """Bucket totals (ns) and startup parts, optionally clipped to [a, b)."""
@@ -233,6 +236,7 @@ def assemble(
         emit(Piece(submit_wall, job_start, SCHEDULING), submit_wall, None)
         start = submit_wall
     cursor = job_start
+    relabels: dict[int, tuple[int, int | None]] = {}
     for k, (attempt, info, cut) in enumerate(ordered):
         delta = info.wall_anchor - info.mono_anchor
         limit = None if k + 1 == len(ordered) else ordered[k + 1][1].start_wall
@@ -242,6 +246,7 @@ def assemble(
         for p in cut.startup_pieces():
             cursor = emit(Piece(p.start + delta, p.end + delta, p.label, p.part), cursor, limit)
         warmup = _warmup(cut, ideal, noise)
+        relabels[cut.session] = (warmup, restore_after[k])
         for w in range(cut.windows):
             a, b = cut.win_start[w] + delta, cut.win_end[w] + delta
             lost = _lost(cut, w, restore_after[k])
@@ -258,20 +263,29 @@ def assemble(
                         buckets[label] = buckets.get(label, 0) + ns
                 cursor = b
                 continue
-            window_pieces = [Piece(p.start + delta, p.end + delta, p.label) for p in cut.window_pieces(w)]
-            if amount_warm:
-                window_pieces = relabel(window_pieces, amount_warm, WARMUP, from_end=False)
-            if lost:
-                productive = sum(p.length for p in window_pieces if p.label == PRODUCTIVE)
-                window_pieces = relabel(window_pieces, _wasted(productive, len(lost), cut.win_count[w]),
-                                        WASTED, from_end=True)
+            own, _ = window_pieces(cut, w, relabels[cut.session])
+            window_pieces_wall = [Piece(p.start + delta, p.end + delta, p.label) for p in own]
             if pieces:
-                windows.append(Window(cut, w, attempt, a, b, window_pieces, lost, w == 0, amount_warm))
-            for p in window_pieces:
+                windows.append(Window(cut, w, attempt, a, b, window_pieces_wall, lost, w == 0, amount_warm))
+            for p in window_pieces_wall:
                 cursor = emit(p, cursor, limit)
         for p in cut.tail_pieces():
             cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
-    return Timeline(start, cursor, out_pieces, windows, [c for _, _, c in ordered], buckets, parts)
+    return Timeline(start, cursor, out_pieces, windows, [c for _, _, c in ordered], buckets, parts, relabels)
+
+
+def window_pieces(cut: SessionSteps, w: int, relabels: tuple[int, int | None]) -> tuple[list[Piece], frozenset[int]]:
+    """Window ``w`` of ``cut`` with the attempt-level relabels :func:`assemble` applied (on the
+    session's own clock), and the executions in it that a later attempt redid."""
+    warmup, limit = relabels
+    pieces = cut.window_pieces(w)
+    if warmup and w == 0:
+        pieces = relabel(pieces, warmup, WARMUP, from_end=False)
+    lost = _lost(cut, w, limit)
+    if lost:
+        productive = sum(p.length for p in pieces if p.label == PRODUCTIVE)
+        pieces = relabel(pieces, _wasted(productive, len(lost), cut.win_count[w]), WASTED, from_end=True)
+    return pieces, lost
 
 
 def _wasted(productive: int, lost: int, count: int) -> int:

@@ -181,21 +181,27 @@ def _extract(con: Any, source: str) -> None:
         """
     )
     # Outermost main-thread compute time per execution: a span nested in an earlier one adds
-    # nothing, a partial overlap adds its uncovered tail; each part belongs to the execution
-    # entered last before it began.
+    # nothing, a partial overlap adds its uncovered tail; each part belongs to the execution of
+    # its step (the span's ambient step) entered last before it began (without a step: to the
+    # execution entered last); a part of a step that never finished belongs to none.
     con.execute(
         f"""
         INSERT INTO m_compute
         WITH c AS (
-            SELECT b.sid, b.t0, b.t1,
+            SELECT b.sid, b.t0, b.t1, b.step,
                    max(b.t1) OVER (PARTITION BY b.sid ORDER BY b.t0, b.t1 DESC
                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
             FROM {source} b JOIN sessmain m USING (sid)
             WHERE b.kind = '{k.SPAN}' AND b.cat = '{k.COMPUTE}' AND b.t0 IS NOT NULL AND b.t1 > b.t0 AND {_MAIN}),
-        o AS (SELECT sid, greatest(t0, coalesce(reach, t0)) AS a, t1 AS z FROM c WHERE reach IS NULL OR t1 > reach),
-        e AS (SELECT sid, coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0) - 1) AS seq, t0
+        o AS (SELECT sid, step, greatest(t0, coalesce(reach, t0)) AS a, t1 AS z FROM c
+              WHERE reach IS NULL OR t1 > reach),
+        e AS (SELECT sid, step, coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0) - 1) AS seq, t0
               FROM {source} WHERE kind = '{k.STEP}' AND step IS NOT NULL AND t0 IS NOT NULL AND t1 IS NOT NULL)
-        SELECT o.sid, e.seq, sum(o.z - o.a) FROM o ASOF JOIN e ON o.sid = e.sid AND o.a >= e.t0 GROUP BY ALL
+        SELECT o.sid, e.seq, sum(o.z - o.a) FROM o ASOF JOIN e ON o.sid = e.sid AND o.step = e.step AND o.a >= e.t0
+        WHERE o.step IS NOT NULL GROUP BY ALL
+        UNION ALL
+        SELECT o.sid, e.seq, sum(o.z - o.a) FROM o ASOF JOIN e ON o.sid = e.sid AND o.a >= e.t0
+        WHERE o.step IS NULL GROUP BY ALL
         """
     )
     con.execute(

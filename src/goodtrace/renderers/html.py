@@ -1,74 +1,75 @@
-"""The self-contained HTML report (DESIGN.md section 6): one file that opens offline.
+"""The self-contained HTML report (``goodtrace report --html``): one file that opens offline.
 
-Contract: ``render_html(analysis, run)`` returns the whole page as a string. ``analysis`` is a
-:class:`goodtrace.analysis.RunAnalysis` (or its ``to_dict()``, or ``None`` for the raw view);
-``run`` is the :class:`goodtrace.read.sessions.Run` whose records feed the per-rank heat map and the
-gantt chart. The page shows the goodput headline and buckets, step time with its overhead
-split (tags, anomalies, attempts), a rank x step heat map and a gantt chart of every rank's
-spans for a step range, drawn with the Apache ECharts build vendored in ``assets/`` (pinned; see
-``assets/ECHARTS-VERSION``).
+Contract: ``render_html(analysis, run)`` returns the whole page as a string. ``analysis`` is the
+:class:`goodtrace.analysis.RunAnalysis` of ``run``, the
+:class:`goodtrace.read.loaded.LoadedRun` it came from. The page shows the goodput headline and
+buckets, attempts and events, step time with its overhead split (tags, anomalies, attempts), a
+rank x step heat map and a gantt chart of every rank's spans for a step range, drawn with the
+Apache ECharts build vendored in ``assets/`` (pinned; see ``assets/ECHARTS-VERSION``).
 
-Memory: ``run`` may be a :class:`goodtrace.read.sessions.Run` in memory, or (for any size) a run
-directory or the :class:`goodtrace.read.sessions.RunIndex` of :func:`index_for_html`. The run is then
-read one session at a time: the index gives every session's steps (enough to choose the gantt
-range and lay out the heat map), then each session's records are read once, added to the heat
-map's sums and dropped, except the spans inside the gantt range. What is held is the heat
-map (ranks x at most 240 columns), the reference rank's step table and the gantt's spans.
+Everything drawn comes from the run model: the step chart is the analysis's step table, the
+heat map every rank's step executions as the analysis cut them, the gantt chart the spans of
+the chosen steps' intervals, read from the rank files for those windows only (DuckDB). Memory
+holds the heat map (ranks x at most 240 columns) and the gantt range's spans.
 
 Safety: run text (span names, tags, attributes, hosts) reaches the page only as JSON inside a
-``<script type="application/json">`` block with ``< > &`` and U+2028/2029 escaped; the page
-script puts it into the DOM with ``textContent`` and escapes it in tooltips. A Content Security
-Policy allows only the two inline scripts (by hash) and no network access at all.
+``<script type="application/json">`` block with ``< > &`` and U+2028/2029 escaped (lone
+surrogates replaced); the page script puts it into the DOM with ``textContent`` and escapes it
+in tooltips. A Content Security Policy allows only the two inline scripts (by hash) and no
+network access at all.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-import functools
 import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
-from goodtrace import schema
-from goodtrace.analysis.clock import session_clocks
-from goodtrace.analysis.intervals import step_intervals, step_summaries, summarise_steps
+from goodtrace.analysis import RunAnalysis
 from goodtrace.analysis.selection import StepRange
-from goodtrace.read.sessions import Run, RunIndex, Session, index_run
+from goodtrace.read.loaded import LoadedRun
+from goodtrace.read.raw import session_records
 from goodtrace.renderers.html_charts import Gantt, Heatmap, choose_gantt_range, rounded
 
-__all__ = ["ECHARTS_VERSION", "HtmlRenderer", "html_page", "index_for_html", "render_html", "report_data"]
+__all__ = ["ECHARTS_VERSION", "HtmlRenderer", "html_page", "render_html", "report_data"]
 
 ECHARTS_VERSION = "6.1.0"
+MAX_PAGE_EVENTS = 200
 
 _JSON_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
                  0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
+def _no_surrogates(value: Any) -> Any:
+    """Any string goodtrace accepted, as valid UTF-8 (a lone surrogate becomes U+FFFD)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8") if any(
+            "\ud800" <= c <= "\udfff" for c in value) else value
+    if isinstance(value, dict):
+        return {_no_surrogates(k): _no_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_surrogates(v) for v in value]
+    return value
+
+
 def embed_json(value: Any) -> str:
     """JSON that is inert inside an HTML ``<script type="application/json">`` element."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).translate(_JSON_ESCAPES)
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(_no_surrogates(value), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text.translate(_JSON_ESCAPES)
 
 
 def _asset(name: str) -> str:
     return resources.files("goodtrace.renderers").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
-
-
-def _as_dict(analysis: Any) -> dict[str, Any] | None:
-    if analysis is None:
-        return None
-    if isinstance(analysis, Mapping):
-        return dict(analysis)
-    to_dict = getattr(analysis, "to_dict", None)
-    if callable(to_dict):
-        result = to_dict()
-        if isinstance(result, Mapping):
-            return dict(result)
-    raise TypeError(f"expected a RunAnalysis, its to_dict() or None, got {type(analysis).__name__}")
 
 
 def _finite(value: Any) -> float | None:
@@ -78,164 +79,91 @@ def _finite(value: Any) -> float | None:
 # ------------------------------------------------------------------------------ sections
 
 
-def _summary(run: Run, analysis: dict[str, Any] | None, sessions: Sequence[Session]) -> dict[str, Any]:
+def _summary(analysis: RunAnalysis, run: LoadedRun) -> dict[str, Any]:
+    sessions = [analysis.sessions[i] for i in analysis.cuts]
+    program = analysis.program
     summary: dict[str, Any] = {
-        "run": os.path.basename(os.path.normpath(run.path)) or run.path,
+        "run": os.path.basename(os.path.normpath(analysis.path)) or analysis.path,
         "ranks": len({s.rank for s in sessions}),
-        "hosts": len({str(s.header.get(schema.H_HOST)) for s in sessions}),
-        "attempts": len({s.attempt for s in sessions}),
-        "problems": list(run.problems[:50]),
-        "analysed": analysis is not None,
-    }
-    if analysis is None:
-        return summary
-    partition = analysis.get("partition") or {}
-    summary.update(
-        goodput=_finite(analysis.get("goodput")),
-        total_s=_finite(partition.get("total_s")),
-        ideal_step_s=_finite(analysis.get("ideal_step_s")),
-        data_rule=(analysis.get("data_rule") or {}).get("text"),
-        warnings=[str(w) for w in analysis.get("warnings") or []][:50],
-        stragglers=[
-            {"rank": s.get("rank"), "host": s.get("host"), "reason": s.get("reason")}
-            for s in analysis.get("stragglers") or []
-        ][:50],
-        attempts_detail=[
-            {"index": a.get("index"), "ended": a.get("ended"), "first_step": a.get("first_step"),
-             "last_step": a.get("last_step"), "duration_s": _finite(a.get("duration_s"))}
-            for a in analysis.get("attempts") or []
+        "hosts": len({s.host for s in sessions}),
+        "attempts": len(analysis.attempts),
+        "problems": [],
+        "analysed": True,
+        "goodput": _finite(analysis.partition.goodput),
+        "total_s": _finite(analysis.partition.total_ns / 1e9),
+        "ideal_step_s": _finite(analysis.ideal_step_s),
+        "data_rule": analysis.data_rule_text,
+        "warnings": list(analysis.warnings[:50]),
+        "stragglers": [{"rank": s.rank, "host": s.host, "reason": s.reason} for s in analysis.stragglers[:50]],
+        "attempts_detail": [
+            {"index": a.index, "ended": a.ending.text, "first_step": a.first_step, "last_step": a.last_step,
+             "duration_s": _finite(a.duration_ns / 1e9)}
+            for a in analysis.attempts
         ],
-    )
-    program = analysis.get("program") or {}
-    if _finite(program.get("mfu")) is not None:
-        summary["mfu"] = program["mfu"]
+        "events": [e.to_dict() for e in analysis.events[:MAX_PAGE_EVENTS]],
+        "events_total": analysis.events_total,
+    }
+    if program.mfu is not None:
+        summary["mfu"] = program.mfu
     return summary
 
 
-def _buckets(analysis: dict[str, Any] | None) -> list[list[Any]]:
-    if analysis is None:
-        return []
-    buckets = (analysis.get("partition") or {}).get("buckets") or {}
-    return [
-        [name, rounded(float(b.get("seconds", 0.0)), 6), rounded(float(b.get("fraction", 0.0)), 6)]
-        for name, b in buckets.items()
-        if isinstance(b, Mapping) and b.get("ns")
-    ]
+def _buckets(analysis: RunAnalysis) -> list[list[Any]]:
+    p = analysis.partition
+    return [[name, rounded(ns / 1e9, 6), rounded(p.fraction(name), 6)] for name, ns in p.buckets_ns.items() if ns]
 
 
-def _step_rows_from_records(session: Session) -> list[dict[str, Any]]:
-    """The step table of one session from raw records (when no analysis is given)."""
-    tags: dict[int, list[str]] = {}
-    for record in session.of_kind(schema.TAG):
-        if isinstance(record.get(schema.F_STEP), int):
-            tags.setdefault(int(record[schema.F_STEP]), []).append(str(record.get(schema.F_NAME)))
-    rows = []
-    for iv in step_intervals(session):
-        rows.append({
-            "step": iv.step, "attempt": session.attempt, "step_time_s": iv.duration_ns / 1e9,
-            "productive_s": iv.productive_ns / 1e9,
-            "overhead_s": {k: v / 1e9 for k, v in iv.overhead_ns.items()},
-            "shared": iv.step - iv.first_step + 1, "tags": tags.get(iv.step, []),
-        })
-    return rows
-
-
-def _steps(run: Run, analysis: dict[str, Any] | None, sessions: Sequence[Session]) -> dict[str, Any]:
-    rows: list[dict[str, Any]] = list((analysis or {}).get("steps") or [])
-    source = "analysis (reference rank)"
-    if not rows:
-        reference_rank = min((s.rank for s in sessions), default=0)
-        rows = [r for s in sessions if s.rank == reference_rank for r in _step_rows_from_records(run.load(s))]
-        source = f"records of rank {reference_rank}"
-    categories = sorted({k for r in rows for k in (r.get("overhead_s") or {})})
-    series: dict[str, list[float]] = {"productive": []}
+def _steps(analysis: RunAnalysis) -> dict[str, Any]:
+    rows = analysis.steps
+    categories = sorted({k for r in rows for k in r.overhead_s})
+    series: dict[str, list[float]] = {"productive": [rounded(r.productive_s, 6) for r in rows]}
     for category in categories:
-        series[category] = []
-    labels, attempts, shared, tags = [], [], [], []
-    device: list[float | None] = []  # device-busy seconds where measured (CUDA events)
-    for row in rows:
-        device.append(_finite(row.get("device_s")))
-        labels.append(int(row.get("step", 0)))
-        attempts.append(int(row.get("attempt", 0)))
-        shared.append(int(row.get("shared", 1) or 1))
-        tags.append([str(t) for t in row.get("tags") or []])
-        series["productive"].append(rounded(float(row.get("productive_s") or 0.0), 6))
-        overhead = row.get("overhead_s") or {}
-        for category in categories:
-            series[category].append(rounded(float(overhead.get(category) or 0.0), 6))
-    index = {(a, s): i for i, (a, s) in enumerate(zip(attempts, labels, strict=True))}
-    anomalies = []
-    for anomaly in (analysis or {}).get("anomalies") or []:
-        i = index.get((int(anomaly.get("attempt", -1)), int(anomaly.get("step", -1))))
-        if i is not None:
-            anomalies.append([i, [str(x) for x in anomaly.get("overlapped") or []],
-                              _finite(anomaly.get("threshold_s"))])
-    ended = {a.get("index"): a.get("ended") for a in (analysis or {}).get("attempts") or []}
+        series[category] = [rounded(r.overhead_s.get(category, 0.0), 6) for r in rows]
+    index = {(r.attempt, r.seq): i for i, r in enumerate(rows)}
+    anomalies = [
+        [index[(a.attempt, a.seq)], list(a.overlapped), _finite(a.threshold_s)]
+        for a in analysis.anomalies if (a.attempt, a.seq) in index
+    ]
+    ended = {a.index: a.ending.text for a in analysis.attempts}
     bands = []
     start = 0
-    for i in range(1, len(attempts) + 1):
-        if i == len(attempts) or attempts[i] != attempts[start]:
-            label = f"attempt {attempts[start]}"
-            if ended.get(attempts[start]):
-                label += f" ({ended[attempts[start]]})"
-            bands.append([start, i - 1, label])
+    attempts = [r.attempt for r in rows]
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or attempts[i] != attempts[start]:
+            bands.append([start, i - 1, f"attempt {attempts[start]} ({ended.get(attempts[start], '?')})"])
             start = i
-    return {"source": source, "steps": labels, "attempts": attempts, "shared": shared, "tags": tags,
-            "series": series, "anomalies": anomalies, "bands": bands,
-            "device": device if any(v is not None for v in device) else None}
-
-
-def index_for_html(
-    run_dir: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None
-) -> RunIndex:
-    """The run's index with the step summaries the report needs (see the module's docstring)."""
-    return index_run(run_dir, summarise=summarise_steps(), progress=progress)
+    device = [_finite(r.device_s) for r in rows]
+    if rows:
+        why = ""
+    elif not any(len(c.exec_step) for c in analysis.cuts.values()):
+        why = "no step was recorded: the loop never entered gt.step(n), so there are no step intervals to cut"
+    else:
+        why = "no step completed on the reference rank (every execution was still in flight when it ended)"
+    return {"source": f"analysis of rank {analysis.reference_rank}", "steps": [r.step for r in rows],
+            "seq": [r.seq for r in rows], "attempts": attempts, "start_ns": [r.start_ns for r in rows],
+            "end_ns": [r.end_ns for r in rows], "shared": [r.shared for r in rows],
+            "tags": [list(r.tags) for r in rows], "series": series, "anomalies": anomalies, "bands": bands,
+            "device": device if any(v is not None for v in device) else None, "why_empty": why}
 
 
 def report_data(
-    analysis: Any, run: Run | str | os.PathLike[str], *, gantt_steps: StepRange | None = None,
+    analysis: RunAnalysis, run: LoadedRun, *, gantt_steps: StepRange | None = None,
     gantt_attempt: int | None = None, progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Everything the page draws, as one JSON-ready dict (also what the golden tests compare).
-    ``run``: in memory, a :class:`RunIndex` or a run directory (read one session at a time)."""
-    if not isinstance(run, Run):
-        run = index_for_html(run, None if progress is None else functools.partial(progress, "reading"))
-    as_dict = _as_dict(analysis)
-    sessions = list(run.sessions)
-    if as_dict is not None:
-        # Only the analysed job's sessions (a reused run directory can hold older jobs).
-        partition = as_dict.get("partition") or {}
-        lo, hi = partition.get("start_wall_ns"), partition.get("end_wall_ns")
-        if isinstance(lo, int) and isinstance(hi, int):
-            inside = [s for s in sessions if lo - 1_000_000_000 <= s.start_wall_ns <= hi]
-            sessions = inside or sessions
-    summaries = step_summaries(run, sessions)
-    to_wall = session_clocks(run)
-    steps = _steps(run, as_dict, sessions)
-    executed: dict[int, set[int]] = {}
-    for session in sessions:
-        numbers = summaries[session.session_id].steps
-        executed.setdefault(session.attempt, set()).update(numbers)
-    executed = {a: numbers for a, numbers in executed.items() if numbers}
-    chosen = choose_gantt_range(steps, executed, gantt_steps, gantt_attempt)
-    heatmap = Heatmap(sessions, summaries)
-    gantt = Gantt(chosen)
-    # One pass over the records, one session at a time.
-    for done, indexed in enumerate(sessions, 1):
-        session = run.load(indexed)
-        intervals = step_intervals(session)
-        heatmap.add(indexed, intervals)
-        gantt.add(indexed, session, intervals)
-        del session, intervals
-        if progress is not None:
-            progress("reading spans", done, len(sessions))
+    """Everything the page draws, as one JSON-ready dict (also what the golden tests compare)."""
+    chosen = choose_gantt_range(analysis, gantt_steps, gantt_attempt)
+    gantt = Gantt(analysis, chosen)
+    for session, records in session_records(run, gantt.wanted(), steps=None, progress=progress):
+        gantt.add(session, records)
+    legend = sorted({p.label for p in analysis.timeline.pieces} | {"productive"})
     return {
-        "format": "goodtrace.html/1",
-        "summary": _summary(run, as_dict, sessions),
-        "buckets": _buckets(as_dict),
-        "steps": steps,
-        "heatmap": heatmap.result(),
-        "gantt": gantt.result(to_wall),
+        "format": "goodtrace.html/2",
+        "summary": _summary(analysis, run),
+        "buckets": _buckets(analysis),
+        "steps": _steps(analysis),
+        "heatmap": Heatmap(analysis).result(),
+        "gantt": gantt.result(),
+        "legend": legend,
     }
 
 
@@ -245,11 +173,10 @@ def _script_hash(source: str) -> str:
 
 
 def render_html(
-    analysis: Any, run: Run | str | os.PathLike[str], *, gantt_steps: StepRange | None = None,
+    analysis: RunAnalysis, run: LoadedRun, *, gantt_steps: StepRange | None = None,
     gantt_attempt: int | None = None, progress: Callable[[str, int, int], None] | None = None,
 ) -> str:
-    """The report page: one self-contained HTML string (no network requests when opened).
-    ``run``: in memory, a :class:`RunIndex` or a run directory (read one session at a time)."""
+    """The report page: one self-contained HTML string (no network requests when opened)."""
     return html_page(report_data(analysis, run, gantt_steps=gantt_steps, gantt_attempt=gantt_attempt,
                                  progress=progress))
 
@@ -289,6 +216,6 @@ class HtmlRenderer:
     gantt_steps: StepRange | None = None
     gantt_attempt: int | None = None
 
-    def render(self, analysis: Any, run: Run | str | os.PathLike[str]) -> str:
+    def render(self, analysis: RunAnalysis, run: LoadedRun) -> str:
         return render_html(analysis, run, gantt_steps=self.gantt_steps, gantt_attempt=self.gantt_attempt)
 

@@ -12,7 +12,6 @@ import math
 import os
 import re
 import sys
-import time
 from typing import Any
 
 HELP = "goodput report of a run: buckets, attempts, step times, slowest steps, ranks (--json)"
@@ -72,10 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from goodtrace.analysis import AnalysisError, analyze
     from goodtrace.cli import CommandError
-    from goodtrace.cli.progress import progress_bar
-    from goodtrace.read.load import LoadError, NotARunError, load_run
 
     try:
         window = parse_window(args.window) if args.window else None
@@ -94,39 +90,28 @@ def run(args: argparse.Namespace) -> int:
             gantt_steps = parse_steps(args.gantt_steps)
         except ValueError as exc:
             raise CommandError(f"--gantt-steps: {exc}") from None
-    from goodtrace.record.storage import is_url, local_path
+    from goodtrace.cli.analysed import load_and_analyse
 
-    if not is_url(args.run) and not os.path.exists(local_path(args.run)):  # URLs: the loader mirrors them
-        raise CommandError(f"{args.run!r} does not exist")
-    update, stop = progress_bar()
-    try:
-        loaded = load_run(args.run, progress=update)
-    except NotARunError as exc:
-        raise CommandError(f"{exc}: not a goodtrace run directory") from None
-    except OSError as exc:
-        raise CommandError(f"cannot read {args.run!r}: {exc}") from None
-    except LoadError as exc:
-        raise CommandError(str(exc)) from None
-    finally:
-        stop()
-    try:
-        analysis = analyze(
-            loaded,
-            window=window,
-            rolling_s=rolling,
-            job=args.job,
-            ideal_step_s=args.ideal_step,
-            data_rule=args.data_rule,
-            flops_per_step=args.flops_per_step,
-            peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
-            accelerator=args.accelerator,
-            devices_per_rank=args.devices_per_rank,
-            now_wall_ns=time.time_ns(),
-        )
-    except AnalysisError as exc:
-        raise CommandError(str(exc)) from None
+    for label, value in (("--flops-per-step", args.flops_per_step), ("--peak-tflops", args.peak_tflops),
+                         ("--ideal-step", args.ideal_step)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise CommandError(f"{label} must be a positive number, got {value}")
+    if args.devices_per_rank < 1:
+        raise CommandError(f"--devices-per-rank must be at least 1, got {args.devices_per_rank}")
+    loaded, analysis = load_and_analyse(
+        args.run,
+        window=window,
+        rolling_s=rolling,
+        job=args.job,
+        ideal_step_s=args.ideal_step,
+        data_rule=args.data_rule,
+        flops_per_step=args.flops_per_step,
+        peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
+        accelerator=args.accelerator,
+        devices_per_rank=args.devices_per_rank,
+    )
     if args.html:
-        _write_html(args.run, analysis, args.html, gantt_steps)
+        _write_html(loaded, analysis, args.html, gantt_steps)
     if args.json:
         from goodtrace.renderers.json_report import render_json
 
@@ -141,12 +126,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_html(run_dir: str, analysis: Any, target: str, gantt_steps: tuple[int | None, int | None] | None) -> None:
-    """The HTML renderer draws its heat map and gantt chart from the records themselves, read
-    one rank's session at a time (memory does not grow with the run's length)."""
+def _write_html(loaded: Any, analysis: Any, target: str, gantt_steps: tuple[int | None, int | None] | None) -> None:
+    """The HTML report: drawn from the analysis; the gantt chart's spans read for its steps only."""
     from goodtrace.cli import CommandError
     from goodtrace.cli.progress import progress_bar
-    from goodtrace.read.sessions import NotARunError
 
     try:
         from goodtrace.renderers.html import html_page, report_data
@@ -154,9 +137,7 @@ def _write_html(run_dir: str, analysis: Any, target: str, gantt_steps: tuple[int
         raise CommandError(f"the HTML renderer is not available: {exc}") from None
     update, stop = progress_bar()
     try:
-        data = report_data(analysis, run_dir, gantt_steps=gantt_steps, progress=update)
-    except NotARunError as exc:
-        raise CommandError(str(exc)) from None
+        data = report_data(analysis, loaded, gantt_steps=gantt_steps, progress=update)
     finally:
         stop()
     if gantt_steps is not None and data["gantt"] is None:

@@ -21,13 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only steps A to B, both included (also A:, :B, or one step A)")
     parser.add_argument("--ranks", metavar="LIST", help="only these ranks, e.g. 0,3,8-15")
     parser.add_argument("--attempt", type=int, metavar="K", help="only attempt K (0 = the first launch)")
+    parser.add_argument("--job", type=int, metavar="N",
+                        help="which job of a reused run directory (0 = the oldest; default the last)")
 
 
 def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
+    from goodtrace.cli.analysed import load_and_analyse
     from goodtrace.cli.progress import progress_bar
     from goodtrace.cli.ranges import format_ranks, parse_ranks, parse_steps
-    from goodtrace.read.sessions import NotARunError
     from goodtrace.renderers.perfetto import PerfettoRenderer, Selection
 
     try:
@@ -38,28 +40,22 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    # One derivation: the steps track is the analysis's; the spans are read for the slice only.
+    loaded, analysis = load_and_analyse(args.run, job=args.job)
+    if args.attempt is not None and args.attempt not in analysis.attempts_by_index():
+        raise CommandError(f"the run has no attempt {args.attempt} (it has {sorted(analysis.attempts_by_index())})")
+    ranks = {analysis.sessions[i].rank for i in analysis.cuts}
+    if selection.ranks is not None and not ranks & selection.ranks:
+        raise CommandError(f"the run has no rank in {args.ranks!r} (it has ranks {format_ranks(ranks)})")
     renderer = PerfettoRenderer(selection)
-    # The run is read one session at a time (twice: an index first, then the records of each
-    # session as its events are written), so memory does not grow with the run's length.
     update, stop = progress_bar()
     try:
-        try:
-            index = renderer.index(args.run, update)
-        except NotARunError as exc:
-            raise CommandError(str(exc)) from None
-        if args.attempt is not None and not any(s.attempt == args.attempt for s in index.sessions):
-            attempts = sorted({s.attempt for s in index.sessions})
-            raise CommandError(f"the run has no attempt {args.attempt} (it has {attempts})")
-        ranks = {s.rank for s in index.sessions}
-        if selection.ranks is not None and not ranks & selection.ranks:
-            raise CommandError(f"the run has no rank in {args.ranks!r} (it has ranks {format_ranks(ranks)})")
-        try:
-            summary = renderer.write(index, args.output, update)
-        except OSError as exc:
-            raise CommandError(f"cannot write {args.output}: {exc}") from None
+        summary = renderer.write(analysis, loaded, args.output, update)
+    except OSError as exc:
+        raise CommandError(f"cannot write {args.output}: {exc}") from None
     finally:
         stop()
-    for problem in index.problems:
+    for problem in loaded.warnings:
         print(f"warning: {problem}", file=sys.stderr)
     if summary.processes == 0:
         print("warning: the selection matched no rank with records; the trace is empty", file=sys.stderr)

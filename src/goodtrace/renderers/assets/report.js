@@ -36,8 +36,9 @@
   var FIXED = {
     productive: '#3ba272', compute: '#5470c6', data: '#91cc75', init: '#9a60b4', compile: '#fc8452',
     checkpoint_save: '#ee6666', checkpoint_restore: '#ea7ccc', eval: '#fac858', gc: '#73c0de',
-    profile: '#b6a2de', log: '#c4ccd3', startup: '#9a60b4', scheduling: '#d0d5dd',
-    wasted_progress: '#c23531', disruption: '#61a0a8', teardown: '#a5a5a5', device: '#2f4554'
+    profile: '#b6a2de', log: '#c4ccd3', startup: '#9a60b4', scheduling: '#d0d5dd', warmup: '#f3a683',
+    wasted_progress: '#c23531', disruption: '#61a0a8', teardown: '#a5a5a5', in_progress: '#8fb7d9',
+    device: '#2f4554'
   };
   var EXTRA = ['#d48265', '#749f83', '#ca8622', '#bda29a', '#6e7074', '#546570', '#c4ccd3', '#4b565b'];
   function colorOf(name) {
@@ -94,6 +95,19 @@
          ', ' + seconds(a.duration_s) + ', ' + a.ended);
   });
   (summary.stragglers || []).forEach(function (s) { note('Slow rank ' + s.rank + ' (' + s.host + '): ' + s.reason); });
+  var events = summary.events || [];
+  if (events.length) {
+    note('Events (' + summary.events_total + (summary.events_total > events.length ? ', first ' + events.length : '') + '):');
+    var list = el('ul');
+    events.forEach(function (e) {
+      var attrs = e.attrs ? ' ' + Object.keys(e.attrs).slice(0, 4).map(function (k) {
+        return k + '=' + JSON.stringify(e.attrs[k]);
+      }).join(', ') : '';
+      list.appendChild(el('li', '+' + seconds(e.time_s) + ' rank ' + e.rank + ' (attempt ' + e.attempt + ', step ' +
+                              (e.step === null ? '-' : e.step) + '): ' + e.name + attrs));
+    });
+    notes.lastChild.appendChild(list);
+  }
   (summary.warnings || []).forEach(function (w) { note('Warning: ' + w); });
   (summary.problems || []).forEach(function (w) { note('Reading: ' + w); });
 
@@ -129,9 +143,10 @@
   var n = steps.steps.length;
   var xs = [];
   for (var i = 0; i < n; i++) xs.push(String(i));
-  document.getElementById('steps-note').textContent =
+  document.getElementById('steps-note').textContent = n ?
     n + ' step execution(s), from the ' + steps.source + '. Bars stack productive time and each overhead; ' +
-    'shaded bands are attempts; pins mark tags, triangles anomalies. Drag or scroll to zoom.';
+    'shaded bands are attempts; pins mark tags, triangles anomalies. Drag or scroll to zoom.' :
+    'No step executions: ' + steps.why_empty + '.';
   var totals = [];
   for (i = 0; i < n; i++) {
     var t = 0;
@@ -169,7 +184,8 @@
     grid: {left: 70, right: 30, top: 36, bottom: 70},
     tooltip: {trigger: 'axis', axisPointer: {type: 'shadow'}, formatter: function (params) {
       var idx = +params[0].axisValue;
-      var lines = ['<b>step ' + esc(steps.steps[idx]) + '</b> (attempt ' + esc(steps.attempts[idx]) + ')',
+      var lines = ['<b>step ' + esc(steps.steps[idx]) + '</b> (attempt ' + esc(steps.attempts[idx]) +
+                   ', execution ' + esc(steps.seq[idx]) + ')',
                    'step time ' + esc(seconds(totals[idx]))];
       if (steps.shared[idx] > 1) lines.push('window of ' + esc(steps.shared[idx]) + ' steps: an average, not per-step truth');
       names.forEach(function (name) {
@@ -273,9 +289,19 @@
   var g = data.gantt;
   var ganttNote = document.getElementById('gantt-note');
   if (!g) {
-    ganttNote.textContent = 'No step intervals to show.';
+    ganttNote.textContent = steps.why_empty ? 'No timeline to show: ' + steps.why_empty + '.' :
+      'No timeline to show: no rank completed a step in the chosen range.';
     document.getElementById('gantt').style.display = 'none';
   } else {
+    var legend = document.getElementById('gantt-legend');
+    g.categories.forEach(function (c) {
+      var item = el('span', null, 'legend-item');
+      var swatch = el('span', null, 'swatch');
+      swatch.style.background = colorOf(c);
+      item.appendChild(swatch);
+      item.appendChild(el('span', c));
+      legend.appendChild(item);
+    });
     ganttNote.textContent = 'Spans of every rank, steps ' + g.steps[0] + '-' + g.steps[1] + ' of attempt ' + g.attempt +
       ', on the aligned clock (ms from the range start). Tall bars: main thread (nested spans narrower); ' +
       'thin bars below: other threads and device time. Scroll to zoom, drag to pan, hover for details.' +

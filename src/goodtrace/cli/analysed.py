@@ -1,0 +1,52 @@
+"""Load a run and analyse it, for the commands that show it: one-line errors, a progress bar."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from goodtrace.analysis import AnalysisError, RunAnalysis, analyze
+from goodtrace.cli import CommandError
+from goodtrace.cli.progress import progress_bar
+from goodtrace.read.load import LoadError, NotARunError, load_run
+from goodtrace.read.loaded import LoadedRun
+from goodtrace.record.storage import is_url, local_path
+
+__all__ = ["alive_here", "load_and_analyse"]
+
+
+def alive_here(host: str, pid: int) -> bool | None:
+    """Whether process ``pid`` of ``host`` is alive, when ``host`` is this machine; else None."""
+    if host != socket.gethostname() or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # not ours to signal, but it exists
+        return True
+    return True
+
+
+def load_and_analyse(run_dir: str, **options: Any) -> tuple[LoadedRun, RunAnalysis]:
+    """The run and its analysis (``options``: :func:`goodtrace.analysis.analyze` keywords)."""
+    if not is_url(run_dir) and not os.path.exists(local_path(run_dir)):  # URLs: the loader mirrors them
+        raise CommandError(f"{run_dir!r} does not exist")
+    update, stop = progress_bar()
+    try:
+        loaded = load_run(run_dir, progress=update)
+    except NotARunError as exc:
+        raise CommandError(f"{exc}: not a goodtrace run directory") from None
+    except OSError as exc:
+        raise CommandError(f"cannot read {run_dir!r}: {exc}") from None
+    except LoadError as exc:
+        raise CommandError(str(exc)) from None
+    finally:
+        stop()
+    try:
+        analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, **options)
+    except AnalysisError as exc:
+        raise CommandError(str(exc)) from None
+    return loaded, analysis

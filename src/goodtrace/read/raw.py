@@ -1,0 +1,169 @@
+"""Raw records of chosen sessions, for the timelines: spans, tags, events and metrics.
+
+The run model (:mod:`goodtrace.analysis`) says which sessions a view shows and which part of
+each (a window of its own clock, or all of it); :func:`session_records` then has DuckDB read
+just those sessions' files (or their rows of the Parquet copy), keep the records inside the
+windows, and hand them over one session at a time, sorted by time, as plain tuples. Memory
+holds one batch of sessions' kept records; a 20-step slice of 10,000 ranks is a small read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from goodtrace import schema
+from goodtrace.read import duckdb_sql
+from goodtrace.read.loaded import LoadedRun, Progress
+
+__all__ = ["RawRecord", "Window", "session_records"]
+
+# (t0, t1) of a session's own clock; None: all of it
+Window = tuple[int, int] | None
+
+_BATCH_FILES = 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One record as the timelines need it (fields a kind does not have are None)."""
+
+    kind: str
+    name: str | None
+    category: str | None
+    t0: int | None
+    t1: int | None
+    t: int | None
+    step: int | None
+    tid: int | None
+    error: bool
+    value: float | None
+    attrs: dict[str, Any] | None
+
+    @property
+    def time(self) -> int:
+        return self.t0 if self.t0 is not None else (self.t if self.t is not None else 0)
+
+
+def _attrs(text: object) -> dict[str, Any] | None:
+    if not isinstance(text, str) or len(text) > 65536:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _bounds(window: Window) -> tuple[int, int]:
+    return window if window is not None else (-(2**62), 2**62)
+
+
+def session_records(
+    run: LoadedRun,
+    windows: Mapping[int, Window],
+    *,
+    steps: tuple[int | None, int | None] | None = None,
+    progress: Progress | None = None,
+) -> Iterator[tuple[int, list[RawRecord]]]:
+    """``(session index, its records)`` for each session of ``windows``, in index order: spans
+    that touch its window, and tags, events and metrics whose step is in ``steps`` (inclusive;
+    None: any) or, without a step, whose time is inside the window; device metrics always."""
+    wanted = sorted(windows)
+    if not wanted:
+        return
+    tmpdir = tempfile.mkdtemp(prefix="goodtrace-raw-")
+    try:
+        con = duckdb_sql.connect(tmpdir)
+        try:
+            yield from _stream(con, run, wanted, windows, steps, progress)
+        finally:
+            con.close()
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _stream(
+    con: Any, run: LoadedRun, wanted: list[int], windows: Mapping[int, Window],
+    steps: tuple[int | None, int | None] | None, progress: Progress | None,
+) -> Iterator[tuple[int, list[RawRecord]]]:
+    con.execute("CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)")
+    con.execute("CREATE TEMP TABLE wins (sid INTEGER, w0 BIGINT, w1 BIGINT)")
+    con.execute("CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)")
+    if run.parquet_path is not None and run.parquet_fids:
+        con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(run.parquet_path)})")
+    lo, hi = steps if steps is not None else (None, None)
+    in_steps = "true" if steps is None else (
+        f"(r.step >= {int(lo) if lo is not None else -(2**62)} AND r.step <= {int(hi) if hi is not None else 2**62})"
+    )
+    where = (
+        "(r.kind = 'span' AND r.t0 IS NOT NULL AND r.t1 IS NOT NULL AND "
+        "  ((r.t1 > w.w0 AND r.t0 < w.w1) OR (r.t0 = r.t1 AND r.t0 BETWEEN w.w0 AND w.w1)))"
+        f" OR (r.kind IN ('tag', 'event', 'metric') AND r.t IS NOT NULL AND "
+        f"  ((r.step IS NOT NULL AND {in_steps}) OR (r.step IS NULL AND r.t BETWEEN w.w0 AND w.w1)))"
+        f" OR (r.kind = 'metric' AND r.name IN ({', '.join(repr(m) for m in schema.DEVICE_METRICS)}))"
+    )
+    columns = "r.kind, r.name, r.cat, r.t0, r.t1, r.t, r.step, r.tid, r.err, r.value, CAST(r.attrs AS VARCHAR)"
+    # batches of whole sessions
+    batches: list[list[int]] = [[]]
+    size = 0
+    for sid in wanted:
+        files = len(run.files.get(sid, ())) + (1 if sid in run.parquet_fids else 0)
+        if batches[-1] and size + files > _BATCH_FILES:
+            batches.append([])
+            size = 0
+        batches[-1].append(sid)
+        size += files
+    done = 0
+    for batch in batches:
+        con.execute("DELETE FROM wins")
+        con.execute("DELETE FROM files_batch")
+        con.execute("DELETE FROM fidmap")
+        duckdb_sql.insert_rows(con, "wins", [(sid, *_bounds(windows[sid])) for sid in batch])
+        parts = []
+        paths = [(p, sid) for sid in batch for p in run.files.get(sid, ())]
+        if paths:
+            duckdb_sql.insert_rows(con, "files_batch", paths)
+            parts.append(
+                f"SELECT f.sid, {columns} FROM {duckdb_sql.read_json_sql([p for p, _ in paths])} r "
+                "JOIN files_batch f ON r.filename = f.path JOIN wins w ON w.sid = f.sid "
+                f"WHERE {where}"
+            )
+        fids = [(fid, sid) for sid in batch for fid in run.parquet_fids.get(sid, ())]
+        if fids and run.parquet_path is not None:
+            duckdb_sql.insert_rows(con, "fidmap", fids)
+            fid_list = ", ".join(str(f) for f, _ in fids)
+            parts.append(
+                f"SELECT m.sid, {columns} FROM parquet_records r JOIN fidmap m ON r.fid = m.fid "
+                f"JOIN wins w ON w.sid = m.sid WHERE r.fid IN ({fid_list}) AND ({where})"
+            )
+        if not parts:
+            continue
+        cursor = con.execute(
+            f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY sid, coalesce(t0, t), t1 DESC"
+        )
+        current: int | None = None
+        records: list[RawRecord] = []
+        while True:
+            rows = cursor.fetchmany(65536)
+            if not rows:
+                break
+            for row in rows:
+                sid = row[0]
+                if sid != current:
+                    if current is not None:
+                        yield current, records
+                    current, records = sid, []
+                kind, name, cat, t0, t1, t, step, tid, err, value, attrs = row[1:]
+                records.append(RawRecord(kind, name, cat, t0, None if t1 is None else max(t1, t0 or t1), t, step,
+                                         tid, bool(err), value, _attrs(attrs) if attrs is not None else None))
+        if current is not None:
+            yield current, records
+        done += len(batch)
+        if progress is not None:
+            progress("reading spans", done, len(wanted))
+

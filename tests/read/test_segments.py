@@ -1,0 +1,61 @@
+"""The streaming segment reader and the session index: the same records, torn lines and
+problems as the line-by-line reader, on a run directory with every awkward thing a real one
+holds (a session split over segments, a corrupt line mid-file, a torn last line, CRLF line
+ends, a file without a header)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from goodtrace.read.segments import SegmentRecords, parse_segment
+from goodtrace.read.sessions import index_run, read_run
+from helpers.browser import awkward_copy, write_small_run
+
+GOLDEN = Path(__file__).parent.parent / "data" / "golden_trace_small"
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_small_run(tmp_path_factory.mktemp("small") / "run")
+
+
+SEGMENT_LINES = [
+    b'{"kind":"span","name":"a\\u00e9\xc3\xa9","t0":1,"t1":2,"attrs":{"x":[1,{"y":null}]}}',
+    b'{"kind":"sync","step":1,"t":5}', b'{"x":1}', b"5", b"", b"  ", b'{"kind":"step"}\r', b'{"kind":"tag"',
+    b"garbage", b'{"kind":"a"},{"kind":"b"}', b"\xff\xfe", b' {"kind":"e"}', b'{"kind":"e"} ', b'{"kind":1}',
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.sampled_from(SEGMENT_LINES), max_size=8), newline=st.booleans(), cut=st.integers(0, 400))
+def test_segment_records_decode_exactly_as_parse_segment(lines: list[bytes], newline: bool, cut: int) -> None:
+    data = b"\n".join(lines) + (b"\n" if newline else b"")
+    for piece in (data, data[:cut]):
+        expected_problems: list[str] = []
+        expected = parse_segment(piece, "f", expected_problems)
+        problems: list[str] = []
+        records = SegmentRecords(piece, "f", problems)
+        assert (list(records), records.torn) == expected and problems == expected_problems
+
+
+def test_index_run_keeps_what_read_run_gives_the_sessions(small_run: Path, tmp_path: Path) -> None:
+    awkward = awkward_copy(small_run, tmp_path)
+    problems = read_run(awkward).problems
+    assert any("a1-r1.0.jsonl: line 18 is not valid JSON" in p for p in problems) and any("stray.jsonl" in p for p in problems)
+    assert {(s.segments, s.torn_lines) for s in read_run(awkward).sessions if s.session_id == "a1-r1"} == {(2, 2)}
+    for run_dir in (small_run, awkward, GOLDEN / "run"):
+        full = read_run(run_dir)
+        index = index_run(run_dir, summarise=lambda s: sorted(r["kind"] for r in s.records))
+        assert index.problems == full.problems
+        assert [s.session_id for s in index.sessions] == [s.session_id for s in full.sessions]
+        for indexed, session in zip(index.sessions, full.sessions, strict=True):
+            assert (indexed.header, indexed.attempt, indexed.segments, indexed.torn_lines) == (
+                session.header, session.attempt, session.segments, session.torn_lines)
+            assert indexed.last_seen_mono == session.last_seen_mono and indexed.finish == session.finish
+            assert indexed.of_kind("clock") == session.of_kind("clock")
+            assert indexed.summary == sorted(r["kind"] for r in session.records if r["kind"] in ("step", "sync"))
+            assert index.load(indexed).records == session.records
