@@ -59,6 +59,7 @@ from goodtrace.analysis.partition import (
     assemble,
     ideal_step_ns,
     noise_threshold_ns,
+    steady_steps,
 )
 from goodtrace.analysis.program import ProgramGoodput, program_goodput
 from goodtrace.analysis.ranks import (
@@ -226,8 +227,10 @@ def _rank_timeline(
     if not items:
         return None
     chosen = [c for _, _, c in items]
-    ideal = ideal_override_ns if ideal_override_ns is not None else ideal_step_ns(chosen)
-    timeline = assemble(items, ideal=ideal, noise=noise_threshold_ns(chosen), submit_wall=submit_wall, pieces=pieces)
+    steady = steady_steps(chosen)
+    ideal = ideal_override_ns if ideal_override_ns is not None else ideal_step_ns(chosen, steady)
+    timeline = assemble(items, ideal=ideal, noise=noise_threshold_ns(chosen, steady), submit_wall=submit_wall,
+                        pieces=pieces)
     return timeline, ideal
 
 

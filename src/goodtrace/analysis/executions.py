@@ -214,60 +214,75 @@ def relabel(pieces: list[Piece], amount: int, label: str, *, from_end: bool) -> 
     return out
 
 
-def _outermost(chosen: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
-    """Disjoint intervals of (start, -end, label) spans: the outermost span wins; a partial
-    overlap adds only its new part."""
-    chosen.sort()
-    out: list[tuple[int, int, str]] = []
-    reach = NO_TIME
-    for t0, neg_t1, label in chosen:
-        t1 = -neg_t1
-        if t1 <= reach:
-            continue
-        out.append((max(t0, reach), t1, label))
-        reach = t1
-    return out
-
-
 def _flatten(
     rec: SessionRecords, categories: frozenset[str], blocking: frozenset[str], own_sync: _OwnSync, a: int, b: int
 ) -> tuple[array[int], array[int], list[str]]:
     """Disjoint (start, end, category) intervals of the main-thread overhead and data spans
     inside [a, b): among overhead spans the outermost wins (a partial overlap adds only its new
     part); data loading counts where no overhead span does. A blocking span that holds the sync
-    point of the step it started in counts from that sync point on (it waited for the device)."""
+    point of the step it started in counts from that sync point on (it waited for the device).
+    The loader gives spans sorted by (start, -end); one pass each for overhead and data."""
     overhead: list[tuple[int, int, str]] = []
-    data: list[tuple[int, int, str]] = []
+    data: list[tuple[int, int]] = []
+    resort = False
     for category, t0, t1 in zip(rec.span_category, rec.span_t0, rec.span_t1, strict=True):
         if t1 <= a or t0 >= b:
             continue
         if category == DATA:
-            data.append((t0, -t1, category))
+            data.append((t0, t1))
+        elif category in categories:
+            if category in blocking:
+                synced = own_sync(t0)
+                if t0 < synced < t1:
+                    t0, resort = synced, True
+            overhead.append((t0, t1, category))
+    if resort:
+        overhead.sort(key=lambda x: (x[0], -x[1]))
+    starts, ends, labels = array("q"), array("q"), []
+    reach = NO_TIME
+    for t0, t1, category in overhead:  # the outermost wins
+        if t1 <= reach:
             continue
-        if category not in categories:
+        starts.append(t0 if t0 > reach else reach)
+        ends.append(t1)
+        labels.append(category)
+        reach = t1
+    if not data:
+        return starts, ends, labels
+    # data loading where no overhead interval is: merge the two sorted lists
+    out_s, out_e, out_l = array("q"), array("q"), []
+    i, n = 0, len(starts)
+    reach = NO_TIME
+    for t0, t1 in data:
+        if t1 <= reach:
             continue
-        if category in blocking:
-            synced = own_sync(t0)
-            if t0 < synced < t1:
-                t0 = synced
-        overhead.append((t0, -t1, category))
-    merged = _outermost(overhead)
-    if data:
-        covered = [(s, e) for s, e, _ in merged]
-        starts = [s for s, _ in covered]
-        for s, e, label in _outermost(data):  # the parts of data spans no overhead span covers
-            i = max(0, bisect.bisect_right(starts, s) - 1)
-            cursor = s
-            while i < len(covered) and covered[i][0] < e:
-                cs, ce = covered[i]
-                if ce > cursor and cs > cursor:
-                    merged.append((cursor, min(cs, e), label))
-                cursor = max(cursor, ce)
-                i += 1
-            if cursor < e:
-                merged.append((cursor, e, label))
-        merged.sort()
-    return array("q", (s for s, _, _ in merged)), array("q", (e for _, e, _ in merged)), [m[2] for m in merged]
+        cursor = t0 if t0 > reach else reach
+        reach = t1
+        while i < n and ends[i] <= cursor:  # overhead intervals entirely before this data span
+            out_s.append(starts[i])
+            out_e.append(ends[i])
+            out_l.append(labels[i])
+            i += 1
+        j = i
+        while j < n and starts[j] < t1:
+            if starts[j] > cursor:
+                out_s.append(cursor)
+                out_e.append(starts[j])
+                out_l.append(DATA)
+            if ends[j] > cursor:
+                cursor = ends[j]
+            j += 1
+        if cursor < t1:
+            out_s.append(cursor)
+            out_e.append(t1)
+            out_l.append(DATA)
+    while i < n:
+        out_s.append(starts[i])
+        out_e.append(ends[i])
+        out_l.append(labels[i])
+        i += 1
+    order = sorted(range(len(out_s)), key=out_s.__getitem__)
+    return array("q", (out_s[k] for k in order)), array("q", (out_e[k] for k in order)), [out_l[k] for k in order]
 
 
 class _OwnSync:

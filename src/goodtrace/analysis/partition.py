@@ -145,6 +145,10 @@ def weighted_median(values: Sequence[tuple[float, int]]) -> float | None:
     return (lower + upper) / 2
 
 
+def steady_steps(cuts: Sequence[SessionSteps]) -> list[tuple[float, int]]:
+    return _steady(cuts)
+
+
 def _steady(cuts: Sequence[SessionSteps]) -> list[tuple[float, int]]:
     """(productive per step, steps) of every window but each session's first."""
     return [
@@ -153,19 +157,19 @@ def _steady(cuts: Sequence[SessionSteps]) -> list[tuple[float, int]]:
     ]
 
 
-def ideal_step_ns(cuts: Sequence[SessionSteps]) -> float | None:
+def ideal_step_ns(cuts: Sequence[SessionSteps], steady: list[tuple[float, int]] | None = None) -> float | None:
     """Median productive time per step over steady-state intervals (each attempt's first
     excluded, and intervals that overhead fills entirely); the first ones when nothing else."""
-    steady = _steady(cuts)
+    steady = _steady(cuts) if steady is None else steady
     if not steady:
         steady = [(cut.win_productive[0] / cut.win_count[0], cut.win_count[0]) for cut in cuts if cut.windows]
     return weighted_median(steady)
 
 
-def noise_threshold_ns(cuts: Sequence[SessionSteps]) -> float:
+def noise_threshold_ns(cuts: Sequence[SessionSteps], steady: list[tuple[float, int]] | None = None) -> float:
     """How far above the ideal a step must be to be more than noise: max(5 x 1.4826 x MAD,
     5% of the median) of the steady productive step times (the anomaly rule)."""
-    values = [v for v, w in _steady(cuts) for _ in range(min(w, 1))]
+    values = [v for v, _ in (_steady(cuts) if steady is None else steady)]
     if len(values) < 3:
         return 0.05 * (statistics.median(values) if values else 0.0)
     median = statistics.median(values)
@@ -181,11 +185,17 @@ def _warmup(cut: SessionSteps, ideal: float | None, noise: float) -> int:
     return excess if excess > noise * cut.win_count[0] and excess > 0 else 0
 
 
+_NONE: frozenset[int] = frozenset()
+
+
 def _lost(cut: SessionSteps, w: int, limit: int | None) -> frozenset[int]:
     if limit is None:
-        return frozenset()
+        return _NONE
     first = cut.win_first[w]
-    return frozenset(i for i in range(first, first + cut.win_count[w]) if cut.exec_step[i] >= limit)
+    count = cut.win_count[w]
+    if count == 1:
+        return frozenset((first,)) if cut.exec_step[first] >= limit else _NONE
+    return frozenset(i for i in range(first, first + count) if cut.exec_step[i] >= limit)
 
 
 def assemble(

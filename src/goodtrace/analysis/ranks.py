@@ -105,8 +105,16 @@ def _leave_one_out(values: dict[int, float]) -> dict[int, float]:
     return {key: _others_median(ordered, i) for i, (key, _) in enumerate(items)}
 
 
-def _sampled(step: int) -> bool:
-    return step < 64 or step % 16 == 0  # as the loader samples span starts
+SAMPLE_STEPS = 32  # sync points sampled per session for lateness (the loader samples span starts so)
+
+
+def _stride(cut: SessionSteps) -> tuple[int, int]:
+    """(first step, stride) of a session's sample: about SAMPLE_STEPS steps of its range."""
+    steps = cut.exec_step
+    if not steps:
+        return 0, 1
+    lo, hi = min(steps), max(steps)
+    return lo, max(1, (hi - lo) // SAMPLE_STEPS)
 
 
 def rank_figures(
@@ -134,12 +142,15 @@ def rank_figures(
                 continue
             clock = clocks.get(s.index)
             attempt = attempt_of[s.index]
-            for w in range(cut.windows):
-                count = cut.win_count[w]
-                times.extend([(cut.win_end[w] - cut.win_start[w]) / count / NS] * count)
-                step = cut.exec_step[cut.win_first[w]]
-                if count == 1 and _sampled(step):
-                    t = cut.win_end[w]
+            starts_w, ends_w, counts_w, firsts_w, steps_e = cut.win_start, cut.win_end, cut.win_count, cut.win_first, cut.exec_step
+            for w in range(len(starts_w)):
+                count = counts_w[w]
+                times.extend([(ends_w[w] - starts_w[w]) / count / NS] * count)
+            lo, stride = _stride(cut)
+            for w in range(len(starts_w)):
+                step = steps_e[firsts_w[w]]
+                if counts_w[w] == 1 and (step - lo) % stride == 0:
+                    t = ends_w[w]
                     arrivals.setdefault((attempt, step), {})[rank] = clock.to_reference(t) if clock else t
             per_execution.extend(v for v in cut.exec_compute if v > 0)
             rec = records.get(s.index)

@@ -45,8 +45,9 @@ _COLUMNS: dict[str, str] = {
     schema.F_EXCEPTION: "VARCHAR",
 }
 _MAX_EVENT_ATTRS = 4096  # event attributes longer than this (as JSON text) are not kept
-# Span starts sampled for arrival lateness: every step of short runs, every 16th of long ones.
-_START_SAMPLE = f"({schema.F_STEP} < 64 OR {schema.F_STEP} % 16 = 0)"
+# Span starts are sampled for arrival lateness: about 32 steps of each session's step range
+# (every step of a short run); goodtrace.analysis.ranks samples sync points by the same rule.
+SAMPLE_STEPS = 32
 _DEVICE_METRICS = ", ".join(f"'{m}'" for m in schema.DEVICE_METRICS)
 
 
@@ -218,10 +219,13 @@ def _extract(con: Any, source: str) -> None:
     )
     con.execute(
         f"""
-        INSERT INTO m_starts SELECT b.sid, b.step, b.name, min(b.t0)
-        FROM {source} b JOIN sessmain m USING (sid)
+        INSERT INTO m_starts
+        WITH r AS (SELECT sid, min(step) AS lo, max(step) AS hi FROM {source}
+                   WHERE kind = '{k.STEP}' AND step IS NOT NULL GROUP BY sid)
+        SELECT b.sid, b.step, b.name, min(b.t0)
+        FROM {source} b JOIN sessmain m USING (sid) JOIN r USING (sid)
         WHERE b.kind = '{k.SPAN}' AND b.step IS NOT NULL AND b.name IS NOT NULL AND b.t0 IS NOT NULL
-          AND {_START_SAMPLE} AND {_MAIN}
+          AND (b.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0 AND {_MAIN}
         GROUP BY ALL
         """
     )
@@ -299,43 +303,62 @@ def session_summaries(con: Any) -> dict[int, dict[str, Any]]:
     return {int(row[0]): dict(zip(keys, row[1:], strict=True)) for row in rows}
 
 
-def _ints(values: Iterable[int | None]) -> array[int]:
-    return array("q", (NO_TIME if v is None else v for v in values))
+_STRINGS: dict[str, str] = {}
+
+
+def _interned(value: object) -> str:
+    """One string object per distinct category or how (millions of them otherwise)."""
+    text = str(value)
+    return _STRINGS.setdefault(text, text) if len(_STRINGS) < 10_000 else text
+
+
+def _by_session(con: Any, sql: str) -> Iterable[tuple[int, dict[str, Any]]]:
+    """``(sid, {column: numpy array})`` per session of a query ordered by sid (its first
+    column): the columns come out of DuckDB as arrays in one go, then are cut per session."""
+    import numpy as np
+
+    columns = con.execute(sql).fetchnumpy()
+    sid = columns.pop("sid")
+    if len(sid) == 0:
+        return
+    cuts = np.flatnonzero(np.diff(sid)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(sid)]))
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        yield int(sid[a]), {name: values[a:b] for name, values in columns.items()}
+
+
+def _ints(values: Any) -> array[int]:
+    """A numpy integer column (masked where NULL) as an array of int64, NULL as NO_TIME."""
+    import numpy as np
+
+    filled = values.filled(NO_TIME) if isinstance(values, np.ma.MaskedArray) else values
+    return array("q", np.asarray(filled, dtype=np.int64).tobytes())
 
 
 def session_records(con: Any, sids: Iterable[int]) -> dict[int, SessionRecords]:
-    """Every session's :class:`SessionRecords`, built from per-session lists (one row each)."""
+    """Every session's :class:`SessionRecords`, as compact columns."""
     out = {sid: SessionRecords() for sid in sids}
-    for sid, seq, step, t0, t1 in con.execute(
-        "SELECT sid, list(seq ORDER BY seq, t0), list(step ORDER BY seq, t0), list(t0 ORDER BY seq, t0), "
-        "list(t1 ORDER BY seq, t0) FROM m_steps GROUP BY sid"
-    ).fetchall():
+    for sid, c in _by_session(con, "SELECT sid, seq, step, t0, t1 FROM m_steps ORDER BY sid, seq, t0"):
         r = out[sid]
-        r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(seq), _ints(step), _ints(t0), _ints(t1)
-    for sid, seq, step, t, after, how in con.execute(
-        "SELECT sid, list(seq ORDER BY t, seq), list(step ORDER BY t, seq), list(t ORDER BY t, seq), "
-        "list(after ORDER BY t, seq), list(how ORDER BY t, seq) FROM m_syncs GROUP BY sid"
-    ).fetchall():
+        r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(c["seq"]), _ints(c["step"]), _ints(c["t0"]), _ints(c["t1"])
+    for sid, c in _by_session(con, "SELECT sid, seq, step, t, after, how FROM m_syncs ORDER BY sid, t, seq"):
         r = out[sid]
-        r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(seq), _ints(step), _ints(t), _ints(after)
-        r.sync_how = [str(h) for h in how]
-    for sid, cat, t0, t1, step in con.execute(
-        "SELECT sid, list(cat ORDER BY t0, t1 DESC), list(t0 ORDER BY t0, t1 DESC), "
-        "list(t1 ORDER BY t0, t1 DESC), list(step ORDER BY t0, t1 DESC) FROM m_spans GROUP BY sid"
-    ).fetchall():
+        r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"]), _ints(c["after"])
+        r.sync_how = [_interned(h) for h in c["how"].tolist()]
+    for sid, c in _by_session(con, "SELECT sid, cat, t0, t1, step FROM m_spans ORDER BY sid, t0, t1 DESC"):
         r = out[sid]
-        r.span_category = [str(c) for c in cat]
-        r.span_t0, r.span_t1, r.span_step = _ints(t0), _ints(t1), _ints(step)
+        r.span_category = [_interned(h) for h in c["cat"].tolist()]
+        r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
     for sid, seq, ns in con.execute("SELECT sid, seq, sum(ns) FROM m_compute GROUP BY ALL").fetchall():
         out[sid].compute_ns[int(seq)] = int(ns)
     for sid, name, step, value in con.execute("SELECT sid, name, step, last(value) FROM m_device GROUP BY ALL").fetchall():
         out[sid].device.setdefault(str(name), {})[int(step)] = float(value)
     for sid, t, offset, rtt in con.execute("SELECT sid, t, offset_ns, rtt_ns FROM m_clock ORDER BY sid, t").fetchall():
         out[sid].clock.append((int(t), int(offset), int(rtt)))
-    for sid, step, name, t0 in con.execute(
-        "SELECT sid, step, name, min(t0) FROM m_starts GROUP BY ALL ORDER BY sid, step, name"
-    ).fetchall():
-        out[sid].starts.append((int(step), str(name), int(t0)))
+    for sid, c in _by_session(con, "SELECT sid, step, name, min(t0) AS t0 FROM m_starts GROUP BY ALL ORDER BY sid, step, name"):
+        out[sid].starts = list(zip(c["step"].tolist(), [_interned(n) for n in c["name"].tolist()], c["t0"].tolist(),
+                                   strict=True))
     for sid, name, t, step in con.execute("SELECT sid, name, t, step FROM m_events ORDER BY sid, t").fetchall():
         out[sid].events.append((str(name), int(t), None if step is None else int(step)))
     return out
