@@ -25,7 +25,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from typing import Any, TypeAlias
 
 from goodtrace import schema
 from goodtrace.read.loaded import NO_TIME, SessionInfo, SessionRecords
@@ -214,112 +215,164 @@ def relabel(pieces: list[Piece], amount: int, label: str, *, from_end: bool) -> 
     return out
 
 
+_DEVICE_DATED = frozenset({schema.SYNC_LAG, schema.SYNC_POLL, schema.SYNC_BLOCKING, schema.SYNC_FINISH})
+_LOOKED_LATER = frozenset({schema.SYNC_LAG, schema.SYNC_POLL, schema.SYNC_BLOCKING, schema.SYNC_FINISH,
+                           schema.SYNC_BARRIER})
+
+# The cut works on numpy columns (a long run on thousands of ranks holds millions of
+# executions); its results are stored as arrays of Python ints.
+Array: TypeAlias = Any  # numpy.ndarray (numpy is imported when a session is cut)
+
+
+def _np(values: Any) -> Array:
+    import numpy as np
+
+    return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
+
+
+def _out(values: Array) -> array[int]:
+    import numpy as np
+
+    return array("q", np.ascontiguousarray(values, dtype=np.int64).tobytes())
+
+
+def _occurrence(keys: Array) -> Array:
+    """For each position, how many earlier positions hold the same key (0, 1, 2, ...)."""
+    import numpy as np
+
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((np.arange(n), keys))
+    sorted_keys = keys[order]
+    starts = np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]
+    first = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    occurrence = np.empty(n, dtype=np.int64)
+    occurrence[order] = np.arange(n) - first
+    return occurrence
+
+
+def _assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) -> tuple[Array, list[str], int]:
+    """The sync time of each execution (NO_TIME: none), how each was taken, and the count of
+    sync records that name no execution or come before its entry. A sync record names its
+    execution (seq); in older files the k-th sync point of step n belongs to the k-th
+    execution of n. When several name one execution, the earliest counts."""
+    import numpy as np
+
+    n = len(seqs)
+    times = np.full(n, NO_TIME, dtype=np.int64)
+    hows = [""] * n
+    s_seq, s_step, s_t = _np(rec.sync_seq), _np(rec.sync_step), _np(rec.sync_t)
+    if len(s_t) == 0 or n == 0:
+        return times, hows, len(s_t)
+    index = np.full(len(s_t), -1, dtype=np.int64)
+    named = s_seq >= 0
+    if named.any():
+        order = np.argsort(seqs, kind="stable")
+        pos = np.searchsorted(seqs[order], s_seq[named])
+        pos = np.minimum(pos, n - 1)
+        found = seqs[order][pos] == s_seq[named]
+        index[np.flatnonzero(named)[found]] = order[pos[found]]
+    if (~named).any():  # older files: match the k-th sync point of a step to its k-th execution
+        unique, dense = np.unique(numbers, return_inverse=True)
+        width = n + 1
+        ex_key = dense * width + _occurrence(dense)
+        legacy = np.flatnonzero(~named)
+        at = np.searchsorted(unique, s_step[legacy])
+        at_ok = (at < len(unique)) & (unique[np.minimum(at, len(unique) - 1)] == s_step[legacy])
+        legacy, at = legacy[at_ok], at[at_ok]
+        sy_key = at * width + _occurrence(at)
+        order = np.argsort(ex_key)
+        pos = np.minimum(np.searchsorted(ex_key[order], sy_key), n - 1)
+        found = ex_key[order][pos] == sy_key
+        index[legacy[found]] = order[pos[found]]
+    ok = index >= 0
+    ok[ok] &= (numbers[index[ok]] == s_step[ok]) & (s_t[ok] >= t0s[index[ok]])
+    ignored = int(len(s_t) - ok.sum())
+    candidates = np.flatnonzero(ok)  # sync records sorted by time: the first per execution is the earliest
+    executions, first = np.unique(index[candidates], return_index=True)
+    chosen = candidates[first]
+    times[executions] = s_t[chosen]
+    how = rec.sync_how
+    for e, c in zip(executions.tolist(), chosen.tolist(), strict=True):
+        hows[e] = how[c]
+    return times, hows, ignored
+
+
+def _merge(starts: Array, ends: Array) -> tuple[Array, Array, Array]:
+    """Intervals sorted by (start, -end) -> the outermost wins, a partial overlap adds its new
+    part: (kept positions, their starts, their ends), disjoint and sorted."""
+    import numpy as np
+
+    if len(starts) == 0:
+        return np.zeros(0, dtype=np.int64), starts, ends
+    reach = np.maximum.accumulate(np.r_[np.int64(NO_TIME), ends[:-1]])
+    keep = np.flatnonzero(ends > reach)
+    return keep, np.maximum(starts[keep], reach[keep]), ends[keep]
+
+
+def _covered_at(x: Array, starts: Array, ends: Array) -> Array:
+    """How much of the disjoint, sorted intervals lies before each time in ``x``."""
+    import numpy as np
+
+    if len(starts) == 0:
+        return np.zeros(len(x), dtype=np.int64)
+    cum = np.r_[np.int64(0), np.cumsum(ends - starts)]
+    j = np.searchsorted(starts, x, side="right") - 1
+    inside = np.clip(x - starts[np.maximum(j, 0)], 0, (ends - starts)[np.maximum(j, 0)])
+    return np.where(j >= 0, cum[np.maximum(j, 0)] + inside, 0)
+
+
 def _flatten(
-    rec: SessionRecords, categories: frozenset[str], blocking: frozenset[str], own_sync: _OwnSync, a: int, b: int
-) -> tuple[array[int], array[int], list[str]]:
+    rec: SessionRecords, categories: frozenset[str], blocking: frozenset[str],
+    exec_t0: Array, exec_t1: Array, device_dated: Array, a: int, b: int,
+) -> tuple[Array, Array, list[str]]:
     """Disjoint (start, end, category) intervals of the main-thread overhead and data spans
     inside [a, b): among overhead spans the outermost wins (a partial overlap adds only its new
-    part); data loading counts where no overhead span does. A blocking span that holds the sync
-    point of the step it started in counts from that sync point on (it waited for the device).
-    The loader gives spans sorted by (start, -end); one pass each for overhead and data."""
-    overhead: list[tuple[int, int, str]] = []
-    data: list[tuple[int, int]] = []
-    resort = False
-    for category, t0, t1 in zip(rec.span_category, rec.span_t0, rec.span_t1, strict=True):
-        if t1 <= a or t0 >= b:
-            continue
-        if category == DATA:
-            data.append((t0, t1))
-        elif category in categories:
-            if category in blocking:
-                synced = own_sync(t0)
-                if t0 < synced < t1:
-                    t0, resort = synced, True
-            overhead.append((t0, t1, category))
-    if resort:
-        overhead.sort(key=lambda x: (x[0], -x[1]))
-    starts, ends, labels = array("q"), array("q"), []
-    reach = NO_TIME
-    for t0, t1, category in overhead:  # the outermost wins
-        if t1 <= reach:
-            continue
-        starts.append(t0 if t0 > reach else reach)
-        ends.append(t1)
-        labels.append(category)
-        reach = t1
-    if not data:
+    part); data loading counts where no overhead span does. A blocking span that holds the
+    device-dated sync point of the step it started in counts from that sync point on (it
+    waited for the device)."""
+    import numpy as np
+
+    cats = rec.span_category
+    t0, t1 = _np(rec.span_t0), _np(rec.span_t1)
+    inside = (t1 > a) & (t0 < b)
+    is_data = np.fromiter((c == DATA for c in cats), dtype=bool, count=len(cats))
+    is_over = np.fromiter((c in categories and c != DATA for c in cats), dtype=bool, count=len(cats))
+    over = np.flatnonzero(inside & is_over)
+    o0, o1 = t0[over].copy(), t1[over]
+    block = np.fromiter((cats[k] in blocking for k in over.tolist()), dtype=bool, count=len(over))
+    if block.any() and len(exec_t0):
+        k = np.flatnonzero(block)
+        i = np.searchsorted(exec_t0, o0[k], side="right") - 1
+        valid = (i >= 0) & (o0[k] <= exec_t1[np.maximum(i, 0)])
+        synced = np.where(valid, device_dated[np.maximum(i, 0)], NO_TIME)
+        clip = (synced > o0[k]) & (synced < o1[k])
+        o0[k[clip]] = synced[clip]
+        order = np.lexsort((-o1, o0))
+        over, o0, o1 = over[order], o0[order], o1[order]
+    kept, starts, ends = _merge(o0, o1)
+    labels = [cats[k] for k in over[kept].tolist()]
+    data = np.flatnonzero(inside & is_data)
+    if len(data) == 0:
         return starts, ends, labels
-    # data loading where no overhead interval is: merge the two sorted lists
-    out_s, out_e, out_l = array("q"), array("q"), []
-    i, n = 0, len(starts)
-    reach = NO_TIME
-    for t0, t1 in data:
-        if t1 <= reach:
-            continue
-        cursor = t0 if t0 > reach else reach
-        reach = t1
-        while i < n and ends[i] <= cursor:  # overhead intervals entirely before this data span
-            out_s.append(starts[i])
-            out_e.append(ends[i])
-            out_l.append(labels[i])
-            i += 1
-        j = i
-        while j < n and starts[j] < t1:
-            if starts[j] > cursor:
-                out_s.append(cursor)
-                out_e.append(starts[j])
-                out_l.append(DATA)
-            if ends[j] > cursor:
-                cursor = ends[j]
-            j += 1
-        if cursor < t1:
-            out_s.append(cursor)
-            out_e.append(t1)
-            out_l.append(DATA)
-    while i < n:
-        out_s.append(starts[i])
-        out_e.append(ends[i])
-        out_l.append(labels[i])
-        i += 1
-    order = sorted(range(len(out_s)), key=out_s.__getitem__)
-    return array("q", (out_s[k] for k in order)), array("q", (out_e[k] for k in order)), [out_l[k] for k in order]
-
-
-class _OwnSync:
-    """The sync point of the execution whose step context holds a time (NO_TIME if none)."""
-
-    def __init__(self, t0s: Sequence[int], t1s: Sequence[int], times: Sequence[int]) -> None:
-        self.t0s, self.t1s, self.times = t0s, t1s, times
-
-    def __call__(self, t: int) -> int:
-        i = bisect.bisect_right(self.t0s, t) - 1
-        return self.times[i] if i >= 0 and t <= self.t1s[i] else NO_TIME
-
-
-def _assign_syncs(rec: SessionRecords, seqs: array[int], numbers: array[int], t0s: array[int]) -> tuple[list[int], list[str], int]:
-    """The sync time and how of each execution (NO_TIME: none); the count of sync records that
-    name no execution or come before its entry."""
-    n = len(seqs)
-    times = [NO_TIME] * n
-    hows = [""] * n
-    index_of = {seq: i for i, seq in enumerate(seqs)}
-    queue: dict[int, list[int]] = {}  # step number -> its executions without a sync, in order
-    if any(s < 0 for s in rec.sync_seq):
-        for i, number in enumerate(numbers):
-            queue.setdefault(number, []).append(i)
-    ignored = 0
-    for seq, number, t, how in zip(rec.sync_seq, rec.sync_step, rec.sync_t, rec.sync_how, strict=True):
-        if seq >= 0:
-            i = index_of.get(seq, -1)
-        else:  # older files: the k-th sync point of step n belongs to the k-th execution of n
-            waiting = queue.get(number)
-            i = waiting.pop(0) if waiting else -1
-        if i < 0 or numbers[i] != number or t < t0s[i]:
-            ignored += 1
-            continue
-        if times[i] == NO_TIME or t < times[i]:
-            times[i], hows[i] = t, how
-    return times, hows, ignored
+    _, d0, d1 = _merge(t0[data], t1[data])
+    # data loading where no overhead interval is: the data intervals cut at every overhead boundary
+    points = np.unique(np.concatenate((d0, d1, starts, ends)))
+    seg0, seg1 = points[:-1], points[1:]
+    in_data = _covered_at(seg1, d0, d1) - _covered_at(seg0, d0, d1) == seg1 - seg0
+    in_over = _covered_at(seg1, starts, ends) - _covered_at(seg0, starts, ends) > 0
+    keep = in_data & ~in_over
+    g0, g1 = seg0[keep], seg1[keep]
+    if len(g0):  # adjacent pieces are one
+        first = np.flatnonzero(np.r_[True, g0[1:] != g1[:-1]])
+        last = np.r_[first[1:] - 1, len(g0) - 1]
+        g0, g1 = g0[first], g1[last]
+    all0 = np.concatenate((starts, g0))
+    all1 = np.concatenate((ends, g1))
+    all_labels = labels + [DATA] * len(g0)
+    order = np.argsort(all0, kind="stable")
+    return all0[order], all1[order], [all_labels[k] for k in order.tolist()]
 
 
 def cut_session(
@@ -335,139 +388,118 @@ def cut_session(
     last interval (``teardown``, ``disruption`` or ``in_progress``, by how the attempt ended);
     ``close_trailing``: executions after the last sync point are closed at their host exit
     (a normal end) rather than left incomplete (a crash)."""
+    import numpy as np
+
     categories = (overhead or schema.OVERHEAD_CATEGORIES) | info.overhead_categories
     start = info.proc_start
     end = max(info.last_seen, start)
-    seqs, numbers, t0s, t1s = rec.step_seq, rec.step_number, rec.step_t0, rec.step_t1
-    keep = [i for i in range(len(seqs)) if t0s[i] >= start and t1s[i] <= end]
-    if len(keep) != len(seqs):
-        seqs = array("q", (seqs[i] for i in keep))
-        numbers = array("q", (numbers[i] for i in keep))
-        t0s = array("q", (t0s[i] for i in keep))
-        t1s = array("q", (t1s[i] for i in keep))
+    seqs, numbers, t0s, t1s = _np(rec.step_seq), _np(rec.step_number), _np(rec.step_t0), _np(rec.step_t1)
+    keep = (t0s >= start) & (t1s <= end)
+    if not keep.all():
+        seqs, numbers, t0s, t1s = seqs[keep], numbers[keep], t0s[keep], t1s[keep]
     n = len(seqs)
     times, hows, ignored = _assign_syncs(rec, seqs, numbers, t0s)
-    host_timed = n > 0 and all(t == NO_TIME for t in times)
+    host_timed = n > 0 and bool((times == NO_TIME).all())
     if host_timed:
-        times, hows = list(t1s), [schema.SYNC_HOST] * n
+        times, hows = t1s.copy(), [schema.SYNC_HOST] * n
     out = SessionSteps(info.index, start, end, RULE_UNKNOWN, host_timed, tail_label)
-    out.exec_seq, out.exec_step, out.exec_t0, out.exec_t1 = seqs, numbers, t0s, t1s
-    flags = array("q", bytes(8 * n))
-    seen: set[int] = set()
-    for i in range(n):
-        number = numbers[i]
-        if number in seen:
-            flags[i] |= FLAG_REPEATED
-        if i and number < numbers[i - 1]:
-            flags[i] |= FLAG_DECREASING
-        seen.add(number)
-    window_of = array("q", [-1]) * n
-    # Windows: each execution with an (increasing) sync point closes one.
-    win_start, win_end, win_first, win_count, win_how = out.win_start, out.win_end, out.win_first, out.win_count, out.win_how
-    cursor = t0s[0] if n else start
-    first = 0
-    for i in range(n):
-        t = times[i]
-        if t == NO_TIME:
-            continue
-        if t <= cursor:
-            flags[i] |= FLAG_UNORDERED_SYNC
-            ignored += 1
-            continue
-        for j in range(first, i + 1):
-            window_of[j] = len(win_start)
-        win_start.append(cursor)
-        win_end.append(t)
-        win_first.append(first)
-        win_count.append(i + 1 - first)
-        win_how.append(hows[i])
-        cursor, first = t, i + 1
-    if first < n and close_trailing:  # executions after the last sync point, at a normal end
-        exit_t = max(t1s[first:])
+    flags = np.zeros(n, dtype=np.int64)
+    flags[_occurrence(numbers) > 0] |= FLAG_REPEATED
+    if n > 1:
+        flags[1:][numbers[1:] < numbers[:-1]] |= FLAG_DECREASING
+    # Windows: each execution whose sync point comes after every earlier one closes one.
+    has = np.flatnonzero(times != NO_TIME)
+    first_start = int(t0s[0]) if n else start
+    cursor_before = np.maximum.accumulate(np.r_[np.int64(first_start), times[has][:-1]]) if len(has) else has
+    accepted = has[times[has] > cursor_before] if len(has) else has
+    flags[np.setdiff1d(has, accepted)] |= FLAG_UNORDERED_SYNC
+    ignored += len(has) - len(accepted)
+    win_end = times[accepted]
+    win_start = np.r_[np.int64(first_start), win_end[:-1]] if len(accepted) else win_end
+    win_first = np.r_[np.int64(0), accepted[:-1] + 1] if len(accepted) else accepted
+    win_count = accepted - win_first + 1
+    win_how = [hows[i] for i in accepted.tolist()]
+    window_of = np.full(n, -1, dtype=np.int64)
+    position = np.arange(n)
+    if len(accepted):
+        w = np.searchsorted(accepted, position, side="left")
+        in_window = w < len(accepted)
+        window_of[in_window] = w[in_window]
+    trailing = int(accepted[-1]) + 1 if len(accepted) else 0
+    cursor = int(win_end[-1]) if len(accepted) else first_start
+    if trailing < n and close_trailing:  # executions after the last sync point, at a normal end
+        exit_t = int(t1s[trailing:].max())
         if exit_t > cursor:
-            for j in range(first, n):
-                window_of[j] = len(win_start)
-                flags[j] |= FLAG_HOST_TIMED
-            win_start.append(cursor)
-            win_end.append(exit_t)
-            win_first.append(first)
-            win_count.append(n - first)
+            window_of[trailing:] = len(win_end)
+            flags[trailing:] |= FLAG_HOST_TIMED
+            win_start = np.r_[win_start, cursor]
+            win_end = np.r_[win_end, exit_t]
+            win_first = np.r_[win_first, trailing]
+            win_count = np.r_[win_count, n - trailing]
             win_how.append(HOST_EXIT)
-        elif win_start:
-            for j in range(first, n):
-                window_of[j] = len(win_start) - 1
-            win_count[-1] += n - first
+        elif len(win_end):
+            window_of[trailing:] = len(win_end) - 1
+            win_count = win_count.copy()
+            win_count[-1] += n - trailing
     if host_timed:
-        for i in range(n):
-            flags[i] |= FLAG_HOST_TIMED
-    out.exec_window, out.exec_flags, out.ignored_syncs = window_of, flags, ignored
-    out.exec_compute = array("q", (rec.compute_ns.get(s, 0) for s in seqs))
+        flags |= FLAG_HOST_TIMED
+    out.exec_seq, out.exec_step, out.exec_t0, out.exec_t1 = _out(seqs), _out(numbers), _out(t0s), _out(t1s)
+    out.exec_window, out.exec_flags, out.ignored_syncs = _out(window_of), _out(flags), int(ignored)
+    out.exec_compute = array("q", (rec.compute_ns.get(s, 0) for s in out.exec_seq)) if rec.compute_ns else \
+        array("q", bytes(8 * n))
+    out.win_start, out.win_end, out.win_first, out.win_count = _out(win_start), _out(win_end), _out(win_first), _out(win_count)
+    out.win_how = win_how
     out.data_rule = data_rule or _data_rule(times, hows, t0s, host_timed)
     # the device-dated sync point of each execution (a blocking span may have waited for it)
-    accepted = [NO_TIME if flags[i] & FLAG_UNORDERED_SYNC or hows[i] not in _DEVICE_DATED else times[i]
-                for i in range(n)]
-    out.over_start, out.over_end, out.over_label = _flatten(
-        rec, categories, info.blocking_categories or schema.BLOCKING_CATEGORIES, _OwnSync(t0s, t1s, accepted),
-        start, end,
+    dated = np.fromiter((h in _DEVICE_DATED for h in hows), dtype=bool, count=n)
+    device_dated = np.where(dated & ((flags & FLAG_UNORDERED_SYNC) == 0), times, NO_TIME)
+    starts, ends, labels = _flatten(
+        rec, categories, info.blocking_categories or schema.BLOCKING_CATEGORIES, t0s, t1s, device_dated, start, end
     )
-    _totals(out)
+    out.over_start, out.over_end, out.over_label = _out(starts), _out(ends), labels
+    _totals(out, win_start, win_end, starts, ends, labels)
     if out.data_rule == RULE_ASYNC and schema.DEVICE_IDLE_METRIC in rec.device and _charge_device_idle(out, rec):
         out.data_rule = RULE_ASYNC_DEVICE
     return out
 
 
-_DEVICE_DATED = frozenset({schema.SYNC_LAG, schema.SYNC_POLL, schema.SYNC_BLOCKING, schema.SYNC_FINISH})
-_LOOKED_LATER = frozenset({schema.SYNC_LAG, schema.SYNC_POLL, schema.SYNC_BLOCKING, schema.SYNC_FINISH,
-                           schema.SYNC_BARRIER})
-
-
-def _data_rule(times: Sequence[int], hows: Sequence[str], t0s: Sequence[int], host_timed: bool) -> str:
+def _data_rule(times: Array, hows: list[str], t0s: Array, host_timed: bool) -> str:
     """Asynchronous when the host entered the next step before most steps were ready (on a
     tie, by how the sync point was taken: looked at later, or already complete at the step's
     end)."""
-    if host_timed:
+    import numpy as np
+
+    if host_timed or len(times) < 2:
         return RULE_UNKNOWN
-    ahead = behind = 0
-    for i in range(len(times) - 1):
-        if times[i] == NO_TIME:
-            continue
-        if t0s[i + 1] < times[i] or (t0s[i + 1] == times[i] and hows[i] in _LOOKED_LATER):
-            ahead += 1
-        else:
-            behind += 1
+    t, nxt = times[:-1], t0s[1:]
+    later = np.fromiter((h in _LOOKED_LATER for h in hows[:-1]), dtype=bool, count=len(t))
+    has = t != NO_TIME
+    ahead = int((has & ((nxt < t) | ((nxt == t) & later))).sum())
+    behind = int(has.sum()) - ahead
     if ahead == 0 and behind == 0:
         return RULE_UNKNOWN
     return RULE_ASYNC if ahead > behind else RULE_SYNC
 
 
-def _totals(out: SessionSteps) -> None:
-    """Per window: overhead per category and the productive rest (one sweep over the overhead
-    intervals; in an asynchronous loop in-step data loading is productive)."""
+def _totals(out: SessionSteps, win_start: Array, win_end: Array, starts: Array, ends: Array, labels: list[str]) -> None:
+    """Per window: overhead per category and the productive rest (in an asynchronous loop
+    in-step data loading is productive)."""
+    import numpy as np
+
     skip_data = out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE)
-    starts, ends, labels = out.over_start, out.over_end, out.over_label
-    productive = array("q")
+    used = np.zeros(len(win_start), dtype=np.int64)
     overhead: dict[str, array[int]] = {}
-    count = len(out.win_start)
-    i = 0
-    for w in range(count):
-        a, b = out.win_start[w], out.win_end[w]
-        while i < len(starts) and ends[i] <= a:
-            i += 1
-        j = i
-        used = 0
-        while j < len(starts) and starts[j] < b:
-            label = labels[j]
-            if not (skip_data and label == DATA):
-                length = min(ends[j], b) - max(starts[j], a)
-                if length > 0:
-                    column = overhead.get(label)
-                    if column is None:
-                        column = overhead[label] = array("q", bytes(8 * count))
-                    column[w] += length
-                    used += length
-            j += 1
-        productive.append(b - a - used)
-    out.win_productive, out.win_overhead = productive, overhead
+    label_array = np.array(labels, dtype=object) if labels else np.zeros(0, dtype=object)
+    for label in sorted(set(labels)):
+        if skip_data and label == DATA:
+            continue
+        mask = label_array == label
+        s, e = starts[mask], ends[mask]
+        covered = _covered_at(win_end, s, e) - _covered_at(win_start, s, e)
+        if covered.any():
+            overhead[label] = _out(covered)
+            used += covered
+    out.win_productive, out.win_overhead = _out(win_end - win_start - used), overhead
 
 
 def _charge_device_idle(out: SessionSteps, rec: SessionRecords) -> bool:

@@ -144,7 +144,7 @@ def _stream(
         if not parts:
             continue
         cursor = con.execute(
-            f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY sid, coalesce(t0, t), t1 DESC"
+            f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY sid, coalesce(t0, t), t1 DESC, kind, name, step, cat, tid"
         )
         current: int | None = None
         records: list[RawRecord] = []
