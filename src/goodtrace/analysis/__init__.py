@@ -214,16 +214,12 @@ def _cut_all(
 
 
 def _rank_timeline(
-    run: LoadedRun, attempts: Sequence[Attempt], cuts: dict[int, SessionSteps], rank: int | None, *,
+    run: LoadedRun, attempt_of: dict[int, int], cuts: dict[int, SessionSteps], sessions: Sequence[int], *,
     ideal_override_ns: float | None, submit_wall: int | None, pieces: bool,
 ) -> tuple[Timeline, float | None] | None:
-    """The job timeline of one rank across the job's attempts (None without its sessions);
-    ``rank=None``: each attempt's reference session (rank 0, or its lowest rank present)."""
-    items = [
-        (a.index, run.sessions[i], cuts[i])
-        for a in attempts for i in a.sessions
-        if (i == a.reference_session if rank is None else run.sessions[i].rank == rank)
-    ]
+    """The job timeline of one rank (``sessions``: its sessions in the job) across the job's
+    attempts; None without sessions."""
+    items = [(attempt_of[i], run.sessions[i], cuts[i]) for i in sessions]
     if not items:
         return None
     chosen = [c for _, _, c in items]
@@ -296,8 +292,9 @@ def analyze(
     submit_wall = by_index[attempts[0].reference_session].submit_wall
     ideal_override = None if ideal_step_s is None else ideal_step_s * NS
     cuts = _cut_all(run, attempts, data_rule)
-    built = _rank_timeline(run, attempts, cuts, None, ideal_override_ns=ideal_override, submit_wall=submit_wall,
-                           pieces=True)
+    attempt_of = {i: a.index for a in attempts for i in a.sessions}
+    built = _rank_timeline(run, attempt_of, cuts, [a.reference_session for a in attempts],
+                           ideal_override_ns=ideal_override, submit_wall=submit_wall, pieces=True)
     if built is None:
         raise AnalysisError(f"rank {reference_rank} has no records loaded")
     timeline, ideal_ns = built
@@ -321,13 +318,15 @@ def analyze(
     anomalies, threshold = find_anomalies(rows, timeline.windows, run.timelines, k=anomaly_k)
     # every rank: its own partition (totals), step times, compute, lateness on the aligned clock
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
-    attempt_of = {i: a.index for a in attempts for i in a.sessions}
     clocks = loaded_clocks(run, [a.sessions for a in attempts])
     goodput_by_rank: dict[int, float] = {}
     relabels: dict[int, tuple[int, int | None]] = {}
-    for rank in sorted({s.rank for s in job_sessions}):
-        other = _rank_timeline(run, attempts, cuts, rank, ideal_override_ns=ideal_override, submit_wall=submit_wall,
-                               pieces=False)
+    sessions_of: dict[int, list[int]] = {}
+    for s in job_sessions:
+        sessions_of.setdefault(s.rank, []).append(s.index)
+    for rank in sorted(sessions_of):
+        other = _rank_timeline(run, attempt_of, cuts, sessions_of[rank], ideal_override_ns=ideal_override,
+                               submit_wall=submit_wall, pieces=False)
         if other is not None:
             relabels.update(other[0].relabels)
             if other[0].end > other[0].start:

@@ -337,11 +337,21 @@ def _flatten(
     cats = rec.span_category
     t0, t1 = _np(rec.span_t0), _np(rec.span_t1)
     inside = (t1 > a) & (t0 < b)
-    is_data = np.fromiter((c == DATA for c in cats), dtype=bool, count=len(cats))
-    is_over = np.fromiter((c in categories and c != DATA for c in cats), dtype=bool, count=len(cats))
+    names = np.array(cats, dtype=object) if cats else np.zeros(0, dtype=object)
+    is_data = np.zeros(len(cats), dtype=bool)
+    is_over = np.zeros(len(cats), dtype=bool)
+    is_block = np.zeros(len(cats), dtype=bool)
+    for category in set(cats):  # a few categories: one comparison each, not one per span
+        mask = names == category
+        if category == DATA:
+            is_data |= mask
+        elif category in categories:
+            is_over |= mask
+            if category in blocking:
+                is_block |= mask
     over = np.flatnonzero(inside & is_over)
     o0, o1 = t0[over].copy(), t1[over]
-    block = np.fromiter((cats[k] in blocking for k in over.tolist()), dtype=bool, count=len(over))
+    block = is_block[over]
     if block.any() and len(exec_t0):
         k = np.flatnonzero(block)
         i = np.searchsorted(exec_t0, o0[k], side="right") - 1
@@ -445,8 +455,14 @@ def cut_session(
         flags |= FLAG_HOST_TIMED
     out.exec_seq, out.exec_step, out.exec_t0, out.exec_t1 = _out(seqs), _out(numbers), _out(t0s), _out(t1s)
     out.exec_window, out.exec_flags, out.ignored_syncs = _out(window_of), _out(flags), int(ignored)
-    out.exec_compute = array("q", (rec.compute_ns.get(s, 0) for s in out.exec_seq)) if rec.compute_ns else \
-        array("q", bytes(8 * n))
+    compute = np.zeros(n, dtype=np.int64)
+    if rec.compute_ns and n:
+        keys = np.fromiter(rec.compute_ns.keys(), dtype=np.int64, count=len(rec.compute_ns))
+        values = np.fromiter(rec.compute_ns.values(), dtype=np.int64, count=len(rec.compute_ns))
+        order = np.argsort(keys)
+        at = np.minimum(np.searchsorted(keys[order], seqs), len(keys) - 1)
+        compute = np.where(keys[order][at] == seqs, values[order][at], 0)
+    out.exec_compute = _out(compute)
     out.win_start, out.win_end, out.win_first, out.win_count = _out(win_start), _out(win_end), _out(win_first), _out(win_count)
     out.win_how = win_how
     out.data_rule = data_rule or _data_rule(times, hows, t0s, host_timed)

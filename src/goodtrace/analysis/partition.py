@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import statistics
 from collections.abc import Sequence
+from typing import Any
 
 from goodtrace import schema
 from goodtrace.analysis.executions import Piece, SessionSteps, relabel
@@ -145,35 +145,54 @@ def weighted_median(values: Sequence[tuple[float, int]]) -> float | None:
     return (lower + upper) / 2
 
 
-def steady_steps(cuts: Sequence[SessionSteps]) -> list[tuple[float, int]]:
-    return _steady(cuts)
+@dataclasses.dataclass(frozen=True)
+class Steady:
+    """The steady-state intervals of some sessions (each session's first excluded, and those
+    overhead fills entirely): their productive time per step and their number of steps."""
+
+    per_step: Any  # numpy float64 array
+    steps: Any  # numpy int64 array
 
 
-def _steady(cuts: Sequence[SessionSteps]) -> list[tuple[float, int]]:
-    """(productive per step, steps) of every window but each session's first."""
-    return [
-        (cut.win_productive[w] / cut.win_count[w], cut.win_count[w])
-        for cut in cuts for w in range(1, cut.windows) if cut.win_productive[w] > 0
-    ]
+def steady_steps(cuts: Sequence[SessionSteps]) -> Steady:
+    import numpy as np
+
+    values, weights = [], []
+    for cut in cuts:
+        if cut.windows > 1:
+            productive = np.frombuffer(cut.win_productive, dtype=np.int64)[1:]
+            count = np.frombuffer(cut.win_count, dtype=np.int64)[1:]
+            keep = productive > 0
+            values.append(productive[keep] / count[keep])
+            weights.append(count[keep])
+    if not values:
+        return Steady(np.zeros(0), np.zeros(0, dtype=np.int64))
+    return Steady(np.concatenate(values), np.concatenate(weights))
 
 
-def ideal_step_ns(cuts: Sequence[SessionSteps], steady: list[tuple[float, int]] | None = None) -> float | None:
+def ideal_step_ns(cuts: Sequence[SessionSteps], steady: Steady | None = None) -> float | None:
     """Median productive time per step over steady-state intervals (each attempt's first
-    excluded, and intervals that overhead fills entirely); the first ones when nothing else."""
-    steady = _steady(cuts) if steady is None else steady
-    if not steady:
-        steady = [(cut.win_productive[0] / cut.win_count[0], cut.win_count[0]) for cut in cuts if cut.windows]
-    return weighted_median(steady)
+    excluded, and intervals that overhead fills entirely), weighted by steps; the first ones
+    when nothing else."""
+    import numpy as np
+
+    steady = steady_steps(cuts) if steady is None else steady
+    if not len(steady.per_step):
+        return weighted_median([(cut.win_productive[0] / cut.win_count[0], cut.win_count[0])
+                                for cut in cuts if cut.windows])
+    return float(np.median(np.repeat(steady.per_step, steady.steps)))
 
 
-def noise_threshold_ns(cuts: Sequence[SessionSteps], steady: list[tuple[float, int]] | None = None) -> float:
+def noise_threshold_ns(cuts: Sequence[SessionSteps], steady: Steady | None = None) -> float:
     """How far above the ideal a step must be to be more than noise: max(5 x 1.4826 x MAD,
     5% of the median) of the steady productive step times (the anomaly rule)."""
-    values = [v for v, _ in (_steady(cuts) if steady is None else steady)]
+    import numpy as np
+
+    values = (steady_steps(cuts) if steady is None else steady).per_step
     if len(values) < 3:
-        return 0.05 * (statistics.median(values) if values else 0.0)
-    median = statistics.median(values)
-    mad = statistics.median(abs(v - median) for v in values)
+        return 0.05 * (float(np.median(values)) if len(values) else 0.0)
+    median = float(np.median(values))
+    mad = float(np.median(np.abs(values - median)))
     return max(5 * 1.4826 * mad, 0.05 * median)
 
 
@@ -257,6 +276,12 @@ def assemble(
             cursor = emit(Piece(p.start + delta, p.end + delta, p.label, p.part), cursor, limit)
         warmup = _warmup(cut, ideal, noise)
         relabels[cut.session] = (warmup, restore_after[k])
+        if (not pieces and cut.windows and (limit is None or cut.win_end[-1] + delta <= limit)
+                and cut.win_start[0] + delta >= cursor):
+            cursor = _add_window_totals(cut, warmup, restore_after[k], buckets) + delta
+            for p in cut.tail_pieces():
+                cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
+            continue
         for w in range(cut.windows):
             a, b = cut.win_start[w] + delta, cut.win_end[w] + delta
             lost = _lost(cut, w, restore_after[k])
@@ -296,6 +321,33 @@ def window_pieces(cut: SessionSteps, w: int, relabels: tuple[int, int | None]) -
         productive = sum(p.length for p in pieces if p.label == PRODUCTIVE)
         pieces = relabel(pieces, _wasted(productive, len(lost), cut.win_count[w]), WASTED, from_end=True)
     return pieces, lost
+
+
+def _add_window_totals(cut: SessionSteps, warmup: int, limit: int | None, buckets: dict[str, int]) -> int:
+    """Every window of ``cut`` into ``buckets`` at once (totals mode, no window clipped): the
+    same warm-up and wasted-progress rules as the piece-by-piece walk. Returns the last end."""
+    import numpy as np
+
+    productive = np.frombuffer(cut.win_productive, dtype=np.int64).copy()
+    productive[0] -= warmup
+    wasted = np.zeros_like(productive)
+    if limit is not None:
+        count = np.frombuffer(cut.win_count, dtype=np.int64)
+        first = np.frombuffer(cut.win_first, dtype=np.int64)
+        window = np.frombuffer(cut.exec_window, dtype=np.int64)
+        steps = np.frombuffer(cut.exec_step, dtype=np.int64)
+        in_window = window >= 0
+        lost = np.bincount(window[in_window], weights=(steps[in_window] >= limit), minlength=len(count)).astype(np.int64)
+        lost = np.where(first >= 0, lost, 0)
+        wasted = np.where(lost == count, productive, productive * lost // np.maximum(count, 1))
+    for label, column in cut.win_overhead.items():
+        total = int(np.frombuffer(column, dtype=np.int64).sum())
+        if total:
+            buckets[label] = buckets.get(label, 0) + total
+    for label, ns in ((PRODUCTIVE, int(productive.sum() - wasted.sum())), (WARMUP, warmup), (WASTED, int(wasted.sum()))):
+        if ns:
+            buckets[label] = buckets.get(label, 0) + ns
+    return int(cut.win_end[-1])
 
 
 def _wasted(productive: int, lost: int, count: int) -> int:

@@ -129,12 +129,14 @@ def rank_figures(
     by_rank: dict[int, list[SessionInfo]] = {}
     for s in sessions:
         by_rank.setdefault(s.rank, []).append(s)
-    step_times: dict[int, list[float]] = {}
+    import numpy as np
+
+    step_times: dict[int, Any] = {}
     compute: dict[int, float] = {}
     arrivals: dict[tuple[int, int], dict[int, int]] = {}  # (attempt, step) -> rank -> aligned sync time
     starts: dict[tuple[int, int, str], dict[int, int]] = {}  # (attempt, step, name) -> rank -> aligned start
     for rank, members in by_rank.items():
-        times: list[float] = []
+        times: list[Any] = []
         per_execution: list[int] = []
         for s in members:
             cut = cuts.get(s.index)
@@ -143,9 +145,10 @@ def rank_figures(
             clock = clocks.get(s.index)
             attempt = attempt_of[s.index]
             starts_w, ends_w, counts_w, firsts_w, steps_e = cut.win_start, cut.win_end, cut.win_count, cut.win_first, cut.exec_step
-            for w in range(len(starts_w)):
-                count = counts_w[w]
-                times.extend([(ends_w[w] - starts_w[w]) / count / NS] * count)
+            counts = np.frombuffer(counts_w, dtype=np.int64)
+            if len(counts):
+                lengths = np.frombuffer(ends_w, dtype=np.int64) - np.frombuffer(starts_w, dtype=np.int64)
+                times.append(np.repeat(lengths / counts / NS, counts))
             lo, stride = _stride(cut)
             for w in range(len(starts_w)):
                 step = steps_e[firsts_w[w]]
@@ -157,7 +160,7 @@ def rank_figures(
             if rec is not None:
                 for step, name, t0 in rec.starts:
                     starts.setdefault((attempt, step, name), {})[rank] = clock.to_reference(t0) if clock else t0
-        step_times[rank] = times
+        step_times[rank] = np.concatenate(times) if times else np.zeros(0)
         if per_execution:
             compute[rank] = float(statistics.median(per_execution))
     others_compute = _leave_one_out(compute)
@@ -193,8 +196,8 @@ def rank_figures(
                 rank=rank,
                 host=by_rank[rank][-1].host,
                 goodput=goodput_by_rank.get(rank),
-                step_time_median_s=_median(step_times[rank]),
-                step_time_p90_s=_quantile(step_times[rank], 0.9),
+                step_time_median_s=float(np.median(step_times[rank])) if len(step_times[rank]) else None,
+                step_time_p90_s=float(np.quantile(step_times[rank], 0.9)) if len(step_times[rank]) else None,
                 compute_median_s=None if c is None else c / NS,
                 relative_speed=None if c is None or reference is None or c <= 0 else reference / c,
                 lateness_median_s=_median(late.get(rank, [])),
