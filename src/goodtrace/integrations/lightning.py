@@ -16,7 +16,8 @@
 
 It starts goodtrace (``run_dir``) unless the program already did, hooks PyTorch
 (``goodtrace.integrations.torch.instrument``: live lines every ``log_every_n_steps``) and
-finishes when the fit ends (or with ``completed=False`` when it raised) if it started it.
+finishes when the fit ends if it started it (an exception is recorded as an event and leaves
+the run open: the program's exit, or its own ``finish()``, says how the attempt ended).
 """
 
 from __future__ import annotations
@@ -80,7 +81,12 @@ class GoodtraceCallback(Callback):
         self._finish(trainer, completed=not bool(getattr(trainer, "interrupted", False)))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._finish(trainer, completed=False)
+        """Record the exception and close the step; recording goes on, so that how the attempt
+        ended is what the program does next (dies: no finish record, the analysis says so)."""
+        if gt.is_enabled():
+            gt.event("exception", type=type(exception).__name__, message=str(exception)[:500])
+        self._close_step(None)
+        self._unwrap_save_checkpoint(trainer)
 
     def _finish(self, trainer: Any, completed: bool) -> None:
         self._close_step(None)
