@@ -101,7 +101,7 @@ def test_sinks_run_on_the_ranks_they_ask_for(tmp_path: Path) -> None:
 
 
 def test_unknown_or_malformed_sinks_are_clear_errors_before_recording_starts(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown sink 'tensorbord'.*known sinks: .*tensorboard"):
+    with pytest.raises(ConfigError, match=r"unknown sink 'tensorbord'.*known sinks: .*tensorboard"):
         gt.init(tmp_path / "run", sinks=["tensorbord:runs/tb"])
     with pytest.raises(ConfigError, match="tensorboard needs a directory"):
         gt.init(tmp_path / "run", sinks=["tensorboard"])

@@ -3,9 +3,7 @@ back with wandb's own reader (``wandb.sdk.internal.datastore``) and W&B's record
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,7 +11,8 @@ from helpers.sinks import STEPS, CaptureSink, train
 from helpers.sinks_expected import JOB_GOODPUT, expected_live, expected_summary
 
 wandb = pytest.importorskip("wandb")
-datastore = pytest.importorskip("wandb.sdk.internal.datastore", reason="wandb>=0.30 dropped its Python reader")
+pytest.importorskip("wandb.sdk.internal.datastore", reason="wandb>=0.30 dropped its Python reader")
+from helpers.wandb_offline import read_offline_run  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -22,39 +21,6 @@ def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
                         "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "WANDB_CACHE_DIR": str(tmp_path / "cache"),
                         "WANDB_DISABLE_GIT": "true"}.items():
         monkeypatch.setenv(name, value)
-
-
-def read_offline_run(wandb_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(history rows, final summary) of the one offline run under ``wandb_dir``."""
-    from wandb.proto import wandb_internal_pb2
-
-    wandb.teardown()  # finish() returns before W&B's service has written the log out; this waits for it
-
-    (path,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")
-    store = datastore.DataStore()
-    store.open_for_scan(str(path))
-    try:
-        return _records(store, wandb_internal_pb2)
-    finally:
-        store._fp.close()  # the reader has no close()
-
-
-def _records(store: Any, wandb_internal_pb2: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    history: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
-    while (data := store.scan_data()) is not None:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
-        kind = record.WhichOneof("record_type")
-        if kind == "history":
-            history.append({_key(item): json.loads(item.value_json) for item in record.history.item})
-        elif kind == "summary":
-            summary.update({_key(item): json.loads(item.value_json) for item in record.summary.update})
-    return history, summary
-
-
-def _key(item: Any) -> str:
-    return str(item.key or "/".join(item.nested_key))
 
 
 def test_live_lines_and_the_summary_read_back_from_the_offline_run(tmp_path: Path) -> None:
