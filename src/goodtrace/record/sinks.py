@@ -155,6 +155,7 @@ class _Worker:
         self.sink = sink
         self.run = run
         self.dropped = False
+        self.opened = False  # open() returned: the sink takes lines from here on
         self._warn = warn
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queued)
         self._thread = threading.Thread(target=self._loop, name=f"goodtrace-sink-{sink.name}", daemon=True)
@@ -194,6 +195,7 @@ class _Worker:
         except Exception as exc:
             self._drop(f"it failed to open: {exc!r}"[:500])
             return
+        self.opened = True
         while True:
             item = self._queue.get()
             try:
