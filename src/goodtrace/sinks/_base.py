@@ -195,8 +195,9 @@ class ScalarSink:
         return dataclasses.replace(line, job_goodput=job_goodput(self.run, line))
 
     def close(self, finished: bool) -> None:
+        """The summary (rank 0 only: it is the job's, from rank 0's timeline), then the backend."""
         try:
-            if finished and self.write_summary and self.run is not None:
+            if finished and self.write_summary and self.run is not None and self.run.rank == 0:
                 analysis = analyse_run(self.run.run_dir)
                 numbers, texts = summary_values(analysis)
                 last = analysis.steps[-1].step if analysis.steps else 0
