@@ -11,10 +11,11 @@ thread). Each round runs, per sink, a baseline block and a sink block side by si
 flipping every round, so drift in machine load hits both alike. Reported per sink: the median
 step time, the overhead as the median over rounds of the paired difference to its baseline
 block (with its range over rounds: the noise), and the direct cost on the training thread of
-handing one live line to the sinks (a queue put). Opening a sink (its library's run, file or
-server) happens on the sink's thread while training runs; the steps run meanwhile are timed
-apart ("opening": how long it took, how many steps, their median step time against the
-baseline) and the paired figures count only steps after every sink opened.
+handing one live line to the sinks (a queue put). ``gt.init`` waits for the sinks to open
+(their library's run, file or server: up to 30 s), since a backend setting itself up on its
+thread while the loop runs competes with it for the GIL; reported: ``gt.init``'s time with the
+sink against without, and any steps that still ran while a sink was opening (their count and
+median step time against the baseline; the paired figures count only steps after).
 
     python benchmarks/sink_overhead.py [--rounds 6] [--block 80] [--log-every 10] [--quick] [--json]
 """
@@ -22,6 +23,7 @@ baseline) and the paired figures count only steps after every sink opened.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -41,6 +43,7 @@ from goodtrace.demo.train import CORPUS, CharCorpus, Windows
 from goodtrace.integrations.torch import instrument
 
 SINKS = ("tensorboard", "wandb", "mlflow", "prometheus")
+BACKENDS = {"tensorboard": "tensorboardX", "wandb": "wandb", "mlflow": "mlflow", "prometheus": "prometheus_client"}
 
 
 def batches(data: Windows, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -71,21 +74,19 @@ def make_sink(kind: str, where: Path) -> Any:
 
 def block(model: GPT, optimizer: torch.optim.Optimizer, data: Iterator[tuple[torch.Tensor, torch.Tensor]],
           steps: int, run_dir: Path, sinks: list[Any], log_every: int) -> tuple[list[float], list[float], float]:
-    """(step times while the sinks were opening, step times after, seconds until they had opened):
+    """(step times while a sink was still opening, step times after, seconds ``gt.init`` took):
     ``steps`` steps are timed after every sink opened, however many it took to get there."""
     t_init = time.perf_counter()
-    gt.init(run_dir, sinks=sinks)
+    gt.init(run_dir, sinks=sinks)  # waits (up to 30 s) for the sinks to open
+    init_s = time.perf_counter() - t_init
     instrument(log_every=log_every, memory=False, clock_sync_every=0, printer=lambda _: None)
     hub = getattr(gt.recorder(), "sink_hub", None)
     opening: list[float] = []
     steady: list[float] = []
-    opened_after = 0.0
     step = 0
     while len(steady) < steps:
         step += 1
         ready = hub is None or all(w.opened or w.dropped for w in hub.workers)
-        if ready and not opened_after:
-            opened_after = time.perf_counter() - t_init
         t0 = time.perf_counter()
         with gt.step(step) as s:
             with gt.span("data"):
@@ -99,7 +100,7 @@ def block(model: GPT, optimizer: torch.optim.Optimizer, data: Iterator[tuple[tor
             gt.metric("loss", loss.detach(), "mean")
         (steady if ready else opening).append(time.perf_counter() - t0)
     gt.finish()
-    return opening, steady, opened_after
+    return opening, steady, init_s
 
 
 def direct_cost(sinks: list[Any], run_dir: Path, lines: int) -> float:
@@ -128,11 +129,11 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=80, help="steps per block")
     parser.add_argument("--log-every", type=int, default=10, help="a live line every N steps (the demo's 10)")
     parser.add_argument("--sinks", default=",".join(SINKS), help="which sinks to measure (comma-separated)")
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 30 steps (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 20 steps (about a minute)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the results")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.block = 2, 30
+        args.rounds, args.block = 2, 20
     kinds = [k.strip() for k in args.sinks.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in SINKS]
     if unknown:
@@ -152,12 +153,12 @@ def main() -> None:
     baselines: dict[str, list[float]] = {kind: [] for kind in kinds}
     opening: dict[str, list[float]] = {kind: [] for kind in kinds}
     open_s: dict[str, list[float]] = {kind: [] for kind in kinds}
+    init_none: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         block(model, optimizer, data, 10, root / "warmup", [], args.log_every)  # allocations
         for kind in kinds:  # import each backend once, as a job does at start-up, outside the timing
-            block(model, optimizer, data, 2 * args.log_every, root / f"import-{kind}",
-                  [make_sink(kind, root / f"import-{kind}-sink")], args.log_every)
+            importlib.import_module(BACKENDS[kind])
         for round_index in range(args.rounds):
             for kind in kinds:  # each sink's block beside a baseline block, the order flipping per round
                 where = root / f"r{round_index}-{kind}"
@@ -167,6 +168,7 @@ def main() -> None:
                                                   args.log_every)
                     if label == "none":
                         baselines[kind].append(statistics.median(times))
+                        init_none.append(opened)
                     else:
                         medians[kind].append(statistics.median(times))
                         opening[kind].extend(before)
@@ -178,8 +180,11 @@ def main() -> None:
                                "log_every": args.log_every, "sinks": {}}
     print(f"baseline (no sink): median step {baseline * 1e3:.2f} ms over {args.rounds} rounds x {len(kinds)} blocks "
           f"of {args.block} steps, a live line every {args.log_every} steps")
+    init_base = statistics.median(init_none)
+    results["init_s"] = init_base
+    print(f"gt.init without a sink: {init_base * 1e3:.1f} ms")
     print(f"{'sink':<12} {'step':>9} {'paired overhead (range over rounds)':>37} {'hand-off/line':>14} "
-          f"{'opening: s, steps, median step':>32}")
+          f"{'gt.init':>9} {'steps while opening':>22}")
     for kind in kinds:
         diffs = [(w - b) / b for w, b in zip(medians[kind], baselines[kind], strict=True)]
         median_step = statistics.median(medians[kind])
@@ -187,15 +192,13 @@ def main() -> None:
         results["sinks"][kind] = {
             "step_s": median_step, "ratio": median_step / baseline, "paired_overhead": statistics.median(diffs),
             "paired_min": min(diffs), "paired_max": max(diffs), "handoff_s": costs[kind],
-            "open_s": statistics.median(open_s[kind]), "opening_steps": len(opening[kind]),
+            "init_s": statistics.median(open_s[kind]), "opening_steps": len(opening[kind]),
             "opening_step_s": during, "opening_ratio": None if during is None else during / baseline,
         }
-        opening_text = ("-" if during is None else
-                        f"{statistics.median(open_s[kind]):.2f} s, {len(opening[kind])}, {during * 1e3:.1f} ms "
-                        f"({during / baseline:.2f}x)")
+        opening_text = "none" if during is None else f"{len(opening[kind])}, {during / baseline:.2f}x"
         print(f"{kind:<12} {median_step * 1e3:6.2f} ms {100 * statistics.median(diffs):+8.2f}% "
               f"({100 * min(diffs):+.1f}% .. {100 * max(diffs):+.1f}%){'':>6} {costs[kind] * 1e6:9.2f} us "
-              f"{opening_text:>32}")
+              f"{statistics.median(open_s[kind]):7.2f} s {opening_text:>22}")
     if args.json:
         print(json.dumps(results))
 

@@ -156,6 +156,7 @@ class _Worker:
         self.run = run
         self.dropped = False
         self.opened = False  # open() returned: the sink takes lines from here on
+        self.settled = threading.Event()  # opened, or failed to
         self._warn = warn
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queued)
         self._thread = threading.Thread(target=self._loop, name=f"goodtrace-sink-{sink.name}", daemon=True)
@@ -194,8 +195,10 @@ class _Worker:
             self.sink.open(self.run)
         except Exception as exc:
             self._drop(f"it failed to open: {exc!r}"[:500])
+            self.settled.set()
             return
         self.opened = True
+        self.settled.set()
         while True:
             item = self._queue.get()
             try:
@@ -237,6 +240,18 @@ class SinkHub:
         """The sinks running on this rank that have not been dropped."""
         return [w.sink for w in self.workers if not w.dropped]
 
+    def wait_open(self, timeout_s: float) -> None:
+        """Wait (at init, before the loop) until every sink opened or failed, for at most
+        ``timeout_s``: a backend that sets itself up while the loop runs (MLflow creating its
+        tables, W&B starting its service) competes with the loop for the GIL and slows its steps
+        for longer than it would have delayed the start. A sink still opening then goes on in
+        the background, with a warning."""
+        deadline = time.monotonic() + timeout_s
+        for worker in self.workers:
+            if not worker.settled.wait(max(0.0, deadline - time.monotonic())):
+                self._warn(f"opening:{worker.sink.name}", f"sink {worker.sink.name!r} still opening after "
+                           f"{timeout_s:g} s; training starts, it takes live lines once open")
+
     def on_line(self, line: LiveLine) -> None:
         for worker in self.workers:
             worker.put(line)
@@ -265,9 +280,12 @@ def _runs_here(ranks: str, run: SinkRun) -> bool:
     return run.rank == 0
 
 
-def attach_sinks(recorder: Any, sinks: Sequence[Sink], *, log_every: int = 10) -> SinkHub | None:
+def attach_sinks(
+    recorder: Any, sinks: Sequence[Sink], *, log_every: int = 10, open_timeout_s: float = 30.0
+) -> SinkHub | None:
     """Start the sinks that run on this rank and hook them to the recorder's live lines.
 
+    Waits up to ``open_timeout_s`` for the sinks to open (see :meth:`SinkHub.wait_open`).
     Live lines come from the live aggregator that ``instrument()`` (torch, JAX) attaches; when
     the program calls none, a rank-local one (this rank's own numbers, every ``log_every``
     steps, printing nothing) is started when the first step begins. The sinks close after the
@@ -284,6 +302,7 @@ def attach_sinks(recorder: Any, sinks: Sequence[Sink], *, log_every: int = 10) -
         return None
     recorder.sink_hub = hub
     recorder.line_listeners.append(hub.on_line)
+    hub.wait_open(open_timeout_s)
 
     started = False
 
