@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from goodtrace.analysis import analyze
+from goodtrace.analysis.attempts import KILLED
 from goodtrace.read.load import load_run
 from goodtrace.sinks import row_scalars, summary_values
 
@@ -61,7 +62,7 @@ def test_export_to_mlflow(tmp_path: Path) -> None:
     for name, value in numbers.items():
         assert run.data.metrics[name] == pytest.approx(value), name
     assert {k: v for k, v in run.data.tags.items() if k.startswith("goodtrace/")} == texts
-    assert texts["goodtrace/summary/attempt_0"].startswith("crashed")
+    assert texts["goodtrace/summary/attempt_0"].startswith(f"{KILLED}, steps 0-4")  # restarted after it
 
 
 def test_export_to_wandb_offline(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 import goodtrace as gt
 from goodtrace import schema
 from goodtrace.analysis import analyze
+from goodtrace.analysis.attempts import COMPLETED
 from goodtrace.read.load import load_run
 from goodtrace.read.sessions import read_run
 
@@ -73,7 +74,7 @@ def test_the_fit_s_steps_validations_and_checkpoints_are_in_the_report(tmp_path:
     analysis = analyze(load_run(tmp_path / "run"))
     assert [row.step for row in analysis.steps] == list(range(1, STEPS + 1))
     (attempt,) = analysis.attempts
-    assert attempt.ended == "finished"
+    assert attempt.ended == COMPLETED
     buckets = analysis.partition.buckets_ns
     assert buckets["eval"] > 0 and buckets["checkpoint_save"] > 0
     by_step = {row.step: row for row in analysis.steps}

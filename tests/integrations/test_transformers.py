@@ -12,6 +12,7 @@ import pytest
 import goodtrace as gt
 from goodtrace import schema
 from goodtrace.analysis import analyze
+from goodtrace.analysis.attempts import COMPLETED
 from goodtrace.read.load import load_run
 from goodtrace.read.sessions import read_run
 
@@ -63,7 +64,7 @@ def test_the_trainer_s_steps_evaluations_and_saves_are_in_the_report(tmp_path: P
     analysis = analyze(load_run(tmp_path / "run"))
     assert [row.step for row in analysis.steps] == list(range(1, STEPS + 1))
     (attempt,) = analysis.attempts
-    assert attempt.ended == "finished" and (attempt.first_step, attempt.last_step) == (1, STEPS)
+    assert attempt.ended == COMPLETED and (attempt.first_step, attempt.last_step) == (1, STEPS)
     buckets = analysis.partition.buckets_ns
     assert buckets["eval"] > 0 and buckets["checkpoint_save"] > 0
     assert sum(buckets.values()) == analysis.partition.total_ns

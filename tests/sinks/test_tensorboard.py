@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from goodtrace.analysis.attempts import COMPLETED
 from helpers.sinks import STEPS, CaptureSink, train
 from helpers.sinks_expected import JOB_GOODPUT, expected_live, expected_summary
 
@@ -43,7 +44,7 @@ def test_live_lines_and_the_summary_read_back_from_the_event_files(tmp_path: Pat
     assert "goodtrace/summary/checkpoint_save_s" in numbers and numbers["goodtrace/summary/checkpoint_save_s"] > 0
     for name, value in numbers.items():
         assert scalars[name][STEPS] == pytest.approx(value, rel=1e-6, abs=1e-9), name
-    assert texts == attempts and texts["goodtrace/summary/attempt_0"].startswith("finished, steps 1-25")
+    assert texts == attempts and texts["goodtrace/summary/attempt_0"].startswith(f"{COMPLETED}, steps 1-25")
 
 
 def test_all_ranks_write_beside_rank_0(tmp_path: Path) -> None:
