@@ -173,7 +173,7 @@ def main() -> None:
                         medians[kind].append(statistics.median(times))
                         opening[kind].extend(before)
                         open_s[kind].append(opened)
-        costs = {kind: direct_cost([make_sink(kind, root / f"direct-{kind}")], root / f"direct-{kind}-run", 2000)
+        costs = {kind: direct_cost([make_sink(kind, root / f"direct-{kind}")], root / f"direct-{kind}-run", 200)
                  for kind in kinds}
     baseline = statistics.median([t for kind in kinds for t in baselines[kind]])
     results: dict[str, Any] = {"baseline_step_s": baseline, "rounds": args.rounds, "block": args.block,

@@ -201,6 +201,12 @@ class _Worker:
         self.settled.set()
         while True:
             item = self._queue.get()
+            if self.dropped:  # dropped for falling behind: stop writing, release the backend
+                try:
+                    self.sink.close(False)
+                except Exception:
+                    pass
+                return
             try:
                 if isinstance(item, LiveLine):
                     self.sink.write(item)
