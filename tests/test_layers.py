@@ -48,7 +48,8 @@ MAY_IMPORT = {
     "cli": set(LAYER_OF.values()) | {"facade"},
 }
 # What each layer, imported alone, must not load (its own lazy imports run only when used).
-HEAVY = ("torch", "jax", "numpy", "duckdb", "rich", "fsspec", "tensorboard", "wandb", "mlflow")
+HEAVY = ("torch", "jax", "numpy", "duckdb", "rich", "fsspec", "tensorboard", "tensorboardX", "wandb", "mlflow",
+         "prometheus_client", "transformers", "lightning")
 ALONE = {
     "record": (["goodtrace", "goodtrace.record"], HEAVY),
     "read": (["goodtrace.read"], ("torch", "jax", "numpy", "duckdb", "rich")),

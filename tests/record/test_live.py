@@ -67,7 +67,9 @@ def _live_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -
         "blocking_waits": aggregator.blocking_waits,
         "completed_at": aggregator.completed_at,
         "lines": [
-            {"step": line.step, "ranks": line.ranks,
+            {"step": line.step, "ranks": line.ranks, "rank_step_s": line.rank_step_s,
+             "rank_lateness_s": line.rank_lateness_s, "slowest_rank": line.slowest_rank,
+             "host_ranks": line.host_ranks,
              "metrics": {n: {"reduce": m.reduce, "value": m.value, "count": m.count, "mean": m.mean,
                              "sum": m.sum, "min": m.min, "max": m.max, "std": m.std}
                          for n, m in line.metrics.items()}}
@@ -116,6 +118,14 @@ def test_two_gloo_ranks_reduce_by_hand_values_and_never_wait(tmp_path: Path) -> 
             assert got["reduce"] == reduce
             assert got["count"] == len(inputs)
             assert got["value"] == pytest.approx(expected, rel=1e-9, abs=1e-9), (name, line["step"])
+    # Per rank: both on this host; rank 1 slept 0.08 s more in step 5, so in the window of steps
+    # 5-8 its steps were slower and it reached the window's last sync point later.
+    for line in rank0["lines"]:
+        assert len(line["rank_step_s"]) == 2 and line["host_ranks"] == [0, 1]
+        assert min(line["rank_lateness_s"]) == 0.0
+    step8 = next(line for line in rank0["lines"] if line["step"] == 8)
+    assert step8["rank_step_s"][1] > step8["rank_step_s"][0]
+    assert step8["slowest_rank"] == 1 and step8["rank_lateness_s"][1] > 0.0
     # The gather of step 4 was launched at the end of step 5 (lag 1) and, rank 1 being late,
     # completed at a later step end, found done by a non-blocking check: the loop never waited.
     step4 = next(c for c in rank0["completed_at"] if c[0] == 4)

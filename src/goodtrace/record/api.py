@@ -14,10 +14,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from goodtrace.record.config import Config, ConfigError
+from goodtrace.record.errors import GoodtraceWarning
 from goodtrace.record.process import discover_identity
 from goodtrace.record.recorder import NOOP_RECORDER, NoopRecorder, Recorder, StepContext
 from goodtrace.record.spans import set_disabled
@@ -40,6 +42,7 @@ def init(
     config: Config | None = None,
     clock: Callable[[], int] | None = None,
     storage: Storage | None = None,
+    sinks: Sequence[Any] | None = None,
     **options: Any,
 ) -> Recorder | NoopRecorder:
     """Start recording this rank into ``run_dir`` (a path or an fsspec URL).
@@ -48,8 +51,12 @@ def init(
     JAX, else from launcher variables (torchrun, Slurm, Open MPI), else 0 of 1. ``ranks``
     (a collection of rank numbers) records only those ranks; others get the no-op recorder.
     Other keyword options are :class:`Config` fields (e.g. ``lag=2``, ``flush_interval_s=5``).
+    ``sinks`` (names such as ``"tensorboard:runs/tb"`` or sink objects; default: the
+    comma-separated ``GOODTRACE_SINKS``) receive the live lines and the run's summary
+    (``goodtrace.record.sinks``); an unknown name is a :class:`ConfigError`.
     """
     global _active_recorder
+    resolved = _resolve_sinks(sinks)
     if config is None:
         config = Config.from_env(enabled=enabled, **options)
     elif options or enabled is not None:
@@ -74,6 +81,13 @@ def init(
         _active_recorder = Recorder(os.fspath(run_dir), config, identity, **kwargs)
         _active_recorder.activate()
         _install_sigterm_handler(_active_recorder)
+        if resolved:
+            from goodtrace.record.sinks import attach_sinks
+
+            try:
+                attach_sinks(_active_recorder, resolved)
+            except Exception as exc:  # a sink must never fail init
+                warnings.warn(f"goodtrace: sinks disabled: {exc!r}", GoodtraceWarning, stacklevel=2)
         if "jax" in sys.modules:  # the program already uses JAX: record its compiles from step 0
             try:
                 from goodtrace.record import jax_compile
@@ -82,6 +96,24 @@ def init(
             except Exception:  # an optional feature must never fail init
                 pass
         return _active_recorder
+
+
+def _resolve_sinks(sinks: Sequence[Any] | None) -> list[Any]:
+    """Sink objects from names/objects, or from ``GOODTRACE_SINKS`` when ``sinks`` is None."""
+    if sinks is None:
+        text = os.environ.get("GOODTRACE_SINKS", "")
+        if not text.strip():
+            return []
+        from goodtrace.record.sinks import parse_specs
+
+        sinks = parse_specs(text)
+    if isinstance(sinks, (str, bytes)):
+        raise ConfigError(f"sinks must be a list of sink names or objects, got the string {sinks!r}")
+    if not sinks:
+        return []
+    from goodtrace.record.sinks import resolve
+
+    return [resolve(sink) for sink in sinks]
 
 
 def finish(completed: bool = True) -> bool:

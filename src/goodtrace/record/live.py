@@ -42,7 +42,9 @@ __all__ = [
 ]
 
 _STATS = 6  # sum, sum of squares, min, max, count, last
-_HEADER = 6  # fingerprint, step, number of metrics, tokens, flops, peak flops
+# fingerprint, step, number of metrics, tokens, flops, peak flops, this rank's step time over the
+# window, the window's end on the aligned clock (ns), this rank's host (a CRC of its name)
+_HEADER = 9
 
 
 class GatherHandle(Protocol):
@@ -165,6 +167,17 @@ class LiveAggregator:
         self._warned: set[str] = set()
         self._closed = False
         self._watch_overhead = watch_overhead
+        self._overhead_total_ns: dict[str, int] = {}
+        self._wall_minus_clock = time.time_ns() - clock()
+        identity = getattr(recorder, "identity", None)
+        self._rank = int(getattr(identity, "rank", transport.rank))
+        self._host_id = float(zlib.crc32(str(getattr(identity, "host", "")).encode()))
+        self.replaceable = False  # a sink's stand-in (no instrument() call): a later aggregator replaces it
+        previous = getattr(recorder, "live_aggregator", None)
+        if previous is not None and getattr(previous, "replaceable", False):
+            previous.abandon()
+        if hasattr(recorder, "live_aggregator"):
+            recorder.live_aggregator = self
         self._attach()
 
     # ------------------------------------------------------------------ recorder hooks
@@ -254,7 +267,7 @@ class LiveAggregator:
             self._in_flight.clear()
             return
         self.completed_at.append((window.step, launched, self._ends))
-        if self.transport.rank == 0:
+        if self.transport.rank == 0 or getattr(self.recorder, "line_listeners", None):
             try:
                 self._report(window, vectors)
             except Exception as exc:
@@ -301,7 +314,10 @@ class LiveAggregator:
         fingerprint = zlib.crc32("\n".join(f"{n}:{r}" for n, r in names).encode())
         tokens = (self.tokens_per_step or 0.0) * count
         flops = (self.flops_per_step or 0.0) * count
-        vector = [float(fingerprint), float(step), float(len(names)), tokens, flops, float(self.peak_flops or 0.0)]
+        offset = getattr(self.recorder, "clock_offset_ns", None)  # to rank 0's clock, when measured
+        aligned_end = end_ns + (offset if isinstance(offset, int) else self._wall_minus_clock)
+        vector = [float(fingerprint), float(step), float(len(names)), tokens, flops, float(self.peak_flops or 0.0),
+                  (end_ns - start_ns) / 1e9 / count, float(aligned_end), self._host_id]
         for key in names:
             vector.extend(stats[key])
         vector.extend([0.0] * (_HEADER + _STATS * self.max_metrics - len(vector)))
@@ -362,6 +378,11 @@ class LiveAggregator:
         overhead_total = sum(window.overhead_ns.values())
         if window_ns > 0:
             self._productive_ns += max(0, window_ns - overhead_total)
+        for category, ns in window.overhead_ns.items():
+            self._overhead_total_ns[category] = self._overhead_total_ns.get(category, 0) + ns
+        per_rank = [v for v in vectors if len(v) >= _HEADER]
+        ends = [float(v[7]) for v in per_rank]
+        lateness = tuple(max(0.0, (end - min(ends)) / 1e9) for end in ends)
         step_time = seconds / window.steps if seconds else None
         train = max(0.0, (window_ns - overhead_total) / 1e9 / window.steps) if seconds else None
         overhead = {c: ns / 1e9 / window.steps for c, ns in sorted(window.overhead_ns.items())}
@@ -374,11 +395,18 @@ class LiveAggregator:
             step=window.step, steps=window.steps, ranks=ranks, step_time_s=step_time, train_s=train,
             overhead_s=overhead, metrics=metrics, tokens_per_s=tokens_per_s, tflops_per_s=tflops, mfu=mfu,
             goodput=min(goodput, 1.0) if goodput is not None else None, timing=window.timing, text="",
+            elapsed_s=elapsed / 1e9 if elapsed > 0 else None, productive_s=self._productive_ns / 1e9,
+            overhead_total_s={c: ns / 1e9 for c, ns in sorted(self._overhead_total_ns.items())},
+            wall_ns=window.end_ns + self._wall_minus_clock, first_step=self._first_step, rank=self._rank,
+            rank_step_s=tuple(float(v[6]) for v in per_rank), rank_lateness_s=lateness,
+            slowest_rank=max(range(len(lateness)), key=lateness.__getitem__) if len(lateness) > 1 else None,
+            host_ranks=tuple(i for i, v in enumerate(per_rank) if v[8] == self._host_id),
         )
         line = dataclasses.replace(line, text=format_line(line))
         self.lines.append(line)
-        self.printer(line.text)
-        for listener in self.listeners:
+        if self.transport.rank == 0:
+            self.printer(line.text)
+        for listener in (*self.listeners, *getattr(self.recorder, "line_listeners", ())):
             try:
                 listener(line)
             except Exception as exc:

@@ -49,6 +49,21 @@ class LiveLine:
     goodput: float | None  # productive time / time since process start (this attempt, rank 0)
     timing: str  # "sync" (from sync points) or "host" (no completion values: host step ends)
     text: str
+    # This attempt so far (the computing rank's timeline), for sinks: seconds since process
+    # start, productive seconds, and seconds per overhead category.
+    elapsed_s: float | None = None
+    productive_s: float | None = None
+    overhead_total_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    wall_ns: int | None = None  # the window's end on this host's wall clock
+    first_step: int | None = None  # the first step this attempt executed
+    rank: int = 0  # the rank that computed the line (rank 0 unless a sink runs on others)
+    # Per rank, indexed by rank: step time over the window, and how late the rank reached the
+    # window's last sync point (aligned clocks when measured, else host wall clocks).
+    rank_step_s: tuple[float, ...] = ()
+    rank_lateness_s: tuple[float, ...] = ()
+    slowest_rank: int | None = None  # the latest rank at that sync point (None with one rank)
+    host_ranks: tuple[int, ...] = ()  # ranks on the computing rank's host
+    job_goodput: float | None = None  # the whole job so far (filled by goodtrace.sinks from the run)
 
 
 def format_bytes(count: float) -> str:

@@ -118,6 +118,13 @@ class Recorder:
         self.step_begin_listeners: list[Callable[[int, int], None]] = []  # (step, t0)
         self.finish_listeners: list[Callable[[bool | None, str], None]] = []  # before finishing
         self.overhead_span_listeners: list[Callable[[str, int, int], None]] = []  # (category, t0, t1)
+        # Live lines (goodtrace.record.live) go to these, on the ranks that compute them (sinks).
+        self.line_listeners: list[Callable[[Any], None]] = []
+        # Called after the files are closed (sinks read the finished run back for a summary).
+        self.after_finish_listeners: list[Callable[[bool | None, str], None]] = []
+        self.live_aggregator: Any = None  # the LiveAggregator attached to this recorder, if any
+        self.sink_hub: Any = None  # goodtrace.record.sinks.SinkHub, when gt.init was given sinks
+        self.clock_offset_ns: int | None = None  # reference (rank 0) clock - this clock, when measured
         real_clock = clock is time.perf_counter_ns
         proc_start, proc_source = process_start_mono_ns() if real_clock else (clock(), "clock")
         self._header_static: dict[str, Any] = {
@@ -362,6 +369,7 @@ class Recorder:
 
     def record_clock_offset(self, offset_ns: int, rtt_ns: int, reference_rank: int = 0) -> None:
         self.buffer.append((schema.CLOCK, offset_ns, rtt_ns, reference_rank, self.clock()))
+        self.clock_offset_ns = int(offset_ns)
 
     # ------------------------------------------------------------------ lifecycle
     def flush(self, timeout: float | None = None) -> bool:
@@ -385,7 +393,13 @@ class Recorder:
         spans.unbind(self)
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
-        return self.writer.close(self.config.finish_timeout_s)
+        closed = self.writer.close(self.config.finish_timeout_s)
+        for listener in list(self.after_finish_listeners):
+            try:
+                listener(completed, reason)
+            except Exception as exc:
+                self._warn(f"listener:{listener!r}", f"an after-finish listener failed: {exc!r}")
+        return closed
 
     def after_fork_in_child(self) -> None:
         """In a forked child: never write into the parent's files, never take its locks."""

@@ -1,0 +1,55 @@
+"""TensorBoard: event files written with ``tensorboardX`` (``pip install 'goodtrace[tensorboard]'``).
+
+One scalar per name at the log step; the summary at the last step, attempts as text. Only
+rank 0 writes by default; with ``all_ranks=True`` each other rank writes to ``DIR/rank-N``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from goodtrace.record.sinks import SinkError, SinkRun
+from goodtrace.sinks._base import ScalarSink
+
+
+class TensorBoardSink(ScalarSink):
+    """Write goodtrace's numbers as TensorBoard scalars under ``log_dir``."""
+
+    name = "tensorboard"
+
+    def __init__(self, log_dir: str | os.PathLike[str], *, all_ranks: bool = False, summary: bool = True,
+                 flush_secs: float = 10.0) -> None:
+        super().__init__(all_ranks=all_ranks, summary=summary)
+        if not str(log_dir).strip():
+            raise SinkError("tensorboard: the log directory must not be empty")
+        self.log_dir = os.fspath(log_dir)
+        self.flush_secs = flush_secs
+        self._writer: Any = None
+
+    @classmethod
+    def from_spec(cls, argument: str | None) -> TensorBoardSink:
+        if not argument:
+            raise SinkError("tensorboard needs a directory: 'tensorboard:DIR'")
+        return cls(argument)
+
+    def start(self, run: SinkRun) -> None:
+        from tensorboardX import SummaryWriter
+
+        target = self.log_dir if run.rank == 0 else os.path.join(self.log_dir, f"rank-{run.rank}")
+        self._writer = SummaryWriter(target, flush_secs=max(1, round(self.flush_secs)))
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        for name, value in values.items():
+            self._writer.add_scalar(name, value, step)
+
+    def summary(self, step: int, numbers: Mapping[str, float], texts: Mapping[str, str]) -> None:
+        self.scalars(step, numbers)
+        for name, text in texts.items():
+            self._writer.add_text(name, text, step)
+
+    def shutdown(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
