@@ -219,5 +219,5 @@ def test_a_data_stall_lands_on_the_step_that_waited(tmp_path: Path) -> None:
             misses.append(f"step 6 {rows[6]['step_time_s'] * 1e3:.1f} ms, the stall was {stall / 1e6:.1f} ms + 10 ms")
         return misses
 
-    run_dir, _, report = retried("data_stall", tmp_path, check)
+    run_dir, _, _ = retried("data_stall", tmp_path, check)
     assert_views_agree(run_dir)

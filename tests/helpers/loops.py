@@ -21,8 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-import goodtrace as gt  # noqa: E402
-from goodtrace.testing import SimulatedDevice  # noqa: E402
+import goodtrace as gt
+from goodtrace.testing import SimulatedDevice
 
 MS = 1e-3
 
