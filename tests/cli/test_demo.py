@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from goodtrace.read.sessions import read_run
+from helpers.views import assert_views_agree
 
 pytest.importorskip("torch")
 
@@ -75,6 +76,7 @@ def test_demo_report_has_the_buckets_of_a_crash_and_a_restart(demo_run: tuple[Pa
     assert sum(b["ns"] for b in buckets.values()) == pytest.approx(
         report["partition"]["total_s"] * 1e9, rel=1e-6)
     assert len(report["attempts"]) == 2
+    assert_views_agree(run_dir)  # --json, the HTML page's data and the trace: the same executions
     assert (run_dir / "report.txt").read_text().startswith("goodtrace report")
     assert (run_dir / "trace.json").exists()
     assert f"console report:  {run_dir / 'report.txt'}" in stdout
