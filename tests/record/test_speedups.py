@@ -302,6 +302,7 @@ def test_spans_survive_a_gc_callback_that_rebinds_the_hot_path_state() -> None:
     out = subprocess.run([sys.executable, "-c", GC_REBIND_SCRIPT], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
     implementation, count, bad_steps, rebinds, failures = out.stdout.split(maxsplit=4)
+    assert implementation == _recorder.IMPLEMENTATION
     assert failures.strip() == "[]"
     assert int(count) == 4 * 3000 * 2
     assert int(bad_steps) == 0
