@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -242,7 +243,8 @@ class JaxIntegration(Integration):
         self._listen(recorder.step_listeners, self._on_step_end, first=True)
 
     def _on_step_end(self, number: int, t0: int, t1: int) -> None:
-        if self.distributed and self.clock_sync_every and number % self.clock_sync_every == 0 and number:
+        if (self.distributed and self.clock_sync_every and number % self.clock_sync_every == 0 and number
+                and sys.exc_info()[0] is None):  # a step that raised: perhaps a crash, no collective
             self._sync_clocks()
 
     def _sync_clocks(self) -> None:

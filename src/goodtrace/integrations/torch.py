@@ -289,7 +289,8 @@ class TorchIntegration(Integration):
             self.cuda_timer.end(number)
         if self.memory and number % self.log_every == 0:
             self._record_memory(number)
-        if self.group is not None and self.clock_sync_every and number % self.clock_sync_every == 0:
+        if (self.group is not None and self.clock_sync_every and number % self.clock_sync_every == 0
+                and sys.exc_info()[0] is None):  # a step that raised: perhaps a crash, no collective
             self._sync_clocks()
 
     def _record_memory(self, number: int) -> None:

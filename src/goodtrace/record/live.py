@@ -251,7 +251,11 @@ class LiveAggregator:
             self._last_step_end = (number, t1)
             if number % self.log_every == 0:
                 self._waiting.append((number, self._ends + self.lag, t1))
-            while self._waiting and self._waiting[0][1] <= self._ends:
+            # A step whose body raised may be a crashing rank's last: no collective then (its
+            # peers may never join it, and a gather in flight holds the process at exit). The
+            # windows wait for the next step end, if there is one; windows go out in order, so
+            # a late launch still meets the peers' gathers.
+            while self._waiting and self._waiting[0][1] <= self._ends and sys.exc_info()[0] is None:
                 step, _, host_t1 = self._waiting.popleft()
                 self._launch(step, host_t1)
             self._poll()
@@ -511,11 +515,17 @@ class LiveAggregator:
                 self._warn(f"listener:{listener!r}", f"a live-line listener failed: {exc!r}")
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self, wait: bool = True) -> None:
+    def close(self, wait: bool = True, timeout: float | None = None) -> None:
         """Launch the windows still waiting (and a last partial one), then complete them all.
 
-        Every rank must call this (it is collective), normally through ``finish()``.
+        Every rank must call this (it is collective), normally through ``finish(completed=True)``.
+        It waits at most ``timeout`` seconds (default: the recorder's ``finish_timeout_s``) for
+        the gathers, then abandons them with a warning: a peer that never joins cannot hold up
+        this rank's finish.
         """
+        if timeout is None:
+            timeout = float(getattr(getattr(self.recorder, "config", None), "finish_timeout_s", 10.0))
+        deadline = time.monotonic() + timeout
         with self._lock:
             if self._closed:
                 self._detach()
@@ -524,17 +534,38 @@ class LiveAggregator:
                 settle = getattr(self.recorder, "settle", None)
                 if settle is not None:
                     settle(schema.SYNC_FINISH)
-                while self._waiting:
-                    step, _, host_t1 = self._waiting.popleft()
-                    self._launch(step, host_t1)
+                launches = [(step, host_t1) for step, _, host_t1 in self._waiting]
+                self._waiting.clear()
                 last = self._last_step_end
-                if not self._closed and last is not None and (self._prev_step is None or last[0] > self._prev_step):
-                    self._launch(last[0], last[1])
-                while wait and self._in_flight:
+                if last is not None and (self._prev_step is None or last[0] > max(
+                        [self._prev_step, *(step for step, _ in launches)])):
+                    launches.append(last)
+                for step, host_t1 in launches:
+                    if self._closed or not self._wait_in_flight(deadline):
+                        break
+                    self._launch(step, host_t1)
+                while wait and self._in_flight and not self._closed:
+                    if not self._wait_in_flight(deadline):
+                        break
                     self._complete()
+                if self._in_flight:
+                    self._warn("close", f"the last live windows were abandoned: the other ranks did not "
+                               f"join their gather within {timeout:g} s")
+                    self._in_flight.clear()
             finally:
                 self._closed = True
                 self._detach()
+
+    def _wait_in_flight(self, deadline: float) -> bool:
+        """Poll the oldest gather in flight until it is done (True) or the deadline passes."""
+        pause = 0.001
+        while self._in_flight and not self._in_flight[0][1].done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+        return True
 
     def abandon(self) -> None:
         """Stop without any collective (the process is exiting, perhaps after a crash)."""
