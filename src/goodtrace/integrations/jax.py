@@ -1,6 +1,11 @@
 """JAX integration: compile spans from JAX's own listeners, clock offsets and live metric
 reduction across ``jax.distributed`` processes.
 
+Versions: jax 0.4.30 or newer (the oldest tested; the APIs used go back to 0.4.26). On CPU,
+dispatch is asynchronous from 0.4.32 (before it steps complete as they return, which goodtrace
+times right too) and processes gather across each other from 0.5.1 (CPU collectives); without
+them the live line is off, with one warning.
+
 Contract:
 
 - :func:`install` (idempotent; also run when goodtrace first sees a JAX value) registers
@@ -231,10 +236,17 @@ class JaxIntegration(Integration):
         announce_model(recorder, tokens_per_step, flops_per_step, peak_flops)
         if self.distributed:
             self._sync_clocks()
-        if live:
-            transport: Transport = LocalTransport()
-            if self.distributed:
+        transport: Transport = LocalTransport()
+        if live and self.distributed:
+            try:
                 transport = JaxTransport()  # compiles its gather now, not inside a step
+            except Exception as exc:  # e.g. CPU processes without CPU collectives (jax < 0.5.1)
+                live = False
+                _warn(f"the live line is off: JAX cannot gather across processes here ({exc!r}); on CPU "
+                      "it needs CPU collectives (the default from jax 0.5.1; before it, "
+                      "jax.config.update('jax_cpu_collectives_implementation', 'gloo') before "
+                      "jax.distributed.initialize)")
+        if live:
             self.aggregator = LiveAggregator(
                 recorder, transport, log_every=log_every, tokens_per_step=tokens_per_step,
                 flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
