@@ -129,7 +129,9 @@ def test_any_argument_under_warnings_as_errors_never_raises(tmp_path: Path) -> N
     assert "['list', 'name']" not in by_name  # a value that is no number is not recorded
     if with_torch:
         assert [r["value"] for r in by_name["tensor"]] == [4.0] * 8
-        assert result["live_lines"] >= 3
+        # the windows of log steps 2 and 4 (the step numbers ran 1, 1, 2, 3, 4, 5, 7, 7); no
+        # last window: finish(completed="yes") is not a normal end, so nothing collective runs
+        assert result["live_lines"] == 2
     events = [record for _, record in run.records("event") if record["name"] == "123"]
     assert len(events) == 8
     big = events[0]["attrs"]
