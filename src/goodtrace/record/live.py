@@ -10,13 +10,14 @@ exchange: a metric's slot is a 48-bit hash of its name, the same on every rank, 
 its statistics; a name itself travels once, in the first window in which a rank records it.
 So ranks need not record the same metrics (a learning rate only on rank 0, a loss only on the
 last pipeline stage, a device time that resolves a window late): a rank without a value
-contributes a count of zero, and every rank's tokens and FLOPs are counted. The window is launched once its values are observed
-(``lag`` step ends after the log step) and completed when it is done, checked without waiting
-at each step end; the loop only waits when the *next* window launches and the previous one is
-still in flight (counted in ``blocking_waits``), or at ``finish()``. Rank 0 then reduces each
-metric with its reduction and prints one line (step, loss, step time = train + overheads,
-tokens/s, TFLOP/s, MFU, memory, goodput of this attempt so far) and hands a :class:`LiveLine`
-to listeners.
+contributes a count of zero, and every rank's tokens and FLOPs are counted. The window is
+launched once its values are observed (``lag`` step ends after the log step) and completed
+when it is done, checked without waiting at each step end; the loop only waits when the
+*next* window launches and the previous one is still in flight (counted in
+``blocking_waits``), or at ``finish(completed=True)`` (at most ``finish_timeout_s``). Rank 0
+then reduces each metric with its reduction and prints one line (step, loss, step time = train
++ overheads, tokens/s, TFLOP/s, MFU, memory, goodput of this attempt so far) and hands a
+:class:`LiveLine` to listeners.
 
 Framework-neutral: nothing here imports torch or jax.
 """
@@ -548,7 +549,7 @@ class LiveAggregator:
                     if not self._wait_in_flight(deadline):
                         break
                     self._complete()
-                if self._in_flight:
+                if wait and self._in_flight:
                     self._warn("close", f"the last live windows were abandoned: the other ranks did not "
                                f"join their gather within {timeout:g} s")
                     self._in_flight.clear()
