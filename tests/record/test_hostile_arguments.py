@@ -5,8 +5,8 @@ The loop runs in a child process under ``python -W error`` plus ``warnings.simpl
 and its live line when torch is installed. It passes every public call what issue 12 found
 leaking (``gt.step(inf)``, ``category=["c"]``, ``reduce=["x"]``) and worse: objects whose
 ``__repr__``/``__hash__``/``__eq__``/``__int__`` raise, lone surrogates, control characters, a
-1 MB name and a 40 MB event attribute. The child must exit 0 with no traceback, and the files
-must hold what could be recorded.
+1 MB name and a 40 MB event attribute, with a sink that fails to open. The child must exit 0
+with no traceback, and the files must hold what could be recorded.
 """
 
 from __future__ import annotations
@@ -38,9 +38,23 @@ class Hostile:
     def __bool__(self): raise RuntimeError("bool")
 
 
+class FailingSink:
+    name, ranks = "failing", "zero"
+    def open(self, run): raise RuntimeError("cannot open")
+    def write(self, line): pass
+    def close(self, finished): pass
+
+
+class CountingSink:
+    name, ranks, lines = "counting", "zero", 0
+    def open(self, run): pass
+    def write(self, line): CountingSink.lines += 1
+    def close(self, finished): pass
+
+
 hostile = Hostile()
 run_dir, with_torch = sys.argv[1], sys.argv[2] == "1"
-gt.init(run_dir, record_gc=False, flush_interval_s=0.05)
+gt.init(run_dir, record_gc=False, flush_interval_s=0.05, sinks=[FailingSink(), CountingSink()])
 lines = []
 if with_torch:
     import torch
@@ -76,7 +90,7 @@ for number in (1, float("inf"), float("nan"), 2**80, "x", hostile, 7, None):
         s.complete_on(hostile)
         gt.complete_on(1.0, step=hostile)
 result = {"flush": gt.flush(timeout="soon"), "flush_nan": gt.flush(float("nan")),
-          "finish": gt.finish(completed="yes"), "live_lines": len(lines)}
+          "finish": gt.finish(completed="yes"), "live_lines": len(lines), "sink_lines": CountingSink.lines}
 print(json.dumps(result))
 '''
 
@@ -131,7 +145,8 @@ def test_any_argument_under_warnings_as_errors_never_raises(tmp_path: Path) -> N
         assert [r["value"] for r in by_name["tensor"]] == [4.0] * 8
         # the windows of log steps 2 and 4 (the step numbers ran 1, 1, 2, 3, 4, 5, 7, 7); no
         # last window: finish(completed="yes") is not a normal end, so nothing collective runs
-        assert result["live_lines"] == 2
+        assert result["live_lines"] == 2 and result["sink_lines"] == 2
+    assert out.stderr.count("sink 'failing' dropped") == 1
     events = [record for _, record in run.records("event") if record["name"] == "123"]
     assert len(events) == 8
     big = events[0]["attrs"]
