@@ -183,3 +183,101 @@ def test_first_line_divides_by_its_own_steps_whatever_the_lag() -> None:
     first = agg.lines[0]
     # the first window holds steps 0..first.step, each 0.5 s; it is launched lag steps later
     assert first.step_time_s == pytest.approx(0.5)
+
+
+TOKENS = {0: 100.0, 1: 300.0}  # per step; ranks of a pipeline need not process the same tokens
+
+
+def _pipeline_value(name: str, rank: int, step: int) -> float:
+    return {"lr": 0.001 * step, "loss": 10.0 - 0.5 * step, "a": float(rank + step),
+            "late_start": 2.0 * step, "device": 0.01 * (step + rank), "last": 100.0 * rank + step}[name]
+
+
+def _pipeline_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -> None:
+    """Ranks record different metrics, as a pipeline does: ``lr`` on rank 0 only, ``loss`` on the
+    last stage only, ``late_start`` from step 6 on rank 1 only, and on rank 0 a device time of
+    step k that resolves during step k+3 (after its window was sent)."""
+    import torch.distributed as dist
+
+    from goodtrace.integrations.torch import instrument
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    gt.init(run_dir, rank=rank, world_size=world)
+    lines: list[str] = []
+    integration = instrument(log_every=LOG_EVERY, memory=False, clock_sync_every=0, printer=lines.append,
+                             tokens_per_step=TOKENS[rank])
+    dist.barrier()
+    for step in range(1, STEPS + 1):
+        with gt.step(step) as s:
+            time.sleep(0.02)
+            if rank == 0:
+                gt.metric("lr", _pipeline_value("lr", rank, step), "last")
+                if step > 3:
+                    gt.metric("device", _pipeline_value("device", rank, step - 3), "max", step=step - 3)
+            if rank == world - 1:
+                gt.metric("loss", torch.tensor(_pipeline_value("loss", rank, step)), "mean")
+                if step >= 6:
+                    gt.metric("late_start", _pipeline_value("late_start", rank, step), "sum")
+            gt.metric("a", _pipeline_value("a", rank, step), "std")
+            gt.metric("last", _pipeline_value("last", rank, step), "last")
+            s.complete_on(1.0)
+    gt.finish()
+    aggregator = integration.aggregator
+    assert aggregator is not None
+    result = {
+        "printed": lines,
+        "lines": [
+            {"step": line.step, "steps": line.steps, "ranks": line.ranks, "tokens_per_s": line.tokens_per_s,
+             "step_time_s": line.step_time_s,
+             "metrics": {n: {"reduce": m.reduce, "value": m.value, "count": m.count, "ranks": m.ranks}
+                         for n, m in line.metrics.items()}}
+            for line in aggregator.lines
+        ],
+    }
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def test_ranks_with_different_metric_names_all_count(tmp_path: Path) -> None:
+    """No rank is left out of the live line because its metric names differ from rank 0's: a
+    rank without a value for a metric contributes a count of zero, tokens/s counts every rank,
+    and a value that arrives after its window was sent counts in the next window."""
+    run_dir, out_dir = tmp_path / "run", tmp_path / "out"
+    out_dir.mkdir()
+    _spawn(_pipeline_worker, 2, str(run_dir), str(out_dir))
+    rank0 = json.loads((out_dir / "rank0.json").read_text())
+    lines = rank0["lines"]
+    assert [line["step"] for line in lines] == [4, 8, 12]
+    # The device time of step k is recorded during step k + 3. The window of a log step L is
+    # sent at the end of step L + 1 (lag 1), so it carries the device times recorded since the
+    # previous window was sent, those of steps up to L - 2, some of which belong to the
+    # previous window's steps; the last window is sent at finish().
+    device_steps = {4: [1, 2], 8: [3, 4, 5, 6], 12: [7, 8, 9]}
+    for line in lines:
+        window = list(range(line["step"] - LOG_EVERY + 1, line["step"] + 1))
+        assert line["ranks"] == 2
+        metrics = line["metrics"]
+        expected: dict[str, tuple[str, float, int, int]] = {
+            # name: (reduce, value, count, ranks with a value)
+            "lr": ("last", _pipeline_value("lr", 0, window[-1]), len(window), 1),
+            "loss": ("mean", statistics.fmean(_pipeline_value("loss", 1, s) for s in window), len(window), 1),
+            "a": ("std", statistics.pstdev(_pipeline_value("a", r, s) for r in (0, 1) for s in window),
+                  2 * len(window), 2),
+            "last": ("last", _pipeline_value("last", 1, window[-1]), 2 * len(window), 2),
+            "device": ("max", max(_pipeline_value("device", 0, s) for s in device_steps[line["step"]]),
+                       len(device_steps[line["step"]]), 1),
+        }
+        late = [s for s in window if s >= 6]
+        if late:
+            expected["late_start"] = ("sum", math.fsum(_pipeline_value("late_start", 1, s) for s in late),
+                                      len(late), 1)
+        assert set(metrics) == set(expected), line["step"]
+        for name, (reduce, value, count, ranks) in expected.items():
+            got = metrics[name]
+            assert (got["reduce"], got["count"], got["ranks"]) == (reduce, count, ranks), (name, line["step"])
+            assert got["value"] == pytest.approx(value, rel=1e-9, abs=1e-12), (name, line["step"])
+        # tokens/s counts both ranks: (100 + 300) tokens per step over rank 0's step time
+        assert line["tokens_per_s"] * line["step_time_s"] == pytest.approx(sum(TOKENS.values()), rel=1e-9)
+    # the loss exists only on rank 1, and rank 0 prints it; the goodput says whose it is
+    assert all(" | loss " in printed and "(this attempt)" in printed for printed in rank0["printed"])

@@ -216,3 +216,94 @@ def test_real_clock_spans_lie_between_perf_counter_reads() -> None:
         after = time.perf_counter_ns()
     (span,) = cap.records("span")
     assert before <= span["t0"] <= inside <= span["t1"] <= after
+
+
+GC_REBIND_SCRIPT = r'''
+import gc, sys, tempfile, threading
+import goodtrace as gt
+from goodtrace.record import spans
+
+gt.init(tempfile.mkdtemp(), record_gc=False)
+
+
+class Sink:
+    """Stands in for the buffer's append; a freed one has lost its slot (AttributeError)."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records):
+        self.records = records
+
+    def __call__(self, record):
+        self.records.append(record)
+
+
+records = []
+spans._append = Sink(records)
+steps = iter(range(10**15, 10**16))  # big ints: never cached, freed with their last reference
+spans._step = next(steps)
+rebinds = 0
+
+
+def rebind(phase, info):
+    """A GC callback (it runs inside whatever allocation triggered the collection) that rebinds
+    the hot path's state, dropping the last reference to the old objects, as a finish() or a
+    step change on another thread would while this thread sits in the collection."""
+    global rebinds
+    if phase == "start":
+        spans._append = Sink(records)
+        spans._step = next(steps)
+        rebinds += 1
+
+
+failures = []
+
+
+class Box:
+    pass
+
+
+def work():
+    try:
+        for _ in range(3000):
+            # one tracked object alive across the exit: with the threshold at 1, the collection
+            # then falls inside the span's exit (its record tuple's allocation)
+            with gt.span("t"):
+                box = Box()
+            del box
+            with gt.span("u", "compute"):
+                box = Box()
+            del box
+    except BaseException as exc:
+        failures.append(repr(exc))
+
+
+gc.callbacks.append(rebind)
+gc.set_threshold(1)  # a collection at nearly every allocation of a tracked object (the record tuple)
+threads = [threading.Thread(target=work) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+gc.set_threshold(700)
+gc.callbacks.remove(rebind)
+bad_steps = sum(1 for r in records if not (isinstance(r[3], int) and 10**15 <= r[3] < 10**16))
+print(spans.IMPLEMENTATION, len(records), bad_steps, rebinds, failures[:3])
+'''
+
+
+def test_spans_survive_a_gc_callback_that_rebinds_the_hot_path_state() -> None:
+    """The C span exit reads ``_append`` and ``_step`` after its allocations, and owns them:
+    an allocation can run a collection whose callbacks rebind them (another thread's finish()
+    or step change), and a borrowed reference held across it would point at a freed object.
+    With the borrowed references (before the fix) this script crashed (SIGSEGV) on every run.
+    On Python 3.12+ collections run between bytecodes, not inside allocations, so it passes
+    there either way."""
+    out = subprocess.run([sys.executable, "-c", GC_REBIND_SCRIPT], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    implementation, count, bad_steps, rebinds, failures = out.stdout.split(maxsplit=4)
+    assert implementation == _recorder.IMPLEMENTATION
+    assert failures.strip() == "[]"
+    assert int(count) == 4 * 3000 * 2
+    assert int(bad_steps) == 0
+    assert int(rebinds) > 1000  # the callback really ran, many times, between spans' calls

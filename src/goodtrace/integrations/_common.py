@@ -1,13 +1,18 @@
 """What the torch and JAX integrations share: the model announcement, and the lifecycle of
 the hooks ``instrument()`` installs (recorder listeners and the live aggregator).
 
-``finish()`` on every rank closes an integration collectively (the live aggregator's last
-window is a gather); any other end (a signal, interpreter exit) only unhooks, since the other
-ranks may be gone and a collective would hang.
+Collectives at the end only when every rank ends normally: ``finish(completed=True)``, called
+outside an exception handler, closes an integration collectively (the live aggregator's last
+window is a gather, bounded by ``finish_timeout_s``). Any other end only unhooks, locally:
+``finish(completed=False)`` (a rank stopping early, or crashing from an ``except`` block), a
+``finish()`` while an exception is being handled, a signal, interpreter exit. A crashing rank
+must never enter a collective: its peers are not in it, and it would wait for them until the
+group's timeout (120 s under torch, without end under JAX) before writing its finish record.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +38,12 @@ def announce_model(
         recorder.metric("tokens_per_step", float(tokens_per_step), "last", None)
 
 
+def ending_normally(completed: bool | None, reason: str) -> bool:
+    """True for an explicit ``finish(completed=True)`` outside an exception handler: the one end
+    at which every rank can be expected in the same collective."""
+    return reason == "finish" and completed is True and sys.exc_info()[0] is None
+
+
 class Integration:
     """Base of ``TorchIntegration`` and ``JaxIntegration``: registers listeners so they can be
     removed exactly once, and closes the live aggregator."""
@@ -52,7 +63,7 @@ class Integration:
         self._hooks.append((listeners, hook))
 
     def _on_finish(self, completed: bool | None, reason: str) -> None:
-        if reason == "finish":  # an explicit finish() on every rank: collectives are safe
+        if ending_normally(completed, reason):  # every rank finishes: collectives are safe
             self.close()
         else:
             self._unhook()

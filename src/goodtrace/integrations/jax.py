@@ -1,6 +1,11 @@
 """JAX integration: compile spans from JAX's own listeners, clock offsets and live metric
 reduction across ``jax.distributed`` processes.
 
+Versions: jax 0.4.30 or newer (the oldest tested; the APIs used go back to 0.4.26). On CPU,
+dispatch is asynchronous from 0.4.32 (before it steps complete as they return, which goodtrace
+times right too) and processes gather across each other from 0.5.1 (CPU collectives); without
+them the live line is off, with one warning.
+
 Contract:
 
 - :func:`install` (idempotent; also run when goodtrace first sees a JAX value) registers
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -230,10 +236,17 @@ class JaxIntegration(Integration):
         announce_model(recorder, tokens_per_step, flops_per_step, peak_flops)
         if self.distributed:
             self._sync_clocks()
-        if live:
-            transport: Transport = LocalTransport()
-            if self.distributed:
+        transport: Transport = LocalTransport()
+        if live and self.distributed:
+            try:
                 transport = JaxTransport()  # compiles its gather now, not inside a step
+            except Exception as exc:  # e.g. CPU processes without CPU collectives (jax < 0.5.1)
+                live = False
+                _warn(f"the live line is off: JAX cannot gather across processes here ({exc!r}); on CPU "
+                      "it needs CPU collectives (the default from jax 0.5.1; before it, "
+                      "jax.config.update('jax_cpu_collectives_implementation', 'gloo') before "
+                      "jax.distributed.initialize)")
+        if live:
             self.aggregator = LiveAggregator(
                 recorder, transport, log_every=log_every, tokens_per_step=tokens_per_step,
                 flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
@@ -242,7 +255,8 @@ class JaxIntegration(Integration):
         self._listen(recorder.step_listeners, self._on_step_end, first=True)
 
     def _on_step_end(self, number: int, t0: int, t1: int) -> None:
-        if self.distributed and self.clock_sync_every and number % self.clock_sync_every == 0 and number:
+        if (self.distributed and self.clock_sync_every and number % self.clock_sync_every == 0 and number
+                and sys.exc_info()[0] is None):  # a step that raised: perhaps a crash, no collective
             self._sync_clocks()
 
     def _sync_clocks(self) -> None:

@@ -17,12 +17,20 @@
   **clock alignment** (``goodtrace.record.clocksync``) at start-up and every ``clock_sync_every`` steps.
 
 ``instrument`` is collective when ``torch.distributed`` is initialised: all ranks call it.
+
+Versions: torch 2.1 or newer (``torch.utils.flop_counter``). Compile spans need dynamo's
+compile callbacks (torch 2.3; before it they are off, with one warning), whose arguments
+changed in 2.8 (none before, a ``CallbackArgs`` since: both are accepted). Clock alignment
+addresses peers by group rank (``group_dst``/``group_src``) from torch 2.6 and by global rank
+before it.
 """
 
 from __future__ import annotations
 
 import collections
 import datetime
+import functools
+import inspect
 import os
 import sys
 import threading
@@ -128,6 +136,17 @@ class GlooTransport:
         return _GlooGather(work, outputs)
 
 
+@functools.lru_cache(maxsize=1)
+def _p2p_takes_group_ranks() -> bool:
+    """``dist.send``/``dist.recv`` take ``group_dst``/``group_src`` (torch 2.6 and newer)."""
+    import torch.distributed as dist
+
+    try:
+        return "group_dst" in inspect.signature(dist.send).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def sync_clocks(group: Any, clock: Callable[[], int], rounds: int = 16) -> OffsetSample:
     """Measure this rank's clock offset to rank 0 of ``group`` (a CPU/gloo group), after a
     barrier. Collective: every rank of the group calls it."""
@@ -136,13 +155,21 @@ def sync_clocks(group: Any, clock: Callable[[], int], rounds: int = 16) -> Offse
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     buffer2 = torch.zeros(2, dtype=torch.int64)
     buffer1 = torch.zeros(1, dtype=torch.int64)
+    by_group_rank = _p2p_takes_group_ranks()
 
     def send(peer: int, values: Sequence[int]) -> None:
-        dist.send(torch.tensor(list(values), dtype=torch.int64), group=group, group_dst=peer)
+        tensor = torch.tensor(list(values), dtype=torch.int64)
+        if by_group_rank:
+            dist.send(tensor, group=group, group_dst=peer)
+        else:  # torch < 2.6: peers by global rank
+            dist.send(tensor, dist.get_global_rank(group, peer), group=group)
 
     def recv(peer: int) -> Sequence[int]:
         target = buffer1 if rank == 0 else buffer2  # pings carry t0, answers (t1, t2)
-        dist.recv(target, group=group, group_src=peer)
+        if by_group_rank:
+            dist.recv(target, group=group, group_src=peer)
+        else:
+            dist.recv(target, dist.get_global_rank(group, peer), group=group)
         return [int(x) for x in target.tolist()]
 
     dist.barrier(group=group)
@@ -289,7 +316,8 @@ class TorchIntegration(Integration):
             self.cuda_timer.end(number)
         if self.memory and number % self.log_every == 0:
             self._record_memory(number)
-        if self.group is not None and self.clock_sync_every and number % self.clock_sync_every == 0:
+        if (self.group is not None and self.clock_sync_every and number % self.clock_sync_every == 0
+                and sys.exc_info()[0] is None):  # a step that raised: perhaps a crash, no collective
             self._sync_clocks()
 
     def _record_memory(self, number: int) -> None:
@@ -322,26 +350,43 @@ class TorchIntegration(Integration):
             return
         try:
             from torch._dynamo.callback import callback_handler
-        except Exception:
+        except Exception:  # torch < 2.3: dynamo has no compile callbacks
             self._compile_wanted = False
+            _warn(f"compile spans need torch 2.3 or newer (torch._dynamo.callback); torch {torch.__version__} "
+                  "has none, so torch.compile time is part of the step time")
             return
 
-        def on_start(args: Any) -> None:
-            self._compile_t0[threading.get_ident()] = self.recorder.clock()
+        # torch 2.3-2.7 call the callbacks with no argument, 2.8+ with a CallbackArgs: take
+        # either, and never raise into torch.compile
+        def on_start(*args: Any) -> None:
+            try:
+                self._compile_t0[threading.get_ident()] = self.recorder.clock()
+            except Exception:
+                pass
 
-        def on_end(args: Any) -> None:
-            t0 = self._compile_t0.pop(threading.get_ident(), None)
-            if t0 is None:
-                return
-            t1 = self.recorder.clock()
-            trigger = getattr(getattr(args, "callback_trigger", None), "name", None)
-            self.recorder.record_span(
-                "compile", schema.COMPILE, t0, t1, {"compile_id": str(getattr(args, "compile_id", "")),
-                                                     "trigger": trigger},
-            )
+        def on_end(*args: Any) -> None:
+            try:
+                t0 = self._compile_t0.pop(threading.get_ident(), None)
+                if t0 is None:
+                    return
+                t1 = self.recorder.clock()
+                info = args[0] if args else None
+                trigger = getattr(getattr(info, "callback_trigger", None), "name", None)
+                compile_id = getattr(info, "compile_id", None)
+                self.recorder.record_span(
+                    "compile", schema.COMPILE, t0, t1,
+                    {"compile_id": None if compile_id is None else str(compile_id), "trigger": trigger},
+                )
+            except Exception:
+                pass
 
-        callback_handler.register_start_callback(on_start)
-        callback_handler.register_end_callback(on_end)
+        try:
+            callback_handler.register_start_callback(on_start)
+            callback_handler.register_end_callback(on_end)
+        except Exception as exc:
+            self._compile_wanted = False
+            _warn(f"compile spans are off: dynamo refused the compile callbacks ({exc!r})")
+            return
         self._compile_hooks = (on_start, on_end)
 
     # -------------------------------------------------------------- lifecycle

@@ -1,5 +1,5 @@
 /* The span hot path in C: optional, and exactly equivalent to the pure-Python code in
- * _recorder.py (which is used when this module is not built, or GOODTRACE_PURE_PYTHON=1).
+ * spans.py (which is used when this module is not built, or GOODTRACE_PURE_PYTHON=1).
  *
  * Only the common case runs here: a running recorder and a span name already resolved to its
  * key. Everything else (first use of a name, disabled or not started, bare decorators,
@@ -15,8 +15,8 @@
 #include <pythread.h>
 #include <time.h>
 
-static PyObject *g_globals = NULL;   /* the _recorder module's __dict__ */
-static PyObject *g_slow_span = NULL; /* _recorder._span_py */
+static PyObject *g_globals = NULL;   /* the spans module's __dict__ */
+static PyObject *g_slow_span = NULL; /* spans._span_py */
 static PyObject *s_mode, *s_keys, *s_clock, *s_append, *s_step, *s_category, *s_attrs, *s_name, *s_noop;
 
 typedef struct {
@@ -91,7 +91,13 @@ read_clock(void)
         }
     }
 #endif
-    return PyObject_CallNoArgs(clock);
+    {
+        PyObject *now;
+        Py_INCREF(clock); /* its call runs Python code, which may rebind the global */
+        now = PyObject_CallNoArgs(clock);
+        Py_DECREF(clock);
+        return now;
+    }
 }
 
 /* The calling thread's id as an int; one int object per thread, not one per span. */
@@ -129,7 +135,7 @@ span_enter(SpanObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 span_exit(SpanObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *t1, *append, *step, *ident, *record, *result;
+    PyObject *t1, *append, *step, *ident, *record, *result, *attrs;
     if (nargs != 3) {
         PyErr_Format(PyExc_TypeError, "__exit__ takes 3 arguments (%zd given)", nargs);
         return NULL;
@@ -142,37 +148,50 @@ span_exit(SpanObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (t1 == NULL) {
         return NULL;
     }
-    append = recorder_global(s_append);
-    step = append == NULL ? NULL : recorder_global(s_step);
-    if (step == NULL) {
-        Py_DECREF(t1);
-        return NULL;
-    }
     ident = thread_ident();
     if (ident == NULL) {
         Py_DECREF(t1);
         return NULL;
     }
+    /* Allocate first: the allocation can run the cyclic GC, whose callbacks run Python code
+     * that may switch threads and rebind the globals (finish() or a new step elsewhere). The
+     * globals and the span's fields are read only after it, and owned at once. */
     record = PyTuple_New(7);
     if (record == NULL) {
         Py_DECREF(t1);
         Py_DECREF(ident);
         return NULL;
     }
+    PyTuple_SET_ITEM(record, 2, t1);
+    PyTuple_SET_ITEM(record, 4, ident);
+    if (self->t0 == NULL || self->key == NULL) { /* cleared by that Python code */
+        Py_DECREF(record);
+        PyErr_SetString(PyExc_RuntimeError, "goodtrace span exited without being entered");
+        return NULL;
+    }
+    append = recorder_global(s_append);
+    if (append == NULL) {
+        Py_DECREF(record);
+        return NULL;
+    }
+    Py_INCREF(append); /* owned: the call below runs Python code, which may rebind the global */
+    step = recorder_global(s_step);
+    if (step == NULL) {
+        Py_DECREF(append);
+        Py_DECREF(record);
+        return NULL;
+    }
+    Py_INCREF(step);
+    PyTuple_SET_ITEM(record, 3, step);
     Py_INCREF(self->key);
     PyTuple_SET_ITEM(record, 0, self->key);
     Py_INCREF(self->t0);
     PyTuple_SET_ITEM(record, 1, self->t0);
-    PyTuple_SET_ITEM(record, 2, t1);
-    Py_INCREF(step);
-    PyTuple_SET_ITEM(record, 3, step);
-    PyTuple_SET_ITEM(record, 4, ident);
-    PyObject *attrs = self->attrs == NULL ? Py_None : self->attrs;
+    attrs = self->attrs == NULL ? Py_None : self->attrs;
     Py_INCREF(attrs);
     PyTuple_SET_ITEM(record, 5, attrs);
     Py_INCREF(args[0]);
     PyTuple_SET_ITEM(record, 6, args[0]);
-    Py_INCREF(append); /* the call may rebind the global (finish() in another thread) */
     result = PyObject_CallOneArg(append, record);
     Py_DECREF(append);
     Py_DECREF(record);
@@ -271,30 +290,39 @@ speedups_span(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     keys = recorder_global(s_keys);
     if (keys == NULL) return NULL;
     if (!PyDict_CheckExact(keys)) return call_slow(name, category, attrs);
+    /* owned: the allocation of the lookup tuple can run the cyclic GC (and its Python
+     * callbacks), and the lookup itself a user's __hash__/__eq__; either may rebind it */
+    Py_INCREF(keys);
     if (category == Py_None) {
         Py_INCREF(name);
         lookup = name;
     }
     else {
         lookup = PyTuple_Pack(2, name, category);
-        if (lookup == NULL) return NULL;
+        if (lookup == NULL) {
+            Py_DECREF(keys);
+            return NULL;
+        }
     }
     key = PyDict_GetItemWithError(keys, lookup);
+    Py_XINCREF(key); /* owned from here: nothing below may run Python code while it is borrowed */
     Py_DECREF(lookup);
+    Py_DECREF(keys);
     if (key == NULL) {
         PyErr_Clear(); /* KeyError-equivalent or unhashable: Python resolves and reports */
         return call_slow(name, category, attrs);
     }
     if (!PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) != 4) {
+        Py_DECREF(key);
         return call_slow(name, category, attrs);
     }
     cls = PyTuple_GET_ITEM(key, 3);
     if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &SpanBaseType)) {
+        Py_DECREF(key);
         return call_slow(name, category, attrs);
     }
-    /* own the key (and so cls) before allocating: an allocation can run the cyclic GC and
-     * its Python callbacks (goodtrace's own gc span among them) */
-    Py_INCREF(key);
+    /* the key (and so cls) is owned before allocating: an allocation can run the cyclic GC
+     * and its Python callbacks (goodtrace's own gc span among them) */
     span = (SpanObject *)((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
     if (span == NULL) {
         Py_DECREF(key);
@@ -347,7 +375,7 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     "goodtrace.record._speedups",
-    "Optional C fast path for goodtrace spans (see _recorder.py for the reference code).",
+    "Optional C fast path for goodtrace spans (see spans.py for the reference code).",
     -1,
     module_methods,
 };

@@ -14,12 +14,11 @@ import os
 import signal
 import sys
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from goodtrace.record.config import Config, ConfigError
-from goodtrace.record.errors import GoodtraceWarning
+from goodtrace.record.errors import warn
 from goodtrace.record.process import discover_identity
 from goodtrace.record.recorder import NOOP_RECORDER, NoopRecorder, Recorder, StepContext
 from goodtrace.record.spans import set_disabled
@@ -87,7 +86,7 @@ def init(
             try:
                 attach_sinks(_active_recorder, resolved)
             except Exception as exc:  # a sink must never fail init
-                warnings.warn(f"goodtrace: sinks disabled: {exc!r}", GoodtraceWarning, stacklevel=2)
+                warn(f"sinks disabled: {exc!r}")
         if "jax" in sys.modules:  # the program already uses JAX: record its compiles from step 0
             try:
                 from goodtrace.record import jax_compile

@@ -5,7 +5,9 @@ and when goodtrace first sees a JAX value) registers listeners with ``jax.monito
 compile phase JAX reports (tracing, lowering to MLIR, XLA compilation, persistent-cache reads)
 becomes a span of category ``compile`` that ends when JAX reports it and lasts exactly the
 duration JAX measured, attributed to the ambient step, which is tagged ``compile``. Nothing is
-inferred from step times. Importing this module imports jax.
+inferred from step times. Importing this module imports jax. The span's ``fun`` attribute (the
+jitted function's name) is there when JAX passes ``fun_name`` to its listeners (newer
+releases than 0.4.30 do).
 """
 
 from __future__ import annotations
@@ -99,14 +101,17 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
 
 def _on_event(event: str, **kwargs: str | int) -> None:
     """``jax.monitoring`` event listener: persistent-cache hits and misses."""
-    outcome = _CACHE_EVENTS.get(event)
-    if outcome is None:
-        return
-    _thread_state.cache = outcome
-    if outcome == "hit":
-        _stats.cache_hits += 1
-    else:
-        _stats.cache_misses += 1
+    try:
+        outcome = _CACHE_EVENTS.get(event)
+        if outcome is None:
+            return
+        _thread_state.cache = outcome
+        if outcome == "hit":
+            _stats.cache_hits += 1
+        else:
+            _stats.cache_misses += 1
+    except Exception:  # never raise into JAX's compilation
+        pass
 
 
 def install() -> None:
@@ -132,9 +137,20 @@ def uninstall() -> None:
     with _install_lock:
         if not _installed:
             return
-        jax.monitoring.unregister_event_duration_listener(_on_duration)
-        jax.monitoring.unregister_event_listener(_on_event)
+        _unregister("unregister_event_duration_listener", "_unregister_event_duration_listener_by_callback",
+                    _on_duration)
+        _unregister("unregister_event_listener", "_unregister_event_listener_by_callback", _on_event)
         _installed = False
+
+
+def _unregister(public: str, private: str, listener: Any) -> None:
+    """JAX made unregistering public in 0.8.1; before, only ``jax._src.monitoring`` has it."""
+    remove = getattr(jax.monitoring, public, None)
+    if remove is None:
+        from jax._src import monitoring
+
+        remove = getattr(monitoring, private)
+    remove(listener)
 
 
 def is_installed() -> bool:

@@ -5,12 +5,19 @@ A :class:`LiveAggregator` listens to the recorder (metrics, sync points, step en
 log step — per metric: sum, sum of squares, min, max, count, last — into one fixed-size vector
 and hands it to a :class:`Transport`, which gathers the vectors of all ranks asynchronously
 (``torch.distributed`` on a separate gloo group, JAX multi-process utilities, or
-:class:`LocalTransport` for one process). The window is launched once its values are observed
-(``lag`` step ends after the log step) and completed when it is done, checked without waiting
-at each step end; the loop only waits when the *next* window launches and the previous one is
-still in flight (counted in ``blocking_waits``), or at ``finish()``. Rank 0 then reduces each
-metric with its reduction and prints one line (step, loss, step time = train + overheads,
-tokens/s, TFLOP/s, MFU, memory, goodput so far) and hands a :class:`LiveLine` to listeners.
+:class:`LocalTransport` for one process). Metric slots are agreed across ranks without any
+exchange: a metric's slot is a 48-bit hash of its name, the same on every rank, written beside
+its statistics; a name itself travels once, in the first window in which a rank records it.
+So ranks need not record the same metrics (a learning rate only on rank 0, a loss only on the
+last pipeline stage, a device time that resolves a window late): a rank without a value
+contributes a count of zero, and every rank's tokens and FLOPs are counted. The window is
+launched once its values are observed (``lag`` step ends after the log step) and completed
+when it is done, checked without waiting at each step end; the loop only waits when the
+*next* window launches and the previous one is still in flight (counted in
+``blocking_waits``), or at ``finish(completed=True)`` (at most ``finish_timeout_s``). Rank 0
+then reduces each metric with its reduction and prints one line (step, loss, step time = train
++ overheads, tokens/s, TFLOP/s, MFU, memory, goodput of this attempt so far) and hands a
+:class:`LiveLine` to listeners.
 
 Framework-neutral: nothing here imports torch or jax.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import math
 import sys
 import threading
@@ -41,10 +49,21 @@ __all__ = [
     "format_bytes",
 ]
 
-_STATS = 6  # sum, sum of squares, min, max, count, last
-# fingerprint, step, number of metrics, tokens, flops, peak flops, this rank's step time over the
-# window, the window's end on the aligned clock (ns), this rank's host (a CRC of its name)
-_HEADER = 9
+# One rank's vector: a header, then max_metrics entries, then a region for names. All values
+# are integers below 2**53 or floats, so float64 transports carry them exactly.
+_LAYOUT = 2.0  # changes whenever the layout below does
+# The header: layout, step, number of entries, tokens, flops, peak flops, floats of names, this
+# rank's step time over the window, the window's end on the aligned clock (ns), this rank's host
+# (a CRC of its name).
+(_H_LAYOUT, _H_STEP, _H_ENTRIES, _H_TOKENS, _H_FLOPS, _H_PEAK, _H_NAME_FLOATS, _H_STEP_S, _H_ALIGNED_END,
+ _H_HOST) = range(10)
+_HEADER = 10
+_ENTRY = 8  # slot, reduction, sum, sum of squares, min, max, count, last
+_REDUCTIONS = ("mean", "sum", "min", "max", "std", "last")  # codes in the entries
+_NAME_FLOATS = 128  # names announced in a window: (slot, byte count, bytes 6 per float)...
+_NAME_CHARS = 100  # names learned from other ranks are cut to this
+_NAME_BYTES_PER_FLOAT = 6
+_MAX_KNOWN_NAMES = 100_000
 
 
 class GatherHandle(Protocol):
@@ -97,7 +116,7 @@ class _Window:
     end_ns: int
     timing: str
     overhead_ns: dict[str, int]
-    names: list[tuple[str, str]]
+    names: list[str]
     vector: list[float]
 
 
@@ -165,6 +184,8 @@ class LiveAggregator:
         self._productive_ns = 0
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
         self._warned: set[str] = set()
+        self._slots: dict[str, int] = {}  # name -> slot (48-bit hash)
+        self._names: dict[int, str] = {}  # slot -> name, ours and learned from the gathers
         self._closed = False
         self._watch_overhead = watch_overhead
         self._overhead_total_ns: dict[str, int] = {}
@@ -231,7 +252,11 @@ class LiveAggregator:
             self._last_step_end = (number, t1)
             if number % self.log_every == 0:
                 self._waiting.append((number, self._ends + self.lag, t1))
-            while self._waiting and self._waiting[0][1] <= self._ends:
+            # A step whose body raised may be a crashing rank's last: no collective then (its
+            # peers may never join it, and a gather in flight holds the process at exit). The
+            # windows wait for the next step end, if there is one; windows go out in order, so
+            # a late launch still meets the peers' gathers.
+            while self._waiting and self._waiting[0][1] <= self._ends and sys.exc_info()[0] is None:
                 step, _, host_t1 = self._waiting.popleft()
                 self._launch(step, host_t1)
             self._poll()
@@ -267,6 +292,10 @@ class LiveAggregator:
             self._in_flight.clear()
             return
         self.completed_at.append((window.step, launched, self._ends))
+        try:
+            self._learn_names(vectors, len(window.vector))
+        except Exception as exc:
+            self._warn("names", f"metric names of a live window could not be read: {exc!r}")
         if self.transport.rank == 0 or getattr(self.recorder, "line_listeners", None):
             try:
                 self._report(window, vectors)
@@ -275,10 +304,9 @@ class LiveAggregator:
 
     def _pack(self, step: int, host_t1: int) -> _Window | None:
         prev = self._prev_step
-        steps_in = sorted(s for s in self._values if s <= step and (prev is None or s > prev))
-        for stale in [s for s in self._values if s <= step]:
-            if stale not in steps_in:
-                del self._values[stale]
+        # Every value recorded up to this log step that no window has carried yet, those of
+        # earlier steps that arrived late (a device time resolved after its window) included.
+        steps_in = sorted(s for s in self._values if s <= step)
         syncs = [(s, t) for s, t in self._syncs.items() if s <= step and (prev is None or s > prev)]
         if syncs:
             end_ns, timing = max(syncs, key=lambda item: item[0])[1], "sync"
@@ -293,37 +321,102 @@ class LiveAggregator:
             count = max(1, step - (self._first_step if self._first_step is not None else step) + 1)
         overhead = self._overhead_in(start_ns, end_ns)
         # per-metric stats of this rank over the window
-        stats: dict[tuple[str, str], list[float]] = {}
+        stats: dict[str, list[float]] = {}
+        reductions: dict[str, str] = {}
         for s in steps_in:
             for name, reduce, value in self._values.pop(s):
-                entry = stats.get((name, reduce))
+                entry = stats.get(name)
                 if entry is None:
-                    stats[(name, reduce)] = [value, value * value, value, value, 1.0, value]
-                else:
-                    entry[0] += value
-                    entry[1] += value * value
-                    entry[2] = min(entry[2], value)
-                    entry[3] = max(entry[3], value)
-                    entry[4] += 1.0
-                    entry[5] = value
+                    stats[name] = [value, value * value, value, value, 1.0, value]
+                    reductions[name] = reduce
+                    continue
+                entry[0] += value
+                entry[1] += value * value
+                entry[2] = min(entry[2], value)
+                entry[3] = max(entry[3], value)
+                entry[4] += 1.0
+                entry[5] = value
+                if reduce != reductions[name]:
+                    self._warn(f"reduce:{name}", f"metric {name!r} was recorded with reductions "
+                               f"{reductions[name]!r} and {reduce!r}; the live line uses {reductions[name]!r}")
         names = sorted(stats)
         if len(names) > self.max_metrics:
             self._warn("max_metrics", f"more than {self.max_metrics} metrics per log step: the live line "
                        "shows the first ones by name (all are recorded)")
             names = names[: self.max_metrics]
-        fingerprint = zlib.crc32("\n".join(f"{n}:{r}" for n, r in names).encode())
         tokens = (self.tokens_per_step or 0.0) * count
         flops = (self.flops_per_step or 0.0) * count
         offset = getattr(self.recorder, "clock_offset_ns", None)  # to rank 0's clock, when measured
         aligned_end = end_ns + (offset if isinstance(offset, int) else self._wall_minus_clock)
-        vector = [float(fingerprint), float(step), float(len(names)), tokens, flops, float(self.peak_flops or 0.0),
+        vector = [_LAYOUT, float(step), float(len(names)), tokens, flops, float(self.peak_flops or 0.0), 0.0,
                   (end_ns - start_ns) / 1e9 / count, float(aligned_end), self._host_id]
-        for key in names:
-            vector.extend(stats[key])
-        vector.extend([0.0] * (_HEADER + _STATS * self.max_metrics - len(vector)))
+        for name in names:
+            code = _REDUCTIONS.index(reductions[name]) if reductions[name] in _REDUCTIONS else 0
+            vector.append(float(self._slot(name)))
+            vector.append(float(code))
+            vector.extend(stats[name])
+        vector.extend([0.0] * (_HEADER + _ENTRY * self.max_metrics - len(vector)))
+        announced = self._announce(names)
+        vector[_H_NAME_FLOATS] = float(len(announced))
+        vector.extend(announced)
+        vector.extend([0.0] * (_NAME_FLOATS - len(announced)))
         self._prev_step = step
         self._prev_end_ns = end_ns
         return _Window(step, count, start_ns, end_ns, timing, overhead, names, vector)
+
+    # ------------------------------------------------------------------ metric slots and names
+    def _slot(self, name: str) -> int:
+        """The metric's slot: a 48-bit hash of its name, the same on every rank."""
+        slot = self._slots.get(name)
+        if slot is None:
+            digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=6).digest()
+            slot = int.from_bytes(digest, "big")
+            if len(self._slots) < _MAX_KNOWN_NAMES:
+                self._slots[name] = slot
+        return slot
+
+    def _announce(self, names: list[str]) -> list[float]:
+        """Floats naming the slots of ``names`` that no gather has named yet, as many as fit."""
+        region: list[float] = []
+        for name in names:
+            slot = self._slot(name)
+            if slot in self._names:
+                continue
+            data = name[:_NAME_CHARS].encode("utf-8", "surrogatepass")
+            words = -(-len(data) // _NAME_BYTES_PER_FLOAT)
+            if len(region) + 2 + words > _NAME_FLOATS:
+                continue  # announced in a later window; until then other ranks show its slot
+            region.append(float(slot))
+            region.append(float(len(data)))
+            padded = data.ljust(words * _NAME_BYTES_PER_FLOAT, b"\0")
+            for i in range(0, len(padded), _NAME_BYTES_PER_FLOAT):
+                region.append(float(int.from_bytes(padded[i: i + _NAME_BYTES_PER_FLOAT], "big")))
+            if len(self._names) < _MAX_KNOWN_NAMES:
+                self._names[slot] = name  # we know it; the gather tells the others
+        return region
+
+    def _learn_names(self, vectors: Sequence[Sequence[float]], size: int) -> None:
+        """Read the names other ranks announced in a gathered window."""
+        start = _HEADER + _ENTRY * self.max_metrics
+        for vector in vectors:
+            if len(vector) != size or vector[_H_LAYOUT] != _LAYOUT:
+                continue
+            used = min(int(vector[_H_NAME_FLOATS]), _NAME_FLOATS)
+            region = vector[start: start + used]
+            i = 0
+            while i + 2 <= used:
+                slot, length = int(region[i]), int(region[i + 1])
+                words = -(-length // _NAME_BYTES_PER_FLOAT)
+                data = b"".join(int(w).to_bytes(_NAME_BYTES_PER_FLOAT, "big") for w in region[i + 2: i + 2 + words])
+                i += 2 + words
+                name = data[:length].decode("utf-8", "surrogatepass")
+                known = self._names.get(slot)
+                if known is None:
+                    if len(self._names) < _MAX_KNOWN_NAMES:
+                        self._names[slot] = name
+                elif not known.startswith(name):
+                    self._warn(f"slot:{slot}", f"metric names {known!r} and {name!r} share a live slot "
+                               "(a 48-bit hash collision): the live line merges them")
 
     def _overhead_in(self, start: int, end: int) -> dict[str, int]:
         """Overhead time per category inside (start, end]; nested spans counted once."""
@@ -340,39 +433,49 @@ class LiveAggregator:
 
     # ------------------------------------------------------------------ rank 0
     def _report(self, window: _Window, vectors: Sequence[Sequence[float]]) -> None:
-        own = window.vector
-        merged: dict[tuple[str, str], list[float]] = {}
+        size = len(window.vector)
+        merged: dict[int, list[float]] = {}  # slot -> sum, sum of squares, min, max, count, last, ranks
+        codes: dict[int, int] = {}  # slot -> reduction code of the lowest rank that has a value
         ranks = 0
         tokens = flops = peak = 0.0
-        for vector in vectors:
-            if len(vector) != len(own) or vector[0] != own[0]:
-                self._warn("layout", "ranks recorded different metric names in a log window; the live "
-                           "line reduces only the ranks that match rank 0")
+        for rank, vector in enumerate(vectors):
+            if len(vector) != size or vector[_H_LAYOUT] != _LAYOUT:
+                self._warn("layout", f"rank {rank} sent a live vector of another layout (another goodtrace "
+                           "version, or another max_metrics); the live line leaves that rank out")
                 continue
             ranks += 1
-            tokens += vector[3]
-            flops += vector[4]
-            peak += vector[5]
-            for index, key in enumerate(window.names):
-                base = _HEADER + _STATS * index
-                s, sq, lo, hi, n, last = (float(x) for x in vector[base: base + _STATS])
-                entry = merged.get(key)
+            tokens += vector[_H_TOKENS]
+            flops += vector[_H_FLOPS]
+            peak += vector[_H_PEAK]
+            for index in range(min(int(vector[_H_ENTRIES]), self.max_metrics)):
+                base = _HEADER + _ENTRY * index
+                slot_value, code_value, s, sq, lo, hi, n, last = vector[base: base + _ENTRY]
+                if not n > 0:
+                    continue  # no value on this rank: a count of zero, nothing else
+                slot, code = int(slot_value), int(code_value)
+                entry = merged.get(slot)
                 if entry is None:
-                    merged[key] = [s, sq, lo, hi, n, last]
-                else:
-                    entry[0] += s
-                    entry[1] += sq
-                    entry[2] = min(entry[2], lo)
-                    entry[3] = max(entry[3], hi)
-                    entry[4] += n
-                    entry[5] = last  # "last": the highest rank's last value
+                    merged[slot] = [s, sq, lo, hi, n, last, 1.0]
+                    codes[slot] = code
+                    continue
+                entry[0] += s
+                entry[1] += sq
+                entry[2] = min(entry[2], lo)
+                entry[3] = max(entry[3], hi)
+                entry[4] += n
+                entry[5] = last  # "last": the highest rank's last value
+                entry[6] += 1.0
+                if code != codes[slot]:
+                    self._warn(f"reduce-slot:{slot}", f"ranks reduce metric {self._names.get(slot, slot)!r} "
+                               "differently; the live line uses the lowest rank's reduction")
         metrics: dict[str, MetricSummary] = {}
-        for (name, reduce), (s, sq, lo, hi, n, last) in merged.items():
-            if n <= 0:
-                continue
+        for slot, (s, sq, lo, hi, n, last, with_value) in merged.items():
+            name = self._names.get(slot, f"metric#{slot:012x}")
+            reduce = _REDUCTIONS[codes[slot]] if 0 <= codes[slot] < len(_REDUCTIONS) else "mean"
             mean = s / n
             variance = max(0.0, sq / n - mean * mean)
-            metrics[name] = MetricSummary(name, reduce, int(n), s, mean, lo, hi, math.sqrt(variance), last)
+            metrics[name] = MetricSummary(name, reduce, int(n), s, mean, lo, hi, math.sqrt(variance), last,
+                                          int(with_value))
         window_ns = window.end_ns - window.start_ns
         seconds = window_ns / 1e9 if window_ns > 0 else None
         overhead_total = sum(window.overhead_ns.values())
@@ -380,8 +483,8 @@ class LiveAggregator:
             self._productive_ns += max(0, window_ns - overhead_total)
         for category, ns in window.overhead_ns.items():
             self._overhead_total_ns[category] = self._overhead_total_ns.get(category, 0) + ns
-        per_rank = [v for v in vectors if len(v) >= _HEADER]
-        ends = [float(v[7]) for v in per_rank]
+        per_rank = [v for v in vectors if len(v) == size and v[_H_LAYOUT] == _LAYOUT]
+        ends = [float(v[_H_ALIGNED_END]) for v in per_rank]
         lateness = tuple(max(0.0, (end - min(ends)) / 1e9) for end in ends)
         step_time = seconds / window.steps if seconds else None
         train = max(0.0, (window_ns - overhead_total) / 1e9 / window.steps) if seconds else None
@@ -398,9 +501,9 @@ class LiveAggregator:
             elapsed_s=elapsed / 1e9 if elapsed > 0 else None, productive_s=self._productive_ns / 1e9,
             overhead_total_s={c: ns / 1e9 for c, ns in sorted(self._overhead_total_ns.items())},
             wall_ns=window.end_ns + self._wall_minus_clock, first_step=self._first_step, rank=self._rank,
-            rank_step_s=tuple(float(v[6]) for v in per_rank), rank_lateness_s=lateness,
+            rank_step_s=tuple(float(v[_H_STEP_S]) for v in per_rank), rank_lateness_s=lateness,
             slowest_rank=max(range(len(lateness)), key=lateness.__getitem__) if len(lateness) > 1 else None,
-            host_ranks=tuple(i for i, v in enumerate(per_rank) if v[8] == self._host_id),
+            host_ranks=tuple(i for i, v in enumerate(per_rank) if v[_H_HOST] == self._host_id),
         )
         line = dataclasses.replace(line, text=format_line(line))
         self.lines.append(line)
@@ -413,11 +516,17 @@ class LiveAggregator:
                 self._warn(f"listener:{listener!r}", f"a live-line listener failed: {exc!r}")
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self, wait: bool = True) -> None:
+    def close(self, wait: bool = True, timeout: float | None = None) -> None:
         """Launch the windows still waiting (and a last partial one), then complete them all.
 
-        Every rank must call this (it is collective), normally through ``finish()``.
+        Every rank must call this (it is collective), normally through ``finish(completed=True)``.
+        It waits at most ``timeout`` seconds (default: the recorder's ``finish_timeout_s``) for
+        the gathers, then abandons them with a warning: a peer that never joins cannot hold up
+        this rank's finish.
         """
+        if timeout is None:
+            timeout = float(getattr(getattr(self.recorder, "config", None), "finish_timeout_s", 10.0))
+        deadline = time.monotonic() + timeout
         with self._lock:
             if self._closed:
                 self._detach()
@@ -426,17 +535,38 @@ class LiveAggregator:
                 settle = getattr(self.recorder, "settle", None)
                 if settle is not None:
                     settle(schema.SYNC_FINISH)
-                while self._waiting:
-                    step, _, host_t1 = self._waiting.popleft()
-                    self._launch(step, host_t1)
+                launches = [(step, host_t1) for step, _, host_t1 in self._waiting]
+                self._waiting.clear()
                 last = self._last_step_end
-                if not self._closed and last is not None and (self._prev_step is None or last[0] > self._prev_step):
-                    self._launch(last[0], last[1])
-                while wait and self._in_flight:
+                if last is not None and (self._prev_step is None or last[0] > max(
+                        [self._prev_step, *(step for step, _ in launches)])):
+                    launches.append(last)
+                for step, host_t1 in launches:
+                    if self._closed or not self._wait_in_flight(deadline):
+                        break
+                    self._launch(step, host_t1)
+                while wait and self._in_flight and not self._closed:
+                    if not self._wait_in_flight(deadline):
+                        break
                     self._complete()
+                if wait and self._in_flight:
+                    self._warn("close", f"the last live windows were abandoned: the other ranks did not "
+                               f"join their gather within {timeout:g} s")
+                    self._in_flight.clear()
             finally:
                 self._closed = True
                 self._detach()
+
+    def _wait_in_flight(self, deadline: float) -> bool:
+        """Poll the oldest gather in flight until it is done (True) or the deadline passes."""
+        pause = 0.001
+        while self._in_flight and not self._in_flight[0][1].done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+        return True
 
     def abandon(self) -> None:
         """Stop without any collective (the process is exiting, perhaps after a crash)."""

@@ -2,7 +2,8 @@
 
 :class:`LiveLine` is what :class:`goodtrace.record.live.LiveAggregator` hands to listeners
 (sinks) and prints through :func:`format_line`: ``step 20 | loss 2.913 | 0.182 s/step = 0.151
-train + 0.031 checkpoint_save | 30.4k tok/s | ... | goodput 9.1%``.
+train + 0.031 checkpoint_save | 30.4k tok/s | ... | goodput 9.1% (this attempt)``: the
+goodput is rank 0's since this process started, not the job's across restarts (the report's).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class MetricSummary:
     min: float
     max: float
     std: float
-    last: float
+    last: float  # the last value of the highest-numbered rank that has one
+    ranks: int = 0  # ranks that had a value in the window (the others count zero values)
 
     @property
     def value(self) -> float:
@@ -38,7 +40,7 @@ class LiveLine:
 
     step: int
     steps: int  # steps in the window since the previous line
-    ranks: int  # ranks whose values were reduced
+    ranks: int  # ranks whose vectors were reduced (every rank, whatever metrics it recorded)
     step_time_s: float | None  # window time / steps
     train_s: float | None  # productive part of step_time_s
     overhead_s: dict[str, float]  # per overhead category, per step
@@ -46,7 +48,7 @@ class LiveLine:
     tokens_per_s: float | None
     tflops_per_s: float | None
     mfu: float | None
-    goodput: float | None  # productive time / time since process start (this attempt, rank 0)
+    goodput: float | None  # productive time / time since process start: this attempt only (rank 0's)
     timing: str  # "sync" (from sync points) or "host" (no completion values: host step ends)
     text: str
     # This attempt so far (the computing rank's timeline), for sinks: seconds since process
@@ -104,6 +106,9 @@ def format_line(line: LiveLine) -> str:
             memory.append(f"{label} {format_bytes(summary.max)}")
     if memory:
         parts.append(" ".join(memory))
-    if line.goodput is not None:
-        parts.append(f"goodput {100 * line.goodput:.1f}%")
+    if line.goodput is not None:  # not the job's goodput: earlier attempts and restarts are not in it
+        text = f"goodput {100 * line.goodput:.1f}% (this attempt)"
+        if line.job_goodput is not None:  # a sink read the earlier attempts back
+            text += f", {100 * line.job_goodput:.1f}% (job so far)"
+        parts.append(text)
     return " | ".join(parts)

@@ -21,8 +21,9 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.record import spans
+from goodtrace.record.arguments import MAX_NAME_CHARS, name_text, reduction, step_number, timeout_seconds
 from goodtrace.record.config import Config
-from goodtrace.record.errors import warn
+from goodtrace.record.errors import describe, warn
 from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
 from goodtrace.record.spans import NOOP_SPAN, span_key
 from goodtrace.record.storage import Storage, open_storage
@@ -177,14 +178,17 @@ class Recorder:
             warn(message, stacklevel=4)
 
     # ------------------------------------------------------------------ spans
-    def resolve_category(self, name: object, category: str | None) -> tuple[str, bool]:
+    def resolve_category(self, name: str | None, category: object) -> tuple[str, bool]:
         """(category, blocking) for a span name: argument, config table, default table."""
-        if category is None and isinstance(name, str):
+        if category is None and name is not None:
             category = self.config.categories.get(name)
         if category is None:
-            category = schema.category_for_name(name) if isinstance(name, str) else schema.COMPUTE
-        if not isinstance(category, str) or not category:
-            self._warn(f"category:{category!r}", f"invalid category {category!r}; using 'compute'")
+            category = schema.category_for_name(name) if name is not None else schema.COMPUTE
+        if isinstance(category, str) and type(category) is not str:
+            category = str.__str__(category)  # a subclass: its plain text
+        if not isinstance(category, str) or not category or len(category) > MAX_NAME_CHARS:
+            shown = describe(category, 60)
+            self._warn(f"category:{shown}", f"invalid category {shown}; using 'compute'")
             category = schema.COMPUTE
         if category not in schema.BUILTIN_CATEGORIES and category not in self._overhead:
             self._warn(
@@ -199,12 +203,17 @@ class Recorder:
         step: int | None = None, thread: int | None = None,
     ) -> None:
         """An automatic span measured elsewhere (compile listeners, gc): never settles."""
+        try:
+            t0, t1 = int(t0), int(t1)
+        except Exception as exc:
+            self._warn("record_span", f"span {describe(name)} not recorded: {describe(exc)}")
+            return
         self.buffer.append(
-            (span_key(name, category), int(t0), int(t1), self.current_step if step is None else step,
+            (span_key(name, category), t0, t1, self.current_step if step is None else step,
              _get_ident() if thread is None else thread, attrs, None)
         )
         if self.overhead_span_listeners and category in self._overhead:
-            self.notify_overhead_span(category, int(t0), int(t1))
+            self.notify_overhead_span(category, t0, t1)
 
     def notify_overhead_span(self, category: str, t0: int, t1: int) -> None:
         if category not in self._overhead:  # a user blocking category that counts as productive
@@ -231,13 +240,22 @@ class Recorder:
 
     # ------------------------------------------------------------------ steps
     def step(self, number: int) -> StepContext:
-        if type(number) is not int:
-            try:
-                number = int(number)  # NumPy / torch integers
-            except (TypeError, ValueError):
-                self._warn("step-type", f"step number must be an int, got {number!r}; using a count")
-                number = self._steps_ended
+        if type(number) is not int or not -(2**63) <= number < 2**63:
+            checked, problem = step_number(number)  # NumPy / torch integers; nothing raises
+            if checked is None:
+                self._warn("step-type", f"{problem}; using a count")
+                checked = self._steps_ended
+            number = checked
         return StepContext(self, number)
+
+    def _step_argument(self, step: object) -> int | None:
+        """An explicit ``step=`` of metric/tag/complete_on: None (the current step) when invalid."""
+        if step is None or (type(step) is int and -(2**63) <= step < 2**63):
+            return step
+        number, problem = step_number(step)
+        if problem is not None:
+            self._warn("step-argument", f"{problem}; using the current step")
+        return number
 
     def begin_step(self, ctx: StepContext) -> None:
         if self._active_step is not None:
@@ -269,6 +287,7 @@ class Recorder:
                 self._warn(f"listener:{listener!r}", f"a step listener failed: {exc!r}")
 
     def complete_on(self, value: object, step: int | None = None) -> None:
+        step = self._step_argument(step)
         number = self.current_step if step is None else step
         try:
             adapter = adapter_for(value)
@@ -277,19 +296,20 @@ class Recorder:
                 return
             handle = adapter.prepare(value)
         except Exception as exc:
-            self._warn(f"complete_on:{type(value)}", f"complete_on ignored: {exc}")
+            self._warn(f"complete_on:{type(value)}", f"complete_on ignored: {describe(exc)}")
             return
         with self._pending_lock:
             self._pending.append(_Pending(number, self._steps_ended, adapter, handle, None))
 
     def metric(self, name: str, value: object, reduce: str = "mean", step: int | None = None) -> None:
-        if reduce not in schema.REDUCTIONS:
-            self._warn(
-                f"reduce:{reduce!r}",
-                f"metric {name!r}: reduce must be one of {sorted(schema.REDUCTIONS)}, got {reduce!r}; "
-                "the value was not recorded",
-            )
-            return
+        if type(name) is not str or len(name) > MAX_NAME_CHARS:
+            name, problem = name_text(name)
+            if problem is not None:
+                self._warn("metric-name", f"metric {problem}")
+        if type(reduce) is not str or reduce not in schema.REDUCTIONS:
+            reduce, problem = reduction(reduce)
+            self._warn(f"reduce:{name}", f"metric {describe(name)}: {problem}")
+        step = self._step_argument(step)
         number = self.current_step if step is None else step
         t = self.clock()
         try:
@@ -299,7 +319,7 @@ class Recorder:
                 return
             handle = adapter.prepare(value)
         except Exception as exc:
-            self._warn(f"metric:{name!r}", f"metric {name!r} not recorded: {exc}")
+            self._warn(f"metric:{name}", f"metric {describe(name)} not recorded: {describe(exc)}")
             return
         ordinal = self._steps_ended if self._active_step is not None else self._steps_ended - 1
         with self._pending_lock:
@@ -362,9 +382,20 @@ class Recorder:
 
     # ------------------------------------------------------------------ tags, events
     def tag(self, name: str, step: int | None = None) -> None:
+        if type(name) is not str or len(name) > MAX_NAME_CHARS:
+            name, problem = name_text(name)
+            if problem is not None:
+                self._warn("tag-name", f"tag {problem}")
+        step = self._step_argument(step)
         self.buffer.append((schema.TAG, self.current_step if step is None else step, name, self.clock()))
 
     def event(self, name: str, attrs: Mapping[str, Any] | None = None) -> None:
+        if type(name) is not str or len(name) > MAX_NAME_CHARS:
+            name, problem = name_text(name)
+            if problem is not None:
+                self._warn("event-name", f"event {problem}")
+        if attrs is not None and not isinstance(attrs, Mapping):
+            attrs = {"value": attrs}  # attributes are a mapping in the files
         self.buffer.append((schema.EVENT, name, self.clock(), self.current_step, attrs))
 
     def record_clock_offset(self, offset_ns: int, rtt_ns: int, reference_rank: int = 0) -> None:
@@ -375,11 +406,18 @@ class Recorder:
     def flush(self, timeout: float | None = None) -> bool:
         if self.finished or os.getpid() != self._pid:
             return False
-        return self.writer.flush(self.config.finish_timeout_s if timeout is None else timeout)
+        seconds, problem = timeout_seconds(timeout, self.config.finish_timeout_s)
+        if problem is not None:
+            self._warn("flush-timeout", f"flush(): {problem}")
+        return self.writer.flush(seconds)
 
     def finish(self, completed: bool | None, reason: str = "finish") -> bool:
         if self.finished or os.getpid() != self._pid:
             return False
+        if completed is not None and completed is not True and completed is not False:
+            self._warn("finish-completed", f"finish(completed=...) takes True or False, got "
+                       f"{describe(completed, 60)}; recorded as stopped early")
+            completed = False
         for listener in list(self.finish_listeners):  # integrations close (collectives) first
             try:
                 listener(completed, reason)

@@ -20,12 +20,11 @@ import importlib
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from goodtrace.record.config import ConfigError
-from goodtrace.record.errors import GoodtraceWarning
+from goodtrace.record.errors import warn
 from goodtrace.record.liveline import LiveLine
 
 __all__ = [
@@ -275,7 +274,7 @@ class SinkHub:
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(f"goodtrace: {message}", GoodtraceWarning, stacklevel=2)
+            warn(message)  # never raises, whatever the warnings filter (a sink thread must not die of it)
 
 
 def _runs_here(ranks: str, run: SinkRun) -> bool:

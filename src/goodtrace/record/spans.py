@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from goodtrace import schema
+from goodtrace.record.arguments import MAX_NAME_CHARS, name_text
+from goodtrace.record.errors import describe
 
 if TYPE_CHECKING:
     from goodtrace.record.recorder import Recorder
@@ -124,29 +126,39 @@ class BlockingSpan(OverheadSpan):
         return self
 
 
-def _span_py(name: Any, category: str | None = None, attrs: Mapping[str, Any] | None = None) -> Any:
+def _span_py(name: Any, category: Any = None, attrs: Mapping[str, Any] | None = None) -> Any:
     """The hot path behind ``goodtrace.span`` (see there), in Python: ``_speedups.span`` does
-    its common case (running, name already resolved) in C and calls this for the rest."""
+    its common case (running, name already resolved) in C and calls this for the rest. Any
+    argument is accepted: what is wrong with it is warned about once, when its key is made."""
     if _mode:
         if _mode == _DISABLED:
             return NOOP_SPAN
         if type(name) is not str and callable(name):  # bare @gt.span before init
-            label = getattr(name, "__qualname__", repr(name))
+            label = _label(name)
             return traced(lambda: span(label, category, attrs), name)
         return LateSpan(name, category, attrs)
     try:
         key = _keys[name if category is None else (name, category)]
     except KeyError:
         if type(name) is not str and callable(name):  # bare decorator: @gt.span
-            label = getattr(name, "__qualname__", repr(name))
+            label = _label(name)
             return traced(lambda: span(label, category, attrs), name)
         key = _new_key(name, category)
-    except TypeError:  # unhashable name: record its text
-        key = _new_key(repr(name)[:200], category)
+    except Exception:  # unhashable name or category, or a __hash__/__eq__ that raises
+        key = _new_key(name, category)
     s = _new(key[3])
     s.key = key
     s.attrs = attrs
     return s
+
+
+def _label(func: Any) -> str:
+    """The span name of a bare-decorated function: its qualified name, else its repr."""
+    try:
+        label = func.__qualname__
+    except Exception:
+        label = None
+    return label if type(label) is str else describe(func)
 
 
 span = _span_py
@@ -156,15 +168,23 @@ if _speedups is not None:
     span = _speedups.span
 
 
-def _new_key(name: Any, category: str | None) -> tuple[str, str, bool, type[Span]]:
+def _new_key(name: Any, category: Any) -> tuple[str, str, bool, type[Span]]:
+    """The key of a span name first seen (and warnings about its arguments, once)."""
+    text, problem = name_text(name)
     rec = _active
     if rec is None:
-        return (str(name), category or schema.COMPUTE, False, Span)
-    resolved, blocking = rec.resolve_category(name, category)
+        return (text, category if type(category) is str and category else schema.COMPUTE, False, Span)
+    cut = isinstance(name, str) and len(name) > MAX_NAME_CHARS
+    if cut:  # other names than strings keep their repr quietly, as they always did
+        rec._warn("span-name-length", f"span {problem}")
+    resolved, blocking = rec.resolve_category(text if isinstance(name, str) else None, category)
     kind = BlockingSpan if blocking else OverheadSpan if resolved in rec.overhead_categories else Span
-    key = (name if isinstance(name, str) else repr(name)[:200], resolved, blocking, kind)
-    if len(_keys) < _MAX_CATEGORY_CACHE:
-        _keys[name if category is None else (name, category)] = key
+    key = (text, resolved, blocking, kind)
+    if len(_keys) < _MAX_CATEGORY_CACHE and not cut:  # a huge name is not kept alive by the cache
+        try:
+            _keys[name if category is None else (name, category)] = key
+        except Exception:  # unhashable: resolved again at each use, warned about once
+            pass
     return key
 
 

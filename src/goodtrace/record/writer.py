@@ -18,30 +18,46 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.record.config import Config
-from goodtrace.record.errors import warn
+from goodtrace.record.errors import describe, warn
 from goodtrace.record.storage import Storage
 
 _CHUNK_RECORDS = 20_000  # records per chunk handed to the I/O thread
 
 
+#: The most characters of JSON one record's attributes (or value) take in the files; a larger
+#: one is cut: strings to 1,000 characters and containers to 100 items, or else replaced by
+#: ``{"truncated_chars": <its size>}``. A 40 MB attribute never makes a 40 MB line.
+MAX_ATTRS_CHARS = 64 * 1024
+
+
 def _dumps(value: Any) -> str:
-    """JSON for attribute values: never fails (odd objects become strings, NaN becomes null)."""
+    """JSON for attribute values: never fails (odd objects become strings, NaN becomes null,
+    cycles and deep nesting are cut) and is never longer than MAX_ATTRS_CHARS."""
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError):
-        return json.dumps(_sanitise(value), allow_nan=False, separators=(",", ":"))
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except Exception:
+        text = json.dumps(_sanitise(value), allow_nan=False, separators=(",", ":"))
+    if len(text) > MAX_ATTRS_CHARS:
+        size = len(text)
+        text = json.dumps(_sanitise(value, cut=100), allow_nan=False, separators=(",", ":"))
+        if len(text) > MAX_ATTRS_CHARS:
+            text = f'{{"truncated_chars":{size}}}'
+    return text
 
 
-def _sanitise(value: Any, depth: int = 0) -> Any:
-    if value is None or isinstance(value, (bool, int, str)):
+def _sanitise(value: Any, depth: int = 0, cut: int | None = None) -> Any:
+    if value is None or isinstance(value, (bool, int)):
         return value
+    if isinstance(value, str):
+        return value if cut is None else value[:1000]
     if isinstance(value, float):
         return value if value == value and value not in (float("inf"), float("-inf")) else None
     if depth < 4 and isinstance(value, dict):
-        return {str(k): _sanitise(v, depth + 1) for k, v in value.items()}
+        items = list(value.items())[:cut]
+        return {k if isinstance(k, str) else describe(k): _sanitise(v, depth + 1, cut) for k, v in items}
     if depth < 4 and isinstance(value, (list, tuple)):
-        return [_sanitise(v, depth + 1) for v in value]
-    return repr(value)[:1000]
+        return [_sanitise(v, depth + 1, cut) for v in value[:cut]]
+    return describe(value, 1000)
 
 
 class _Encoder:
