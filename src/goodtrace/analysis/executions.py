@@ -274,7 +274,10 @@ def _assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) 
         found = seqs[order][pos] == s_seq[named]
         index[np.flatnonzero(named)[found]] = order[pos[found]]
     if (~named).any():  # older files: match the k-th sync point of a step to its k-th execution
-        unique, dense = np.unique(numbers, return_inverse=True)
+        if n < 2 or bool((numbers[1:] > numbers[:-1]).all()):
+            unique, dense = numbers, np.arange(n)  # every number once, in order (the common case)
+        else:
+            unique, dense = np.unique(numbers, return_inverse=True)
         width = n + 1
         ex_key = dense * width + _occurrence(dense)
         legacy = np.flatnonzero(~named)
@@ -290,8 +293,12 @@ def _assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) 
     ok[ok] &= (numbers[index[ok]] == s_step[ok]) & (s_t[ok] >= t0s[index[ok]])
     ignored = int(len(s_t) - ok.sum())
     candidates = np.flatnonzero(ok)  # sync records sorted by time: the first per execution is the earliest
-    executions, first = np.unique(index[candidates], return_index=True)
-    chosen = candidates[first]
+    named_executions = index[candidates]
+    if len(named_executions) < 2 or bool((named_executions[1:] > named_executions[:-1]).all()):
+        executions, chosen = named_executions, candidates  # the common case: one each, in order
+    else:
+        executions, first = np.unique(named_executions, return_index=True)
+        chosen = candidates[first]
     times[executions] = s_t[chosen]
     how = rec.sync_how
     for e, c in zip(executions.tolist(), chosen.tolist(), strict=True):
@@ -325,7 +332,7 @@ def _covered_at(x: Array, starts: Array, ends: Array) -> Array:
 
 def _flatten(
     rec: SessionRecords, categories: frozenset[str], blocking: frozenset[str],
-    exec_t0: Array, exec_t1: Array, device_dated: Array, a: int, b: int,
+    exec_t0: Array, exec_t1: Array, device_dated: Array, a: int, b: int, data_outside: tuple[int, int] | None = None,
 ) -> tuple[Array, Array, list[str]]:
     """Disjoint (start, end, category) intervals of the main-thread overhead and data spans
     inside [a, b): among overhead spans the outermost wins (a partial overlap adds only its new
@@ -363,7 +370,10 @@ def _flatten(
         over, o0, o1 = over[order], o0[order], o1[order]
     kept, starts, ends = _merge(o0, o1)
     labels = [cats[k] for k in over[kept].tolist()]
-    data = np.flatnonzero(inside & is_data)
+    wanted = inside & is_data
+    if data_outside is not None:  # only data loading before the first step or after the last interval
+        wanted &= (t0 < data_outside[0]) | (t1 > data_outside[1])
+    data = np.flatnonzero(wanted)
     if len(data) == 0:
         return starts, ends, labels
     _, d0, d1 = _merge(t0[data], t1[data])
@@ -421,8 +431,9 @@ def cut_session(
     has = np.flatnonzero(times != NO_TIME)
     first_start = int(t0s[0]) if n else start
     cursor_before = np.maximum.accumulate(np.r_[np.int64(first_start), times[has][:-1]]) if len(has) else has
-    accepted = has[times[has] > cursor_before] if len(has) else has
-    flags[np.setdiff1d(has, accepted)] |= FLAG_UNORDERED_SYNC
+    in_order = times[has] > cursor_before if len(has) else np.zeros(0, dtype=bool)
+    accepted = has[in_order]
+    flags[has[~in_order]] |= FLAG_UNORDERED_SYNC
     ignored += len(has) - len(accepted)
     win_end = times[accepted]
     win_start = np.r_[np.int64(first_start), win_end[:-1]] if len(accepted) else win_end
@@ -469,8 +480,14 @@ def cut_session(
     # the device-dated sync point of each execution (a blocking span may have waited for it)
     dated = np.fromiter((h in _DEVICE_DATED for h in hows), dtype=bool, count=n)
     device_dated = np.where(dated & ((flags & FLAG_UNORDERED_SYNC) == 0), times, NO_TIME)
+    # In an asynchronous loop in-step data loading is productive: only the data spans in the
+    # startup and the tail matter (the windows skip them).
+    data_outside = None
+    if out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE) and len(win_end):
+        data_outside = (int(first_start), int(win_end[-1]))
     starts, ends, labels = _flatten(
-        rec, categories, info.blocking_categories or schema.BLOCKING_CATEGORIES, t0s, t1s, device_dated, start, end
+        rec, categories, info.blocking_categories or schema.BLOCKING_CATEGORIES, t0s, t1s, device_dated, start, end,
+        data_outside,
     )
     out.over_start, out.over_end, out.over_label = _out(starts), _out(ends), labels
     _totals(out, win_start, win_end, starts, ends, labels)

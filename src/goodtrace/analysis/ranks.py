@@ -8,9 +8,11 @@ two ranks that would hide the slow one):
 - relative compute speed = the other ranks' median compute time per execution ÷ this rank's;
 - arrival lateness at sync points: when its steps became ready on the aligned clock, minus the
   other ranks' median, and how often it was the last;
-- span-start lateness: when it entered each span of a sampled step on the aligned clock, minus
-  the other ranks' median, per span name; with a collective inside the step every rank finishes
-  together, but the slow rank enters the span that holds the collective late.
+- span-start lateness: how long after entering a sampled step it entered each span of that step,
+  minus the other ranks' median, per span name. With a collective inside the step every rank
+  finishes (and starts the next step) together, but the slow rank enters the span that holds the
+  collective late. Offsets within the rank's own step need no clock alignment, so ranks that run
+  independently and drift apart are not named for it.
 """
 
 from __future__ import annotations
@@ -86,23 +88,24 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def _others_median(ordered: Sequence[float], i: int) -> float:
-    """The median of the sorted ``ordered`` without its element at index ``i`` (n >= 2)."""
-    n = len(ordered) - 1
-
-    def at(j: int) -> float:
-        return ordered[j] if j < i else ordered[j + 1]
-
-    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
-
-
 def _leave_one_out(values: dict[int, float]) -> dict[int, float]:
     """Per key, the median of the other keys' values (keys with a value only, at least two)."""
+    import numpy as np
+
     if len(values) < 2:
         return {}
-    items = sorted(values.items(), key=lambda kv: kv[1])
-    ordered = [v for _, v in items]
-    return {key: _others_median(ordered, i) for i, (key, _) in enumerate(items)}
+    keys = np.fromiter(values.keys(), dtype=np.int64, count=len(values))
+    v = np.fromiter(values.values(), dtype=np.float64, count=len(values))
+    order = np.argsort(v, kind="stable")
+    s = v[order]
+    n = len(s) - 1  # the others
+    i = np.arange(len(s))
+
+    def at(j: int) -> Any:  # element j of the sorted values without position i, for every i
+        return np.where(j < i, s[j], s[min(j + 1, len(s) - 1)])
+
+    others = at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+    return dict(zip(keys[order].tolist(), others.tolist(), strict=True))
 
 
 SAMPLE_STEPS = 32  # sync points sampled per session for lateness (the loader samples span starts so)
@@ -134,7 +137,7 @@ def rank_figures(
     step_times: dict[int, Any] = {}
     compute: dict[int, float] = {}
     arrivals: dict[tuple[int, int], dict[int, int]] = {}  # (attempt, step) -> rank -> aligned sync time
-    starts: dict[tuple[int, int, str], dict[int, int]] = {}  # (attempt, step, name) -> rank -> aligned start
+    starts: dict[tuple[int, int, str], dict[int, int]] = {}  # (attempt, step, name) -> rank -> ns after step entry
     for rank, members in by_rank.items():
         times: list[Any] = []
         per_execution: list[int] = []
@@ -157,9 +160,14 @@ def rank_figures(
                     arrivals.setdefault((attempt, step), {})[rank] = clock.to_reference(t) if clock else t
             per_execution.extend(v for v in cut.exec_compute if v > 0)
             rec = records.get(s.index)
-            if rec is not None:
+            if rec is not None and rec.starts:
+                entry: dict[int, int] = {}
+                for step, t0 in zip(steps_e, cut.exec_t0, strict=True):
+                    entry.setdefault(step, t0)
                 for step, name, t0 in rec.starts:
-                    starts.setdefault((attempt, step, name), {})[rank] = clock.to_reference(t0) if clock else t0
+                    e = entry.get(step)
+                    if e is not None:
+                        starts.setdefault((attempt, step, name), {})[rank] = t0 - e
         step_times[rank] = np.concatenate(times) if times else np.zeros(0)
         if per_execution:
             compute[rank] = float(statistics.median(per_execution))
