@@ -113,6 +113,7 @@ class Recorder:
         self._pending: collections.deque[Pending] = collections.deque()
         self._metrics: collections.deque[Pending] = collections.deque()
         self._settle_lock = threading.RLock()
+        self._observing: Pending | None = None  # the value the training thread is waiting for
         self._polled_syncs: collections.deque[tuple[int | None, int, str]] = collections.deque()
         self._uses_completions = False  # complete_on was called in this session
         self._last_value: tuple[ValueAdapter, Any] | None = None  # the latest completion value
@@ -506,11 +507,14 @@ class Recorder:
         if not entry.claim:
             return
         adapter, handle = entry.value
+        self._observing = entry  # a signal handler ending the process counts it if undated
         try:
             adapter.wait(handle)
         except Exception as exc:
             self._warn(f"observe:{type(exc)}", f"could not observe a value of step {entry.step}: {exc!r}")
             return
+        finally:
+            self._observing = None
         t = self.clock()
         seen = entry.seen_t
         if entry.take():
@@ -638,7 +642,7 @@ class Recorder:
         if reason == "finish":
             self.settle(schema.SYNC_FINISH)
         if self.readiness is not None:
-            self.readiness.stop(0.5 if reason == "finish" else 0.05)
+            self.readiness.stop(0.1 if reason == "finish" else 0.05)
         if reason != "finish":
             self._settle_without_waiting()
         ctx = self._active_step or self._last_step
@@ -665,7 +669,8 @@ class Recorder:
         undated_steps: list[int | None] = []
         unread = 0
         try:
-            for entry in list(self._pending):
+            observing = self._observing  # popped, and waited for when a signal interrupted
+            for entry in ([observing] if observing is not None else []) + list(self._pending):
                 if not entry.claim:
                     continue
                 adapter, handle = entry.value
