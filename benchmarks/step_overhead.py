@@ -5,10 +5,13 @@
    everything goodtrace does on the training thread per step (entering and leaving the step,
    the completion and the metric handles, observing the previous step's values). The writer is
    parked, as in ``span_overhead.py``. ``step_bare`` is the same loop with ``gt.step`` only.
-2. ``busy``: a CPU-bound pure-Python loop (it never releases the GIL) timed while a value that
-   never completes is pending, so the background readiness check polls all the time and has to
-   take the GIL from the loop at every poll, against the same loop with the check off
-   (``poll_interval_s=0``). The worst case for the poller; a loop that waits on data or on the
+   Both in wall time and in the training thread's CPU time (``thread_time``: what it spent,
+   whatever other processes on a shared machine did meanwhile).
+2. ``busy`` (only where the readiness check exists): a CPU-bound pure-Python loop (it never
+   releases the GIL) in short chunks, alternately while a value that never completes is
+   watched (the readiness thread polls every interval and must take the GIL from the loop each
+   time) and while nothing is (the thread sleeps). The median of the paired chunk-time ratios
+   is what polling costs such a loop: the worst case, since a loop that waits for data or the
    device releases the GIL and pays less.
 
 Rounds are interleaved (machines here are shared and noisy); medians are reported.
@@ -63,13 +66,14 @@ def _has_poller() -> bool:
     return any(f.name == "poll_interval_s" for f in dataclasses.fields(gt.Config))
 
 
-def _timeit(body: Callable[[int], None], n: int) -> float:
+def _timeit(body: Callable[[int], None], n: int) -> tuple[float, float]:
+    """(wall ns, thread CPU ns) per iteration, with the cyclic GC paused."""
     gc.collect()
     gc.disable()
     try:
-        start = time.perf_counter_ns()
+        wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
         body(n)
-        return (time.perf_counter_ns() - start) / n
+        return (time.perf_counter_ns() - wall) / n, (time.thread_time_ns() - cpu) / n
     finally:
         gc.enable()
 
@@ -95,13 +99,59 @@ def busy(n: int) -> None:
         total += i * i % 7
 
 
+def polling_cost(run_dir: str, chunk: int, pairs: int) -> tuple[float, float, float]:
+    """Over ``pairs`` alternating pairs of CPU-bound chunks, one while the readiness thread
+    polls and one while it sleeps: the median ratio of their wall times and of the loop
+    thread's CPU times (minus 1), and the polls per second it made while polling."""
+    rec: Any = gt.init(run_dir, record_gc=False)
+    readiness = rec.readiness
+    with gt.step(0) as s:
+        s.complete_on(_Never())
+    (entry,) = list(readiness.watched)
+    polls = [0]
+    ready = entry.value[0].ready
+
+    def counting_ready(handle: Any) -> bool | None:
+        polls[0] += 1
+        return ready(handle)
+
+    entry.value = (type("Counted", (), {"ready": staticmethod(counting_ready)})(), entry.value[1])
+    wall_ratios, cpu_ratios = [], []
+    polling_s = 0.0
+    gc.disable()
+    try:
+        for i in range(pairs):
+            wall, cpu = {}, {}
+            for polling in ((True, False) if i % 2 else (False, True)):
+                if polling:
+                    readiness.watch(entry)
+                    time.sleep(0.001)  # let it wake and start polling
+                else:
+                    readiness.watched.clear()
+                    time.sleep(0.003)  # let it go idle
+                start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
+                busy(chunk)
+                wall[polling] = time.perf_counter_ns() - start
+                cpu[polling] = time.thread_time_ns() - start_cpu
+                if polling:
+                    polling_s += wall[polling] / 1e9
+            wall_ratios.append(wall[True] / wall[False])
+            cpu_ratios.append(cpu[True] / cpu[False])
+    finally:
+        gc.enable()
+        readiness.watched.clear()
+        rec._pending.clear()
+        gt.finish()
+    return statistics.median(wall_ratios) - 1, statistics.median(cpu_ratios) - 1, polls[0] / polling_s
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args()
     n = 20_000 if args.quick else 100_000
-    busy_n = 2_000_000 if args.quick else 10_000_000
+    busy_n = 200_000  # one chunk: about 15 ms
     rounds = 5 if args.quick else 11
     poller = _has_poller()
     samples: dict[str, list[float]] = {}
@@ -112,37 +162,29 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as run_dir:
         for _ in range(rounds):
             rec: Any = gt.init(run_dir, flush_interval_s=3600, max_buffer_records=10**8, record_gc=False)
-            add("step", _timeit(steps_with_values, n))
-            rec.buffer.clear()
-            add("step_bare", _timeit(steps_bare, n))
-            rec.buffer.clear()
+            for name, body in (("step", steps_with_values), ("step_bare", steps_bare)):
+                wall, cpu = _timeit(body, n)
+                add(name, wall)
+                add(name + "_cpu", cpu)
+                rec.buffer.clear()
             gt.finish()
-            options: dict[str, Any] = {"lag": 1000, "record_gc": False}
-            for label, interval in (("busy_poller_off", 0.0), ("busy_poller_on", None)):
-                if poller and interval is not None:
-                    options["poll_interval_s"] = interval
-                else:
-                    options.pop("poll_interval_s", None)
-                rec = gt.init(run_dir, **options)
-                with gt.step(0) as s:
-                    s.complete_on(_Never())
-                add(label, _timeit(busy, busy_n))
-                rec._pending.clear()  # never observed: the benchmark ends without waiting on it
-                if hasattr(rec, "_watched"):
-                    rec._watched.clear()
-                gt.finish()
+        busy_overhead = busy_cpu_overhead = polls_per_s = None
+        if poller:
+            busy_overhead, busy_cpu_overhead, polls_per_s = polling_cost(run_dir, busy_n, 20 if args.quick else 100)
 
     ns = {name: statistics.median(values) for name, values in samples.items()}
-    busy_overhead = ns["busy_poller_on"] / ns["busy_poller_off"] - 1
     print(f"medians of {rounds} interleaved rounds; python {sys.version.split()[0]}; "
-          f"readiness poller {'present' if poller else 'absent'}")
-    print(f"  step + complete_on + metric   {ns['step']:8.0f} ns per step")
-    print(f"  step only                     {ns['step_bare']:8.0f} ns per step")
-    print(f"  CPU-bound loop, poller polling: {100 * busy_overhead:+.2f} % time "
-          f"({ns['busy_poller_on']:.1f} vs {ns['busy_poller_off']:.1f} ns per iteration)")
+          f"readiness check {'present' if poller else 'absent'}")
+    print(f"  step + complete_on + metric   {ns['step']:8.0f} ns per step ({ns['step_cpu']:.0f} ns thread CPU)")
+    print(f"  step only                     {ns['step_bare']:8.0f} ns per step ({ns['step_bare_cpu']:.0f} ns thread CPU)")
+    if busy_overhead is not None and busy_cpu_overhead is not None:
+        print(f"  CPU-bound loop while the readiness check polls ({polls_per_s:.0f} polls/s): "
+              f"{100 * busy_overhead:+.2f} % wall time, {100 * busy_cpu_overhead:+.2f} % thread CPU "
+              "(medians of paired chunks)")
     if args.json:
-        print(json.dumps({"ns": ns, "busy_overhead": busy_overhead, "poller": poller, "n": n,
-                          "rounds": rounds}))
+        print(json.dumps({"ns": ns, "busy_overhead": busy_overhead, "busy_cpu_overhead": busy_cpu_overhead,
+                          "polls_per_s": polls_per_s,
+                          "poller": poller, "n": n, "rounds": rounds}))
     return 0
 
 

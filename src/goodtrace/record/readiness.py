@@ -22,25 +22,25 @@ from goodtrace.record.errors import warn
 
 
 class Pending:
-    """A value goodtrace has not observed yet: a step's completion (``metric`` is None) or a
-    metric value (``metric`` = (name, reduce, t)). ``ctx`` is the step execution it belongs to
-    (a :class:`goodtrace.record.recorder.StepContext`, or None when not known)."""
+    """A step's completion value goodtrace has not observed yet. ``ctx`` is the step execution
+    it belongs to (a :class:`goodtrace.record.recorder.StepContext`, or None when not known)."""
 
-    __slots__ = ("claim", "ctx", "metric", "not_ready_t", "ordinal", "seen_t", "seq", "step", "value")
+    # The readiness thread's findings live in the instance dict, made on first use in that
+    # thread: creating a Pending on the training thread's hot path sets six slots only.
+    __slots__ = ("__dict__", "claim", "ctx", "ordinal", "seq", "step", "value")
+
+    not_ready_t = 0  # latest time it was seen not ready (0: never tested)
+    seen_t = 0  # the readiness thread saw it complete at this time (0: not yet)
 
     def __init__(
-        self, ctx: Any, step: int | None, seq: int | None, ordinal: int, value: tuple[Any, Any],
-        metric: tuple[str, str, int] | None = None,
+        self, ctx: Any, step: int | None, seq: int | None, ordinal: int, value: tuple[Any, Any]
     ) -> None:
         self.ctx = ctx
         self.step = step
         self.seq = seq
         self.ordinal = ordinal  # how many steps had ended when its step began (for the lag)
         self.value = value  # (adapter, handle): one tuple, so it is replaced atomically
-        self.metric = metric
         self.claim = [True]  # popped by the one thread that writes its record
-        self.not_ready_t = 0  # latest time it was seen not ready (0: never tested)
-        self.seen_t = 0  # the readiness thread saw it complete at this time (0: not yet)
 
     def take(self) -> bool:
         """Claim the right to write this value's record: True exactly once, in any thread."""
@@ -53,6 +53,22 @@ class Pending:
     @property
     def taken(self) -> bool:
         return not self.claim
+
+
+class PendingMetric:
+    """A metric value not read yet (only the training thread, or a thread starting a blocking
+    span, reads them, under the recorder's settle lock: no claim needed)."""
+
+    __slots__ = ("ctx", "metric", "ordinal", "step", "value")
+
+    def __init__(
+        self, ctx: Any, step: int | None, ordinal: int, value: tuple[Any, Any], metric: tuple[str, str, int]
+    ) -> None:
+        self.ctx = ctx
+        self.step = step
+        self.ordinal = ordinal
+        self.value = value
+        self.metric = metric  # (name, reduce, t)
 
 
 class ReadinessThread:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import itertools
 import os
 import threading
 import time
@@ -29,7 +30,7 @@ from goodtrace.record.arguments import MAX_NAME_CHARS, name_text, reduction, ste
 from goodtrace.record.config import Config
 from goodtrace.record.errors import describe, warn
 from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
-from goodtrace.record.readiness import Pending, ReadinessThread
+from goodtrace.record.readiness import Pending, PendingMetric, ReadinessThread
 from goodtrace.record.spans import NOOP_SPAN, span_key
 from goodtrace.record.storage import Storage, open_storage
 from goodtrace.record.values import COMPLETE, ValueAdapter, adapter_for, finite_or_none, join_completions
@@ -54,15 +55,13 @@ class StepContext:
     session, so a repeated or decreasing step number is still its own execution.
     """
 
-    __slots__ = ("_rec", "barrier", "number", "ordinal", "seq", "sync", "t0", "tid")
+    __slots__ = ("_rec", "barrier", "number", "seq", "sync", "t0")
 
     def __init__(self, rec: Recorder, number: int) -> None:
         self._rec = rec
         self.number = number
         self.t0 = 0
-        self.seq = -1
-        self.ordinal = 0  # how many steps had ended when it began (for the lag)
-        self.tid = 0
+        self.seq = -1  # also how many steps had ended when it began (steps do not nest): the lag
         # None: no completion value yet; a Pending: its completion (a sync point once taken);
         # True: its sync point is written (nothing more is added to it).
         self.sync: Pending | bool | None = None
@@ -106,17 +105,17 @@ class Recorder:
         self._active_step: StepContext | None = None
         self._last_step: StepContext | None = None  # the execution entered last
         self._steps_ended = 0
-        self._executions = 0  # executions entered so far: the next one's seq
+        self._next_seq = itertools.count().__next__  # executions in entry order: 0, 1, 2, ...
         # Values not observed yet, in order: completions and metrics. The training thread (or a
         # thread starting a blocking span) takes them under _settle_lock; the readiness thread
         # only tests watched completions and claims them (Pending.take), never waits on a lock.
         self._pending: collections.deque[Pending] = collections.deque()
-        self._metrics: collections.deque[Pending] = collections.deque()
+        self._metrics: collections.deque[PendingMetric] = collections.deque()
         self._settle_lock = threading.RLock()
         self._observing: Pending | None = None  # the value the training thread is waiting for
         self._polled_syncs: collections.deque[tuple[int | None, int, str]] = collections.deque()
         self._uses_completions = False  # complete_on was called in this session
-        self._last_value: tuple[ValueAdapter, Any] | None = None  # the latest completion value
+        self._last_value: tuple[ValueAdapter, Any] | None = None  # latest device completion value
         # A device barrier of the framework in use (set by the torch/JAX integrations): waits
         # for everything dispatched so far. Without one, an earlier completion value's is used.
         self.device_barrier: Callable[[], None] | None = None
@@ -283,10 +282,7 @@ class Recorder:
         if self._active_step is not None:
             self._warn("nested-step", "a step began inside another step; steps do not nest")
         ctx.t0 = self.clock()
-        ctx.seq = self._executions
-        self._executions += 1
-        ctx.ordinal = self._steps_ended
-        ctx.tid = _get_ident()
+        ctx.seq = self._next_seq()
         self._active_step = self._last_step = ctx
         spans.set_step(ctx.number)
         for listener in self.step_begin_listeners:
@@ -303,8 +299,8 @@ class Recorder:
         self._steps_ended += 1
         if ctx.barrier:
             self._end_after_blocking_span(ctx)
-        if self._pending or self._metrics or self._polled_syncs:
-            try:
+        if self._pending or self._metrics:  # (a completion stays pending until its lag passes:
+            try:  # sync points the readiness thread wrote reach the sync listeners here)
                 self._settle_lagged(ctx)
             except Exception as exc:
                 self._warn("settle", f"internal error while observing step values: {exc!r}")
@@ -347,24 +343,29 @@ class Recorder:
         except Exception as exc:
             self._warn(f"complete_on:{type(value)}", f"complete_on ignored: {describe(exc)}")
             return
-        watch = True
-        if handle is COMPLETE:  # complete on arrival (a CPU tensor): dated when its step ends
-            adapter, handle, watch = _ARRIVED, None, False
-        else:
-            self._last_value = (adapter, handle)
+        watch = handle is not COMPLETE
+        if not watch:  # complete on arrival (a CPU tensor): dated when its step ends
+            adapter, handle = _ARRIVED, None
         if state is not None:  # a second value of this step: complete when both are
             if isinstance(state, Pending):
                 state.value = join_completions(state.value, (adapter, handle))
             return
-        if watch and ctx is not None and ctx.barrier and self._complete_after_blocking_span(ctx, adapter, handle):
-            return
-        entry = Pending(ctx, number, None if ctx is None else ctx.seq,
-                        self._steps_ended if ctx is None else ctx.ordinal, (adapter, handle))
-        if ctx is not None:
-            ctx.sync = entry
+        pair = (adapter, handle)
+        if watch:
+            self._last_value = pair  # its type's barrier serves later blocking spans
+            if ctx is not None and ctx.barrier and self._complete_after_blocking_span(ctx, adapter, handle):
+                return
+        if ctx is None:
+            entry = Pending(None, number, None, self._steps_ended, pair)
+        else:
+            entry = ctx.sync = Pending(ctx, number, ctx.seq, ctx.seq, pair)
         self._pending.append(entry)
-        if watch and self.readiness is not None:
-            self.readiness.watch(entry)
+        if watch:
+            readiness = self.readiness
+            if readiness is not None:  # ReadinessThread.watch, inlined (hot path)
+                readiness.watched[entry] = None
+                if readiness.idle:
+                    readiness.wake()
 
     def metric(self, name: str, value: object, reduce: str = "mean", step: int | None = None) -> None:
         if type(name) is not str or len(name) > MAX_NAME_CHARS:
@@ -386,9 +387,16 @@ class Recorder:
         except Exception as exc:
             self._warn(f"metric:{name}", f"metric {describe(name)} not recorded: {describe(exc)}")
             return
-        ctx = self._execution(step)
-        ordinal = self._steps_ended if self._active_step is not None else self._steps_ended - 1
-        self._metrics.append(Pending(ctx, number, None, ordinal, (adapter, handle), (name, reduce, t)))
+        ctx = self._active_step
+        if ctx is not None:
+            ordinal = ctx.seq
+        else:
+            ordinal = self._steps_ended - 1
+            ctx = self._last_step
+        self._metrics.append(PendingMetric(
+            ctx if step is None or (ctx is not None and step == ctx.number) else None,
+            number, ordinal, (adapter, handle), (name, reduce, t),
+        ))
 
     # ------------------------------------------------------------------ sync points
     def _sync(self, step: int | None, seq: int | None, t: int, how: str, after: int | None = None) -> None:
@@ -460,16 +468,14 @@ class Recorder:
         while metrics and (before_ordinal is None or metrics[0].ordinal < before_ordinal):
             entry = metrics[0]
             adapter, handle = entry.value
-            try:
-                state = adapter.ready(handle)
-            except Exception:
-                state = None
-            if state is False and not wait and not _completed(entry.ctx):
-                return
+            if not wait and not _completed(entry.ctx):
+                try:
+                    if adapter.ready(handle) is False:
+                        return
+                except Exception:
+                    pass
             metrics.popleft()
-            if not entry.take():
-                continue
-            name, reduce, t = entry.metric  # type: ignore[misc]
+            name, reduce, t = entry.metric
             try:
                 value = finite_or_none(adapter.to_float(handle))
             except Exception as exc:
@@ -495,7 +501,7 @@ class Recorder:
                     self._read_metrics(None, wait=how is not schema.SYNC_BLOCKING)
                 if how is schema.SYNC_BLOCKING:
                     ctx = self._active_step
-                    if ctx is not None and ctx.sync is None and not ctx.barrier and ctx.tid == _get_ident():
+                    if ctx is not None and ctx.sync is None and not ctx.barrier:
                         self._barrier_before_span(ctx)
         except Exception as exc:
             self._warn("settle", f"internal error while observing step values: {exc!r}")
@@ -684,13 +690,12 @@ class Recorder:
                     else:
                         undated_steps.append(entry.step)
             self._pending.clear()
-            for entry in list(self._metrics):
-                adapter, handle = entry.value
+            for metric in list(self._metrics):
+                adapter, handle = metric.value
                 try:
-                    complete = adapter.ready(handle) is True
-                    if complete and entry.take():
-                        name, reduce, t = entry.metric  # type: ignore[misc]
-                        self._metric(name, entry.step, finite_or_none(adapter.to_float(handle)), reduce, t)
+                    if adapter.ready(handle) is True:
+                        name, reduce, t = metric.metric
+                        self._metric(name, metric.step, finite_or_none(adapter.to_float(handle)), reduce, t)
                         continue
                 except Exception:
                     pass
