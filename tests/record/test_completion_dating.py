@@ -513,3 +513,28 @@ def test_cuda_recording_adds_no_device_synchronisation() -> None:
     assert [r["step"] for r in losses] == list(range(20))
     assert all(isinstance(r["value"], float) for r in losses)
     assert lines  # the live line ran inside the loop too
+
+
+def test_two_values_of_one_step_complete_it_when_both_are(device: SimulatedDevice) -> None:
+    """A second complete_on in a step joins the first (the step is complete when both are);
+    one passed after the step's sync point was written adds nothing."""
+    with capture() as cap:
+        with gt.step(0) as s:
+            first = device.launch(0.010)
+            second = device.launch(0.030)
+            s.complete_on(first)
+            s.complete_on(second)
+        second.block()
+        time.sleep(0.020)  # the readiness check dates step 0 meanwhile
+        s.complete_on(device.launch(0.010))  # too late: step 0's sync point is written
+    (sync,) = cap.records(schema.SYNC)
+    assert second.done_ns is not None and sync["t"] >= second.done_ns
+    assert sync[schema.F_SEQ] == 0
+
+
+def test_poll_interval_is_validated() -> None:
+    for bad in (-1, 0.00001, 11, "2ms", True):
+        with pytest.raises(gt.ConfigError, match="poll_interval_s"):
+            gt.Config(poll_interval_s=bad)  # type: ignore[arg-type]
+    assert gt.Config(poll_interval_s=0).poll_interval_s == 0
+    assert gt.Config().to_record()["poll_interval_s"] == 0.002
