@@ -7,8 +7,9 @@ complete to the recorder with the time of that poll and of the poll before it (t
 not ready then), so its true ready time lies in ``(not_ready_t, t]``. With nothing to watch it
 sleeps on a lock until the training thread hands it a value. It never waits on a value and
 never synchronises a device; the training thread never waits on it: the two share only a dict
-of watched entries and a one-shot claim per entry (``list.pop``, atomic), so whichever of them
-sees a value complete first writes its sync point, exactly once.
+of watched entries and a one-shot claim per entry (``list.pop``, atomic), so exactly one of
+them writes its sync point; each publishes the time it saw the value complete before it tries
+to claim it, and the one that writes takes the earlier of the two.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Pending:
 
     not_ready_t = 0  # latest time it was seen not ready (0: never tested)
     seen_t = 0  # the readiness thread saw it complete at this time (0: not yet)
+    observed: tuple[int, str] | None = None  # the training thread saw it complete: (time, how)
 
     def __init__(
         self, ctx: Any, step: int | None, seq: int | None, ordinal: int, value: tuple[Any, Any]

@@ -408,11 +408,16 @@ class Recorder:
                 self._warn(f"listener:{listener!r}", f"a sync listener failed: {exc!r}")
 
     def _on_ready(self, entry: Pending, t: int) -> None:
-        """The readiness thread found ``entry`` complete at ``t`` and claimed it (its thread)."""
-        after = entry.not_ready_t or None
-        self.buffer.append((schema.SYNC, entry.step, t, schema.SYNC_POLL, entry.seq, after))
+        """The readiness thread found ``entry`` complete at ``t`` and claimed it (its thread).
+        When the training thread had seen it complete earlier (it published that time just
+        before trying to claim the entry itself), that earlier time is the sync point."""
+        how = schema.SYNC_POLL
+        observed = entry.observed
+        if observed is not None and observed[0] < t:
+            t, how = observed
+        self.buffer.append((schema.SYNC, entry.step, t, how, entry.seq, entry.not_ready_t or None))
         if self.sync_listeners:  # listeners run in the training thread, at its next step end
-            self._polled_syncs.append((entry.step, t, schema.SYNC_POLL))
+            self._polled_syncs.append((entry.step, t, how))
 
     def _notify_polled(self) -> None:
         polled = self._polled_syncs
@@ -449,6 +454,7 @@ class Recorder:
                 adapter, handle = entry.value
                 if adapter.ready(handle) is True:
                     t = self.clock()
+                    entry.observed = (t, schema.SYNC_READY)
                     seen = entry.seen_t
                     if entry.take():
                         if seen and seen < t:
@@ -522,6 +528,7 @@ class Recorder:
         finally:
             self._observing = None
         t = self.clock()
+        entry.observed = (t, how)  # for the readiness thread, should it claim the entry first
         seen = entry.seen_t
         if entry.take():
             self.observations += 1
