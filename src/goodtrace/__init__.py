@@ -42,6 +42,7 @@ from goodtrace.record.config import Config, ConfigError
 from goodtrace.record.errors import GoodtraceWarning
 from goodtrace.record.recorder import StepContext
 from goodtrace.record.spans import Span, span
+from goodtrace.record.values import register_value_type
 
 __all__ = [
     "Config",
@@ -58,6 +59,7 @@ __all__ = [
     "is_enabled",
     "metric",
     "recorder",
+    "register_value_type",
     "schema",
     "span",
     "step",

@@ -2,13 +2,18 @@
 
 ``SimulatedDevice`` behaves like a GPU/TPU stream: ``launch(seconds)`` returns at once with a
 ``DeviceValue``; a worker thread runs the kernels in order, each taking its known duration, and
-records when it finished (the ground truth). Reading a value (``float(v)``, or goodtrace's
-``__goodtrace_wait__``) blocks until its kernel is done, exactly like ``loss.item()`` does.
+records when it started and finished (the ground truth, ``log()``). Reading a value
+(``float(v)``, or goodtrace's ``__goodtrace_wait__``) blocks until its kernel is done, exactly
+like ``loss.item()`` does; ``__goodtrace_ready__`` tests it without waiting, like
+``jax.Array.is_ready()``; ``__goodtrace_barrier__`` waits for every kernel launched so far on
+its device, like ``torch.cuda.synchronize()``. ``launch(math.inf)`` queues a kernel that never
+ends (a hung device).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import tempfile
@@ -44,13 +49,19 @@ class DeviceValue:
         self.name = name
         self._result = result
         self._done = threading.Event()
-        self.done_ns: int | None = None  # ground truth: when the kernel finished
+        self.start_ns: int | None = None  # ground truth: when the kernel started
+        self.done_ns: int | None = None  # ground truth: when the kernel finished...
+        self.visible_ns: int | None = None  # ...and when that became visible to readers (after)
         self.waits = 0  # how many times goodtrace waited on it
         self.first_wait_ns: int | None = None
 
     def _complete(self) -> None:
+        # A reader may see the value complete from `done_ns` on, and does see it after
+        # `visible_ns`: a correct sync point t has done_ns <= t, a correct "not ready at" time
+        # is before visible_ns.
         self.done_ns = time.perf_counter_ns()
         self._done.set()
+        self.visible_ns = time.perf_counter_ns()
 
     def __goodtrace_ready__(self) -> bool:
         return self._done.is_set()
@@ -69,9 +80,16 @@ class DeviceValue:
         self._done.wait()
         return self._result
 
+    def __goodtrace_barrier__(self) -> None:
+        self._device.synchronize()
+
     def block(self) -> DeviceValue:
         self._done.wait()
         return self
+
+    def log(self) -> dict[str, Any]:
+        return {"name": self.name, "start_ns": self.start_ns, "done_ns": self.done_ns,
+                "visible_ns": self.visible_ns}
 
 
 class SimulatedDevice:
@@ -81,11 +99,14 @@ class SimulatedDevice:
         self._queue: queue.Queue[tuple[float, DeviceValue] | None] = queue.Queue()
         self.launched: list[DeviceValue] = []
         self.busy_until_ns = 0
+        self.synchronizes = 0  # calls of synchronize() (goodtrace's barrier included)
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="simulated-device", daemon=True)
         self._thread.start()
 
     def launch(self, seconds: float, name: str = "kernel", result: float = 0.0) -> DeviceValue:
-        """Queue a kernel that takes ``seconds`` of device time; returns immediately."""
+        """Queue a kernel that takes ``seconds`` of device time (``math.inf``: never ends);
+        returns immediately."""
         value = DeviceValue(self, name, result)
         self.launched.append(value)
         self._queue.put((seconds, value))
@@ -97,7 +118,11 @@ class SimulatedDevice:
             if item is None:
                 return
             seconds, value = item
-            deadline = time.perf_counter_ns() + round(seconds * 1e9)
+            value.start_ns = time.perf_counter_ns()
+            if math.isinf(seconds):
+                self._closing.wait()  # a hung kernel: nothing after it runs either
+                return
+            deadline = value.start_ns + round(seconds * 1e9)
             # Sleep most of it, spin the rest: kernel durations accurate to ~0.1 ms.
             remaining = deadline - time.perf_counter_ns()
             if remaining > 2_000_000:
@@ -107,10 +132,17 @@ class SimulatedDevice:
             value._complete()
 
     def synchronize(self) -> None:
+        """Wait for every kernel launched so far (in order: the last one ends last)."""
+        self.synchronizes += 1
         if self.launched:
             self.launched[-1].block()
 
+    def log(self) -> list[dict[str, Any]]:
+        """The ground truth: name, start_ns, done_ns, visible_ns of every kernel launched."""
+        return [value.log() for value in self.launched]
+
     def close(self) -> None:
+        self._closing.set()
         self._queue.put(None)
         self._thread.join(timeout=10)
 

@@ -11,6 +11,10 @@ Contract:
 - :func:`install` (idempotent; also run when goodtrace first sees a JAX value) registers
   listeners with ``jax.monitoring`` so that every compile phase becomes a ``compile`` span
   (:mod:`goodtrace.record.jax_compile`, re-exported here).
+- :func:`instrument` gives the recorder JAX's device barrier
+  (:func:`goodtrace.record.jax_values.device_barrier`): a blocking span (checkpoint, eval) that
+  starts in a step before its ``complete_on`` first waits for what JAX dispatched, so the span
+  never holds the wait for the step, from the first step on.
 - :func:`measure_clock_offset` (collective) measures this process's monotonic-clock offset to
   process 0 by ping-pong (``goodtrace.record.clocksync``) through the ``jax.distributed`` key-value
   store, between two global barriers (``reference = local + offset_ns``, error <= rtt/2).
@@ -46,7 +50,7 @@ from goodtrace.record.jax_compile import (
     is_installed,
     uninstall,
 )
-from goodtrace.record.jax_values import JaxTree
+from goodtrace.record.jax_values import JaxTree, device_barrier
 from goodtrace.record.recorder import Recorder
 
 __all__ = [
@@ -253,6 +257,12 @@ class JaxIntegration(Integration):
             )
         self._listen(recorder.finish_listeners, self._on_finish)
         self._listen(recorder.step_listeners, self._on_step_end, first=True)
+        if recorder.device_barrier is None:
+            recorder.device_barrier = device_barrier
+
+    def _after_unhook(self) -> None:
+        if self.recorder.device_barrier is device_barrier:
+            self.recorder.device_barrier = None
 
     def _on_step_end(self, number: int, t0: int, t1: int) -> None:
         if (self.distributed and self.clock_sync_every and number % self.clock_sync_every == 0 and number

@@ -2,6 +2,10 @@
 
 ``instrument()`` (after ``goodtrace.init``, on every rank) hooks the active recorder:
 
+* **Device barrier**: with CUDA in use, a blocking span (checkpoint, eval) that starts in a
+  step before its ``complete_on`` first waits for the current stream
+  (:func:`goodtrace.record.torch_values.cuda_barrier`), so the span never holds the wait for
+  the step, from the first step on.
 * **CUDA step events**: an event on the current stream when each step begins and ends. Once
   they have completed (``query()``, never a synchronisation) the step's device time
   (``device/busy_s``: begin→end event) and the device-idle gap before it (``device/idle_s``:
@@ -45,6 +49,7 @@ from goodtrace.integrations._common import Disabled, Integration, announce_model
 from goodtrace.integrations._common import warn as _warn
 from goodtrace.record.clocksync import OffsetSample, measure_offset
 from goodtrace.record.live import GatherHandle, LiveAggregator, LocalTransport, Transport
+from goodtrace.record.torch_values import cuda_barrier
 
 __all__ = [
     "GlooTransport",
@@ -283,6 +288,8 @@ class TorchIntegration(Integration):
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=group_timeout_s))
         if cuda_events and _cuda_in_use():
             self.cuda_timer = _CudaStepTimer(recorder)
+        if _cuda_in_use() and getattr(recorder, "device_barrier", False) is None:
+            recorder.device_barrier = cuda_barrier
         if peak_flops is None and _cuda_in_use():
             peak_flops = peak_flops_for(torch.cuda.get_device_name())
         self.peak_flops = peak_flops
@@ -397,6 +404,8 @@ class TorchIntegration(Integration):
             self.cuda_timer.poll(block=True)
 
     def _after_unhook(self) -> None:
+        if getattr(self.recorder, "device_barrier", None) is cuda_barrier:
+            self.recorder.device_barrier = None
         if self._compile_hooks is not None:
             try:
                 from torch._dynamo.callback import callback_handler

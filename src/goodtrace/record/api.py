@@ -2,8 +2,10 @@
 
 ``init`` discovers this process's identity and starts the recorder (or the shared no-op one
 when recording is off); the module-level functions forward to it. A SIGTERM handler (when the
-program has none), an exit hook and a fork hook make sure a recorder never outlives its
-process and never writes from a forked child.
+program has none), an exception hook, an exit hook and a fork hook make sure a recorder never
+outlives its process, says how the process ended, and never writes from a forked child. Only
+``finish()`` called by the program waits for pending device values; every other ending tests
+them once without waiting, so it is bounded even when the device never completes.
 """
 
 
@@ -28,6 +30,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _active_recorder: Recorder | NoopRecorder = NOOP_RECORDER
 _lock = threading.Lock()
+_restore_hooks: Callable[[], None] | None = None  # puts back the exception hooks init replaced
 
 
 def init(
@@ -80,6 +83,7 @@ def init(
         _active_recorder = Recorder(os.fspath(run_dir), config, identity, **kwargs)
         _active_recorder.activate()
         _install_sigterm_handler(_active_recorder)
+        _install_exception_hooks(_active_recorder)
         if resolved:
             from goodtrace.record.sinks import attach_sinks
 
@@ -125,7 +129,10 @@ def finish(completed: bool = True) -> bool:
     with _lock:
         rec = _active_recorder
         _active_recorder = NOOP_RECORDER
-    return rec.finish(completed)
+    try:
+        return rec.finish(completed)
+    finally:
+        _restore_exception_hooks()
 
 
 def flush(timeout: float | None = None) -> bool:
@@ -190,6 +197,59 @@ def _install_sigterm_handler(rec: Recorder) -> None:
             os.kill(os.getpid(), signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _qualified_name(kind: type[BaseException]) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _install_exception_hooks(rec: Recorder) -> None:
+    """An uncaught exception in the main thread ends the session with a finish record naming
+    it (``sys.excepthook``; the previous hook then runs as before). One in another thread does
+    not end the process: it becomes an ``uncaught_exception`` event. Both hooks are restored
+    by ``finish()`` (unless someone replaced them meanwhile); until then, once ``rec`` has
+    finished they only pass the exception on."""
+    global _restore_hooks
+    _restore_exception_hooks()
+    previous_sys = sys.excepthook
+    previous_threading = threading.excepthook
+
+    def on_exception(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        try:
+            if not rec.finished:
+                rec.finish(False, "exception", exception=_qualified_name(kind))
+        except Exception:
+            pass
+        previous_sys(kind, value, tb)
+
+    def on_thread_exception(args: Any) -> None:
+        try:
+            if not rec.finished and args.exc_type is not SystemExit:
+                thread = args.thread
+                rec.event("uncaught_exception", {
+                    "exception": _qualified_name(args.exc_type),
+                    "thread": None if thread is None else thread.name,
+                })
+        except Exception:
+            pass
+        previous_threading(args)
+
+    def restore() -> None:
+        if sys.excepthook is on_exception:
+            sys.excepthook = previous_sys
+        if threading.excepthook is on_thread_exception:
+            threading.excepthook = previous_threading
+
+    sys.excepthook = on_exception
+    threading.excepthook = on_thread_exception
+    _restore_hooks = restore
+
+
+def _restore_exception_hooks() -> None:
+    global _restore_hooks
+    restore, _restore_hooks = _restore_hooks, None
+    if restore is not None:
+        restore()
 
 
 def _at_exit() -> None:

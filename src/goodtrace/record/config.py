@@ -25,6 +25,10 @@ class Config:
 
     enabled: bool = True
     lag: int = 1
+    # How often the readiness thread tests pending completion values (0: never; a completion is
+    # then dated when goodtrace waits for it). A completion is dated at most one interval, plus
+    # the thread's wake-up delay, after it became ready.
+    poll_interval_s: float = 0.002
     flush_interval_s: float = 1.0
     gc_threshold_s: float = 0.001
     record_gc: bool = True
@@ -42,6 +46,8 @@ class Config:
         if not isinstance(self.enabled, bool):
             raise ConfigError(f"enabled must be a bool, got {self.enabled!r}")
         _check_int("lag", self.lag, minimum=0, maximum=1000)
+        if self.poll_interval_s != 0:
+            _check_float("poll_interval_s", self.poll_interval_s, minimum=0.0001, maximum=10)
         _check_float("flush_interval_s", self.flush_interval_s, minimum=0.001, maximum=3600)
         _check_float("gc_threshold_s", self.gc_threshold_s, minimum=0.0, maximum=3600)
         _check_int("max_buffer_records", self.max_buffer_records, minimum=1000, maximum=10**9)
@@ -75,6 +81,7 @@ class Config:
         """The configuration as written into each segment header."""
         return {
             "lag": self.lag,
+            "poll_interval_s": self.poll_interval_s,
             "flush_interval_s": self.flush_interval_s,
             "gc_threshold_s": self.gc_threshold_s,
             "overhead_categories": list(self.overhead_categories),

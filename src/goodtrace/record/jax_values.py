@@ -3,7 +3,8 @@
 A ``jax.Array`` is ready when ``Array.is_ready()`` says so (a non-blocking probe); waiting is
 ``Array.block_until_ready()``. Both work on every backend, CPU included, where dispatch is
 asynchronous too. A pytree of arrays (``JaxTree``, or any value JAX flattens) is ready when
-every leaf is. Importing this module also installs the JAX compile listeners
+every leaf is. The device barrier (before a blocking span in a step with no completion value
+yet) is :func:`device_barrier`. Importing this module also installs the JAX compile listeners
 (:func:`goodtrace.record.jax_compile.install`), so compilations are recorded from then on even
 when the program never calls ``install()`` itself.
 """
@@ -16,6 +17,19 @@ import jax
 
 from goodtrace.record import jax_compile
 from goodtrace.record.value_types import UnsupportedValue
+
+
+def device_barrier() -> None:
+    """Wait for everything JAX has dispatched so far: its ordered effects
+    (``jax.effects_barrier()``), then every live array that is not ready yet (a test of each
+    live array, a wait only for those still being computed)."""
+    jax.effects_barrier()  # type: ignore[no-untyped-call]
+    for array in jax.live_arrays():  # type: ignore[no-untyped-call]
+        try:
+            if not array.is_ready():
+                array.block_until_ready()
+        except Exception:  # deleted or donated meanwhile: nothing to wait for
+            continue
 
 
 def _array_ready(leaf: Any) -> bool | None:
@@ -45,6 +59,9 @@ class JaxArrayAdapter:
             )
         return value
 
+    def prepare_read(self, value: Any) -> Any:
+        return self.prepare(value)
+
     def ready(self, handle: Any) -> bool | None:
         return _array_ready(handle)
 
@@ -53,6 +70,10 @@ class JaxArrayAdapter:
 
     def to_float(self, handle: Any) -> float:
         return _scalar(handle)
+
+    def barrier(self, handle: Any) -> bool:
+        device_barrier()
+        return True
 
 
 class JaxTreeAdapter:
@@ -63,6 +84,9 @@ class JaxTreeAdapter:
     def prepare(self, value: Any) -> Any:
         tree = value.tree if isinstance(value, JaxTree) else value
         return [leaf for leaf in jax.tree_util.tree_leaves(tree) if isinstance(leaf, jax.Array)]
+
+    def prepare_read(self, value: Any) -> Any:
+        return self.prepare(value)
 
     def ready(self, handle: Any) -> bool | None:
         return all(_array_ready(leaf) is not False for leaf in handle)
@@ -75,6 +99,10 @@ class JaxTreeAdapter:
         if len(handle) != 1:
             raise UnsupportedValue(f"a metric must be a scalar, got a pytree of {len(handle)} arrays")
         return _scalar(handle[0])
+
+    def barrier(self, handle: Any) -> bool:
+        device_barrier()
+        return True
 
 
 class JaxTree:
@@ -96,6 +124,9 @@ class JaxTree:
 
     def __goodtrace_float__(self) -> float:
         return _TREE.to_float(self._handle)
+
+    def __goodtrace_barrier__(self) -> None:
+        device_barrier()
 
 
 _ARRAY = JaxArrayAdapter()

@@ -1,17 +1,22 @@
-"""One rank's recorder: steps with lagged completion, tags, events, metrics, and its lifecycle.
+"""One rank's recorder: step executions and their sync points, tags, events, metrics, and its
+lifecycle.
 
-Device values passed to ``complete_on`` / ``metric`` are kept as handles and observed only when
-that is free: when a later step ends (the lag), when a blocking span starts, or at ``finish()``.
-Records are tuples appended to the recorder's deque; the writer thread turns them into JSON
-lines. Spans themselves are in :mod:`goodtrace.record.spans` (the hot path). Nothing here
-raises into the training loop except a user's own exception inside a span, which is recorded
-and re-raised.
+Device values passed to ``complete_on`` / ``metric`` are kept as handles. A step's sync point
+is when its completion value became ready: the readiness thread
+(:mod:`goodtrace.record.readiness`) tests pending values without waiting and dates them; the
+training thread still observes (waits for) them when that is free, when a later step ends (the
+lag), when a blocking span starts, or at ``finish()``, and the earlier of the two dates the
+step, once. Each execution of a step (``seq``) has its own sync point. Records are tuples
+appended to the recorder's buffer; the writer thread turns them into JSON lines. Spans
+themselves are in :mod:`goodtrace.record.spans` (the hot path). Nothing here raises into the
+training loop except a user's own exception inside a span, which is recorded and re-raised.
 """
 
 from __future__ import annotations
 
 import collections
 import gc
+import itertools
 import os
 import threading
 import time
@@ -25,9 +30,10 @@ from goodtrace.record.arguments import MAX_NAME_CHARS, name_text, reduction, ste
 from goodtrace.record.config import Config
 from goodtrace.record.errors import describe, warn
 from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
+from goodtrace.record.readiness import Pending, PendingMetric, ReadinessThread
 from goodtrace.record.spans import NOOP_SPAN, span_key
 from goodtrace.record.storage import Storage, open_storage
-from goodtrace.record.values import ValueAdapter, adapter_for, finite_or_none
+from goodtrace.record.values import COMPLETE, ValueAdapter, adapter_for, finite_or_none, join_completions
 from goodtrace.record.writer import Writer
 
 _get_ident = threading.get_ident
@@ -43,14 +49,25 @@ def _version() -> str:
 
 
 class StepContext:
-    """``with gt.step(n) as s:`` sets the ambient step; ``s.complete_on(loss)`` marks its end."""
+    """``with gt.step(n) as s:`` sets the ambient step; ``s.complete_on(loss)`` marks its end.
 
-    __slots__ = ("_rec", "number", "t0")
+    One object per execution of a step: ``seq`` numbers executions in entry order within the
+    session, so a repeated or decreasing step number is still its own execution.
+    """
+
+    __slots__ = ("_rec", "barrier", "number", "seq", "sync", "t0")
 
     def __init__(self, rec: Recorder, number: int) -> None:
         self._rec = rec
         self.number = number
         self.t0 = 0
+        self.seq = -1  # also how many steps had ended when it began (steps do not nest): the lag
+        # None: no completion value yet; a Pending: its completion (a sync point once taken);
+        # True: its sync point is written (nothing more is added to it).
+        self.sync: Pending | bool | None = None
+        # A blocking span started in it before its completion value: the device barrier's
+        # instant (> 0), or -1 when there was no barrier to run.
+        self.barrier = 0
 
     def __enter__(self) -> StepContext:
         self._rec.begin_step(self)
@@ -60,22 +77,8 @@ class StepContext:
         self._rec.end_step(self)
 
     def complete_on(self, value: object) -> None:
-        """The step is complete when ``value`` is (observed lazily, with the lag)."""
-        self._rec.complete_on(value, step=self.number)
-
-
-class _Pending:
-    __slots__ = ("adapter", "handle", "metric", "ordinal", "step")
-
-    def __init__(
-        self, step: int | None, ordinal: int, adapter: ValueAdapter, handle: Any,
-        metric: tuple[str, str, int] | None,
-    ) -> None:
-        self.step = step
-        self.ordinal = ordinal  # how many steps had ended when its step began
-        self.adapter = adapter
-        self.handle = handle
-        self.metric = metric  # (name, reduce, t) for metric values, None for completions
+        """The step is complete when ``value`` is (dated when it became ready)."""
+        self._rec.complete_execution(self, self.number, value)
 
 
 class Recorder:
@@ -100,9 +103,25 @@ class Recorder:
         self.session = f"{time.time_ns():020d}-{identity.pid}-{uuid.uuid4().hex[:8]}"
         self._pid = identity.pid
         self._active_step: StepContext | None = None
+        self._last_step: StepContext | None = None  # the execution entered last
         self._steps_ended = 0
-        self._pending: collections.deque[_Pending] = collections.deque()
-        self._pending_lock = threading.RLock()
+        self._next_seq = itertools.count().__next__  # executions in entry order: 0, 1, 2, ...
+        # Values not observed yet, in order: completions and metrics. The training thread (or a
+        # thread starting a blocking span) takes them under _settle_lock; the readiness thread
+        # only tests watched completions and claims them (Pending.take), never waits on a lock.
+        self._pending: collections.deque[Pending] = collections.deque()
+        self._metrics: collections.deque[PendingMetric] = collections.deque()
+        self._settle_lock = threading.RLock()
+        self._observing: Pending | None = None  # the value the training thread is waiting for
+        self._polled_syncs: collections.deque[tuple[int | None, int, str]] = collections.deque()
+        self._uses_completions = False  # complete_on was called in this session
+        self._last_value: tuple[ValueAdapter, Any] | None = None  # latest device completion value
+        # A device barrier of the framework in use (set by the torch/JAX integrations): waits
+        # for everything dispatched so far. Without one, an earlier completion value's is used.
+        self.device_barrier: Callable[[], None] | None = None
+        self.readiness: ReadinessThread | None = None
+        if config.poll_interval_s > 0:
+            self.readiness = ReadinessThread(clock, config.poll_interval_s, self._on_ready)
         self._overhead = config.all_overhead_categories
         self.overhead_categories = self._overhead
         self._blocking = config.all_blocking_categories
@@ -157,6 +176,8 @@ class Recorder:
         """Make this the process's recorder: point the hot path at its buffer and clock."""
         spans.bind(self)
         self.writer.start()
+        if self.readiness is not None:
+            self.readiness.start()
         if self.config.record_gc:
             gc.callbacks.append(self._on_gc)
 
@@ -261,7 +282,8 @@ class Recorder:
         if self._active_step is not None:
             self._warn("nested-step", "a step began inside another step; steps do not nest")
         ctx.t0 = self.clock()
-        self._active_step = ctx
+        ctx.seq = self._next_seq()
+        self._active_step = self._last_step = ctx
         spans.set_step(ctx.number)
         for listener in self.step_begin_listeners:
             try:
@@ -271,13 +293,15 @@ class Recorder:
 
     def end_step(self, ctx: StepContext) -> None:
         t1 = self.clock()
-        self.buffer.append((schema.STEP, ctx.number, ctx.t0, t1))
+        self.buffer.append((schema.STEP, ctx.number, ctx.t0, t1, ctx.seq))
         if self._active_step is ctx:
             self._active_step = None
         self._steps_ended += 1
-        if self._pending:
-            try:
-                self._settle_lagged(ctx.number)
+        if ctx.barrier:
+            self._end_after_blocking_span(ctx)
+        if self._pending or self._metrics:  # (a completion stays pending until its lag passes:
+            try:  # sync points the readiness thread wrote reach the sync listeners here)
+                self._settle_lagged(ctx)
             except Exception as exc:
                 self._warn("settle", f"internal error while observing step values: {exc!r}")
         for listener in self.step_listeners:
@@ -286,20 +310,62 @@ class Recorder:
             except Exception as exc:
                 self._warn(f"listener:{listener!r}", f"a step listener failed: {exc!r}")
 
+    def _execution(self, step: int | None) -> StepContext | None:
+        """The execution a value of ``step`` (None: the current one) belongs to: the active
+        one, else the last one entered, when its number matches."""
+        ctx = self._active_step or self._last_step
+        if ctx is not None and (step is None or step == ctx.number):
+            return ctx
+        return None
+
     def complete_on(self, value: object, step: int | None = None) -> None:
         step = self._step_argument(step)
-        number = self.current_step if step is None else step
+        ctx = self._execution(step)
+        self.complete_execution(ctx, self.current_step if step is None else step, value)
+
+    def complete_execution(self, ctx: StepContext | None, number: int | None, value: object) -> None:
+        """``value`` completes execution ``ctx`` (of step ``number``): its sync point is when
+        the value became ready. Exactly one sync point per execution: values passed after it
+        was written add nothing; a second value before that joins the first."""
         try:
             adapter = adapter_for(value)
+            self._uses_completions = True
+            state = None if ctx is None else ctx.sync
+            if state is True or (isinstance(state, Pending) and not state.claim):
+                return  # its sync point is already written
             if adapter.host:
-                self._sync(number, self.clock(), schema.SYNC_HOST)
+                if state is None:  # a device value already pending decides when it completes
+                    if ctx is not None:
+                        ctx.sync = True
+                    self._sync(number, None if ctx is None else ctx.seq, self.clock(), schema.SYNC_HOST)
                 return
             handle = adapter.prepare(value)
         except Exception as exc:
             self._warn(f"complete_on:{type(value)}", f"complete_on ignored: {describe(exc)}")
             return
-        with self._pending_lock:
-            self._pending.append(_Pending(number, self._steps_ended, adapter, handle, None))
+        watch = handle is not COMPLETE
+        if not watch:  # complete on arrival (a CPU tensor): dated when its step ends
+            adapter, handle = _ARRIVED, None
+        if state is not None:  # a second value of this step: complete when both are
+            if isinstance(state, Pending):
+                state.value = join_completions(state.value, (adapter, handle))
+            return
+        pair = (adapter, handle)
+        if watch:
+            self._last_value = pair  # its type's barrier serves later blocking spans
+            if ctx is not None and ctx.barrier and self._complete_after_blocking_span(ctx, adapter, handle):
+                return
+        if ctx is None:
+            entry = Pending(None, number, None, self._steps_ended, pair)
+        else:
+            entry = ctx.sync = Pending(ctx, number, ctx.seq, ctx.seq, pair)
+        self._pending.append(entry)
+        if watch:
+            readiness = self.readiness
+            if readiness is not None:  # ReadinessThread.watch, inlined (hot path)
+                readiness.watched[entry] = None
+                if readiness.idle:
+                    readiness.wake()
 
     def metric(self, name: str, value: object, reduce: str = "mean", step: int | None = None) -> None:
         if type(name) is not str or len(name) > MAX_NAME_CHARS:
@@ -317,21 +383,51 @@ class Recorder:
             if adapter.host:
                 self._metric(name, number, finite_or_none(adapter.to_float(value)), reduce, t)
                 return
-            handle = adapter.prepare(value)
+            handle = adapter.prepare_read(value)
         except Exception as exc:
             self._warn(f"metric:{name}", f"metric {describe(name)} not recorded: {describe(exc)}")
             return
-        ordinal = self._steps_ended if self._active_step is not None else self._steps_ended - 1
-        with self._pending_lock:
-            self._pending.append(_Pending(number, ordinal, adapter, handle, (name, reduce, t)))
+        ctx = self._active_step
+        if ctx is not None:
+            ordinal = ctx.seq
+        else:
+            ordinal = self._steps_ended - 1
+            ctx = self._last_step
+        self._metrics.append(PendingMetric(
+            ctx if step is None or (ctx is not None and step == ctx.number) else None,
+            number, ordinal, (adapter, handle), (name, reduce, t),
+        ))
 
-    def _sync(self, step: int | None, t: int, how: str) -> None:
-        self.buffer.append((schema.SYNC, step, t, how))
+    # ------------------------------------------------------------------ sync points
+    def _sync(self, step: int | None, seq: int | None, t: int, how: str, after: int | None = None) -> None:
+        self.buffer.append((schema.SYNC, step, t, how, seq, after))
         for listener in self.sync_listeners:
             try:
                 listener(step, t, how)
             except Exception as exc:
                 self._warn(f"listener:{listener!r}", f"a sync listener failed: {exc!r}")
+
+    def _on_ready(self, entry: Pending, t: int) -> None:
+        """The readiness thread found ``entry`` complete at ``t`` and claimed it (its thread).
+        When the training thread had seen it complete earlier (it published that time just
+        before trying to claim the entry itself), that earlier time is the sync point."""
+        how = schema.SYNC_POLL
+        observed = entry.observed
+        if observed is not None and observed[0] < t:
+            t, how = observed
+        self.buffer.append((schema.SYNC, entry.step, t, how, entry.seq, entry.not_ready_t or None))
+        if self.sync_listeners:  # listeners run in the training thread, at its next step end
+            self._polled_syncs.append((entry.step, t, how))
+
+    def _notify_polled(self) -> None:
+        polled = self._polled_syncs
+        while polled:
+            step, t, how = polled.popleft()
+            for listener in self.sync_listeners:
+                try:
+                    listener(step, t, how)
+                except Exception as exc:
+                    self._warn(f"listener:{listener!r}", f"a sync listener failed: {exc!r}")
 
     def _metric(self, name: str, step: int | None, value: float | None, reduce: str, t: int) -> None:
         self.buffer.append((schema.METRIC, name, step, value, reduce, t))
@@ -341,44 +437,169 @@ class Recorder:
             except Exception as exc:
                 self._warn(f"listener:{listener!r}", f"a metric listener failed: {exc!r}")
 
-    def _settle_lagged(self, ended_step: int) -> None:
-        lag = self.config.lag
-        ended = self._steps_ended
-        with self._pending_lock:
+    def _settle_lagged(self, ctx: StepContext) -> None:
+        """At the end of step execution ``ctx``: observe the values ``lag`` steps old."""
+        with self._settle_lock:
+            if self._polled_syncs:
+                self._notify_polled()
+            lag = self.config.lag
+            ended = self._steps_ended
             pending = self._pending
             while pending and ended - pending[0].ordinal > lag:
                 self._observe(pending.popleft(), schema.SYNC_LAG)
             # The step that just ended: if the loop already synchronised on its value (it logged
-            # the loss inside the step, say), its sync point is now. This probe never waits.
-            for entry in list(pending):
-                if (entry.ordinal == ended - 1 and entry.metric is None and entry.step == ended_step
-                        and entry.adapter.ready(entry.handle) is True):
-                    pending.remove(entry)
-                    self._sync(entry.step, self.clock(), schema.SYNC_READY)
+            # the loss inside the step, say), its sync point is now at the latest.
+            entry = ctx.sync
+            if isinstance(entry, Pending) and entry.claim:
+                adapter, handle = entry.value
+                if adapter.ready(handle) is True:
+                    t = self.clock()
+                    entry.observed = (t, schema.SYNC_READY)
+                    seen = entry.seen_t
+                    if entry.take():
+                        if seen and seen < t:
+                            self._sync(entry.step, entry.seq, seen, schema.SYNC_POLL, entry.not_ready_t or None)
+                        else:
+                            self._sync(entry.step, entry.seq, t, schema.SYNC_READY, entry.not_ready_t or None)
+            if self._metrics:
+                self._read_metrics(ended - lag, wait=False)
+
+    def _read_metrics(self, before_ordinal: int | None, *, wait: bool) -> None:
+        """Record the metric values of steps that began before ``before_ordinal`` steps had
+        ended (None: all), in order. A value not complete yet is read
+        only when ``wait``, or when its step's completion has been observed (its copy was queued
+        right after that step's work: microseconds); else it and those after it wait for the
+        next call. Reading never touches the device (see ``torch_values``)."""
+        metrics = self._metrics
+        while metrics and (before_ordinal is None or metrics[0].ordinal < before_ordinal):
+            entry = metrics[0]
+            adapter, handle = entry.value
+            if not wait and not _completed(entry.ctx):
+                try:
+                    if adapter.ready(handle) is False:
+                        return
+                except Exception:
+                    pass
+            metrics.popleft()
+            name, reduce, t = entry.metric
+            try:
+                value = finite_or_none(adapter.to_float(handle))
+            except Exception as exc:
+                self._warn(f"observe:{type(exc)}", f"could not read metric {name!r} of step {entry.step}: {exc!r}")
+                continue
+            self._metric(name, entry.step, value, reduce, t)
 
     def settle(self, how: str = schema.SYNC_BLOCKING) -> None:
-        """Observe every pending value now (blocking spans, finish)."""
-        if not self._pending:
-            return
+        """Observe every pending value now, waiting for each (blocking spans, finish).
+
+        At the start of a blocking span (``how`` = blocking) inside a step whose completion
+        value has not been passed yet, the device barrier then runs: see
+        :meth:`_barrier_before_span`. Metric values are read when complete (at finish: waited
+        for)."""
         try:
-            with self._pending_lock:
-                while self._pending:
-                    self._observe(self._pending.popleft(), how)
+            with self._settle_lock:
+                if self._polled_syncs:
+                    self._notify_polled()
+                pending = self._pending
+                while pending:
+                    self._observe(pending.popleft(), how)
+                if self._metrics:
+                    self._read_metrics(None, wait=how is not schema.SYNC_BLOCKING)
+                if how is schema.SYNC_BLOCKING:
+                    ctx = self._active_step
+                    if ctx is not None and ctx.sync is None and not ctx.barrier:
+                        self._barrier_before_span(ctx)
         except Exception as exc:
             self._warn("settle", f"internal error while observing step values: {exc!r}")
 
-    def _observe(self, entry: _Pending, how: str) -> None:
+    def _observe(self, entry: Pending, how: str) -> None:
+        """Wait for a completion value (unless the readiness thread dated it) and write its
+        sync point: the earlier of when this thread saw it complete and when the readiness
+        thread did."""
+        if not entry.claim:
+            return
+        adapter, handle = entry.value
+        self._observing = entry  # a signal handler ending the process counts it if undated
         try:
-            if entry.metric is not None:
-                name, reduce, t = entry.metric
-                value = finite_or_none(entry.adapter.to_float(entry.handle))
-                self._metric(name, entry.step, value, reduce, t)
-                return
-            entry.adapter.wait(entry.handle)
-            self.observations += 1
-            self._sync(entry.step, self.clock(), how)
+            adapter.wait(handle)
         except Exception as exc:
             self._warn(f"observe:{type(exc)}", f"could not observe a value of step {entry.step}: {exc!r}")
+            return
+        finally:
+            self._observing = None
+        t = self.clock()
+        entry.observed = (t, how)  # for the readiness thread, should it claim the entry first
+        seen = entry.seen_t
+        if entry.take():
+            self.observations += 1
+            if seen and seen < t:
+                t, how = seen, schema.SYNC_POLL
+            self._sync(entry.step, entry.seq, t, how, entry.not_ready_t or None)
+
+    # ------------------------------------------------------------------ blocking spans
+    def _run_barrier(self) -> bool:
+        """The framework's device barrier, else the one of the latest completion value's type."""
+        if self.device_barrier is not None:
+            self.device_barrier()
+            return True
+        last = self._last_value
+        if last is None:
+            return False
+        adapter, handle = last
+        return bool(adapter.barrier(handle))
+
+    def _barrier_before_span(self, ctx: StepContext) -> None:
+        """A blocking span starts in ``ctx`` before its completion value was passed (the
+        checkpoint sits before ``complete_on``): wait for the device first, so that the span
+        never measures the wait for this step. The barrier's instant becomes the step's sync
+        point when the value passed later turns out complete (it was dispatched before the
+        span), or when the step ends without one in a loop that passes completion values."""
+        try:
+            ran = self._run_barrier()
+        except Exception as exc:
+            self._warn("barrier", f"the device barrier before a blocking span failed: {exc!r}")
+            ran = False
+        ctx.barrier = self.clock() if ran else -1
+
+    def _complete_after_blocking_span(self, ctx: StepContext, adapter: ValueAdapter, handle: Any) -> bool:
+        """``complete_on`` in a step where a blocking span already started: True when that
+        settles the step's sync point (no pending value needed)."""
+        barrier, ctx.barrier = ctx.barrier, 0
+        try:
+            state = adapter.ready(handle)
+        except Exception:
+            state = None
+        if state is False:
+            return False  # dispatched after the span: the readiness check dates it as usual
+        if barrier > 0:  # complete now: it was complete at the barrier, before the span
+            ctx.sync = True
+            self._sync(ctx.number, ctx.seq, barrier, schema.SYNC_BARRIER)
+            return True
+        self._warn_unbarriered(ctx)
+        ctx.sync = True
+        self._sync(ctx.number, ctx.seq, self.clock(), schema.SYNC_READY)
+        return True
+
+    def _end_after_blocking_span(self, ctx: StepContext) -> None:
+        """A step with a blocking span ends: its barrier instant is its sync point when no
+        value was passed (in a loop that passes them; a host-timed loop has none)."""
+        barrier, ctx.barrier = ctx.barrier, 0
+        if ctx.sync is not None or not self._uses_completions:
+            return
+        if barrier > 0:
+            ctx.sync = True
+            self._sync(ctx.number, ctx.seq, barrier, schema.SYNC_BARRIER)
+        else:
+            self._warn_unbarriered(ctx)
+
+    def _warn_unbarriered(self, ctx: StepContext) -> None:
+        self._warn(
+            "unbarriered-span",
+            f"a blocking span started in step {ctx.number} before its complete_on, and goodtrace "
+            "has no device barrier for this value type, so the span may include the wait for the "
+            "step and the step's end cannot be dated; call complete_on before the span (or use "
+            "goodtrace.integrations.torch/jax.instrument(), or register_value_type(..., barrier=))",
+        )
 
     # ------------------------------------------------------------------ tags, events
     def tag(self, name: str, step: int | None = None) -> None:
@@ -411,7 +632,15 @@ class Recorder:
             self._warn("flush-timeout", f"flush(): {problem}")
         return self.writer.flush(seconds)
 
-    def finish(self, completed: bool | None, reason: str = "finish") -> bool:
+    def finish(self, completed: bool | None, reason: str = "finish", exception: str | None = None) -> bool:
+        """Write the finish record, flush and close the files.
+
+        ``reason`` "finish" (the program called ``finish()``) waits for every pending value
+        first. Any other ending (a signal, an uncaught exception, interpreter exit) waits for
+        nothing: pending values are tested once without waiting, those complete are dated, the
+        rest are counted in an ``undated_values`` event, so shutdown is bounded even when the
+        device never completes.
+        """
         if self.finished or os.getpid() != self._pid:
             return False
         if completed is not None and completed is not True and completed is not False:
@@ -423,11 +652,19 @@ class Recorder:
                 listener(completed, reason)
             except Exception as exc:
                 self._warn(f"listener:{listener!r}", f"a finish listener failed: {exc!r}")
-        self.settle(schema.SYNC_FINISH)
-        if self._active_step is not None:
+        if reason == "finish":
+            self.settle(schema.SYNC_FINISH)
+        if self.readiness is not None:
+            self.readiness.stop(0.1 if reason == "finish" else 0.05)
+        if reason != "finish":
+            self._settle_without_waiting()
+        ctx = self._active_step or self._last_step
+        if ctx is not None and ctx.barrier:
+            self._end_after_blocking_span(ctx)
+        if self._active_step is not None and reason == "finish":
             self._warn("finish-in-step", "finish() called inside a step")
         self.finished = True
-        self.buffer.append((schema.FINISH, completed, self.clock(), reason))
+        self.buffer.append((schema.FINISH, completed, self.clock(), reason, exception))
         spans.unbind(self)
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
@@ -439,13 +676,55 @@ class Recorder:
                 self._warn(f"listener:{listener!r}", f"an after-finish listener failed: {exc!r}")
         return closed
 
+    def _settle_without_waiting(self) -> None:
+        """At a signal, crash or exit: date what is complete now, count the rest, wait for
+        nothing (no lock either: this may run in a signal handler that interrupted a wait)."""
+        undated_steps: list[int | None] = []
+        unread = 0
+        try:
+            observing = self._observing  # popped, and waited for when a signal interrupted
+            for entry in ([observing] if observing is not None else []) + list(self._pending):
+                if not entry.claim:
+                    continue
+                adapter, handle = entry.value
+                try:
+                    state = adapter.ready(handle)
+                except Exception:
+                    state = None
+                if entry.take():
+                    if state is True:
+                        self._sync(entry.step, entry.seq, self.clock(), schema.SYNC_FINISH, entry.not_ready_t or None)
+                    else:
+                        undated_steps.append(entry.step)
+            self._pending.clear()
+            for metric in list(self._metrics):
+                adapter, handle = metric.value
+                try:
+                    if adapter.ready(handle) is True:
+                        name, reduce, t = metric.metric
+                        self._metric(name, metric.step, finite_or_none(adapter.to_float(handle)), reduce, t)
+                        continue
+                except Exception:
+                    pass
+                unread += 1
+            self._metrics.clear()
+        except Exception as exc:
+            self._warn("settle", f"internal error while dating step values at exit: {exc!r}")
+        if undated_steps or unread:
+            self.event("undated_values", {
+                "completions": len(undated_steps), "metrics": unread,
+                "steps": undated_steps[:100],
+            })
+
     def after_fork_in_child(self) -> None:
         """In a forked child: never write into the parent's files, never take its locks."""
         self.finished = True
         self._pid = -1
         self.buffer = collections.deque(maxlen=1)
         self._pending = collections.deque()
-        self._pending_lock = threading.RLock()
+        self._metrics = collections.deque()
+        self._settle_lock = threading.RLock()
+        self.readiness = None  # its thread does not exist in the child
         spans.disable_after_fork(self, self.buffer)
         try:
             gc.callbacks.remove(self._on_gc)
@@ -456,6 +735,33 @@ class Recorder:
     def dropped_records(self) -> int:
         return self.writer.dropped_records
 
+
+
+class _Arrived:
+    """A completion value that was complete when passed (a CPU tensor): dated when its step
+    ends, never polled."""
+
+    host = False
+
+    def ready(self, handle: Any) -> bool | None:
+        return True
+
+    def wait(self, handle: Any) -> None:
+        return None
+
+    def barrier(self, handle: Any) -> bool:
+        return False
+
+
+_ARRIVED: Any = _Arrived()
+
+
+def _completed(ctx: StepContext | None) -> bool:
+    """Whether execution ``ctx``'s sync point is written."""
+    if ctx is None:
+        return False
+    state = ctx.sync
+    return state is True or (isinstance(state, Pending) and not state.claim)
 
 
 class NoopRecorder:
@@ -496,7 +802,7 @@ class NoopRecorder:
     def flush(self, timeout: float | None = None) -> bool:
         return True
 
-    def finish(self, completed: bool | None, reason: str = "finish") -> bool:
+    def finish(self, completed: bool | None, reason: str = "finish", exception: str | None = None) -> bool:
         return True
 
     def after_fork_in_child(self) -> None:

@@ -2,9 +2,21 @@
 
 A CPU tensor is complete on arrival: its step's sync point is the end of that step ("ready"),
 and a scalar's value is read when it is passed (a CPU ``item()`` costs a microsecond and never
-waits), so a later in-place update cannot change what was recorded. For a CUDA tensor, ``prepare`` records a CUDA event on the
-current stream (no synchronisation); readiness is ``event.query()`` and waiting is
-``event.synchronize()``, so observing a step never syncs more than the loop itself does.
+waits), so a later in-place update cannot change what was recorded.
+
+A CUDA tensor never makes goodtrace synchronise the device:
+
+- as a step's completion, ``prepare`` records a CUDA event on the tensor's current stream and
+  keeps only that event (not the tensor); readiness is ``event.query()``, waiting (at the lag,
+  a blocking span or ``finish()``) is ``event.synchronize()``, which waits for that event alone,
+  never for work queued after it;
+- as a metric, ``prepare_read`` starts a non-blocking copy into pinned host memory and records
+  an event after it; the number is read from host memory once that event has completed (never
+  ``.item()`` on the device tensor, which would wait for the whole stream).
+
+The device barrier (before a blocking span in a step with no completion value yet) waits for
+an event recorded on the current stream: everything queued there so far, and nothing that
+another stream or a later call queues.
 """
 
 from __future__ import annotations
@@ -13,7 +25,16 @@ from typing import Any
 
 import torch
 
-from goodtrace.record.value_types import HostNumber, UnsupportedValue
+from goodtrace.record.value_types import COMPLETE, HostNumber, UnsupportedValue
+
+
+def cuda_barrier(device: Any = None) -> None:
+    """Wait for the work queued so far on ``device``'s current CUDA stream (an event on the
+    stream, then waiting for that event; ``torch.cuda.synchronize`` would wait for every
+    stream and counts as a synchronising call under ``torch.cuda.set_sync_debug_mode``)."""
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    event.record(torch.cuda.current_stream(device))
+    event.synchronize()
 
 
 class _CpuTensor(HostNumber):
@@ -28,26 +49,45 @@ class _CpuTensor(HostNumber):
 _HOST_FLOAT = HostNumber()  # a CPU scalar already read into a Python float
 
 
-class _CudaTensor:
+class _CudaCompletion:
+    """A step's completion on CUDA: the handle is one event, recorded after the value's work."""
+
     host = False
 
-    def prepare(self, value: Any) -> Any:
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record(torch.cuda.current_stream(value.device))
-        return (event, value)
-
     def ready(self, handle: Any) -> bool | None:
-        return bool(handle[0].query())
+        return bool(handle.query())
 
     def wait(self, handle: Any) -> None:
-        handle[0].synchronize()
+        handle.synchronize()
 
     def to_float(self, handle: Any) -> float:
-        event, value = handle
-        event.synchronize()
-        if value.numel() != 1:
-            raise UnsupportedValue(f"a metric must be a scalar tensor, got shape {tuple(value.shape)}")
-        return float(value.detach().item())
+        raise UnsupportedValue("a completion handle holds no value")
+
+    def barrier(self, handle: Any) -> bool:
+        cuda_barrier(handle.device)
+        return True
+
+
+class _CudaRead:
+    """A metric on CUDA: ``(host copy, event after the copy)``; read once the event is done."""
+
+    host = False
+
+    def ready(self, handle: Any) -> bool | None:
+        return bool(handle[1].query())
+
+    def wait(self, handle: Any) -> None:
+        handle[1].synchronize()
+
+    def to_float(self, handle: Any) -> float:
+        host, event = handle
+        if not event.query():
+            event.synchronize()  # only reached when goodtrace chose to wait (finish, or the lag)
+        return float(host.item())  # host memory: no device call
+
+    def barrier(self, handle: Any) -> bool:
+        cuda_barrier(handle[1].device)
+        return True
 
 
 class _AnyTensor:
@@ -55,12 +95,29 @@ class _AnyTensor:
 
     host = False
     _cpu = _CpuTensor()
-    _cuda = _CudaTensor()
+    _cuda = _CudaCompletion()
+    _cuda_read = _CudaRead()
 
     def prepare(self, value: Any) -> Any:
+        if value.device.type == "cuda":
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(torch.cuda.current_stream(value.device))
+            return (self._cuda, event)
+        if value.device.type == "cpu":
+            return COMPLETE
+        return (self._cpu, value)  # other devices (mps, xla, meta): as before, treated as done
+
+    def prepare_read(self, value: Any) -> Any:
         device = value.device.type
         if device == "cuda":
-            return (self._cuda, self._cuda.prepare(value))
+            if value.numel() != 1:  # metadata only: no device access
+                raise UnsupportedValue(f"a metric must be a scalar tensor, got shape {tuple(value.shape)}")
+            # non_blocking to the CPU allocates the destination in pinned memory, so the copy is
+            # asynchronous; the event after it says when the host copy holds the number.
+            host = value.detach().to("cpu", non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(torch.cuda.current_stream(value.device))
+            return (self._cuda_read, (host, event))
         if device == "cpu" and value.numel() == 1:
             return (_HOST_FLOAT, float(value.detach().item()))
         return (self._cpu, value)
@@ -76,6 +133,10 @@ class _AnyTensor:
     def to_float(self, handle: Any) -> float:
         adapter, inner = handle
         return adapter.to_float(inner)  # type: ignore[no-any-return]
+
+    def barrier(self, handle: Any) -> bool:
+        adapter, inner = handle
+        return adapter.barrier(inner)  # type: ignore[no-any-return]
 
 
 def adapter_for_value(value: Any) -> Any:

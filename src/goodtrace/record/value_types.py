@@ -7,25 +7,57 @@ all build on it, and it imports none of them.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 
 class ValueAdapter(Protocol):
-    """How goodtrace handles one kind of value. ``prepare`` runs on the hot path (cheap)."""
+    """How goodtrace handles one kind of value.
+
+    ``prepare`` (a step's completion value) and ``prepare_read`` (a metric value) run on the
+    training thread's hot path and must be cheap and never wait. ``ready`` must never wait
+    either, and is also called from goodtrace's readiness thread (``goodtrace-ready``), so it
+    must be safe to call from any thread. ``wait``, ``to_float`` and ``barrier`` may wait.
+    """
 
     host: bool  # True: complete on arrival, never waits
 
-    def prepare(self, value: Any) -> Any: ...
+    def prepare(self, value: Any) -> Any:
+        """A handle on a step's completion value (or :data:`COMPLETE`)."""
+        ...
 
-    def ready(self, handle: Any) -> bool | None: ...
+    def prepare_read(self, value: Any) -> Any:
+        """A handle from which ``to_float`` reads the value later (a metric)."""
+        ...
+
+    def ready(self, handle: Any) -> bool | None:
+        """Whether the value is complete now, without waiting; None: cannot tell."""
+        ...
 
     def wait(self, handle: Any) -> None: ...
 
     def to_float(self, handle: Any) -> float: ...
 
+    def barrier(self, handle: Any) -> bool:
+        """Wait for all work dispatched so far on the device that produced ``handle``'s value
+        (before a blocking span of a step with no completion value yet). False: no barrier."""
+        ...
+
 
 class UnsupportedValue(TypeError):
     """The value is of a type goodtrace cannot wait on or read."""
+
+
+class _Complete:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "COMPLETE"
+
+
+# What ``prepare`` returns for a value that is complete on arrival although its type may not be
+# (a CPU tensor: torch tensors share one type whatever their device). Its step's sync point is
+# then taken when the step ends ("ready"), as for a loop that synchronised itself.
+COMPLETE: Final = _Complete()
 
 
 class HostNumber:
@@ -36,6 +68,9 @@ class HostNumber:
     def prepare(self, value: Any) -> Any:
         return value
 
+    def prepare_read(self, value: Any) -> Any:
+        return value
+
     def ready(self, handle: Any) -> bool | None:
         return True
 
@@ -44,3 +79,6 @@ class HostNumber:
 
     def to_float(self, handle: Any) -> float:
         return float(handle)
+
+    def barrier(self, handle: Any) -> bool:
+        return False

@@ -60,6 +60,12 @@ def _sanitise(value: Any, depth: int = 0, cut: int | None = None) -> Any:
     return describe(value, 1000)
 
 
+def _extra(record: tuple[Any, ...], index: int, field: str) -> str:
+    """``,"field":N`` for an optional integer field at ``record[index]`` (absent or None: "")."""
+    value = record[index] if len(record) > index else None
+    return "" if value is None else f',"{field}":{int(value)}'
+
+
 class _Encoder:
     """Encodes record tuples to JSON lines; caches the JSON form of repeated strings."""
 
@@ -93,12 +99,15 @@ class _Encoder:
                 f'"step":{self.step(step)},"tid":{tid},"err":{"false" if exc_type is None else "true"},'
                 f'"attrs":{attrs_json}}}\n'
             )
-        if kind is schema.STEP:
-            _, step, t0, t1 = record
-            return f'{{"kind":"step","step":{self.step(step)},"t0":{t0},"t1":{t1}}}\n'
-        if kind is schema.SYNC:
-            _, step, t, how = record
-            return f'{{"kind":"sync","step":{self.step(step)},"t":{t},"how":{s(how)}}}\n'
+        if kind is schema.STEP:  # (STEP, step, t0, t1[, seq])
+            step, t0, t1 = record[1:4]
+            return f'{{"kind":"step","step":{self.step(step)},"t0":{t0},"t1":{t1}{_extra(record, 4, "seq")}}}\n'
+        if kind is schema.SYNC:  # (SYNC, step, t, how[, seq[, after]])
+            step, t, how = record[1:4]
+            return (
+                f'{{"kind":"sync","step":{self.step(step)},"t":{t},"how":{s(how)}'
+                f'{_extra(record, 4, "seq")}{_extra(record, 5, "after")}}}\n'
+            )
         if kind is schema.TAG:
             _, step, name, t = record
             return f'{{"kind":"tag","step":{self.step(step)},"name":{s(name)},"t":{t}}}\n'
@@ -121,11 +130,13 @@ class _Encoder:
                 f'{{"kind":"clock","offset_ns":{int(offset)},"rtt_ns":{int(rtt)},'
                 f'"attrs":{{"reference_rank":{int(reference)}}},"t":{t}}}\n'
             )
-        if kind is schema.FINISH:
-            _, completed, t, reason = record
+        if kind is schema.FINISH:  # (FINISH, completed, t, reason[, exception])
+            completed, t, reason = record[1:4]
+            exception = record[4] if len(record) > 4 else None
+            crash = "" if exception is None else f',"exception":{s(exception)}'
             return (
                 f'{{"kind":"finish","completed":{_dumps(completed)},"t":{t},'
-                f'"reason":{s(reason)}}}\n'
+                f'"reason":{s(reason)}{crash}}}\n'
             )
         raise ValueError(f"unknown record kind {kind!r}")
 
