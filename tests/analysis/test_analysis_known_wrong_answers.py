@@ -5,6 +5,7 @@ it right. Some record through the real API with a fake clock and a fake asynchro
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,8 @@ import goodtrace as gt
 from goodtrace.analysis import analyze
 from goodtrace.testing import FakeClock
 from helpers.builders import Proc, buckets_s, load
+from helpers.shapes import MS, bound_ns, buckets, done_ns, retried
+from helpers.views import assert_views_agree
 
 DATA = Path(__file__).parent.parent / "data" / "runs"
 
@@ -97,12 +100,29 @@ def test_eval_time_is_not_missing_from_all_steps(tmp_path: Path) -> None:
 
 
 def test_an_idle_tail_after_the_last_step_is_not_productive(tmp_path: Path) -> None:
-    p = Proc(tmp_path)
-    p.loop(range(3), 0.0)
-    p.heartbeat(30.0)
-    p.finish(60.0)
-    p.write()
-    assert buckets_s(analyze(load(tmp_path)).partition) == {"productive": 3.0, "teardown": 57.0}
+    """The real recorder in a child process on the simulated device: the last step's value is
+    looked at only at finish(), 360 ms after the device finished it. Its completion must be
+    dated when it became ready, so the tail is teardown (tolerance: see helpers.shapes)."""
+    def check(truth: dict[str, Any], report: dict[str, Any]) -> list[str]:
+        b = bound_ns(truth)
+        ends = done_ns(truth)
+        tail_truth = truth["device"][-1]["done_ns"]
+        misses = []
+        steps = report["steps"]
+        last = steps[-1]
+        if abs(last["step_time_s"] * 1e9 - (ends[-1] - ends[-2])) > b:
+            misses.append(f"last step {last['step_time_s']:.4f} s, device {(ends[-1] - ends[-2]) / 1e9:.4f} s")
+        teardown = buckets(report).get("teardown", 0)
+        finish_t = report["attempts"][0]["end_wall_ns"]
+        if teardown < 340 * MS:  # the 360 ms idle tail (and the finish) after the last completion
+            misses.append(f"teardown {teardown / 1e6:.1f} ms < 340 ms")
+        if report["attempts"][0]["ended"] != "completed" or finish_t <= 0 or tail_truth is None:
+            misses.append(f"ended {report['attempts'][0]['ended']}")
+        return misses
+
+    run_dir, _, report = retried("idle_tail", tmp_path, check)
+    assert_views_agree(run_dir)
+    assert report["goodput"] < 0.5  # 8 x 40 ms productive of well over 0.7 s
 
 
 def test_steps_logged_every_tenth_step_do_not_count_as_zero(tmp_path: Path) -> None:

@@ -13,9 +13,6 @@ as the other timing tests do. Every view must show the same step executions, to 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,69 +21,8 @@ import pytest
 from goodtrace.analysis import analyze
 from goodtrace.read.load import load_run
 from goodtrace.renderers.html import report_data
+from helpers.shapes import MS, bound_ns, buckets, done_ns, retried, run_shape
 from helpers.views import assert_views_agree
-
-LOOPS = Path(__file__).resolve().parents[1] / "helpers" / "loops.py"
-MS = 1_000_000
-
-
-def run_shape(shape: str, tmp: Path, attempt: int = 0) -> tuple[Path, dict[str, Any], dict[str, Any]]:
-    """Run a loop shape in a child; (run dir, ground truth, report --json)."""
-    run_dir, log = tmp / f"{shape}-{attempt}", tmp / f"{shape}-{attempt}.json"
-    child = subprocess.run([sys.executable, str(LOOPS), shape, str(run_dir), str(log)],
-                           capture_output=True, text=True, timeout=120)
-    truth = json.loads(log.read_text())
-    truth["returncode"], truth["stderr"] = child.returncode, child.stderr
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir), "--json"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return run_dir, truth, json.loads(done.stdout)
-
-
-def bound_ns(truth: dict[str, Any]) -> int:
-    return int(truth["poll_ns"]) + int(truth["slack_ns"]) + 2 * MS
-
-
-def retried(shape: str, tmp: Path, check: Any) -> tuple[Path, dict[str, Any], dict[str, Any]]:
-    """Run ``shape`` until ``check(truth, report)`` returns no misses (at most three runs)."""
-    misses: list[str] = []
-    for attempt in range(3):
-        run_dir, truth, report = run_shape(shape, tmp, attempt)
-        misses = check(truth, report)
-        if not misses:
-            return run_dir, truth, report
-    raise AssertionError(f"{shape}: " + "; ".join(misses))
-
-
-def buckets(report: dict[str, Any]) -> dict[str, int]:
-    return {k: v["ns"] for k, v in report["partition"]["buckets"].items() if v["ns"]}
-
-
-def done_ns(truth: dict[str, Any]) -> list[int]:
-    return [k["done_ns"] for k in truth["device"]]
-
-
-def test_idle_tail_after_the_last_step_is_teardown(tmp_path: Path) -> None:
-    def check(truth: dict[str, Any], report: dict[str, Any]) -> list[str]:
-        b = bound_ns(truth)
-        ends = done_ns(truth)
-        tail_truth = truth["device"][-1]["done_ns"]
-        misses = []
-        steps = report["steps"]
-        last = steps[-1]
-        if abs(last["step_time_s"] * 1e9 - (ends[-1] - ends[-2])) > b:
-            misses.append(f"last step {last['step_time_s']:.4f} s, device {(ends[-1] - ends[-2]) / 1e9:.4f} s")
-        teardown = buckets(report).get("teardown", 0)
-        finish_t = report["attempts"][0]["end_wall_ns"]
-        if teardown < 340 * MS:  # the 360 ms idle tail (and the finish) after the last completion
-            misses.append(f"teardown {teardown / 1e6:.1f} ms < 340 ms")
-        if report["attempts"][0]["ended"] != "completed" or finish_t <= 0 or tail_truth is None:
-            misses.append(f"ended {report['attempts'][0]['ended']}")
-        return misses
-
-    run_dir, _, report = retried("idle_tail", tmp_path, check)
-    assert_views_agree(run_dir)
-    assert report["goodput"] < 0.5  # 8 x 40 ms productive of well over 0.7 s
 
 
 def test_a_checkpoint_before_complete_on_measures_the_save_alone(tmp_path: Path) -> None:

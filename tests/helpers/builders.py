@@ -39,6 +39,7 @@ class Proc:
         mono_base: int | None = None,
         schema_version: int = schema.SCHEMA_VERSION,
         wall_skew: float = 0.0,
+        seq: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
@@ -60,6 +61,9 @@ class Proc:
                 header.pop(key)
         self.header = header
         self.main_tid = main_tid
+        self.use_seq = seq  # False writes the files of writers before executions were numbered
+        self.seq = 0
+        self.seq_of: dict[int, int] = {}  # step -> seq of its latest execution
 
     def mono(self, t: float) -> int:
         return self.mono_base + ns(t)
@@ -74,11 +78,21 @@ class Proc:
         return self
 
     def step(self, k: int, t0: float, t1: float) -> Proc:
-        self.lines.append({"kind": "step", "step": k, "t0": self.mono(t0), "t1": self.mono(t1)})
+        line: dict[str, Any] = {"kind": "step", "step": k, "t0": self.mono(t0), "t1": self.mono(t1)}
+        if self.use_seq:
+            self.seq_of[k] = line["seq"] = self.seq
+            self.seq += 1
+        self.lines.append(line)
         return self
 
-    def sync(self, k: int, t: float, how: str = "host") -> Proc:
-        self.lines.append({"kind": "sync", "step": k, "t": self.mono(t), "how": how})
+    def sync(self, k: int, t: float, how: str = "host", after: float | None = None) -> Proc:
+        """Step ``k``'s sync point (its latest execution's, when executions are numbered)."""
+        line: dict[str, Any] = {"kind": "sync", "step": k, "t": self.mono(t), "how": how}
+        if self.use_seq and k in self.seq_of:
+            line["seq"] = self.seq_of[k]
+        if after is not None:
+            line["after"] = self.mono(after)
+        self.lines.append(line)
         return self
 
     def tag(self, k: int, name: str, t: float) -> Proc:

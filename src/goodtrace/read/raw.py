@@ -142,7 +142,10 @@ def _stream(
                 f"JOIN wins w ON w.sid = m.sid WHERE r.fid IN ({fid_list}) AND ({where})"
             )
         if not parts:
+            for sid in batch:
+                yield sid, []
             continue
+        seen: set[int] = set()
         cursor = con.execute(
             f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY sid, coalesce(t0, t), t1 DESC, kind, name, step, cat, tid"
         )
@@ -156,13 +159,18 @@ def _stream(
                 sid = row[0]
                 if sid != current:
                     if current is not None:
+                        seen.add(current)
                         yield current, records
                     current, records = sid, []
                 kind, name, cat, t0, t1, t, step, tid, err, value, attrs = row[1:]
                 records.append(RawRecord(kind, name, cat, t0, None if t1 is None else max(t1, t0 or t1), t, step,
                                          tid, bool(err), value, _attrs(attrs) if attrs is not None else None))
         if current is not None:
+            seen.add(current)
             yield current, records
+        for sid in batch:  # a session with nothing in its window still has its steps to show
+            if sid not in seen:
+                yield sid, []
         done += len(batch)
         if progress is not None:
             progress("reading spans", done, len(wanted))
