@@ -266,6 +266,15 @@ def _sigterm_exit_s(process: subprocess.Popen[str], ready_line: str) -> float:
     return time.perf_counter() - sent
 
 
+def _closed(process: subprocess.Popen[str]) -> str:
+    """What the exited child wrote on stderr; its pipes closed."""
+    err = process.stderr.read() if process.stderr else ""
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+    return err
+
+
 REFERENCE = """
 import sys, time, goodtrace as gt
 gt.init(sys.argv[1], finish_timeout_s=1.0)
@@ -285,12 +294,12 @@ def test_sigterm_while_the_device_hangs_exits_promptly_with_its_finish_record(tm
     reference = subprocess.Popen([sys.executable, "-c", REFERENCE, str(tmp_path / "reference")],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     healthy_s = _sigterm_exit_s(reference, "blocked")
+    _closed(reference)
     process, run_dir, out = launch_child(tmp_path, "hung_device", options={"finish_timeout_s": 1.0})
     hung_s = _sigterm_exit_s(process, "blocked")
     assert process.returncode == -signal.SIGTERM
     assert hung_s <= 1.0 + 3 * healthy_s, (hung_s, healthy_s)
-    outcome = Outcome(run_dir, json.loads(out.read_text()), process.stderr.read() if process.stderr else "",
-                      process.returncode)
+    outcome = Outcome(run_dir, json.loads(out.read_text()), _closed(process), process.returncode)
     (finish,) = outcome.records(schema.FINISH)
     assert (finish["completed"], finish["reason"]) == (False, "signal")
     events = {r["name"]: r for r in outcome.records(schema.EVENT)}
