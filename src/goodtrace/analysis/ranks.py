@@ -140,7 +140,7 @@ def rank_figures(
     starts: dict[tuple[int, int, str], dict[int, int]] = {}  # (attempt, step, name) -> rank -> ns after step entry
     for rank, members in by_rank.items():
         times: list[Any] = []
-        per_execution: list[int] = []
+        per_execution: list[Any] = []
         for s in members:
             cut = cuts.get(s.index)
             if cut is None:
@@ -153,24 +153,30 @@ def rank_figures(
                 lengths = np.frombuffer(ends_w, dtype=np.int64) - np.frombuffer(starts_w, dtype=np.int64)
                 times.append(np.repeat(lengths / counts / NS, counts))
             lo, stride = _stride(cut)
-            for w in range(len(starts_w)):
-                step = steps_e[firsts_w[w]]
-                if counts_w[w] == 1 and (step - lo) % stride == 0:
-                    t = ends_w[w]
+            if len(counts):
+                w_step = np.frombuffer(steps_e, dtype=np.int64)[np.frombuffer(firsts_w, dtype=np.int64)]
+                sampled = np.flatnonzero((counts == 1) & ((w_step - lo) % stride == 0))
+                for step, t in zip(w_step[sampled].tolist(), np.frombuffer(ends_w, dtype=np.int64)[sampled].tolist(),
+                                   strict=True):
                     arrivals.setdefault((attempt, step), {})[rank] = clock.to_reference(t) if clock else t
-            per_execution.extend(v for v in cut.exec_compute if v > 0)
+            if len(cut.exec_compute):
+                ns = np.frombuffer(cut.exec_compute, dtype=np.int64)
+                per_execution.append(ns[ns > 0])
             rec = records.get(s.index)
-            if rec is not None and rec.starts:
-                entry: dict[int, int] = {}
-                for step, t0 in zip(steps_e, cut.exec_t0, strict=True):
-                    entry.setdefault(step, t0)
-                for step, name, t0 in rec.starts:
-                    e = entry.get(step)
-                    if e is not None:
+            if rec is not None and rec.starts and len(steps_e):
+                # each sampled step's entry: its first execution's (np.unique keeps the first index)
+                numbers, first = np.unique(np.frombuffer(steps_e, dtype=np.int64), return_index=True)
+                entered = np.frombuffer(cut.exec_t0, dtype=np.int64)[first]
+                wanted = np.fromiter((step for step, _, _ in rec.starts), dtype=np.int64, count=len(rec.starts))
+                at = np.minimum(np.searchsorted(numbers, wanted), len(numbers) - 1)
+                found = (numbers[at] == wanted).tolist()
+                for (step, name, t0), ok, e in zip(rec.starts, found, entered[at].tolist(), strict=True):
+                    if ok:
                         starts.setdefault((attempt, step, name), {})[rank] = t0 - e
         step_times[rank] = np.concatenate(times) if times else np.zeros(0)
-        if per_execution:
-            compute[rank] = float(statistics.median(per_execution))
+        joined = np.concatenate(per_execution) if per_execution else np.zeros(0, dtype=np.int64)
+        if len(joined):
+            compute[rank] = float(np.median(joined))
     others_compute = _leave_one_out(compute)
     late: dict[int, list[float]] = {}
     last: dict[int, list[bool]] = {}
