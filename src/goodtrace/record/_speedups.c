@@ -364,6 +364,115 @@ speedups_bind(PyObject *Py_UNUSED(module), PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------------ Sink
+ * The record buffer's bounded append (goodtrace.record.writer.RecordBuffer): Sink(records, limit)
+ * is a callable that appends its one argument to the deque `records` while it holds fewer than
+ * `limit` items, and otherwise drops it and counts it in `dropped`. The length check and the
+ * append run under the GIL with no Python code in between, so the bound holds for every
+ * thread. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *records;
+    PyObject *push; /* records.append */
+    Py_ssize_t limit;
+    Py_ssize_t dropped;
+    vectorcallfunc vectorcall;
+} SinkObject;
+
+static PyObject *
+sink_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    SinkObject *self = (SinkObject *)op;
+    Py_ssize_t size;
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "Sink takes exactly one record");
+        return NULL;
+    }
+    size = PyObject_Length(self->records);
+    if (size < 0) {
+        return NULL;
+    }
+    if (size >= self->limit) {
+        self->dropped++;
+        Py_RETURN_NONE;
+    }
+    return PyObject_CallOneArg(self->push, args[0]);
+}
+
+static PyObject *
+sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *records;
+    Py_ssize_t limit;
+    SinkObject *self;
+    static char *kwlist[] = {"records", "limit", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "On", kwlist, &records, &limit)) {
+        return NULL;
+    }
+    self = (SinkObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->push = PyObject_GetAttrString(records, "append");
+    if (self->push == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    Py_INCREF(records);
+    self->records = records;
+    self->limit = limit;
+    self->dropped = 0;
+    self->vectorcall = sink_vectorcall;
+    return (PyObject *)self;
+}
+
+static int
+sink_traverse(SinkObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->records);
+    Py_VISIT(self->push);
+    return 0;
+}
+
+static int
+sink_clear(SinkObject *self)
+{
+    Py_CLEAR(self->records);
+    Py_CLEAR(self->push);
+    return 0;
+}
+
+static void
+sink_dealloc(SinkObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    sink_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef sink_members[] = {
+    {"dropped", T_PYSSIZET, offsetof(SinkObject, dropped), READONLY, "records refused because the buffer was full"},
+    {"limit", T_PYSSIZET, offsetof(SinkObject, limit), READONLY, "the most records the buffer holds"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SinkType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "goodtrace.record._speedups.Sink",
+    .tp_basicsize = sizeof(SinkObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Sink(records, limit): append to the deque records while it holds fewer than limit items; "
+              "count the rest in dropped.",
+    .tp_new = sink_new,
+    .tp_traverse = (traverseproc)sink_traverse,
+    .tp_clear = (inquiry)sink_clear,
+    .tp_dealloc = (destructor)sink_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(SinkObject, vectorcall),
+    .tp_members = sink_members,
+};
+
 static PyMethodDef module_methods[] = {
     {"span", (PyCFunction)(void (*)(void))speedups_span, METH_FASTCALL | METH_KEYWORDS, span_doc},
     {"new_span", speedups_new_span, METH_O, "new_span(cls): an empty span of a SpanBase subclass."},
@@ -407,7 +516,7 @@ PyInit__speedups(void)
             return NULL;
         }
     }
-    if (PyType_Ready(&SpanBaseType) < 0) {
+    if (PyType_Ready(&SpanBaseType) < 0 || PyType_Ready(&SinkType) < 0) {
         return NULL;
     }
     m = PyModule_Create(&speedups_module);
@@ -417,6 +526,12 @@ PyInit__speedups(void)
     Py_INCREF(&SpanBaseType);
     if (PyModule_AddObject(m, "SpanBase", (PyObject *)&SpanBaseType) < 0) {
         Py_DECREF(&SpanBaseType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&SinkType);
+    if (PyModule_AddObject(m, "Sink", (PyObject *)&SinkType) < 0) {
+        Py_DECREF(&SinkType);
         Py_DECREF(m);
         return NULL;
     }

@@ -35,8 +35,9 @@ class Config:
     max_buffer_records: int = 2_000_000
     max_pending_bytes: int = 64 * 1024 * 1024
     segment_bytes: int = 64 * 1024 * 1024
-    remote_segment_bytes: int = 8 * 1024 * 1024
-    remote_upload_interval_s: float = 10.0
+    remote_segment_bytes: int = 1024 * 1024
+    remote_upload_interval_s: float = 1.0
+    storage_check_interval_s: float = 5.0
     finish_timeout_s: float = 10.0
     overhead_categories: tuple[str, ...] = ()
     blocking_categories: tuple[str, ...] = ()
@@ -57,6 +58,7 @@ class Config:
         _check_float(
             "remote_upload_interval_s", self.remote_upload_interval_s, minimum=0.01, maximum=86400
         )
+        _check_float("storage_check_interval_s", self.storage_check_interval_s, minimum=0.0, maximum=86400)
         _check_float("finish_timeout_s", self.finish_timeout_s, minimum=0.0, maximum=3600)
         for field in ("overhead_categories", "blocking_categories"):
             value = getattr(self, field)

@@ -34,7 +34,7 @@ from goodtrace.record.readiness import Pending, PendingMetric, ReadinessThread
 from goodtrace.record.spans import NOOP_SPAN, span_key
 from goodtrace.record.storage import Storage, open_storage
 from goodtrace.record.values import COMPLETE, ValueAdapter, adapter_for, finite_or_none, join_completions
-from goodtrace.record.writer import Writer
+from goodtrace.record.writer import RecordBuffer, Writer
 
 _get_ident = threading.get_ident
 
@@ -99,7 +99,7 @@ class Recorder:
         self.config = config
         self.identity = identity
         self.clock = clock
-        self.buffer: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.buffer = RecordBuffer(config.max_buffer_records)  # bounded on every append
         self.session = f"{time.time_ns():020d}-{identity.pid}-{uuid.uuid4().hex[:8]}"
         self._pid = identity.pid
         self._active_step: StepContext | None = None
@@ -720,12 +720,12 @@ class Recorder:
         """In a forked child: never write into the parent's files, never take its locks."""
         self.finished = True
         self._pid = -1
-        self.buffer = collections.deque(maxlen=1)
+        self.buffer = RecordBuffer(0)  # a forked child records nothing
         self._pending = collections.deque()
         self._metrics = collections.deque()
         self._settle_lock = threading.RLock()
         self.readiness = None  # its thread does not exist in the child
-        spans.disable_after_fork(self, self.buffer)
+        spans.disable_after_fork(self, collections.deque(maxlen=1))
         try:
             gc.callbacks.remove(self._on_gc)
         except ValueError:

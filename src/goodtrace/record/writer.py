@@ -1,16 +1,29 @@
-"""The background writer: buffer -> JSON lines -> the rank's segment files.
+"""The background writer: bounded buffer -> JSON lines -> the rank's segment files.
 
-Two daemon threads. The *flusher* wakes every flush interval, drains the recorder's buffer,
-encodes records to JSON lines (all conversion happens here, never on the hot path), adds a
-heartbeat and hands the chunk to the *I/O thread*. The I/O thread appends chunks to the current
-segment and rotates segments. If storage is slow, hung or failing, chunks pile up to a byte
-limit, after which the flusher drops them and counts the records: training never waits.
+The recorder appends record tuples to a :class:`RecordBuffer`, which holds at most
+``max_buffer_records``: an append past that drops the record and counts it (the check is part
+of every append, so memory is bounded whatever the writer is doing). Two daemon threads do the
+rest. The *flusher* hands bounded chunks (at most ``CHUNK_RECORDS`` records) to the *I/O
+thread* on a fixed cadence: every flush interval it takes the records present at that moment
+and writes a heartbeat after them (on time, whatever the producer does), and in between it
+takes whole chunks as soon as they fill, so a fast producer never leaves more than one chunk
+waiting. All conversion to JSON happens here, never on the hot path. The I/O thread appends
+each chunk with one write (local disk, NFS) or re-uploads the open segment (object stores);
+if storage is slow, hung or failing, chunks wait up to a byte limit, after which they are
+dropped and counted: training never waits. A failed write leaves no partial line behind, each
+segment has one header, and a deleted run directory is noticed (at heartbeats, at most every
+``storage_check_interval_s``, and at rotation) and recreated.
+
+Every count of records that did not reach storage is written into the next heartbeat
+(``dropped``), and ``close()`` returns False and says how many when it is not zero.
 """
 
 from __future__ import annotations
 
 import collections
+import importlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -19,9 +32,69 @@ from typing import Any
 from goodtrace import schema
 from goodtrace.record.config import Config
 from goodtrace.record.errors import describe, warn
-from goodtrace.record.storage import Storage
+from goodtrace.record.storage import Storage, TornWriteError
 
-_CHUNK_RECORDS = 20_000  # records per chunk handed to the I/O thread
+CHUNK_RECORDS = 8192  # records per chunk handed to the I/O thread (about 1 MiB of JSON)
+POLL_S = 0.02  # how often the flusher looks for a full chunk between heartbeats
+HEADER_TIMEOUT_S = 2.0  # how long start() waits for the first header to reach storage
+
+_speedups: Any
+try:
+    if os.environ.get("GOODTRACE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("GOODTRACE_PURE_PYTHON is set")
+    _speedups = importlib.import_module("goodtrace.record._speedups")
+    if not hasattr(_speedups, "Sink"):
+        raise ImportError("an older build of _speedups without Sink")
+except ImportError:
+    _speedups = None
+
+
+class RecordBuffer:
+    """The recorder's in-memory buffer: ``append`` keeps at most ``limit`` records and counts
+    the ones it had to drop. ``append`` is a C callable when ``_speedups`` was built (a length
+    check and a deque append), else a Python closure doing the same."""
+
+    __slots__ = ("_count", "_sink", "append", "limit", "records")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.records: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._count = [0]
+        self._sink: Any = None
+        self.append: Callable[[tuple[Any, ...]], None]
+        if _speedups is not None:
+            self._sink = _speedups.Sink(self.records, limit)
+            self.append = self._sink
+        else:
+            self.append = _bounded_append(self.records, limit, self._count)
+
+    @property
+    def dropped(self) -> int:
+        """Records refused because the buffer was full."""
+        return int(self._sink.dropped) if self._sink is not None else self._count[0]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def popleft(self) -> tuple[Any, ...]:
+        return self.records.popleft()
+
+    def clear(self) -> None:
+        self.records.clear()
+
+
+def _bounded_append(
+    records: collections.deque[tuple[Any, ...]], limit: int, count: list[int]
+) -> Callable[[tuple[Any, ...]], None]:
+    push = records.append
+
+    def append(record: tuple[Any, ...]) -> None:
+        if len(records) < limit:
+            push(record)
+        else:
+            count[0] += 1
+
+    return append
 
 
 #: The most characters of JSON one record's attributes (or value) take in the files; a larger
@@ -67,10 +140,12 @@ def _extra(record: tuple[Any, ...], index: int, field: str) -> str:
 
 
 class _Encoder:
-    """Encodes record tuples to JSON lines; caches the JSON form of repeated strings."""
+    """Encodes record tuples to JSON lines; caches the JSON form of repeated strings and, per
+    span key, the constant part of a plain span's line (no attributes, no error, a step)."""
 
     def __init__(self) -> None:
         self._strings: dict[Any, str] = {}
+        self._span_formats: dict[Any, str] = {}
 
     def string(self, value: Any) -> str:
         try:
@@ -88,6 +163,39 @@ class _Encoder:
     def step(value: Any) -> str:
         return "null" if value is None else str(int(value))
 
+    def encode_many(self, records: list[tuple[Any, ...]], out: list[str], on_error: Callable[[Exception], None]) -> int:
+        """Append the lines of ``records`` to ``out``; returns how many were encoded."""
+        formats = self._span_formats
+        get_format = formats.get
+        push = out.append
+        encode = self.encode
+        done = 0
+        for record in records:
+            key = record[0]
+            try:
+                # The common span (no attributes, no error, an int step) in one %-format.
+                if key.__class__ is tuple and record[5] is None and record[6] is None and record[3].__class__ is int:
+                    fmt = get_format(key)
+                    if fmt is None:
+                        fmt = self._span_format(key)
+                    push(fmt % record[1:5])
+                else:
+                    push(encode(record))
+                done += 1
+            except Exception as exc:
+                on_error(exc)
+        return done
+
+    def _span_format(self, key: Any) -> str:
+        s = self.string
+        fmt = (
+            f'{{"kind":"span","name":{s(key[0])},"cat":{s(key[1])},'.replace("%", "%%")
+            + '"t0":%d,"t1":%d,"step":%d,"tid":%d,"err":false,"attrs":null}\n'
+        )
+        if len(self._span_formats) < 100_000:
+            self._span_formats[key] = fmt
+        return fmt
+
     def encode(self, record: tuple[Any, ...]) -> str:
         kind = record[0]
         s = self.string
@@ -95,8 +203,8 @@ class _Encoder:
             key, t0, t1, step, tid, attrs, exc_type = record
             attrs_json = "null" if attrs is None else _dumps(attrs)
             return (
-                f'{{"kind":"span","name":{s(key[0])},"cat":{s(key[1])},"t0":{t0},"t1":{t1},'
-                f'"step":{self.step(step)},"tid":{tid},"err":{"false" if exc_type is None else "true"},'
+                f'{{"kind":"span","name":{s(key[0])},"cat":{s(key[1])},"t0":{int(t0)},"t1":{int(t1)},'
+                f'"step":{self.step(step)},"tid":{int(tid)},"err":{"false" if exc_type is None else "true"},'
                 f'"attrs":{attrs_json}}}\n'
             )
         if kind is schema.STEP:  # (STEP, step, t0, t1[, seq])
@@ -110,25 +218,25 @@ class _Encoder:
             )
         if kind is schema.TAG:
             _, step, name, t = record
-            return f'{{"kind":"tag","step":{self.step(step)},"name":{s(name)},"t":{t}}}\n'
+            return f'{{"kind":"tag","step":{self.step(step)},"name":{s(name)},"t":{int(t)}}}\n'
         if kind is schema.EVENT:
             _, name, t, step, attrs = record
             attrs_json = "null" if attrs is None else _dumps(attrs)
             return (
-                f'{{"kind":"event","name":{s(name)},"t":{t},"step":{self.step(step)},'
+                f'{{"kind":"event","name":{s(name)},"t":{int(t)},"step":{self.step(step)},'
                 f'"attrs":{attrs_json}}}\n'
             )
         if kind is schema.METRIC:
             _, name, step, value, reduce, t = record
             return (
                 f'{{"kind":"metric","name":{s(name)},"step":{self.step(step)},'
-                f'"value":{_dumps(value)},"reduce":{s(reduce)},"t":{t}}}\n'
+                f'"value":{_dumps(value)},"reduce":{s(reduce)},"t":{int(t)}}}\n'
             )
         if kind is schema.CLOCK:
             _, offset, rtt, reference, t = record
             return (
                 f'{{"kind":"clock","offset_ns":{int(offset)},"rtt_ns":{int(rtt)},'
-                f'"attrs":{{"reference_rank":{int(reference)}}},"t":{t}}}\n'
+                f'"attrs":{{"reference_rank":{int(reference)}}},"t":{int(t)}}}\n'
             )
         if kind is schema.FINISH:  # (FINISH, completed, t, reason[, exception])
             completed, t, reason = record[1:4]
@@ -141,13 +249,35 @@ class _Encoder:
         raise ValueError(f"unknown record kind {kind!r}")
 
 
+class _Chunk:
+    """Work for the I/O thread: encoded lines of ``count`` records (a heartbeat ends them when
+    ``heartbeat``), or an ``action``: write the header now, upload now, close the segment."""
+
+    __slots__ = ("action", "count", "data", "heartbeat")
+
+    def __init__(self, data: bytes, count: int, heartbeat: bool, action: str = "") -> None:
+        self.data = data
+        self.count = count
+        self.heartbeat = heartbeat
+        self.action = action
+
+
+class WriterStats:
+    """What the I/O thread did (for benchmarks and tests): storage calls and their seconds."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.seconds: collections.deque[float] = collections.deque(maxlen=10_000)
+
+
 class Writer:
-    """Owns the two threads; ``flush()`` and ``close()`` may be called from any thread."""
+    """Owns the two threads; ``flush()`` and ``close()`` may be called from any thread and
+    return within their timeout whatever storage does."""
 
     def __init__(
         self,
         storage: Storage,
-        buffer: collections.deque[tuple[Any, ...]],
+        buffer: RecordBuffer,
         config: Config,
         header: Callable[[int, int, int], dict[str, Any]],
         segment_prefix: str,
@@ -162,20 +292,29 @@ class Writer:
         self._encoder = _Encoder()
         self._flush_lock = threading.RLock()  # re-entrant: a signal handler may finish() mid-flush
         self._io_cond = threading.Condition()
-        self._io_queue: collections.deque[tuple[bytes, int]] = collections.deque()
+        self._io_queue: collections.deque[_Chunk] = collections.deque()
         self._io_pending_bytes = 0
         self._io_busy = False
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self.dropped_records = 0
+        self._stop = threading.Event()  # the I/O thread ends once its queue is empty
+        self._stop_flusher = threading.Event()
+        self._dropped = 0  # chunks that storage refused or could not take in time
+        self.lost_records = 0  # written into a file that was then deleted
         self.written_records = 0
         self.write_errors = 0
+        self.stats = WriterStats()
         self._warned: set[str] = set()
-        # segment state (I/O thread only)
+        # segment state (I/O thread only, or the closing thread once the I/O thread is idle)
         self._segment = 0
         self._segment_bytes = 0
-        self._segment_data = bytearray()
+        self._segment_has_header = False
+        self._segment_data = bytearray()  # object stores: the open segment, re-uploaded whole
+        self._segment_uploaded = 0  # bytes of _segment_data already uploaded
+        self._segment_unuploaded_records = 0
         self._segment_uploaded_at = 0.0
+        self._checked_at = time.monotonic()
+        self._records_since_check = 0
+        self._closed_segment = False
         self._flusher = threading.Thread(target=self._flush_loop, name="goodtrace-flusher", daemon=True)
         self._io = threading.Thread(target=self._io_loop, name="goodtrace-io", daemon=True)
 
@@ -183,113 +322,166 @@ class Writer:
     def current_segment(self) -> int:
         return self._segment
 
+    @property
+    def dropped_records(self) -> int:
+        """Every record that will not reach storage: refused by the full buffer, dropped when
+        storage was failing or too slow, or written into a deleted file."""
+        return self._buffer.dropped + self._dropped + self.lost_records
+
     def start(self) -> None:
+        """Start the threads and write the first segment's header now (bounded wait), so that a
+        process killed in its first second still leaves its session behind."""
         self._flusher.start()
         self._io.start()
+        self._enqueue(b"", 0, heartbeat=False, action="header")
+        self._wait_idle(HEADER_TIMEOUT_S)
 
     def warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
+        if key not in self._warned and len(self._warned) < 100:
             self._warned.add(key)
-            warn(message, stacklevel=2)
+            warn(message, stacklevel=2)  # never raises, whatever the warnings filter
 
     # ---------------------------------------------------------------- flusher side
     def _flush_loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self._config.flush_interval_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                break
-            self.flush_once()
+        interval = self._config.flush_interval_s
+        poll = min(interval, POLL_S)
+        next_beat = time.monotonic() + interval
+        while not self._stop_flusher.is_set():
+            try:
+                now = time.monotonic()
+                self._wake.wait(max(0.0, min(poll, next_beat - now)))
+                self._wake.clear()
+                if self._stop_flusher.is_set():
+                    break
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat += interval
+                    if next_beat <= now:  # fell behind (a stopped process, a long GC): no burst
+                        next_beat = now + interval
+                    self.flush_once()
+                elif len(self._buffer) >= CHUNK_RECORDS:
+                    self._drain(whole_chunks_only=True)
+            except BaseException as exc:  # the thread must survive anything (it keeps the bound)
+                self.write_errors += 1
+                self.warn_once("flush", f"internal error in the writer: {exc!r}")
 
-    def flush_once(self) -> None:
-        """Drain the buffer into one chunk and queue it for the I/O thread. Never blocks on I/O."""
+    def flush_once(self, deadline: float | None = None) -> None:
+        """Hand every record buffered now, then a heartbeat, to the I/O thread. Never blocks on
+        I/O; with a ``deadline`` (``time.monotonic()``), waits until then for room in the I/O
+        queue instead of dropping (``flush()`` and ``close()``: the caller asked to wait)."""
         try:
-            with self._flush_lock:
-                self._flush_locked()
+            self._drain(whole_chunks_only=False, deadline=deadline)
         except Exception as exc:
             self.write_errors += 1
             self.warn_once("flush", f"internal error while encoding records: {exc!r}")
 
-    def _flush_locked(self) -> None:
-        buffer = self._buffer
-        overflow = len(buffer) - self._config.max_buffer_records
-        if overflow > 0:  # producer faster than we can encode: keep the newest
-            for _ in range(overflow):
-                buffer.popleft()
-            self._drop(overflow, "the in-memory buffer overflowed")
-        encode = self._encoder.encode
-        popleft = buffer.popleft
-        exhausted = False
-        while not exhausted:
-            lines: list[str] = []
-            count = 0
-            while count < _CHUNK_RECORDS:
-                try:
-                    record = popleft()
-                except IndexError:
-                    exhausted = True
-                    break
-                try:
-                    lines.append(encode(record))
-                    count += 1
-                except Exception as exc:
-                    self.write_errors += 1
-                    self.warn_once("encode", f"could not encode a record ({exc!r}); it was skipped")
-            if exhausted:
-                wall = time.time_ns()
-                mono = self._clock()
-                lines.append(
-                    f'{{"kind":"heartbeat","wall":{wall},"mono":{mono},"dropped":{self.dropped_records}}}\n'
-                )
-            self._enqueue("".join(lines).encode("utf-8", "surrogatepass"), count)
+    def _encode_error(self, exc: Exception) -> None:
+        self.write_errors += 1
+        self._dropped += 1
+        self.warn_once("encode", f"could not encode a record ({exc!r}); it was skipped")
 
-    def _enqueue(self, chunk: bytes, count: int) -> None:
+    def _drain(self, *, whole_chunks_only: bool, deadline: float | None = None) -> None:
+        with self._flush_lock:
+            buffer = self._buffer
+            popleft = buffer.popleft
+            left = len(buffer)  # what is here now: a producer that keeps up cannot hold us here
+            if whole_chunks_only:
+                left -= left % CHUNK_RECORDS
+            heartbeat = not whole_chunks_only
+            while left > 0 or heartbeat:
+                take = min(left, CHUNK_RECORDS)
+                left -= take
+                records = [popleft() for _ in range(take)]
+                lines: list[str] = []
+                count = self._encoder.encode_many(records, lines, self._encode_error)
+                last = left <= 0
+                if last and heartbeat:
+                    lines.append(
+                        f'{{"kind":"heartbeat","wall":{time.time_ns()},"mono":{self._clock()},'
+                        f'"dropped":{self.dropped_records}}}\n'
+                    )
+                data = "".join(lines).encode("utf-8", "surrogatepass")
+                self._enqueue(data, count, heartbeat=last and heartbeat, deadline=deadline)
+                if last:
+                    break
+
+    def _enqueue(
+        self, data: bytes, count: int, *, heartbeat: bool, action: str = "", deadline: float | None = None
+    ) -> None:
+        limit = self._config.max_pending_bytes
         with self._io_cond:
-            full = self._io_pending_bytes + len(chunk) > self._config.max_pending_bytes
+            # Past the byte limit a chunk waits for room (until ``deadline``) or is dropped; one
+            # chunk is always taken when none is queued, so memory stays under limit + one chunk.
+            full = bool(self._io_queue) and self._io_pending_bytes + len(data) > limit
+            while full and deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._io_cond.wait(timeout=min(left, 0.05))
+                full = bool(self._io_queue) and self._io_pending_bytes + len(data) > limit
             if not full:
-                self._io_queue.append((chunk, count))
-                self._io_pending_bytes += len(chunk)
+                self._io_queue.append(_Chunk(data, count, heartbeat, action))
+                self._io_pending_bytes += len(data)
                 self._io_cond.notify_all()
         if full:
             self._drop(count, f"storage at {self._storage.description} is not keeping up")
 
     def _drop(self, count: int, why: str) -> None:
-        self.dropped_records += count
-        self.warn_once("drop", f"dropping records: {why} (counted in the run's heartbeat)")
+        self._dropped += count
+        if count:
+            self.warn_once("drop", f"dropping records: {why} (counted in the run's heartbeat)")
 
     # ---------------------------------------------------------------- I/O side
     def _io_loop(self) -> None:
+        remote = self._storage.remote
         while True:
-            with self._io_cond:
-                while not self._io_queue and not self._stop.is_set():
-                    self._io_cond.wait(timeout=self._upload_wait())
-                    if not self._io_queue and self._storage.remote:
-                        break
-                if not self._io_queue and self._stop.is_set():
-                    self._io_busy = False
-                    self._io_cond.notify_all()
-                    return
-                item = self._io_queue.popleft() if self._io_queue else None
-                self._io_busy = item is not None or self._storage.remote
+            item: _Chunk | None = None
             try:
+                with self._io_cond:
+                    while not self._io_queue and not self._stop.is_set():
+                        self._io_cond.wait(timeout=self._upload_wait())
+                        if not self._io_queue and remote:
+                            break  # time to look at the pending upload
+                    if not self._io_queue and self._stop.is_set():
+                        return
+                    item = self._io_queue.popleft() if self._io_queue else None
+                    self._io_busy = True
                 if item is not None:
-                    self._write_chunk(*item)
-                if self._storage.remote:
+                    self._do(item)
+                elif remote:
                     self._maybe_upload(force=False)
-            except Exception as exc:
+            except BaseException as exc:  # the thread must survive anything
                 self.write_errors += 1
                 if item is not None:
-                    self.dropped_records += item[1]
-                self.warn_once("io", f"could not write to {self._storage.description}: {exc!r}")
+                    self._dropped += item.count
+                self.warn_once("io", f"internal error in the writer's I/O thread: {exc!r}")
             finally:
                 with self._io_cond:
                     if item is not None:
-                        self._io_pending_bytes -= len(item[0])
+                        self._io_pending_bytes -= len(item.data)
                     self._io_busy = False
                     self._io_cond.notify_all()
 
+    def _do(self, item: _Chunk) -> None:
+        if item.action == "close":
+            if self._storage.remote:
+                self._maybe_upload(force=True)
+            else:
+                self._check_storage()
+                self._storage.close_file(self._segment_path())
+            self._closed_segment = True
+        elif item.action == "upload":
+            if self._storage.remote:
+                self._maybe_upload(force=True)
+        else:
+            self._write_chunk(item)
+            if self._storage.remote:
+                self._maybe_upload(force=item.action == "header")
+
     def _upload_wait(self) -> float | None:
-        return self._config.remote_upload_interval_s / 4 if self._storage.remote else None
+        if not self._storage.remote:
+            return None
+        return max(0.01, self._config.remote_upload_interval_s / 4)
 
     def _segment_path(self) -> str:
         return f"{self._prefix}.{self._segment:05d}.jsonl"
@@ -298,46 +490,119 @@ class Writer:
         header = self._header(self._segment, time.time_ns(), self._clock())
         return (json.dumps(header, separators=(",", ":"), default=str) + "\n").encode()
 
-    def _write_chunk(self, chunk: bytes, count: int) -> None:
-        storage = self._storage
-        limit = self._config.remote_segment_bytes if storage.remote else self._config.segment_bytes
-        if self._segment_bytes and self._segment_bytes + len(chunk) > limit:
-            self._rotate()
-        if self._segment_bytes == 0:
-            header = self._header_bytes()
-            if storage.remote:
-                self._segment_data += header
-            else:
-                storage.append(self._segment_path(), header)
-            self._segment_bytes = len(header)
-        if storage.remote:
-            self._segment_data += chunk
-        else:
-            storage.append(self._segment_path(), chunk)
-        self._segment_bytes += len(chunk)
-        self.written_records += count
+    def _timed(self, call: Callable[[str, bytes], None], path: str, data: bytes) -> None:
+        t0 = time.perf_counter()
+        try:
+            call(path, data)
+        finally:
+            self.stats.calls += 1
+            self.stats.seconds.append(time.perf_counter() - t0)
 
-    def _rotate(self) -> None:
+    def _write_chunk(self, chunk: _Chunk) -> None:
         if self._storage.remote:
-            self._maybe_upload(force=True)
-            self._segment_data = bytearray()
-        else:
-            self._storage.close_file(self._segment_path())
+            self._add_remote(chunk)
+            return
+        limit = self._config.segment_bytes
+        if self._segment_bytes and self._segment_bytes + len(chunk.data) > limit:
+            self._rotate()
+        elif chunk.heartbeat and time.monotonic() - self._checked_at >= self._config.storage_check_interval_s:
+            self._check_storage()
+        data = chunk.data if self._segment_has_header else self._header_bytes() + chunk.data
+        try:
+            self._timed(self._storage.append, self._segment_path(), data)
+        except TornWriteError as exc:  # part of a line stayed behind: never append after it
+            self._failed(chunk, exc)
+            self._new_segment()
+            return
+        except Exception as exc:
+            self._failed(chunk, exc)
+            return
+        self._segment_has_header = True
+        self._segment_bytes += len(data)
+        self.written_records += chunk.count
+        self._records_since_check += chunk.count
+
+    def _failed(self, chunk: _Chunk, exc: BaseException) -> None:
+        self.write_errors += 1
+        self._dropped += chunk.count
+        self.warn_once(
+            f"io:{type(exc).__name__}",
+            f"could not write to {self._storage.description}: {exc!r}; records are dropped and counted "
+            "until it works again",
+        )
+
+    def _check_storage(self) -> None:
+        """Is our open segment still the file at its path (run directory not deleted or
+        replaced)? If not, count what went into it since the last check as lost and continue in
+        a new segment, which recreates the directory."""
+        self._checked_at = time.monotonic()
+        try:
+            problem = self._storage.check(self._segment_path())
+        except Exception as exc:
+            problem = f"could not check it: {exc!r}"
+        if problem:
+            lost = self._records_since_check
+            self.lost_records += lost
+            self.warn_once(
+                "gone",
+                f"{problem} ({self._storage.description}): up to {lost} records written since the last "
+                "check are lost; recording goes on into a new segment in a recreated directory",
+            )
+            self._storage.forget(self._segment_path())
+            self._new_segment()
+        self._records_since_check = 0
+
+    def _new_segment(self) -> None:
         self._segment += 1
         self._segment_bytes = 0
+        self._segment_has_header = False
+
+    def _rotate(self) -> None:
+        self._check_storage()
+        if self._segment_bytes:  # _check_storage may already have moved on
+            try:
+                self._storage.close_file(self._segment_path())
+            except Exception as exc:
+                self.write_errors += 1
+                self.warn_once("close", f"could not close a segment on {self._storage.description}: {exc!r}")
+            self._new_segment()
+
+    # object stores: the open segment lives in memory and is uploaded whole; closed ones never change
+    def _add_remote(self, chunk: _Chunk) -> None:
+        if self._segment_data and len(self._segment_data) + len(chunk.data) > self._config.remote_segment_bytes:
+            self._maybe_upload(force=True)
+            if self._segment_unuploaded_records:  # the upload failed: this segment's rest is lost
+                self._dropped += self._segment_unuploaded_records
+            self._segment_data = bytearray()
+            self._segment_uploaded = 0
+            self._segment_unuploaded_records = 0
+            self._new_segment()
+        if not self._segment_data:
+            self._segment_data += self._header_bytes()
+        self._segment_data += chunk.data
+        self._segment_unuploaded_records += chunk.count
 
     def _maybe_upload(self, *, force: bool) -> None:
-        if not self._segment_data:
+        if len(self._segment_data) == self._segment_uploaded:
             return
         now = time.monotonic()
-        if force or now - self._segment_uploaded_at >= self._config.remote_upload_interval_s:
-            self._storage.put(self._segment_path(), bytes(self._segment_data))
-            self._segment_uploaded_at = now
+        if not force and now - self._segment_uploaded_at < self._config.remote_upload_interval_s:
+            return
+        size = len(self._segment_data)
+        try:
+            self._timed(self._storage.put, self._segment_path(), bytes(self._segment_data))
+        except Exception as exc:
+            self.write_errors += 1
+            self.warn_once(f"io:{type(exc).__name__}", f"could not upload to {self._storage.description}: {exc!r}")
+            self._segment_uploaded_at = now  # retry at the next interval, not in a tight loop
+            return
+        self._segment_uploaded_at = now
+        self._segment_uploaded = size
+        self.written_records += self._segment_unuploaded_records
+        self._segment_unuploaded_records = 0
 
     # ---------------------------------------------------------------- shutdown
-    def flush(self, timeout: float) -> bool:
-        """Flush everything buffered now and wait up to ``timeout`` s for it to reach storage."""
-        self.flush_once()
+    def _wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self._io_cond:
             while self._io_queue or self._io_busy:
@@ -347,30 +612,40 @@ class Writer:
                 self._io_cond.wait(timeout=min(left, 0.05))
         return True
 
+    def flush(self, timeout: float) -> bool:
+        """Flush everything buffered now and wait up to ``timeout`` s for it to reach storage."""
+        self.flush_once(time.monotonic() + timeout)
+        if self._storage.remote:
+            self._enqueue(b"", 0, heartbeat=False, action="upload")
+        return self._wait_idle(timeout)
+
     def close(self, timeout: float) -> bool:
-        """Final flush, upload, close files and stop the threads. True if everything was written."""
-        done = self.flush(timeout)
-        self._stop.set()
+        """Final flush, upload, close the segment and stop the threads, all within ``timeout``
+        s. True only if every record reached storage; otherwise a warning says how many did not."""
+        deadline = time.monotonic() + timeout
+        self._stop_flusher.set()
         self._wake.set()
+        self.flush_once(deadline)
+        self._enqueue(b"", 0, heartbeat=False, action="close")
+        done = self._wait_idle(timeout)
+        self._stop.set()
         with self._io_cond:
             self._io_cond.notify_all()
+            if not done:  # what is still queued will not be written by us
+                self._dropped += sum(chunk.count for chunk in self._io_queue)
+                self._dropped += self._segment_unuploaded_records
+        # Daemon threads, never joined without a timeout: a thread stuck in a hung filesystem
+        # must not hold the process.
         if done:
-            self._io.join(timeout=max(0.1, timeout))
-            try:
-                if self._storage.remote:
-                    self._maybe_upload(force=True)
-                self._storage.close_file(self._segment_path())
-            except Exception as exc:
-                self.write_errors += 1
-                self.warn_once("io", f"could not write to {self._storage.description}: {exc!r}")
-                done = False
-        else:
-            with self._io_cond:
-                lost = sum(count for _, count in self._io_queue)
-            self.dropped_records += lost
+            self._io.join(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        dropped = self.dropped_records
+        if not done:
             self.warn_once(
                 "close",
-                f"storage at {self._storage.description} did not accept the last records within "
-                f"{timeout:.1f} s; {self.dropped_records} records were dropped in total",
+                f"storage at {self._storage.description} did not accept the last records within {timeout:.1f} s; "
+                f"{dropped} records in total did not reach storage",
             )
-        return done
+        elif dropped:
+            self.warn_once("close", f"{dropped} records did not reach storage at {self._storage.description} "
+                           "(dropped or lost; see the earlier warnings)")
+        return done and dropped == 0
