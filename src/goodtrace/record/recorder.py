@@ -664,7 +664,7 @@ class Recorder:
         if self._active_step is not None and reason == "finish":
             self._warn("finish-in-step", "finish() called inside a step")
         self.finished = True
-        self.buffer.append((schema.FINISH, completed, self.clock(), reason, exception))
+        self.buffer.append_always((schema.FINISH, completed, self.clock(), reason, exception))  # even when full
         spans.unbind(self)
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)

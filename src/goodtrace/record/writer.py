@@ -76,6 +76,10 @@ class RecordBuffer:
     def __len__(self) -> int:
         return len(self.records)
 
+    def append_always(self, record: tuple[Any, ...]) -> None:
+        """Append past the bound (one record: the finish record, which crash accounting needs)."""
+        self.records.append(record)
+
     def popleft(self) -> tuple[Any, ...]:
         return self.records.popleft()
 
@@ -263,11 +267,17 @@ class _Chunk:
 
 
 class WriterStats:
-    """What the I/O thread did (for benchmarks and tests): storage calls and their seconds."""
+    """What the writer did, for benchmarks and tests: seconds per storage call (append, upload)
+    and seconds to encode each chunk (the most recent 10,000 of each)."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.seconds: collections.deque[float] = collections.deque(maxlen=10_000)
+        self.encode_seconds: collections.deque[float] = collections.deque(maxlen=10_000)
+
+    def max_chunk_seconds(self) -> float:
+        """The longest it took to encode one chunk plus the longest storage call."""
+        return max(self.encode_seconds, default=0.0) + max(self.seconds, default=0.0)
 
 
 class Writer:
@@ -361,6 +371,12 @@ class Writer:
                     self.flush_once()
                 elif len(self._buffer) >= CHUNK_RECORDS:
                     self._drain(whole_chunks_only=True)
+                if self._buffer.dropped and "buffer" not in self._warned:
+                    self.warn_once(
+                        "buffer",
+                        f"dropping records: more than max_buffer_records={self._buffer.limit} were waiting to "
+                        "be written (counted in the run's heartbeat)",
+                    )
             except BaseException as exc:  # the thread must survive anything (it keeps the bound)
                 self.write_errors += 1
                 self.warn_once("flush", f"internal error in the writer: {exc!r}")
@@ -391,6 +407,7 @@ class Writer:
             while left > 0 or heartbeat:
                 take = min(left, CHUNK_RECORDS)
                 left -= take
+                started = time.perf_counter()
                 records = [popleft() for _ in range(take)]
                 lines: list[str] = []
                 count = self._encoder.encode_many(records, lines, self._encode_error)
@@ -401,6 +418,7 @@ class Writer:
                         f'"dropped":{self.dropped_records}}}\n'
                     )
                 data = "".join(lines).encode("utf-8", "surrogatepass")
+                self.stats.encode_seconds.append(time.perf_counter() - started)
                 self._enqueue(data, count, heartbeat=last and heartbeat, deadline=deadline)
                 if last:
                     break
