@@ -321,7 +321,7 @@ class Writer:
         self._segment_data = bytearray()  # object stores: the open segment, re-uploaded whole
         self._segment_uploaded = 0  # bytes of _segment_data already uploaded
         self._segment_unuploaded_records = 0
-        self._segment_uploaded_at = 0.0
+        self._beats_since_upload = 0
         self._checked_at = time.monotonic()
         self._records_since_check = 0
         self._closed_segment = False
@@ -451,23 +451,17 @@ class Writer:
 
     # ---------------------------------------------------------------- I/O side
     def _io_loop(self) -> None:
-        remote = self._storage.remote
         while True:
             item: _Chunk | None = None
             try:
                 with self._io_cond:
                     while not self._io_queue and not self._stop.is_set():
-                        self._io_cond.wait(timeout=self._upload_wait())
-                        if not self._io_queue and remote:
-                            break  # time to look at the pending upload
-                    if not self._io_queue and self._stop.is_set():
+                        self._io_cond.wait()
+                    if not self._io_queue:  # stopped, and nothing left to write
                         return
-                    item = self._io_queue.popleft() if self._io_queue else None
+                    item = self._io_queue.popleft()
                     self._io_busy = True
-                if item is not None:
-                    self._do(item)
-                elif remote:
-                    self._maybe_upload(force=False)
+                self._do(item)
             except BaseException as exc:  # the thread must survive anything
                 self.write_errors += 1
                 if item is not None:
@@ -494,12 +488,12 @@ class Writer:
         else:
             self._write_chunk(item)
             if self._storage.remote:
-                self._maybe_upload(force=item.action == "header")
-
-    def _upload_wait(self) -> float | None:
-        if not self._storage.remote:
-            return None
-        return max(0.01, self._config.remote_upload_interval_s / 4)
+                # Upload on the heartbeat cadence: every k-th flush interval, k set by
+                # remote_upload_interval_s (1 by default), and the header at once.
+                self._beats_since_upload += item.heartbeat
+                every = max(1, round(self._config.remote_upload_interval_s / self._config.flush_interval_s))
+                if item.action == "header" or self._beats_since_upload >= every:
+                    self._maybe_upload(force=True)
 
     def _segment_path(self) -> str:
         return f"{self._prefix}.{self._segment:05d}.jsonl"
@@ -600,11 +594,11 @@ class Writer:
         self._segment_data += chunk.data
         self._segment_unuploaded_records += chunk.count
 
-    def _maybe_upload(self, *, force: bool) -> None:
+    def _maybe_upload(self, *, force: bool = True) -> None:
+        """Upload the open segment if it changed since its last upload (a failure is retried at
+        the next heartbeat; the records stay counted as not written until then)."""
+        self._beats_since_upload = 0
         if len(self._segment_data) == self._segment_uploaded:
-            return
-        now = time.monotonic()
-        if not force and now - self._segment_uploaded_at < self._config.remote_upload_interval_s:
             return
         size = len(self._segment_data)
         try:
@@ -612,9 +606,7 @@ class Writer:
         except Exception as exc:
             self.write_errors += 1
             self.warn_once(f"io:{type(exc).__name__}", f"could not upload to {self._storage.description}: {exc!r}")
-            self._segment_uploaded_at = now  # retry at the next interval, not in a tight loop
             return
-        self._segment_uploaded_at = now
         self._segment_uploaded = size
         self.written_records += self._segment_unuploaded_records
         self._segment_unuploaded_records = 0
