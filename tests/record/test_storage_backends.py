@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable
 
 from goodtrace.read.sessions import read_run
+from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable
 
 FLUSH_S = 0.25
 
