@@ -1,11 +1,14 @@
 """Clock alignment: ping-pong arithmetic, an injected offset measured over real gloo ranks and
-undone by the reader's aligned timeline."""
+undone by the reader's aligned timeline; at scale, one rank per host measuring, hosts served in
+parallel, on a background thread."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import queue
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,15 @@ import pytest
 import goodtrace as gt
 from goodtrace.analysis.clock import clock_offsets
 from goodtrace.read.sessions import read_run
-from goodtrace.record.clocksync import estimate_offset, measure_offset
+from goodtrace.record.clocksync import (
+    BackgroundClockSync,
+    OffsetSample,
+    estimate_offset,
+    host_leaders,
+    measure_offset,
+    ping_reference,
+    serve_pings,
+)
 
 SHIFT_NS = 5_000_000_000 + 123_457  # rank 1's clock runs 5.000123457 s ahead of rank 0's
 
@@ -131,3 +142,106 @@ def test_injected_offset_is_measured_within_1ms_and_undone_by_the_reader(tmp_pat
             assert abs(aligned - truth) < bound
             if session.rank == 1:
                 assert raw - truth == pytest.approx(SHIFT_NS, abs=1_000_000)  # the raw timeline is off by 5 s
+
+
+# ---------------------------------------------------------------------- at scale: per host, in parallel
+
+
+def test_host_leaders_is_the_lowest_rank_sharing_a_clock() -> None:
+    assert host_leaders(["a", "a", "b", "a", "b", "c#rank5"]) == [0, 0, 2, 0, 2, 5]
+
+
+def test_the_reference_serves_many_leaders_at_once_and_each_gets_its_offset() -> None:
+    """Three leaders with clocks shifted by known amounts ping one reference concurrently (threads
+    and queues stand in for the wire); each finds its own shift within its round trip."""
+    shifts = {1: 3_000_000, 2: -7_000_000, 3: 11_000_000}
+    rounds = 8
+    to_reference: queue.Queue[tuple[int, Any]] = queue.Queue()
+    to_leader = {peer: queue.Queue[Any]() for peer in shifts}
+
+    def reference() -> None:
+        serve_pings(len(shifts) * rounds, clock=time.perf_counter_ns, recv_any=to_reference.get,
+                    send=lambda peer, values: to_leader[peer].put(values))
+
+    results: dict[int, Any] = {}
+
+    def leader(peer: int) -> None:
+        results[peer] = ping_reference(
+            reference_rank=0, clock=lambda: time.perf_counter_ns() + shifts[peer], rounds=rounds,
+            send=lambda _ref, values: to_reference.put((peer, values)), recv=lambda _ref: to_leader[peer].get(),
+        )
+
+    threads = [threading.Thread(target=reference)] + [threading.Thread(target=leader, args=(p,)) for p in shifts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for peer, shift in shifts.items():
+        sample = results[peer]
+        assert abs(sample.offset_ns + shift) <= sample.rtt_ns // 2 + 1, (peer, sample)
+
+
+def test_background_sync_never_waits_in_request_and_reports_failures() -> None:
+    gate = threading.Event()
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def measure() -> OffsetSample:
+        gate.wait(timeout=60)  # a round that takes as long as the test wants
+        if len(seen) == 2:
+            raise RuntimeError("peer gone")
+        return OffsetSample(len(seen), 1)
+
+    sync = BackgroundClockSync(measure, lambda sample, t0, t1: seen.append(sample.offset_ns), errors.append)
+    for _ in range(3):
+        sync.request()  # returns at once although no round can finish yet
+    assert seen == [] and not sync.wait(timeout=0.05)
+    gate.set()
+    assert sync.wait(timeout=60) is False  # the third round failed ...
+    assert seen == [0, 1] and [str(e) for e in errors] == ["peer gone"] and sync.failed
+    sync.request()  # ... and later requests are ignored
+    assert sync.close(timeout=1) is False and len(sync.blocked_ns) == 4
+
+
+def _host_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from goodtrace.integrations.torch import instrument
+
+    socket.gethostname = lambda: "host-a" if rank == 0 else "host-b"  # ranks 1 and 2 share a host
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    gt.init(run_dir, rank=rank, world_size=world)
+    integration = instrument(live=False, memory=False, clock_sync_every=2, clock_sync_rounds=8)
+    for step in range(1, 5):
+        with gt.step(step):  # steps 2 and 4 ask for a round at their end; nothing waits for it
+            dist.barrier()
+    gt.finish()  # lets the asked-for rounds finish
+    offsets = [(s.offset_ns, s.rtt_ns) for s in integration.clock_offsets]
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(offsets))
+    dist.destroy_process_group()
+
+
+def test_one_rank_per_host_measures_and_its_host_shares_the_result(tmp_path: Path) -> None:
+    run_dir, out_dir = tmp_path / "run", tmp_path / "out"
+    out_dir.mkdir()
+    ctx = multiprocessing.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_host_worker, args=(r, 3, port, str(run_dir), str(out_dir))) for r in range(3)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+        if proc.is_alive():
+            proc.kill()
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    by_rank = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(3)]
+    assert len(by_rank[1]) == 3  # start-up, steps 2 and 4
+    assert by_rank[0] == [[0, 0]] * 3
+    assert by_rank[2] == by_rank[1]  # rank 2 measured nothing: it took its host leader's result
+    for offset, rtt in by_rank[1]:
+        assert abs(offset) <= rtt // 2 + 100_000  # one machine, one clock: the true offset is 0
+    run = read_run(run_dir)
+    recorded = {s.rank: [(r["offset_ns"], r["rtt_ns"]) for r in s.of_kind("clock")] for s in run.sessions}
+    assert recorded[2] == recorded[1] == [tuple(x) for x in by_rank[1]]

@@ -18,7 +18,9 @@
   ``tokens_per_step`` and the device peak they give tokens/s, TFLOP/s and MFU in the live line,
   and are recorded once as the ``model`` event for offline analysis.
 * **Live aggregation** (``goodtrace.record.live``) over a dedicated gloo group created here, and
-  **clock alignment** (``goodtrace.record.clocksync``) at start-up and every ``clock_sync_every`` steps.
+  **clock alignment** (``goodtrace.record.clocksync``) at start-up and every ``clock_sync_every`` steps:
+  one rank per host measures (ranks of a host share its monotonic clock), hosts in parallel, on
+  a background thread over a dedicated gloo group; the training thread only asks for a round.
 
 ``instrument`` is collective when ``torch.distributed`` is initialised: all ranks call it.
 
@@ -38,6 +40,7 @@ import inspect
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,7 +50,14 @@ from goodtrace import schema
 from goodtrace.accelerators import peak_flops_for_device
 from goodtrace.integrations._common import Disabled, Integration, announce_model
 from goodtrace.integrations._common import warn as _warn
-from goodtrace.record.clocksync import OffsetSample, measure_offset
+from goodtrace.record.clocksync import (
+    BackgroundClockSync,
+    OffsetSample,
+    host_leaders,
+    measure_offset,
+    ping_reference,
+    serve_pings,
+)
 from goodtrace.record.live import GatherHandle, LiveAggregator, LocalTransport, Transport
 from goodtrace.record.torch_values import cuda_barrier
 
@@ -181,6 +191,71 @@ def sync_clocks(group: Any, clock: Callable[[], int], rounds: int = 16) -> Offse
     return measure_offset(rank=rank, world_size=world, clock=clock, send=send, recv=recv, rounds=rounds)
 
 
+class _ClockRounds:
+    """One clock round of this rank, point to point on a gloo group used for nothing else.
+
+    Only host leaders measure: the reference (group rank 0) answers their pings as they arrive
+    (:func:`serve_pings`), each other leader pings it (:func:`ping_reference`), and every leader
+    then sends its result to the other ranks of its host, which record it as their own (same
+    monotonic clock). Tags keep pings and results apart."""
+
+    PING_TAG = 7301
+    RESULT_TAG = 7302
+
+    def __init__(self, group: Any, clock: Callable[[], int], rounds: int, keys: Sequence[str]) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.group = group
+        self.clock = clock
+        self.rounds = rounds
+        self.rank = dist.get_rank(group)
+        leaders = host_leaders(keys)
+        self.leader = leaders[self.rank]
+        self.leaders = sorted(set(leaders))
+        self.followers = [r for r, leader in enumerate(leaders) if leader == self.rank and r != self.rank]
+        if leaders[0] != 0:  # pragma: no cover - host_leaders gives rank 0 itself
+            raise ValueError("rank 0 must lead its host")
+
+    def _send(self, peer: int, values: Sequence[int], tag: int) -> None:
+        tensor = torch.tensor(list(values), dtype=torch.int64)
+        if _p2p_takes_group_ranks():
+            self._dist.send(tensor, group=self.group, group_dst=peer, tag=tag)
+        else:  # torch < 2.6: peers by global rank
+            self._dist.send(tensor, self._dist.get_global_rank(self.group, peer), group=self.group, tag=tag)
+
+    def _recv(self, peer: int, size: int, tag: int) -> list[int]:
+        buffer = torch.zeros(size, dtype=torch.int64)
+        if _p2p_takes_group_ranks():
+            self._dist.recv(buffer, group=self.group, group_src=peer, tag=tag)
+        else:
+            self._dist.recv(buffer, self._dist.get_global_rank(self.group, peer), group=self.group, tag=tag)
+        return [int(x) for x in buffer.tolist()]
+
+    def _recv_any(self) -> tuple[int, Sequence[int]]:
+        buffer = torch.zeros(1, dtype=torch.int64)
+        sender = self._dist.recv(buffer, group=self.group, tag=self.PING_TAG)
+        return self._dist.get_group_rank(self.group, sender), [int(buffer.item())]
+
+    def measure(self) -> OffsetSample:
+        if self.rank == 0:
+            serve_pings((len(self.leaders) - 1) * self.rounds, clock=self.clock, recv_any=self._recv_any,
+                        send=lambda peer, values: self._send(peer, values, self.PING_TAG))
+            sample = OffsetSample(0, 0)
+        elif self.leader == self.rank:
+            sample = ping_reference(
+                reference_rank=0, clock=self.clock, rounds=self.rounds,
+                send=lambda peer, values: self._send(peer, values, self.PING_TAG),
+                recv=lambda peer: self._recv(peer, 2, self.PING_TAG),
+            )
+        else:
+            offset, rtt = self._recv(self.leader, 2, self.RESULT_TAG)
+            sample = OffsetSample(offset, rtt)
+        for follower in self.followers:
+            self._send(follower, (sample.offset_ns, sample.rtt_ns), self.RESULT_TAG)
+        return sample
+
+
 # ------------------------------------------------------------------------------ integration
 
 
@@ -294,8 +369,10 @@ class TorchIntegration(Integration):
             peak_flops = peak_flops_for(torch.cuda.get_device_name())
         self.peak_flops = peak_flops
         announce_model(recorder, tokens_per_step, flops_per_step, peak_flops)
+        self._clock_sync: BackgroundClockSync | None = None
+        self._group_timeout_s = group_timeout_s
         if self.group is not None:
-            self._sync_clocks()
+            self._start_clock_sync(group_timeout_s)
         if live:
             transport: Transport = GlooTransport(self.group) if self.group is not None else LocalTransport()
             self.aggregator = LiveAggregator(
@@ -323,9 +400,8 @@ class TorchIntegration(Integration):
             self.cuda_timer.end(number)
         if self.memory and number % self.log_every == 0:
             self._record_memory(number)
-        if (self.group is not None and self.clock_sync_every and number % self.clock_sync_every == 0
-                and sys.exc_info()[0] is None):  # a step that raised: perhaps a crash, no collective
-            self._sync_clocks()
+        if self._clock_sync is not None and self.clock_sync_every and number % self.clock_sync_every == 0:
+            self._clock_sync.request()  # the whole cost here: the round runs on its own thread
 
     def _record_memory(self, number: int) -> None:
         rss = _rss_bytes()
@@ -338,17 +414,31 @@ class TorchIntegration(Integration):
                                  "max", number)
             torch.cuda.reset_peak_memory_stats()
 
-    def _sync_clocks(self) -> None:
-        t0 = self.recorder.clock()
+    def _start_clock_sync(self, timeout_s: float) -> None:
+        """Collective, once: a gloo group for clock rounds, and which rank leads each host."""
+        import torch.distributed as dist
+
         try:
-            sample = sync_clocks(self.group, self.recorder.clock, self.clock_sync_rounds)
+            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+            shared = self.recorder.clock is time.perf_counter_ns  # the host's CLOCK_MONOTONIC
+            rank = dist.get_rank(group)
+            key = str(self.recorder.identity.host) if shared else f"{self.recorder.identity.host}#rank{rank}"
+            keys: list[Any] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(keys, key, group=group)
+            rounds = _ClockRounds(group, self.recorder.clock, self.clock_sync_rounds, [str(k) for k in keys])
         except Exception as exc:
-            _warn(f"clock alignment failed ({exc!r}); later alignment falls back to wall-clock anchors")
-            self.clock_sync_every = 0
+            _warn(f"clock alignment is off ({exc!r}); alignment falls back to wall-clock anchors")
             return
+        self._clock_sync = BackgroundClockSync(rounds.measure, self._clock_result, self._clock_failed,
+                                               clock=self.recorder.clock)
+        self._clock_sync.request()  # at start-up
+
+    def _clock_result(self, sample: OffsetSample, t0: int, t1: int) -> None:
         self.clock_offsets.append(sample)
         self.recorder.record_clock_offset(sample.offset_ns, sample.rtt_ns, 0)
-        self.recorder.record_span("clock_sync", schema.LOG, t0, self.recorder.clock())
+
+    def _clock_failed(self, exc: BaseException) -> None:
+        _warn(f"clock alignment failed ({exc!r}); later alignment falls back to wall-clock anchors")
 
     def _maybe_hook_compile(self) -> None:
         if not self._compile_wanted or self._compile_hooks is not None:
@@ -398,7 +488,10 @@ class TorchIntegration(Integration):
 
     # -------------------------------------------------------------- lifecycle
     def _before_close(self) -> None:
-        """Resolve outstanding CUDA events before the last live window."""
+        """Let requested clock rounds finish (bounded); resolve outstanding CUDA events before
+        the last live window."""
+        if self._clock_sync is not None:
+            self._clock_sync.close(timeout=min(30.0, self._group_timeout_s))
         if self.cuda_timer is not None:
             self.recorder.settle(schema.SYNC_FINISH)
             self.cuda_timer.poll(block=True)
@@ -406,6 +499,8 @@ class TorchIntegration(Integration):
     def _after_unhook(self) -> None:
         if getattr(self.recorder, "device_barrier", None) is cuda_barrier:
             self.recorder.device_barrier = None
+        if self._clock_sync is not None:  # any ending: stop asking, never wait for a round here
+            self._clock_sync.close(timeout=0.0)
         if self._compile_hooks is not None:
             try:
                 from torch._dynamo.callback import callback_handler

@@ -37,7 +37,7 @@ class Config:
     segment_bytes: int = 64 * 1024 * 1024
     remote_segment_bytes: int = 1024 * 1024
     remote_upload_interval_s: float = 1.0
-    storage_check_interval_s: float = 5.0
+    storage_check_interval_s: float = 10.0
     finish_timeout_s: float = 10.0
     overhead_categories: tuple[str, ...] = ()
     blocking_categories: tuple[str, ...] = ()
