@@ -7,7 +7,7 @@ hard kill loses only what was not yet written. A write is whole or undone: when 
 part-way (a full disk), the file is truncated back to where the chunk began; only if that fails
 too does a torn line stay behind, and :class:`TornWriteError` tells the writer never to append
 after it. ``check`` tells whether
-the open segment is still the file at its path (the run directory may have been deleted).
+the open segment was deleted (one ``fstat``; ``thorough`` also looks its path up).
 
 Object stores cannot append: the open segment is uploaded whole (overwriting the same key) and
 closed segments are never touched again; the parent "directory" is made once, not per upload.
@@ -38,8 +38,9 @@ class Storage(Protocol):
 
     def close_file(self, path: str) -> None: ...
 
-    def check(self, path: str) -> str | None:
-        """None while ``path`` is still the file being written; else what happened to it."""
+    def check(self, path: str, *, thorough: bool = False) -> str | None:
+        """None while ``path`` is still the file being written; else what happened to it.
+        ``thorough`` also looks the path up (a replaced file, NFS's renamed-on-delete files)."""
         ...
 
     def forget(self, path: str) -> None:
@@ -127,9 +128,16 @@ class LocalStorage:
             handle.write(data)
         os.replace(tmp, full)
 
-    def check(self, path: str) -> str | None:
+    def check(self, path: str, *, thorough: bool = False) -> str | None:
         handle = self._open.get(path)
         if handle is None:
+            return None
+        try:  # one call on the open file: no path lookup (a round trip per component on NFS)
+            if os.fstat(handle.fd).st_nlink == 0:
+                return "the run directory or the segment file was deleted"
+        except OSError as exc:  # NFS answers ESTALE for a file another client deleted
+            return f"the segment file is gone ({exc.strerror})"
+        if not thorough:
             return None
         try:
             st = os.stat(self._full(path))
@@ -187,7 +195,7 @@ class FsspecStorage:
             self._made.add(parent)
         self.fs.pipe_file(full, data)
 
-    def check(self, path: str) -> str | None:
+    def check(self, path: str, *, thorough: bool = False) -> str | None:
         return None
 
     def forget(self, path: str) -> None:

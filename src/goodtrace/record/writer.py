@@ -479,7 +479,7 @@ class Writer:
             if self._storage.remote:
                 self._maybe_upload(force=True)
             else:
-                self._check_storage()
+                self._check_storage(thorough=True)
                 self._storage.close_file(self._segment_path())
             self._closed_segment = True
         elif item.action == "upload":
@@ -543,13 +543,13 @@ class Writer:
             "until it works again",
         )
 
-    def _check_storage(self) -> None:
+    def _check_storage(self, *, thorough: bool = False) -> None:
         """Is our open segment still the file at its path (run directory not deleted or
         replaced)? If not, count what went into it since the last check as lost and continue in
         a new segment, which recreates the directory."""
         self._checked_at = time.monotonic()
         try:
-            problem = self._storage.check(self._segment_path())
+            problem = self._storage.check(self._segment_path(), thorough=thorough)
         except Exception as exc:
             problem = f"could not check it: {exc!r}"
         if problem:
@@ -570,7 +570,7 @@ class Writer:
         self._segment_has_header = False
 
     def _rotate(self) -> None:
-        self._check_storage()
+        self._check_storage(thorough=True)
         if self._segment_bytes:  # _check_storage may already have moved on
             try:
                 self._storage.close_file(self._segment_path())
