@@ -11,10 +11,13 @@ the training thread is idle the way it is while a GPU computes. Per backend and 
                ranks' means, and the worst rank's p99): must stay flat in N
   flush p50/p99  seconds per storage call of the writer's I/O thread (append, upload)
   ops/flush    filesystem operations per rank per flush interval, as the FUSE server counted
-               them (create, open, getattr, write, fsync, flush/release); the physical limit is
-               one write per flush interval and no open or getattr per flush
-  req/min      requests per rank per minute on the object store, and bytes uploaded per byte
-               of records (an object store cannot append: the open segment is re-uploaded)
+               them (create, open, getattr, write, fsync, flush/release), over the whole run
+               (one-off costs included: mkdir, create, header, the final fsync and close) and in
+               its steady middle (30% to 80% of the run); the physical limit is one write per
+               flush interval and no open or getattr per flush
+  req/min      requests per rank per minute on the object store (whole run, steady middle),
+               and bytes uploaded per byte of records (an object store cannot append: the open
+               segment is re-uploaded at every flush)
   dropped      records dropped (counted by the recorder)
   server op/s  the server's operations per second, all ranks together
 
@@ -35,6 +38,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from typing import Any
 
 # The servers are the test suite's (tests/helpers/storage_servers.py): one implementation of each.
@@ -114,8 +118,12 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
 
 
-def run_ranks(run_dir: str, ranks: int, seconds: float, env: dict[str, str]) -> list[dict[str, Any]]:
-    """N recorder processes, started together, each recording for ``seconds``."""
+def run_ranks(
+    run_dir: str, ranks: int, seconds: float, env: dict[str, str],
+    snapshot: Callable[[], dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]] | None]:
+    """N recorder processes, started together, each recording for ``seconds``; with ``snapshot``
+    (the server's counters), two snapshots in the steady middle of the run (30% and 80%)."""
     with tempfile.TemporaryDirectory() as tmp:
         go = os.path.join(tmp, "go")
         children = [
@@ -129,6 +137,12 @@ def run_ranks(run_dir: str, ranks: int, seconds: float, env: dict[str, str]) -> 
                 raise RuntimeError("a recorder process did not start")
             time.sleep(0.05)
         open(go, "w").close()
+        steady = None
+        if snapshot is not None:
+            time.sleep(0.3 * seconds)
+            first = snapshot()
+            time.sleep(0.5 * seconds)
+            steady = (first, snapshot())
         results = []
         for child in children:
             out, _ = child.communicate(timeout=seconds + 120)
@@ -136,11 +150,12 @@ def run_ranks(run_dir: str, ranks: int, seconds: float, env: dict[str, str]) -> 
             if child.returncode != 0 or not lines:
                 raise RuntimeError(f"a recorder process failed (exit {child.returncode})")
             results.append(json.loads(lines[-1]))
-    return results
+    return results, steady
 
 
 def summarise(backend: str, ranks: int, results: list[dict[str, Any]], server: dict[str, Any] | None,
-              record_bytes: int | None) -> dict[str, Any]:
+              record_bytes: int | None,
+              steady: tuple[dict[str, Any], dict[str, Any]] | None = None) -> dict[str, Any]:
     latencies = [x for r in results for x in r["latencies"]]
     seconds = statistics.mean(r["seconds"] for r in results)
     flushes = seconds / FLUSH_INTERVAL_S
@@ -161,6 +176,16 @@ def summarise(backend: str, ranks: int, results: list[dict[str, Any]], server: d
         row["ops_per_rank_per_flush"] = round(total / per, 2)
         row["ops_detail_per_rank_per_flush"] = {k: round(v / per, 2) for k, v in sorted(ops.items())}
         row["server_ops_per_s"] = round(total / server["seconds"], 1)
+    if steady is not None and "ops" in steady[0]:
+        (a, b), window = steady, steady[1]["seconds"] - steady[0]["seconds"]
+        delta = {k: v - a["ops"].get(k, 0) for k, v in b["ops"].items()}
+        per = ranks * window / FLUSH_INTERVAL_S
+        row["steady_ops_per_rank_per_flush"] = round(sum(delta.values()) / per, 2)
+        row["steady_ops_detail"] = {k: round(v / per, 2) for k, v in sorted(delta.items()) if v}
+    if steady is not None and "requests" in steady[0]:
+        (a, b), window = steady, steady[1]["seconds"] - steady[0]["seconds"]
+        total = sum(b["requests"].values()) - sum(a["requests"].values())
+        row["steady_requests_per_rank_per_min"] = round(total / ranks / (window / 60), 1)
     if server is not None and "requests" in server:
         total = sum(server["requests"].values())
         row["requests_per_rank_per_min"] = round(total / ranks / (seconds / 60), 1)
@@ -199,7 +224,7 @@ def main() -> None:
             if backend == "local":
                 for n in ranks:
                     run_dir = os.path.join(workdir, f"run-{n}")
-                    rows.append(summarise(backend, n, run_ranks(run_dir, n, seconds, {}), None, None))
+                    rows.append(summarise(backend, n, run_ranks(run_dir, n, seconds, {})[0], None, None))
                     print(_line(rows[-1]), file=sys.stderr, flush=True)
             elif backend.startswith("nfs-"):
                 reason = fuse_unavailable()
@@ -212,8 +237,8 @@ def main() -> None:
                         run_dir = os.path.join(nfs.mountpoint, f"run-{n}")
                         os.makedirs(run_dir)
                         nfs.command("reset")
-                        results = run_ranks(run_dir, n, seconds, {})
-                        rows.append(summarise(backend, n, results, nfs.stats(), None))
+                        results, steady = run_ranks(run_dir, n, seconds, {}, nfs.stats)
+                        rows.append(summarise(backend, n, results, nfs.stats(), None, steady))
                         print(_line(rows[-1]), file=sys.stderr, flush=True)
             elif backend == "s3":
                 reason = s3_unavailable()
@@ -223,10 +248,10 @@ def main() -> None:
                 with S3Server(workdir) as s3:
                     for n in ranks:
                         s3.reset()
-                        results = run_ranks(f"s3://{s3.bucket}/run-{n}", n, seconds, s3.env)
+                        results, steady = run_ranks(f"s3://{s3.bucket}/run-{n}", n, seconds, s3.env, s3.stats)
                         stats = s3.stats()
                         record_bytes = _s3_bytes(s3, f"{s3.bucket}/run-{n}")
-                        rows.append(summarise(backend, n, results, stats, record_bytes))
+                        rows.append(summarise(backend, n, results, stats, record_bytes, steady))
                         print(_line(rows[-1]), file=sys.stderr, flush=True)
             else:
                 parser.error(f"unknown backend {backend!r}")
@@ -257,14 +282,17 @@ def _line(row: dict[str, Any]) -> str:
 
 def _print_table(rows: list[dict[str, Any]], skipped: dict[str, str]) -> None:
     print(f"flush interval {FLUSH_INTERVAL_S} s; emulated NFS: one FUSE server, 8 slots, a round trip per op")
-    print("| backend | N | added ms/step (p99) | vs local | flush p50 / p99 ms | ops/rank/flush | req/rank/min "
-          "| dropped | server op/s |")
+    print("| backend | N | added ms/step (p99) | vs local | flush p50 / p99 ms | ops/rank/flush: whole run "
+          "(steady) | req/rank/min: whole run (steady) | dropped | server op/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
+        ops = f"{r['ops_per_rank_per_flush']} ({r['steady_ops_per_rank_per_flush']})" if "steady_ops_per_rank_per_flush" \
+            in r else ""
+        req = f"{r['requests_per_rank_per_min']} ({r['steady_requests_per_rank_per_min']})" \
+            if "steady_requests_per_rank_per_min" in r else ""
         print(f"| {r['backend']} | {r['ranks']} | {r['added_ms_per_step']:.3f} ({r['added_p99_ms']:.3f}) | "
               f"{r.get('added_vs_local', float('nan')):.2f}x | {r['flush_p50_ms']:.2f} / {r['flush_p99_ms']:.2f} | "
-              f"{r.get('ops_per_rank_per_flush', '')} | {r.get('requests_per_rank_per_min', '')} | {r['dropped']} | "
-              f"{r.get('server_ops_per_s', '')} |")
+              f"{ops} | {req} | {r['dropped']} | {r.get('server_ops_per_s', '')} |")
     for backend, reason in skipped.items():
         print(f"skipped {backend}: {reason}")
 

@@ -143,6 +143,7 @@ class BackgroundClockSync:
         self._failed = False
         self._stopped = False
         self.blocked_ns: list[int] = []  # the requesting thread's time in request(), per round
+        self.round_cpu_ns: list[int] = []  # CPU time of this thread per round (at most what it takes from others)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -188,8 +189,10 @@ class BackgroundClockSync:
                 if self._done >= self._requested:
                     return
             t0 = self._clock()
+            cpu0 = time.thread_time_ns()
             try:
                 sample = self._measure()
+                self.round_cpu_ns.append(time.thread_time_ns() - cpu0)
                 self._on_result(sample, t0, self._clock())
             except BaseException as exc:
                 with self._cond:

@@ -8,11 +8,12 @@ thread* on a fixed cadence: every flush interval it takes the records present at
 and writes a heartbeat after them (on time, whatever the producer does), and in between it
 takes whole chunks as soon as they fill, so a fast producer never leaves more than one chunk
 waiting. All conversion to JSON happens here, never on the hot path. The I/O thread appends
-each chunk with one write (local disk, NFS) or re-uploads the open segment (object stores);
-if storage is slow, hung or failing, chunks wait up to a byte limit, after which they are
-dropped and counted: training never waits. A failed write leaves no partial line behind, each
-segment has one header, and a deleted run directory is noticed (at heartbeats, at most every
-``storage_check_interval_s``, and at rotation) and recreated.
+each chunk with one write (local disk, NFS), or adds it to the open segment of an object store
+and uploads that at every heartbeat (every k-th with ``remote_upload_interval_s``); if storage
+is slow, hung or failing, chunks wait up to a byte limit, after which they are dropped and
+counted: training never waits. A failed write leaves no partial line behind, each segment has
+one header, and a deleted run directory is noticed (an ``fstat`` at a heartbeat at most every
+``storage_check_interval_s``; a path lookup at rotation and close) and recreated.
 
 Every count of records that did not reach storage is written into the next heartbeat
 (``dropped``), and ``close()`` returns False and says how many when it is not zero.
@@ -308,13 +309,13 @@ class Writer:
         self._wake = threading.Event()
         self._stop = threading.Event()  # the I/O thread ends once its queue is empty
         self._stop_flusher = threading.Event()
-        self._dropped = 0  # chunks that storage refused or could not take in time
+        self._dropped = 0  # records in chunks that storage refused or could not take in time
         self.lost_records = 0  # written into a file that was then deleted
         self.written_records = 0
         self.write_errors = 0
         self.stats = WriterStats()
         self._warned: set[str] = set()
-        # segment state (I/O thread only, or the closing thread once the I/O thread is idle)
+        # segment state: the I/O thread's alone (flush and close hand it actions, never touch it)
         self._segment = 0
         self._segment_bytes = 0
         self._segment_has_header = False
@@ -324,7 +325,6 @@ class Writer:
         self._beats_since_upload = 0
         self._checked_at = time.monotonic()
         self._records_since_check = 0
-        self._closed_segment = False
         self._flusher = threading.Thread(target=self._flush_loop, name="goodtrace-flusher", daemon=True)
         self._io = threading.Thread(target=self._io_loop, name="goodtrace-io", daemon=True)
 
@@ -481,7 +481,6 @@ class Writer:
             else:
                 self._check_storage(thorough=True)
                 self._storage.close_file(self._segment_path())
-            self._closed_segment = True
         elif item.action == "upload":
             if self._storage.remote:
                 self._maybe_upload(force=True)
