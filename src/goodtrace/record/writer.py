@@ -488,10 +488,11 @@ class Writer:
             self._write_chunk(item)
             if self._storage.remote:
                 # Upload on the heartbeat cadence: every k-th flush interval, k set by
-                # remote_upload_interval_s (1 by default), and the header at once.
+                # remote_upload_interval_s (1 by default), and the header at once. When a slow
+                # store left several chunks queued, one upload after the last of them does.
                 self._beats_since_upload += item.heartbeat
                 every = max(1, round(self._config.remote_upload_interval_s / self._config.flush_interval_s))
-                if item.action == "header" or self._beats_since_upload >= every:
+                if item.action == "header" or (self._beats_since_upload >= every and not self._io_queue):
                     self._maybe_upload(force=True)
 
     def _segment_path(self) -> str:
