@@ -473,9 +473,150 @@ static PyTypeObject SinkType = {
     .tp_members = sink_members,
 };
 
+/* ------------------------------------------------------------------------------ encode_plain_spans
+ * The writer's hot loop (goodtrace.record.writer._Encoder.encode_many): from records[start:],
+ * encode consecutive *plain* spans -- (key, t0, t1, step, thread, None, None) with int times,
+ * step and thread, whose key has a prefix in `prefixes` (key -> the UTF-8 bytes of
+ * '{"kind":"span","name":...,"cat":...,"t0":') -- into one bytes object, and stop at the first
+ * record that is anything else. Returns (bytes, index of that record). The lines are byte for
+ * byte what the Python encoder writes. No Python code runs inside the loop (exact tuples and
+ * ints; the dict lookup compares keys of str, bool and type), so the borrowed items stay valid. */
+
+/* Decimal digits of v at out (no terminator); returns how many. */
+static size_t
+put_u64(char *out, unsigned long long v)
+{
+    char tmp[24];
+    size_t n = 0, k;
+    do {
+        tmp[n++] = (char)('0' + (v % 10));
+        v /= 10;
+    } while (v != 0);
+    for (k = 0; k < n; k++) {
+        out[k] = tmp[n - 1 - k];
+    }
+    return n;
+}
+
+static size_t
+put_i64(char *out, long long v)
+{
+    if (v < 0) {
+        out[0] = '-';
+        return 1 + put_u64(out + 1, (unsigned long long)(-(v + 1)) + 1u);
+    }
+    return put_u64(out, (unsigned long long)v);
+}
+
+static size_t
+put_text(char *out, const char *text)
+{
+    size_t n = strlen(text);
+    memcpy(out, text, n);
+    return n;
+}
+
+static PyObject *
+speedups_encode_plain_spans(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *records, *prefixes, *result;
+    Py_ssize_t start, n, i;
+    char *buf = NULL;
+    size_t cap = 0, len = 0;
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "encode_plain_spans(records: list, prefixes: dict, start: int)");
+        return NULL;
+    }
+    records = args[0];
+    prefixes = args[1];
+    start = PyLong_AsSsize_t(args[2]);
+    if (start < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "start must be >= 0");
+        }
+        return NULL;
+    }
+    n = PyList_GET_SIZE(records);
+    {
+    PyObject *last_key = NULL, *last_prefix = NULL; /* borrowed: records and prefixes hold them */
+    for (i = start; i < n; i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        PyObject *key, *prefix, *t0, *t1, *step, *tid;
+        long long v0, v1, vstep;
+        unsigned long long vtid;
+        Py_ssize_t plen;
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 7) {
+            break;
+        }
+        key = PyTuple_GET_ITEM(rec, 0);
+        t0 = PyTuple_GET_ITEM(rec, 1);
+        t1 = PyTuple_GET_ITEM(rec, 2);
+        step = PyTuple_GET_ITEM(rec, 3);
+        tid = PyTuple_GET_ITEM(rec, 4);
+        if (!PyTuple_CheckExact(key) || PyTuple_GET_ITEM(rec, 5) != Py_None || PyTuple_GET_ITEM(rec, 6) != Py_None
+            || !PyLong_CheckExact(t0) || !PyLong_CheckExact(t1) || !PyLong_CheckExact(step)
+            || !PyLong_CheckExact(tid)) {
+            break;
+        }
+        if (key == last_key) {
+            prefix = last_prefix;
+        }
+        else {
+            prefix = PyDict_GetItemWithError(prefixes, key);
+            if (prefix == NULL) {
+                if (PyErr_Occurred()) {
+                    PyMem_Free(buf);
+                    return NULL;
+                }
+                break;
+            }
+            if (!PyBytes_Check(prefix)) {
+                break;
+            }
+            last_key = key;
+            last_prefix = prefix;
+        }
+        v0 = PyLong_AsLongLong(t0);
+        v1 = PyLong_AsLongLong(t1);
+        vstep = PyLong_AsLongLong(step);
+        vtid = PyLong_AsUnsignedLongLong(tid);
+        if (PyErr_Occurred()) { /* out of range: the Python encoder writes it */
+            PyErr_Clear();
+            break;
+        }
+        plen = PyBytes_GET_SIZE(prefix);
+        if (len + (size_t)plen + 160 > cap) {
+            size_t want = (len + (size_t)plen + 160) * 2;
+            char *grown = PyMem_Realloc(buf, want);
+            if (grown == NULL) {
+                PyMem_Free(buf);
+                return PyErr_NoMemory();
+            }
+            buf = grown;
+            cap = want;
+        }
+        memcpy(buf + len, PyBytes_AS_STRING(prefix), (size_t)plen);
+        len += (size_t)plen; /* then at most 4 numbers of 20 digits and 52 bytes of text */
+        len += put_i64(buf + len, v0);
+        len += put_text(buf + len, ",\"t1\":");
+        len += put_i64(buf + len, v1);
+        len += put_text(buf + len, ",\"step\":");
+        len += put_i64(buf + len, vstep);
+        len += put_text(buf + len, ",\"tid\":");
+        len += put_u64(buf + len, vtid);
+        len += put_text(buf + len, ",\"err\":false,\"attrs\":null}\n");
+    }
+    }
+    result = Py_BuildValue("(y#n)", buf == NULL ? "" : buf, (Py_ssize_t)len, i);
+    PyMem_Free(buf);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"span", (PyCFunction)(void (*)(void))speedups_span, METH_FASTCALL | METH_KEYWORDS, span_doc},
     {"new_span", speedups_new_span, METH_O, "new_span(cls): an empty span of a SpanBase subclass."},
+    {"encode_plain_spans", (PyCFunction)(void (*)(void))speedups_encode_plain_spans, METH_FASTCALL,
+     "encode_plain_spans(records, prefixes, start) -> (bytes, stop): the writer's loop over plain spans."},
     {"bind", speedups_bind, METH_VARARGS,
      "bind(recorder_globals, slow_span): read state from these globals; defer to slow_span."},
     {NULL, NULL, 0, NULL},

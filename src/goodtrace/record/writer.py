@@ -7,7 +7,8 @@ rest. The *flusher* hands bounded chunks (at most ``CHUNK_RECORDS`` records) to 
 thread* on a fixed cadence: every flush interval it takes the records present at that moment
 and writes a heartbeat after them (on time, whatever the producer does), and in between it
 takes whole chunks as soon as they fill, so a fast producer never leaves more than one chunk
-waiting. All conversion to JSON happens here, never on the hot path. The I/O thread appends
+waiting. All conversion to JSON happens here, never on the hot path (runs of plain spans in
+one C call, ``_speedups.encode_plain_spans``, when the extension was built). The I/O thread appends
 each chunk with one write (local disk, NFS), or adds it to the open segment of an object store
 and uploads that at every heartbeat (every k-th with ``remote_upload_interval_s``); if storage
 is slow, hung or failing, chunks wait up to a byte limit, after which they are dropped and
@@ -35,7 +36,7 @@ from goodtrace.record.config import Config
 from goodtrace.record.errors import describe, warn
 from goodtrace.record.storage import Storage, TornWriteError
 
-CHUNK_RECORDS = 8192  # records per chunk handed to the I/O thread (about 1 MiB of JSON)
+CHUNK_RECORDS = 32_768  # records per chunk handed to the I/O thread (about 4-5 MiB of JSON)
 POLL_S = 0.02  # how often the flusher looks for a full chunk between heartbeats
 HEADER_TIMEOUT_S = 2.0  # how long start() waits for the first header to reach storage
 
@@ -44,10 +45,13 @@ try:
     if os.environ.get("GOODTRACE_PURE_PYTHON", "") not in ("", "0"):
         raise ImportError("GOODTRACE_PURE_PYTHON is set")
     _speedups = importlib.import_module("goodtrace.record._speedups")
-    if not hasattr(_speedups, "Sink"):
-        raise ImportError("an older build of _speedups without Sink")
+    if not hasattr(_speedups, "Sink") or not hasattr(_speedups, "encode_plain_spans"):
+        raise ImportError("an older build of _speedups")
 except ImportError:
     _speedups = None
+_encode_plain_spans: Callable[[list[tuple[Any, ...]], dict[Any, bytes], int], tuple[bytes, int]] | None = (
+    None if _speedups is None else _speedups.encode_plain_spans
+)
 
 
 class RecordBuffer:
@@ -151,6 +155,7 @@ class _Encoder:
     def __init__(self) -> None:
         self._strings: dict[Any, str] = {}
         self._span_formats: dict[Any, str] = {}
+        self._span_prefixes: dict[Any, bytes] = {}  # the same, up to "t0": (for the C loop)
 
     def string(self, value: Any) -> str:
         try:
@@ -168,24 +173,42 @@ class _Encoder:
     def step(value: Any) -> str:
         return "null" if value is None else str(int(value))
 
-    def encode_many(self, records: list[tuple[Any, ...]], out: list[str], on_error: Callable[[Exception], None]) -> int:
-        """Append the lines of ``records`` to ``out``; returns how many were encoded."""
+    def encode_many(
+        self, records: list[tuple[Any, ...]], out: list[bytes], on_error: Callable[[Exception], None]
+    ) -> int:
+        """Append the UTF-8 lines of ``records`` to ``out``; returns how many were encoded.
+
+        Runs of plain spans (no attributes, no error, int times, step and thread) whose key was
+        seen before go through ``_speedups.encode_plain_spans`` in one call when it was built;
+        every other record, and the first span of each key, through the Python code below,
+        which writes the same bytes."""
+        fast = _encode_plain_spans
+        prefixes = self._span_prefixes
         formats = self._span_formats
-        get_format = formats.get
         push = out.append
-        encode = self.encode
         done = 0
-        for record in records:
-            key = record[0]
+        index, total = 0, len(records)
+        while index < total:
+            if fast is not None:
+                data, stop = fast(records, prefixes, index)
+                if stop > index:
+                    push(data)
+                    done += stop - index
+                    index = stop
+                    if index >= total:
+                        break
+            record = records[index]
+            index += 1
             try:
-                # The common span (no attributes, no error, an int step) in one %-format.
+                key = record[0]
                 if key.__class__ is tuple and record[5] is None and record[6] is None and record[3].__class__ is int:
-                    fmt = get_format(key)
+                    fmt = formats.get(key)
                     if fmt is None:
                         fmt = self._span_format(key)
-                    push(fmt % record[1:5])
+                    line = fmt % record[1:5]  # the common span in one %-format
                 else:
-                    push(encode(record))
+                    line = self.encode(record)
+                push(line.encode("utf-8", "surrogatepass"))
                 done += 1
             except Exception as exc:
                 on_error(exc)
@@ -193,12 +216,11 @@ class _Encoder:
 
     def _span_format(self, key: Any) -> str:
         s = self.string
-        fmt = (
-            f'{{"kind":"span","name":{s(key[0])},"cat":{s(key[1])},'.replace("%", "%%")
-            + '"t0":%d,"t1":%d,"step":%d,"tid":%d,"err":false,"attrs":null}\n'
-        )
+        prefix = f'{{"kind":"span","name":{s(key[0])},"cat":{s(key[1])},"t0":'
+        fmt = prefix.replace("%", "%%") + '%d,"t1":%d,"step":%d,"tid":%d,"err":false,"attrs":null}\n'
         if len(self._span_formats) < 100_000:
             self._span_formats[key] = fmt
+            self._span_prefixes[key] = prefix.encode("utf-8", "surrogatepass")
         return fmt
 
     def encode(self, record: tuple[Any, ...]) -> str:
@@ -359,8 +381,9 @@ class Writer:
         while not self._stop_flusher.is_set():
             try:
                 now = time.monotonic()
-                self._wake.wait(max(0.0, min(poll, next_beat - now)))
-                self._wake.clear()
+                if len(self._buffer) < CHUNK_RECORDS:  # a full chunk goes at once: no idle gap
+                    self._wake.wait(max(0.0, min(poll, next_beat - now)))
+                    self._wake.clear()
                 if self._stop_flusher.is_set():
                     break
                 now = time.monotonic()
@@ -409,15 +432,15 @@ class Writer:
                 left -= take
                 started = time.perf_counter()
                 records = [popleft() for _ in range(take)]
-                lines: list[str] = []
+                lines: list[bytes] = []
                 count = self._encoder.encode_many(records, lines, self._encode_error)
                 last = left <= 0
                 if last and heartbeat:
                     lines.append(
                         f'{{"kind":"heartbeat","wall":{time.time_ns()},"mono":{self._clock()},'
-                        f'"dropped":{self.dropped_records}}}\n'
+                        f'"dropped":{self.dropped_records}}}\n'.encode()
                     )
-                data = "".join(lines).encode("utf-8", "surrogatepass")
+                data = b"".join(lines)
                 self.stats.encode_seconds.append(time.perf_counter() - started)
                 self._enqueue(data, count, heartbeat=last and heartbeat, deadline=deadline)
                 if last:
