@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import json
 import os
 import random
@@ -96,6 +97,18 @@ def newest_record_ns(run_dir: str) -> int:
     return newest
 
 
+def heartbeat_monos(run_dir: str) -> list[int]:
+    """The monotonic times of every heartbeat of the run, in order (a byte scan, no JSON for the
+    other lines: the 500 k runs write ~150 MB)."""
+    monos = []
+    for path in sorted(glob.glob(f"{run_dir}/rank-*/*.jsonl")):
+        with open(path, "rb") as handle:
+            for line in handle:
+                if line.startswith(b'{"kind":"heartbeat"') and line.endswith(b"\n"):
+                    monos.append(int(json.loads(line)["mono"]))
+    return monos
+
+
 @pytest.mark.parametrize(
     ("rate", "syscall"),
     [(2_500, True), (140_000, False), (140_000, True), (500_000, False)],
@@ -130,6 +143,11 @@ def test_sigkill_loses_at_most_one_interval_plus_one_chunk(tmp_path: Path, rate:
         bound = FLUSH_S + 2 * chunk_s + 2 * late + 2 * sys.getswitchinterval()
         print(f"rate {rate}/s syscall={syscall}: {records} records, lost {lost_s:.3f} s, bound {bound:.3f} s")
         assert lost_s <= bound, f"lost {lost_s:.3f} s of records at {rate}/s (bound {bound:.3f} s)"
+        # Heartbeats on time whatever the producer does: no gap between two longer than the same bound.
+        beats = heartbeat_monos(run_dir)
+        assert len(beats) >= 2
+        gap = max(b - a for a, b in itertools.pairwise(beats)) / 1e9
+        assert gap <= bound, f"heartbeats {gap:.3f} s apart at {rate}/s (bound {bound:.3f} s)"
 
 
 BOUND_CHILD = textwrap.dedent(
