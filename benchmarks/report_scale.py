@@ -96,21 +96,21 @@ def write_rank(root: Path, rank: int, world: int, steps: int, spans: int, seed: 
         if k % 97 == 13:
             enc_append(encode((gck, t + length // 2, t + length // 2 + 3_000_000, k, 1, None, None)))
             records += 1
-        enc_append(encode((schema.STEP, k, t, t + length)))
+        enc_append(encode((schema.STEP, k, t, t + length, k)))  # seq: execution k
         if previous_sync is not None:
-            enc_append(encode((schema.SYNC, previous_sync[0], t + length, schema.SYNC_LAG)))
+            enc_append(encode((schema.SYNC, previous_sync[0], t + length, schema.SYNC_LAG, previous_sync[0])))
             records += 1
         previous_sync = (k, t + length)
         t += length
         records += spans + 1
         if k % 100 == 99:
-            enc_append(encode((schema.SYNC, k, t + 1_000, schema.SYNC_BLOCKING)))
+            enc_append(encode((schema.SYNC, k, t + 1_000, schema.SYNC_BLOCKING, k)))
             previous_sync = None
             enc_append(encode((ckpt, t + 2_000, t + 2_000 + int(1.5 * SECOND), k, 1, None, None)))
             t += 2_000 + int(1.5 * SECOND)
             records += 2
         elif k % 250 == 249:
-            enc_append(encode((schema.SYNC, k, t + 1_000, schema.SYNC_BLOCKING)))
+            enc_append(encode((schema.SYNC, k, t + 1_000, schema.SYNC_BLOCKING, k)))
             previous_sync = None
             enc_append(encode((evalk, t + 2_000, t + 2_000 + 3 * SECOND, k, 1, None, None)))
             t += 2_000 + 3 * SECOND
@@ -122,7 +122,7 @@ def write_rank(root: Path, rank: int, world: int, steps: int, spans: int, seed: 
             records += 1
     if previous_sync is not None:
         t += SECOND // 10
-        enc_append(encode((schema.SYNC, previous_sync[0], t, schema.SYNC_FINISH)))
+        enc_append(encode((schema.SYNC, previous_sync[0], t, schema.SYNC_FINISH, previous_sync[0])))
         records += 1
     enc_append(encode((schema.FINISH, True, t + SECOND // 5, "finish")))
     records += 1
