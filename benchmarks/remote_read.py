@@ -24,7 +24,9 @@ whether the report's JSON equals the local one (minus the path and the mirror's 
 average is printed before and after: on a shared machine, read the ratios, not the seconds.
 
 Usage: python benchmarks/remote_read.py [--quick] [--json] [--ranks 16,256] [--steps N]
-       [--rtt-ms 0.5,3] [--s3-latency-ms 0,20] [--backends local,nfs,s3]
+       [--rtt-ms 0.5,3] [--s3-latency-ms 0,20] [--backends local,nfs,s3] [--keep DIR]
+
+--quick: 4 and 40 ranks x 20 steps, S3 at 20 ms only (under a minute).
 """
 
 from __future__ import annotations
@@ -118,7 +120,11 @@ def run_commands(size: Size, run: str, work: Path, env: dict[str, str], *, trace
     row["_report"] = report
     if trace:
         target = work / "trace.json"
+        if before is not None:
+            before()
         seconds, peak, _ = timed(goodtrace("trace", run, "--steps", size.steps_arg, "-o", str(target)), env)
+        if after is not None:
+            row["trace_counts"] = after()
         row.update(trace_s=round(seconds, 3), trace_peak_mib=round(peak), trace_bytes=target.stat().st_size)
         target.unlink()
     return row
@@ -163,6 +169,8 @@ def print_row(row: dict[str, Any]) -> None:
             parts.append(f"({row['trace_vs_local']:.2f}x)")
     if "fuse_ops_per_file" in row:
         parts.append(f"| {row['fuse_ops_per_file']} FUSE ops/file")
+        if "trace_counts" in row:
+            parts.append(f"(trace {row['trace_counts']['fuse_ops_per_file']})")
     if "requests_per_file" in row:
         parts.append(f"| {row['requests_per_file']} req/file {row['operations']}")
     if row.get("form") not in (None, "jsonl"):
@@ -251,15 +259,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small runs (under a minute)")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with the figures")
-    parser.add_argument("--ranks", help="comma-separated rank counts (default 16,256; --quick 8,80)")
+    parser.add_argument("--ranks", help="comma-separated rank counts (default 16,256; --quick 4,40)")
     parser.add_argument("--steps", type=int, help="steps per rank (default 200; --quick 20)")
     parser.add_argument("--rtt-ms", default="0.5,3", help="round trips of the emulated NFS, comma-separated")
-    parser.add_argument("--s3-latency-ms", default="0,20",
-                        help="delay of every S3 request (time to first byte), comma-separated")
+    parser.add_argument("--s3-latency-ms",
+                        help="delay of every S3 request (time to first byte), comma-separated (default 0,20; "
+                             "--quick 20)")
     parser.add_argument("--backends", default="local,nfs,s3", help="any of local,nfs,s3 (local always runs)")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep it")
     args = parser.parse_args()
-    ranks = [int(x) for x in (args.ranks or ("8,80" if args.quick else "16,256")).split(",")]
+    ranks = [int(x) for x in (args.ranks or ("4,40" if args.quick else "16,256")).split(",")]
+    s3_latencies = [float(x) for x in (args.s3_latency_ms or ("20" if args.quick else "0,20")).split(",")]
     steps = args.steps or (20 if args.quick else 200)
     backends = set(args.backends.split(","))
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="goodtrace-remote-read-"))
@@ -287,7 +297,7 @@ def main() -> None:
             if reason:
                 skipped["s3"] = reason
             else:
-                for latency in (float(x) for x in args.s3_latency_ms.split(",")):
+                for latency in s3_latencies:
                     bench_s3(sizes, work, latency, rows)
     finally:
         if not args.keep:
