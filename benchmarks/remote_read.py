@@ -18,6 +18,8 @@ segment per rank) at two or more sizes, then times ``goodtrace report RUN --json
                ``compacted-warm`` (the mirror of the JSON lines already there) and
                ``compacted-cold`` (an empty cache).
 
+The compacted run is also read from local disk (its baseline) and from the emulated NFS.
+
 Per row: seconds and peak RSS of each command, the ratio to local disk at the same size, the
 FUSE operations or S3 requests per segment file (LIST, GET, HEAD, ...), the bytes fetched, and
 whether the report's JSON equals the local one (minus the path and the mirror's note). The load
@@ -89,6 +91,7 @@ class Size:
         self.ranks, self.steps = ranks, steps
         self.name = f"run-{ranks}x{steps}"
         self.local = work / "local" / self.name
+        self.compacted = work / "local-compacted" / self.name  # the same run, after goodtrace compact
         t0 = time.perf_counter()
         self.records = sum(write_rank(self.local, r, ranks, steps, 10, seed=1) for r in range(ranks))
         self.generate_s = time.perf_counter() - t0
@@ -186,18 +189,28 @@ def bench_local(size: Size, work: Path, rows: list[dict[str, Any]]) -> None:
     size.baseline["jsonl"] = {"report_s": row["report_s"], "trace_s": row["trace_s"]}
     rows.append(finish_row(size, "local", row))
     print_row(rows[-1])
+    shutil.copytree(size.local, size.compacted)
+    seconds, peak, _ = timed(goodtrace("compact", str(size.compacted)), {})
+    print(f"compact {size.ranks} ranks: {seconds:.2f} s, peak {peak:.0f} MiB", flush=True)
+    row = run_commands(size, str(size.compacted), work, {})
+    size.reference_compacted = row["_report"]
+    size.baseline["compacted"] = {"report_s": row["report_s"], "trace_s": row["trace_s"]}
+    rows.append(finish_row(size, "local compacted", row, compacted=True))
+    print_row(rows[-1])
 
 
 def bench_nfs(sizes: list[Size], work: Path, rtt_ms: float, rows: list[dict[str, Any]]) -> None:
     with EmulatedNFS(str(work / f"nfs-{rtt_ms}"), rtt_ms=rtt_ms) as nfs:
         for size in sizes:
-            # Placed straight into the served directory: the write path is storage_scaling.py's.
-            shutil.copytree(size.local, os.path.join(nfs.serve_dir, size.name))
-            row = run_commands(size, os.path.join(nfs.mountpoint, size.name), work, {},
-                               before=lambda nfs=nfs: nfs.command("reset"),
-                               after=lambda nfs=nfs, size=size: nfs_ops(nfs, size.files))
-            rows.append(finish_row(size, f"nfs-{rtt_ms:g}ms", row))
-            print_row(rows[-1])
+            for source, suffix in ((size.local, ""), (size.compacted, " compacted")):
+                # Placed straight into the served directory: the write path is storage_scaling.py's.
+                name = os.path.join(suffix.strip() or "jsonl", size.name)
+                shutil.copytree(source, os.path.join(nfs.serve_dir, name))
+                row = run_commands(size, os.path.join(nfs.mountpoint, name), work, {},
+                                   before=lambda nfs=nfs: nfs.command("reset"),
+                                   after=lambda nfs=nfs, size=size: nfs_ops(nfs, size.files))
+                rows.append(finish_row(size, f"nfs-{rtt_ms:g}ms{suffix}", row, compacted=bool(suffix)))
+                print_row(rows[-1])
 
 
 def upload(fs: Any, local: Path, remote: str) -> None:
@@ -216,10 +229,8 @@ def bench_s3(sizes: list[Size], work: Path, latency_ms: float, rows: list[dict[s
         fs = s3fs.S3FileSystem()
         for size in sizes:
             url = f"s3://{s3.bucket}/{size.name}"
-            local_copy = folder / size.name  # grown and compacted below; the size's run stays as it is
-            shutil.copytree(size.local, local_copy)
             t0 = time.perf_counter()
-            upload(fs, local_copy, url)
+            upload(fs, size.local, url)
             print(f"uploaded {size.files} files to {url} in {time.perf_counter() - t0:.1f} s", flush=True)
             cache = {"GOODTRACE_CACHE_DIR": str(folder / f"cache-{size.name}")}
 
@@ -230,24 +241,18 @@ def bench_s3(sizes: list[Size], work: Path, latency_ms: float, rows: list[dict[s
                 row = run_commands(size, url, work, cache, trace=trace, before=s3.reset, after=count)
                 rows.append(finish_row(size, f"{label} {phase}", row))
                 print_row(rows[-1])
-            # One rank's open segment grows (a live run): a heartbeat line appended and re-uploaded.
-            segment = sorted((local_copy / "rank-00000").glob("*.jsonl"))[0]
-            with open(segment, "a", encoding="utf-8") as handle:
-                handle.write('{"kind":"heartbeat","wall":1700000000000000000,"mono":1,"dropped":0}\n')
-            fs.put_file(str(segment), f"{url}/rank-00000/{segment.name}")
+            # One rank's open segment grows (a live run): a heartbeat line appended and re-uploaded,
+            # then the original put back.
+            segment = sorted((size.local / "rank-00000").glob("*.jsonl"))[0]
+            key = f"{url}/rank-00000/{segment.name}"
+            fs.pipe_file(key, segment.read_bytes() + b'{"kind":"heartbeat","wall":1700000000000000000,"mono":1,"dropped":0}\n')
             row = run_commands(size, url, work, cache, trace=False, before=s3.reset, after=count)
             rows.append(finish_row(size, f"{label} grown", row))
             rows[-1].pop("agrees_with_local", None)  # the local run did not grow
             print_row(rows[-1])
-            # Compacted: on local disk (the baseline), then its compact/ uploaded beside the segments.
-            seconds, peak, _ = timed(goodtrace("compact", str(local_copy)), {})
-            print(f"compact {size.ranks} ranks: {seconds:.2f} s, peak {peak:.0f} MiB", flush=True)
-            local = run_commands(size, str(local_copy), work, {})
-            size.reference_compacted = local["_report"]
-            size.baseline["compacted"] = {"report_s": local["report_s"], "trace_s": local["trace_s"]}
-            rows.append(finish_row(size, "local compacted", local, compacted=True))
-            print_row(rows[-1])
-            fs.put(str(local_copy / "compact") + "/", f"{url}/compact", recursive=True)
+            fs.put_file(str(segment), key)
+            # Compacted: its compact/ uploaded beside the segments, as a user would sync it.
+            fs.put(str(size.compacted / "compact") + "/", f"{url}/compact", recursive=True)
             for phase, fresh in (("compacted-warm", False), ("compacted-cold", True)):
                 env = {"GOODTRACE_CACHE_DIR": str(folder / f"cache-{size.name}-cold")} if fresh else cache
                 row = run_commands(size, url, work, env, trace=fresh, before=s3.reset, after=count)
