@@ -144,6 +144,22 @@ def test_a_compacted_run_is_fetched_as_its_parquet_copy(tmp_path: Path, s3_env: 
     assert grown.records == load_run(run).records
 
 
+def test_without_the_compacted_copy_every_segment_is_fetched(tmp_path: Path, s3_env: S3Server) -> None:
+    """A reader of the JSON lines alone (load_run's fallback when the Parquet copy cannot be
+    read) gets every segment, whatever an earlier mirror skipped."""
+    run = tmp_path / "run"
+    shutil.copytree(RESTART, run)
+    compact_run(run)
+    url = _upload(run, s3_env)
+    local = Path(mirror_run(url))
+    assert not _files(local)  # all four covered by the Parquet copy
+    s3_env.reset()
+    assert Path(mirror_run(url, use_compact=False)) == local
+    assert _requests(s3_env) == {"LIST": 1, "GET": 4}
+    assert _files(local) == _files(run)
+    assert (local / "compact" / "records.parquet").exists()
+
+
 def test_a_compacted_copy_of_another_format_does_not_replace_the_segments(tmp_path: Path, s3_env: S3Server) -> None:
     run = tmp_path / "run"
     shutil.copytree(RESTART, run)

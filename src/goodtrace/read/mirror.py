@@ -68,6 +68,7 @@ def mirror_run(
     cache_dir: str | None = None,
     progress: Progress | None = None,
     threads: int | None = None,
+    use_compact: bool = True,
 ) -> str:
     """Copy a run on object storage (any fsspec URL: s3://, gs://, ...) into a local cache and
     return that directory, which DuckDB then reads like any local run.
@@ -77,7 +78,8 @@ def mirror_run(
     default 32) at a time: rotated segments never change, so re-reading a live run fetches its
     open segments only. Segments gone from the source go from the mirror. When the run has a
     compacted copy this reader understands, it is fetched too, and a segment it covers (same
-    size as when compacted) is read from it rather than fetched."""
+    size as when compacted) is read from it rather than fetched; ``use_compact=False`` (a
+    reader of the JSON lines alone) fetches every segment and leaves the copy as it is."""
     workers = _threads(threads)
     try:
         import fsspec
@@ -105,11 +107,12 @@ def mirror_run(
     wanted: dict[str, _Remote] = {}
     covered: dict[str, int] = {}
     if compacted:
-        # First: its manifest says which segments need not be fetched at all (none when this
-        # reader would not use the copy; it is kept anyway, so that it is not fetched again).
+        # Kept when mirrored (an unusable copy too, so that it is not fetched again); when used,
+        # fetched first: its manifest says which segments need not be fetched at all.
         wanted.update({_MANIFEST: remote[_MANIFEST], _PARQUET: remote[_PARQUET]})
-        fetcher.fetch(wanted, "fetching the compacted copy")
-        covered = _covered_segments(local)
+        if use_compact:
+            fetcher.fetch(wanted, "fetching the compacted copy")
+            covered = _covered_segments(local)
     for rel, obj in segments.items():
         if obj.size is None or covered.get(rel) != obj.size:
             wanted[rel] = obj
