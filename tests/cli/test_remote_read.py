@@ -3,7 +3,7 @@ subprocesses against servers really started here: an S3-compatible store (moto o
 read through the local mirror) and an emulated network filesystem (a FUSE mount, read as a
 path). Each gives the same output as the local copy; a second read from S3 fetches nothing; a
 compacted run on S3 is read from Parquet; a store that cannot be reached, or no credentials, is
-one error line. Skipped, with the reason, only where FUSE may not mount or the S3 packages are
+one error line. ``goodtrace records`` reads a URL through the same mirror. Skipped, with the reason, only where FUSE may not mount or the S3 packages are
 missing."""
 
 from __future__ import annotations
@@ -113,6 +113,20 @@ def test_compacted_run_on_s3_is_read_from_parquet(s3: S3Server, tmp_path: Path) 
     assert s3.stats()["operations"] == {"LIST": 1, "GET": 2}
     assert comparable(remote) == comparable(report(str(run)))
     assert trace(url, tmp_path / "remote.json", env) == trace(str(run), tmp_path / "local.json")
+
+
+def test_records_from_s3_equal_the_local_ones(s3: S3Server, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(RESTART, run)
+    assert goodtrace("compact", str(run)).returncode == 0  # records reads JSON lines: all of them
+    url = upload(s3, run)
+    env = {**s3.env, "GOODTRACE_CACHE_DIR": str(tmp_path / "cache")}
+    s3.reset()
+    remote = goodtrace("records", url, "--json", env=env)
+    assert remote.returncode == 0, remote.stderr
+    assert s3.stats()["operations"] == {"LIST": 1, "GET": 4}
+    local = goodtrace("records", str(run), "--json")
+    assert json.loads(remote.stdout)["sessions"] == json.loads(local.stdout)["sessions"]
 
 
 def test_report_and_trace_from_a_network_share(nfs: EmulatedNFS, tmp_path: Path) -> None:
