@@ -10,13 +10,15 @@
   (operation counts), ``reset``, ``freeze`` (every later operation waits until ``thaw``) and
   ``thaw``.
 * :class:`S3Server`: an S3-compatible object store, moto in server mode on 127.0.0.1, in its
-  own process, counting the requests it serves (``GET /_stats``, ``POST /_reset``).
+  own process, counting the requests it serves by method (``requests``) and by operation
+  (``operations``: LIST, GET of an object, HEAD, PUT, ...) and the bytes in and out
+  (``GET /_stats``, ``POST /_reset``).
 
 Both are context managers that start the server, wait until it answers, and on exit stop it
 and leave no mount or process behind. ``fuse_unavailable()`` / ``s3_unavailable()`` say why
 one cannot run here (None when it can). Run as a script, this file is the server itself:
 ``storage_servers.py nfs SERVE_DIR MOUNTPOINT --rtt-ms R --slots K --control SOCKET`` or
-``storage_servers.py s3 PORTFILE``.
+``storage_servers.py s3 PORTFILE [--latency-ms L]``.
 """
 
 from __future__ import annotations
@@ -159,12 +161,16 @@ def s3_unavailable() -> str | None:
 
 
 class S3Server:
-    """moto in server mode on 127.0.0.1 with one bucket; ``.env`` points s3fs/botocore at it."""
+    """moto in server mode on 127.0.0.1 with one bucket; ``.env`` points s3fs/botocore at it.
+    ``latency_ms`` delays every request by that much before it is served (requests are served
+    concurrently, as a real store's are), standing for a store's time to first byte."""
 
-    def __init__(self, workdir: str, bucket: str = "goodtrace", start_timeout_s: float = 60) -> None:
+    def __init__(self, workdir: str, bucket: str = "goodtrace", start_timeout_s: float = 60,
+                 latency_ms: float = 0.0) -> None:
         self.workdir = workdir
         self.bucket = bucket
         self.start_timeout_s = start_timeout_s
+        self.latency_ms = latency_ms
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -185,8 +191,8 @@ class S3Server:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(portfile)
         with open(os.path.join(self.workdir, "s3.log"), "wb") as log:
-            self.process = subprocess.Popen([sys.executable, _HERE, "s3", portfile], stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen([sys.executable, _HERE, "s3", portfile, "--latency-ms", str(self.latency_ms)],
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.start_timeout_s
         while not os.path.exists(portfile):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -396,9 +402,28 @@ def _serve_s3(args: argparse.Namespace) -> None:
     from werkzeug.serving import make_server
 
     backend = DomainDispatcherApplication(create_backend_app)
+    latency_s = args.latency_ms / 1000
     lock = threading.Lock()
     counts: collections.Counter[str] = collections.Counter()
-    totals = {"bytes_in": 0, "started": time.monotonic()}
+    operations: collections.Counter[str] = collections.Counter()
+    totals = {"bytes_in": 0, "bytes_out": 0, "started": time.monotonic()}
+
+    def operation(method: str, path: str) -> str:
+        """LIST (a bucket-level GET: ListObjects), GET (an object), or the method."""
+        if method == "GET":
+            return "GET" if "/" in path.strip("/") else "LIST"
+        return method
+
+    def counted(body: Any) -> Any:
+        try:
+            for part in body:
+                with lock:
+                    totals["bytes_out"] += len(part)
+                yield part
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
 
     def app(environ: dict[str, Any], start_response: Any) -> Any:
         path = environ.get("PATH_INFO", "")
@@ -406,15 +431,21 @@ def _serve_s3(args: argparse.Namespace) -> None:
             with lock:
                 if path == "/_reset":
                     counts.clear()
-                    totals.update(bytes_in=0, started=time.monotonic())
-                body = json.dumps({"requests": dict(counts), "bytes_in": totals["bytes_in"],
+                    operations.clear()
+                    totals.update(bytes_in=0, bytes_out=0, started=time.monotonic())
+                body = json.dumps({"requests": dict(counts), "operations": dict(operations),
+                                   "bytes_in": totals["bytes_in"], "bytes_out": totals["bytes_out"],
                                    "seconds": time.monotonic() - totals["started"]}).encode()
             start_response("200 OK", [("Content-Type", "application/json")])
             return [body]
+        method = environ.get("REQUEST_METHOD", "?")
+        if latency_s > 0:
+            time.sleep(latency_s)
         with lock:
-            counts[environ.get("REQUEST_METHOD", "?")] += 1
+            counts[method] += 1
+            operations[operation(method, path)] += 1
             totals["bytes_in"] += int(environ.get("CONTENT_LENGTH") or 0)
-        return backend(environ, start_response)
+        return counted(backend(environ, start_response))
 
     server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -435,6 +466,7 @@ def main() -> None:
     nfs.add_argument("--control", required=True)
     s3 = sub.add_parser("s3", help="moto's S3 on 127.0.0.1, counting requests")
     s3.add_argument("portfile")
+    s3.add_argument("--latency-ms", type=float, default=0.0)
     args = parser.parse_args()
     if args.what == "nfs":
         _serve_nfs(args)

@@ -175,7 +175,7 @@ def test_a_run_on_object_storage_is_read_through_a_local_mirror(
     loaded = load_run(url)
     assert buckets_s(analyze(loaded).partition) == buckets_s(analyze(load(local)).partition)
     assert any("local mirror" in w for w in loaded.warnings)
-    (mirrored,) = (tmp_path / "cache").glob("*/rank-*/*.jsonl")
+    (mirrored,) = (tmp_path / "cache").glob("*/mirrored/rank-*/*.jsonl")  # <hash of the URL>/<its name>
     assert (mirrored.parent.parent / "SOURCE").read_text().strip() == url
     first_mtime = os.stat(mirrored).st_mtime_ns
     # the job goes on: a second attempt appears; only the new file is fetched
@@ -187,7 +187,7 @@ def test_a_run_on_object_storage_is_read_through_a_local_mirror(
     again = analyze(load_run(url))
     assert buckets_s(again.partition) == {"productive": 5.0, "startup": 1.0, "disruption": 2.0}
     assert os.stat(mirrored).st_mtime_ns == first_mtime
-    assert len(list((tmp_path / "cache").glob("*/rank-*/*.jsonl"))) == 2
+    assert len(list((tmp_path / "cache").glob("*/mirrored/rank-*/*.jsonl"))) == 2
 
 
 def test_unreadable_urls_are_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

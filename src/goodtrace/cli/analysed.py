@@ -12,6 +12,7 @@ from goodtrace.cli import CommandError
 from goodtrace.cli.progress import progress_bar
 from goodtrace.read.load import LoadError, NotARunError, load_run
 from goodtrace.read.loaded import LoadedRun
+from goodtrace.read.mirror import RemoteReadError
 from goodtrace.record.storage import is_url, local_path
 
 __all__ = ["alive_here", "load_and_analyse"]
@@ -37,6 +38,8 @@ def load_and_analyse(run_dir: str, **options: Any) -> tuple[LoadedRun, RunAnalys
     update, stop = progress_bar()
     try:
         loaded = load_run(run_dir, progress=update)
+    except RemoteReadError as exc:  # the URL could not be read: the reason, not "not a run"
+        raise CommandError(str(exc)) from None
     except NotARunError as exc:
         raise CommandError(f"{exc}: not a goodtrace run directory") from None
     except OSError as exc:

@@ -1,59 +1,287 @@
-"""Runs on object storage: an incremental local mirror that the DuckDB reader reads."""
+"""Runs on object storage (any fsspec URL): an incremental local mirror that the DuckDB reader reads.
+
+One flat listing of the run (on S3 one request per 1,000 objects, not one per rank directory),
+then only what is new or changed since the last mirror is fetched, in parallel on a bounded
+pool of threads. A run compacted with ``goodtrace compact`` is mirrored with its Parquet copy
+(``RUN/compact/``), and the segments that copy covers unchanged are not fetched at all. Every
+failure is one :class:`RemoteReadError` line (a :class:`NotARunError`) naming the URL and the
+reason (a URL that holds no run is a plain ``NotARunError``, as a local path is). ``fsspec``
+is imported only here, when a URL is read.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
+import json
 import os
+from collections.abc import Iterable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from typing import Any
 
+from goodtrace.read.compact import COMPACT_DIR, COMPACT_FORMAT, COMPACT_MANIFEST, COMPACT_RECORDS
 from goodtrace.read.loaded import Progress
-from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
+from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError
 
-__all__ = ["mirror_run"]
+__all__ = ["DEFAULT_THREADS", "MIRROR_STATE", "RemoteReadError", "mirror_cache_dir", "mirror_run"]
+
+DEFAULT_THREADS = 32  # fetches in flight; GOODTRACE_MIRROR_THREADS overrides
+MIRROR_STATE = "MIRROR.json"  # in the mirror: what each local file was fetched as (size, tag)
+_MANIFEST = f"{COMPACT_DIR}/{COMPACT_MANIFEST}"
+_PARQUET = f"{COMPACT_DIR}/{COMPACT_RECORDS}"
+# Listing fields that change when an object is rewritten, by filesystem (S3, GCS, Azure, local...).
+_TAG_FIELDS = ("ETag", "etag", "md5Hash", "generation", "content_md5", "mtime", "LastModified", "last_modified")
 
 
-def mirror_run(url: str, *, cache_dir: str | None = None, progress: Progress | None = None) -> str:
-    """Copy a run on object storage (any fsspec URL: s3://, gs://, ...) into a local cache and
-    return that directory. Only segments that are new or whose size changed since the last
-    mirror are fetched (rotated segments never change), so re-reading a live run is cheap.
+class RemoteReadError(NotARunError):
+    """The run's URL could not be listed or one of its files not fetched (the message says why)."""
 
-    The cache is ``$GOODTRACE_CACHE_DIR`` (default ``~/.cache/goodtrace/runs``), one folder per
-    URL. DuckDB then reads it like any local run."""
-    try:
-        import fsspec
-    except ImportError:
-        raise NotARunError(f"{url!r}: reading a run from a URL needs fsspec (pip install 'goodtrace[remote]')") from None
-    try:
-        fs, root = fsspec.core.url_to_fs(url)
-        listing = fs.glob(root.rstrip("/") + "/rank-*/*" + SEGMENT_SUFFIX, detail=True)
-    except Exception as exc:  # unknown protocol, missing credentials, network errors
-        raise NotARunError(f"{url!r}: cannot list the run ({type(exc).__name__}: {exc})") from None
-    remote: dict[str, tuple[str, int | None]] = {}
-    for path, info in sorted(listing.items()):
-        rank_dir, name = path.rsplit("/", 2)[-2:]
-        if not rank_dir.startswith("rank-") or name.startswith(".") or os.sep in name:
-            continue
-        remote[os.path.join(rank_dir, name)] = (path, info.get("size"))
-    if not remote:
-        raise NotARunError(f"{url!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
+
+@dataclasses.dataclass(frozen=True)
+class _Remote:
+    path: str  # the filesystem's path of the object
+    size: int | None
+    tag: str | None
+
+    def state(self) -> list[Any]:
+        return [self.size, self.tag]
+
+
+def mirror_cache_dir(url: str, cache_dir: str | None = None) -> str:
+    """The local folder that mirrors ``url``: in ``$GOODTRACE_CACHE_DIR`` (default
+    ``$XDG_CACHE_HOME/goodtrace/runs``, i.e. ``~/.cache/goodtrace/runs``), ``<hash of the
+    URL>/<the URL's last name>``, so that what names a run by its folder (the trace's run name)
+    shows the run's own name."""
     base = cache_dir or os.environ.get("GOODTRACE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "goodtrace", "runs"
     )
-    local = os.path.join(base, hashlib.sha256(url.encode()).hexdigest()[:16])
+    name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1].split("://")[-1]
+    if not name or name in (".", "..") or name.startswith("."):
+        name = "run"
+    return os.path.join(base, hashlib.sha256(url.encode()).hexdigest()[:16], name)
+
+
+def mirror_run(
+    url: str,
+    *,
+    cache_dir: str | None = None,
+    progress: Progress | None = None,
+    threads: int | None = None,
+    use_compact: bool = True,
+) -> str:
+    """Copy a run on object storage (any fsspec URL: s3://, gs://, ...) into a local cache and
+    return that directory, which DuckDB then reads like any local run.
+
+    Only files that are new, or whose size or tag (ETag, generation, mtime) changed since the
+    last mirror of the same URL, are fetched, ``threads`` (``$GOODTRACE_MIRROR_THREADS``,
+    default 32) at a time: rotated segments never change, so re-reading a live run fetches its
+    open segments only. Segments gone from the source go from the mirror. When the run has a
+    compacted copy this reader understands, it is fetched too, and a segment it covers (same
+    size as when compacted) is read from it rather than fetched; ``use_compact=False`` (a
+    reader of the JSON lines alone) fetches every segment and leaves the copy as it is."""
+    workers = _threads(threads)
+    try:
+        import fsspec
+    except ImportError:
+        raise RemoteReadError(f"{url!r}: reading a run from a URL needs fsspec (pip install 'goodtrace[remote]')") from None
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+    except Exception as exc:  # unknown protocol, a missing driver (s3fs, gcsfs), a malformed URL
+        raise RemoteReadError(f"{url!r}: cannot list the run ({_reason(exc)})") from None
+    if progress is not None:
+        progress("listing the run", 0, 1)
+    remote = _list_run(fs, root.rstrip("/"), url)
+    if progress is not None:
+        progress("listing the run", 1, 1)
+    segments = {rel: obj for rel, obj in remote.items() if _is_segment(rel)}
+    compacted = _MANIFEST in remote and _PARQUET in remote
+    if not segments and not compacted:
+        raise NotARunError(f"{url!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
+    local = mirror_cache_dir(url, cache_dir)
     os.makedirs(local, exist_ok=True)
     with open(os.path.join(local, "SOURCE"), "w", encoding="utf-8") as handle:
         handle.write(url + "\n")
-    for done, (relative, (path, size)) in enumerate(remote.items()):
-        dest = os.path.join(local, relative)
-        if size is None or not os.path.exists(dest) or os.path.getsize(dest) != size:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            try:
-                fs.get_file(path, dest + ".part")
-            except Exception as exc:
-                raise NotARunError(f"{url!r}: cannot fetch {path!r} ({type(exc).__name__}: {exc})") from None
-            os.replace(dest + ".part", dest)
-        if progress is not None:
-            progress("fetching rank files", done + 1, len(remote))
-    for _, stale in list_segments(local):  # a segment gone from the source goes from the mirror
-        if os.path.relpath(stale, local) not in remote:
-            os.remove(stale)
+    state = _read_state(local)
+    fetcher = _Fetcher(fs, url, local, state, workers, progress)
+    wanted: dict[str, _Remote] = {}
+    covered: dict[str, int] = {}
+    if compacted:
+        # Kept when mirrored (an unusable copy too, so that it is not fetched again); when used,
+        # fetched first: its manifest says which segments need not be fetched at all.
+        wanted.update({_MANIFEST: remote[_MANIFEST], _PARQUET: remote[_PARQUET]})
+        if use_compact:
+            fetcher.fetch(wanted, "fetching the compacted copy")
+            covered = _covered_segments(local)
+    for rel, obj in segments.items():
+        if obj.size is None or covered.get(rel) != obj.size:
+            wanted[rel] = obj
+    fetcher.fetch({rel: obj for rel, obj in wanted.items() if rel not in (_MANIFEST, _PARQUET)},
+                  "fetching rank files")
+    _remove_unwanted(local, set(wanted))
+    _write_state(local, {rel: state[rel] for rel in wanted if rel in state})
     return local
+
+
+def _threads(threads: int | None) -> int:
+    if threads is None:
+        text = os.environ.get("GOODTRACE_MIRROR_THREADS", "").strip()
+        if not text:
+            return DEFAULT_THREADS
+        try:
+            threads = int(text)
+        except ValueError:
+            raise RemoteReadError(f"GOODTRACE_MIRROR_THREADS must be a positive integer, got {text!r}") from None
+    if threads < 1:
+        raise RemoteReadError(f"the mirror needs at least one thread, got {threads}")
+    return threads
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())  # one line, whatever the library put in its message
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _list_run(fs: Any, root: str, url: str) -> dict[str, _Remote]:
+    """Every object under the run, by '/'-separated path relative to it, from one flat listing
+    (``find`` without a depth: a glob of rank-*/ would list every rank directory on its own)."""
+    with contextlib.suppress(Exception):  # a long-lived process must see what changed since
+        fs.invalidate_cache(root)
+    try:
+        listing = fs.find(root, detail=True)
+    except FileNotFoundError:
+        listing = {}
+    except Exception as exc:  # missing credentials, an unreachable endpoint, no such bucket
+        raise RemoteReadError(f"{url!r}: cannot list the run ({_reason(exc)})") from None
+    prefix = root + "/"
+    found: dict[str, _Remote] = {}
+    for path, info in listing.items():
+        if not path.startswith(prefix) or info.get("type", "file") != "file":
+            continue
+        rel = path[len(prefix):]
+        tag = next((str(info[key]) for key in _TAG_FIELDS if info.get(key) is not None), None)
+        size = info.get("size")
+        found[rel] = _Remote(path, int(size) if isinstance(size, (int, float)) else None, tag)
+    return found
+
+
+def _is_segment(rel: str) -> bool:
+    parts = rel.split("/")
+    return (len(parts) == 2 and parts[0].startswith("rank-") and parts[1].endswith(SEGMENT_SUFFIX)
+            and not parts[1].startswith("."))
+
+
+def _covered_segments(local: str) -> dict[str, int]:
+    """Segment -> its size when compacted, from the mirrored manifest; empty when this reader
+    would not use the compacted copy (another format, unreadable, or not a whole Parquet file)."""
+    try:
+        with open(os.path.join(local, COMPACT_DIR, COMPACT_MANIFEST), encoding="utf-8") as handle:
+            manifest = json.load(handle)
+        with open(os.path.join(local, COMPACT_DIR, COMPACT_RECORDS), "rb") as handle:
+            head = handle.read(4)
+            handle.seek(-4, os.SEEK_END)
+            tail = handle.read(4)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(manifest, dict) or manifest.get("format") != COMPACT_FORMAT or head != b"PAR1" or tail != b"PAR1":
+        return {}
+    covered: dict[str, int] = {}
+    for entry in manifest.get("files", []):
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("size"), int):
+            covered[entry["path"].replace(os.sep, "/")] = entry["size"]
+    return covered
+
+
+class _Fetcher:
+    """Fetches what changed since the state says it was fetched, in parallel, into the mirror."""
+
+    def __init__(self, fs: Any, url: str, local: str, state: dict[str, list[Any]], workers: int,
+                 progress: Progress | None) -> None:
+        self.fs, self.url, self.local, self.state = fs, url, local, state
+        self.workers, self.progress = workers, progress
+
+    def changed(self, rel: str, obj: _Remote) -> bool:
+        dest = os.path.join(self.local, *rel.split("/"))
+        try:
+            size = os.path.getsize(dest)
+        except OSError:
+            return True
+        if obj.size is None or size != obj.size:
+            return True
+        known = self.state.get(rel)
+        if known is None:  # a mirror from before the state was kept: the size must do
+            self.state[rel] = obj.state()
+            return False
+        return bool(known != obj.state())
+
+    def fetch(self, objects: dict[str, _Remote], what: str) -> None:
+        todo = [(rel, obj) for rel, obj in objects.items() if self.changed(rel, obj)]
+        if not todo:
+            return
+        if self.progress is not None:
+            self.progress(what, 0, len(todo))
+        for rel in {rel.rsplit("/", 1)[0] for rel, _ in todo if "/" in rel}:
+            os.makedirs(os.path.join(self.local, *rel.split("/")), exist_ok=True)
+        pool = ThreadPoolExecutor(max_workers=min(self.workers, len(todo)), thread_name_prefix="goodtrace-mirror")
+        try:
+            pending: set[Future[str]] = {pool.submit(self._get, rel, obj) for rel, obj in todo}
+            done_count = 0
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    rel = future.result()  # the first failure ends the mirror, as one line
+                    self.state[rel] = objects[rel].state()
+                    done_count += 1
+                if self.progress is not None:
+                    self.progress(what, done_count, len(todo))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _get(self, rel: str, obj: _Remote) -> str:
+        dest = os.path.join(self.local, *rel.split("/"))
+        part = f"{dest}.{os.getpid()}.part"  # two readers of one URL never share a partial file
+        try:
+            self.fs.get_file(obj.path, part)
+            os.replace(part, dest)
+        except Exception as exc:
+            with contextlib.suppress(OSError):
+                os.remove(part)
+            raise RemoteReadError(f"{self.url!r}: cannot fetch {obj.path!r} ({_reason(exc)})") from None
+        return rel
+
+
+def _remove_unwanted(local: str, wanted: Iterable[str]) -> None:
+    """Segments gone from the source (or read from the compacted copy), and a compacted copy
+    the source no longer has, go from the mirror."""
+    keep = set(wanted)
+    for entry in os.listdir(local):
+        folder = os.path.join(local, entry)
+        if entry.startswith("rank-") and os.path.isdir(folder):
+            for name in os.listdir(folder):
+                rel = f"{entry}/{name}"
+                if name.endswith(SEGMENT_SUFFIX) and rel not in keep:
+                    with contextlib.suppress(OSError):
+                        os.remove(os.path.join(folder, name))
+    for rel in (_MANIFEST, _PARQUET):
+        if rel not in keep:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(local, *rel.split("/")))
+
+
+def _read_state(local: str) -> dict[str, list[Any]]:
+    try:
+        with open(os.path.join(local, MIRROR_STATE), encoding="utf-8") as handle:
+            state = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(state, dict) or not isinstance(state.get("files"), dict):
+        return {}
+    return {k: v for k, v in state["files"].items() if isinstance(v, list)}
+
+
+def _write_state(local: str, files: dict[str, list[Any]]) -> None:
+    target = os.path.join(local, MIRROR_STATE)
+    partial = f"{target}.{os.getpid()}.part"
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump({"format": 1, "files": files}, handle)
+    os.replace(partial, target)

@@ -16,9 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
     from goodtrace.read.sessions import NotARunError, read_run
+    from goodtrace.record.storage import is_url
 
     try:
-        loaded = read_run(args.run)
+        loaded = read_run(_mirrored(args.run) if is_url(args.run) else args.run)
     except NotARunError as exc:
         raise CommandError(str(exc)) from None
     rows = []
@@ -48,3 +49,15 @@ def run(args: argparse.Namespace) -> int:
     for problem in loaded.problems:
         print(f"warning: {problem}")
     return 0
+
+
+def _mirrored(url: str) -> str:
+    """A URL's local mirror (every segment: this view reads the JSON lines, never Parquet)."""
+    from goodtrace.cli.progress import progress_bar
+    from goodtrace.read.mirror import mirror_run
+
+    update, stop = progress_bar()
+    try:
+        return mirror_run(url, progress=update, use_compact=False)
+    finally:
+        stop()

@@ -1,0 +1,180 @@
+"""``goodtrace report`` and ``goodtrace trace --steps`` on a run that lives elsewhere, run as
+subprocesses against servers really started here: an S3-compatible store (moto on 127.0.0.1,
+read through the local mirror) and an emulated network filesystem (a FUSE mount, read as a
+path). Each gives the same output as the local copy; a second read from S3 fetches nothing; a
+compacted run on S3 is read from Parquet; a store that cannot be reached, or no credentials, is
+one error line. ``goodtrace records`` reads a URL through the same mirror. Skipped, with the reason, only where FUSE may not mount or the S3 packages are
+missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable
+
+DATA = Path(__file__).parent.parent / "data"
+RESTART = DATA / "runs" / "restart_2ranks"  # 2 ranks, a crash and a restart; figures by hand
+GOLDEN = DATA / "golden_trace_small" / "run"  # 3 ranks, 2 attempts, nested spans
+MIRROR_NOTE = "read from a local mirror of "
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    reason = s3_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with S3Server(str(tmp_path_factory.mktemp("s3"))) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def nfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatedNFS]:
+    reason = fuse_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with EmulatedNFS(str(tmp_path_factory.mktemp("nfs")), rtt_ms=0.5) as server:
+        yield server
+
+
+def goodtrace(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "goodtrace", *args], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "COLUMNS": "120", "GOODTRACE_PROGRESS": "0", **(env or {})},
+    )
+
+
+def report(run: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    done = goodtrace("report", run, "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def comparable(result: dict[str, Any]) -> dict[str, Any]:
+    """A report minus where it was read from: its path and the mirror's note."""
+    out = {k: v for k, v in result.items() if k != "path"}
+    out["warnings"] = [w for w in result["warnings"] if not w.startswith(MIRROR_NOTE)]
+    return out
+
+
+def trace(run: str, target: Path, env: dict[str, str] | None = None) -> Any:
+    done = goodtrace("trace", run, "--steps", "2:5", "-o", str(target), env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(target.read_text())
+
+
+def upload(s3: S3Server, local: Path) -> str:
+    """``local`` copied to a fresh prefix of the bucket, under the same folder name."""
+    from s3fs import S3FileSystem
+
+    url = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}/{local.name}"
+    S3FileSystem(client_kwargs={"endpoint_url": s3.endpoint}, key="testing", secret="testing").put(
+        str(local) + "/", url, recursive=True)
+    return url
+
+
+@pytest.mark.parametrize("source", [RESTART, GOLDEN], ids=["restart_2ranks", "golden_trace_small"])
+def test_report_and_trace_from_s3_equal_the_local_ones(source: Path, s3: S3Server, tmp_path: Path) -> None:
+    url = upload(s3, source)
+    env = {**s3.env, "GOODTRACE_CACHE_DIR": str(tmp_path / "cache")}
+    s3.reset()
+    remote = report(url, env)
+    assert s3.stats()["operations"]["LIST"] == 1
+    local = report(str(source))
+    assert remote["path"].startswith(str(tmp_path / "cache"))
+    assert any(w.startswith(f"{MIRROR_NOTE}{url!r}") for w in remote["warnings"])
+    assert comparable(remote) == comparable(local)
+
+    s3.reset()
+    assert trace(url, tmp_path / "remote.json", env) == trace(str(source), tmp_path / "local.json")
+    assert s3.stats()["operations"] == {"LIST": 1}  # the second read fetched nothing
+
+
+def test_compacted_run_on_s3_is_read_from_parquet(s3: S3Server, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(RESTART, run)
+    done = goodtrace("compact", str(run))
+    assert done.returncode == 0, done.stderr
+    url = upload(s3, run)
+    env = {**s3.env, "GOODTRACE_CACHE_DIR": str(tmp_path / "cache")}
+    s3.reset()
+    remote = report(url, env)
+    assert remote["form"] == "parquet"
+    assert s3.stats()["operations"] == {"LIST": 1, "GET": 2}
+    assert comparable(remote) == comparable(report(str(run)))
+    assert trace(url, tmp_path / "remote.json", env) == trace(str(run), tmp_path / "local.json")
+
+
+def test_records_from_s3_equal_the_local_ones(s3: S3Server, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(RESTART, run)
+    assert goodtrace("compact", str(run)).returncode == 0  # records reads JSON lines: all of them
+    url = upload(s3, run)
+    env = {**s3.env, "GOODTRACE_CACHE_DIR": str(tmp_path / "cache")}
+    s3.reset()
+    remote = goodtrace("records", url, "--json", env=env)
+    assert remote.returncode == 0, remote.stderr
+    assert s3.stats()["operations"] == {"LIST": 1, "GET": 4}
+    local = goodtrace("records", str(run), "--json")
+    assert json.loads(remote.stdout)["sessions"] == json.loads(local.stdout)["sessions"]
+
+
+def test_report_and_trace_from_a_network_share(nfs: EmulatedNFS, tmp_path: Path) -> None:
+    name = uuid.uuid4().hex[:8]
+    shutil.copytree(GOLDEN, Path(nfs.serve_dir) / name / "run")
+    shared = os.path.join(nfs.mountpoint, name, "run")
+    nfs.command("reset")
+    remote = report(shared)
+    assert nfs.stats()["ops"].get("read", 0) > 0  # it really went through the FUSE server
+    local = report(str(GOLDEN))
+    assert remote["path"] == shared
+    assert comparable(remote) == comparable(local)
+    assert trace(shared, tmp_path / "remote.json") == trace(str(GOLDEN), tmp_path / "local.json")
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_unreachable_store_is_one_error_line(tmp_path: Path) -> None:
+    pytest.importorskip("s3fs")
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1",
+           "GOODTRACE_CACHE_DIR": str(tmp_path)}
+    for command in (["report", "s3://bucket/run"], ["trace", "s3://bucket/run", "-o", str(tmp_path / "t.json")]):
+        line = _one_error_line(goodtrace(*command, env=env))
+        assert line.startswith(f"goodtrace {command[0]}: error: 's3://bucket/run': cannot list the run "
+                               "(EndpointConnectionError: Could not connect")
+        assert "not a goodtrace run directory" not in line
+
+
+def test_no_credentials_is_one_error_line(s3: S3Server, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=s3.endpoint, AWS_EC2_METADATA_DISABLED="true", AWS_MAX_ATTEMPTS="1",
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               GOODTRACE_CACHE_DIR=str(tmp_path), COLUMNS="120", GOODTRACE_PROGRESS="0")
+    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", f"s3://{s3.bucket}/run"],
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    line = _one_error_line(done)
+    assert "cannot list the run (NoCredentialsError: Unable to locate credentials)" in line
+
+
+def test_a_url_without_a_run_says_so(s3: S3Server, tmp_path: Path) -> None:
+    env = {**s3.env, "GOODTRACE_CACHE_DIR": str(tmp_path)}
+    line = _one_error_line(goodtrace("report", f"s3://{s3.bucket}/no-such-run", env=env))
+    assert line == (f"goodtrace report: error: 's3://{s3.bucket}/no-such-run' holds no goodtrace records "
+                    "(no rank-*/*.jsonl files): not a goodtrace run directory")
