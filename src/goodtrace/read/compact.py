@@ -70,12 +70,13 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
     for p in segments:
         try:
             header = read_header(p)
-            size = os.path.getsize(p)
+            info = os.stat(p)
             lines = count_lines(p) if check_header(header).header is None else None
         except OSError as exc:
             problems.append(f"{os.path.relpath(p, root)}: cannot be read ({exc.strerror or exc}); skipped")
             continue
-        entry = {"fid": len(readable), "path": os.path.relpath(p, root), "size": size, "header": header}
+        entry = {"fid": len(readable), "path": os.path.relpath(p, root), "size": info.st_size,
+                 "mtime_ns": info.st_mtime_ns, "header": header}
         if lines is not None:
             entry["lines"] = lines
         entries.append(entry)

@@ -100,11 +100,14 @@ class FileSkips:
             counts[reason] = counts.get(reason, 0) + count
 
     def add_rows(self, path: str, rows: dict[str, int], torn: bool) -> None:
-        """What DuckDB found in one file: rows by reason (the first header line is no extra
-        one; an unreadable row that is the file's torn tail is a torn last line)."""
+        """What DuckDB found in one file: rows by reason (its first line is the header the
+        session came from, not an extra one; an unreadable row that is the file's torn tail is a
+        torn last line)."""
         rows = dict(rows)
         if rows.get("extra_header"):
             rows["extra_header"] -= 1
+        elif rows.get("unreadable"):  # the header line itself, which DuckDB could not decode
+            rows["unreadable"] -= 1
         if torn and rows.get("unreadable"):
             rows["unreadable"] -= 1
             rows["torn_last_line"] = rows.get("torn_last_line", 0) + 1

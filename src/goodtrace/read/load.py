@@ -64,6 +64,16 @@ MAX_FILE_WARNINGS = 20  # files named one by one in the warnings; the rest are s
 _YEAR_NS = 366 * 86_400 * 10**9
 
 
+def _unchanged(path: str, entry: dict[str, Any]) -> bool:
+    """Whether a segment is as it was compacted (same size and, where recorded, same mtime)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    mtime = entry.get("mtime_ns")
+    return info.st_size == entry.get("size") and (mtime is None or info.st_mtime_ns == mtime)
+
+
 def _segment_paths(root: str, warnings: list[str]) -> list[str]:
     return [path for _, path in list_segments(root, warnings)]
 
@@ -144,7 +154,7 @@ def _load_run(
     parquet_ok: dict[str, dict[str, Any]] = {}
     for p in segment_paths:
         entry = compacted.get(p)
-        if entry is not None and os.path.getsize(p) == entry["size"]:
+        if entry is not None and _unchanged(p, entry):
             parquet_ok[p] = entry
         else:
             json_paths.append(p)
@@ -157,9 +167,6 @@ def _load_run(
     skips = duckdb_sql.FileSkips()
     for p, entry in parquet_ok.items():
         files.append((p, entry.get("header")))
-        for reason, count in (entry.get("skipped") or {}).items():
-            if reason in SKIP_REASONS and isinstance(count, int):
-                skips.add(p, reason, count)
     readable: list[str] = []
     for p in json_paths:
         try:
@@ -186,6 +193,11 @@ def _load_run(
     for index, draft in enumerate(drafts.values()):
         for f in draft.files:
             sid_of_file[f] = index
+    for p, entry in parquet_ok.items():  # lines the compacted copy skipped, of the files read
+        if p in sid_of_file:
+            for reason, count in (entry.get("skipped") or {}).items():
+                if reason in SKIP_REASONS and isinstance(count, int):
+                    skips.add(p, reason, count)
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-load-")
     parquet_fids: dict[int, list[int]] = {}
     json_by_sid: dict[int, list[str]] = {}

@@ -184,9 +184,10 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
         own_problems: list[str] = []
         records, torn = parse_segment(data, where, own_problems, own)
         header = _checked_header(records[0], where, problems) if records else None
-        if header is None:
-            if records:
-                skipped["file_skipped"] = skipped.get("file_skipped", 0) + len(records) + sum(own.values())
+        if header is None:  # every line of the file is skipped with it
+            lines = len(records) + sum(own.values())
+            if lines:
+                skipped["file_skipped"] = skipped.get("file_skipped", 0) + lines
             continue
         problems.extend(own_problems)
         for reason, count in own.items():
@@ -298,10 +299,10 @@ def index_run(
         records = iter(reader)
         first = next(records, None)
         header = _checked_header(first, where, problems) if first is not None else None
-        if header is None:
-            if first is not None:  # its lines are counted as read_run counts them
-                lines = 1 + sum(1 for _ in records)
-                skipped["file_skipped"] = skipped.get("file_skipped", 0) + lines + sum(own.values())
+        if header is None:  # its lines are counted as read_run counts them
+            lines = (0 if first is None else 1 + sum(1 for _ in records)) + sum(own.values())
+            if lines:
+                skipped["file_skipped"] = skipped.get("file_skipped", 0) + lines
             continue
         session_id, session = _session_of(by_session, header, IndexedSession)
         if session_id != current:

@@ -126,7 +126,7 @@ def check_record(record: dict[str, Any]) -> str | None:
             return f"invalid_{kind}"
     if kind == schema.METRIC:
         name = record.get(schema.F_NAME)
-        if name in FINITE_METRICS or name in NON_NEGATIVE_METRICS:
+        if isinstance(name, str) and (name in FINITE_METRICS or name in NON_NEGATIVE_METRICS):
             value = record.get(schema.F_VALUE)
             if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
                     or (name in NON_NEGATIVE_METRICS and value < 0)):
