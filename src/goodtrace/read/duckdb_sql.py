@@ -77,9 +77,15 @@ def read_json_sql(paths: Sequence[str]) -> str:
     files = "[" + ", ".join(sql_str(p) for p in paths) + "]"
     return (
         f"read_json({files}, columns={columns}, format='newline_delimited', ignore_errors=true, "
-        f"filename=true, maximum_object_size={MAX_LINE_BYTES})"
+        f"filename=true, maximum_object_size={DUCKDB_OBJECT_BYTES})"
     )
 
+
+# DuckDB reads lines through a buffer twice this size and refuses a batch of files with a line
+# that does not fit (~32 MiB, validate.MAX_LINE_BYTES); those files are read from copies without
+# the lines longer than SHORTEN_TO (a little under it, so that the retry always fits).
+DUCKDB_OBJECT_BYTES = MAX_LINE_BYTES // 2
+SHORTEN_TO = MAX_LINE_BYTES - 65536
 
 # Valid records of a relation of read_json rows (``r.``) / of a table with a ``bad`` column.
 VALID_JSON = f"({invalid_sql('r.')}) IS NULL"
@@ -122,7 +128,7 @@ class FileSkips:
             original = self.original(path)
             if path != original:
                 continue
-            found = shortened_copy(path)
+            found = shortened_copy(path, SHORTEN_TO)
             if found is None:
                 continue
             copy, left_out = found
@@ -182,7 +188,7 @@ def _read_batch(con: Any, rows: list[R], sql: str, skips: FileSkips) -> list[R]:
         except duckdb.InvalidInputException as exc:
             if attempt or not _is_too_long(exc):
                 raise
-            copies = skips.shorten([p for p, _ in rows])
+            copies = skips.shorten([row[0] for row in rows])
             if not copies:
                 raise
             rows = [(copies.get(row[0], row[0]), *row[1:]) for row in rows]  # type: ignore[misc]

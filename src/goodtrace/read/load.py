@@ -188,7 +188,8 @@ def _load_run(
 
     drafts = collect_sessions(files, warnings, lines_of, skipped)
     if not drafts:
-        raise NotARunError(f"{path!r} holds no readable goodtrace records")
+        why = f" ({warnings[0]}{f'; and {len(warnings) - 1} more' if len(warnings) > 1 else ''})" if warnings else ""
+        raise NotARunError(f"{path!r} holds no readable goodtrace records{why}")
     sid_of_file: dict[str, int] = {}
     for index, draft in enumerate(drafts.values()):
         for f in draft.files:

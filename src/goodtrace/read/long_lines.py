@@ -91,17 +91,17 @@ def copy_without_long_lines(source: str, target: str, limit: int = MAX_LINE_BYTE
     return out
 
 
-def shortened_copy(path: str) -> tuple[str, LongLines] | None:
-    """A copy of ``path`` without its long lines (None when it has none): the copy's path and
-    what was left out. The copy is removed when the process exits."""
+def shortened_copy(path: str, limit: int = MAX_LINE_BYTES) -> tuple[str, LongLines] | None:
+    """A copy of ``path`` without its lines longer than ``limit`` (None when it has none): the
+    copy's path and what was left out. The copy is removed when the process exits."""
     global _copies
-    if os.path.getsize(path) <= MAX_LINE_BYTES:
+    if os.path.getsize(path) <= limit:
         return None
     if _copies is None:
         _copies = tempfile.mkdtemp(prefix="goodtrace-lines-")
         atexit.register(shutil.rmtree, _copies, True)
     target = os.path.join(tempfile.mkdtemp(dir=_copies), os.path.basename(path))
-    left_out = copy_without_long_lines(path, target)
+    left_out = copy_without_long_lines(path, target, limit)
     if not left_out.numbers:
         os.remove(target)
         return None
