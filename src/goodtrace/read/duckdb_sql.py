@@ -89,6 +89,7 @@ SHORTEN_TO = MAX_LINE_BYTES - 65536
 
 # Valid records of a relation of read_json rows (``r.``) / of a table with a ``bad`` column.
 VALID_JSON = f"({invalid_sql('r.')}) IS NULL"
+INVALID = f"({invalid_sql()})"
 
 
 class FileSkips:
@@ -389,16 +390,19 @@ def fold_json(
         read = _read_batch(
             con, batch,
             f"CREATE OR REPLACE TEMP TABLE batch AS SELECT f.sid, f.fid, {names}, "
-            f"CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END AS attrs, {invalid_sql('r.')} AS bad "
-            "FROM {source}", skips,
+            f"CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END AS attrs FROM {{source}}", skips,
         )
         for (path, sid, _), (copy, _, _) in zip(batch, read, strict=True):
             if copy != path:
                 files_by_sid[sid][files_by_sid[sid].index(path)] = copy
-        count_skips(con, "batch", [(p, f) for p, _, f in read], skips)
-        con.execute("CREATE OR REPLACE TEMP VIEW batch_ok AS SELECT * EXCLUDE (fid, bad) FROM batch WHERE bad IS NULL")
-        _extract(con, "batch_ok")
-        con.execute("DROP VIEW batch_ok")
+        # The lines that are no valid record (a few), checked once the batch is a table (the
+        # check inside the JSON scan slowed the scan), counted, then deleted from the batch.
+        con.execute(f"CREATE OR REPLACE TEMP TABLE batch_bad AS SELECT * FROM (SELECT rowid AS row, fid, {INVALID} "
+                    "AS bad FROM batch) WHERE bad IS NOT NULL")
+        count_skips(con, "batch_bad", [(p, f) for p, _, f in read], skips)
+        con.execute("DELETE FROM batch WHERE rowid IN (SELECT row FROM batch_bad)")
+        _extract(con, "batch")
+        con.execute("DROP TABLE batch_bad")
         con.execute("DROP TABLE batch")
         done += len(batch)
         if progress is not None:
