@@ -135,6 +135,7 @@ class RunAnalysis:
     form: str
     records: int
     events: tuple[EventRow, ...] = ()
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)  # lines read as no record, by reason
     events_total: int = 0
     # the run model every view draws from: each session of the job cut once, its clock mapping
     sessions: tuple[SessionInfo, ...] = ()
@@ -168,6 +169,7 @@ class RunAnalysis:
             "reference_rank": self.reference_rank,
             "form": self.form,
             "records": self.records,
+            "skipped_lines": dict(self.skipped),
             "goodput": self.partition.goodput,
             "partition": self.partition.to_dict(),
             "window": None if self.window is None else self.window.to_dict() | {
@@ -366,6 +368,7 @@ def analyze(
         warnings=tuple(dict.fromkeys(warnings)),
         form=run.form,
         records=run.records,
+        skipped=dict(run.skipped),
         events=tuple(events),
         events_total=events_total,
         sessions=tuple(run.sessions),

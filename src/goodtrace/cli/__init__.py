@@ -17,7 +17,8 @@ from goodtrace.cli import commands
 
 
 class CommandError(Exception):
-    """A user-facing error: printed as one line, exit status 2. No traceback."""
+    """A user-facing error: printed as one line (control characters escaped), exit status 2.
+    No traceback."""
 
 
 def _command_names() -> list[str]:
@@ -58,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._module.run(args) or 0)
     except CommandError as exc:
-        print(f"goodtrace {args.command}: error: {exc}", file=sys.stderr)
+        from goodtrace.renderers.text import one_line
+
+        print(f"goodtrace {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -1,41 +1,79 @@
 """Session discovery for the analytical reader: headers, sessions, and which sessions to load
-record by record (plain Python, one header line per file)."""
+record by record (plain Python, one header line per file, checked by
+:func:`goodtrace.read.validate.check_header`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from goodtrace import schema
 from goodtrace.read.loaded import SessionInfo
+from goodtrace.read.validate import MAX_LINE_BYTES, check_header
+
+_HEADER_BYTES = 4 * 1024 * 1024  # a header line is a few hundred bytes; a longer one is not a header
 
 
-def read_header(path: str) -> dict[str, Any] | None:
+def read_header(path: str) -> object:
+    """The first non-blank line of a segment, decoded (None when it is not JSON)."""
     with open(path, "rb") as handle:
-        line = handle.readline(4 * 1024 * 1024)
+        line = b""
+        while not line.strip():
+            line = handle.readline(_HEADER_BYTES)
+            if not line:
+                return None
     try:
-        record = json.loads(line)
-    except ValueError:
+        return json.loads(line)
+    except (ValueError, RecursionError):
         return None
-    if isinstance(record, dict) and record.get(schema.F_KIND) == schema.HEADER:
-        return record
-    return None
 
 
-def ends_torn(path: str) -> bool:
+def torn_tail(path: str) -> bool:
+    """Whether the file ends in a partial line that is not JSON (a write cut short): the
+    line DuckDB reads as an unreadable row and the segment reader counts as torn."""
     with open(path, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        if handle.tell() == 0:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
             return False
         handle.seek(-1, os.SEEK_END)
-        return handle.read(1) != b"\n"
+        if handle.read(1) == b"\n":
+            return False
+        block = 1 << 16
+        tail = b""
+        position = size
+        while b"\n" not in tail and position > 0 and len(tail) <= MAX_LINE_BYTES:
+            step = min(block, position)
+            position -= step
+            handle.seek(position)
+            tail = handle.read(step) + tail
+            block = min(block * 4, 1 << 24)
+    line = tail.rsplit(b"\n", 1)[-1]
+    if not line.strip():
+        return False
+    if len(line) > MAX_LINE_BYTES:
+        return True
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return True
+    return False
+
+
+def count_lines(path: str) -> int:
+    """Non-blank lines of a file (what a skipped file held), read in blocks."""
+    count = 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            if line.strip():
+                count += 1
+    return count
 
 
 def int_or_none(value: object) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return value if type(value) is int else None
 
 
 @dataclasses.dataclass
@@ -45,26 +83,40 @@ class SessionDraft:
     where: str
 
 
+def where_of(path: str) -> str:
+    """``rank-NNNNN/<file>``: how warnings name a segment file."""
+    return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+
+
 def collect_sessions(
-    files: Sequence[tuple[str, dict[str, Any] | None]], warnings: list[str]
+    files: Sequence[tuple[str, object]], warnings: list[str], lines_of: Callable[[str], int | None],
+    skipped: dict[str, int],
 ) -> dict[str, SessionDraft]:
+    """Sessions from each file's first line: a file whose header is unusable is skipped, its
+    lines (``lines_of(path)``) counted in ``skipped``; ignored header fields are named."""
     sessions: dict[str, SessionDraft] = {}
     skipped_versions: dict[object, int] = {}
     older: dict[object, int] = {}
-    for path, header in files:
-        where = os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+    for path, first in files:
+        where = where_of(path)
+        check = check_header(first)
+        header = check.header
         if header is None:
-            warnings.append(f"{where}: does not start with a goodtrace header line; skipped")
+            lines = lines_of(path)
+            if lines:
+                skipped["file_skipped"] = skipped.get("file_skipped", 0) + lines
+            if check.newer is not None:
+                skipped_versions[check.newer] = skipped_versions.get(check.newer, 0) + 1
+            else:
+                held = "" if lines is None else f" ({lines:,} line{'s' if lines != 1 else ''})"
+                warnings.append(f"{where}: {check.refused}; skipped{held}")
             continue
-        version = header.get(schema.H_SCHEMA)
-        if not isinstance(version, int) or version > schema.SCHEMA_VERSION:
-            skipped_versions[version] = skipped_versions.get(version, 0) + 1
-            continue
-        if version not in schema.READABLE_VERSIONS:
+        version = header[schema.H_SCHEMA]
+        if check.older:
             older[version] = older.get(version, 0) + 1
-        if not isinstance(header.get(schema.H_RANK), int) or not isinstance(header.get(schema.F_MONO), int):
-            warnings.append(f"{where}: header has no rank or clock anchor; skipped")
-            continue
+        if check.ignored:
+            warnings.append(f"{where}: header field(s) {', '.join(check.ignored)} out of range or of the wrong "
+                            "type; ignored")
         session_id = str(header.get(schema.H_SESSION) or path)
         draft = sessions.get(session_id)
         if draft is None:
@@ -87,6 +139,7 @@ def collect_sessions(
 
 
 def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> SessionInfo:
+    """One session's summary: its header (checked) and what DuckDB folded of its records."""
     header = draft.header
     mono = int(header[schema.F_MONO])
     init = int_or_none(header.get(schema.H_INIT))
@@ -151,11 +204,17 @@ def reference_sessions(sessions: Sequence[SessionInfo], attempts: Sequence[int])
 
 def warn_about_gaps(sessions: Sequence[SessionInfo], warnings: list[str]) -> None:
     world = max((s.world for s in sessions), default=1)
-    present = {s.rank for s in sessions}
-    missing = [r for r in range(world) if r not in present]
+    present = {s.rank for s in sessions if s.rank < world}
+    missing = world - len(present)
     if missing:
-        shown = ", ".join(str(r) for r in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        warnings.append(f"{len(missing)} of {world} ranks have no records (ranks {shown})")
+        first: list[int] = []
+        for r in range(world):  # stops after the first 11 missing ranks
+            if r not in present:
+                first.append(r)
+                if len(first) > 10:
+                    break
+        shown = ", ".join(str(r) for r in first[:10]) + (" ..." if missing > 10 else "")
+        warnings.append(f"{missing} of {world} ranks have no records (ranks {shown})")
     dropped = sum(s.dropped for s in sessions)
     if dropped:
         warnings.append(f"the recorder dropped {dropped} records (storage could not keep up)")

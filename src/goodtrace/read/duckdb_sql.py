@@ -7,18 +7,26 @@ step and sync records, main-thread overhead spans, the outermost compute time of
 execution, device metrics, clock samples, a sample of span starts and events. Memory stays
 bounded for any number of ranks and steps; :func:`load_timelines` reads every record of the
 few sessions the analysis needs in full.
+
+Every line is checked where it enters (:func:`goodtrace.read.validate.invalid_sql`: a line
+that is not a record reads as a row whose kind is NULL): only valid records reach the run
+model, and the others are counted per file by reason (:class:`FileSkips`). A line longer than
+DuckDB's read buffer makes it refuse the whole batch; its files are then read from copies
+without those lines (:mod:`goodtrace.read.long_lines`), which are counted too.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from goodtrace import schema
+from goodtrace.read.discovery import torn_tail, where_of
 from goodtrace.read.loaded import NO_TIME, Progress, SessionRecords, SessionTimeline
+from goodtrace.read.long_lines import shortened_copy
+from goodtrace.read.validate import MAX_LINE_BYTES, invalid_sql, json_object
 
 # Columns read from every record line. Fields a record kind does not have are NULL.
 _COLUMNS: dict[str, str] = {
@@ -69,8 +77,79 @@ def read_json_sql(paths: Sequence[str]) -> str:
     files = "[" + ", ".join(sql_str(p) for p in paths) + "]"
     return (
         f"read_json({files}, columns={columns}, format='newline_delimited', ignore_errors=true, "
-        "filename=true, maximum_object_size=16777216)"
+        f"filename=true, maximum_object_size={DUCKDB_OBJECT_BYTES})"
     )
+
+
+# DuckDB reads lines through a buffer twice this size and refuses a batch of files with a line
+# that does not fit (~32 MiB, validate.MAX_LINE_BYTES); those files are read from copies without
+# the lines longer than SHORTEN_TO (a little under it, so that the retry always fits).
+DUCKDB_OBJECT_BYTES = MAX_LINE_BYTES // 2
+SHORTEN_TO = MAX_LINE_BYTES - 65536
+
+# Valid records of a relation of read_json rows (``r.``) / of a table with a ``bad`` column.
+VALID_JSON = f"({invalid_sql('r.')}) IS NULL"
+INVALID = f"({invalid_sql()})"
+
+
+class FileSkips:
+    """Lines skipped in each file, by reason (validate.SKIP_REASONS), and the warnings that
+    name them; ``substitutes`` maps a file to the copy read instead (its long lines left out)."""
+
+    def __init__(self) -> None:
+        self.by_file: dict[str, dict[str, int]] = {}
+        self.substitutes: dict[str, str] = {}
+        self.notes: list[str] = []
+
+    def add(self, path: str, reason: str, count: int) -> None:
+        if count:
+            counts = self.by_file.setdefault(path, {})
+            counts[reason] = counts.get(reason, 0) + count
+
+    def add_rows(self, path: str, rows: dict[str, int], torn: bool) -> None:
+        """What DuckDB found in one file: rows by reason (its first line is the header the
+        session came from, not an extra one; an unreadable row that is the file's torn tail is a
+        torn last line)."""
+        rows = dict(rows)
+        if rows.get("extra_header"):
+            rows["extra_header"] -= 1
+        elif rows.get("unreadable"):  # the header line itself, which DuckDB could not decode
+            rows["unreadable"] -= 1
+        if torn and rows.get("unreadable"):
+            rows["unreadable"] -= 1
+            rows["torn_last_line"] = rows.get("torn_last_line", 0) + 1
+        for reason, count in rows.items():
+            self.add(path, reason, count)
+
+    def shorten(self, paths: Sequence[str]) -> dict[str, str]:
+        """Copies of the files among ``paths`` that have lines over the limit (DuckDB refused
+        their batch); the long lines are counted and named."""
+        done: dict[str, str] = {}
+        for path in paths:
+            original = self.original(path)
+            if path != original:
+                continue
+            found = shortened_copy(path, SHORTEN_TO)
+            if found is None:
+                continue
+            copy, left_out = found
+            done[path] = self.substitutes[path] = copy
+            self.add(path, "too_long", left_out.too_long)
+            self.add(path, "torn_last_line", 1 if left_out.torn else 0)
+            shown = ", ".join(str(n) for n in left_out.numbers[:5]) + (" ..." if len(left_out.numbers) > 5 else "")
+            self.notes.append(f"{where_of(path)}: line(s) {shown} longer than {MAX_LINE_BYTES // 2**20} MiB; "
+                              "skipped (the rest of the file is read)")
+        return done
+
+    def original(self, path: str) -> str:
+        for original, copy in self.substitutes.items():
+            if copy == path:
+                return original
+        return path
+
+
+def _is_too_long(exc: Exception) -> bool:
+    return "maximum_object_size" in str(exc)
 
 
 def connect(tmpdir: str) -> Any:
@@ -84,38 +163,79 @@ def connect(tmpdir: str) -> Any:
 
 
 def create_records_table(con: Any, table: str = "records") -> None:
+    """Every line of some files: ``sid`` (or a file id), the record columns, the attributes of
+    events, and ``bad``: why the line is no valid record (NULL for a valid one)."""
     cols = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS.items())
-    con.execute(f"CREATE TABLE {table} (sid INTEGER, {cols}, attrs VARCHAR)")
+    con.execute(f"CREATE TABLE {table} (sid INTEGER, {cols}, attrs VARCHAR, bad VARCHAR)")
+
+
+R = TypeVar("R", bound=tuple[Any, ...])
+
+
+def _read_batch(con: Any, rows: list[R], sql: str, skips: FileSkips) -> list[R]:
+    """Run ``sql`` (its ``{source}``: read_json joined to ``files_batch`` as ``r`` and ``f``)
+    over the files of ``rows`` (rows of ``files_batch``: a path, then ids); when DuckDB refuses
+    a line that is too long, again over copies without the long lines. Returns the rows as
+    read (copies in place of their files)."""
+    import duckdb
+
+    for attempt in range(2):
+        con.execute("DELETE FROM files_batch")
+        insert_rows(con, "files_batch", rows)
+        source = f"{read_json_sql([row[0] for row in rows])} r JOIN files_batch f ON r.filename = f.path"
+        try:
+            con.execute(sql.format(source=source))
+            return rows
+        except duckdb.InvalidInputException as exc:
+            if attempt or not _is_too_long(exc):
+                raise
+            copies = skips.shorten([row[0] for row in rows])
+            if not copies:
+                raise
+            rows = [(copies.get(row[0], row[0]), *row[1:]) for row in rows]  # type: ignore[misc]
+    return rows
+
+
+def count_skips(con: Any, table: str, rows: Sequence[tuple[str, int]], skips: FileSkips) -> None:
+    """Count the rows of ``table`` (columns ``fid``, ``bad``) that are no valid record, per file
+    (``rows``: the (path read, fid) pairs of the batch)."""
+    counts: dict[int, dict[str, int]] = {}
+    for fid, bad, count in con.execute(f"SELECT fid, bad, count(*) FROM {table} WHERE bad IS NOT NULL GROUP BY ALL").fetchall():
+        counts.setdefault(int(fid), {})[str(bad)] = int(count)
+    for path, fid in rows:
+        found = counts.get(fid)
+        if found:
+            skips.add_rows(skips.original(path), found, found.get("unreadable", 0) > 0 and torn_tail(path))
 
 
 def insert_json(
-    con: Any, paths: Sequence[str], sid_of_file: dict[str, int], progress: Progress | None, done: int,
-    total: int, table: str = "records",
+    con: Any, paths: Sequence[str], fid_of_file: dict[str, int], progress: Progress | None, done: int,
+    total: int, skips: FileSkips, table: str = "records",
 ) -> int:
-    """Every record of ``paths`` into ``table`` (``goodtrace compact``)."""
+    """Every line of ``paths`` into ``table`` (see :func:`create_records_table`) with its file
+    id and why it is no valid record (``bad``, NULL for a valid one): ``goodtrace compact``.
+    The skipped lines are counted in ``skips``."""
     batch = 32
     names = ", ".join(f"r.{name}" for name in _COLUMNS)
+    read: list[tuple[str, int]] = []
     for start in range(0, len(paths), batch):
-        chunk = list(paths[start:start + batch])
-        con.execute("DELETE FROM files_batch")
-        insert_rows(con, "files_batch", [(p, sid_of_file[p]) for p in chunk])
-        source = read_json_sql(chunk)
-        con.execute(
+        chunk = [(p, fid_of_file[p]) for p in paths[start:start + batch]]
+        read += _read_batch(
+            con, chunk,
             # attributes are kept for events only (spans' attributes are not analysed)
-            f"INSERT INTO {table} SELECT f.sid, {names}, CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END "
-            f"FROM {source} r "
-            "JOIN files_batch f ON r.filename = f.path "
-            f"WHERE r.kind IS NOT NULL AND r.kind <> '{schema.HEADER}'"
+            f"INSERT INTO {table} SELECT f.sid, {names}, CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END, "
+            f"{invalid_sql('r.')} FROM {{source}}", skips,
         )
         done += len(chunk)
         if progress is not None:
             progress("reading rank files", done, total)
+    count_skips(con, f"(SELECT fid, bad FROM {table})", read, skips)
     return done
 
 
 # ---------------------------------------------------------------------------------- the fold
 MODEL_TABLES = (
-    "CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)",
+    "CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER, fid INTEGER)",
     "CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)",
     "CREATE TEMP TABLE sessmain (sid INTEGER, main_tid UBIGINT)",
     "CREATE TABLE summ (sid INTEGER, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, "
@@ -248,28 +368,41 @@ def _extract(con: Any, source: str) -> None:
 
 
 def fold_json(
-    con: Any, files_by_sid: dict[int, list[str]], progress: Progress | None, done: int, total: int
+    con: Any, files_by_sid: dict[int, list[str]], progress: Progress | None, done: int, total: int,
+    skips: FileSkips,
 ) -> int:
     """Parse the JSON files, whole sessions of about 32 files at a time: each batch is parsed
-    once into a table that the extraction queries then read."""
-    batches: list[list[tuple[str, int]]] = [[]]
+    once into a table (every line, with why it is no valid record) that the extraction queries
+    then read for its valid records. Skipped lines are counted in ``skips``; a file read from a
+    copy without its long lines is replaced by the copy in ``files_by_sid``."""
+    batches: list[list[tuple[str, int, int]]] = [[]]
+    fid = 0
     for sid in sorted(files_by_sid):
         if batches[-1] and len(batches[-1]) + len(files_by_sid[sid]) > 32:
             batches.append([])
-        batches[-1].extend((p, sid) for p in files_by_sid[sid])
+        for p in files_by_sid[sid]:
+            batches[-1].append((p, sid, fid))
+            fid += 1
     names = ", ".join(f"r.{name}" for name in _COLUMNS)
     for batch in batches:
         if not batch:
             continue
-        con.execute("DELETE FROM files_batch")
-        insert_rows(con, "files_batch", batch)
-        con.execute(
-            f"CREATE OR REPLACE TEMP TABLE batch AS SELECT f.sid, {names}, "
-            f"CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END AS attrs "
-            f"FROM {read_json_sql([p for p, _ in batch])} r JOIN files_batch f ON r.filename = f.path "
-            f"WHERE r.kind IS NOT NULL AND r.kind <> '{schema.HEADER}'"
+        read = _read_batch(
+            con, batch,
+            f"CREATE OR REPLACE TEMP TABLE batch AS SELECT f.sid, f.fid, {names}, "
+            f"CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END AS attrs FROM {{source}}", skips,
         )
+        for (path, sid, _), (copy, _, _) in zip(batch, read, strict=True):
+            if copy != path:
+                files_by_sid[sid][files_by_sid[sid].index(path)] = copy
+        # The lines that are no valid record (a few), checked once the batch is a table (the
+        # check inside the JSON scan slowed the scan), counted, then deleted from the batch.
+        con.execute(f"CREATE OR REPLACE TEMP TABLE batch_bad AS SELECT * FROM (SELECT rowid AS row, fid, {INVALID} "
+                    "AS bad FROM batch) WHERE bad IS NOT NULL")
+        count_skips(con, "batch_bad", [(p, f) for p, _, f in read], skips)
+        con.execute("DELETE FROM batch WHERE rowid IN (SELECT row FROM batch_bad)")
         _extract(con, "batch")
+        con.execute("DROP TABLE batch_bad")
         con.execute("DROP TABLE batch")
         done += len(batch)
         if progress is not None:
@@ -278,10 +411,11 @@ def fold_json(
 
 
 def fold_parquet(con: Any) -> None:
-    """The compacted copy (``parquet_records``, sessions mapped through ``fidmap``)."""
+    """The compacted copy (``parquet_records``, sessions mapped through ``fidmap``): its valid
+    records (the lines it holds that are none were counted when it was written)."""
     con.execute(
-        "CREATE OR REPLACE TEMP VIEW parquet_sid AS SELECT m.sid, p.* EXCLUDE (fid) "
-        "FROM parquet_records p JOIN fidmap m USING (fid)"
+        "CREATE OR REPLACE TEMP VIEW parquet_sid AS SELECT m.sid, p.* EXCLUDE (fid, bad) "
+        "FROM parquet_records p JOIN fidmap m USING (fid) WHERE p.bad IS NULL"
     )
     _extract(con, "parquet_sid")
 
@@ -396,17 +530,17 @@ def load_timelines(
     paths = [f for s in wanted for f in json_files.get(s, [])]
     if paths:
         con.execute("DELETE FROM files_batch")
-        insert_rows(con, "files_batch", [(p, s) for s in wanted for p in json_files.get(s, [])])
+        insert_rows(con, "files_batch", [(p, s, 0) for s in wanted for p in json_files.get(s, [])])
         parts = [
             f"SELECT f.sid, {', '.join('r.' + c.strip() for c in columns.split(','))} FROM {read_json_sql(paths)} r "
-            f"JOIN files_batch f ON r.filename = f.path WHERE r.kind IS NOT NULL AND r.kind <> '{schema.HEADER}'"
+            f"JOIN files_batch f ON r.filename = f.path WHERE {VALID_JSON}"
         ]
     fids = [f for s in wanted for f in parquet_fids.get(s, [])]
     if fids:
         fid_list = ", ".join(str(f) for f in sorted(fids))
         parts.append(
             f"SELECT m.sid, {', '.join('p.' + c.strip() for c in columns.split(','))} FROM parquet_records p "
-            f"JOIN fidmap m ON p.fid = m.fid WHERE p.fid IN ({fid_list})"
+            f"JOIN fidmap m ON p.fid = m.fid WHERE p.fid IN ({fid_list}) AND p.bad IS NULL"
         )
     con.execute(f"CREATE OR REPLACE TEMP TABLE detail AS {' UNION ALL '.join(parts)}")
 
@@ -456,10 +590,4 @@ def load_timelines(
 
 
 def _json_object(text: object) -> dict[str, Any]:
-    if not isinstance(text, str):
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    return json_object(text) or {}

@@ -6,8 +6,12 @@ columns: executions, sync points, overhead spans, compute per execution, clock s
 memory stays bounded for any number of ranks and steps; full per-record timelines are loaded
 only for each attempt's reference session (rank 0, or the lowest rank present).
 Torn lines, missing ranks, missing finish records and older schema versions are tolerated and
-reported in ``LoadedRun.warnings``; a path that holds no records raises ``NotARunError``.
-``duckdb`` is imported only when a run is loaded.
+reported in ``LoadedRun.warnings``; every line that is not a valid record (not JSON, an
+impossible field, longer than a record may be, in a file whose header is unusable:
+:mod:`goodtrace.read.validate`) is skipped, counted by reason in ``LoadedRun.skipped`` and
+named by file in the warnings; files that are not regular files (a FIFO) are never opened. A
+path that holds no records raises ``NotARunError``. ``duckdb`` is imported only when a run is
+loaded.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ from goodtrace.read import duckdb_sql
 from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
 from goodtrace.read.discovery import (
     collect_sessions,
-    ends_torn,
+    count_lines,
     int_or_none,
     read_header,
     reference_sessions,
     session_info,
     warn_about_gaps,
+    where_of,
 )
 from goodtrace.read.loaded import (
     LoadedRun,
@@ -39,6 +44,7 @@ from goodtrace.read.loaded import (
 from goodtrace.read.mirror import mirror_run
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.sessions import number_attempts
+from goodtrace.read.validate import SKIP_REASONS, describe_skipped
 from goodtrace.record.storage import is_url, local_path
 
 __all__ = [
@@ -54,8 +60,47 @@ __all__ = [
     "mirror_run",
 ]
 
-def _segment_paths(root: str) -> list[str]:
-    return [path for _, path in list_segments(root)]
+MAX_FILE_WARNINGS = 20  # files named one by one in the warnings; the rest are summed
+_YEAR_NS = 366 * 86_400 * 10**9
+
+
+def _unchanged(path: str, entry: dict[str, Any]) -> bool:
+    """Whether a segment is as it was compacted (same size and, where recorded, same mtime)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    mtime = entry.get("mtime_ns")
+    return info.st_size == entry.get("size") and (mtime is None or info.st_mtime_ns == mtime)
+
+
+def _segment_paths(root: str, warnings: list[str]) -> list[str]:
+    return [path for _, path in list_segments(root, warnings)]
+
+
+def _warn_skipped(skips: duckdb_sql.FileSkips, skipped: dict[str, int], warnings: list[str]) -> None:
+    """One warning per file with skipped lines (the first few files), and the run's totals."""
+    files = sorted(skips.by_file.items())
+    shown = 0
+    for path, counts in files:
+        for reason, count in counts.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+        if set(counts) == {"torn_last_line"}:
+            continue  # expected after a kill: summed in one warning
+        if shown < MAX_FILE_WARNINGS:
+            warnings.append(f"{where_of(path)}: {describe_skipped(counts)}")
+        shown += 1
+    if shown > MAX_FILE_WARNINGS:
+        warnings.append(f"{shown - MAX_FILE_WARNINGS} more segment file(s) have skipped lines")
+    warnings.extend(skips.notes)
+    torn = skipped.get("torn_last_line", 0)
+    if torn:
+        warnings.append(
+            f"{torn} segment file(s) end in a torn line (a process killed mid-write); the torn line is ignored"
+        )
+    bad = {reason: count for reason, count in skipped.items() if reason != "torn_last_line" and count}
+    if bad:
+        warnings.append(f"in all, {describe_skipped(bad)}; the numbers leave them out")
 
 
 def load_run(
@@ -98,7 +143,7 @@ def _load_run(
         warnings.append(f"read from a local mirror of {os.fspath(run_dir)!r}: {path}")
     root = local_path(path)
     manifest = compact_manifest(root) if use_compact else None
-    segment_paths = _segment_paths(root)
+    segment_paths = _segment_paths(root, warnings)
     compacted: dict[str, dict[str, Any]] = {}
     if manifest is not None:
         for entry in manifest.get("files", []):
@@ -109,7 +154,7 @@ def _load_run(
     parquet_ok: dict[str, dict[str, Any]] = {}
     for p in segment_paths:
         entry = compacted.get(p)
-        if entry is not None and os.path.getsize(p) == entry["size"]:
+        if entry is not None and _unchanged(p, entry):
             parquet_ok[p] = entry
         else:
             json_paths.append(p)
@@ -118,27 +163,42 @@ def _load_run(
             parquet_ok[p] = entry  # JSON deleted after compaction: the Parquet copy is the record
     if not json_paths and not parquet_ok:
         raise NotARunError(f"{path!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
-    files: list[tuple[str, dict[str, Any] | None]] = []
+    files: list[tuple[str, object]] = []
+    skips = duckdb_sql.FileSkips()
     for p, entry in parquet_ok.items():
         files.append((p, entry.get("header")))
-    torn = 0
+    readable: list[str] = []
     for p in json_paths:
         try:
             files.append((p, read_header(p)))
-            torn += ends_torn(p)
+            readable.append(p)
         except OSError as exc:
-            warnings.append(f"{p}: cannot be read ({exc}); skipped")
-    if torn:
-        warnings.append(
-            f"{torn} segment file(s) end in a torn line (a process killed mid-write); the torn line is ignored"
-        )
-    drafts = collect_sessions(files, warnings)
+            warnings.append(f"{where_of(p)}: cannot be read ({exc.strerror or exc}); skipped")
+    json_paths = readable
+    skipped: dict[str, int] = {}
+
+    def lines_of(p: str) -> int | None:
+        if p in parquet_ok:
+            rows = parquet_ok[p].get("lines")
+            return rows if isinstance(rows, int) else None
+        try:
+            return count_lines(p)
+        except OSError:
+            return None
+
+    drafts = collect_sessions(files, warnings, lines_of, skipped)
     if not drafts:
-        raise NotARunError(f"{path!r} holds no readable goodtrace records")
+        why = f" ({warnings[0]}{f'; and {len(warnings) - 1} more' if len(warnings) > 1 else ''})" if warnings else ""
+        raise NotARunError(f"{path!r} holds no readable goodtrace records{why}")
     sid_of_file: dict[str, int] = {}
     for index, draft in enumerate(drafts.values()):
         for f in draft.files:
             sid_of_file[f] = index
+    for p, entry in parquet_ok.items():  # lines the compacted copy skipped, of the files read
+        if p in sid_of_file:
+            for reason, count in (entry.get("skipped") or {}).items():
+                if reason in SKIP_REASONS and isinstance(count, int):
+                    skips.add(p, reason, count)
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-load-")
     parquet_fids: dict[int, list[int]] = {}
     json_by_sid: dict[int, list[str]] = {}
@@ -169,7 +229,7 @@ def _load_run(
                 done += 1
                 if progress is not None:
                     progress("reading compacted records", done, total)
-            done = duckdb_sql.fold_json(con, json_by_sid, progress, done, total)
+            done = duckdb_sql.fold_json(con, json_by_sid, progress, done, total, skips)
             if progress is not None:
                 progress("summarising", total, total)
             summaries = duckdb_sql.session_summaries(con)
@@ -189,9 +249,14 @@ def _load_run(
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     form = "jsonl" if not parquet_ok else ("parquet" if not json_paths else "parquet+jsonl")
+    _warn_skipped(skips, skipped, warnings)
     warn_about_gaps(sessions, warnings)
+    for s in sessions:
+        if s.last_seen - s.proc_start > _YEAR_NS:
+            warnings.append(f"rank {s.rank} (session {s.session}) spans {(s.last_seen - s.proc_start) / _YEAR_NS:.0f} "
+                            "years from its process start to its last record: a record's time is likely corrupt")
     return LoadedRun(
         path=path, sessions=sessions, timelines=timelines, session_records=records, warnings=warnings,
         form=form, records=record_count, files=json_by_sid, parquet_fids=parquet_fids,
-        parquet_path=parquet if parquet_ok else None, models=models,
+        parquet_path=parquet if parquet_ok else None, models=models, skipped=skipped,
     )

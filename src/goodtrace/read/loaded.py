@@ -161,3 +161,5 @@ class LoadedRun:
     # per session, what the framework integration recorded about the model (flops_per_step,
     # tokens_per_step metrics; "model": the model event's attributes)
     models: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # lines that are no valid record, by reason (goodtrace.read.validate.SKIP_REASONS)
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)

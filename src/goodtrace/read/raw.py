@@ -10,7 +10,6 @@ holds one batch of sessions' kept records; a 20-step slice of 10,000 ranks is a 
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -19,6 +18,7 @@ from typing import Any
 from goodtrace import schema
 from goodtrace.read import duckdb_sql
 from goodtrace.read.loaded import LoadedRun, Progress
+from goodtrace.read.validate import json_object
 
 __all__ = ["RawRecord", "Window", "session_records"]
 
@@ -50,13 +50,7 @@ class RawRecord:
 
 
 def _attrs(text: object) -> dict[str, Any] | None:
-    if not isinstance(text, str) or len(text) > 65536:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    return json_object(text, 65536)
 
 
 def _bounds(window: Window) -> tuple[int, int]:
@@ -131,7 +125,7 @@ def _stream(
             parts.append(
                 f"SELECT f.sid, {columns} FROM {duckdb_sql.read_json_sql([p for p, _ in paths])} r "
                 "JOIN files_batch f ON r.filename = f.path JOIN wins w ON w.sid = f.sid "
-                f"WHERE {where}"
+                f"WHERE ({where}) AND {duckdb_sql.VALID_JSON}"
             )
         fids = [(fid, sid) for sid in batch for fid in run.parquet_fids.get(sid, ())]
         if fids and run.parquet_path is not None:
@@ -139,7 +133,7 @@ def _stream(
             fid_list = ", ".join(str(f) for f, _ in fids)
             parts.append(
                 f"SELECT m.sid, {columns} FROM parquet_records r JOIN fidmap m ON r.fid = m.fid "
-                f"JOIN wins w ON w.sid = m.sid WHERE r.fid IN ({fid_list}) AND ({where})"
+                f"JOIN wins w ON w.sid = m.sid WHERE r.fid IN ({fid_list}) AND ({where}) AND r.bad IS NULL"
             )
         if not parts:
             for sid in batch:
@@ -147,7 +141,7 @@ def _stream(
             continue
         seen: set[int] = set()
         cursor = con.execute(
-            f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY sid, coalesce(t0, t), t1 DESC, kind, name, step, cat, tid"
+            f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY sid, coalesce(t0, t), t1 DESC, kind, name, step, cat, tid, value"
         )
         current: int | None = None
         records: list[RawRecord] = []

@@ -1,34 +1,57 @@
 """Segment files of a run directory and the records in them, one line at a time.
 
 A run directory holds ``rank-NNNNN/<session>.<segment>.jsonl`` files (local, NFS, or any fsspec
-URL). :func:`list_segments` finds them; :class:`SegmentRecords` decodes one file's bytes as a
-stream of record dicts (a torn *last* line, from a process killed mid-write, is expected and
-skipped; other undecodable lines are skipped and reported as problems). Standard library
-only (fsspec for URLs).
+URL). :func:`list_segments` finds them (anything that is not a regular file, such as a FIFO or
+a directory named ``*.jsonl``, is skipped and named); :class:`SegmentRecords` decodes one
+file's bytes as a stream of record dicts. Every line that is not a valid record is skipped and
+counted by reason (:mod:`goodtrace.read.validate`): a torn *last* line, from a process killed
+mid-write, is expected; others (not JSON, too deeply nested, longer than
+``MAX_LINE_BYTES``, a record with an impossible field) are also reported as problems naming
+the file and line. Standard library only (fsspec for URLs).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.read.validate import MAX_LINE_BYTES, SKIP_REASONS, check_record
 from goodtrace.record.storage import is_url, local_path
 
-__all__ = ["SEGMENT_SUFFIX", "NotARunError", "SegmentRecords", "list_segments", "parse_segment", "read_bytes"]
+__all__ = [
+    "MAX_PROBLEMS_PER_FILE",
+    "SEGMENT_SUFFIX",
+    "NotARunError",
+    "SegmentRecords",
+    "list_segments",
+    "parse_segment",
+    "read_bytes",
+]
 
 SEGMENT_SUFFIX = ".jsonl"
+MAX_PROBLEMS_PER_FILE = 20  # lines named one by one; the rest of a file's are counted
 
 
 class NotARunError(ValueError):
     """The path holds no goodtrace records."""
 
 
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
-def list_segments(run_dir: str) -> list[tuple[str, str]]:
-    """(rank directory name, segment path) pairs, sorted."""
+
+def list_segments(run_dir: str, problems: list[str] | None = None) -> list[tuple[str, str]]:
+    """(rank directory name, segment path) pairs, sorted. Entries named ``*.jsonl`` that are
+    not regular files (FIFOs, directories, devices, dangling links) are left out and named in
+    ``problems``: opening a FIFO would wait forever for a writer."""
     found: list[tuple[str, str]] = []
     if is_url(run_dir):
         import fsspec
@@ -42,10 +65,28 @@ def list_segments(run_dir: str) -> list[tuple[str, str]]:
         raise NotARunError(f"{run_dir!r} is not a directory")
     for entry in sorted(os.listdir(root)):
         rank_dir = os.path.join(root, entry)
-        if entry.startswith("rank-") and os.path.isdir(rank_dir):
-            for name in sorted(os.listdir(rank_dir)):
-                if name.endswith(SEGMENT_SUFFIX):
-                    found.append((entry, os.path.join(rank_dir, name)))
+        if not (entry.startswith("rank-") and os.path.isdir(rank_dir)):
+            continue
+        try:
+            names = sorted(os.listdir(rank_dir))
+        except OSError as exc:
+            if problems is not None:
+                problems.append(f"{entry}: cannot be listed ({exc.strerror or exc}); skipped")
+            continue
+        for name in names:
+            if not name.endswith(SEGMENT_SUFFIX):
+                continue
+            path = os.path.join(rank_dir, name)
+            try:
+                mode = os.stat(path).st_mode
+            except OSError as exc:  # a dangling link, a link loop, no permission
+                if problems is not None:
+                    problems.append(f"{entry}/{name}: cannot be read ({exc.strerror or exc}); skipped")
+                continue
+            if stat.S_ISREG(mode):
+                found.append((entry, path))
+            elif problems is not None:
+                problems.append(f"{entry}/{name}: {_file_kind(mode)}, not a segment file; skipped")
     return found
 
 
@@ -62,54 +103,111 @@ def read_bytes(run_dir: str, path: str, size: int | None = None) -> bytes:
         return handle.read() if size is None else handle.read(size)
 
 
-def parse_segment(data: bytes, where: str, problems: list[str]) -> tuple[list[dict[str, Any]], int]:
-    """Decode JSON lines; returns (records, torn_lines). A torn *last* line is expected."""
+class _Lines:
+    """The skip rules for one file's lines: counts by reason, problems naming file and line
+    (the first :data:`MAX_PROBLEMS_PER_FILE`), whether the header line was seen."""
+
+    def __init__(self, where: str, problems: list[str], skipped: dict[str, int] | None) -> None:
+        self.where, self.problems = where, problems
+        self.skipped: dict[str, int] = {} if skipped is None else skipped
+        self.named = 0
+        self.unnamed = 0
+        self.first = True
+        self.torn = 0  # lines that are not JSON (a torn last line among them)
+
+    def skip(self, reason: str, index: int, why: str | None = None) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if why is None:
+            return
+        if self.named < MAX_PROBLEMS_PER_FILE:
+            self.named += 1
+            self.problems.append(f"{self.where}: line {index + 1} {why}; skipped")
+        else:
+            self.unnamed += 1
+
+    def done(self) -> None:
+        if self.unnamed:
+            self.problems.append(f"{self.where}: {self.unnamed} more lines skipped (not listed)")
+            self.unnamed = 0
+
+    def accept(self, record: Any, index: int) -> bool:
+        """Whether a decoded line is kept (the first record as it is, then valid records)."""
+        first, self.first = self.first, False
+        if not isinstance(record, dict) or not isinstance(record.get(schema.F_KIND), str):
+            self.skip("unreadable", index, "is not a goodtrace record")
+            return False
+        if first:  # the header, or the reason the file is skipped: the caller decides
+            return True
+        reason = check_record(record)
+        if reason is not None:
+            self.skip(reason, index, f"is a {SKIP_REASONS[reason]}")
+            return False
+        return True
+
+    def line(self, line: bytes, index: int, last: int) -> dict[str, Any] | None:
+        """One line by the rules above: the record, or None (skipped and counted)."""
+        if not line.strip():
+            return None
+        if len(line) > MAX_LINE_BYTES:
+            self.first = False
+            self.torn += 1
+            if index == last:
+                self.skip("torn_last_line", index)
+            else:
+                self.skip("too_long", index, f"is {len(line) / 2**20:.1f} MiB, longer than the "
+                                             f"{MAX_LINE_BYTES // 2**20} MiB a record may take")
+            return None
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            self.first = False
+            self.torn += 1
+            if index == last:
+                self.skip("torn_last_line", index)
+            else:
+                self.skip("unreadable", index, "is not valid JSON")
+            return None
+        return record if self.accept(record, index) else None
+
+
+def parse_segment(
+    data: bytes, where: str, problems: list[str], skipped: dict[str, int] | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """Decode JSON lines; returns (records, lines that are not JSON). A torn *last* line is
+    expected; every skipped line is counted in ``skipped`` by reason."""
+    rules = _Lines(where, problems, skipped)
     lines = data.split(b"\n")
     records: list[dict[str, Any]] = []
-    torn = 0
     last = len(lines) - 1
     for index, line in enumerate(lines):
-        record, bad = _parse_line(line, index, last, where, problems)
-        torn += bad
+        record = rules.line(line, index, last)
         if record is not None:
             records.append(record)
-    return records, torn
-
-
-def _parse_line(
-    line: bytes, index: int, last: int, where: str, problems: list[str]
-) -> tuple[dict[str, Any] | None, int]:
-    """One line by the rules of :func:`parse_segment`: (the record or None, 1 if not JSON)."""
-    if not line.strip():
-        return None, 0
-    try:
-        record = json.loads(line)
-    except ValueError:
-        if index != last:
-            problems.append(f"{where}: line {index + 1} is not valid JSON; skipped")
-        return None, 1
-    if not isinstance(record, dict) or not isinstance(record.get(schema.F_KIND), str):
-        problems.append(f"{where}: line {index + 1} is not a goodtrace record; skipped")
-        return None, 0
-    return record, 0
+    rules.done()
+    return records, rules.torn
 
 
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_FAST_LINE_CHARS = MAX_LINE_BYTES // 4  # a longer line may be over the byte limit: measured exactly
 
 
 class SegmentRecords:
     """The records of one segment's bytes, one at a time, exactly as :func:`parse_segment`
-    returns them (same records, torn lines and problems), about twice as fast and without a
-    list of them all: well-formed lines are decoded straight from the file's text by the JSON
-    scanner; from the first line that is not one clean object (blank, CRLF, garbage) on, the
-    line-by-line rules take over. ``torn`` is complete once the iteration ends."""
+    returns them (same records, lines that are not JSON, problems and skip counts), about
+    twice as fast and without a list of them all: well-formed lines are decoded straight from
+    the file's text by the JSON scanner; from the first line that is not one clean object
+    (blank, CRLF, garbage, very long) on, the line-by-line rules take over. ``torn`` and
+    ``skipped`` are complete once the iteration ends."""
 
-    def __init__(self, data: bytes, where: str, problems: list[str]) -> None:
+    def __init__(self, data: bytes, where: str, problems: list[str], skipped: dict[str, int] | None = None) -> None:
         self.data, self.where, self.problems = data, where, problems
+        self.skipped: dict[str, int] = {} if skipped is None else skipped
         self.torn = 0
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         data = self.data
+        rules = _Lines(self.where, self.problems, self.skipped)
+        index = 0
         try:
             text = data.decode("utf-8", "surrogatepass")  # what json.loads does to each line
         except UnicodeDecodeError:
@@ -122,21 +220,26 @@ class SegmentRecords:
                     break
                 try:
                     record, end = scan(text, pos)
-                except (StopIteration, ValueError):
+                except (StopIteration, ValueError, RecursionError):
                     break
-                if (end < size and text[end] != "\n") or type(record) is not dict or type(record.get(kind)) is not str:
+                if ((end < size and text[end] != "\n") or end - pos > _FAST_LINE_CHARS or type(record) is not dict
+                        or type(record.get(kind)) is not str):
                     break
-                yield record
+                if rules.accept(record, index):
+                    yield record
+                index += 1
                 pos = end + 1
             else:
+                rules.done()
+                self.torn = rules.torn
                 return
         # The rest, line by line (the line numbers and the torn-last-line rule as parse_segment).
         offset = len(text[:pos].encode("utf-8", "surrogatepass")) if pos else 0
-        first_index = text.count("\n", 0, pos) if pos else 0
         lines = data[offset:].split(b"\n")
-        last = first_index + len(lines) - 1
-        for index, line in enumerate(lines, first_index):
-            record, bad = _parse_line(line, index, last, self.where, self.problems)
-            self.torn += bad
+        last = index + len(lines) - 1
+        for number, line in enumerate(lines, index):
+            record = rules.line(line, number, last)
             if record is not None:
                 yield record
+        rules.done()
+        self.torn = rules.torn

@@ -2,7 +2,9 @@
 
 Each *session* is one process incarnation of one rank (its header says rank, host, pid,
 launcher restart counter and clock anchor). Torn last lines (a process killed mid-write) are
-skipped silently; undecodable lines elsewhere are skipped and reported in ``Run.problems``.
+skipped silently; undecodable or invalid lines elsewhere (:mod:`goodtrace.read.validate`) and
+segments whose header is unusable are skipped and reported in ``Run.problems``; every skipped
+line is counted by reason in ``Run.skipped``.
 Attempts are discovered here: by launcher restart counter when present, otherwise from the
 records (a rank cannot appear twice in one attempt). The analytical reader (DuckDB) builds on
 the same file layout and the same attempt rule (:func:`number_attempts`).
@@ -30,6 +32,7 @@ from goodtrace.read.segments import (
     parse_segment,
     read_bytes,
 )
+from goodtrace.read.validate import check_header, is_time
 
 __all__ = [
     "IndexedSession",
@@ -56,7 +59,7 @@ class Session:
 
     @property
     def session_id(self) -> str:
-        return str(self.header[schema.H_SESSION])
+        return str(self.header.get(schema.H_SESSION))
 
     @property
     def rank(self) -> int:
@@ -84,7 +87,7 @@ class Session:
         for record in self.records:
             for field in (schema.F_T1, schema.F_T, schema.F_MONO):
                 value = record.get(field)
-                if isinstance(value, int) and value > latest:
+                if is_time(value) and value > latest:
                     latest = value
         return latest
 
@@ -104,6 +107,7 @@ class Run:
     path: str
     sessions: list[Session]
     problems: list[str]
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)  # lines by reason (validate.SKIP_REASONS)
 
     def attempts(self) -> list[list[Session]]:
         """Sessions grouped by attempt, in order."""
@@ -128,16 +132,24 @@ class Run:
 S = TypeVar("S", bound="Session")
 
 
-def _readable_version(header: dict[str, Any], where: str, problems: list[str]) -> bool:
-    """Whether this goodtrace reads the segment's schema version (a problem when not)."""
-    version = header.get(schema.H_SCHEMA)
-    if version in schema.READABLE_VERSIONS:
-        return True
-    problems.append(
-        f"{where}: schema version {version!r} is not one this goodtrace reads "
-        f"({sorted(schema.READABLE_VERSIONS)}); skipped — upgrade goodtrace"
-    )
-    return False
+def _checked_header(first: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any] | None:
+    """The segment's header when usable (invalid optional fields left out, a missing session
+    id replaced by the file's name), else None (the problem named; the caller counts the
+    file's lines as skipped)."""
+    if first.get(schema.F_KIND) != schema.HEADER:
+        problems.append(f"{where}: does not start with a header record; skipped")
+        return None
+    check = check_header(first, readable=schema.READABLE_VERSIONS)
+    if check.header is None:
+        problems.append(f"{where}: {check.refused}; skipped")
+        return None
+    if check.ignored:
+        problems.append(f"{where}: header field(s) {', '.join(check.ignored)} out of range or of the wrong "
+                        "type; ignored")
+    header = check.header
+    if schema.H_SESSION not in header:
+        header[schema.H_SESSION] = where
+    return header
 
 
 def _session_of(by_session: dict[str, Any], header: dict[str, Any], make: type[S]) -> tuple[str, S]:
@@ -156,8 +168,9 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
     """Load every rank's segments of a run directory into sessions, attempts assigned."""
     path = os.fspath(run_dir)
     problems: list[str] = []
+    skipped: dict[str, int] = {}
     by_session: dict[str, Session] = {}
-    segments = list_segments(path)
+    segments = list_segments(path, problems)
     if not segments:
         raise NotARunError(f"{path!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
     for rank_dir, segment in segments:
@@ -165,23 +178,27 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
         try:
             data = read_bytes(path, segment)
         except OSError as exc:
-            problems.append(f"{where}: cannot be read ({exc}); skipped")
+            problems.append(f"{where}: cannot be read ({exc.strerror or exc}); skipped")
             continue
-        records, torn = parse_segment(data, where, problems)
-        if not records or records[0].get(schema.F_KIND) != schema.HEADER:
-            if records:
-                problems.append(f"{where}: does not start with a header record; skipped")
+        own: dict[str, int] = {}
+        own_problems: list[str] = []
+        records, torn = parse_segment(data, where, own_problems, own)
+        header = _checked_header(records[0], where, problems) if records else None
+        if header is None:  # every line of the file is skipped with it
+            lines = len(records) + sum(own.values())
+            if lines:
+                skipped["file_skipped"] = skipped.get("file_skipped", 0) + lines
             continue
-        header = records[0]
-        if not _readable_version(header, where, problems):
-            continue
+        problems.extend(own_problems)
+        for reason, count in own.items():
+            skipped[reason] = skipped.get(reason, 0) + count
         _, session = _session_of(by_session, header, Session)
         session.records.extend(records[1:])
         session.segments += 1
         session.torn_lines += torn
     sessions = sorted(by_session.values(), key=lambda s: (s.start_wall_ns, s.rank))
     assign_attempts(sessions)
-    return Run(path=path, sessions=sessions, problems=problems)
+    return Run(path=path, sessions=sessions, problems=problems, skipped=skipped)
 
 
 @dataclasses.dataclass
@@ -249,8 +266,9 @@ def index_run(
     """
     path = os.fspath(run_dir)
     problems: list[str] = []
+    skipped: dict[str, int] = {}
     by_session: dict[str, IndexedSession] = {}
-    segments = list_segments(path)
+    segments = list_segments(path, problems)
     if not segments:
         raise NotARunError(f"{path!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
     summarised: set[str] = set()
@@ -273,21 +291,18 @@ def index_run(
         try:
             data = read_bytes(path, segment)
         except OSError as exc:
-            problems.append(f"{where}: cannot be read ({exc}); skipped")
+            problems.append(f"{where}: cannot be read ({exc.strerror or exc}); skipped")
             continue
-        reader = SegmentRecords(data, where, problems)
+        own: dict[str, int] = {}
+        own_problems: list[str] = []
+        reader = SegmentRecords(data, where, own_problems, own)
         records = iter(reader)
-        header = next(records, None)
-        if header is None or header.get(schema.F_KIND) != schema.HEADER:
-            if header is not None:
-                for _ in records:  # its problems are reported as read_run reports them
-                    pass
-                problems.append(f"{where}: does not start with a header record; skipped")
-            continue
-        if header.get(schema.H_SCHEMA) not in schema.READABLE_VERSIONS:
-            for _ in records:  # its problems are reported as read_run reports them
-                pass
-            _readable_version(header, where, problems)
+        first = next(records, None)
+        header = _checked_header(first, where, problems) if first is not None else None
+        if header is None:  # its lines are counted as read_run counts them
+            lines = (0 if first is None else 1 + sum(1 for _ in records)) + sum(own.values())
+            if lines:
+                skipped["file_skipped"] = skipped.get("file_skipped", 0) + lines
             continue
         session_id, session = _session_of(by_session, header, IndexedSession)
         if session_id != current:
@@ -301,13 +316,13 @@ def index_run(
             # Session.last_seen_mono's rule, unrolled (this loop sees every record of the run).
             get = record.get
             value = get(t1_field)
-            if isinstance(value, int) and value > latest:
+            if is_time(value) and value > latest:
                 latest = value
             value = get(t_field)
-            if isinstance(value, int) and value > latest:
+            if is_time(value) and value > latest:
                 latest = value
             value = get(mono_field)
-            if isinstance(value, int) and value > latest:
+            if is_time(value) and value > latest:
                 latest = value
             kind = record[kind_field]
             if kind == span_kind:
@@ -316,6 +331,9 @@ def index_run(
                 kept.append(record)
             elif keep_steps and kind in summary_kinds:
                 steps_kept.append(record)
+        problems.extend(own_problems)
+        for reason, count in own.items():
+            skipped[reason] = skipped.get(reason, 0) + count
         session.latest_mono = None if latest == no_time else int(latest)
         session.segments += 1
         session.torn_lines += reader.torn
@@ -324,7 +342,7 @@ def index_run(
             progress(done, len(segments))
     summarise_current()
     index = RunIndex(path=path, sessions=sorted(by_session.values(), key=lambda s: (s.start_wall_ns, s.rank)),
-                     problems=problems)
+                     problems=problems, skipped=skipped)
     for session_id in split:  # rare: summarised again from all of its files
         session = by_session[session_id]
         assert summarise is not None

@@ -8,7 +8,6 @@ goodput (MFU) when FLOPs are known, and warnings. ``rich`` is imported here only
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rich.console import Console
@@ -17,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from goodtrace.analysis import Partition, RunAnalysis
+from goodtrace.renderers.text import printable
 
 BUCKET_LABELS = {
     "productive": "productive (goodput)",
@@ -28,15 +28,10 @@ BUCKET_LABELS = {
 }
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
 def safe(text: object) -> str:
     """Run text (names, hosts, warnings) for the console: control characters (ESC, OSC, ...)
     shown as escapes, lone surrogates replaced, rich markup escaped. Names are data."""
-    value = str(text).encode("utf-8", "replace").decode("utf-8")
-    value = _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], value)
-    return escape(value)
+    return escape(printable(text))
 
 
 def _duration(seconds: float) -> str:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from goodtrace.analysis import RunAnalysis
@@ -16,5 +17,21 @@ def report_object(analysis: RunAnalysis, *, include_steps: bool = True) -> dict[
     return analysis.to_dict(include_steps=include_steps)
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every float that JSON cannot hold (NaN, infinities) as null. The reader
+    lets none reach the numbers; this keeps the output valid JSON whatever a field holds."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def render_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int | None = 2) -> str:
-    return json.dumps(report_object(analysis, include_steps=include_steps), indent=indent, allow_nan=False)
+    report = report_object(analysis, include_steps=include_steps)
+    try:
+        return json.dumps(report, indent=indent, allow_nan=False)
+    except ValueError:  # a non-finite float somewhere: written as null
+        return json.dumps(finite(report), indent=indent, allow_nan=False)

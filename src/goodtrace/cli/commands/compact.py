@@ -8,6 +8,7 @@ changed or appeared since.
 from __future__ import annotations
 
 import argparse
+import sys
 
 HELP = "compact a run's JSON-lines records into Parquet (faster reports on large runs)"
 
@@ -40,4 +41,12 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {result.path}: {result.records:,} records from {result.files} segment file(s), "
         f"{result.json_bytes / 1e6:.1f} MB of JSON lines -> {result.parquet_bytes / 1e6:.1f} MB of Parquet"
     )
+    from goodtrace.read.validate import describe_skipped
+    from goodtrace.renderers.text import printable
+
+    for problem in result.problems:
+        print(f"warning: {printable(problem)}", file=sys.stderr)
+    if result.skipped:
+        print(f"warning: {describe_skipped(result.skipped)}; they are not in the compacted copy's records",
+              file=sys.stderr)
     return 0

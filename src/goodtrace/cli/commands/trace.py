@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from goodtrace.cli.progress import progress_bar
     from goodtrace.cli.ranges import format_ranks, parse_ranks, parse_steps
     from goodtrace.renderers.perfetto import PerfettoRenderer, Selection
+    from goodtrace.renderers.text import printable
 
     try:
         selection = Selection(
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         stop()
     for problem in loaded.warnings:
-        print(f"warning: {problem}", file=sys.stderr)
+        print(f"warning: {printable(problem)}", file=sys.stderr)
     if summary.processes == 0:
         print("warning: the selection matched no rank with records; the trace is empty", file=sys.stderr)
     if summary.warning:
