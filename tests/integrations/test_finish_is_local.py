@@ -47,9 +47,9 @@ class _CountingTransport:
 
 
 class _Hooked(Integration):
-    def __init__(self, recorder: Any, transport: _CountingTransport) -> None:
+    def __init__(self, recorder: Any, transport: _CountingTransport, log_every: int = 100) -> None:
         super().__init__(recorder)
-        self.aggregator = LiveAggregator(recorder, transport, log_every=100, printer=lambda line: None)
+        self.aggregator = LiveAggregator(recorder, transport, log_every=log_every, printer=lambda line: None)
         self._listen(recorder.finish_listeners, self._on_finish)
 
 
@@ -82,6 +82,59 @@ def test_finish_inside_an_exception_handler_is_local_whatever_completed_says(
     except RuntimeError:
         gt.finish(completed=completed)
     assert transport.gathers == 0
+
+
+class _JoinedLater:
+    """A gather the peers complete ``delay_s`` after it was launched."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.ready_at = time.monotonic() + delay_s
+        self.seen_done = False
+
+    def done(self) -> bool:
+        self.seen_done = self.seen_done or time.monotonic() >= self.ready_at
+        return self.seen_done
+
+    def wait(self) -> list[list[float]]:
+        raise AssertionError("a local ending never reads a gather's result")
+
+
+class _LaterTransport(_CountingTransport):
+    def __init__(self, delay_s: float | None) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.handles: list[Any] = []
+
+    def all_gather(self, vector: list[float]) -> Any:  # type: ignore[override]
+        self.gathers += 1
+        handle = _NeverJoined() if self.delay_s is None else _JoinedLater(self.delay_s)
+        self.handles.append(handle)
+        return handle
+
+
+@pytest.mark.parametrize("joined", [True, False], ids=["peers-join", "peers-never-join"])
+def test_a_local_ending_lets_gathers_already_launched_finish_bounded(joined: bool, tmp_path: Path) -> None:
+    # A gloo gather still in flight when the process exits aborts it (SIGABRT): a local ending
+    # launches nothing new but lets the launched ones finish, for a bounded time.
+    transport = _LaterTransport(0.3 if joined else None)
+    gt.init(tmp_path / "run", finish_timeout_s=0.5)
+    _Hooked(gt.recorder(), transport, log_every=2)
+    _run_steps()  # a gather launched at step 2, in flight
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        started = time.monotonic()
+        try:
+            raise RuntimeError("crash")
+        except RuntimeError:
+            gt.finish(completed=False)
+        took = time.monotonic() - started
+    assert transport.gathers == 1
+    in_flight_warning = any("still in flight" in str(w.message) for w in caught)
+    if joined:
+        assert transport.handles[0].seen_done and not in_flight_warning
+    else:
+        assert in_flight_warning
+        assert took < 30  # bounded by finish_timeout_s (0.5 s), never the group's timeout
 
 
 def test_finish_completed_gathers_and_is_bounded_by_finish_timeout() -> None:

@@ -64,6 +64,7 @@ _NAME_FLOATS = 128  # names announced in a window: (slot, byte count, bytes 6 pe
 _NAME_CHARS = 100  # names learned from other ranks are cut to this
 _NAME_BYTES_PER_FLOAT = 6
 _MAX_KNOWN_NAMES = 100_000
+DRAIN_S = 5.0  # at a local ending: how long gathers already launched may take to finish
 
 
 class GatherHandle(Protocol):
@@ -568,12 +569,31 @@ class LiveAggregator:
             pause = min(pause * 2, 0.05)
         return True
 
-    def abandon(self) -> None:
-        """Stop without any collective (the process is exiting, perhaps after a crash)."""
+    def abandon(self, drain_s: float = DRAIN_S) -> None:
+        """Stop without starting any collective (the process is exiting, perhaps after a crash).
+
+        Gathers already launched are let finish for up to ``drain_s`` seconds (bounded by the
+        recorder's ``finish_timeout_s``): the peers launch the same windows and complete them
+        when they get there, and a process that exits with a gloo gather still in flight is
+        aborted by the library at exit (SIGABRT instead of its own exit status)."""
+        timeout = min(drain_s, float(getattr(getattr(self.recorder, "config", None), "finish_timeout_s", drain_s)))
         with self._lock:
             self._closed = True
+            if self._in_flight and not self._wait_all_in_flight(time.monotonic() + timeout):
+                self._warn("abandon", f"{len(self._in_flight)} live gather(s) still in flight at exit after "
+                           f"{timeout:g} s: the other ranks did not reach them")
             self._in_flight.clear()
             self._detach()
+
+    def _wait_all_in_flight(self, deadline: float) -> bool:
+        pause = 0.001
+        while not all(handle.done() for _, handle, _ in self._in_flight):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+        return True
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
