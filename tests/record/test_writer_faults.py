@@ -126,6 +126,12 @@ def test_sigkill_loses_at_most_one_interval_plus_one_chunk(tmp_path: Path, rate:
         reports: list[str] = []
         reader = threading.Thread(target=reports.extend, args=(child.stdout,), daemon=True)
         reader.start()
+        # The child's interpreter start and import take seconds on a loaded machine: the run is
+        # 3-5 flush intervals long from its first report (it is recording), not from the spawn.
+        started = time.monotonic()
+        while not reports and child.poll() is None and time.monotonic() - started < 120:
+            time.sleep(0.01)
+        assert reports, f"the child never reported (exit status {child.poll()})"
         late = _oversleep()
         time.sleep(rng.uniform(3 * FLUSH_S, 5 * FLUSH_S))
         t_kill = time.perf_counter_ns()
