@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
 import tempfile
+import uuid
 from typing import Any
 
 from goodtrace.read import duckdb_sql
-from goodtrace.read.discovery import count_lines, read_header
+from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
 from goodtrace.read.loaded import LoadError, Progress
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.validate import check_header
@@ -38,6 +40,50 @@ def compact_manifest(root: str) -> dict[str, Any] | None:
     if not os.path.exists(os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)):
         return None
     return manifest
+
+
+MODEL_PREFIX = "model-"  # RUN/compact/model-<compaction>-<table>.parquet: the stored run model
+
+
+def _store_run_model(con: Any, entries: list[dict[str, Any]], segments: list[str], out_dir: str) -> dict[str, Any]:
+    """Extract the run model of every session once, here, and store it beside the Parquet copy
+    (a report on the copy then reads it instead of extracting it again). Sessions are numbered
+    as the reader groups files (by the header's session id); the manifest lists each one's file
+    ids, so that a reader uses a stored session only when it reads exactly those files."""
+    drafts = collect_sessions([(p, e["header"]) for p, e in zip(segments, entries, strict=True)], [],
+                              lambda _: None, {})
+    fid_of = {p: e["fid"] for p, e in zip(segments, entries, strict=True)}
+    sessions = [sorted(fid_of[f] for f in draft.files) for draft in drafts.values()]
+    con.execute("CREATE TEMP TABLE sessmain (sid INTEGER, main_tid UBIGINT)")
+    con.execute("CREATE TEMP TABLE session_files (fid INTEGER, sid INTEGER)")
+    duckdb_sql.insert_rows(con, "sessmain",
+                           [(i, int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())])
+    duckdb_sql.insert_rows(con, "session_files", [(fid, i) for i, fids in enumerate(sessions) for fid in fids])
+    con.execute(
+        "CREATE TEMP VIEW model_source AS SELECT s.sid, r.* EXCLUDE (fid, bad) "
+        "FROM records r JOIN session_files s USING (fid) WHERE r.bad IS NULL"
+    )
+    tables = duckdb_sql.write_run_model(con, "model_source", out_dir, uuid.uuid4().hex[:12])
+    return {"version": duckdb_sql.RUN_MODEL_VERSION, "tables": tables, "sessions": sessions}
+
+
+def stored_run_model(root: str, manifest: dict[str, Any]) -> tuple[dict[str, str], list[list[int]]] | None:
+    """The run model a compaction stored (table -> file name, each stored session's file ids),
+    or None when there is none this reader can use (another version, a file missing)."""
+    model = manifest.get("model")
+    if not isinstance(model, dict) or model.get("version") != duckdb_sql.RUN_MODEL_VERSION:
+        return None
+    tables, sessions = model.get("tables"), model.get("sessions")
+    if not isinstance(tables, dict) or set(tables) != set(duckdb_sql.RUN_MODEL_NAMES) or not isinstance(sessions, list):
+        return None
+    for name in tables.values():
+        if not isinstance(name, str) or not name.startswith(MODEL_PREFIX) or os.sep in name or "/" in name:
+            return None
+        if not os.path.isfile(os.path.join(root, COMPACT_DIR, name)):
+            return None
+    if not all(isinstance(fids, list) and all(isinstance(f, int) for f in fids) for fids in sessions):
+        return None
+    return tables, sessions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +146,9 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
                                    len(segments), skips)
             records = int(con.execute("SELECT count(*) FROM records WHERE bad IS NULL").fetchone()[0])
             if progress is not None:
+                progress("summarising sessions", len(segments), len(segments))
+            model = _store_run_model(con, entries, segments, out_dir)
+            if progress is not None:
                 progress("writing Parquet", len(segments), len(segments))
             con.execute(
                 # Sorted by kind, then file: queries of one kind (sync points, spans) and of a
@@ -122,10 +171,14 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
             for reason, count in counts.items():
                 skipped[reason] = skipped.get(reason, 0) + count
     problems.extend(skips.notes)
-    manifest = {"format": COMPACT_FORMAT, "files": entries}
+    manifest = {"format": COMPACT_FORMAT, "files": entries, "model": model}
     with open(os.path.join(out_dir, COMPACT_MANIFEST + ".partial"), "w", encoding="utf-8") as handle:
         json.dump(manifest, handle)
     os.replace(os.path.join(out_dir, COMPACT_MANIFEST + ".partial"), os.path.join(out_dir, COMPACT_MANIFEST))
+    for name in os.listdir(out_dir):  # the run model of an earlier compaction
+        if name.startswith(MODEL_PREFIX) and name not in model["tables"].values():
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(out_dir, name))
     return CompactResult(
         path=out_dir,
         files=len(segments),

@@ -234,10 +234,16 @@ def insert_json(
 
 
 # ---------------------------------------------------------------------------------- the fold
-MODEL_TABLES = (
+_SCRATCH_TABLES = (
     "CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER, fid INTEGER)",
-    "CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)",
+    "CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)",  # every file of the compacted copy read
+    "CREATE TEMP TABLE foldmap (fid INTEGER, sid INTEGER)",  # ... of those, the ones to extract from
+    "CREATE TEMP TABLE csidmap (csid INTEGER, sid INTEGER)",  # sessions taken from the stored model
     "CREATE TEMP TABLE sessmain (sid INTEGER, main_tid UBIGINT)",
+)
+# What the run model keeps of every session (see _extract); ``goodtrace compact`` stores these
+# tables beside the Parquet copy, so that a report on it skips the extraction.
+_RUN_MODEL_TABLES = (
     "CREATE TABLE summ (sid INTEGER, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, "
     "step_count BIGINT, sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, finish_t BIGINT, "
     "finish_reason VARCHAR, finish_exception VARCHAR, preempt_events BIGINT, records BIGINT, heartbeat BIGINT)",
@@ -251,6 +257,11 @@ MODEL_TABLES = (
     "CREATE TABLE m_events (sid INTEGER, name VARCHAR, t BIGINT, step BIGINT)",
     "CREATE TABLE m_model (sid INTEGER, name VARCHAR, value DOUBLE, attrs VARCHAR, t BIGINT)",
 )
+MODEL_TABLES = _SCRATCH_TABLES + _RUN_MODEL_TABLES
+RUN_MODEL_NAMES = tuple(statement.split()[2] for statement in _RUN_MODEL_TABLES)
+# Bumped whenever _extract or the tables above change: a stored model of another version is
+# not used (the records are extracted again from the Parquet copy).
+RUN_MODEL_VERSION = 1
 
 _MAIN = "(m.main_tid IS NULL OR b.tid IS NULL OR b.tid = m.main_tid)"
 
@@ -411,13 +422,41 @@ def fold_json(
 
 
 def fold_parquet(con: Any) -> None:
-    """The compacted copy (``parquet_records``, sessions mapped through ``fidmap``): its valid
+    """The compacted copy (``parquet_records``, sessions mapped through ``foldmap``): its valid
     records (the lines it holds that are none were counted when it was written)."""
     con.execute(
         "CREATE OR REPLACE TEMP VIEW parquet_sid AS SELECT m.sid, p.* EXCLUDE (fid, bad) "
-        "FROM parquet_records p JOIN fidmap m USING (fid) WHERE p.bad IS NULL"
+        "FROM parquet_records p JOIN foldmap m USING (fid) WHERE p.bad IS NULL"
     )
     _extract(con, "parquet_sid")
+
+
+def write_run_model(con: Any, records: str, out_dir: str, tag: str) -> dict[str, str]:
+    """``goodtrace compact``: extract the run model from ``records`` (a table of valid records
+    with a ``sid`` column: the compacted copy's session numbers, ``sessmain`` filled) and store
+    each of its tables as ``out_dir/model-<tag>-<table>.parquet``; returns table -> file name."""
+    for statement in _RUN_MODEL_TABLES:
+        con.execute(statement)
+    _extract(con, records)
+    names = {}
+    for table in RUN_MODEL_NAMES:
+        names[table] = f"model-{tag}-{table}.parquet"
+        con.execute(
+            f"COPY (SELECT * FROM {table} ORDER BY sid) TO {sql_str(os.path.join(out_dir, names[table]))} "
+            "(FORMAT parquet, COMPRESSION zstd)"
+        )
+    return names
+
+
+def read_run_model(con: Any, out_dir: str, names: dict[str, str]) -> None:
+    """The stored run model of the sessions in ``csidmap`` (stored number -> this load's) into
+    the model tables, as if extracted here."""
+    for table in RUN_MODEL_NAMES:
+        path = sql_str(os.path.join(out_dir, names[table]))
+        con.execute(
+            f"INSERT INTO {table} SELECT c.sid, p.* EXCLUDE (sid) FROM read_parquet({path}) p "
+            "JOIN csidmap c ON p.sid = c.csid"
+        )
 
 
 def session_summaries(con: Any) -> dict[int, dict[str, Any]]:

@@ -22,7 +22,13 @@ import tempfile
 from typing import Any
 
 from goodtrace.read import duckdb_sql
-from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
+from goodtrace.read.compact import (
+    COMPACT_DIR,
+    COMPACT_RECORDS,
+    compact_manifest,
+    compact_run,
+    stored_run_model,
+)
 from goodtrace.read.discovery import (
     collect_sessions,
     count_lines,
@@ -139,7 +145,7 @@ def _load_run(
     path = os.fspath(run_dir)
     warnings: list[str] = []
     if is_url(path):
-        path = mirror_run(path, progress=progress)
+        path = mirror_run(path, progress=progress, use_compact=use_compact)
         warnings.append(f"read from a local mirror of {os.fspath(run_dir)!r}: {path}")
     root = local_path(path)
     manifest = compact_manifest(root) if use_compact else None
@@ -225,7 +231,22 @@ def _load_run(
                 duckdb_sql.insert_rows(con, "fidmap", list(fid_to_sid.items()))
                 # A view, not a copy: each query reads only the Parquet columns it needs.
                 con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(parquet)})")
-                duckdb_sql.fold_parquet(con)
+                # Sessions read from exactly the files a compaction summarised take its stored run
+                # model; the others (grown since, or merged with newer files) are extracted here.
+                stored = stored_run_model(root, manifest) if manifest is not None else None
+                from_model: dict[int, int] = {}
+                if stored is not None:
+                    csid_of = {frozenset(fids): csid for csid, fids in enumerate(stored[1])}
+                    for sid, fids in parquet_fids.items():
+                        csid = csid_of.get(frozenset(fids))
+                        if sid not in json_by_sid and csid is not None:
+                            from_model[sid] = csid
+                    duckdb_sql.insert_rows(con, "csidmap", [(csid, sid) for sid, csid in from_model.items()])
+                    duckdb_sql.read_run_model(con, os.path.join(root, COMPACT_DIR), stored[0])
+                extract = [(fid, sid) for fid, sid in fid_to_sid.items() if sid not in from_model]
+                if extract:
+                    duckdb_sql.insert_rows(con, "foldmap", extract)
+                    duckdb_sql.fold_parquet(con)
                 done += 1
                 if progress is not None:
                     progress("reading compacted records", done, total)

@@ -20,7 +20,13 @@ from collections.abc import Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from goodtrace.read.compact import COMPACT_DIR, COMPACT_FORMAT, COMPACT_MANIFEST, COMPACT_RECORDS
+from goodtrace.read.compact import (
+    COMPACT_DIR,
+    COMPACT_FORMAT,
+    COMPACT_MANIFEST,
+    COMPACT_RECORDS,
+    MODEL_PREFIX,
+)
 from goodtrace.read.loaded import Progress
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError
 
@@ -110,13 +116,14 @@ def mirror_run(
         # Kept when mirrored (an unusable copy too, so that it is not fetched again); when used,
         # fetched first: its manifest says which segments need not be fetched at all.
         wanted.update({_MANIFEST: remote[_MANIFEST], _PARQUET: remote[_PARQUET]})
+        wanted.update({rel: obj for rel, obj in remote.items() if _is_model(rel)})  # the stored run model
         if use_compact:
             fetcher.fetch(wanted, "fetching the compacted copy")
             covered = _covered_segments(local)
     for rel, obj in segments.items():
         if obj.size is None or covered.get(rel) != obj.size:
             wanted[rel] = obj
-    fetcher.fetch({rel: obj for rel, obj in wanted.items() if rel not in (_MANIFEST, _PARQUET)},
+    fetcher.fetch({rel: obj for rel, obj in wanted.items() if rel not in (_MANIFEST, _PARQUET) and not _is_model(rel)},
                   "fetching rank files")
     _remove_unwanted(local, set(wanted))
     _write_state(local, {rel: state[rel] for rel in wanted if rel in state})
@@ -262,10 +269,19 @@ def _remove_unwanted(local: str, wanted: Iterable[str]) -> None:
                 if name.endswith(SEGMENT_SUFFIX) and rel not in keep:
                     with contextlib.suppress(OSError):
                         os.remove(os.path.join(folder, name))
-    for rel in (_MANIFEST, _PARQUET):
+    compact = os.path.join(local, COMPACT_DIR)
+    stored = [f"{COMPACT_DIR}/{name}" for name in os.listdir(compact) if _is_model(f"{COMPACT_DIR}/{name}")] \
+        if os.path.isdir(compact) else []
+    for rel in (_MANIFEST, _PARQUET, *stored):
         if rel not in keep:
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(local, *rel.split("/")))
+
+
+def _is_model(rel: str) -> bool:
+    """A table of the run model a compaction stored (RUN/compact/model-*.parquet)."""
+    folder, _, name = rel.partition("/")
+    return folder == COMPACT_DIR and name.startswith(MODEL_PREFIX) and name.endswith(".parquet") and "/" not in name
 
 
 def _read_state(local: str) -> dict[str, list[Any]]:
