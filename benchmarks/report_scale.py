@@ -133,6 +133,32 @@ def write_rank(root: Path, rank: int, world: int, steps: int, spans: int, seed: 
     return records
 
 
+def _write_ranks(args: tuple[str, range, int, int, int]) -> int:
+    root, ranks, world, steps, spans = args
+    return sum(write_rank(Path(root), r, world, steps, spans, seed=1) for r in ranks)
+
+
+def generate(root: Path, ranks: int, steps: int, spans: int, jobs: int) -> int:
+    """Every rank's file, ``jobs`` processes writing interleaved ranks; the number of records."""
+    jobs = max(1, min(jobs, ranks))
+    if jobs == 1:
+        return _write_ranks((str(root), range(ranks), ranks, steps, spans))
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        parts = [(str(root), range(j, ranks, jobs), ranks, steps, spans) for j in range(jobs)]
+        return sum(pool.map(_write_ranks, parts))
+
+
+def _count_records(root: Path) -> int:
+    """Lines of every segment but the header (what the generator counted)."""
+    total = 0
+    for path in root.rglob("*.jsonl"):
+        with open(path, "rb") as handle:
+            total += sum(chunk.count(b"\n") for chunk in iter(lambda h=handle: h.read(1 << 24), b"")) - 1
+    return total
+
+
 def timed(cmd: list[str]) -> tuple[float, float, str]:
     """(seconds, peak RSS MiB, stdout) of a command in a fresh process."""
     start = time.perf_counter()
@@ -254,25 +280,38 @@ def main() -> None:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--spans", type=int, default=10, choices=range(1, len(STEP_SPANS) + 1))
     parser.add_argument("--keep", metavar="DIR", help="write the run here and keep it")
+    parser.add_argument("--reuse", metavar="DIR", help="measure a run an earlier --keep wrote (no generation; "
+                        "--ranks/--steps must match it)")
+    parser.add_argument("--skip-jsonl-report", action="store_true",
+                        help="only compact and report on Parquet (the JSON-lines report of 10 k ranks takes long)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes writing the ranks' files")
     args = parser.parse_args()
     ranks = args.ranks or (32 if args.quick else 1024)
     steps = args.steps or (200 if args.quick else 1000)
-    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="goodtrace-bench-"))
+    root = Path(args.reuse or args.keep or tempfile.mkdtemp(prefix="goodtrace-bench-"))
+    keep = bool(args.keep or args.reuse)
     figures: dict[str, Any] = {"ranks": ranks, "steps": steps, "spans_per_step": args.spans, "quick": args.quick,
                                "cpus": os.cpu_count()}
     try:
-        t0 = time.perf_counter()
-        records = sum(write_rank(root, r, ranks, steps, args.spans, seed=1) for r in range(ranks))
-        figures["generate_s"] = round(time.perf_counter() - t0, 2)
-        figures["records"] = records
+        if args.reuse:
+            shutil.rmtree(root / "compact", ignore_errors=True)
+            figures["records"] = _count_records(root)
+        else:
+            t0 = time.perf_counter()
+            figures["records"] = generate(root, ranks, steps, args.spans, args.jobs)
+            figures["generate_s"] = round(time.perf_counter() - t0, 2)
         figures["jsonl_bytes"] = sum(p.stat().st_size for p in root.rglob("*.jsonl"))
-        print(f"generated {records:,} records ({figures['jsonl_bytes'] / 1e6:.0f} MB) for {ranks} ranks x "
-              f"{steps} steps in {figures['generate_s']} s", flush=True)
-        seconds, peak, out = timed(goodtrace_cmd("report", str(root), "--json", "--no-steps"))
-        jsonl_report = json.loads(out)
-        figures.update(report_jsonl_s=round(seconds, 2), report_jsonl_peak_mib=round(peak))
-        print(f"report (JSON lines): {seconds:.2f} s, peak {peak:.0f} MiB, goodput "
-              f"{jsonl_report['goodput'] * 100:.2f}%", flush=True)
+        figures["files"] = sum(1 for _ in root.rglob("*.jsonl"))
+        print(f"{'reused' if args.reuse else 'generated'} {figures['records']:,} records "
+              f"({figures['jsonl_bytes'] / 1e6:.0f} MB) for {ranks} ranks x {steps} steps"
+              + (f" in {figures['generate_s']} s" if "generate_s" in figures else ""), flush=True)
+        jsonl_report: dict[str, Any] | None = None
+        if not args.skip_jsonl_report:
+            seconds, peak, out = timed(goodtrace_cmd("report", str(root), "--json", "--no-steps"))
+            jsonl_report = json.loads(out)
+            figures.update(report_jsonl_s=round(seconds, 2), report_jsonl_peak_mib=round(peak))
+            print(f"report (JSON lines): {seconds:.2f} s, peak {peak:.0f} MiB, goodput "
+                  f"{jsonl_report['goodput'] * 100:.2f}%", flush=True)
         seconds, peak, _ = timed(goodtrace_cmd("compact", str(root)))
         figures.update(compact_s=round(seconds, 2), compact_peak_mib=round(peak),
                        parquet_bytes=(root / "compact" / "records.parquet").stat().st_size)
@@ -281,17 +320,23 @@ def main() -> None:
         seconds, peak, out = timed(goodtrace_cmd("report", str(root), "--json", "--no-steps"))
         parquet_report = json.loads(out)
         figures.update(report_parquet_s=round(seconds, 2), report_parquet_peak_mib=round(peak))
-        print(f"report (Parquet): {seconds:.2f} s, peak {peak:.0f} MiB", flush=True)
-        figures["goodput"] = jsonl_report["goodput"]
-        figures["forms_agree"] = (
-            jsonl_report["partition"] == parquet_report["partition"] and jsonl_report["spread"] == parquet_report["spread"]
-        )
-        figures["buckets_s"] = {k: round(v["seconds"], 3) for k, v in jsonl_report["partition"]["buckets"].items()
+        figures["model_bytes"] = sum(p.stat().st_size for p in (root / "compact").glob("model-*.parquet"))
+        print(f"report (Parquet): {seconds:.2f} s, peak {peak:.0f} MiB, goodput "
+              f"{parquet_report['goodput'] * 100:.2f}%", flush=True)
+        figures["goodput"] = parquet_report["goodput"]
+        figures["ranks_analysed"] = parquet_report["spread"]["analysed"]
+        figures["ranks_with_figures"] = len(parquet_report["spread"]["per_rank"])
+        if jsonl_report is not None:
+            figures["forms_agree"] = (
+                jsonl_report["partition"] == parquet_report["partition"]
+                and jsonl_report["spread"] == parquet_report["spread"]
+            )
+            figures["ratio_jsonl_over_parquet"] = round(figures["report_jsonl_s"] / figures["report_parquet_s"], 2)
+        figures["buckets_s"] = {k: round(v["seconds"], 3) for k, v in parquet_report["partition"]["buckets"].items()
                                 if v["ns"]}
-        figures["stragglers"] = [s["rank"] for s in jsonl_report["stragglers"]]
-        figures["ratio_jsonl_over_parquet"] = round(figures["report_jsonl_s"] / figures["report_parquet_s"], 2)
+        figures["stragglers"] = [s["rank"] for s in parquet_report["stragglers"]]
     finally:
-        if not args.keep:
+        if not keep:
             shutil.rmtree(root, ignore_errors=True)
     figures["mlgm"] = compare_with_mlgm(steps)
     for name, row in figures["mlgm"].items():

@@ -509,29 +509,48 @@ def _ints(values: Any) -> array[int]:
     return array("q", np.asarray(filled, dtype=np.int64).tobytes())
 
 
+def _coded(con: Any, table: str, column: str, select: str, order: str) -> tuple[Any, str]:
+    """The strings of a low-cardinality ``column`` (categories, how a sync was taken, span
+    names) as one shared Python object per distinct value, and ``select`` with the column
+    replaced by its code: DuckDB hands out millions of integers, not millions of strings."""
+    import numpy as np
+
+    values = [row[0] for row in con.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall()]
+    vocab = np.empty(len(values), dtype=object)
+    vocab[:] = [_interned(v) for v in values]
+    con.execute(f"CREATE OR REPLACE TEMP TABLE vocab_{column} ({column} VARCHAR, code INTEGER)")
+    insert_rows(con, f"vocab_{column}", [(v, i) for i, v in enumerate(values)])
+    sql = (f"SELECT {select.replace('{code}', f'v.code AS {column}')} FROM {table} t "
+           f"JOIN vocab_{column} v ON t.{column} IS NOT DISTINCT FROM v.{column} ORDER BY {order}")
+    return vocab, sql
+
+
 def session_records(con: Any, sids: Iterable[int]) -> dict[int, SessionRecords]:
     """Every session's :class:`SessionRecords`, as compact columns."""
     out = {sid: SessionRecords() for sid in sids}
     for sid, c in _by_session(con, "SELECT sid, seq, step, t0, t1 FROM m_steps ORDER BY sid, seq, t0"):
         r = out[sid]
         r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(c["seq"]), _ints(c["step"]), _ints(c["t0"]), _ints(c["t1"])
-    for sid, c in _by_session(con, "SELECT sid, seq, step, t, after, how FROM m_syncs ORDER BY sid, t, seq"):
+    vocab, sql = _coded(con, "m_syncs", "how", "t.sid, t.seq, t.step, t.t, t.after, {code}", "t.sid, t.t, t.seq")
+    for sid, c in _by_session(con, sql):
         r = out[sid]
         r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"]), _ints(c["after"])
-        r.sync_how = [_interned(h) for h in c["how"].tolist()]
-    for sid, c in _by_session(con, "SELECT sid, cat, t0, t1, step FROM m_spans ORDER BY sid, t0, t1 DESC"):
+        r.sync_how = vocab[c["how"]].tolist()
+    vocab, sql = _coded(con, "m_spans", "cat", "t.sid, {code}, t.t0, t.t1, t.step", "t.sid, t.t0, t.t1 DESC")
+    for sid, c in _by_session(con, sql):
         r = out[sid]
-        r.span_category = [_interned(h) for h in c["cat"].tolist()]
+        r.span_category = vocab[c["cat"]].tolist()
         r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
-    for sid, seq, ns in con.execute("SELECT sid, seq, sum(ns) FROM m_compute GROUP BY ALL").fetchall():
-        out[sid].compute_ns[int(seq)] = int(ns)
+    for sid, c in _by_session(con, "SELECT sid, seq, sum(ns)::BIGINT AS ns FROM m_compute GROUP BY ALL ORDER BY sid"):
+        out[sid].compute_ns.update(zip(c["seq"].tolist(), c["ns"].tolist(), strict=True))
     for sid, name, step, value in con.execute("SELECT sid, name, step, last(value) FROM m_device GROUP BY ALL").fetchall():
         out[sid].device.setdefault(str(name), {})[int(step)] = float(value)
     for sid, t, offset, rtt in con.execute("SELECT sid, t, offset_ns, rtt_ns FROM m_clock ORDER BY sid, t").fetchall():
         out[sid].clock.append((int(t), int(offset), int(rtt)))
-    for sid, c in _by_session(con, "SELECT sid, step, name, min(t0) AS t0 FROM m_starts GROUP BY ALL ORDER BY sid, step, name"):
-        out[sid].starts = list(zip(c["step"].tolist(), [_interned(n) for n in c["name"].tolist()], c["t0"].tolist(),
-                                   strict=True))
+    vocab, sql = _coded(con, "(SELECT sid, step, name, min(t0) AS t0 FROM m_starts GROUP BY ALL)", "name",
+                        "t.sid, t.step, {code}, t.t0", "t.sid, t.step, t.name")
+    for sid, c in _by_session(con, sql):
+        out[sid].starts = list(zip(c["step"].tolist(), vocab[c["name"]].tolist(), c["t0"].tolist(), strict=True))
     for sid, name, t, step in con.execute("SELECT sid, name, t, step FROM m_events ORDER BY sid, t").fetchall():
         out[sid].events.append((str(name), int(t), None if step is None else int(step)))
     return out
