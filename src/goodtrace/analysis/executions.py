@@ -467,9 +467,9 @@ def cut_session(
     out.exec_seq, out.exec_step, out.exec_t0, out.exec_t1 = _out(seqs), _out(numbers), _out(t0s), _out(t1s)
     out.exec_window, out.exec_flags, out.ignored_syncs = _out(window_of), _out(flags), int(ignored)
     compute = np.zeros(n, dtype=np.int64)
-    if rec.compute_ns and n:
-        keys = np.fromiter(rec.compute_ns.keys(), dtype=np.int64, count=len(rec.compute_ns))
-        values = np.fromiter(rec.compute_ns.values(), dtype=np.int64, count=len(rec.compute_ns))
+    if len(rec.compute_ns) and n:
+        keys = np.frombuffer(rec.compute_seq, dtype=np.int64)
+        values = np.frombuffer(rec.compute_ns, dtype=np.int64)
         order = np.argsort(keys)
         at = np.minimum(np.searchsorted(keys[order], seqs), len(keys) - 1)
         compute = np.where(keys[order][at] == seqs, values[order][at], 0)
@@ -478,7 +478,7 @@ def cut_session(
     out.win_how = win_how
     out.data_rule = data_rule or _data_rule(times, hows, t0s, host_timed)
     # the device-dated sync point of each execution (a blocking span may have waited for it)
-    dated = np.fromiter((h in _DEVICE_DATED for h in hows), dtype=bool, count=n)
+    dated = _member(hows, _DEVICE_DATED)
     device_dated = np.where(dated & ((flags & FLAG_UNORDERED_SYNC) == 0), times, NO_TIME)
     # In an asynchronous loop in-step data loading is productive: only the data spans in the
     # startup and the tail matter (the windows skip them).
@@ -496,16 +496,31 @@ def cut_session(
     return out
 
 
+def _member(values: list[str], wanted: frozenset[str]) -> Array:
+    """``[v in wanted for v in values]`` as a bool array: one comparison per distinct value
+    (a few sync kinds), not one Python step per value."""
+    import numpy as np
+
+    out = np.zeros(len(values), dtype=bool)
+    kinds = set(values)
+    if kinds <= wanted:
+        out[:] = True
+    elif kinds & wanted:
+        array_ = np.array(values, dtype=object)
+        for kind in kinds & wanted:
+            out |= array_ == kind
+    return out
+
+
 def _data_rule(times: Array, hows: list[str], t0s: Array, host_timed: bool) -> str:
     """Asynchronous when the host entered the next step before most steps were ready (on a
     tie, by how the sync point was taken: looked at later, or already complete at the step's
     end)."""
-    import numpy as np
 
     if host_timed or len(times) < 2:
         return RULE_UNKNOWN
     t, nxt = times[:-1], t0s[1:]
-    later = np.fromiter((h in _LOOKED_LATER for h in hows[:-1]), dtype=bool, count=len(t))
+    later = _member(hows[:-1], _LOOKED_LATER)
     has = t != NO_TIME
     ahead = int((has & ((nxt < t) | ((nxt == t) & later))).sum())
     behind = int(has.sum()) - ahead

@@ -228,6 +228,8 @@ def assemble(
     """String one rank's session cuts (attempt, info, cut), in attempt order, on the wall clock
     (see the module docstring). Overlaps (a process still alive when the next one started) are
     cut off at the next one's start."""
+    import numpy as np
+
     ordered = sorted(cuts, key=lambda c: (c[1].start_wall, c[0]))
     out_pieces: list[Piece] = []
     windows: list[Window] = []
@@ -256,9 +258,9 @@ def assemble(
     for k in range(len(ordered) - 1, -1, -1):
         restore_after[k] = lowest
         cut = ordered[k][2]
-        executed = [cut.exec_step[i] for i in range(len(cut.exec_step)) if cut.exec_window[i] >= 0]
-        if executed:
-            lowest = min(executed) if lowest is None else min(lowest, min(executed))
+        done = np.frombuffer(cut.exec_step, dtype=np.int64)[np.frombuffer(cut.exec_window, dtype=np.int64) >= 0]
+        if len(done):
+            lowest = int(done.min()) if lowest is None else min(lowest, int(done.min()))
     job_start = ordered[0][1].start_wall if ordered else 0
     start = job_start
     if submit_wall is not None and ordered and submit_wall < job_start:

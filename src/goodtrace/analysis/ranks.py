@@ -113,11 +113,132 @@ SAMPLE_STEPS = 32  # sync points sampled per session for lateness (the loader sa
 
 def _stride(cut: SessionSteps) -> tuple[int, int]:
     """(first step, stride) of a session's sample: about SAMPLE_STEPS steps of its range."""
-    steps = cut.exec_step
-    if not steps:
+    import numpy as np
+
+    if not len(cut.exec_step):
         return 0, 1
-    lo, hi = min(steps), max(steps)
+    steps = np.frombuffer(cut.exec_step, dtype=np.int64)
+    lo, hi = int(steps.min()), int(steps.max())
     return lo, max(1, (hi - lo) // SAMPLE_STEPS)
+
+
+def _groups(*keys: Any) -> tuple[Any, Any, Any]:
+    """For rows keyed by the arrays ``keys`` (sorted by them, see :func:`_last_per_key`): each
+    row's group start, group size and position in its group."""
+    import numpy as np
+
+    n = len(keys[0])
+    change = np.zeros(n, dtype=bool)
+    if n:
+        change[0] = True
+        for k in keys:
+            change[1:] |= k[1:] != k[:-1]
+    starts = np.flatnonzero(change)
+    sizes = np.diff(np.append(starts, n))
+    first = np.repeat(starts, sizes)
+    return first, np.repeat(sizes, sizes), np.arange(n) - first
+
+
+def _last_per_key(keys: list[Any], values: list[Any]) -> tuple[list[Any], list[Any]]:
+    """Rows sorted by ``keys`` (the last key varies fastest), one per distinct key: the last
+    one given (as a dict assignment per row would keep)."""
+    import numpy as np
+
+    order = np.lexsort(keys[::-1])  # stable: equal keys stay in the order given
+    keys, values = [k[order] for k in keys], [v[order] for v in values]
+    n = len(order)
+    last = np.ones(n, dtype=bool)
+    if n:
+        same = np.ones(n - 1, dtype=bool)
+        for k in keys:
+            same &= k[1:] == k[:-1]
+        last[:-1] = ~same
+    return [k[last] for k in keys], [v[last] for v in values]
+
+
+def _others_median(first: Any, size: Any, pos: Any, ordered: Any) -> Any:
+    """Per row, the median of the other rows of its group (``ordered``: values sorted within
+    each group; NaN for a group of one). The arithmetic of :func:`_leave_one_out`."""
+    import numpy as np
+
+    n = size - 1
+
+    def at(j: Any) -> Any:
+        return np.where(j < pos, ordered[first + j], ordered[first + np.minimum(j + 1, size - 1)])
+
+    half = n // 2
+    odd = at(half)
+    even = (at(np.maximum(half - 1, 0)) + at(half)) / 2
+    return np.where(size < 2, np.nan, np.where(n % 2 == 1, odd, even))
+
+
+def _group_medians(first: Any, size: Any, pos: Any, ordered: Any) -> Any:
+    """The median of each group (rows sorted by value within groups), at its first row: the
+    arithmetic of ``statistics.median``."""
+    import numpy as np
+
+    heads = np.flatnonzero(pos == 0)
+    start, n = first[heads], size[heads]
+    mid = start + n // 2
+    return heads, np.where(n % 2 == 1, ordered[mid], (ordered[np.maximum(mid - 1, start)] + ordered[mid]) / 2)
+
+
+def _arrival_lateness(parts: list[tuple[Any, ...]]) -> tuple[dict[int, float], dict[int, float]]:
+    """Per rank, the median of (its arrival - the median arrival of the other ranks) over the
+    sampled sync points every two or more ranks reached, in seconds, and the fraction of them
+    it reached last. ``parts``: (attempt, step, rank, aligned time) columns."""
+    import numpy as np
+
+    if not parts:
+        return {}, {}
+    attempt, step, rank, t = (np.concatenate(c) for c in zip(*parts, strict=True))
+    (attempt, step, rank), (t,) = _last_per_key([attempt, step, rank], [t])  # one per rank and step
+    order = np.lexsort((t, step, attempt))  # by sync point, then by time within it
+    attempt, step, rank, t = attempt[order], step[order], rank[order], t[order]
+    first, size, pos = _groups(attempt, step)
+    keep = size >= 2
+    others = _others_median(first, size, pos, t.astype(np.float64))
+    latest = t[first + size - 1]
+    late_s = (t.astype(np.float64) - others) / NS
+    rank, late_s, is_last = rank[keep], late_s[keep], (t == latest)[keep]
+    order = np.lexsort((late_s, rank))
+    rank, late_s, is_last = rank[order], late_s[order], is_last[order]
+    first, size, pos = _groups(rank)
+    heads, medians = _group_medians(first, size, pos, late_s)
+    counts = np.add.reduceat(is_last.astype(np.int64), heads) if len(heads) else np.zeros(0, dtype=np.int64)
+    ranks = rank[heads].tolist()
+    return (dict(zip(ranks, medians.tolist(), strict=True)),
+            dict(zip(ranks, (counts / size[heads]).tolist(), strict=True)))
+
+
+def _start_lateness(parts: list[tuple[Any, ...]], names: dict[int, str]) -> dict[int, tuple[float, str]]:
+    """Per rank, the span it enters latest relative to the other ranks (the largest median, over
+    sampled steps, of its start after its step's entry minus the other ranks' median) and that
+    median in seconds; ties go to the first name alphabetically. ``parts``: (attempt, step,
+    name code, rank, ns after entry) columns."""
+    import numpy as np
+
+    if not parts:
+        return {}
+    attempt, step, code, rank, ns = (np.concatenate(c) for c in zip(*parts, strict=True))
+    (attempt, step, code, rank), (ns,) = _last_per_key([attempt, step, code, rank], [ns])
+    value = ns.astype(np.float64)
+    order = np.lexsort((value, code, step, attempt))
+    attempt, step, code, rank, value = attempt[order], step[order], code[order], rank[order], value[order]
+    first, size, pos = _groups(attempt, step, code)
+    keep = size >= 2
+    late_s = (value - _others_median(first, size, pos, value)) / NS
+    rank, code, late_s = rank[keep], code[keep], late_s[keep]
+    order = np.lexsort((late_s, code, rank))
+    rank, code, late_s = rank[order], code[order], late_s[order]
+    first, size, pos = _groups(rank, code)
+    heads, medians = _group_medians(first, size, pos, late_s)
+    worst: dict[int, tuple[float, str]] = {}
+    for r, c, median in sorted(zip(rank[heads].tolist(), (names[c] for c in code[heads].tolist()),
+                                   medians.tolist(), strict=True)):
+        if r not in worst or median > worst[r][0]:
+            worst[r] = (median, c)
+    return worst
 
 
 def rank_figures(
@@ -136,8 +257,11 @@ def rank_figures(
 
     step_times: dict[int, Any] = {}
     compute: dict[int, float] = {}
-    arrivals: dict[tuple[int, int], dict[int, int]] = {}  # (attempt, step) -> rank -> aligned sync time
-    starts: dict[tuple[int, int, str], dict[int, int]] = {}  # (attempt, step, name) -> rank -> ns after step entry
+    # sampled sync points (attempt, step, rank, aligned time) and span starts (attempt, step,
+    # span name code, rank, ns after the step's entry), as columns gathered per session
+    arrivals: list[tuple[Any, ...]] = []
+    starts: list[tuple[Any, ...]] = []
+    name_codes: dict[str, int] = {}
     for rank, members in by_rank.items():
         times: list[Any] = []
         per_execution: list[Any] = []
@@ -156,55 +280,41 @@ def rank_figures(
             if len(counts):
                 w_step = np.frombuffer(steps_e, dtype=np.int64)[np.frombuffer(firsts_w, dtype=np.int64)]
                 sampled = np.flatnonzero((counts == 1) & ((w_step - lo) % stride == 0))
-                for step, t in zip(w_step[sampled].tolist(), np.frombuffer(ends_w, dtype=np.int64)[sampled].tolist(),
-                                   strict=True):
-                    arrivals.setdefault((attempt, step), {})[rank] = clock.to_reference(t) if clock else t
+                ends = np.frombuffer(ends_w, dtype=np.int64)[sampled]
+                if clock is not None:
+                    ends = np.fromiter((clock.to_reference(t) for t in ends.tolist()), dtype=np.int64, count=len(ends))
+                arrivals.append((np.full(len(sampled), attempt, dtype=np.int64), w_step[sampled],
+                                 np.full(len(sampled), rank, dtype=np.int64), ends))
             if len(cut.exec_compute):
                 ns = np.frombuffer(cut.exec_compute, dtype=np.int64)
                 per_execution.append(ns[ns > 0])
             rec = records.get(s.index)
-            if rec is not None and rec.starts and len(steps_e):
+            if rec is not None and len(rec.starts_step) and len(steps_e):
                 # each sampled step's entry: its first execution's (np.unique keeps the first index)
                 numbers, first = np.unique(np.frombuffer(steps_e, dtype=np.int64), return_index=True)
                 entered = np.frombuffer(cut.exec_t0, dtype=np.int64)[first]
-                wanted = np.fromiter((step for step, _, _ in rec.starts), dtype=np.int64, count=len(rec.starts))
+                wanted = np.frombuffer(rec.starts_step, dtype=np.int64)
                 at = np.minimum(np.searchsorted(numbers, wanted), len(numbers) - 1)
-                found = (numbers[at] == wanted).tolist()
-                for (step, name, t0), ok, e in zip(rec.starts, found, entered[at].tolist(), strict=True):
-                    if ok:
-                        starts.setdefault((attempt, step, name), {})[rank] = t0 - e
+                found = numbers[at] == wanted
+                codes = np.zeros(len(rec.starts_name), dtype=np.int64)
+                spans = np.array(rec.starts_name, dtype=object)
+                for n in set(rec.starts_name):  # a few span names: one comparison each
+                    codes[spans == n] = name_codes.setdefault(n, len(name_codes))
+                late_ns = np.frombuffer(rec.starts_t0, dtype=np.int64) - entered[at]
+                starts.append((np.full(int(found.sum()), attempt, dtype=np.int64), wanted[found], codes[found],
+                               np.full(int(found.sum()), rank, dtype=np.int64), late_ns[found]))
         step_times[rank] = np.concatenate(times) if times else np.zeros(0)
         joined = np.concatenate(per_execution) if per_execution else np.zeros(0, dtype=np.int64)
         if len(joined):
             compute[rank] = float(np.median(joined))
     others_compute = _leave_one_out(compute)
-    late: dict[int, list[float]] = {}
-    last: dict[int, list[bool]] = {}
-    for ranks in arrivals.values():
-        if len(ranks) < 2:
-            continue
-        others = _leave_one_out({r: float(t) for r, t in ranks.items()})
-        latest = max(ranks.values())
-        for r, t in ranks.items():
-            late.setdefault(r, []).append((t - others[r]) / NS)
-            last.setdefault(r, []).append(t == latest)
-    start_late: dict[int, dict[str, list[float]]] = {}
-    for (_, _, name), ranks in starts.items():
-        if len(ranks) < 2:
-            continue
-        others = _leave_one_out({r: float(t) for r, t in ranks.items()})
-        for r, t in ranks.items():
-            start_late.setdefault(r, {}).setdefault(name, []).append((t - others[r]) / NS)
+    late, last_fraction = _arrival_lateness(arrivals)
+    worst_start = _start_lateness(starts, {code: name for name, code in name_codes.items()})
     figures = []
     for rank in sorted(by_rank):
         c = compute.get(rank)
         reference = others_compute.get(rank)
-        worst: tuple[float, str] | None = None
-        for name, values in sorted(start_late.get(rank, {}).items()):
-            median = statistics.median(values)
-            if worst is None or median > worst[0]:
-                worst = (median, name)
-        flags = last.get(rank, [])
+        worst = worst_start.get(rank)
         figures.append(
             RankFigure(
                 rank=rank,
@@ -214,8 +324,8 @@ def rank_figures(
                 step_time_p90_s=float(np.quantile(step_times[rank], 0.9)) if len(step_times[rank]) else None,
                 compute_median_s=None if c is None else c / NS,
                 relative_speed=None if c is None or reference is None or c <= 0 else reference / c,
-                lateness_median_s=_median(late.get(rank, [])),
-                late_fraction=sum(flags) / len(flags) if flags else None,
+                lateness_median_s=late.get(rank),
+                late_fraction=last_fraction.get(rank),
                 start_lateness_s=None if worst is None else worst[0],
                 late_span=None if worst is None else worst[1],
             )

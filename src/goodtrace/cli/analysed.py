@@ -49,7 +49,7 @@ def load_and_analyse(run_dir: str, **options: Any) -> tuple[LoadedRun, RunAnalys
     finally:
         stop()
     try:
-        analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, **options)
+        analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, release_records=True, **options)
     except AnalysisError as exc:
         raise CommandError(str(exc)) from None
     return loaded, analysis

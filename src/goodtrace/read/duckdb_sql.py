@@ -509,10 +509,13 @@ def _ints(values: Any) -> array[int]:
     return array("q", np.asarray(filled, dtype=np.int64).tobytes())
 
 
-def _coded(con: Any, table: str, column: str, select: str, order: str) -> tuple[Any, str]:
-    """The strings of a low-cardinality ``column`` (categories, how a sync was taken, span
-    names) as one shared Python object per distinct value, and ``select`` with the column
-    replaced by its code: DuckDB hands out millions of integers, not millions of strings."""
+SESSION_BATCH = 1024  # sessions whose model rows are fetched together (bounds the columns in flight)
+
+
+def _vocab(con: Any, table: str, column: str) -> Any:
+    """The distinct strings of a low-cardinality ``column`` (categories, how a sync was taken,
+    span names) as one shared Python object each, numbered in table ``vocab_<column>``: queries
+    join it and hand out codes, millions of integers instead of millions of strings."""
     import numpy as np
 
     values = [row[0] for row in con.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall()]
@@ -520,39 +523,55 @@ def _coded(con: Any, table: str, column: str, select: str, order: str) -> tuple[
     vocab[:] = [_interned(v) for v in values]
     con.execute(f"CREATE OR REPLACE TEMP TABLE vocab_{column} ({column} VARCHAR, code INTEGER)")
     insert_rows(con, f"vocab_{column}", [(v, i) for i, v in enumerate(values)])
-    sql = (f"SELECT {select.replace('{code}', f'v.code AS {column}')} FROM {table} t "
-           f"JOIN vocab_{column} v ON t.{column} IS NOT DISTINCT FROM v.{column} ORDER BY {order}")
-    return vocab, sql
+    return vocab
+
+
+def _sid_ranges(sids: Sequence[int], size: int) -> Iterable[tuple[int, int]]:
+    for i in range(0, len(sids), size):
+        yield sids[i], sids[min(i + size, len(sids)) - 1]
 
 
 def session_records(con: Any, sids: Iterable[int]) -> dict[int, SessionRecords]:
-    """Every session's :class:`SessionRecords`, as compact columns."""
+    """Every session's :class:`SessionRecords`, as compact columns, fetched for
+    :data:`SESSION_BATCH` sessions at a time."""
     out = {sid: SessionRecords() for sid in sids}
-    for sid, c in _by_session(con, "SELECT sid, seq, step, t0, t1 FROM m_steps ORDER BY sid, seq, t0"):
-        r = out[sid]
-        r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(c["seq"]), _ints(c["step"]), _ints(c["t0"]), _ints(c["t1"])
-    vocab, sql = _coded(con, "m_syncs", "how", "t.sid, t.seq, t.step, t.t, t.after, {code}", "t.sid, t.t, t.seq")
-    for sid, c in _by_session(con, sql):
-        r = out[sid]
-        r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"]), _ints(c["after"])
-        r.sync_how = vocab[c["how"]].tolist()
-    vocab, sql = _coded(con, "m_spans", "cat", "t.sid, {code}, t.t0, t.t1, t.step", "t.sid, t.t0, t.t1 DESC")
-    for sid, c in _by_session(con, sql):
-        r = out[sid]
-        r.span_category = vocab[c["cat"]].tolist()
-        r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
-    for sid, c in _by_session(con, "SELECT sid, seq, sum(ns)::BIGINT AS ns FROM m_compute GROUP BY ALL ORDER BY sid"):
-        out[sid].compute_ns.update(zip(c["seq"].tolist(), c["ns"].tolist(), strict=True))
-    for sid, name, step, value in con.execute("SELECT sid, name, step, last(value) FROM m_device GROUP BY ALL").fetchall():
-        out[sid].device.setdefault(str(name), {})[int(step)] = float(value)
+    how, cat, name = _vocab(con, "m_syncs", "how"), _vocab(con, "m_spans", "cat"), _vocab(con, "m_starts", "name")
+    for lo, hi in _sid_ranges(sorted(out), SESSION_BATCH):
+        where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
+        for sid, c in _by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"):
+            r = out[sid]
+            r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(c["seq"]), _ints(c["step"]), _ints(c["t0"]), _ints(c["t1"])
+        for sid, c in _by_session(
+            con, f"SELECT t.sid, t.seq, t.step, t.t, t.after, v.code AS how FROM m_syncs t JOIN vocab_how v "
+                 f"ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where} ORDER BY t.sid, t.t, t.seq"
+        ):
+            r = out[sid]
+            r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"]), _ints(c["after"])
+            r.sync_how = how[c["how"]].tolist()
+        for sid, c in _by_session(
+            con, f"SELECT t.sid, v.code AS cat, t.t0, t.t1, t.step FROM m_spans t JOIN vocab_cat v "
+                 f"ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where} ORDER BY t.sid, t.t0, t.t1 DESC"
+        ):
+            r = out[sid]
+            r.span_category = cat[c["cat"]].tolist()
+            r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
+        for sid, c in _by_session(
+            con, f"SELECT sid, seq, sum(ns)::BIGINT AS ns FROM m_compute WHERE {where} GROUP BY ALL ORDER BY sid"
+        ):
+            out[sid].compute_seq, out[sid].compute_ns = _ints(c["seq"]), _ints(c["ns"])
+        for sid, c in _by_session(
+            con, f"SELECT t.sid, t.step, v.code AS name, t.t0 FROM (SELECT sid, step, name, min(t0) AS t0 "
+                 f"FROM m_starts WHERE {where} GROUP BY ALL) t JOIN vocab_name v ON t.name IS NOT DISTINCT FROM v.name "
+                 "ORDER BY t.sid, t.step, t.name"
+        ):
+            r = out[sid]
+            r.starts_step, r.starts_name, r.starts_t0 = _ints(c["step"]), name[c["name"]].tolist(), _ints(c["t0"])
+    for sid, name_, step, value in con.execute("SELECT sid, name, step, last(value) FROM m_device GROUP BY ALL").fetchall():
+        out[sid].device.setdefault(str(name_), {})[int(step)] = float(value)
     for sid, t, offset, rtt in con.execute("SELECT sid, t, offset_ns, rtt_ns FROM m_clock ORDER BY sid, t").fetchall():
         out[sid].clock.append((int(t), int(offset), int(rtt)))
-    vocab, sql = _coded(con, "(SELECT sid, step, name, min(t0) AS t0 FROM m_starts GROUP BY ALL)", "name",
-                        "t.sid, t.step, {code}, t.t0", "t.sid, t.step, t.name")
-    for sid, c in _by_session(con, sql):
-        out[sid].starts = list(zip(c["step"].tolist(), vocab[c["name"]].tolist(), c["t0"].tolist(), strict=True))
-    for sid, name, t, step in con.execute("SELECT sid, name, t, step FROM m_events ORDER BY sid, t").fetchall():
-        out[sid].events.append((str(name), int(t), None if step is None else int(step)))
+    for sid, name_, t, step in con.execute("SELECT sid, name, t, step FROM m_events ORDER BY sid, t").fetchall():
+        out[sid].events.append((str(name_), int(t), None if step is None else int(step)))
     return out
 
 

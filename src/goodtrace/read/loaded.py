@@ -117,10 +117,13 @@ class SessionRecords:
     span_t0: array[int] = dataclasses.field(default_factory=_ints)
     span_t1: array[int] = dataclasses.field(default_factory=_ints)
     span_step: array[int] = dataclasses.field(default_factory=_ints)
-    compute_ns: dict[int, int] = dataclasses.field(default_factory=dict)  # seq -> ns
+    compute_seq: array[int] = dataclasses.field(default_factory=_ints)  # executions with compute time...
+    compute_ns: array[int] = dataclasses.field(default_factory=_ints)  # ... and theirs, ns
     device: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)  # metric -> step -> value
     clock: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # (t, offset_ns, rtt_ns)
-    starts: list[tuple[int, str, int]] = dataclasses.field(default_factory=list)  # (step, span name, t0)
+    starts_step: array[int] = dataclasses.field(default_factory=_ints)  # a sample of span starts: step,
+    starts_name: list[str] = dataclasses.field(default_factory=list)  # ... span name,
+    starts_t0: array[int] = dataclasses.field(default_factory=_ints)  # ... and start time
     events: list[tuple[str, int, int | None]] = dataclasses.field(default_factory=list)  # (name, t, step)
 
 
@@ -163,3 +166,5 @@ class LoadedRun:
     models: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     # lines that are no valid record, by reason (goodtrace.read.validate.SKIP_REASONS)
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+    # the analysis consumed the step/sync/span columns of session_records (analyze(release_records=True))
+    released: bool = False

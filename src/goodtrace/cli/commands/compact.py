@@ -1,8 +1,9 @@
 """``goodtrace compact RUN``: write the run's records as one Parquet file for fast reports.
 
-Writes ``RUN/compact/records.parquet`` and a manifest; the JSON-lines segments stay where
-they are. ``goodtrace report`` then reads the Parquet copy, and JSON only for segments that
-changed or appeared since.
+Writes ``RUN/compact/records.parquet``, the run model extracted from it
+(``RUN/compact/model-*.parquet``) and a manifest; the JSON-lines segments stay where they
+are. ``goodtrace report`` then reads the stored model and the Parquet copy, and JSON only for
+segments that changed or appeared since (their sessions are extracted again).
 """
 
 from __future__ import annotations
