@@ -91,3 +91,19 @@ def test_start_lateness_on_columns_equals_the_plain_definition(seed: int) -> Non
 def test_no_rows_no_figures() -> None:
     assert _arrival_lateness([]) == ({}, {})
     assert _start_lateness([], {}) == {}
+
+
+def test_releasing_the_loaded_records_changes_no_figure_and_refuses_a_second_analysis() -> None:
+    from pathlib import Path
+
+    from goodtrace.analysis import AnalysisError, analyze
+    from goodtrace.read.load import load_run
+
+    run = Path(__file__).resolve().parents[1] / "data" / "runs" / "restart_2ranks"
+    kept = analyze(load_run(run)).to_dict()
+    loaded = load_run(run)
+    released = analyze(loaded, release_records=True).to_dict()
+    assert released == kept
+    assert loaded.released and all(len(r.step_t0) == 0 and len(r.span_t0) == 0 for r in loaded.session_records.values())
+    with pytest.raises(AnalysisError, match="load it again"):
+        analyze(loaded)
