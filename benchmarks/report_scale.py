@@ -57,12 +57,15 @@ def _key(name: str, category: str) -> tuple[str, str, bool, type[Span]]:
 
 
 def header(rank: int, world: int, session: str, mono: int, proc_start: int) -> dict[str, Any]:
-    """The header the recorder writes (same fields, see goodtrace.record.recorder.Recorder)."""
+    """The header the recorder writes (same fields, see goodtrace.record.recorder.Recorder):
+    ``init()`` ran half a second after the process started, the header (``mono``) is written
+    at the first flush after it."""
+    mono = max(mono, proc_start + SECOND // 2)
     return {
         "kind": "header", "schema": schema.SCHEMA_VERSION, "version": "bench", "session": session,
         "rank": rank, "world": world, "local_rank": rank % 8, "host": f"node{rank // 8:04d}",
         "pid": 10_000 + rank, "restart": None, "proc_start_mono": proc_start, "proc_start_source": "os",
-        "init_mono": proc_start + 2 * SECOND, "submit_wall": None, "main_tid": 1, "rank_source": "bench",
+        "init_mono": proc_start + SECOND // 2, "submit_wall": None, "main_tid": 1, "rank_source": "bench",
         "overhead_categories": [], "config": {"lag": 1}, "segment": 0, "wall": WALL0 + mono - proc_start,
         "mono": mono,
     }

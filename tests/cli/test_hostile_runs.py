@@ -128,10 +128,32 @@ def test_headers_with_fields_of_any_type(seed_run: Path, seed_report: dict[str, 
     assert "world-huge.00000.jsonl: header world size 1000000000000000000000000000000 is not a world size" in warnings
     assert "rank-string.00000.jsonl: header rank 'x' is not a rank" in warnings
     assert "mono-nan.00000.jsonl: header clock anchor" in warnings
-    assert "pid-nan.00000.jsonl: header field(s) pid out of range or of the wrong type; ignored" in warnings
+    # the same problem in many files is one line: the count and the first few files
+    pid = [w for w in report["warnings"] if "header field(s) pid out of range or of the wrong type; ignored" in w]
+    assert len(pid) == 1 and "in 6 segment files: " in pid[0] and "pid-huge.00000.jsonl" in pid[0], pid
     assert report["skipped_lines"]["file_skipped"] > 0
     records = strict_json(results["records --json"].stdout)
     assert any("world-inf.00000.jsonl: header world size inf is not a world size" in p for p in records["problems"])
+
+
+def test_one_problem_in_every_file_is_one_warning_line(seed_run: Path, tmp_path: Path) -> None:
+    """A run whose every header has the same flaw (another writer's version) is not a wall of
+    warnings: each command says it once, with the number of files and the first few."""
+    run_dir = copy_run(seed_run, tmp_path / "run")
+    files = segment_files(run_dir)
+    assert len(files) > 3
+    for path in files:
+        edit_lines(path, lambda i, r: with_field(r, "init_mono", "soon") if i == 0 else None)
+    results = every_command(run_dir, tmp_path)
+    line = "header field(s) init_mono out of range or of the wrong type; ignored"
+    report = strict_json(results["report --json"].stdout)
+    folded = [w for w in report["warnings"] if line in w]
+    assert len(folded) == 1 and f"in {len(files)} segment files: " in folded[0], report["warnings"]
+    for name in ("report", "trace"):
+        shown = results[name].stdout + results[name].stderr
+        assert shown.count(line) == 1, shown
+    records = strict_json(results["records --json"].stdout)
+    assert sum(line in p for p in records["problems"]) == 1, records["problems"]
 
 
 def test_a_world_of_a_trillion_ranks_is_refused_clearly(seed_run: Path, tmp_path: Path) -> None:

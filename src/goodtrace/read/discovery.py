@@ -88,6 +88,30 @@ def where_of(path: str) -> str:
     return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
 
 
+FOLD_AFTER = 3  # a warning about more files than this is one line naming the first few
+
+
+def fold_file_warnings(warnings: Sequence[str]) -> list[str]:
+    """The same problem in many segment files (``"<rank-N/file>: <problem>"``, e.g. every
+    header of a run written by another version) as one line with the count and the first
+    few files, where the first of them stood; every other warning as it is."""
+    groups: dict[str, list[str]] = {}
+    for warning in warnings:
+        where, sep, problem = warning.partition(": ")
+        if sep and where.endswith(".jsonl") and "/" in where:
+            groups.setdefault(problem, []).append(where)
+    out: list[str] = []
+    for warning in warnings:
+        where, sep, problem = warning.partition(": ")
+        files = groups.get(problem) if sep and where.endswith(".jsonl") and "/" in where else None
+        if files is None or len(files) <= FOLD_AFTER:
+            out.append(warning)
+        elif files[0] == where:
+            shown = ", ".join(files[:FOLD_AFTER])
+            out.append(f"{problem} (in {len(files):,} segment files: {shown}, ...)")
+    return out
+
+
 def collect_sessions(
     files: Sequence[tuple[str, object]], warnings: list[str], lines_of: Callable[[str], int | None],
     skipped: dict[str, int],

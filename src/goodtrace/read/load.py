@@ -32,6 +32,7 @@ from goodtrace.read.compact import (
 from goodtrace.read.discovery import (
     collect_sessions,
     count_lines,
+    fold_file_warnings,
     int_or_none,
     read_header,
     reference_sessions,
@@ -277,7 +278,8 @@ def _load_run(
             warnings.append(f"rank {s.rank} (session {s.session}) spans {(s.last_seen - s.proc_start) / _YEAR_NS:.0f} "
                             "years from its process start to its last record: a record's time is likely corrupt")
     return LoadedRun(
-        path=path, sessions=sessions, timelines=timelines, session_records=records, warnings=warnings,
+        path=path, sessions=sessions, timelines=timelines, session_records=records,
+        warnings=fold_file_warnings(warnings),
         form=form, records=record_count, files=json_by_sid, parquet_fids=parquet_fids,
         parquet_path=parquet if parquet_ok else None, models=models, skipped=skipped,
     )

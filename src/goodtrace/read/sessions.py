@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from goodtrace import schema
+from goodtrace.read.discovery import fold_file_warnings
 from goodtrace.read.segments import (
     SEGMENT_SUFFIX,
     NotARunError,
@@ -198,7 +199,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
         session.torn_lines += torn
     sessions = sorted(by_session.values(), key=lambda s: (s.start_wall_ns, s.rank))
     assign_attempts(sessions)
-    return Run(path=path, sessions=sessions, problems=problems, skipped=skipped)
+    return Run(path=path, sessions=sessions, problems=fold_file_warnings(problems), skipped=skipped)
 
 
 @dataclasses.dataclass
@@ -342,7 +343,7 @@ def index_run(
             progress(done, len(segments))
     summarise_current()
     index = RunIndex(path=path, sessions=sorted(by_session.values(), key=lambda s: (s.start_wall_ns, s.rank)),
-                     problems=problems, skipped=skipped)
+                     problems=fold_file_warnings(problems), skipped=skipped)
     for session_id in split:  # rare: summarised again from all of its files
         session = by_session[session_id]
         assert summarise is not None
