@@ -10,7 +10,7 @@ from the same :class:`goodtrace.analysis.executions.SessionSteps`.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from goodtrace.analysis.executions import Piece
 from goodtrace.analysis.partition import PRODUCTIVE, window_pieces
@@ -74,6 +74,26 @@ def in_range(steps: tuple[int, ...], selected: StepRange | None) -> bool:
     return any((lo is None or s >= lo) and (hi is None or s <= hi) for s in steps)
 
 
+def _windows_in_range(cut: Any, selected: StepRange | None) -> list[int]:
+    """The windows of a cut holding an execution of a step in ``selected`` (every window when
+    None), found on columns: a gantt of 20 steps looks at 20 windows of each session, not all."""
+    import numpy as np
+
+    if selected is None or not cut.windows:
+        return list(range(cut.windows))
+    lo, hi = selected
+    steps = np.frombuffer(cut.exec_step, dtype=np.int64)
+    ok = np.ones(len(steps), dtype=bool)
+    if lo is not None:
+        ok &= steps >= lo
+    if hi is not None:
+        ok &= steps <= hi
+    cum = np.concatenate(([0], np.cumsum(ok)))
+    first = np.frombuffer(cut.win_first, dtype=np.int64)
+    count = np.frombuffer(cut.win_count, dtype=np.int64)
+    return np.flatnonzero(cum[first + count] > cum[first]).tolist()  # type: ignore[no-any-return]
+
+
 def session_windows(analysis: RunAnalysis, session: int, selected: StepRange | None = None) -> list[WindowView]:
     """The session's intervals (those holding a step of ``selected``), from the run model."""
     cut = analysis.cuts.get(session)
@@ -82,12 +102,10 @@ def session_windows(analysis: RunAnalysis, session: int, selected: StepRange | N
     relabels = analysis.relabels.get(session, (0, None))
     attempt = analysis.attempt_of.get(session, -1)
     out = []
-    for w in range(cut.windows):
+    for w in _windows_in_range(cut, selected):
         first = cut.win_first[w]
         executions = range(first, first + cut.win_count[w])
         steps = tuple(cut.exec_step[i] for i in executions)
-        if not in_range(steps, selected):
-            continue
         pieces, lost = window_pieces(cut, w, relabels)
         out.append(WindowView(session, w, attempt, cut.win_start[w], cut.win_end[w], cut.win_how[w], steps,
                               tuple(cut.exec_seq[i] for i in executions), tuple(pieces), lost))

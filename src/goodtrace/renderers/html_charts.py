@@ -29,31 +29,55 @@ def rounded(value: float, digits: int = 3) -> float:
     return round(value, digits)
 
 
-def _executions(analysis: RunAnalysis, session: int) -> Iterable[tuple[tuple[int, int, int], int, int]]:
-    """((attempt, step, k-th run of that step), step time ns, compute ns) of each completed
-    execution of a session: the analysis's cut, each execution the average of its interval."""
+def _execution_columns(analysis: RunAnalysis, session: int) -> tuple[Any, ...]:
+    """Each completed execution of a session, as columns: attempt, step, k (the k-th run of that
+    step in the session), step time ns (the analysis's cut: each execution the average of its
+    interval) and outermost compute ns."""
+    import numpy as np
+
     cut = analysis.cuts[session]
-    attempt = analysis.attempt_of.get(session, -1)
-    seen: dict[int, int] = {}
-    for i in range(len(cut.exec_step)):
-        w = cut.exec_window[i]
-        step = cut.exec_step[i]
-        k = seen.get(step, 0)
-        seen[step] = k + 1
-        if w < 0:
-            continue
-        yield (attempt, step, k), (cut.win_end[w] - cut.win_start[w]) // cut.win_count[w], cut.exec_compute[i]
+    steps = np.frombuffer(cut.exec_step, dtype=np.int64)
+    n = len(steps)
+    order = np.argsort(steps, kind="stable")
+    ordered = steps[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if n else np.zeros(0, dtype=np.int64)
+    k = np.empty(n, dtype=np.int64)
+    k[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+    window = np.frombuffer(cut.exec_window, dtype=np.int64)
+    done = window >= 0
+    w = window[done]
+    lengths = (np.frombuffer(cut.win_end, dtype=np.int64) - np.frombuffer(cut.win_start, dtype=np.int64))
+    step_ns = lengths[w] // np.frombuffer(cut.win_count, dtype=np.int64)[w]
+    attempt = np.full(int(done.sum()), analysis.attempt_of.get(session, -1), dtype=np.int64)
+    return attempt, steps[done], k[done], step_ns, np.frombuffer(cut.exec_compute, dtype=np.int64)[done]
 
 
 class Heatmap:
     """Rank x step-execution matrices of step time and compute time (ms), binned when wide."""
 
     def __init__(self, analysis: RunAnalysis) -> None:
+        import numpy as np
+
         sessions = sorted(analysis.cuts)
-        keys = sorted({key for i in sessions for key, _, _ in _executions(analysis, i)})
         self.ranks = sorted({analysis.sessions[i].rank for i in sessions})
+        row_of = {rank: i for i, rank in enumerate(self.ranks)}
+        parts = [_execution_columns(analysis, i) for i in sessions]
+        rows = [np.full(len(p[0]), row_of[analysis.sessions[i].rank], dtype=np.int64)
+                for i, p in zip(sessions, parts, strict=True)]
+        empty = np.zeros(0, dtype=np.int64)
+        columns_of = [np.concatenate(c) for c in zip(*parts, strict=True)] if parts else [empty] * 5
+        attempt, step, k, step_ns, compute_ns = columns_of
+        row = np.concatenate(rows) if rows else empty
+        # the distinct (attempt, step, k) keys in order, and each execution's key index
+        order = np.lexsort((k, step, attempt))
+        sorted_keys = np.stack((attempt[order], step[order], k[order]), axis=1)
+        new = np.ones(len(order), dtype=bool)
+        if len(order):
+            new[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(axis=1)
+        key_index = np.empty(len(order), dtype=np.int64)
+        key_index[order] = np.cumsum(new) - 1
+        keys = [tuple(key) for key in sorted_keys[new].tolist()]
         width = max(1, math.ceil(len(keys) / MAX_HEATMAP_COLUMNS))
-        column_of = {key: i // width for i, key in enumerate(keys)}
         several = len({a for a, _, _ in keys}) > 1
         columns = []
         for start in range(0, len(keys), width):
@@ -67,21 +91,23 @@ class Heatmap:
             columns.append(label)
         self.columns = columns
         self.width = width
-        row_of = {rank: i for i, rank in enumerate(self.ranks)}
         n = len(columns)
-        self.sums = {name: [[0.0] * n for _ in self.ranks] for name in ("step", "compute")}
-        self.counts = [[0] * n for _ in self.ranks]
+        cell = row * n + key_index // width  # bincount adds in execution order, as a loop would
+        size = len(self.ranks) * n
+
+        def sums(values: Any) -> list[list[float]]:
+            if not size:
+                return [[] for _ in self.ranks]
+            total: Any = np.bincount(cell, weights=values / 1e6, minlength=size)
+            return list(total.reshape(len(self.ranks), n).tolist())
+
+        self.sums = {"step": sums(step_ns), "compute": sums(compute_ns)}
+        self.counts: list[list[int]] = (np.bincount(cell, minlength=size).reshape(len(self.ranks), n).tolist()
+                                        if size else [[] for _ in self.ranks])
         self.hosts: dict[int, str] = {}
         for i in sessions:
             info = analysis.sessions[i]
             self.hosts.setdefault(info.rank, info.host)
-            row = row_of[info.rank]
-            steps, compute, counts = self.sums["step"][row], self.sums["compute"][row], self.counts[row]
-            for key, step_ns, compute_ns in _executions(analysis, i):
-                col = column_of[key]
-                steps[col] += step_ns / 1e6
-                compute[col] += compute_ns / 1e6
-                counts[col] += 1
 
     def result(self) -> dict[str, Any]:
         def matrix(name: str) -> list[list[float | None]]:
