@@ -79,6 +79,11 @@ def _oversleep(samples: int = 20) -> float:
     return worst
 
 
+def _longest_chunk(reports: list[str]) -> float:
+    """The longest chunk the child's writer has needed so far (its reports: seconds, records)."""
+    return max((float(line.split()[0]) for line in list(reports) if line.strip()), default=0.0)
+
+
 def newest_record_ns(run_dir: str) -> int:
     """The end time of the newest complete span/step line (only the last segment's tail)."""
     paths = sorted(glob.glob(f"{run_dir}/rank-*/*.jsonl"))
@@ -133,7 +138,12 @@ def test_sigkill_loses_at_most_one_interval_plus_one_chunk(tmp_path: Path, rate:
             time.sleep(0.01)
         assert reports, f"the child never reported (exit status {child.poll()})"
         late = _oversleep()
+        recording = time.monotonic()
         time.sleep(rng.uniform(3 * FLUSH_S, 5 * FLUSH_S))
+        # On a starved machine a chunk takes long: the run lasts at least two bounds (so that
+        # two heartbeats are due even then), as measured so far, and at most a minute.
+        while time.monotonic() - recording < min(60.0, 2 * (FLUSH_S + 2 * _longest_chunk(reports) + 2 * late)):
+            time.sleep(0.05)
         t_kill = time.perf_counter_ns()
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
