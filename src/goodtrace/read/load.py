@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from goodtrace.read import duckdb_sql
+from goodtrace.read import duckdb_sql, model_fetch
 from goodtrace.read.compact import (
     COMPACT_DIR,
     COMPACT_RECORDS,
@@ -254,15 +254,15 @@ def _load_run(
             done = duckdb_sql.fold_json(con, json_by_sid, progress, done, total, skips)
             if progress is not None:
                 progress("summarising", total, total)
-            summaries = duckdb_sql.session_summaries(con)
+            summaries = model_fetch.session_summaries(con)
             sessions = [
                 session_info(i, draft, summaries.get(i, {})) for i, draft in enumerate(drafts.values())
             ]
             record_count = sum(int(s.get("records") or 0) for s in summaries.values())
-            records = duckdb_sql.session_records(con, range(len(sessions)))
-            models = duckdb_sql.model_figures(con)
+            records = model_fetch.session_records(con, range(len(sessions)))
+            models = model_fetch.model_figures(con)
             attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
-            timelines = duckdb_sql.load_timelines(con, reference_sessions(sessions, attempts), parquet_fids, json_by_sid)
+            timelines = model_fetch.load_timelines(con, reference_sessions(sessions, attempts), parquet_fids, json_by_sid)
             for sid, timeline in timelines.items():
                 if not timeline.model and "model" in models.get(sid, {}):
                     timeline.model = models[sid]["model"]

@@ -1,0 +1,233 @@
+"""The run model's DuckDB tables into Python: per-session summaries, each session's
+:class:`~goodtrace.read.loaded.SessionRecords` as compact columns (numpy from DuckDB, a batch of
+sessions at a time, low-cardinality strings as codes into one shared object each), what the
+integrations recorded about the model, and the full timelines of the few sessions the analysis
+needs record by record. :mod:`goodtrace.read.duckdb_sql` fills the tables."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from goodtrace import schema
+from goodtrace.read.duckdb_sql import (
+    MAX_EVENT_ATTRS,
+    VALID_JSON,
+    create_records_table,
+    insert_rows,
+    read_json_sql,
+)
+from goodtrace.read.loaded import NO_TIME, SessionRecords, SessionTimeline
+from goodtrace.read.validate import json_object
+
+
+def session_summaries(con: Any) -> dict[int, dict[str, Any]]:
+    """Per session, its figures over all its files (a session read in parts is combined)."""
+    rows = con.execute(
+        """
+        SELECT sid, max(last_seen), max(dropped), min(first_step), max(last_step), sum(step_count),
+               sum(sync_count), sum(has_finish), arg_max(finish_completed, finish_t), max(finish_t),
+               arg_max(finish_reason, finish_t), arg_max(finish_exception, finish_t), sum(preempt_events),
+               sum(records), max(heartbeat)
+        FROM summ GROUP BY sid
+        """
+    ).fetchall()
+    keys = ("last_seen", "dropped", "first_step", "last_step", "step_count", "sync_count", "has_finish",
+            "finish_completed", "finish_t", "finish_reason", "finish_exception", "preempt_events", "records",
+            "heartbeat")
+    return {int(row[0]): dict(zip(keys, row[1:], strict=True)) for row in rows}
+
+
+_STRINGS: dict[str, str] = {}
+
+
+def _interned(value: object) -> str:
+    """One string object per distinct category or how (millions of them otherwise)."""
+    text = str(value)
+    return _STRINGS.setdefault(text, text) if len(_STRINGS) < 10_000 else text
+
+
+def _by_session(con: Any, sql: str) -> Iterable[tuple[int, dict[str, Any]]]:
+    """``(sid, {column: numpy array})`` per session of a query ordered by sid (its first
+    column): the columns come out of DuckDB as arrays in one go, then are cut per session."""
+    import numpy as np
+
+    columns = con.execute(sql).fetchnumpy()
+    sid = columns.pop("sid")
+    if len(sid) == 0:
+        return
+    cuts = np.flatnonzero(np.diff(sid)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(sid)]))
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        yield int(sid[a]), {name: values[a:b] for name, values in columns.items()}
+
+
+def _ints(values: Any) -> array[int]:
+    """A numpy integer column (masked where NULL) as an array of int64, NULL as NO_TIME."""
+    import numpy as np
+
+    filled = values.filled(NO_TIME) if isinstance(values, np.ma.MaskedArray) else values
+    return array("q", np.asarray(filled, dtype=np.int64).tobytes())
+
+
+SESSION_BATCH = 1024  # sessions whose model rows are fetched together (bounds the columns in flight)
+
+
+def _vocab(con: Any, table: str, column: str) -> Any:
+    """The distinct strings of a low-cardinality ``column`` (categories, how a sync was taken,
+    span names) as one shared Python object each, numbered in table ``vocab_<column>``: queries
+    join it and hand out codes, millions of integers instead of millions of strings."""
+    import numpy as np
+
+    values = [row[0] for row in con.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall()]
+    vocab = np.empty(len(values), dtype=object)
+    vocab[:] = [_interned(v) for v in values]
+    con.execute(f"CREATE OR REPLACE TEMP TABLE vocab_{column} ({column} VARCHAR, code INTEGER)")
+    insert_rows(con, f"vocab_{column}", [(v, i) for i, v in enumerate(values)])
+    return vocab
+
+
+def _sid_ranges(sids: Sequence[int], size: int) -> Iterable[tuple[int, int]]:
+    for i in range(0, len(sids), size):
+        yield sids[i], sids[min(i + size, len(sids)) - 1]
+
+
+def session_records(con: Any, sids: Iterable[int]) -> dict[int, SessionRecords]:
+    """Every session's :class:`SessionRecords`, as compact columns, fetched for
+    :data:`SESSION_BATCH` sessions at a time."""
+    out = {sid: SessionRecords() for sid in sids}
+    how, cat, name = _vocab(con, "m_syncs", "how"), _vocab(con, "m_spans", "cat"), _vocab(con, "m_starts", "name")
+    for lo, hi in _sid_ranges(sorted(out), SESSION_BATCH):
+        where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
+        for sid, c in _by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"):
+            r = out[sid]
+            r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(c["seq"]), _ints(c["step"]), _ints(c["t0"]), _ints(c["t1"])
+        for sid, c in _by_session(
+            con, f"SELECT t.sid, t.seq, t.step, t.t, t.after, v.code AS how FROM m_syncs t JOIN vocab_how v "
+                 f"ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where} ORDER BY t.sid, t.t, t.seq"
+        ):
+            r = out[sid]
+            r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"]), _ints(c["after"])
+            r.sync_how = how[c["how"]].tolist()
+        for sid, c in _by_session(
+            con, f"SELECT t.sid, v.code AS cat, t.t0, t.t1, t.step FROM m_spans t JOIN vocab_cat v "
+                 f"ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where} ORDER BY t.sid, t.t0, t.t1 DESC"
+        ):
+            r = out[sid]
+            r.span_category = cat[c["cat"]].tolist()
+            r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
+        for sid, c in _by_session(
+            con, f"SELECT sid, seq, sum(ns)::BIGINT AS ns FROM m_compute WHERE {where} GROUP BY ALL ORDER BY sid"
+        ):
+            out[sid].compute_seq, out[sid].compute_ns = _ints(c["seq"]), _ints(c["ns"])
+        for sid, c in _by_session(
+            con, f"SELECT t.sid, t.step, v.code AS name, t.t0 FROM (SELECT sid, step, name, min(t0) AS t0 "
+                 f"FROM m_starts WHERE {where} GROUP BY ALL) t JOIN vocab_name v ON t.name IS NOT DISTINCT FROM v.name "
+                 "ORDER BY t.sid, t.step, t.name"
+        ):
+            r = out[sid]
+            r.starts_step, r.starts_name, r.starts_t0 = _ints(c["step"]), name[c["name"]].tolist(), _ints(c["t0"])
+    for sid, name_, step, value in con.execute("SELECT sid, name, step, last(value) FROM m_device GROUP BY ALL").fetchall():
+        out[sid].device.setdefault(str(name_), {})[int(step)] = float(value)
+    for sid, t, offset, rtt in con.execute("SELECT sid, t, offset_ns, rtt_ns FROM m_clock ORDER BY sid, t").fetchall():
+        out[sid].clock.append((int(t), int(offset), int(rtt)))
+    for sid, name_, t, step in con.execute("SELECT sid, name, t, step FROM m_events ORDER BY sid, t").fetchall():
+        out[sid].events.append((str(name_), int(t), None if step is None else int(step)))
+    return out
+
+
+def model_figures(con: Any) -> dict[int, dict[str, Any]]:
+    """Per session, what the framework integration recorded about the model: its latest
+    ``flops_per_step``/``tokens_per_step`` metrics and ``model`` event attributes."""
+    out: dict[int, dict[str, Any]] = {}
+    for sid, name, value, attrs in con.execute(
+        "SELECT sid, name, arg_max(value, t), arg_max(attrs, t) FROM m_model GROUP BY sid, name"
+    ).fetchall():
+        entry = out.setdefault(int(sid), {})
+        if name == "model":
+            entry["model"] = _json_object(attrs)
+        elif value is not None:
+            entry[str(name)] = float(value)
+    return out
+
+
+# ---------------------------------------------------------------------------------- full timelines
+def load_timelines(
+    con: Any, sids: Iterable[int], parquet_fids: dict[int, list[int]], json_files: dict[int, list[str]]
+) -> dict[int, SessionTimeline]:
+    """Every record of the wanted sessions: their JSON files read again (a few of many), and
+    their rows of the Parquet copy (filtered on ``fid``, so DuckDB skips other row groups).
+    One query per record kind, rows fetched as ready-made tuples."""
+    wanted = sorted(set(sids))
+    timelines = {sid: SessionTimeline() for sid in wanted}
+    if not wanted:
+        return timelines
+    columns = "kind, name, cat, t0, t1, t, step, tid, err, how, value, reduce, attrs"
+    create_records_table(con, "records_none")
+    parts = [f"SELECT sid, {columns} FROM records_none WHERE false"]
+    paths = [f for s in wanted for f in json_files.get(s, [])]
+    if paths:
+        con.execute("DELETE FROM files_batch")
+        insert_rows(con, "files_batch", [(p, s, 0) for s in wanted for p in json_files.get(s, [])])
+        parts = [
+            f"SELECT f.sid, {', '.join('r.' + c.strip() for c in columns.split(','))} FROM {read_json_sql(paths)} r "
+            f"JOIN files_batch f ON r.filename = f.path WHERE {VALID_JSON}"
+        ]
+    fids = [f for s in wanted for f in parquet_fids.get(s, [])]
+    if fids:
+        fid_list = ", ".join(str(f) for f in sorted(fids))
+        parts.append(
+            f"SELECT m.sid, {', '.join('p.' + c.strip() for c in columns.split(','))} FROM parquet_records p "
+            f"JOIN fidmap m ON p.fid = m.fid WHERE p.fid IN ({fid_list}) AND p.bad IS NULL"
+        )
+    con.execute(f"CREATE OR REPLACE TEMP TABLE detail AS {' UNION ALL '.join(parts)}")
+
+    def grouped(sql: str) -> dict[int, list[Any]]:
+        out: dict[int, list[Any]] = {}
+        for row in con.execute(sql).fetchall():
+            out.setdefault(row[0], []).append(row[1:])
+        return out
+
+    spans = grouped(
+        f"SELECT sid, coalesce(name, '?'), coalesce(cat, '{schema.COMPUTE}'), t0, greatest(t0, t1), step, tid, "
+        f"coalesce(err, false) FROM detail WHERE kind = '{schema.SPAN}' AND t0 IS NOT NULL AND t1 IS NOT NULL "
+        "ORDER BY sid, t0"
+    )
+    steps = grouped(
+        f"SELECT sid, step, t0, greatest(t0, t1) FROM detail WHERE kind = '{schema.STEP}' AND step IS NOT NULL "
+        "AND t0 IS NOT NULL AND t1 IS NOT NULL ORDER BY sid, t0"
+    )
+    syncs = grouped(
+        f"SELECT sid, step, t, coalesce(how, '') FROM detail WHERE kind = '{schema.SYNC}' AND step IS NOT NULL "
+        "AND t IS NOT NULL ORDER BY sid, t"
+    )
+    tags = grouped(
+        f"SELECT sid, step, coalesce(name, '?'), t FROM detail WHERE kind = '{schema.TAG}' AND t IS NOT NULL "
+        "ORDER BY sid, t"
+    )
+    events = grouped(
+        f"SELECT sid, coalesce(name, '?'), t, step, CASE WHEN length(CAST(attrs AS VARCHAR)) <= {MAX_EVENT_ATTRS} "
+        f"THEN CAST(attrs AS VARCHAR) END FROM detail WHERE kind = '{schema.EVENT}' AND t IS NOT NULL ORDER BY sid, t"
+    )
+    metrics = grouped(
+        f"SELECT sid, coalesce(name, '?'), step, value, coalesce(reduce, 'mean') FROM detail "
+        f"WHERE kind = '{schema.METRIC}' ORDER BY sid, t"
+    )
+    for sid, tl in timelines.items():
+        tl.spans = spans.get(sid, [])
+        tl.steps = steps.get(sid, [])
+        tl.syncs = syncs.get(sid, [])
+        tl.tags = tags.get(sid, [])
+        tl.events = [(n, t, s, _json_object(a) or None) for n, t, s, a in events.get(sid, [])]
+        tl.metrics = metrics.get(sid, [])
+        models = [attrs for name, _, _, attrs in tl.events if name == "model" and attrs]
+        tl.model = models[-1] if models else {}
+    con.execute("DROP TABLE detail")
+    con.execute("DROP TABLE records_none")
+    return timelines
+
+
+def _json_object(text: object) -> dict[str, Any]:
+    return json_object(text) or {}
