@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from goodtrace import schema
-from goodtrace.record import writer
+from goodtrace.record import encoding
 from goodtrace.record.spans import Span
 
 
@@ -40,16 +40,16 @@ def _records() -> list[tuple[Any, ...]]:
 
 def _encode(records: list[tuple[Any, ...]]) -> bytes:
     out: list[bytes] = []
-    assert writer._Encoder().encode_many(records, out, pytest.fail) == len(records)
+    assert encoding._Encoder().encode_many(records, out, pytest.fail) == len(records)
     return b"".join(out)
 
 
 def test_the_c_loop_writes_what_the_python_encoder_writes(monkeypatch: pytest.MonkeyPatch) -> None:
-    if writer._encode_plain_spans is None:
+    if encoding._encode_plain_spans is None:
         pytest.skip("the C extension is not built here")
     records = _records()
     with_c = _encode(records)
-    monkeypatch.setattr(writer, "_encode_plain_spans", None)
+    monkeypatch.setattr(encoding, "_encode_plain_spans", None)
     assert with_c == _encode(records)
     lines = with_c.decode("utf-8", "surrogatepass").splitlines()
     assert len(lines) == len(records)
@@ -58,11 +58,11 @@ def test_the_c_loop_writes_what_the_python_encoder_writes(monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("impl", ["c", "python"])
 def test_the_buffer_bound_and_count(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if impl == "c" and writer._speedups is None:
+    if impl == "c" and encoding._speedups is None:
         pytest.skip("the C extension is not built here")
     if impl == "python":
-        monkeypatch.setattr(writer, "_speedups", None)
-    buffer = writer.RecordBuffer(3)
+        monkeypatch.setattr(encoding, "_speedups", None)
+    buffer = encoding.RecordBuffer(3)
     for i in range(5):
         buffer.append((i,))
     assert list(buffer.records) == [(0,), (1,), (2,)] and buffer.dropped == 2 and len(buffer) == 3

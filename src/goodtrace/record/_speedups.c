@@ -365,7 +365,7 @@ speedups_bind(PyObject *Py_UNUSED(module), PyObject *args)
 }
 
 /* ------------------------------------------------------------------------------ Sink
- * The record buffer's bounded append (goodtrace.record.writer.RecordBuffer): Sink(records, limit)
+ * The record buffer's bounded append (goodtrace.record.encoding.RecordBuffer): Sink(records, limit)
  * is a callable that appends its one argument to the deque `records` while it holds fewer than
  * `limit` items, and otherwise drops it and counts it in `dropped`. The length check and the
  * append run under the GIL with no Python code in between, so the bound holds for every
@@ -474,7 +474,7 @@ static PyTypeObject SinkType = {
 };
 
 /* ------------------------------------------------------------------------------ encode_plain_spans
- * The writer's hot loop (goodtrace.record.writer._Encoder.encode_many): from records[start:],
+ * The writer's hot loop (goodtrace.record.encoding._Encoder.encode_many): from records[start:],
  * encode consecutive *plain* spans -- (key, t0, t1, step, thread, None, None) with int times,
  * step and thread, whose key has a prefix in `prefixes` (key -> the UTF-8 bytes of
  * '{"kind":"span","name":...,"cat":...,"t0":') -- into one bytes object, and stop at the first
