@@ -558,10 +558,12 @@ class LiveAggregator:
                 self._closed = True
                 self._detach()
 
-    def _wait_in_flight(self, deadline: float) -> bool:
-        """Poll the oldest gather in flight until it is done (True) or the deadline passes."""
+    def _wait_in_flight(self, deadline: float, *, every: bool = False) -> bool:
+        """Poll the oldest gather in flight (``every``: all of them) until it is done (True) or
+        the deadline passes."""
         pause = 0.001
-        while self._in_flight and not self._in_flight[0][1].done():
+        while self._in_flight and not (all(h.done() for _, h, _ in self._in_flight) if every
+                                       else self._in_flight[0][1].done()):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -579,21 +581,11 @@ class LiveAggregator:
         timeout = min(drain_s, float(getattr(getattr(self.recorder, "config", None), "finish_timeout_s", drain_s)))
         with self._lock:
             self._closed = True
-            if self._in_flight and not self._wait_all_in_flight(time.monotonic() + timeout):
+            if not self._wait_in_flight(time.monotonic() + timeout, every=True):
                 self._warn("abandon", f"{len(self._in_flight)} live gather(s) still in flight at exit after "
                            f"{timeout:g} s: the other ranks did not reach them")
             self._in_flight.clear()
             self._detach()
-
-    def _wait_all_in_flight(self, deadline: float) -> bool:
-        pause = 0.001
-        while not all(handle.done() for _, handle, _ in self._in_flight):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, 0.05)
-        return True
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
