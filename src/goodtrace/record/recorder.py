@@ -29,14 +29,18 @@ from goodtrace.record import spans
 from goodtrace.record.arguments import MAX_NAME_CHARS, name_text, reduction, step_number, timeout_seconds
 from goodtrace.record.config import Config
 from goodtrace.record.errors import describe, warn
+from goodtrace.record.noop import NOOP_RECORDER, NoopRecorder
 from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
 from goodtrace.record.readiness import Pending, PendingMetric, ReadinessThread
-from goodtrace.record.spans import NOOP_SPAN, span_key
+from goodtrace.record.spans import span_key
 from goodtrace.record.storage import Storage, open_storage
+from goodtrace.record.sync_points import _ARRIVED, SyncPoints
 from goodtrace.record.values import COMPLETE, ValueAdapter, adapter_for, finite_or_none, join_completions
 from goodtrace.record.writer import RecordBuffer, Writer
 
 _get_ident = threading.get_ident
+
+__all__ = ["NOOP_RECORDER", "NoopRecorder", "Recorder", "StepContext"]
 
 
 def _version() -> str:
@@ -81,7 +85,7 @@ class StepContext:
         self._rec.complete_execution(self, self.number, value)
 
 
-class Recorder:
+class Recorder(SyncPoints):
     """One rank's recorder. Created by ``goodtrace.init``; not meant to be built directly."""
 
     enabled = True
@@ -398,209 +402,6 @@ class Recorder:
             number, ordinal, (adapter, handle), (name, reduce, t),
         ))
 
-    # ------------------------------------------------------------------ sync points
-    def _sync(self, step: int | None, seq: int | None, t: int, how: str, after: int | None = None) -> None:
-        self.buffer.append((schema.SYNC, step, t, how, seq, after))
-        for listener in self.sync_listeners:
-            try:
-                listener(step, t, how)
-            except Exception as exc:
-                self._warn(f"listener:{listener!r}", f"a sync listener failed: {exc!r}")
-
-    def _on_ready(self, entry: Pending, t: int) -> None:
-        """The readiness thread found ``entry`` complete at ``t`` and claimed it (its thread).
-        When the training thread had seen it complete earlier (it published that time just
-        before trying to claim the entry itself), that earlier time is the sync point."""
-        how = schema.SYNC_POLL
-        observed = entry.observed
-        if observed is not None and observed[0] < t:
-            t, how = observed
-        self.buffer.append((schema.SYNC, entry.step, t, how, entry.seq, entry.not_ready_t or None))
-        if self.sync_listeners:  # listeners run in the training thread, at its next step end
-            self._polled_syncs.append((entry.step, t, how))
-
-    def _notify_polled(self) -> None:
-        polled = self._polled_syncs
-        while polled:
-            step, t, how = polled.popleft()
-            for listener in self.sync_listeners:
-                try:
-                    listener(step, t, how)
-                except Exception as exc:
-                    self._warn(f"listener:{listener!r}", f"a sync listener failed: {exc!r}")
-
-    def _metric(self, name: str, step: int | None, value: float | None, reduce: str, t: int) -> None:
-        self.buffer.append((schema.METRIC, name, step, value, reduce, t))
-        for listener in self.metric_listeners:
-            try:
-                listener(name, step, value, reduce)
-            except Exception as exc:
-                self._warn(f"listener:{listener!r}", f"a metric listener failed: {exc!r}")
-
-    def _settle_lagged(self, ctx: StepContext) -> None:
-        """At the end of step execution ``ctx``: observe the values ``lag`` steps old."""
-        with self._settle_lock:
-            if self._polled_syncs:
-                self._notify_polled()
-            lag = self.config.lag
-            ended = self._steps_ended
-            pending = self._pending
-            while pending and ended - pending[0].ordinal > lag:
-                self._observe(pending.popleft(), schema.SYNC_LAG)
-            # The step that just ended: if the loop already synchronised on its value (it logged
-            # the loss inside the step, say), its sync point is now at the latest.
-            entry = ctx.sync
-            if isinstance(entry, Pending) and entry.claim:
-                adapter, handle = entry.value
-                if adapter.ready(handle) is True:
-                    t = self.clock()
-                    entry.observed = (t, schema.SYNC_READY)
-                    seen = entry.seen_t
-                    if entry.take():
-                        if seen and seen < t:
-                            self._sync(entry.step, entry.seq, seen, schema.SYNC_POLL, entry.not_ready_t or None)
-                        else:
-                            self._sync(entry.step, entry.seq, t, schema.SYNC_READY, entry.not_ready_t or None)
-            if self._metrics:
-                self._read_metrics(ended - lag, wait=False)
-
-    def _read_metrics(self, before_ordinal: int | None, *, wait: bool) -> None:
-        """Record the metric values of steps that began before ``before_ordinal`` steps had
-        ended (None: all), in order. A value not complete yet is read
-        only when ``wait``, or when its step's completion has been observed (its copy was queued
-        right after that step's work: microseconds); else it and those after it wait for the
-        next call. Reading never touches the device (see ``torch_values``)."""
-        metrics = self._metrics
-        while metrics and (before_ordinal is None or metrics[0].ordinal < before_ordinal):
-            entry = metrics[0]
-            adapter, handle = entry.value
-            if not wait and not _completed(entry.ctx):
-                try:
-                    if adapter.ready(handle) is False:
-                        return
-                except Exception:
-                    pass
-            metrics.popleft()
-            name, reduce, t = entry.metric
-            try:
-                value = finite_or_none(adapter.to_float(handle))
-            except Exception as exc:
-                self._warn(f"observe:{type(exc)}", f"could not read metric {name!r} of step {entry.step}: {exc!r}")
-                continue
-            self._metric(name, entry.step, value, reduce, t)
-
-    def settle(self, how: str = schema.SYNC_BLOCKING) -> None:
-        """Observe every pending value now, waiting for each (blocking spans, finish).
-
-        At the start of a blocking span (``how`` = blocking) inside a step whose completion
-        value has not been passed yet, the device barrier then runs: see
-        :meth:`_barrier_before_span`. Metric values are read when complete (at finish: waited
-        for)."""
-        try:
-            with self._settle_lock:
-                if self._polled_syncs:
-                    self._notify_polled()
-                pending = self._pending
-                while pending:
-                    self._observe(pending.popleft(), how)
-                if self._metrics:
-                    self._read_metrics(None, wait=how is not schema.SYNC_BLOCKING)
-                if how is schema.SYNC_BLOCKING:
-                    ctx = self._active_step
-                    if ctx is not None and ctx.sync is None and not ctx.barrier:
-                        self._barrier_before_span(ctx)
-        except Exception as exc:
-            self._warn("settle", f"internal error while observing step values: {exc!r}")
-
-    def _observe(self, entry: Pending, how: str) -> None:
-        """Wait for a completion value (unless the readiness thread dated it) and write its
-        sync point: the earlier of when this thread saw it complete and when the readiness
-        thread did."""
-        if not entry.claim:
-            return
-        adapter, handle = entry.value
-        self._observing = entry  # a signal handler ending the process counts it if undated
-        try:
-            adapter.wait(handle)
-        except Exception as exc:
-            self._warn(f"observe:{type(exc)}", f"could not observe a value of step {entry.step}: {exc!r}")
-            return
-        finally:
-            self._observing = None
-        t = self.clock()
-        entry.observed = (t, how)  # for the readiness thread, should it claim the entry first
-        seen = entry.seen_t
-        if entry.take():
-            self.observations += 1
-            if seen and seen < t:
-                t, how = seen, schema.SYNC_POLL
-            self._sync(entry.step, entry.seq, t, how, entry.not_ready_t or None)
-
-    # ------------------------------------------------------------------ blocking spans
-    def _run_barrier(self) -> bool:
-        """The framework's device barrier, else the one of the latest completion value's type."""
-        if self.device_barrier is not None:
-            self.device_barrier()
-            return True
-        last = self._last_value
-        if last is None:
-            return False
-        adapter, handle = last
-        return bool(adapter.barrier(handle))
-
-    def _barrier_before_span(self, ctx: StepContext) -> None:
-        """A blocking span starts in ``ctx`` before its completion value was passed (the
-        checkpoint sits before ``complete_on``): wait for the device first, so that the span
-        never measures the wait for this step. The barrier's instant becomes the step's sync
-        point when the value passed later turns out complete (it was dispatched before the
-        span), or when the step ends without one in a loop that passes completion values."""
-        try:
-            ran = self._run_barrier()
-        except Exception as exc:
-            self._warn("barrier", f"the device barrier before a blocking span failed: {exc!r}")
-            ran = False
-        ctx.barrier = self.clock() if ran else -1
-
-    def _complete_after_blocking_span(self, ctx: StepContext, adapter: ValueAdapter, handle: Any) -> bool:
-        """``complete_on`` in a step where a blocking span already started: True when that
-        settles the step's sync point (no pending value needed)."""
-        barrier, ctx.barrier = ctx.barrier, 0
-        try:
-            state = adapter.ready(handle)
-        except Exception:
-            state = None
-        if state is False:
-            return False  # dispatched after the span: the readiness check dates it as usual
-        if barrier > 0:  # complete now: it was complete at the barrier, before the span
-            ctx.sync = True
-            self._sync(ctx.number, ctx.seq, barrier, schema.SYNC_BARRIER)
-            return True
-        self._warn_unbarriered(ctx)
-        ctx.sync = True
-        self._sync(ctx.number, ctx.seq, self.clock(), schema.SYNC_READY)
-        return True
-
-    def _end_after_blocking_span(self, ctx: StepContext) -> None:
-        """A step with a blocking span ends: its barrier instant is its sync point when no
-        value was passed (in a loop that passes them; a host-timed loop has none)."""
-        barrier, ctx.barrier = ctx.barrier, 0
-        if ctx.sync is not None or not self._uses_completions:
-            return
-        if barrier > 0:
-            ctx.sync = True
-            self._sync(ctx.number, ctx.seq, barrier, schema.SYNC_BARRIER)
-        else:
-            self._warn_unbarriered(ctx)
-
-    def _warn_unbarriered(self, ctx: StepContext) -> None:
-        self._warn(
-            "unbarriered-span",
-            f"a blocking span started in step {ctx.number} before its complete_on, and goodtrace "
-            "has no device barrier for this value type, so the span may include the wait for the "
-            "step and the step's end cannot be dated; call complete_on before the span (or use "
-            "goodtrace.integrations.torch/jax.instrument(), or register_value_type(..., barrier=))",
-        )
-
     # ------------------------------------------------------------------ tags, events
     def tag(self, name: str, step: int | None = None) -> None:
         if type(name) is not str or len(name) > MAX_NAME_CHARS:
@@ -676,46 +477,6 @@ class Recorder:
                 self._warn(f"listener:{listener!r}", f"an after-finish listener failed: {exc!r}")
         return closed
 
-    def _settle_without_waiting(self) -> None:
-        """At a signal, crash or exit: date what is complete now, count the rest, wait for
-        nothing (no lock either: this may run in a signal handler that interrupted a wait)."""
-        undated_steps: list[int | None] = []
-        unread = 0
-        try:
-            observing = self._observing  # popped, and waited for when a signal interrupted
-            for entry in ([observing] if observing is not None else []) + list(self._pending):
-                if not entry.claim:
-                    continue
-                adapter, handle = entry.value
-                try:
-                    state = adapter.ready(handle)
-                except Exception:
-                    state = None
-                if entry.take():
-                    if state is True:
-                        self._sync(entry.step, entry.seq, self.clock(), schema.SYNC_FINISH, entry.not_ready_t or None)
-                    else:
-                        undated_steps.append(entry.step)
-            self._pending.clear()
-            for metric in list(self._metrics):
-                adapter, handle = metric.value
-                try:
-                    if adapter.ready(handle) is True:
-                        name, reduce, t = metric.metric
-                        self._metric(name, metric.step, finite_or_none(adapter.to_float(handle)), reduce, t)
-                        continue
-                except Exception:
-                    pass
-                unread += 1
-            self._metrics.clear()
-        except Exception as exc:
-            self._warn("settle", f"internal error while dating step values at exit: {exc!r}")
-        if undated_steps or unread:
-            self.event("undated_values", {
-                "completions": len(undated_steps), "metrics": unread,
-                "steps": undated_steps[:100],
-            })
-
     def after_fork_in_child(self) -> None:
         """In a forked child: never write into the parent's files, never take its locks."""
         self.finished = True
@@ -734,79 +495,3 @@ class Recorder:
     @property
     def dropped_records(self) -> int:
         return self.writer.dropped_records
-
-
-
-class _Arrived:
-    """A completion value that was complete when passed (a CPU tensor): dated when its step
-    ends, never polled."""
-
-    host = False
-
-    def ready(self, handle: Any) -> bool | None:
-        return True
-
-    def wait(self, handle: Any) -> None:
-        return None
-
-    def barrier(self, handle: Any) -> bool:
-        return False
-
-
-_ARRIVED: Any = _Arrived()
-
-
-def _completed(ctx: StepContext | None) -> bool:
-    """Whether execution ``ctx``'s sync point is written."""
-    if ctx is None:
-        return False
-    state = ctx.sync
-    return state is True or (isinstance(state, Pending) and not state.claim)
-
-
-class NoopRecorder:
-    """Disabled recording: every method is a no-op; ``span`` returns one shared object."""
-
-    enabled = False
-    current_step: int | None = None
-    observations = 0
-    dropped_records = 0
-    session = ""
-    run_dir = ""
-    finished = False
-
-    def step(self, number: int) -> Any:
-        return NOOP_SPAN
-
-    def complete_on(self, value: object, step: int | None = None) -> None:
-        return None
-
-    def metric(self, name: str, value: object, reduce: str = "mean", step: int | None = None) -> None:
-        return None
-
-    def tag(self, name: str, step: int | None = None) -> None:
-        return None
-
-    def event(self, name: str, attrs: Mapping[str, Any] | None = None) -> None:
-        return None
-
-    def record_span(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def record_clock_offset(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def settle(self, how: str = schema.SYNC_BLOCKING) -> None:
-        return None
-
-    def flush(self, timeout: float | None = None) -> bool:
-        return True
-
-    def finish(self, completed: bool | None, reason: str = "finish", exception: str | None = None) -> bool:
-        return True
-
-    def after_fork_in_child(self) -> None:
-        return None
-
-
-NOOP_RECORDER = NoopRecorder()
