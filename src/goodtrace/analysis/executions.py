@@ -26,9 +26,9 @@ import bisect
 import dataclasses
 from array import array
 from collections.abc import Iterable
-from typing import Any, TypeAlias
 
 from goodtrace import schema
+from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, window_overhead
 from goodtrace.read.loaded import NO_TIME, SessionInfo, SessionRecords
 
 __all__ = [
@@ -219,23 +219,6 @@ _DEVICE_DATED = frozenset({schema.SYNC_LAG, schema.SYNC_POLL, schema.SYNC_BLOCKI
 _LOOKED_LATER = frozenset({schema.SYNC_LAG, schema.SYNC_POLL, schema.SYNC_BLOCKING, schema.SYNC_FINISH,
                            schema.SYNC_BARRIER})
 
-# The cut works on numpy columns (a long run on thousands of ranks holds millions of
-# executions); its results are stored as arrays of Python ints.
-Array: TypeAlias = Any  # numpy.ndarray (numpy is imported when a session is cut)
-
-
-def _np(values: Any) -> Array:
-    import numpy as np
-
-    return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
-
-
-def _out(values: Array) -> array[int]:
-    import numpy as np
-
-    return array("q", np.ascontiguousarray(values, dtype=np.int64).tobytes())
-
-
 def _occurrence(keys: Array) -> Array:
     """For each position, how many earlier positions hold the same key (0, 1, 2, ...)."""
     import numpy as np
@@ -304,95 +287,6 @@ def _assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) 
     for e, c in zip(executions.tolist(), chosen.tolist(), strict=True):
         hows[e] = how[c]
     return times, hows, ignored
-
-
-def _merge(starts: Array, ends: Array) -> tuple[Array, Array, Array]:
-    """Intervals sorted by (start, -end) -> the outermost wins, a partial overlap adds its new
-    part: (kept positions, their starts, their ends), disjoint and sorted."""
-    import numpy as np
-
-    if len(starts) == 0:
-        return np.zeros(0, dtype=np.int64), starts, ends
-    reach = np.maximum.accumulate(np.r_[np.int64(NO_TIME), ends[:-1]])
-    keep = np.flatnonzero(ends > reach)
-    return keep, np.maximum(starts[keep], reach[keep]), ends[keep]
-
-
-def _covered_at(x: Array, starts: Array, ends: Array) -> Array:
-    """How much of the disjoint, sorted intervals lies before each time in ``x``."""
-    import numpy as np
-
-    if len(starts) == 0:
-        return np.zeros(len(x), dtype=np.int64)
-    cum = np.r_[np.int64(0), np.cumsum(ends - starts)]
-    j = np.searchsorted(starts, x, side="right") - 1
-    inside = np.clip(x - starts[np.maximum(j, 0)], 0, (ends - starts)[np.maximum(j, 0)])
-    return np.where(j >= 0, cum[np.maximum(j, 0)] + inside, 0)
-
-
-def _flatten(
-    rec: SessionRecords, categories: frozenset[str], blocking: frozenset[str],
-    exec_t0: Array, exec_t1: Array, device_dated: Array, a: int, b: int, data_outside: tuple[int, int] | None = None,
-) -> tuple[Array, Array, list[str]]:
-    """Disjoint (start, end, category) intervals of the main-thread overhead and data spans
-    inside [a, b): among overhead spans the outermost wins (a partial overlap adds only its new
-    part); data loading counts where no overhead span does. A blocking span that holds the
-    device-dated sync point of the step it started in counts from that sync point on (it
-    waited for the device)."""
-    import numpy as np
-
-    cats = rec.span_category
-    t0, t1 = _np(rec.span_t0), _np(rec.span_t1)
-    inside = (t1 > a) & (t0 < b)
-    names = np.array(cats, dtype=object) if cats else np.zeros(0, dtype=object)
-    is_data = np.zeros(len(cats), dtype=bool)
-    is_over = np.zeros(len(cats), dtype=bool)
-    is_block = np.zeros(len(cats), dtype=bool)
-    for category in set(cats):  # a few categories: one comparison each, not one per span
-        mask = names == category
-        if category == DATA:
-            is_data |= mask
-        elif category in categories:
-            is_over |= mask
-            if category in blocking:
-                is_block |= mask
-    over = np.flatnonzero(inside & is_over)
-    o0, o1 = t0[over].copy(), t1[over]
-    block = is_block[over]
-    if block.any() and len(exec_t0):
-        k = np.flatnonzero(block)
-        i = np.searchsorted(exec_t0, o0[k], side="right") - 1
-        valid = (i >= 0) & (o0[k] <= exec_t1[np.maximum(i, 0)])
-        synced = np.where(valid, device_dated[np.maximum(i, 0)], NO_TIME)
-        clip = (synced > o0[k]) & (synced < o1[k])
-        o0[k[clip]] = synced[clip]
-        order = np.lexsort((-o1, o0))
-        over, o0, o1 = over[order], o0[order], o1[order]
-    kept, starts, ends = _merge(o0, o1)
-    labels = [cats[k] for k in over[kept].tolist()]
-    wanted = inside & is_data
-    if data_outside is not None:  # only data loading before the first step or after the last interval
-        wanted &= (t0 < data_outside[0]) | (t1 > data_outside[1])
-    data = np.flatnonzero(wanted)
-    if len(data) == 0:
-        return starts, ends, labels
-    _, d0, d1 = _merge(t0[data], t1[data])
-    # data loading where no overhead interval is: the data intervals cut at every overhead boundary
-    points = np.unique(np.concatenate((d0, d1, starts, ends)))
-    seg0, seg1 = points[:-1], points[1:]
-    in_data = _covered_at(seg1, d0, d1) - _covered_at(seg0, d0, d1) == seg1 - seg0
-    in_over = _covered_at(seg1, starts, ends) - _covered_at(seg0, starts, ends) > 0
-    keep = in_data & ~in_over
-    g0, g1 = seg0[keep], seg1[keep]
-    if len(g0):  # adjacent pieces are one
-        first = np.flatnonzero(np.r_[True, g0[1:] != g1[:-1]])
-        last = np.r_[first[1:] - 1, len(g0) - 1]
-        g0, g1 = g0[first], g1[last]
-    all0 = np.concatenate((starts, g0))
-    all1 = np.concatenate((ends, g1))
-    all_labels = labels + [DATA] * len(g0)
-    order = np.argsort(all0, kind="stable")
-    return all0[order], all1[order], [all_labels[k] for k in order.tolist()]
 
 
 def cut_session(
@@ -485,12 +379,13 @@ def cut_session(
     data_outside = None
     if out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE) and len(win_end):
         data_outside = (int(first_start), int(win_end[-1]))
-    starts, ends, labels = _flatten(
+    starts, ends, labels = flatten_overhead(
         rec, categories, info.blocking_categories or schema.BLOCKING_CATEGORIES, t0s, t1s, device_dated, start, end,
         data_outside,
     )
     out.over_start, out.over_end, out.over_label = _out(starts), _out(ends), labels
-    _totals(out, win_start, win_end, starts, ends, labels)
+    out.win_productive, out.win_overhead = window_overhead(
+        out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE), win_start, win_end, starts, ends, labels)
     if out.data_rule == RULE_ASYNC and schema.DEVICE_IDLE_METRIC in rec.device and _charge_device_idle(out, rec):
         out.data_rule = RULE_ASYNC_DEVICE
     return out
@@ -527,27 +422,6 @@ def _data_rule(times: Array, hows: list[str], t0s: Array, host_timed: bool) -> s
     if ahead == 0 and behind == 0:
         return RULE_UNKNOWN
     return RULE_ASYNC if ahead > behind else RULE_SYNC
-
-
-def _totals(out: SessionSteps, win_start: Array, win_end: Array, starts: Array, ends: Array, labels: list[str]) -> None:
-    """Per window: overhead per category and the productive rest (in an asynchronous loop
-    in-step data loading is productive)."""
-    import numpy as np
-
-    skip_data = out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE)
-    used = np.zeros(len(win_start), dtype=np.int64)
-    overhead: dict[str, array[int]] = {}
-    label_array = np.array(labels, dtype=object) if labels else np.zeros(0, dtype=object)
-    for label in sorted(set(labels)):
-        if skip_data and label == DATA:
-            continue
-        mask = label_array == label
-        s, e = starts[mask], ends[mask]
-        covered = _covered_at(win_end, s, e) - _covered_at(win_start, s, e)
-        if covered.any():
-            overhead[label] = _out(covered)
-            used += covered
-    out.win_productive, out.win_overhead = _out(win_end - win_start - used), overhead
 
 
 def _charge_device_idle(out: SessionSteps, rec: SessionRecords) -> bool:

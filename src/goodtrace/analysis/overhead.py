@@ -1,0 +1,142 @@
+"""Main-thread overhead inside one session, on numpy columns: the disjoint intervals of the
+overhead and data spans (outermost wins; a blocking span counts from its step's device-dated
+sync point; data loading where no overhead is) and, per step interval, the time each category
+covers and the productive rest. :mod:`goodtrace.analysis.executions` cuts the session with them.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, TypeAlias
+
+from goodtrace import schema
+from goodtrace.read.loaded import NO_TIME, SessionRecords
+
+DATA = schema.DATA
+
+# The cut works on numpy columns (a long run on thousands of ranks holds millions of
+# executions); its results are stored as arrays of Python ints.
+Array: TypeAlias = Any  # numpy.ndarray (numpy is imported when a session is cut)
+
+
+def _np(values: Any) -> Array:
+    import numpy as np
+
+    return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
+
+
+def _out(values: Array) -> array[int]:
+    import numpy as np
+
+    return array("q", np.ascontiguousarray(values, dtype=np.int64).tobytes())
+
+
+def merge_intervals(starts: Array, ends: Array) -> tuple[Array, Array, Array]:
+    """Intervals sorted by (start, -end) -> the outermost wins, a partial overlap adds its new
+    part: (kept positions, their starts, their ends), disjoint and sorted."""
+    import numpy as np
+
+    if len(starts) == 0:
+        return np.zeros(0, dtype=np.int64), starts, ends
+    reach = np.maximum.accumulate(np.r_[np.int64(NO_TIME), ends[:-1]])
+    keep = np.flatnonzero(ends > reach)
+    return keep, np.maximum(starts[keep], reach[keep]), ends[keep]
+
+
+def covered_at(x: Array, starts: Array, ends: Array) -> Array:
+    """How much of the disjoint, sorted intervals lies before each time in ``x``."""
+    import numpy as np
+
+    if len(starts) == 0:
+        return np.zeros(len(x), dtype=np.int64)
+    cum = np.r_[np.int64(0), np.cumsum(ends - starts)]
+    j = np.searchsorted(starts, x, side="right") - 1
+    inside = np.clip(x - starts[np.maximum(j, 0)], 0, (ends - starts)[np.maximum(j, 0)])
+    return np.where(j >= 0, cum[np.maximum(j, 0)] + inside, 0)
+
+
+def flatten_overhead(
+    rec: SessionRecords, categories: frozenset[str], blocking: frozenset[str],
+    exec_t0: Array, exec_t1: Array, device_dated: Array, a: int, b: int, data_outside: tuple[int, int] | None = None,
+) -> tuple[Array, Array, list[str]]:
+    """Disjoint (start, end, category) intervals of the main-thread overhead and data spans
+    inside [a, b): among overhead spans the outermost wins (a partial overlap adds only its new
+    part); data loading counts where no overhead span does. A blocking span that holds the
+    device-dated sync point of the step it started in counts from that sync point on (it
+    waited for the device)."""
+    import numpy as np
+
+    cats = rec.span_category
+    t0, t1 = _np(rec.span_t0), _np(rec.span_t1)
+    inside = (t1 > a) & (t0 < b)
+    names = np.array(cats, dtype=object) if cats else np.zeros(0, dtype=object)
+    is_data = np.zeros(len(cats), dtype=bool)
+    is_over = np.zeros(len(cats), dtype=bool)
+    is_block = np.zeros(len(cats), dtype=bool)
+    for category in set(cats):  # a few categories: one comparison each, not one per span
+        mask = names == category
+        if category == DATA:
+            is_data |= mask
+        elif category in categories:
+            is_over |= mask
+            if category in blocking:
+                is_block |= mask
+    over = np.flatnonzero(inside & is_over)
+    o0, o1 = t0[over].copy(), t1[over]
+    block = is_block[over]
+    if block.any() and len(exec_t0):
+        k = np.flatnonzero(block)
+        i = np.searchsorted(exec_t0, o0[k], side="right") - 1
+        valid = (i >= 0) & (o0[k] <= exec_t1[np.maximum(i, 0)])
+        synced = np.where(valid, device_dated[np.maximum(i, 0)], NO_TIME)
+        clip = (synced > o0[k]) & (synced < o1[k])
+        o0[k[clip]] = synced[clip]
+        order = np.lexsort((-o1, o0))
+        over, o0, o1 = over[order], o0[order], o1[order]
+    kept, starts, ends = merge_intervals(o0, o1)
+    labels = [cats[k] for k in over[kept].tolist()]
+    wanted = inside & is_data
+    if data_outside is not None:  # only data loading before the first step or after the last interval
+        wanted &= (t0 < data_outside[0]) | (t1 > data_outside[1])
+    data = np.flatnonzero(wanted)
+    if len(data) == 0:
+        return starts, ends, labels
+    _, d0, d1 = merge_intervals(t0[data], t1[data])
+    # data loading where no overhead interval is: the data intervals cut at every overhead boundary
+    points = np.unique(np.concatenate((d0, d1, starts, ends)))
+    seg0, seg1 = points[:-1], points[1:]
+    in_data = covered_at(seg1, d0, d1) - covered_at(seg0, d0, d1) == seg1 - seg0
+    in_over = covered_at(seg1, starts, ends) - covered_at(seg0, starts, ends) > 0
+    keep = in_data & ~in_over
+    g0, g1 = seg0[keep], seg1[keep]
+    if len(g0):  # adjacent pieces are one
+        first = np.flatnonzero(np.r_[True, g0[1:] != g1[:-1]])
+        last = np.r_[first[1:] - 1, len(g0) - 1]
+        g0, g1 = g0[first], g1[last]
+    all0 = np.concatenate((starts, g0))
+    all1 = np.concatenate((ends, g1))
+    all_labels = labels + [DATA] * len(g0)
+    order = np.argsort(all0, kind="stable")
+    return all0[order], all1[order], [all_labels[k] for k in order.tolist()]
+
+
+def window_overhead(
+    skip_data: bool, win_start: Array, win_end: Array, starts: Array, ends: Array, labels: list[str]
+) -> tuple[array[int], dict[str, array[int]]]:
+    """Per window: the productive rest and the overhead per category (``skip_data``: an
+    asynchronous loop, where in-step data loading is productive)."""
+    import numpy as np
+
+    used = np.zeros(len(win_start), dtype=np.int64)
+    overhead: dict[str, array[int]] = {}
+    label_array = np.array(labels, dtype=object) if labels else np.zeros(0, dtype=object)
+    for label in sorted(set(labels)):
+        if skip_data and label == DATA:
+            continue
+        mask = label_array == label
+        s, e = starts[mask], ends[mask]
+        covered = covered_at(win_end, s, e) - covered_at(win_start, s, e)
+        if covered.any():
+            overhead[label] = _out(covered)
+            used += covered
+    return _out(win_end - win_start - used), overhead
