@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.record.encoding import _Encoder
 from goodtrace.record.spans import Span
-from goodtrace.record.writer import _Encoder
 
 WALL0 = 1_700_000_000 * 10**9
 SECOND = 1_000_000_000

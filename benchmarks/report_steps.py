@@ -30,8 +30,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from goodtrace import schema
+from goodtrace.record.encoding import _Encoder
 from goodtrace.record.spans import Span
-from goodtrace.record.writer import _Encoder
 from report_scale import SECOND, WALL0, goodtrace_cmd, header, timed
 
 BASELINE = """

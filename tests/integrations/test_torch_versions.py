@@ -23,6 +23,7 @@ from goodtrace.testing import capture
 
 torch = pytest.importorskip("torch")
 from goodtrace.integrations import torch as gtorch  # noqa: E402
+from goodtrace.integrations import torch_collectives  # noqa: E402
 
 
 def _import_dynamo() -> None:
@@ -82,10 +83,10 @@ def _old_p2p_worker(rank: int, port: int, out_dir: str) -> None:
         return int(real_recv(tensor, src=src, group=group, tag=tag))
 
     dist.send, dist.recv = send, recv
-    gtorch._p2p_takes_group_ranks.cache_clear()
+    torch_collectives._p2p_takes_group_ranks.cache_clear()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
     group = dist.new_group([1, 2], backend="gloo")
-    result: dict[str, Any] = {"by_group_rank": gtorch._p2p_takes_group_ranks()}
+    result: dict[str, Any] = {"by_group_rank": torch_collectives._p2p_takes_group_ranks()}
     if rank in (1, 2):
         sample = gtorch.sync_clocks(group, time.perf_counter_ns, rounds=8)
         result.update(offset_ns=sample.offset_ns, rtt_ns=sample.rtt_ns)

@@ -229,7 +229,8 @@ class JaxIntegration(Integration):
         clock_sync_rounds: int,
         printer: Callable[[str], None] | None,
     ) -> None:
-        from goodtrace.record.live import LiveAggregator, LocalTransport, Transport
+        from goodtrace.record.live import LiveAggregator
+        from goodtrace.record.live_transport import LocalTransport, Transport
 
         super().__init__(recorder)
         self.clock_sync_every = clock_sync_every

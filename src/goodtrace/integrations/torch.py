@@ -53,7 +53,8 @@ from goodtrace.record.clocksync import (
     BackgroundClockSync,
     OffsetSample,
 )
-from goodtrace.record.live import LiveAggregator, LocalTransport, Transport
+from goodtrace.record.live import LiveAggregator
+from goodtrace.record.live_transport import LocalTransport, Transport
 from goodtrace.record.torch_values import cuda_barrier
 
 __all__ = [

@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 from goodtrace.record.config import Config, ConfigError
 from goodtrace.record.errors import warn
+from goodtrace.record.noop import NOOP_RECORDER, NoopRecorder
 from goodtrace.record.process import discover_identity
-from goodtrace.record.recorder import NOOP_RECORDER, NoopRecorder, Recorder, StepContext
+from goodtrace.record.recorder import Recorder, StepContext
 from goodtrace.record.spans import set_disabled
 from goodtrace.record.storage import Storage
 

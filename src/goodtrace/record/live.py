@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import math
 import sys
 import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from goodtrace import schema
 from goodtrace.record.errors import warn
+from goodtrace.record.live_names import NAME_FLOATS, MetricNames
+from goodtrace.record.live_transport import GatherHandle, LocalTransport, Transport
 from goodtrace.record.liveline import LiveLine, MetricSummary, format_bytes, format_line
 
 __all__ = [
@@ -60,53 +61,7 @@ _LAYOUT = 2.0  # changes whenever the layout below does
 _HEADER = 10
 _ENTRY = 8  # slot, reduction, sum, sum of squares, min, max, count, last
 _REDUCTIONS = ("mean", "sum", "min", "max", "std", "last")  # codes in the entries
-_NAME_FLOATS = 128  # names announced in a window: (slot, byte count, bytes 6 per float)...
-_NAME_CHARS = 100  # names learned from other ranks are cut to this
-_NAME_BYTES_PER_FLOAT = 6
-_MAX_KNOWN_NAMES = 100_000
 DRAIN_S = 5.0  # at a local ending: how long gathers already launched may take to finish
-
-
-class GatherHandle(Protocol):
-    """An all-gather in flight."""
-
-    def done(self) -> bool:
-        """True when :meth:`wait` would return at once (never blocks)."""
-        ...
-
-    def wait(self) -> list[list[float]]:
-        """One vector per rank, in rank order (blocks until the gather completes)."""
-        ...
-
-
-class Transport(Protocol):
-    """Gathers one equally sized float vector from every rank, asynchronously."""
-
-    rank: int
-    world_size: int
-
-    def all_gather(self, vector: list[float]) -> GatherHandle: ...
-
-
-class _Done:
-    def __init__(self, vectors: list[list[float]]) -> None:
-        self._vectors = vectors
-
-    def done(self) -> bool:
-        return True
-
-    def wait(self) -> list[list[float]]:
-        return self._vectors
-
-
-class LocalTransport:
-    """One process, no collective: the gather is the vector itself."""
-
-    rank = 0
-    world_size = 1
-
-    def all_gather(self, vector: list[float]) -> GatherHandle:
-        return _Done([list(vector)])
 
 
 @dataclasses.dataclass
@@ -185,8 +140,7 @@ class LiveAggregator:
         self._productive_ns = 0
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
         self._warned: set[str] = set()
-        self._slots: dict[str, int] = {}  # name -> slot (48-bit hash)
-        self._names: dict[int, str] = {}  # slot -> name, ours and learned from the gathers
+        self._metric_names = MetricNames(self._warn)  # slots, and names learned from the gathers
         self._closed = False
         self._watch_overhead = watch_overhead
         self._overhead_total_ns: dict[str, int] = {}
@@ -294,7 +248,9 @@ class LiveAggregator:
             return
         self.completed_at.append((window.step, launched, self._ends))
         try:
-            self._learn_names(vectors, len(window.vector))
+            size = len(window.vector)
+            self._metric_names.learn([v for v in vectors if len(v) == size and v[_H_LAYOUT] == _LAYOUT],
+                                     _HEADER + _ENTRY * self.max_metrics, _H_NAME_FLOATS)
         except Exception as exc:
             self._warn("names", f"metric names of a live window could not be read: {exc!r}")
         if self.transport.rank == 0 or getattr(self.recorder, "line_listeners", None):
@@ -353,71 +309,17 @@ class LiveAggregator:
                   (end_ns - start_ns) / 1e9 / count, float(aligned_end), self._host_id]
         for name in names:
             code = _REDUCTIONS.index(reductions[name]) if reductions[name] in _REDUCTIONS else 0
-            vector.append(float(self._slot(name)))
+            vector.append(float(self._metric_names.slot(name)))
             vector.append(float(code))
             vector.extend(stats[name])
         vector.extend([0.0] * (_HEADER + _ENTRY * self.max_metrics - len(vector)))
-        announced = self._announce(names)
+        announced = self._metric_names.announce(names)
         vector[_H_NAME_FLOATS] = float(len(announced))
         vector.extend(announced)
-        vector.extend([0.0] * (_NAME_FLOATS - len(announced)))
+        vector.extend([0.0] * (NAME_FLOATS - len(announced)))
         self._prev_step = step
         self._prev_end_ns = end_ns
         return _Window(step, count, start_ns, end_ns, timing, overhead, names, vector)
-
-    # ------------------------------------------------------------------ metric slots and names
-    def _slot(self, name: str) -> int:
-        """The metric's slot: a 48-bit hash of its name, the same on every rank."""
-        slot = self._slots.get(name)
-        if slot is None:
-            digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=6).digest()
-            slot = int.from_bytes(digest, "big")
-            if len(self._slots) < _MAX_KNOWN_NAMES:
-                self._slots[name] = slot
-        return slot
-
-    def _announce(self, names: list[str]) -> list[float]:
-        """Floats naming the slots of ``names`` that no gather has named yet, as many as fit."""
-        region: list[float] = []
-        for name in names:
-            slot = self._slot(name)
-            if slot in self._names:
-                continue
-            data = name[:_NAME_CHARS].encode("utf-8", "surrogatepass")
-            words = -(-len(data) // _NAME_BYTES_PER_FLOAT)
-            if len(region) + 2 + words > _NAME_FLOATS:
-                continue  # announced in a later window; until then other ranks show its slot
-            region.append(float(slot))
-            region.append(float(len(data)))
-            padded = data.ljust(words * _NAME_BYTES_PER_FLOAT, b"\0")
-            for i in range(0, len(padded), _NAME_BYTES_PER_FLOAT):
-                region.append(float(int.from_bytes(padded[i: i + _NAME_BYTES_PER_FLOAT], "big")))
-            if len(self._names) < _MAX_KNOWN_NAMES:
-                self._names[slot] = name  # we know it; the gather tells the others
-        return region
-
-    def _learn_names(self, vectors: Sequence[Sequence[float]], size: int) -> None:
-        """Read the names other ranks announced in a gathered window."""
-        start = _HEADER + _ENTRY * self.max_metrics
-        for vector in vectors:
-            if len(vector) != size or vector[_H_LAYOUT] != _LAYOUT:
-                continue
-            used = min(int(vector[_H_NAME_FLOATS]), _NAME_FLOATS)
-            region = vector[start: start + used]
-            i = 0
-            while i + 2 <= used:
-                slot, length = int(region[i]), int(region[i + 1])
-                words = -(-length // _NAME_BYTES_PER_FLOAT)
-                data = b"".join(int(w).to_bytes(_NAME_BYTES_PER_FLOAT, "big") for w in region[i + 2: i + 2 + words])
-                i += 2 + words
-                name = data[:length].decode("utf-8", "surrogatepass")
-                known = self._names.get(slot)
-                if known is None:
-                    if len(self._names) < _MAX_KNOWN_NAMES:
-                        self._names[slot] = name
-                elif not known.startswith(name):
-                    self._warn(f"slot:{slot}", f"metric names {known!r} and {name!r} share a live slot "
-                               "(a 48-bit hash collision): the live line merges them")
 
     def _overhead_in(self, start: int, end: int) -> dict[str, int]:
         """Overhead time per category inside (start, end]; nested spans counted once."""
@@ -467,11 +369,11 @@ class LiveAggregator:
                 entry[5] = last  # "last": the highest rank's last value
                 entry[6] += 1.0
                 if code != codes[slot]:
-                    self._warn(f"reduce-slot:{slot}", f"ranks reduce metric {self._names.get(slot, slot)!r} "
+                    self._warn(f"reduce-slot:{slot}", f"ranks reduce metric {self._metric_names.names.get(slot, slot)!r} "
                                "differently; the live line uses the lowest rank's reduction")
         metrics: dict[str, MetricSummary] = {}
         for slot, (s, sq, lo, hi, n, last, with_value) in merged.items():
-            name = self._names.get(slot, f"metric#{slot:012x}")
+            name = self._metric_names.names.get(slot, f"metric#{slot:012x}")
             reduce = _REDUCTIONS[codes[slot]] if 0 <= codes[slot] < len(_REDUCTIONS) else "mean"
             mean = s / n
             variance = max(0.0, sq / n - mean * mean)

@@ -28,19 +28,19 @@ from goodtrace import schema
 from goodtrace.record import spans
 from goodtrace.record.arguments import MAX_NAME_CHARS, name_text, reduction, step_number, timeout_seconds
 from goodtrace.record.config import Config
+from goodtrace.record.encoding import RecordBuffer
 from goodtrace.record.errors import describe, warn
-from goodtrace.record.noop import NOOP_RECORDER, NoopRecorder
 from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
 from goodtrace.record.readiness import Pending, PendingMetric, ReadinessThread
 from goodtrace.record.spans import span_key
 from goodtrace.record.storage import Storage, open_storage
 from goodtrace.record.sync_points import _ARRIVED, SyncPoints
 from goodtrace.record.values import COMPLETE, ValueAdapter, adapter_for, finite_or_none, join_completions
-from goodtrace.record.writer import RecordBuffer, Writer
+from goodtrace.record.writer import Writer
 
 _get_ident = threading.get_ident
 
-__all__ = ["NOOP_RECORDER", "NoopRecorder", "Recorder", "StepContext"]
+__all__ = ["Recorder", "StepContext"]
 
 
 def _version() -> str:

@@ -317,7 +317,8 @@ def attach_sinks(
             return
         started = True
         if recorder.live_aggregator is None:
-            from goodtrace.record.live import LiveAggregator, LocalTransport
+            from goodtrace.record.live import LiveAggregator
+            from goodtrace.record.live_transport import LocalTransport
 
             aggregator = LiveAggregator(recorder, LocalTransport(), log_every=log_every, printer=_silent)
             aggregator.replaceable = True
