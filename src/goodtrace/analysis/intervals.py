@@ -19,7 +19,7 @@ from goodtrace.analysis.selection import StepRange
 if TYPE_CHECKING:
     from goodtrace.analysis import RunAnalysis
 
-__all__ = ["WindowView", "in_range", "session_windows", "slice_window"]
+__all__ = ["WindowView", "session_windows", "slice_window"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,14 +64,6 @@ class WindowView:
     @property
     def is_window(self) -> bool:
         return len(self.steps) > 1
-
-
-def in_range(steps: tuple[int, ...], selected: StepRange | None) -> bool:
-    """An interval is in a step range when any of its executions' steps is."""
-    if selected is None:
-        return True
-    lo, hi = selected
-    return any((lo is None or s >= lo) and (hi is None or s <= hi) for s in steps)
 
 
 def _windows_in_range(cut: Any, selected: StepRange | None) -> list[int]:

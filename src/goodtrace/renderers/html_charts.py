@@ -14,6 +14,7 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.analysis import RunAnalysis
+from goodtrace.analysis.executions import _occurrence
 from goodtrace.analysis.intervals import session_windows
 from goodtrace.analysis.selection import StepRange
 from goodtrace.read.raw import RawRecord
@@ -37,12 +38,7 @@ def _execution_columns(analysis: RunAnalysis, session: int) -> tuple[Any, ...]:
 
     cut = analysis.cuts[session]
     steps = np.frombuffer(cut.exec_step, dtype=np.int64)
-    n = len(steps)
-    order = np.argsort(steps, kind="stable")
-    ordered = steps[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if n else np.zeros(0, dtype=np.int64)
-    k = np.empty(n, dtype=np.int64)
-    k[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+    k = _occurrence(steps)  # the k-th run of its step in the session
     window = np.frombuffer(cut.exec_window, dtype=np.int64)
     done = window >= 0
     w = window[done]
