@@ -14,37 +14,18 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from goodtrace.read.duckdb_sql import RUN_MODEL_NAMES
-from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable
+from helpers.storage_servers import EmulatedNFS, S3Server
 
 DATA = Path(__file__).parent.parent / "data"
 RESTART = DATA / "runs" / "restart_2ranks"  # 2 ranks, a crash and a restart; figures by hand
 GOLDEN = DATA / "golden_trace_small" / "run"  # 3 ranks, 2 attempts, nested spans
 MIRROR_NOTE = "read from a local mirror of "
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    reason = s3_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with S3Server(str(tmp_path_factory.mktemp("s3"))) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def nfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatedNFS]:
-    reason = fuse_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with EmulatedNFS(str(tmp_path_factory.mktemp("nfs")), rtt_ms=0.5) as server:
-        yield server
 
 
 def goodtrace(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -27,6 +27,16 @@ from goodtrace.testing import SimulatedDevice
 MS = 1e-3
 
 
+def oversleep(samples: int = 20) -> float:
+    """The worst lateness of a 5 ms sleep here, now: the scheduler's share of any bound."""
+    worst = 0.0
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        time.sleep(0.005)
+        worst = max(worst, time.perf_counter() - t0 - 0.005)
+    return worst
+
+
 class Slack:
     """How late this machine wakes a sleeping thread, measured beside the loop."""
 

@@ -21,18 +21,9 @@ from goodtrace.analysis import analyze
 from goodtrace.read.duckdb_sql import RUN_MODEL_NAMES
 from goodtrace.read.load import NotARunError, compact_run, load_run
 from goodtrace.read.mirror import RemoteReadError, mirror_cache_dir, mirror_run
-from helpers.storage_servers import S3Server, s3_unavailable
+from helpers.storage_servers import S3Server
 
 RESTART = Path(__file__).parent.parent / "data" / "runs" / "restart_2ranks"  # 2 ranks, 4 segments
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    reason = s3_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with S3Server(str(tmp_path_factory.mktemp("s3"))) as server:
-        yield server
 
 
 @pytest.fixture

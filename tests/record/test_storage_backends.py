@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from goodtrace.read.sessions import read_run
-from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable
+from helpers.loops import oversleep
+from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable
 
 FLUSH_S = 0.25
 
@@ -51,24 +52,6 @@ KILL_CHILD = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def nfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatedNFS]:
-    reason = fuse_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with EmulatedNFS(str(tmp_path_factory.mktemp("nfs")), rtt_ms=0.5) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    reason = s3_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with S3Server(str(tmp_path_factory.mktemp("s3"))) as server:
-        yield server
-
-
 @pytest.fixture
 def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
     """This process reads from the local S3 server (and a fresh s3fs instance sees that)."""
@@ -81,15 +64,6 @@ def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-def _oversleep(samples: int = 20) -> float:
-    worst = 0.0
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        time.sleep(0.005)
-        worst = max(worst, time.perf_counter() - t0 - 0.005)
-    return worst
-
-
 def _kill_and_measure(run_dir: str, env: dict[str, str]) -> tuple[float, float]:
     """Run the child, SIGKILL it after a few intervals; (seconds lost, the bound this run allows)."""
     child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, run_dir, str(FLUSH_S)],
@@ -99,7 +73,7 @@ def _kill_and_measure(run_dir: str, env: dict[str, str]) -> tuple[float, float]:
     reports: list[str] = []
     reader = threading.Thread(target=reports.extend, args=(child.stdout,), daemon=True)
     reader.start()
-    late = _oversleep()
+    late = oversleep()
     time.sleep(6 * FLUSH_S)
     t_kill = time.perf_counter_ns()
     child.send_signal(signal.SIGKILL)

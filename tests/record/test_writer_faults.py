@@ -27,6 +27,7 @@ import pytest
 
 import goodtrace as gt
 from goodtrace.read.sessions import read_run
+from helpers.loops import oversleep
 
 FLUSH_S = 0.5
 
@@ -67,16 +68,6 @@ RATE_CHILD = textwrap.dedent(
                 pass
     """
 )
-
-
-def _oversleep(samples: int = 20) -> float:
-    """The worst lateness of a 5 ms sleep here, now: the scheduler's share of any bound."""
-    worst = 0.0
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        time.sleep(0.005)
-        worst = max(worst, time.perf_counter() - t0 - 0.005)
-    return worst
 
 
 def _longest_chunk(reports: list[str]) -> float:
@@ -137,7 +128,7 @@ def test_sigkill_loses_at_most_one_interval_plus_one_chunk(tmp_path: Path, rate:
         while not reports and child.poll() is None and time.monotonic() - started < 120:
             time.sleep(0.01)
         assert reports, f"the child never reported (exit status {child.poll()})"
-        late = _oversleep()
+        late = oversleep()
         recording = time.monotonic()
         time.sleep(rng.uniform(3 * FLUSH_S, 5 * FLUSH_S))
         # On a starved machine a chunk takes long: the run lasts at least two bounds (so that
