@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import socket
 import time
 import warnings
 from pathlib import Path
@@ -24,6 +23,7 @@ import goodtrace as gt
 from goodtrace.integrations._common import Integration
 from goodtrace.record.live import LiveAggregator
 from goodtrace.testing import capture
+from helpers.ranks import free_port
 
 
 class _NeverJoined:
@@ -157,12 +157,6 @@ def test_finish_completed_gathers_and_is_bounded_by_finish_timeout() -> None:
 # ------------------------------------------------------------------------------ real processes
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _worker(rank: int, port: int, run_dir: str, out_dir: str, release: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -203,7 +197,7 @@ def test_a_crashing_rank_finishes_without_waiting_for_its_peers(tmp_path: Path) 
     out_dir.mkdir()
     ctx = multiprocessing.get_context("spawn")
     release = ctx.Event()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(rank, port, str(run_dir), str(out_dir), release)) for rank in (0, 1)]
     for proc in procs:
         proc.start()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -66,19 +65,14 @@ def _worker(process_id: int, port: int, run_dir: str, out: str) -> None:
     jax.distributed.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_two_processes_aggregate_metrics_and_measure_clock_offsets(tmp_path: Path) -> None:
     pytest.importorskip("jax")
     from goodtrace import schema
     from goodtrace.read.sessions import read_run
+    from helpers.ranks import free_port  # here, not at the top: this file is also the ranks' script
 
     run_dir = tmp_path / "run"
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     env.pop("XLA_FLAGS", None)  # one CPU device per process
     procs = [

@@ -7,8 +7,6 @@ the wait) come out alike. The report must still name rank 1, from where its time
 from __future__ import annotations
 
 import json
-import multiprocessing
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.ranks import run_ranks
+
 torch = pytest.importorskip("torch")
 
 STEPS = 24
 FORWARD_S, BACKWARD_S, SLOWER = 0.040, 0.020, 1.25
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _spin(seconds: float) -> None:
@@ -68,17 +62,7 @@ def _ddp_worker(rank: int, world: int, port: int, run_dir: str) -> None:
 
 def test_a_slow_rank_is_named_when_a_collective_makes_every_rank_finish_together(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_ddp_worker, args=(rank, 2, port, str(run_dir))) for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=180)
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    run_ranks(_ddp_worker, 2, str(run_dir), timeout=180)
     done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir), "--json"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

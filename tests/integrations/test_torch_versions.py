@@ -9,8 +9,6 @@ torch in the older shape and checks the feature works, or degrades with one warn
 from __future__ import annotations
 
 import json
-import multiprocessing
-import socket
 import sys
 import warnings
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 
 import goodtrace as gt
 from goodtrace.testing import capture
+from helpers.ranks import run_ranks
 
 torch = pytest.importorskip("torch")
 from goodtrace.integrations import torch as gtorch  # noqa: E402
@@ -61,13 +60,7 @@ def test_without_dynamo_callbacks_compile_spans_are_off_with_one_warning(monkeyp
     assert [r for r in cap.records("span") if r["cat"] == "compile"] == []
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _old_p2p_worker(rank: int, port: int, out_dir: str) -> None:
+def _old_p2p_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """Three ranks; ranks 1 and 2 measure their offset in a group of their own, whose group
     ranks (0, 1) are not their global ranks, through send/recv with torch 2.5's signatures."""
     import time
@@ -84,7 +77,7 @@ def _old_p2p_worker(rank: int, port: int, out_dir: str) -> None:
 
     dist.send, dist.recv = send, recv
     torch_collectives._p2p_takes_group_ranks.cache_clear()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     group = dist.new_group([1, 2], backend="gloo")
     result: dict[str, Any] = {"by_group_rank": torch_collectives._p2p_takes_group_ranks()}
     if rank in (1, 2):
@@ -96,16 +89,7 @@ def _old_p2p_worker(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_clock_sync_addresses_peers_by_global_rank_before_torch_2_6(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_old_p2p_worker, args=(rank, port, str(tmp_path))) for rank in range(3)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=120)
-        if proc.is_alive():
-            proc.kill()
-    assert [p.exitcode for p in procs] == [0, 0, 0]
+    run_ranks(_old_p2p_worker, 3, str(tmp_path))
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(3)]
     assert [r["by_group_rank"] for r in results] == [False] * 3
     assert results[1]["offset_ns"] == 0 and results[1]["rtt_ns"] == 0  # group rank 0: the reference

@@ -5,7 +5,6 @@ parallel, on a background thread."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import queue
 import socket
 import threading
@@ -27,6 +26,7 @@ from goodtrace.record.clocksync import (
     ping_reference,
     serve_pings,
 )
+from helpers.ranks import run_ranks
 
 SHIFT_NS = 5_000_000_000 + 123_457  # rank 1's clock runs 5.000123457 s ahead of rank 0's
 
@@ -72,12 +72,6 @@ def test_measure_offset_rejects_bad_arguments() -> None:
         measure_offset(rank=3, world_size=2, clock=time.perf_counter_ns, send=print, recv=print)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _shifted_clock() -> int:
     return time.perf_counter_ns() + SHIFT_NS
 
@@ -105,16 +99,7 @@ def _clock_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) 
 def test_injected_offset_is_measured_within_1ms_and_undone_by_the_reader(tmp_path: Path) -> None:
     run_dir, out_dir = tmp_path / "run", tmp_path / "out"
     out_dir.mkdir()
-    ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_clock_worker, args=(r, 2, port, str(run_dir), str(out_dir))) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=120)
-        if proc.is_alive():
-            proc.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    run_ranks(_clock_worker, 2, str(run_dir), str(out_dir))
 
     measured = json.loads((out_dir / "rank1.json").read_text())
     assert len(measured) == 3  # at start-up and at steps 2 and 4
@@ -226,16 +211,7 @@ def _host_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -
 def test_one_rank_per_host_measures_and_its_host_shares_the_result(tmp_path: Path) -> None:
     run_dir, out_dir = tmp_path / "run", tmp_path / "out"
     out_dir.mkdir()
-    ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_host_worker, args=(r, 3, port, str(run_dir), str(out_dir))) for r in range(3)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=120)
-        if proc.is_alive():
-            proc.kill()
-    assert [p.exitcode for p in procs] == [0, 0, 0]
+    run_ranks(_host_worker, 3, str(run_dir), str(out_dir))
     by_rank = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(3)]
     assert len(by_rank[1]) == 3  # start-up, steps 2 and 4
     assert by_rank[0] == [[0, 0]] * 3

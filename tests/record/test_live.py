@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -16,6 +14,7 @@ import pytest
 import goodtrace as gt
 from goodtrace.record.live import LiveAggregator, LiveLine, LocalTransport, format_line
 from goodtrace.testing import FakeClock, capture
+from helpers.ranks import run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -27,12 +26,6 @@ def _value(name: str, rank: int, step: int) -> float:
     """Deterministic per-rank inputs, different on every rank and step."""
     base = {"a": 1.0, "b": 0.5, "c": -2.0, "d": 3.0, "e": 7.0, "loss": 2.0}[name]
     return base * (rank + 1) + 0.25 * step * (1 if rank % 2 == 0 else -1) + 0.125 * rank * step
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _live_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -> None:
@@ -81,17 +74,7 @@ def _live_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -
 
 
 def _spawn(target: Any, world: int, *args: Any) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=target, args=(rank, world, port, *args)) for rank in range(world)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=120)
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-    assert [p.exitcode for p in procs] == [0] * world
+    run_ranks(target, world, *args)
 
 
 def test_two_gloo_ranks_reduce_by_hand_values_and_never_wait(tmp_path: Path) -> None:

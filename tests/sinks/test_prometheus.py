@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import goodtrace as gt
+from helpers.ranks import free_port
 from helpers.sinks import CaptureSink
 
 pytest.importorskip("prometheus_client")
@@ -26,12 +27,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def prometheus_server(tmp_path: Path) -> Iterator[Any]:
     """A factory: ``start(target_port)`` runs Prometheus scraping 127.0.0.1:target_port every 0.5 s."""
@@ -39,7 +34,7 @@ def prometheus_server(tmp_path: Path) -> Iterator[Any]:
     log = (tmp_path / "prometheus.log").open("wb")
 
     def start(target_port: int) -> str:
-        port = _free_port()
+        port = free_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(
             "global: {scrape_interval: 500ms, evaluation_interval: 500ms}\n"

@@ -1,0 +1,33 @@
+"""Real ranks for the tests that need torch.distributed or JAX's distributed runtime: a free
+local port for the rendezvous, and N spawned processes that must all exit cleanly."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ranks(target: Any, world: int, *args: Any, timeout: float = 120) -> None:
+    """``target(rank, world, port, *args)`` in ``world`` spawned processes sharing one free
+    port; waits up to ``timeout`` s for each, kills what is left, and requires every one to
+    have exited with status 0."""
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(rank, world, port, *args)) for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=timeout)
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+    assert [p.exitcode for p in procs] == [0] * world, f"exit statuses {[p.exitcode for p in procs]}"
