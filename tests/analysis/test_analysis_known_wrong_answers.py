@@ -202,11 +202,12 @@ def test_per_rank_durations_do_not_hide_a_rank_late_at_every_collective() -> Non
 @pytest.mark.parametrize("measured", [True, False])
 def test_lateness_is_measured_on_the_aligned_clock(tmp_path: Path, measured: bool) -> None:
     """Rank 1's wall clock is 0.5 s ahead; its measured offset to rank 0 puts its sync points
-    where they belong. Without a measurement the skew reads as lateness (and is reported)."""
+    where they belong. Without a measurement the skew reads as lateness (and is reported: at
+    more sampled steps than naming needs, evidence.MIN_SAMPLES)."""
     procs = [Proc(tmp_path, rank=r, world=2, host=f"node{r}", wall_skew=0.5 * r) for r in (0, 1)]
     for p in procs:
-        p.loop(range(6), 0.0)
-        p.finish(6.0)
+        p.loop(range(10), 0.0)
+        p.finish(10.0)
     if measured:
         procs[1].clock(procs[0].mono_base - procs[1].mono_base, 0.5)
     for p in procs:

@@ -5,13 +5,15 @@ value replaces an earlier one), groups of one, ties and several attempts."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 
 import numpy as np
 import pytest
 
-from goodtrace.analysis.ranks import NS, _arrival_lateness, _leave_one_out, _start_lateness
+from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence
+from goodtrace.analysis.ranks import NS, _arrival_lateness, _effects, _leave_one_out
 
 
 def _plain_arrivals(rows: list[tuple[int, int, int, int]]) -> tuple[dict[int, float], dict[int, float]]:
@@ -32,26 +34,28 @@ def _plain_arrivals(rows: list[tuple[int, int, int, int]]) -> tuple[dict[int, fl
             {r: sum(f) / len(f) for r, f in last.items()})
 
 
-def _plain_starts(rows: list[tuple[int, int, str, int, int]]) -> dict[int, tuple[float, str]]:
-    starts: dict[tuple[int, int, str], dict[int, int]] = {}
-    for attempt, step, name, rank, ns in rows:
-        starts.setdefault((attempt, step, name), {})[rank] = ns
-    start_late: dict[int, dict[str, list[float]]] = {}
-    for (_, _, name), ranks in starts.items():
+def _plain_effects(rows: list[tuple[int, int, int, int, int]]) -> dict[tuple[int, int], Evidence]:
+    """Per (rank, code): the differences from the other ranks' median at each shared step, and
+    the rank's own values at those steps, by the plain definition."""
+    values: dict[tuple[int, int, int], dict[int, int]] = {}
+    for attempt, step, code, rank, ns in rows:
+        values.setdefault((attempt, step, code), {})[rank] = ns
+    diffs: dict[tuple[int, int], list[float]] = {}
+    own: dict[tuple[int, int], list[float]] = {}
+    for (_, _, code), ranks in values.items():
         if len(ranks) < 2:
             continue
         others = _leave_one_out({r: float(t) for r, t in ranks.items()})
         for r, t in ranks.items():
-            start_late.setdefault(r, {}).setdefault(name, []).append((t - others[r]) / NS)
+            diffs.setdefault((r, code), []).append((t - others[r]) / NS)
+            own.setdefault((r, code), []).append(float(t))
     out = {}
-    for r, by_name in start_late.items():
-        worst: tuple[float, str] | None = None
-        for name, values in sorted(by_name.items()):
-            median = statistics.median(values)
-            if worst is None or median > worst[0]:
-                worst = (median, name)
-        assert worst is not None
-        out[r] = worst
+    for key, d in diffs.items():
+        mine = own[key]
+        centre = statistics.median(mine)
+        mad = statistics.median([abs(v - centre) for v in mine])
+        out[key] = Evidence(effect_s=statistics.median(d), consistency=sum(x > 0 for x in d) / len(d),
+                            samples=len(d), noise_s=MAD_TO_SIGMA * mad / NS)
     return out
 
 
@@ -77,20 +81,22 @@ def test_arrival_lateness_on_columns_equals_the_plain_definition(seed: int) -> N
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_start_lateness_on_columns_equals_the_plain_definition(seed: int) -> None:
+def test_effects_on_columns_equal_the_plain_definition(seed: int) -> None:
     rng = random.Random(1000 + seed)
-    names = ["data", "h2d", "forward", "opt", "a", "b"][: rng.randint(1, 6)]
-    rows = [(rng.randint(0, 1), rng.randint(0, 9), rng.choice(names), rng.randint(0, 30), rng.randint(-5, 50) * 10**5)
+    codes = rng.randint(1, 6)
+    rows = [(rng.randint(0, 1), rng.randint(0, 9), rng.randrange(codes), rng.randint(0, 30), rng.randint(-5, 50) * 10**5)
             for _ in range(rng.randint(1, 800))]
-    codes = {name: i for i, name in enumerate(names)}
-    coded = [(a, s, codes[n], r, ns) for a, s, n, r, ns in rows]
-    got = _start_lateness(_columns(coded, rng.randint(1, 8)), {i: n for n, i in codes.items()})
-    assert got == _plain_starts(rows)
+    got = _effects(_columns(rows, rng.randint(1, 8)))
+    want = _plain_effects(rows)
+    assert got.keys() == want.keys()
+    for key, evidence in want.items():  # the noise is a sum of floats in another order: to rounding
+        assert dataclasses.replace(got[key], noise_s=0.0) == dataclasses.replace(evidence, noise_s=0.0)
+        assert got[key].noise_s == pytest.approx(evidence.noise_s, rel=1e-12, abs=1e-15)
 
 
 def test_no_rows_no_figures() -> None:
     assert _arrival_lateness([]) == ({}, {})
-    assert _start_lateness([], {}) == {}
+    assert _effects([]) == {}
 
 
 def test_releasing_the_loaded_records_changes_no_figure_and_refuses_a_second_analysis() -> None:

@@ -13,6 +13,9 @@ two ranks that would hide the slow one):
   finishes (and starts the next step) together, but the slow rank enters the span that holds the
   collective late. Offsets within the rank's own step need no clock alignment, so ranks that run
   independently and drift apart are not named for it.
+
+Each is also measured step by step (:func:`_effects`), and a rank is named only where the
+difference is evidence beyond noise (:mod:`goodtrace.analysis.evidence`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from goodtrace.analysis.clock import SessionClock
+from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence, robust_noise
 from goodtrace.analysis.executions import SessionSteps
 from goodtrace.read.loaded import SessionInfo, SessionRecords
 
@@ -44,6 +48,11 @@ class RankFigure:
     late_fraction: float | None  # share of sync points where this rank was the last
     start_lateness_s: float | None = None  # the largest median span-start lateness, by span name
     late_span: str | None = None  # ... of this span
+    # the evidence behind each figure (docs/semantics.md section 7): per sampled step, against
+    # the other ranks' median; None where the rank shares no sampled step with another
+    compute_evidence: Evidence | None = None  # compute time per step
+    arrival_evidence: Evidence | None = None  # arrival at sync points (noise: its step times')
+    start_evidence: Evidence | None = None  # entry into ``late_span``
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -211,11 +220,12 @@ def _arrival_lateness(parts: list[tuple[Any, ...]]) -> tuple[dict[int, float], d
             dict(zip(ranks, (counts / size[heads]).tolist(), strict=True)))
 
 
-def _start_lateness(parts: list[tuple[Any, ...]], names: dict[int, str]) -> dict[int, tuple[float, str]]:
-    """Per rank, the span it enters latest relative to the other ranks (the largest median, over
-    sampled steps, of its start after its step's entry minus the other ranks' median) and that
-    median in seconds; ties go to the first name alphabetically. ``parts``: (attempt, step,
-    name code, rank, ns after entry) columns."""
+def _effects(parts: list[tuple[Any, ...]]) -> dict[tuple[int, int], Evidence]:
+    """Per (rank, code), the evidence of its values against the other ranks' at the same sampled
+    steps: the median over steps of (its value - the other ranks' median), the share of steps
+    where that is positive, how many steps, and 1.4826 x the MAD of its own values (its
+    step-to-step noise). ``parts``: (attempt, step, code, rank, value in ns) columns; a later row
+    of the same key replaces an earlier one."""
     import numpy as np
 
     if not parts:
@@ -227,18 +237,39 @@ def _start_lateness(parts: list[tuple[Any, ...]], names: dict[int, str]) -> dict
     attempt, step, code, rank, value = attempt[order], step[order], code[order], rank[order], value[order]
     first, size, pos = _groups(attempt, step, code)
     keep = size >= 2
-    late_s = (value - _others_median(first, size, pos, value)) / NS
-    rank, code, late_s = rank[keep], code[keep], late_s[keep]
-    order = np.lexsort((late_s, code, rank))
-    rank, code, late_s = rank[order], code[order], late_s[order]
-    first, size, pos = _groups(rank, code)
-    heads, medians = _group_medians(first, size, pos, late_s)
-    worst: dict[int, tuple[float, str]] = {}
-    for r, c, median in sorted(zip(rank[heads].tolist(), (names[c] for c in code[heads].tolist()),
-                                   medians.tolist(), strict=True)):
-        if r not in worst or median > worst[r][0]:
-            worst[r] = (median, c)
-    return worst
+    diff = (value - _others_median(first, size, pos, value)) / NS
+    rank, code, diff, value = rank[keep], code[keep], diff[keep], value[keep]
+    order = np.lexsort((diff, code, rank))
+    first, size, pos = _groups(rank[order], code[order])
+    heads, medians = _group_medians(first, size, pos, diff[order])
+    if not len(heads):
+        return {}
+    behind = np.add.reduceat((diff[order] > 0).astype(np.int64), heads)
+    # the same groups (sorted by rank and code first), values sorted within them: own median, MAD
+    by_value = np.lexsort((value, code, rank))
+    own = value[by_value]
+    _, own_median = _group_medians(first, size, pos, own)
+    deviation = np.abs(own - np.repeat(own_median, size[heads]))
+    by_deviation = np.lexsort((deviation, code[by_value], rank[by_value]))
+    _, mad = _group_medians(first, size, pos, deviation[by_deviation])
+    ranks, codes = rank[order][heads].tolist(), code[order][heads].tolist()
+    return {
+        (r, c): Evidence(effect_s=m, consistency=b / n, samples=n, noise_s=MAD_TO_SIGMA * d / NS)
+        for r, c, m, b, n, d in zip(ranks, codes, medians.tolist(), behind.tolist(), size[heads].tolist(),
+                                    mad.tolist(), strict=True)
+    }
+
+
+def _latest_span(effects: dict[tuple[int, int], Evidence], names: dict[int, str]) -> dict[int, tuple[Evidence, str]]:
+    """Per rank, the span it enters latest: the largest median lateness among the spans whose
+    lateness is beyond its noise (no floor), else among all; ties go to the first name
+    alphabetically."""
+    best: dict[int, tuple[bool, float, str, Evidence]] = {}
+    for (r, c), e in sorted(effects.items(), key=lambda item: (item[0][0], names[item[0][1]])):
+        key = (e.beyond_noise(), e.effect_s, names[c], e)
+        if r not in best or key[:2] > best[r][:2]:
+            best[r] = key
+    return {r: (e, name) for r, (_, _, name, e) in best.items()}
 
 
 def rank_figures(
@@ -261,6 +292,7 @@ def rank_figures(
     # span name code, rank, ns after the step's entry), as columns gathered per session
     arrivals: list[tuple[Any, ...]] = []
     starts: list[tuple[Any, ...]] = []
+    computes: list[tuple[Any, ...]] = []  # sampled executions' compute: (attempt, step, 0, rank, ns)
     name_codes: dict[str, int] = {}
     for rank, members in by_rank.items():
         times: list[Any] = []
@@ -288,6 +320,11 @@ def rank_figures(
             if len(cut.exec_compute):
                 ns = np.frombuffer(cut.exec_compute, dtype=np.int64)
                 per_execution.append(ns[ns > 0])
+                numbers = np.frombuffer(steps_e, dtype=np.int64)
+                chosen = np.flatnonzero((ns > 0) & ((numbers - lo) % stride == 0))
+                computes.append((np.full(len(chosen), attempt, dtype=np.int64), numbers[chosen],
+                                 np.zeros(len(chosen), dtype=np.int64), np.full(len(chosen), rank, dtype=np.int64),
+                                 ns[chosen]))
             rec = records.get(s.index)
             if rec is not None and len(rec.starts_step) and len(steps_e):
                 # each sampled step's entry: its first execution's (np.unique keeps the first index)
@@ -309,7 +346,9 @@ def rank_figures(
             compute[rank] = float(np.median(joined))
     others_compute = _leave_one_out(compute)
     late, last_fraction = _arrival_lateness(arrivals)
-    worst_start = _start_lateness(starts, {code: name for name, code in name_codes.items()})
+    arrival_effects = _effects([(a, st, np.zeros(len(st), dtype=np.int64), r, t) for a, st, r, t in arrivals])
+    compute_effects = _effects(computes)
+    worst_start = _latest_span(_effects(starts), {code: name for name, code in name_codes.items()})
     figures = []
     for rank in sorted(by_rank):
         c = compute.get(rank)
@@ -326,11 +365,19 @@ def rank_figures(
                 relative_speed=None if c is None or reference is None or c <= 0 else reference / c,
                 lateness_median_s=late.get(rank),
                 late_fraction=last_fraction.get(rank),
-                start_lateness_s=None if worst is None else worst[0],
+                start_lateness_s=None if worst is None else worst[0].effect_s,
                 late_span=None if worst is None else worst[1],
+                compute_evidence=compute_effects.get((rank, 0)),
+                arrival_evidence=_with_noise(arrival_effects.get((rank, 0)), robust_noise(step_times[rank])),
+                start_evidence=None if worst is None else worst[0],
             )
         )
     return figures
+
+
+def _with_noise(evidence: Evidence | None, noise_s: float) -> Evidence | None:
+    """Arrival times have no step-to-step noise of their own: the rank's step times' is used."""
+    return None if evidence is None else dataclasses.replace(evidence, noise_s=noise_s)
 
 
 def spread_of(figures: Sequence[RankFigure]) -> RankSpread:
@@ -350,25 +397,31 @@ def spread_of(figures: Sequence[RankFigure]) -> RankSpread:
 
 def find_stragglers(figures: Sequence[RankFigure], ideal_step_s: float | None) -> list[Straggler]:
     """Ranks that compute slower than the others, arrive last at most sync points, or enter a
-    span consistently later than the others."""
+    span later than the others, each only where the difference is evidence beyond noise:
+    consistent over the sampled steps and large against the rank's own step-to-step noise
+    (:meth:`Evidence.beyond_noise`)."""
     if len(figures) < 2:
         return []
     floor = max(0.001, 0.02 * (ideal_step_s or 0.0))
     found = []
     for f in figures:
         reasons = []
-        if f.relative_speed is not None and f.relative_speed < SLOW_SPEED:
+        compute = f.compute_evidence
+        if (f.relative_speed is not None and f.relative_speed < SLOW_SPEED
+                and compute is not None and compute.beyond_noise()):
             reasons.append(f"computes at {f.relative_speed:.0%} of the other ranks' speed")
+        arrival = f.arrival_evidence
         if (
             f.late_fraction is not None and f.late_fraction > LATE_FRACTION
-            and f.lateness_median_s is not None and f.lateness_median_s > floor
+            and f.lateness_median_s is not None and arrival is not None and arrival.beyond_noise(floor)
         ):
             reasons.append(
                 f"last to arrive at {f.late_fraction:.0%} of sync points, "
                 f"{f.lateness_median_s * 1e3:.1f} ms after the other ranks (median)"
             )
-        if f.start_lateness_s is not None and f.start_lateness_s > max(floor, 0.05 * (ideal_step_s or 0.0)):
-            reasons.append(f"enters {f.late_span!r} {f.start_lateness_s * 1e3:.1f} ms after the other ranks (median)")
+        start = f.start_evidence
+        if start is not None and start.beyond_noise(max(floor, 0.05 * (ideal_step_s or 0.0))):
+            reasons.append(f"enters {f.late_span!r} {start.effect_s * 1e3:.1f} ms after the other ranks (median)")
         if reasons:
             found.append(Straggler(f.rank, f.host, "; ".join(reasons)))
     return found
