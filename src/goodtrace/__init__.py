@@ -40,6 +40,7 @@ from goodtrace.record.api import (
 )
 from goodtrace.record.config import Config, ConfigError
 from goodtrace.record.errors import GoodtraceWarning
+from goodtrace.record.hang import detect_hangs
 from goodtrace.record.recorder import StepContext
 from goodtrace.record.spans import Span, span
 from goodtrace.record.values import register_value_type
@@ -52,6 +53,7 @@ __all__ = [
     "StepContext",
     "complete_on",
     "current_step",
+    "detect_hangs",
     "event",
     "finish",
     "flush",

@@ -52,6 +52,7 @@ from goodtrace.analysis.goodput import (
     interval_partition,
     rolling_goodput,
 )
+from goodtrace.analysis.hangs import Hang, describe_hangs, find_hangs
 from goodtrace.analysis.partition import (
     DISRUPTION,
     IN_PROGRESS,
@@ -145,6 +146,7 @@ class RunAnalysis:
     clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
     relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
+    hangs: tuple[Hang, ...] = ()  # ranks whose training thread stopped (analysis.hangs)
 
     @property
     def data_rule_text(self) -> str:
@@ -188,6 +190,7 @@ class RunAnalysis:
             "anomaly_threshold_s": self.anomaly_threshold_s,
             "spread": self.spread.to_dict(),
             "stragglers": [s.to_dict() for s in self.stragglers],
+            "hangs": [h.to_dict() for h in self.hangs],
             "program": self.program.to_dict(),
             "events": [e.to_dict() for e in self.events],
             "events_total": self.events_total,
@@ -362,6 +365,8 @@ def analyze(
     )
     _explain(rows, timeline, cuts, warnings)
     events, events_total = _events(run, attempts, job_start)
+    hangs = find_hangs(job_sessions, run.hang_events, attempt_of, clocks, job_start)
+    warnings.extend(f"hang: {line}" for line in describe_hangs(hangs))
     return RunAnalysis(
         path=run.path,
         job=chosen,
@@ -392,6 +397,7 @@ def analyze(
         clocks=clocks,
         attempt_of=attempt_of,
         relabels=relabels,
+        hangs=tuple(hangs),
     )
 
 

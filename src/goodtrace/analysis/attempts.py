@@ -10,6 +10,7 @@ the recorded submit time differs.
 
 How a session ended: ``completed`` / ``stopped early`` (``finish()``), ``crashed`` (an uncaught
 exception, named), ``preempted`` (SIGTERM), ``exited`` (interpreter exit without ``finish()``),
+``hung`` (the hang watchdog ended it),
 and without a finish record ``killed`` (a later attempt exists), ``running`` (alive moments ago)
 or ``lost`` (no heartbeat since ...). An attempt's ending is its first rank's ending in time:
 when one rank crashes and the launcher then stops the others, the attempt ``crashed (rank R:
@@ -30,6 +31,7 @@ STOPPED = "stopped early"
 CRASHED = "crashed"
 PREEMPTED = "preempted"
 EXITED = "exited"  # interpreter exit without finish(): completed unknown
+HUNG = "hung"  # the hang watchdog finished it (on_hang="abort"): goodtrace.record.hang
 KILLED = "killed"  # no finish record, and a later attempt exists
 LOST = "lost"  # no finish record, heartbeats stopped, nothing newer
 RUNNING = "running"  # no finish record yet, but alive moments ago (a live run)
@@ -122,6 +124,8 @@ def session_ending(
     if s.has_finish:
         if s.finish_reason == "exception":
             return Ending(CRASHED, _exception_name(s.finish_exception))
+        if s.finish_reason == "hang":
+            return Ending(HUNG, "no progress")
         if s.finish_completed is True:
             return Ending(COMPLETED)
         if s.finish_reason == "signal" or s.preempt_events:

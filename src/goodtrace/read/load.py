@@ -40,6 +40,7 @@ from goodtrace.read.discovery import (
     warn_about_gaps,
     where_of,
 )
+from goodtrace.read.hangs import hang_details
 from goodtrace.read.loaded import (
     LoadedRun,
     LoadError,
@@ -277,9 +278,11 @@ def _load_run(
         if s.last_seen - s.proc_start > _YEAR_NS:
             warnings.append(f"rank {s.rank} (session {s.session}) spans {(s.last_seen - s.proc_start) / _YEAR_NS:.0f} "
                             "years from its process start to its last record: a record's time is likely corrupt")
-    return LoadedRun(
+    loaded = LoadedRun(
         path=path, sessions=sessions, timelines=timelines, session_records=records,
         warnings=fold_file_warnings(warnings),
         form=form, records=record_count, files=json_by_sid, parquet_fids=parquet_fids,
         parquet_path=parquet if parquet_ok else None, models=models, skipped=skipped,
     )
+    loaded.hang_events = hang_details(loaded)  # the few sessions with a hang: their events' details
+    return loaded

@@ -177,3 +177,5 @@ class LoadedRun:
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)
     # the analysis consumed the step/sync/span columns of session_records (analyze(release_records=True))
     released: bool = False
+    # per session with a hang event: (name, t, step, attrs) of its hang events (read.hangs)
+    hang_events: dict[int, list[tuple[str, int, int | None, dict[str, Any]]]] = dataclasses.field(default_factory=dict)

@@ -142,6 +142,7 @@ class Recorder(SyncPoints):
         self.step_begin_listeners: list[Callable[[int, int], None]] = []  # (step, t0)
         self.finish_listeners: list[Callable[[bool | None, str], None]] = []  # before finishing
         self.overhead_span_listeners: list[Callable[[str, int, int], None]] = []  # (category, t0, t1)
+        self.blocking_span_listeners: list[Callable[[str, int], None]] = []  # (category, t0) at its start
         # Live lines (goodtrace.record.live) go to these, on the ranks that compute them (sinks).
         self.line_listeners: list[Callable[[Any], None]] = []
         # Called after the files are closed (sinks read the finished run back for a summary).

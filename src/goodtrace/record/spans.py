@@ -123,6 +123,9 @@ class BlockingSpan(OverheadSpan):
         if _active is not None:
             _active.settle(schema.SYNC_BLOCKING)
         self.t0 = _clock()
+        if _active is not None and _active.blocking_span_listeners:  # the hang watchdog's phases
+            for listener in _active.blocking_span_listeners:
+                listener(self.key[1], self.t0)
         return self
 
 
