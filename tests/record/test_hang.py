@@ -5,6 +5,7 @@ thread, recorded with the training thread's stack and then seen to be over."""
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 import warnings
@@ -157,3 +158,19 @@ def test_a_clean_run_with_checkpoints_and_evals_ten_times_the_step_records_no_ha
     gt.finish()
     assert dog.bound_ns() is not None and dog.bound_ns() < 0.6 * S  # a long checkpoint would alarm
     assert _events(tmp_path) == []
+
+
+def test_native_frames_where_py_spy_is_installed(tmp_path: Path) -> None:
+    if shutil.which("py-spy") is None:
+        pytest.skip("py-spy is not installed")
+    gt.init(tmp_path, flush_interval_s=0.1)
+    gt.detect_hangs(floor_s=0.2, check_interval_s=0.01)
+    for step in range(8):
+        with gt.step(step):
+            if step == 6:
+                _stall()
+            time.sleep(0.005)
+    gt.finish()
+    native = _events(tmp_path)[0]["attrs"]["native"]
+    assert native.startswith(f"Thread {threading.get_native_id()} ") and "_stall (test_hang.py:" in native
+    assert "goodtrace-hang" not in native  # only the training thread's frames

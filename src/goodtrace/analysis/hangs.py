@@ -15,6 +15,7 @@ from typing import Any
 
 from goodtrace.analysis.clock import SessionClock
 from goodtrace.read.loaded import SessionInfo
+from goodtrace.record.hang_peers import stop_order, summary_line, where_text
 
 __all__ = ["Hang", "describe_hangs", "find_hangs"]
 
@@ -49,8 +50,7 @@ class Hang:
 
     @property
     def where(self) -> str:
-        at = f"{self.function} ({self.location})" if self.location else "an unknown place"
-        return at + (f", after {self.span!r}" if self.span else "") + (f" in {self.phase}" if self.phase else "")
+        return where_text(self.function, self.location, self.span, self.phase)
 
 
 def _text(value: Any) -> str | None:
@@ -70,7 +70,7 @@ def find_hangs(
 ) -> list[Hang]:
     """Every recorded hang of the given sessions, ordered by attempt, then by when the rank
     stopped; the first rank of each attempt that stopped (and did not resume) is ``first``."""
-    found: list[tuple[int, int, int, Hang]] = []  # (attempt, step order, aligned since, hang)
+    found: list[tuple[int, tuple[int, int, int], Hang]] = []  # (attempt, stop order, hang)
     for info in sessions:
         if info.index not in events or info.index not in attempt_of:
             continue
@@ -98,13 +98,11 @@ def find_hangs(
                 stack=_text(attrs.get("stack")) or "", native=_text(attrs.get("native")),
                 action=_text(attrs.get("action")),
             ))
-        for hang in pending:
-            order = hang.step if hang.step is not None else 2**62
-            found.append((hang.attempt, order, int(hang.since_s * NS), hang))
-    found.sort(key=lambda item: (item[0], item[1], item[2], item[3].rank))
+        found.extend((h.attempt, stop_order(h.step, round(h.since_s * NS), h.rank), h) for h in pending)
+    found.sort(key=lambda item: (item[0], item[1]))
     hangs: list[Hang] = []
     named: set[int] = set()
-    for attempt, _, _, hang in found:
+    for attempt, _, hang in found:
         if hang.resumed_after_s is None and attempt not in named:
             named.add(attempt)
             hang = dataclasses.replace(hang, first=True)
@@ -114,18 +112,10 @@ def find_hangs(
 
 def describe_hangs(hangs: Sequence[Hang]) -> list[str]:
     """One line per attempt with a hang: the first rank that stopped, where, and where the
-    others are: "rank 3 stuck in block (train.py:120), after 'forward', at step 20 since
-    41.2 s; 3 ranks waiting at step 20 in all_reduce (distributed_c10d.py:2050)"."""
+    others wait (the words of rank 0's line while it happens: record.hang_peers)."""
     lines = []
     for first in (h for h in hangs if h.first):
-        others: dict[tuple[int | None, str], int] = {}
-        for h in hangs:
-            if h.attempt == first.attempt and h is not first and h.resumed_after_s is None:
-                key = (h.step, f"{h.function} ({h.location})" if h.location else "an unknown place")
-                others[key] = others.get(key, 0) + 1
-        line = (f"rank {first.rank} (host {first.host}) stuck in {first.where}, at step {first.step}, "
-                f"since {first.since_s:.1f} s")
-        for (step, where), count in sorted(others.items(), key=lambda item: -item[1]):
-            line += f"; {count} rank{'s' if count > 1 else ''} waiting at step {step} in {where}"
-        lines.append(line)
+        waiting = [(h.step, where_text(h.function, h.location)) for h in hangs
+                   if h.attempt == first.attempt and h is not first and h.resumed_after_s is None]
+        lines.append(summary_line(first.rank, first.host, first.where, first.step, f"{first.since_s:.1f} s", waiting))
     return lines

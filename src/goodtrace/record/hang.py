@@ -19,12 +19,15 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from goodtrace.record.errors import warn
+from goodtrace.record.hang_peers import last_span_written, peer_hangs, stop_order, summary_line, where_text
+from goodtrace.record.storage import is_url, local_path
 
 if TYPE_CHECKING:
     from goodtrace.record.recorder import Recorder
@@ -80,6 +83,7 @@ class HangWatchdog:
         self.recorder, self.policy = recorder, policy
         self.clock = recorder.clock
         self.training_thread: int | None = None  # the thread that enters steps
+        self.training_native_id: int | None = None  # ... its operating-system id (py-spy's)
         self.steps = 0
         self.step: int | None = None
         self.intervals: deque[int] = deque(maxlen=_HISTORY)  # ns between step entries
@@ -98,7 +102,7 @@ class HangWatchdog:
     # ------------------------------------------------------------------ training thread (hooks)
     def on_step_begin(self, step: int, t0: int) -> None:
         if self.training_thread is None:
-            self.training_thread = threading.get_ident()
+            self.training_thread, self.training_native_id = threading.get_ident(), threading.get_native_id()
         if self.last_entry is not None:
             self.intervals.append(t0 - self.last_entry)
         self.last_entry = t0
@@ -194,9 +198,28 @@ class HangWatchdog:
         bound = self.bound_ns()
         if bound is None or now - self.last_progress <= bound:
             return
+        if self._written_progress() and now - self.last_progress <= bound:
+            return  # a span the buffer view missed ended later: not silent long enough yet
         self.hung_since = self.last_progress
         self.hangs += 1
         self._record(now, bound)
+
+    def _written_progress(self) -> bool:
+        """Spans the writer took from the buffer before the watchdog saw them: written out
+        now, the newest of the training thread's in this step read back from the file (local
+        run directories). Whether one ended later than the progress known."""
+        run_dir = str(self.recorder.run_dir)
+        if is_url(run_dir) or self.training_thread is None:
+            return False
+        self.recorder.flush(NATIVE_TIMEOUT_S)
+        rank_dir = os.path.join(local_path(run_dir), f"rank-{self.recorder.identity.rank:05d}")
+        found = last_span_written(rank_dir, self.recorder.session, self.training_thread, self.last_span_t)
+        if found is None:
+            return False
+        self.last_span, self.last_span_t = found
+        before = self.last_progress
+        self._progress(found[1])
+        return self.last_progress != before
 
     def _record(self, now: int, bound: int) -> None:
         frame = sys._current_frames().get(self.training_thread) if self.training_thread is not None else None
@@ -214,7 +237,7 @@ class HangWatchdog:
             "location": location,
             "function": function,
             "stack": "".join(stack),
-            "native": _native_stack() if self.policy.native else None,
+            "native": _native_stack(self.training_native_id) if self.policy.native else None,
             "action": self.policy.on_hang,
         }
         self.recorder.event(HANG_EVENT, attrs)
@@ -224,8 +247,29 @@ class HangWatchdog:
         where = f" in {function} ({location})" if location else ""
         print(f"goodtrace: rank {rank} made no progress for {attrs['silent_s']:.1f} s (bound {bound / 1e9:.1f} s) "
               f"at step {self.step}{where}{after}", file=sys.stderr, flush=True)
+        if rank == 0:
+            self._announce(bound)
         if self.policy.on_hang == "abort":
             self._abort()
+
+    def _announce(self, bound: int) -> None:
+        """Rank 0, once the others had time to record theirs: the line naming the rank that
+        stopped first and where the others wait (a local run directory only)."""
+        run_dir = str(self.recorder.run_dir)
+        if is_url(run_dir):
+            return
+        if self._stop.wait(2 * self.recorder.config.flush_interval_s + min(max(1.0, 0.25 * bound / 1e9), 60.0)):
+            return
+        hangs, ranks = peer_hangs(local_path(run_dir))
+        if not hangs:
+            return
+        first = min(hangs, key=lambda h: stop_order(h.step, h.since_wall, h.rank))
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(first.since_wall / 1e9))
+        line = summary_line(first.rank, first.host, where_text(first.function, first.location), first.step, since,
+                            [(h.step, where_text(h.function, h.location)) for h in hangs if h is not first])
+        quiet = ranks - len(hangs)
+        print(f"goodtrace: hang: {line}" + (f"; {quiet} rank(s) recorded no hang" if quiet > 0 else ""),
+              file=sys.stderr, flush=True)
 
     def _abort(self) -> None:
         """Finish the files (bounded: the training thread is stuck, a collective may be too),
@@ -247,9 +291,9 @@ def _where(frame: FrameType | None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _native_stack() -> str | None:
-    """``py-spy dump --native`` of this process when py-spy is installed (None otherwise; its
-    error when it could not attach)."""
+def _native_stack(thread: int | None) -> str | None:
+    """The training thread's part of ``py-spy dump --native`` of this process when py-spy is
+    installed (None otherwise; its error when it could not attach)."""
     tool = shutil.which("py-spy")
     if tool is None:
         return None
@@ -258,7 +302,11 @@ def _native_stack() -> str | None:
                               text=True, timeout=NATIVE_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"py-spy failed: {exc!r}"
-    return done.stdout if done.returncode == 0 else f"py-spy failed ({done.returncode}): {done.stderr.strip()[:500]}"
+    if done.returncode != 0:
+        return f"py-spy failed ({done.returncode}): {done.stderr.strip()[:500]}"
+    sections = done.stdout.split("\nThread ")
+    mine = [part for part in sections[1:] if thread is not None and part.startswith(f"{thread} ")]
+    return "Thread " + mine[0].rstrip() if mine else done.stdout
 
 
 def detect_hangs(**options: Any) -> HangWatchdog | None:

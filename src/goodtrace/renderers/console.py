@@ -112,6 +112,7 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
     console.print()
     _steps(console, analysis, top)
     _ranks(console, analysis)
+    _hangs(console, analysis)
     _events(console, analysis, top)
     _program(console, analysis)
     if analysis.warnings:
@@ -196,6 +197,23 @@ def _ranks(console: Console, analysis: RunAnalysis) -> None:
         )
     for s in analysis.stragglers:
         console.print(f"[red]straggler:[/red] rank {s.rank} on {safe(s.host)}: {safe(s.reason)}", highlight=False)
+
+
+def _hangs(console: Console, analysis: RunAnalysis, frames: int = 12) -> None:
+    """Each attempt's first rank that stopped (analysis.hangs): its stack, innermost last."""
+    for h in analysis.hangs:
+        if not h.first:
+            continue
+        console.print()
+        console.print(f"[red]hang:[/red] rank {h.rank} on {safe(h.host)} stopped first, at step {h.step}, in "
+                      f"{safe(h.where)}, {h.silent_s or 0:.1f} s without progress (bound {h.bound_s or 0:.1f} s); "
+                      f"its stack (innermost last):", highlight=False)
+        for line in h.stack.rstrip("\n").splitlines()[-2 * frames:] or ["  (no stack recorded)"]:
+            console.print(safe(line), highlight=False, markup=False, soft_wrap=True)
+        if h.native:
+            console.print("[dim]native frames (py-spy):[/dim]")
+            for line in h.native.splitlines()[: frames + 1]:
+                console.print(safe(line), highlight=False, markup=False, soft_wrap=True)
 
 
 def _program(console: Console, analysis: RunAnalysis) -> None:
