@@ -247,8 +247,11 @@ class HangWatchdog:
         where = f" in {function} ({location})" if location else ""
         print(f"goodtrace: rank {rank} made no progress for {attrs['silent_s']:.1f} s (bound {bound / 1e9:.1f} s) "
               f"at step {self.step}{where}{after}", file=sys.stderr, flush=True)
-        if rank == 0:
-            self._announce(bound)
+        if rank == 0 and (self.recorder.identity.world_size or 1) > 1:
+            if self.policy.on_hang == "abort":
+                self._announce(bound)  # before leaving
+            else:  # on its own thread: the watchdog goes on looking (a stall may end)
+                threading.Thread(target=self._announce, args=(bound,), name="goodtrace-hang-line", daemon=True).start()
         if self.policy.on_hang == "abort":
             self._abort()
 
