@@ -44,7 +44,8 @@ def _work(seconds: float, kind: str) -> torch.Tensor:
     return x
 
 
-def _worker(rank: int, world: int, port: int, run_dir: str, slow_rank: int, collective: str, kind: str) -> None:
+def _worker(rank: int, world: int, port: int, run_dir: str, slow_rank: int, collective: str, kind: str,
+            slower: float, slow_from: int) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -57,9 +58,9 @@ def _worker(rank: int, world: int, port: int, run_dir: str, slow_rank: int, coll
     instrument(live=False, memory=False, clock_sync_every=0)
     model = DistributedDataParallel(torch.nn.Linear(64, 64)) if collective == "inside" else torch.nn.Linear(64, 64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    scale = SLOWER if rank == slow_rank else 1.0
     dist.barrier()
     for step in range(STEPS):
+        scale = slower if rank == slow_rank and step >= slow_from else 1.0
         with gt.step(step) as s:
             with gt.span("forward"):
                 hidden = _work(FORWARD_S * scale, kind)
@@ -85,13 +86,13 @@ def _worker(rank: int, world: int, port: int, run_dir: str, slow_rank: int, coll
     dist.destroy_process_group()
 
 
-def _named(tmp_path: Path, world: int, slow_rank: int, collective: str,
-           kind: str = "spin") -> tuple[list[tuple[int, str]], Any]:
+def _named(tmp_path: Path, world: int, slow_rank: int, collective: str, kind: str = "spin",
+           slower: float = SLOWER, slow_from: int = 0) -> tuple[list[tuple[int, str]], Any]:
     from goodtrace.analysis import analyze
     from goodtrace.read.load import load_run
 
     run_dir = tmp_path / f"run-{world}-{slow_rank}-{collective}"
-    run_ranks(_worker, world, str(run_dir), slow_rank, collective, kind, timeout=240)
+    run_ranks(_worker, world, str(run_dir), slow_rank, collective, kind, slower, slow_from, timeout=240)
     result = analyze(load_run(run_dir))
     return [(s.rank, s.reason) for s in result.stragglers], result
 
@@ -102,8 +103,9 @@ def test_a_uniform_four_rank_job_names_nobody_in_ten_runs(tmp_path: Path, run: i
     before evidence was required named a rank in 7 of these 10 runs: late into 'eval',
     'checkpoint', 'optimizer' or 'gc' by 6-27 ms, or computing at 88%.)"""
     collective, kind = ("after", "inside")[run % 2], ("matmul", "spin")[run // 2 % 2]
-    stragglers, _ = _named(tmp_path, 4, -1, collective, kind)
+    stragglers, result = _named(tmp_path, 4, -1, collective, kind)
     assert stragglers == []
+    assert result.slowdowns == ()  # nor did any rank become slower than it was
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -127,3 +129,12 @@ def test_a_rank_computing_25_percent_slower_is_named_when_the_collective_is_insi
     assert "enters 'backward'" in stragglers[0][1]
     figure = {f.rank: f for f in result.spread.per_rank}[slow]
     assert figure.late_span == "backward" and figure.start_evidence.beyond_noise()
+
+
+def test_a_rank_whose_compute_grows_30_percent_from_step_15_is_named_with_the_onset(tmp_path: Path) -> None:
+    _, result = _named(tmp_path, 2, 1, "after", slower=1.3, slow_from=15)
+    (slowdown,) = result.slowdowns
+    assert (slowdown.rank, slowdown.measure) == (1, "compute")
+    assert abs(slowdown.onset_step - 15) <= 3
+    assert slowdown.increase == pytest.approx(0.3, abs=0.1)
+    assert f"computes {slowdown.increase:.0%} slower since step {slowdown.onset_step}" in slowdown.reason

@@ -73,6 +73,7 @@ from goodtrace.analysis.ranks import (
     rank_figures,
     spread_of,
 )
+from goodtrace.analysis.slowdown import Slowdown, find_slowdowns
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
@@ -147,6 +148,7 @@ class RunAnalysis:
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
     relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
     hangs: tuple[Hang, ...] = ()  # ranks whose training thread stopped (analysis.hangs)
+    slowdowns: tuple[Slowdown, ...] = ()  # ranks slower than they were (analysis.slowdown)
 
     @property
     def data_rule_text(self) -> str:
@@ -191,6 +193,7 @@ class RunAnalysis:
             "spread": self.spread.to_dict(),
             "stragglers": [s.to_dict() for s in self.stragglers],
             "hangs": [h.to_dict() for h in self.hangs],
+            "slowdowns": [s.to_dict() for s in self.slowdowns],
             "program": self.program.to_dict(),
             "events": [e.to_dict() for e in self.events],
             "events_total": self.events_total,
@@ -367,6 +370,7 @@ def analyze(
     events, events_total = _events(run, attempts, job_start)
     hangs = find_hangs(job_sessions, run.hang_events, attempt_of, clocks, job_start)
     warnings.extend(f"hang: {line}" for line in describe_hangs(hangs))
+    slowdowns = find_slowdowns(job_sessions, cuts, attempt_of)
     return RunAnalysis(
         path=run.path,
         job=chosen,
@@ -398,6 +402,7 @@ def analyze(
         attempt_of=attempt_of,
         relabels=relabels,
         hangs=tuple(hangs),
+        slowdowns=tuple(slowdowns),
     )
 
 

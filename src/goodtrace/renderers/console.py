@@ -197,6 +197,8 @@ def _ranks(console: Console, analysis: RunAnalysis) -> None:
         )
     for s in analysis.stragglers:
         console.print(f"[red]straggler:[/red] rank {s.rank} on {safe(s.host)}: {safe(s.reason)}", highlight=False)
+    for d in analysis.slowdowns:
+        console.print(f"[red]slowdown:[/red] rank {d.rank} on {safe(d.host)}: {safe(d.reason)}", highlight=False)
 
 
 def _hangs(console: Console, analysis: RunAnalysis, frames: int = 12) -> None:
