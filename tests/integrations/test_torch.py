@@ -106,7 +106,7 @@ def test_torch_compile_is_recorded_as_compile_spans_and_memory_per_log_step() ->
     assert model_events[0]["attrs"]["tokens_per_step"] == 64
     # the live line of step 2 carries the compile time in its split, and throughput
     assert printed[0].startswith("step 2 |") and "compile" in printed[0] and "tok/s" in printed[0]
-    assert len(printed) == 2
+    assert len(printed) == 3 and printed[-1].startswith("goodtrace: finished: goodput ")  # and at finish
 
 
 @cuda

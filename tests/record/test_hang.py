@@ -115,12 +115,12 @@ def test_detect_hangs_before_init_warns_and_does_nothing() -> None:
 
 
 def _stall() -> None:
-    time.sleep(1.0)
+    time.sleep(1.5)
 
 
 def test_a_real_stall_is_recorded_with_the_stack_and_then_seen_to_be_over(tmp_path: Path) -> None:
     gt.init(tmp_path, flush_interval_s=0.1)
-    dog = gt.detect_hangs(floor_s=0.2, check_interval_s=0.01)
+    dog = gt.detect_hangs(floor_s=0.5, check_interval_s=0.01)
     assert dog is not None
     for step in range(12):
         with gt.step(step):
@@ -129,12 +129,14 @@ def test_a_real_stall_is_recorded_with_the_stack_and_then_seen_to_be_over(tmp_pa
             if step == 10:
                 _stall()
     gt.finish()
-    hang, over = _events(tmp_path)
+    events = _events(tmp_path)  # (a loaded machine may pause the loop elsewhere too: step 10's)
+    at = next(i for i, e in enumerate(events) if e["name"] == HANG_EVENT and e["attrs"]["step"] == 10)
+    hang, over = events[at: at + 2]
     assert hang["name"] == HANG_EVENT and over["name"] == HANG_OVER_EVENT
     attrs = hang["attrs"]
     assert (attrs["step"], attrs["span"], attrs["function"]) == (10, "forward", "_stall")
     assert attrs["location"].startswith("test_hang.py:") and "_stall()" in attrs["stack"]
-    assert attrs["silent_s"] > attrs["bound_s"] >= 0.2
+    assert attrs["silent_s"] > attrs["bound_s"] >= 0.5
     assert over["attrs"]["since"] == attrs["since"] and over["attrs"]["silent_s"] >= attrs["silent_s"]
 
 
@@ -164,13 +166,13 @@ def test_native_frames_where_py_spy_is_installed(tmp_path: Path) -> None:
     if shutil.which("py-spy") is None:
         pytest.skip("py-spy is not installed")
     gt.init(tmp_path, flush_interval_s=0.1)
-    gt.detect_hangs(floor_s=0.2, check_interval_s=0.01)
+    gt.detect_hangs(floor_s=0.5, check_interval_s=0.01)
     for step in range(8):
         with gt.step(step):
             if step == 6:
                 _stall()
             time.sleep(0.005)
     gt.finish()
-    native = _events(tmp_path)[0]["attrs"]["native"]
+    native = next(e for e in _events(tmp_path) if e["attrs"].get("step") == 6)["attrs"]["native"]
     assert native.startswith(f"Thread {threading.get_native_id()} ") and "_stall (test_hang.py:" in native
     assert "goodtrace-hang" not in native  # only the training thread's frames

@@ -147,7 +147,7 @@ class HangWatchdog:
         policy = self.policy
         if len(self.intervals) < policy.min_steps - 1:
             return None
-        bound = policy.step_factor * statistics.median(self.intervals)
+        bound = policy.step_factor * statistics.median(self.intervals.copy())
         if self.phase is not None:
             longest = self.longest_phase.get(self.phase[0])
             bound = max(bound, policy.phase_factor * longest if longest is not None else policy.ceiling_s * 1e9)
@@ -233,7 +233,7 @@ class HangWatchdog:
             "since": self.last_progress,
             "silent_s": (now - self.last_progress) / 1e9,
             "bound_s": bound / 1e9,
-            "median_step_s": statistics.median(self.intervals) / 1e9 if self.intervals else None,
+            "median_step_s": statistics.median(self.intervals.copy()) / 1e9 if self.intervals else None,
             "location": location,
             "function": function,
             "stack": "".join(stack),

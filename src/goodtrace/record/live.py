@@ -36,9 +36,10 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.record.errors import warn
+from goodtrace.record.live_goodput import AttemptGoodput
 from goodtrace.record.live_names import NAME_FLOATS, MetricNames
 from goodtrace.record.live_transport import GatherHandle, LocalTransport, Transport
-from goodtrace.record.liveline import LiveLine, MetricSummary, format_bytes, format_line
+from goodtrace.record.liveline import LiveLine, MetricSummary, format_bytes, format_goodput, format_line
 
 __all__ = [
     "GatherHandle",
@@ -137,8 +138,10 @@ class LiveAggregator:
         self._prev_step: int | None = None
         self._prev_end_ns: int | None = None
         self._overhead_spans: list[tuple[str, int, int]] = []
-        self._productive_ns = 0
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
+        # this attempt's goodput by the report's rules (record/live_goodput.py)
+        self.attempt_goodput = AttemptGoodput(self._process_start_ns)
+        self.final_goodput: float | None = None  # its value at finish (close)
         self._warned: set[str] = set()
         self._metric_names = MetricNames(self._warn)  # slots, and names learned from the gathers
         self._closed = False
@@ -178,7 +181,7 @@ class LiveAggregator:
         ]
         if self._watch_overhead:  # overhead spans, automatic ones (compile, gc) included
             hooks.append(("overhead_span_listeners", self.on_overhead_span))
-        return hooks
+        return hooks + self.attempt_goodput.hooks()
 
     def _on_metric(self, name: str, step: int | None, value: float | None, reduce: str) -> None:
         if step is None or value is None:
@@ -193,6 +196,8 @@ class LiveAggregator:
 
     def on_overhead_span(self, category: str, t0: int, t1: int) -> None:
         """An overhead span ended (the recorder's overhead-span listener)."""
+        if category == schema.DATA:  # in-step data loading: the goodput's data rule, not the split
+            return
         with self._lock:
             self._overhead_spans.append((category, t0, t1))
 
@@ -382,8 +387,6 @@ class LiveAggregator:
         window_ns = window.end_ns - window.start_ns
         seconds = window_ns / 1e9 if window_ns > 0 else None
         overhead_total = sum(window.overhead_ns.values())
-        if window_ns > 0:
-            self._productive_ns += max(0, window_ns - overhead_total)
         for category, ns in window.overhead_ns.items():
             self._overhead_total_ns[category] = self._overhead_total_ns.get(category, 0) + ns
         per_rank = [v for v in vectors if len(v) == size and v[_H_LAYOUT] == _LAYOUT]
@@ -396,12 +399,13 @@ class LiveAggregator:
         tflops = flops / seconds / 1e12 if seconds and flops else None
         mfu = (flops / seconds) / peak if seconds and flops and peak else None
         elapsed = window.end_ns - self._process_start_ns
-        goodput = self._productive_ns / elapsed if elapsed > 0 else None
+        goodput = self.attempt_goodput.goodput(window.end_ns)
         line = LiveLine(
             step=window.step, steps=window.steps, ranks=ranks, step_time_s=step_time, train_s=train,
             overhead_s=overhead, metrics=metrics, tokens_per_s=tokens_per_s, tflops_per_s=tflops, mfu=mfu,
-            goodput=min(goodput, 1.0) if goodput is not None else None, timing=window.timing, text="",
-            elapsed_s=elapsed / 1e9 if elapsed > 0 else None, productive_s=self._productive_ns / 1e9,
+            goodput=goodput, timing=window.timing, text="",
+            elapsed_s=elapsed / 1e9 if elapsed > 0 else None,
+            productive_s=self.attempt_goodput.productive(window.end_ns) / 1e9,
             overhead_total_s={c: ns / 1e9 for c, ns in sorted(self._overhead_total_ns.items())},
             wall_ns=window.end_ns + self._wall_minus_clock, first_step=self._first_step, rank=self._rank,
             rank_step_s=tuple(float(v[_H_STEP_S]) for v in per_rank), rank_lateness_s=lateness,
@@ -459,6 +463,14 @@ class LiveAggregator:
             finally:
                 self._closed = True
                 self._detach()
+                self._final()
+
+    def _final(self) -> None:
+        """This attempt's goodput at finish (the report's figure for a one-attempt job)."""
+        clock: Callable[[], int] = getattr(self.recorder, "clock", time.perf_counter_ns)
+        self.final_goodput = self.attempt_goodput.goodput(clock())
+        if self.transport.rank == 0 and self.final_goodput is not None:
+            self.printer(f"goodtrace: finished: {format_goodput(self.final_goodput, self._rank)}")
 
     def _wait_in_flight(self, deadline: float, *, every: bool = False) -> bool:
         """Poll the oldest gather in flight (``every``: all of them) until it is done (True) or

@@ -2,7 +2,7 @@
 
 :class:`LiveLine` is what :class:`goodtrace.record.live.LiveAggregator` hands to listeners
 (sinks) and prints through :func:`format_line`: ``step 20 | loss 2.913 | 0.182 s/step = 0.151
-train + 0.031 checkpoint_save | 30.4k tok/s | ... | goodput 9.1% (this attempt)``: the
+train + 0.031 checkpoint_save | 30.4k tok/s | ... | goodput 9.1% (this attempt, rank 0)``: the
 goodput is rank 0's since this process started, not the job's across restarts (the report's).
 """
 
@@ -107,8 +107,14 @@ def format_line(line: LiveLine) -> str:
     if memory:
         parts.append(" ".join(memory))
     if line.goodput is not None:  # not the job's goodput: earlier attempts and restarts are not in it
-        text = f"goodput {100 * line.goodput:.1f}% (this attempt)"
+        text = format_goodput(line.goodput, line.rank)
         if line.job_goodput is not None:  # a sink read the earlier attempts back
             text += f", {100 * line.job_goodput:.1f}% (job so far)"
         parts.append(text)
     return " | ".join(parts)
+
+
+def format_goodput(goodput: float, rank: int = 0) -> str:
+    """The words that say which goodput it is: this attempt's so far on this rank's timeline,
+    by the report's partition rules (record/live_goodput.py)."""
+    return f"goodput {100 * goodput:.1f}% (this attempt, rank {rank})"

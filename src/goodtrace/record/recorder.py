@@ -242,8 +242,8 @@ class Recorder(SyncPoints):
             self.notify_overhead_span(category, t0, t1)
 
     def notify_overhead_span(self, category: str, t0: int, t1: int) -> None:
-        if category not in self._overhead:  # a user blocking category that counts as productive
-            return
+        if category not in self._overhead and category != schema.DATA:  # a user blocking category that counts
+            return  # as productive (data spans do go on: the live goodput's data rule)
         for listener in self.overhead_span_listeners:
             try:
                 listener(category, t0, t1)

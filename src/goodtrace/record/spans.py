@@ -181,7 +181,9 @@ def _new_key(name: Any, category: Any) -> tuple[str, str, bool, type[Span]]:
     if cut:  # other names than strings keep their repr quietly, as they always did
         rec._warn("span-name-length", f"span {problem}")
     resolved, blocking = rec.resolve_category(text if isinstance(name, str) else None, category)
-    kind = BlockingSpan if blocking else OverheadSpan if resolved in rec.overhead_categories else Span
+    # overhead spans (and data spans: the live goodput's data rule) tell the overhead-span listeners
+    notify = resolved in rec.overhead_categories or resolved == schema.DATA
+    kind = BlockingSpan if blocking else OverheadSpan if notify else Span
     key = (text, resolved, blocking, kind)
     if len(_keys) < _MAX_CATEGORY_CACHE and not cut:  # a huge name is not kept alive by the cache
         try:
