@@ -14,7 +14,7 @@ from goodtrace.cli.progress import progress_bar
 from goodtrace.read.load import LoadError, NotARunError, load_run
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.mirror import RemoteReadError
-from goodtrace.record.storage import is_url, local_path
+from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = ["alive_here", "load_and_analyse"]
 

@@ -52,7 +52,7 @@ from goodtrace.read.mirror import mirror_run
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.sessions import number_attempts
 from goodtrace.read.validate import SKIP_REASONS, describe_skipped
-from goodtrace.record.storage import is_url, local_path
+from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = [
     "COMPACT_DIR",
