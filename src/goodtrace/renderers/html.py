@@ -64,10 +64,12 @@ def embed_json(value: Any) -> str:
     that is not finite is null, as in ``--json``)."""
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError:  # a number that is not finite
+        value = finite(value)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    try:
         text.encode("utf-8")
-    except ValueError:
-        return embed_json(finite(value))
-    except UnicodeEncodeError:
+    except UnicodeEncodeError:  # lone surrogates: replacement characters
         text = json.dumps(_no_surrogates(value), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     return text.translate(_JSON_ESCAPES)
 
