@@ -50,6 +50,7 @@ from goodtrace.analysis.goodput import (
     interval_partition,
     rolling_goodput,
 )
+from goodtrace.analysis.over_time import GoodputOverTime, Period, goodput_over_time
 from goodtrace.analysis.partition import (
     DISRUPTION,
     IN_PROGRESS,
@@ -70,6 +71,7 @@ from goodtrace.analysis.ranks import (
     rank_figures,
     spread_of,
 )
+from goodtrace.analysis.span import SpanEdge, resolve_span, restrict_to_span
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, find_anomalies, step_rows, step_stats
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
@@ -78,11 +80,14 @@ __all__ = [
     "Anomaly",
     "Attempt",
     "EventRow",
+    "GoodputOverTime",
     "Partition",
+    "Period",
     "ProgramGoodput",
     "RankFigure",
     "RankSpread",
     "RunAnalysis",
+    "SpanEdge",
     "StepRow",
     "StepStats",
     "Straggler",
@@ -143,6 +148,8 @@ class RunAnalysis:
     clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
     relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
+    over_time: GoodputOverTime | None = None  # goodput per period (hour) of the job or the span
+    span: tuple[int, int] | None = None  # --since/--until on the wall clock: what the step views show
 
     @property
     def data_rule_text(self) -> str:
@@ -177,6 +184,7 @@ class RunAnalysis:
                 "end_s": (self.window.end_wall_ns - start) / NS,
             },
             "rolling": [w.to_dict() for w in self.rolling],
+            "goodput_over_time": [] if self.over_time is None else self.over_time.to_list(start),
             "attempts": [a.to_dict() for a in self.attempts],
             "data_rule": {"rule": self.data_rule, "text": self.data_rule_text},
             "ideal_step_s": self.ideal_step_s,
@@ -275,6 +283,9 @@ def analyze(
     now_wall_ns: int | None = None,
     alive: Liveness | None = None,
     release_records: bool = False,
+    since: SpanEdge | None = None,
+    until: SpanEdge | None = None,
+    every_s: float | None = None,
 ) -> RunAnalysis:
     """Analyse one job of a loaded run (the last one by default).
 
@@ -288,7 +299,10 @@ def analyze(
     ``alive(host, pid)`` (a process probe) tell a last attempt that still runs (its time after
     the last sync point is ``in_progress``) from one that was lost. ``release_records`` frees
     the loaded records the cut has consumed as it goes (for a caller that analyses ``run``
-    once: a released run cannot be analysed again).
+    once: a released run cannot be analysed again). ``since``/``until`` select a span
+    (:mod:`goodtrace.analysis.span`): its partition is ``window``, and the step table, its
+    statistics, the anomalies and goodput over time (per ``every_s`` seconds, whole UTC hours by default) keep
+    to it.
     """
     if not run.sessions:
         raise AnalysisError("the run has no sessions")
@@ -332,6 +346,15 @@ def analyze(
     rows = step_rows(timeline, run.timelines, job_start)
     ideal_s = None if ideal_ns is None else ideal_ns / NS
     anomalies, threshold = find_anomalies(rows, timeline.windows, run.timelines, k=anomaly_k)
+    span = None
+    if since is not None or until is not None:
+        if window is not None:
+            raise AnalysisError("give a window or a since/until span, not both")
+        span = resolve_span(since, until, job_start, timeline.end, rows)
+        window_partition = interval_partition(timeline, *span)
+        rows, anomalies = restrict_to_span(rows, anomalies, span)
+    over_time = goodput_over_time(timeline, every_s, a=None if span is None else span[0],
+                                  b=None if span is None else span[1])
     # every rank: its own partition (totals), step times, compute, lateness on the aligned clock
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
     clocks = loaded_clocks(run, [a.sessions for a in attempts])
@@ -390,6 +413,8 @@ def analyze(
         clocks=clocks,
         attempt_of=attempt_of,
         relabels=relabels,
+        over_time=over_time,
+        span=span,
     )
 
 

@@ -1,0 +1,113 @@
+"""The part of a job a report shows: ``--since``/``--until`` edges resolved on the timeline.
+
+An edge is a wall-clock instant, seconds from the job start (negative: from its end), or a step
+(``since``: the start of the interval of the first execution of a step at or after it;
+``until``: the end of the interval of the last execution of a step at or before it).
+:func:`resolve_span` turns two edges into [a, b) on the job's wall clock, or says in one line
+why it cannot (after the end, before the start, empty, no such step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+from collections.abc import Sequence
+
+from goodtrace.analysis.goodput import NS, AnalysisError
+from goodtrace.analysis.steps import Anomaly, StepRow
+
+__all__ = ["SpanEdge", "in_span", "resolve_span", "restrict_to_span"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpanEdge:
+    """One edge of a span: exactly one of ``wall_ns`` (ns since the Unix epoch), ``offset_s``
+    (seconds from the job start; negative from its end; infinite: the end itself) or ``step``.
+    ``text`` is what the user wrote (for messages)."""
+
+    wall_ns: int | None = None
+    offset_s: float | None = None
+    step: int | None = None
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        given = sum(v is not None for v in (self.wall_ns, self.offset_s, self.step))
+        if given != 1:
+            raise ValueError("a span edge is one of a wall time, an offset or a step")
+        if self.offset_s is not None and math.isnan(self.offset_s):
+            raise ValueError("a span offset cannot be NaN")
+
+    def describe(self) -> str:
+        if self.text:
+            return self.text
+        if self.step is not None:
+            return f"step:{self.step}"
+        if self.wall_ns is not None:
+            return iso(self.wall_ns)
+        return f"{self.offset_s:g}s"
+
+
+def iso(wall_ns: int) -> str:
+    moment = datetime.datetime.fromtimestamp(wall_ns // 1_000_000_000, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _edge(edge: SpanEdge, which: str, start: int, end: int, rows: Sequence[StepRow]) -> int:
+    if edge.wall_ns is not None:
+        return edge.wall_ns
+    if edge.offset_s is not None:
+        seconds = edge.offset_s
+        if math.isinf(seconds):
+            return end if seconds > 0 else start
+        return start + round(seconds * NS) if seconds >= 0 else end + round(seconds * NS)
+    assert edge.step is not None
+    if which == "since":
+        found = [r.start_ns for r in rows if r.step >= edge.step]
+        if not found:
+            last = max((r.step for r in rows), default=None)
+            raise AnalysisError(f"--since {edge.describe()}: no step at or after {edge.step} ran"
+                                + ("" if last is None else f" (the highest step is {last})"))
+        return min(found)
+    found = [r.end_ns for r in rows if r.step <= edge.step]
+    if not found:
+        lowest = min((r.step for r in rows), default=None)
+        raise AnalysisError(f"--until {edge.describe()}: no step at or before {edge.step} ran"
+                            + ("" if lowest is None else f" (the lowest step is {lowest})"))
+    return max(found)
+
+
+def resolve_span(since: SpanEdge | None, until: SpanEdge | None, start: int, end: int,
+                 rows: Sequence[StepRow]) -> tuple[int, int]:
+    """[a, b) on the wall clock for the job [start, end) and its step table ``rows``; edges past
+    the job are clipped to it, a span outside it or empty is an error."""
+    a = start if since is None else _edge(since, "since", start, end, rows)
+    b = end if until is None else _edge(until, "until", start, end, rows)
+    if since is not None and a >= end:
+        raise AnalysisError(f"--since {since.describe()} is at or after the end of the job ({iso(end)}, "
+                            f"{(end - start) / NS:g} s after its start)")
+    if until is not None and b <= start:
+        raise AnalysisError(f"--until {until.describe()} is at or before the start of the job ({iso(start)})")
+    a, b = max(a, start), min(b, end)
+    if b <= a:
+        what = " ".join(f"--{name} {edge.describe()}" for name, edge in (("since", since), ("until", until))
+                        if edge is not None)
+        raise AnalysisError(f"{what}: the span is empty (it must end after it starts)")
+    return a, b
+
+
+def in_span(row: StepRow, a: int, b: int) -> bool:
+    """Whether a step execution's interval overlaps [a, b) (a zero-length one: lies in it)."""
+    if row.end_ns == row.start_ns:
+        return a <= row.start_ns < b
+    return row.start_ns < b and row.end_ns > a
+
+
+def restrict_to_span(rows: list[StepRow], anomalies: list[Anomaly], span: tuple[int, int]) -> tuple[
+    list[StepRow], list[Anomaly]
+]:
+    """The step executions whose interval overlaps ``span``, and the anomalies among them (found
+    over the whole job first, so that a span does not move the anomaly threshold)."""
+    kept = [r for r in rows if in_span(r, *span)]
+    keys = {(r.attempt, r.seq, r.step) for r in kept}
+    return kept, [x for x in anomalies if (x.attempt, x.seq, x.step) in keys]
