@@ -1,6 +1,6 @@
 """Goodput over time and the --since/--until span, on hand-written runs with known hourly
 buckets. The builders' job clock starts at WALL0 = 2023-11-14T22:13:20Z, so the first whole
-UTC hour (23:00) is at job time H0 = 2800 s."""
+UTC hour (23:00) is at job time H0 = 2800 s; ``hourly_run`` starts at 22:30."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pytest
 
 from goodtrace.analysis import AnalysisError, SpanEdge, analyze, interval_partition
 from goodtrace.analysis.over_time import goodput_over_time, periodic_partitions
-from helpers.builders import WALL0, Proc, load, ns
-
-H0 = 2800.0  # job time of 2023-11-14T23:00:00Z
+from helpers.builders import H0, WALL0, Proc, hourly_run, load, ns
 
 
 def _hours(result: object) -> list[tuple[float, float, dict[str, float], bool]]:
@@ -21,22 +19,8 @@ def _hours(result: object) -> list[tuple[float, float, dict[str, float], bool]]:
              {k: v / 1e9 for k, v in p.buckets_ns.items()}, p.partial) for p in over.periods]
 
 
-def _one_attempt(tmp_path: Path) -> Path:
-    """Starts half an hour before 23:00: 10 min of init, 60 steps of 60 s, a 5 min checkpoint,
-    30 more steps, 100 s of teardown."""
-    s0 = H0 - 1800
-    p = Proc(tmp_path, start=s0)
-    p.span("init", s0, s0 + 600)
-    t = p.loop(range(60), s0 + 600, step_s=60.0)  # to H0 + 2400
-    p.span("checkpoint", t, t + 300)
-    t = p.loop(range(60, 90), t + 300, step_s=60.0)  # to H0 + 4500
-    p.finish(t + 100)
-    p.write()
-    return tmp_path
-
-
-def test_hourly_buckets_of_one_attempt(tmp_path: Path) -> None:
-    result = analyze(load(_one_attempt(tmp_path)))
+def test_hourly_buckets_ofhourly_run(tmp_path: Path) -> None:
+    result = analyze(load(hourly_run(tmp_path)))
     assert _hours(result) == [
         (H0 - 1800, H0, {"productive": 1200.0, "startup": 600.0}, True),
         # the checkpoint sits in the interval of step 60: [H0+2400, H0+2760] = 300 s + 60 s productive
@@ -86,7 +70,7 @@ def test_a_run_shorter_than_the_period_is_one_partial_period(tmp_path: Path) -> 
 
 
 def test_a_chosen_period_and_agreement_with_interval_partition(tmp_path: Path) -> None:
-    result = analyze(load(_one_attempt(tmp_path)), every_s=600.0)
+    result = analyze(load(hourly_run(tmp_path)), every_s=600.0)
     over = result.over_time
     assert over is not None and len(over.periods) == 11 and over.every_s == 600.0
     for period in over.periods:  # one pass gives what clipping the partition gives, to the ns
@@ -105,7 +89,7 @@ def test_a_chosen_period_and_agreement_with_interval_partition(tmp_path: Path) -
 
 
 def test_since_until_by_time_and_by_step(tmp_path: Path) -> None:
-    loaded = load(_one_attempt(tmp_path))
+    loaded = load(hourly_run(tmp_path))
     s0 = H0 - 1800
     # step k runs [s0 + 600 + 60k, +60]: 1,200 s after the start is step 10's start (H0 - 600);
     # H0 + 2000 falls inside step 53
@@ -137,9 +121,9 @@ def test_since_until_by_time_and_by_step(tmp_path: Path) -> None:
 def test_spans_that_select_nothing_are_clear_errors(tmp_path: Path, since: SpanEdge | None,
                                                     until: SpanEdge | None, message: str) -> None:
     with pytest.raises(AnalysisError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        analyze(load(_one_attempt(tmp_path)), since=since, until=until)
+        analyze(load(hourly_run(tmp_path)), since=since, until=until)
 
 
 def test_window_and_span_together_are_refused(tmp_path: Path) -> None:
     with pytest.raises(AnalysisError, match="not both"):
-        analyze(load(_one_attempt(tmp_path)), window=(0.0, 10.0), since=SpanEdge(offset_s=1.0))
+        analyze(load(hourly_run(tmp_path)), window=(0.0, 10.0), since=SpanEdge(offset_s=1.0))
