@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
-from collections.abc import Sequence
+from typing import Any
 
 from goodtrace.analysis.goodput import NS, AnalysisError
-from goodtrace.analysis.steps import Anomaly, StepRow
+from goodtrace.analysis.steps import Anomaly, StepTable
 
 __all__ = ["SpanEdge", "in_span", "resolve_span", "restrict_to_span"]
 
@@ -53,7 +53,7 @@ def iso(wall_ns: int) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _edge(edge: SpanEdge, which: str, start: int, end: int, rows: Sequence[StepRow]) -> int:
+def _edge(edge: SpanEdge, which: str, start: int, end: int, table: StepTable) -> int:
     if edge.wall_ns is not None:
         return edge.wall_ns
     if edge.offset_s is not None:
@@ -62,27 +62,26 @@ def _edge(edge: SpanEdge, which: str, start: int, end: int, rows: Sequence[StepR
             return end if seconds > 0 else start
         return start + round(seconds * NS) if seconds >= 0 else end + round(seconds * NS)
     assert edge.step is not None
+    steps, starts, ends = table.intervals()
     if which == "since":
-        found = [r.start_ns for r in rows if r.step >= edge.step]
-        if not found:
-            last = max((r.step for r in rows), default=None)
-            raise AnalysisError(f"--since {edge.describe()}: no step at or after {edge.step} ran"
-                                + ("" if last is None else f" (the highest step is {last})"))
-        return min(found)
-    found = [r.end_ns for r in rows if r.step <= edge.step]
-    if not found:
-        lowest = min((r.step for r in rows), default=None)
-        raise AnalysisError(f"--until {edge.describe()}: no step at or before {edge.step} ran"
-                            + ("" if lowest is None else f" (the lowest step is {lowest})"))
-    return max(found)
+        after = steps >= edge.step
+        if not after.any():
+            highest = f" (the highest step is {int(steps.max())})" if len(steps) else ""
+            raise AnalysisError(f"--since {edge.describe()}: no step at or after {edge.step} ran{highest}")
+        return int(starts[after].min())
+    before = steps <= edge.step
+    if not before.any():
+        lowest = f" (the lowest step is {int(steps.min())})" if len(steps) else ""
+        raise AnalysisError(f"--until {edge.describe()}: no step at or before {edge.step} ran{lowest}")
+    return int(ends[before].max())
 
 
 def resolve_span(since: SpanEdge | None, until: SpanEdge | None, start: int, end: int,
-                 rows: Sequence[StepRow]) -> tuple[int, int]:
-    """[a, b) on the wall clock for the job [start, end) and its step table ``rows``; edges past
-    the job are clipped to it, a span outside it or empty is an error."""
-    a = start if since is None else _edge(since, "since", start, end, rows)
-    b = end if until is None else _edge(until, "until", start, end, rows)
+                 table: StepTable) -> tuple[int, int]:
+    """[a, b) on the wall clock for the job [start, end) and its step table; edges past the job
+    are clipped to it, a span outside it or empty is an error."""
+    a = start if since is None else _edge(since, "since", start, end, table)
+    b = end if until is None else _edge(until, "until", start, end, table)
     if since is not None and a >= end:
         raise AnalysisError(f"--since {since.describe()} is at or after the end of the job ({iso(end)}, "
                             f"{(end - start) / NS:g} s after its start)")
@@ -96,18 +95,18 @@ def resolve_span(since: SpanEdge | None, until: SpanEdge | None, start: int, end
     return a, b
 
 
-def in_span(row: StepRow, a: int, b: int) -> bool:
-    """Whether a step execution's interval overlaps [a, b) (a zero-length one: lies in it)."""
-    if row.end_ns == row.start_ns:
-        return a <= row.start_ns < b
-    return row.start_ns < b and row.end_ns > a
+def in_span(starts: Any, ends: Any, a: int, b: int) -> Any:
+    """Which step intervals [start, end) overlap [a, b) (a zero-length one: lies in it), as a
+    boolean column."""
+    return ((starts < b) & (ends > a)) | ((starts == ends) & (starts >= a) & (starts < b))
 
 
-def restrict_to_span(rows: list[StepRow], anomalies: list[Anomaly], span: tuple[int, int]) -> tuple[
-    list[StepRow], list[Anomaly]
+def restrict_to_span(table: StepTable, anomalies: list[Anomaly], span: tuple[int, int]) -> tuple[
+    StepTable, list[Anomaly]
 ]:
     """The step executions whose interval overlaps ``span``, and the anomalies among them (found
     over the whole job first, so that a span does not move the anomaly threshold)."""
-    kept = [r for r in rows if in_span(r, *span)]
-    keys = {(r.attempt, r.seq, r.step) for r in kept}
-    return kept, [x for x in anomalies if (x.attempt, x.seq, x.step) in keys]
+    _, starts, ends = table.intervals()
+    kept = table.take(in_span(starts, ends, *span))
+    keys = set(zip(kept.attempt.tolist(), kept.seq.tolist(), strict=True))
+    return kept, [x for x in anomalies if (x.attempt, x.seq) in keys]
