@@ -142,3 +142,29 @@ def test_since_until_in_seconds_give_the_window_of_the_golden_run() -> None:
     assert {k: v["seconds"] for k, v in report["window"]["buckets"].items() if v["ns"]} == {
         "productive": 1.0, "wasted_progress": 1.5, "disruption": 3.5, "startup": 1.0}
     assert len(report["goodput_over_time"]) == 1 and report["goodput_over_time"][0]["partial"]
+
+
+def test_records_counts_the_records_in_the_span(run_dir: str) -> None:
+    done = goodtrace("records", run_dir, "--since", "step:80", "--json")
+    assert done.returncode == 0, done.stderr
+    (session,) = json.loads(done.stdout)["sessions"]
+    assert session["records"] == 184 and session["records_in_span"] == 20  # steps 80-89: entry + sync
+    # from 00:00 UTC: steps 75-89 (15 entries), the sync points at or after it (16), finish, heartbeat
+    done = goodtrace("records", run_dir, "--since", "2023-11-15T00:00Z")
+    assert done.returncode == 0 and "(33 in the span)" in done.stdout, done.stderr
+    done = goodtrace("records", run_dir, "--since", "5h")
+    assert done.returncode == 2 and "after the run's last record" in done.stderr
+    done = goodtrace("records", run_dir)
+    assert "in the span" not in done.stdout and "records_in_span" not in goodtrace("records", run_dir, "--json").stdout
+
+
+def test_html_report_of_a_span(run_dir: str, tmp_path: Path) -> None:
+    target = tmp_path / "span.html"
+    done = goodtrace("report", run_dir, "--html", str(target), "--since", "step:50", "--until", "step:70")
+    assert done.returncode == 0, done.stderr
+    page = target.read_text(encoding="utf-8")
+    data = json.loads(page.split('id="goodtrace-data">', 1)[1].split("</script>", 1)[0])
+    assert data["steps"]["steps"] == list(range(50, 71))
+    assert data["over_time"]["start"] == ["2023-11-14T23:30:00Z"]  # steps 50-70 lie in 23:30-00:00
+    assert data["summary"]["span"]["start"] == "2023-11-14T23:30:00Z"
+    assert data["summary"]["span"]["end"] == "2023-11-14T23:56:00Z" and data["summary"]["span"]["goodput"] == 1260 / 1560

@@ -17,7 +17,7 @@ from typing import Any
 from goodtrace.analysis.goodput import NS, AnalysisError
 from goodtrace.analysis.steps import Anomaly, StepTable
 
-__all__ = ["SpanEdge", "in_span", "resolve_span", "restrict_to_span"]
+__all__ = ["SpanEdge", "in_span", "iso", "resolve_span", "restrict_to_span"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,6 +49,7 @@ class SpanEdge:
 
 
 def iso(wall_ns: int) -> str:
+    """``2026-11-24T03:00:00Z`` (to the second)."""
     moment = datetime.datetime.fromtimestamp(wall_ns // 1_000_000_000, tz=datetime.timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from goodtrace.analysis import RunAnalysis
 from goodtrace.analysis.selection import StepRange
+from goodtrace.analysis.span import iso
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.raw import session_records
 from goodtrace.renderers.html_charts import Gantt, Heatmap, choose_gantt_range, rounded
@@ -105,6 +106,9 @@ def _summary(analysis: RunAnalysis, run: LoadedRun) -> dict[str, Any]:
     }
     if program.mfu is not None:
         summary["mfu"] = program.mfu
+    if analysis.span is not None and analysis.window is not None:  # --since/--until
+        summary["span"] = {"start": iso(analysis.span[0]), "end": iso(analysis.span[1]),
+                           "goodput": _finite(analysis.window.goodput)}
     return summary
 
 

@@ -89,6 +89,10 @@
   }
   var notes = document.getElementById('notes');
   function note(text) { notes.appendChild(el('li', text)); }
+  if (summary.span) {
+    note('Span ' + summary.span.start + ' to ' + summary.span.end + ' (UTC): goodput ' + pct(summary.span.goodput) +
+         '; the step chart and goodput over time keep to it, the rest is the whole job.');
+  }
   if (summary.data_rule) note('Data loading: ' + summary.data_rule);
   (summary.attempts_detail || []).forEach(function (a) {
     note('Attempt ' + a.index + ': steps ' + (a.first_step === null ? '-' : a.first_step + '-' + a.last_step) +
