@@ -4,12 +4,17 @@ UTC hour (23:00) is at job time H0 = 2800 s; ``hourly_run`` starts at 22:30."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_analysis_properties import loaded_runs  # the property tests' random runs
 
 from goodtrace.analysis import AnalysisError, SpanEdge, analyze, interval_partition
 from goodtrace.analysis.over_time import goodput_over_time, periodic_partitions
+from goodtrace.read.loaded import LoadedRun
 from helpers.builders import H0, WALL0, Proc, hourly_run, load, ns
 
 
@@ -127,3 +132,26 @@ def test_spans_that_select_nothing_are_clear_errors(tmp_path: Path, since: SpanE
 def test_window_and_span_together_are_refused(tmp_path: Path) -> None:
     with pytest.raises(AnalysisError, match="not both"):
         analyze(load(hourly_run(tmp_path)), window=(0.0, 10.0), since=SpanEdge(offset_s=1.0))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(loaded_runs(), st.integers(10**6, 4 * 10**9), st.integers(0, 10**18))
+def test_periods_are_the_clipped_partition_on_any_run(run: LoadedRun, width: int, origin: int) -> None:
+    """Whatever the run and the period: each period's buckets are the partition clipped to it,
+    to the ns, and the periods add up to the job."""
+    result = analyze(run)
+    timeline = result.timeline
+    periods = periodic_partitions(timeline, width, origin=origin % width)
+    if timeline.end <= timeline.start:
+        assert periods == []
+        return
+    assert periods[0].start_wall_ns == timeline.start and periods[-1].end_wall_ns == timeline.end
+    total: dict[str, int] = {}
+    for before, after in itertools.pairwise(periods):
+        assert before.end_wall_ns == after.start_wall_ns
+    for period in periods:
+        clipped = interval_partition(timeline, period.start_wall_ns, period.end_wall_ns)
+        assert period.buckets_ns == {k: v for k, v in clipped.buckets_ns.items() if v}
+        for k, v in period.buckets_ns.items():
+            total[k] = total.get(k, 0) + v
+    assert total == {k: v for k, v in result.partition.buckets_ns.items() if v}

@@ -24,6 +24,7 @@ __all__ = [
     "GoodputOverTime",
     "Period",
     "goodput_over_time",
+    "iso",
     "periodic_partitions",
 ]
 
@@ -69,8 +70,8 @@ class Period:
     def to_dict(self, job_start_ns: int) -> dict[str, Any]:
         length = self.length_ns
         return {
-            "start": _iso(self.start_wall_ns),
-            "end": _iso(self.end_wall_ns),
+            "start": iso(self.start_wall_ns),
+            "end": iso(self.end_wall_ns),
             "start_s": (self.start_wall_ns - job_start_ns) / NS,
             "end_s": (self.end_wall_ns - job_start_ns) / NS,
             "partial": self.partial,
@@ -94,7 +95,7 @@ class GoodputOverTime:
         return [p.to_dict(job_start_ns) for p in self.periods]
 
 
-def _iso(wall_ns: int) -> str:
+def iso(wall_ns: int) -> str:
     """``2026-11-24T03:00:00Z`` (to the microsecond when not on a whole second)."""
     seconds, rest = divmod(wall_ns, 1_000_000_000)
     moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)

@@ -10,14 +10,14 @@ why it cannot (after the end, before the start, empty, no such step).
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 from typing import Any
 
 from goodtrace.analysis.goodput import NS, AnalysisError
+from goodtrace.analysis.over_time import iso
 from goodtrace.analysis.steps import Anomaly, StepTable
 
-__all__ = ["SpanEdge", "in_span", "iso", "resolve_span", "restrict_to_span"]
+__all__ = ["SpanEdge", "in_span", "resolve_span", "restrict_to_span"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,12 +46,6 @@ class SpanEdge:
         if self.wall_ns is not None:
             return iso(self.wall_ns)
         return f"{self.offset_s:g}s"
-
-
-def iso(wall_ns: int) -> str:
-    """``2026-11-24T03:00:00Z`` (to the second)."""
-    moment = datetime.datetime.fromtimestamp(wall_ns // 1_000_000_000, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _edge(edge: SpanEdge, which: str, start: int, end: int, table: StepTable) -> int:

@@ -32,8 +32,8 @@ from importlib import resources
 from typing import Any
 
 from goodtrace.analysis import RunAnalysis
+from goodtrace.analysis.over_time import iso
 from goodtrace.analysis.selection import StepRange
-from goodtrace.analysis.span import iso
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.raw import session_records
 from goodtrace.renderers.html_charts import Gantt, Heatmap, choose_gantt_range, rounded
