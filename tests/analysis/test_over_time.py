@@ -1,4 +1,4 @@
-"""Goodput over time and the --since/--until span, on hand-written runs with known hourly
+"""Goodput over time and the --since/--until time range, on hand-written runs with known hourly
 buckets. The builders' job clock starts at WALL0 = 2023-11-14T22:13:20Z, so the first whole
 UTC hour (23:00) is at job time H0 = 2800 s; ``hourly_run`` starts at 22:30."""
 
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_analysis_properties import loaded_runs  # the property tests' random runs
 
-from goodtrace.analysis import AnalysisError, SpanEdge, analyze, interval_partition
+from goodtrace.analysis import AnalysisError, RangeEdge, analyze, interval_partition
 from goodtrace.analysis.over_time import goodput_over_time, periodic_partitions
 from goodtrace.read.loaded import LoadedRun
 from helpers.builders import H0, WALL0, Proc, hourly_run, load, ns
@@ -98,14 +98,14 @@ def test_since_until_by_time_and_by_step(tmp_path: Path) -> None:
     s0 = H0 - 1800
     # step k runs [s0 + 600 + 60k, +60]: 1,200 s after the start is step 10's start (H0 - 600);
     # H0 + 2000 falls inside step 53
-    result = analyze(loaded, since=SpanEdge(offset_s=1200.0), until=SpanEdge(wall_ns=WALL0 + ns(H0 + 2000)))
-    assert result.span == (WALL0 + ns(s0 + 1200), WALL0 + ns(H0 + 2000))
+    result = analyze(loaded, since=RangeEdge(offset_s=1200.0), until=RangeEdge(wall_ns=WALL0 + ns(H0 + 2000)))
+    assert result.time_range == (WALL0 + ns(s0 + 1200), WALL0 + ns(H0 + 2000))
     assert result.window is not None and result.window.buckets_ns["productive"] == ns(2600)
     assert [r.step for r in result.steps] == list(range(10, 54))
     assert result.step_stats.count == 44
     assert _hours(result) == [(H0 - 600, H0, {"productive": 600.0}, True),
                               (H0, H0 + 2000, {"productive": 2000.0}, True)]
-    by_step = analyze(load(tmp_path), since=SpanEdge(step=60), until=SpanEdge(step=61))
+    by_step = analyze(load(tmp_path), since=RangeEdge(step=60), until=RangeEdge(step=61))
     assert [r.step for r in by_step.steps] == [60, 61]
     assert by_step.window is not None
     assert {k: v / 1e9 for k, v in by_step.window.buckets_ns.items() if v} == {
@@ -117,21 +117,21 @@ def test_since_until_by_time_and_by_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("since", "until", "message"), [
-    (SpanEdge(offset_s=9000.0), None, "after the end of the job"),
-    (None, SpanEdge(wall_ns=WALL0), "before the start of the job"),
-    (SpanEdge(step=500), None, "no step at or after 500 ran (the highest step is 89)"),
-    (None, SpanEdge(step=-1), "no step at or before -1 ran"),
-    (SpanEdge(offset_s=100.0), SpanEdge(offset_s=50.0), "the span is empty"),
+    (RangeEdge(offset_s=9000.0), None, "after the end of the job"),
+    (None, RangeEdge(wall_ns=WALL0), "before the start of the job"),
+    (RangeEdge(step=500), None, "no step at or after 500 ran (the highest step is 89)"),
+    (None, RangeEdge(step=-1), "no step at or before -1 ran"),
+    (RangeEdge(offset_s=100.0), RangeEdge(offset_s=50.0), "the time range is empty"),
 ])
-def test_spans_that_select_nothing_are_clear_errors(tmp_path: Path, since: SpanEdge | None,
-                                                    until: SpanEdge | None, message: str) -> None:
+def test_time_ranges_that_select_nothing_are_clear_errors(tmp_path: Path, since: RangeEdge | None,
+                                                    until: RangeEdge | None, message: str) -> None:
     with pytest.raises(AnalysisError, match=message.replace("(", r"\(").replace(")", r"\)")):
         analyze(load(hourly_run(tmp_path)), since=since, until=until)
 
 
-def test_window_and_span_together_are_refused(tmp_path: Path) -> None:
+def test_window_and_time_range_together_are_refused(tmp_path: Path) -> None:
     with pytest.raises(AnalysisError, match="not both"):
-        analyze(load(hourly_run(tmp_path)), window=(0.0, 10.0), since=SpanEdge(offset_s=1.0))
+        analyze(load(hourly_run(tmp_path)), window=(0.0, 10.0), since=RangeEdge(offset_s=1.0))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from goodtrace.analysis import SpanEdge, analyze
+from goodtrace.analysis import RangeEdge, analyze
 from goodtrace.read.load import load_run
 from goodtrace.renderers.html import render_html, report_data
 from helpers.browser import PageLog, artifact, browser, new_page
@@ -78,17 +78,17 @@ def test_chart_draws_and_its_tooltip_names_the_buckets(chromium: Any, tmp_path: 
     assert log.errors == [] and log.console_errors == [] and log.blocked == []
 
 
-def test_a_span_is_named_and_the_chart_keeps_to_it(chromium: Any, tmp_path: Path) -> None:
+def test_a_time_range_is_named_and_the_chart_keeps_to_it(chromium: Any, tmp_path: Path) -> None:
     loaded = load_run(hourly_run(tmp_path / "run"))
-    analysis = analyze(loaded, since=SpanEdge(step=50), until=SpanEdge(step=70))
-    path = tmp_path / "span.html"
+    analysis = analyze(loaded, since=RangeEdge(step=50), until=RangeEdge(step=70))
+    path = tmp_path / "range.html"
     path.write_text(render_html(analysis, loaded), encoding="utf-8")
     log = PageLog()
     url = path.resolve().as_uri()
     page = new_page(chromium, url, log)
     page.goto(url, wait_until="load")
     page.wait_for_function("() => window.goodtraceReady === true", timeout=60_000)
-    assert "Span 2023-11-14T23:30:00Z to 2023-11-14T23:56:00Z (UTC): goodput 80.8%" in page.inner_text("#notes")
+    assert "Time range 2023-11-14T23:30:00Z to 2023-11-14T23:56:00Z (UTC, --since/--until): goodput 80.8%" in page.inner_text("#notes")
     option = page.evaluate("() => window.goodtraceCharts['over-time'].getOption()")
     assert option["xAxis"][0]["data"] == ["11-14 23:30-23:56"]
     steps = page.evaluate("() => window.goodtraceCharts.steps.getOption().xAxis[0].data.length")

@@ -73,8 +73,8 @@ from goodtrace.analysis.ranks import (
     rank_figures,
     spread_of,
 )
-from goodtrace.analysis.span import SpanEdge, resolve_span, restrict_to_span
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
+from goodtrace.analysis.time_range import RangeEdge, resolve_range, restrict_to_range
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
 __all__ = [
@@ -86,10 +86,10 @@ __all__ = [
     "Partition",
     "Period",
     "ProgramGoodput",
+    "RangeEdge",
     "RankFigure",
     "RankSpread",
     "RunAnalysis",
-    "SpanEdge",
     "StepRow",
     "StepStats",
     "Straggler",
@@ -150,8 +150,8 @@ class RunAnalysis:
     clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
     relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
-    over_time: GoodputOverTime | None = None  # goodput per period (hour) of the job or the span
-    span: tuple[int, int] | None = None  # --since/--until on the wall clock: what the step views show
+    over_time: GoodputOverTime | None = None  # goodput per period (hour) of the job or the time range
+    time_range: tuple[int, int] | None = None  # --since/--until on the wall clock: what the step views show
 
     @property
     def data_rule_text(self) -> str:
@@ -287,8 +287,8 @@ def analyze(
     now_wall_ns: int | None = None,
     alive: Liveness | None = None,
     release_records: bool = False,
-    since: SpanEdge | None = None,
-    until: SpanEdge | None = None,
+    since: RangeEdge | None = None,
+    until: RangeEdge | None = None,
     every_s: float | None = None,
 ) -> RunAnalysis:
     """Analyse one job of a loaded run (the last one by default).
@@ -303,8 +303,8 @@ def analyze(
     ``alive(host, pid)`` (a process probe) tell a last attempt that still runs (its time after
     the last sync point is ``in_progress``) from one that was lost. ``release_records`` frees
     the loaded records the cut has consumed as it goes (for a caller that analyses ``run``
-    once: a released run cannot be analysed again). ``since``/``until`` select a span
-    (:mod:`goodtrace.analysis.span`): its partition is ``window``, and the step table, its
+    once: a released run cannot be analysed again). ``since``/``until`` select a time range
+    (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table, its
     statistics, the anomalies and goodput over time (per ``every_s`` seconds, whole UTC hours by default) keep
     to it.
     """
@@ -350,15 +350,15 @@ def analyze(
     rows = StepTable(timeline.windows, run.timelines, job_start)
     ideal_s = None if ideal_ns is None else ideal_ns / NS
     anomalies, threshold = find_anomalies(rows, k=anomaly_k)
-    span = None
+    time_range = None
     if since is not None or until is not None:
         if window is not None:
-            raise AnalysisError("give a window or a since/until span, not both")
-        span = resolve_span(since, until, job_start, timeline.end, rows)
-        window_partition = interval_partition(timeline, *span)
-        rows, anomalies = restrict_to_span(rows, anomalies, span)
-    over_time = goodput_over_time(timeline, every_s, a=None if span is None else span[0],
-                                  b=None if span is None else span[1])
+            raise AnalysisError("give a window or a since/until time range, not both")
+        time_range = resolve_range(since, until, job_start, timeline.end, rows)
+        window_partition = interval_partition(timeline, *time_range)
+        rows, anomalies = restrict_to_range(rows, anomalies, time_range)
+    over_time = goodput_over_time(timeline, every_s, a=None if time_range is None else time_range[0],
+                                  b=None if time_range is None else time_range[1])
     # every rank: its own partition (totals), step times, compute, lateness on the aligned clock
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
     clocks = loaded_clocks(run, [a.sessions for a in attempts])
@@ -418,7 +418,7 @@ def analyze(
         attempt_of=attempt_of,
         relabels=relabels,
         over_time=over_time,
-        span=span,
+        time_range=time_range,
     )
 
 

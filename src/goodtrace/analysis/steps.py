@@ -179,28 +179,17 @@ class StepTable(Sequence[StepRow]):
         (``--since``/``--until``)."""
         out = object.__new__(StepTable)
         out._windows, out._marks, out._job_start = self._windows, self._marks, self._job_start
-        for name in ("_segment", "_window", "_position", "step_time_s", "productive_s", "first_of_attempt",
-                     "attempt", "seq", "shared", "host_timed", "flags"):
+        for name in ("_segment", "_window", "_position", "step_time_s", "productive_s", "first_of_attempt"):
             setattr(out, name, getattr(self, name)[keep])
         return out
 
     def intervals(self) -> tuple[Any, Any, Any]:
         """Each row's step number and its interval's start and end (ns, on the wall clock), as
-        columns: made when asked (what a ``--since``/``--until`` span is resolved on)."""
-        import numpy as np
-
-        steps, starts, ends = [], [], []
-        bounds = np.searchsorted(self._segment, np.arange(len(self._windows.segments) + 1))
-        for k, segment in enumerate(self._windows.segments):
-            lo, hi = int(bounds[k]), int(bounds[k + 1])
-            w = self._window[lo:hi]
-            cut = segment.cut
-            first = np.frombuffer(cut.win_first, dtype=np.int64)[w]
-            steps.append(np.frombuffer(cut.exec_step, dtype=np.int64)[first + self._position[lo:hi]])
-            starts.append(np.frombuffer(cut.win_start, dtype=np.int64)[w] + segment.delta)
-            ends.append(np.frombuffer(cut.win_end, dtype=np.int64)[w] + segment.delta)
-        empty = np.zeros(0, dtype=np.int64)
-        return tuple(np.concatenate(c) if c else empty for c in (steps, starts, ends))  # type: ignore[return-value]
+        columns: made when asked (what a ``--since``/``--until`` time range is resolved on)."""
+        steps = self._gather(lambda s: _np_ints(s.cut.exec_step), by_window=False)
+        starts = self._gather(lambda s: _np_ints(s.cut.win_start) + s.delta, by_window=True)
+        ends = self._gather(lambda s: _np_ints(s.cut.win_end) + s.delta, by_window=True)
+        return steps, starts, ends
 
     def slowest(self, n: int) -> list[StepRow]:
         """The ``n`` rows with the longest step time (earlier rows first on a tie)."""

@@ -4,8 +4,8 @@ Contract: ``render_html(analysis, run)`` returns the whole page as a string. ``a
 :class:`goodtrace.analysis.RunAnalysis` of ``run``, the
 :class:`goodtrace.read.loaded.LoadedRun` it came from. The page shows the goodput headline and
 buckets, goodput over time (per UTC hour, or the period asked for), attempts and events, step
-time with its overhead split (tags, anomalies, attempts), a rank x step heat map and a gantt chart of every rank's spans for a step range, drawn with the
-Apache ECharts build vendored in ``assets/`` (pinned; see ``assets/ECHARTS-VERSION``).
+time with its overhead split (tags, anomalies, attempts), a rank x step heat map and a gantt
+chart of every rank's spans for a step range, drawn with the Apache ECharts build vendored in ``assets/`` (pinned; see ``assets/ECHARTS-VERSION``).
 
 Everything drawn comes from the run model: the step chart is the analysis's step table, the
 heat map every rank's step executions as the analysis cut them, the gantt chart the spans of
@@ -106,8 +106,8 @@ def _summary(analysis: RunAnalysis, run: LoadedRun) -> dict[str, Any]:
     }
     if program.mfu is not None:
         summary["mfu"] = program.mfu
-    if analysis.span is not None and analysis.window is not None:  # --since/--until
-        summary["span"] = {"start": iso(analysis.span[0]), "end": iso(analysis.span[1]),
+    if analysis.time_range is not None and analysis.window is not None:  # --since/--until
+        summary["time_range"] = {"start": iso(analysis.time_range[0]), "end": iso(analysis.time_range[1]),
                            "goodput": _finite(analysis.window.goodput)}
     return summary
 

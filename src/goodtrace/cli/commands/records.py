@@ -3,7 +3,8 @@
 Reads every line with the standard-library reader (:func:`goodtrace.read.sessions.read_run`):
 each session with its record count, and every line that was skipped, named by file and line
 (the first few of each file) and counted by reason. Run text is printed escaped; ``--json`` is
-always valid JSON. ``--since``/``--until`` add each session's count of records in the span.
+always valid JSON. ``--since``/``--until`` add each session's count of records in the time
+range.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from goodtrace.cli.spans import add_span_arguments
+from goodtrace.cli.time_range import add_range_arguments
 
 if TYPE_CHECKING:
-    from goodtrace.analysis.span import SpanEdge
+    from goodtrace.analysis.time_range import RangeEdge
     from goodtrace.read.sessions import Session
 
 HELP = "list the sessions, attempts and record counts of a run directory"
@@ -24,19 +25,19 @@ HELP = "list the sessions, attempts and record counts of a run directory"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run directory (path or fsspec URL)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    add_span_arguments(parser)
+    add_range_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
-    from goodtrace.cli.spans import span_options
+    from goodtrace.cli.time_range import range_options
     from goodtrace.read.sessions import NotARunError, read_run
     from goodtrace.read.validate import describe_skipped
     from goodtrace.record.io.storage import is_url
     from goodtrace.renderers.text import printable
 
     try:
-        span = span_options(args)
+        time_range = range_options(args)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     try:
@@ -45,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"cannot read {args.run!r}: {exc.strerror or exc}") from None
-    in_span = _counts_in_span(loaded.sessions, span.get("since"), span.get("until")) if span else None
+    in_range = (_counts_in_range(loaded.sessions, time_range.get("since"), time_range.get("until"))
+                if time_range else None)
     rows = []
     for number, session in enumerate(loaded.sessions):
         finish = session.finish
@@ -63,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
                 ("exited" if finish else "no finish record (crashed or still running)"),
             }
         )
-        if in_span is not None:
-            rows[-1]["records_in_span"] = in_span[number]
+        if in_range is not None:
+            rows[-1]["records_in_range"] = in_range[number]
     if args.json:
         print(json.dumps({"sessions": rows, "skipped": loaded.skipped, "problems": loaded.problems}, indent=2,
                          allow_nan=False))
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"attempt {row['attempt']}  rank {row['rank']:>5}  {printable(row['host'] or '?')}:{row['pid'] or '?'}  "
             f"{row['records']:>8} records in {row['segments']} segment(s)  {row['ended']}"
-            + (f"  ({row['records_in_span']} in the span)" if "records_in_span" in row else "")
+            + (f"  ({row['records_in_range']} in the time range)" if "records_in_range" in row else "")
         )
     for problem in loaded.problems:
         print(f"warning: {printable(problem)}")
@@ -95,9 +97,9 @@ def _mirrored(url: str) -> str:
         stop()
 
 
-def _counts_in_span(sessions: list[Session], since: SpanEdge | None, until: SpanEdge | None) -> list[int]:
-    """Each session's records in the span. A UTC time or a duration selects by the record's time
-    (a span's start, else its time) on its session's wall clock; a duration counts from the
+def _counts_in_range(sessions: list[Session], since: RangeEdge | None, until: RangeEdge | None) -> list[int]:
+    """Each session's records in the time range. A UTC time or a duration selects by the
+    record's time (a span record's start, else its time) on its session's wall clock; a duration counts from the
     run's first process start (negative: back from its last sign of life), since this view does
     not analyse the run; ``step:N`` selects by the record's step number."""
     from goodtrace import schema
@@ -107,7 +109,7 @@ def _counts_in_span(sessions: list[Session], since: SpanEdge | None, until: Span
     first = min(s.start_wall_ns for s in sessions)
     last = max(s.wall_ns(s.last_seen_mono) for s in sessions)
 
-    def bound(edge: SpanEdge | None) -> int | None:
+    def bound(edge: RangeEdge | None) -> int | None:
         if edge is None or edge.step is not None:
             return None
         if edge.wall_ns is not None:

@@ -13,7 +13,13 @@ import os
 import sys
 from typing import Any
 
-from goodtrace.cli.spans import add_span_arguments, parse_duration, parse_window, span_edges, span_options
+from goodtrace.cli.time_range import (
+    add_range_arguments,
+    parse_duration,
+    parse_window,
+    range_edges,
+    range_options,
+)
 
 __all__ = ["HELP", "add_arguments", "parse_duration", "parse_window", "run"]
 
@@ -31,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the same as --since A --until B, in seconds from the job start (negative: from "
                              "the end), or the last duration D (e.g. 1h)")
     parser.add_argument("--rolling", metavar="D", help="goodput over consecutive windows of duration D")
-    add_span_arguments(parser)
+    add_range_arguments(parser)
     parser.add_argument("--every", metavar="D",
                         help="goodput over time per period D, aligned to the UTC clock (default: whole hours)")
     parser.add_argument("--job", type=int, metavar="N",
@@ -54,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
     try:
         window = parse_window(args.window) if args.window else None
-        span = span_options(args)
+        time_range = range_options(args)
         rolling = parse_duration(args.rolling) if args.rolling else None
         every = parse_duration(args.every) if args.every else None
     except ValueError as exc:
@@ -64,9 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if every is not None and every <= 0:
         raise CommandError("--every must be a positive duration")
     if window is not None:  # --window A:B is --since A --until B
-        if span:
+        if time_range:
             raise CommandError("--window A:B is --since A --until B: give one or the other")
-        span = span_edges(window, args.window)
+        time_range = range_edges(window, args.window)
     gantt_steps = None
     if args.gantt_steps is not None:
         from goodtrace.cli.ranges import parse_steps
@@ -96,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         accelerator=args.accelerator,
         devices_per_rank=args.devices_per_rank,
         every_s=every,
-        **span,
+        **time_range,
     )
     if args.html:
         _write_html(loaded, analysis, args.html, gantt_steps)

@@ -89,8 +89,9 @@
   }
   var notes = document.getElementById('notes');
   function note(text) { notes.appendChild(el('li', text)); }
-  if (summary.span) {
-    note('Span ' + summary.span.start + ' to ' + summary.span.end + ' (UTC): goodput ' + pct(summary.span.goodput) +
+  if (summary.time_range) {
+    var range = summary.time_range;
+    note('Time range ' + range.start + ' to ' + range.end + ' (UTC, --since/--until): goodput ' + pct(range.goodput) +
          '; the step chart and goodput over time keep to it, the rest is the whole job.');
   }
   if (summary.data_rule) note('Data loading: ' + summary.data_rule);

@@ -11,9 +11,9 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported when parsed: ``goodtrace --help`` loads no analysis
-    from goodtrace.analysis.span import SpanEdge
+    from goodtrace.analysis.time_range import RangeEdge
 
-__all__ = ["add_span_arguments", "parse_duration", "parse_edge", "parse_window", "span_edges", "span_options"]
+__all__ = ["add_range_arguments", "parse_duration", "parse_edge", "parse_window", "range_edges", "range_options"]
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _FORMS = ("a UTC time (2026-11-24T03:00, or with a zone: +02:00), a duration from the job start "
@@ -44,19 +44,19 @@ def parse_window(text: str) -> tuple[float, float]:
     return -width, math.inf
 
 
-def parse_edge(text: str, option: str = "--since") -> SpanEdge:
+def parse_edge(text: str, option: str = "--since") -> RangeEdge:
     """One ``--since``/``--until`` value: ``step:N``, a duration, or an ISO 8601 date/time
     (UTC unless it names a zone; ``Z`` accepted)."""
-    from goodtrace.analysis.span import SpanEdge
+    from goodtrace.analysis.time_range import RangeEdge
 
     value = text.strip()
     if value.lower().startswith("step:"):
         number = value[5:].strip()
         if not re.fullmatch(r"-?\d+", number):
             raise ValueError(f"{option} {text!r}: a step is step:N with a whole number N")
-        return SpanEdge(step=int(number), text=value)
+        return RangeEdge(step=int(number), text=value)
     try:
-        return SpanEdge(offset_s=parse_duration(value), text=value)
+        return RangeEdge(offset_s=parse_duration(value), text=value)
     except ValueError:
         pass
     iso = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value
@@ -68,17 +68,17 @@ def parse_edge(text: str, option: str = "--since") -> SpanEdge:
         moment = moment.replace(tzinfo=datetime.timezone.utc)
     delta = moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
     wall_ns = (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
-    return SpanEdge(wall_ns=wall_ns, text=value)
+    return RangeEdge(wall_ns=wall_ns, text=value)
 
 
-def add_span_arguments(parser: argparse.ArgumentParser) -> None:
+def add_range_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", metavar="WHEN",
                         help="only from WHEN on: a UTC time (2026-11-24T03:00), a duration from the job start "
                              "(2h; negative: before the end) or a step (step:1200)")
     parser.add_argument("--until", metavar="WHEN", help="only until WHEN (the same forms as --since)")
 
 
-def span_options(args: argparse.Namespace) -> dict[str, Any]:
+def range_options(args: argparse.Namespace) -> dict[str, Any]:
     """``since``/``until`` keywords for :func:`goodtrace.analysis.analyze` (ValueError: bad text)."""
     options: dict[str, Any] = {}
     for name in ("since", "until"):
@@ -88,9 +88,9 @@ def span_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def span_edges(window: tuple[float, float], text: str) -> dict[str, Any]:
+def range_edges(window: tuple[float, float], text: str) -> dict[str, Any]:
     """``--window A:B`` as the ``since``/``until`` keywords it stands for."""
-    from goodtrace.analysis.span import SpanEdge
+    from goodtrace.analysis.time_range import RangeEdge
 
-    return {"since": SpanEdge(offset_s=window[0], text=f"{window[0]:g}s (--window {text})"),
-            "until": SpanEdge(offset_s=window[1], text=f"{window[1]:g}s (--window {text})")}
+    return {"since": RangeEdge(offset_s=window[0], text=f"{window[0]:g}s (--window {text})"),
+            "until": RangeEdge(offset_s=window[1], text=f"{window[1]:g}s (--window {text})")}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from goodtrace.cli.spans import parse_edge
+from goodtrace.cli.time_range import parse_edge
 from helpers.builders import hourly_run
 
 DATA = Path(__file__).parent.parent / "data" / "runs"
@@ -100,18 +100,18 @@ def test_console_names_the_worst_hours(run_dir: str) -> None:
     (("--since", "2030-01-01"), "is at or after the end of the job"),
     (("--until", "2020-01-01"), "is at or before the start of the job (2023-11-14T22:30:00Z)"),
     (("--since", "step:100"), "--since step:100: no step at or after 100 ran (the highest step is 89)"),
-    (("--since", "1h", "--until", "30m"), "the span is empty"),
+    (("--since", "1h", "--until", "30m"), "the time range is empty"),
     (("--every", "0"), "--every must be a positive duration"),
     (("--every", "0.1s"), "choose a wider period"),
     (("--window", "0:10", "--since", "1s"), "--window A:B is --since A --until B: give one or the other"),
 ])
-def test_bad_spans_are_one_line_errors(run_dir: str, args: tuple[str, ...], message: str) -> None:
+def test_bad_time_ranges_are_one_line_errors(run_dir: str, args: tuple[str, ...], message: str) -> None:
     done = goodtrace("report", run_dir, *args)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-def test_trace_keeps_the_steps_in_the_span(run_dir: str, tmp_path: Path) -> None:
+def test_trace_keeps_the_steps_in_the_time_range(run_dir: str, tmp_path: Path) -> None:
     out = tmp_path / "trace.json"
     done = goodtrace("trace", run_dir, "-o", str(out), "--since", "step:58", "--until", "step:61")
     assert done.returncode == 0, done.stderr
@@ -123,7 +123,7 @@ def test_trace_keeps_the_steps_in_the_span(run_dir: str, tmp_path: Path) -> None
     assert done.returncode == 2 and "give one" in done.stderr
 
 
-def test_export_replays_the_steps_in_the_span(run_dir: str, tmp_path: Path) -> None:
+def test_export_replays_the_steps_in_the_time_range(run_dir: str, tmp_path: Path) -> None:
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     done = goodtrace("export", run_dir, "--to", "tensorboard", str(tmp_path / "tb"), "--since", "step:80")
     assert done.returncode == 0, done.stderr
@@ -144,27 +144,27 @@ def test_since_until_in_seconds_give_the_window_of_the_golden_run() -> None:
     assert len(report["goodput_over_time"]) == 1 and report["goodput_over_time"][0]["partial"]
 
 
-def test_records_counts_the_records_in_the_span(run_dir: str) -> None:
+def test_records_counts_the_records_in_the_time_range(run_dir: str) -> None:
     done = goodtrace("records", run_dir, "--since", "step:80", "--json")
     assert done.returncode == 0, done.stderr
     (session,) = json.loads(done.stdout)["sessions"]
-    assert session["records"] == 184 and session["records_in_span"] == 20  # steps 80-89: entry + sync
+    assert session["records"] == 184 and session["records_in_range"] == 20  # steps 80-89: entry + sync
     # from 00:00 UTC: steps 75-89 (15 entries), the sync points at or after it (16), finish, heartbeat
     done = goodtrace("records", run_dir, "--since", "2023-11-15T00:00Z")
-    assert done.returncode == 0 and "(33 in the span)" in done.stdout, done.stderr
+    assert done.returncode == 0 and "(33 in the time range)" in done.stdout, done.stderr
     done = goodtrace("records", run_dir, "--since", "5h")
     assert done.returncode == 2 and "after the run's last record" in done.stderr
     done = goodtrace("records", run_dir)
-    assert "in the span" not in done.stdout and "records_in_span" not in goodtrace("records", run_dir, "--json").stdout
+    assert "in the time range" not in done.stdout and "records_in_range" not in goodtrace("records", run_dir, "--json").stdout
 
 
-def test_html_report_of_a_span(run_dir: str, tmp_path: Path) -> None:
-    target = tmp_path / "span.html"
+def test_html_report_of_a_time_range(run_dir: str, tmp_path: Path) -> None:
+    target = tmp_path / "range.html"
     done = goodtrace("report", run_dir, "--html", str(target), "--since", "step:50", "--until", "step:70")
     assert done.returncode == 0, done.stderr
     page = target.read_text(encoding="utf-8")
     data = json.loads(page.split('id="goodtrace-data">', 1)[1].split("</script>", 1)[0])
     assert data["steps"]["steps"] == list(range(50, 71))
     assert data["over_time"]["start"] == ["2023-11-14T23:30:00Z"]  # steps 50-70 lie in 23:30-00:00
-    assert data["summary"]["span"]["start"] == "2023-11-14T23:30:00Z"
-    assert data["summary"]["span"]["end"] == "2023-11-14T23:56:00Z" and data["summary"]["span"]["goodput"] == 1260 / 1560
+    assert data["summary"]["time_range"]["start"] == "2023-11-14T23:30:00Z"
+    assert data["summary"]["time_range"]["end"] == "2023-11-14T23:56:00Z" and data["summary"]["time_range"]["goodput"] == 1260 / 1560
