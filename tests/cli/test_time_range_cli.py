@@ -79,8 +79,9 @@ def test_since_until_restrict_the_step_views(run_dir: str) -> None:
     assert report["goodput"] == 5400 / 6400  # the headline stays the job's
     assert [h["start"][11:16] for h in report["goodput_over_time"]] == ["23:00", "23:30"]
     assert report["goodput_over_time"][-1]["end"] == "2023-11-14T23:47:00Z"
-    same = report_json(run_dir, "--window", "1800:4620", "--every", "30m")  # --window A:B is its alias
-    assert same["window"] == report["window"] and same["steps"] == report["steps"]
+    # --window A:B gives the same window's buckets, and leaves the rest of the report the job's
+    same = report_json(run_dir, "--window", "1800:4620", "--every", "30m")
+    assert same["window"] == report["window"] and len(same["steps"]) == 90 and len(same["goodput_over_time"]) == 4
 
 
 def test_console_names_the_worst_hours(run_dir: str) -> None:
@@ -103,7 +104,7 @@ def test_console_names_the_worst_hours(run_dir: str) -> None:
     (("--since", "1h", "--until", "30m"), "the time range is empty"),
     (("--every", "0"), "--every must be a positive duration"),
     (("--every", "0.1s"), "choose a wider period"),
-    (("--window", "0:10", "--since", "1s"), "--window A:B is --since A --until B: give one or the other"),
+    (("--window", "0:10", "--since", "1s"), "give one or the other"),
 ])
 def test_bad_time_ranges_are_one_line_errors(run_dir: str, args: tuple[str, ...], message: str) -> None:
     done = goodtrace("report", run_dir, *args)

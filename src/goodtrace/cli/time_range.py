@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # imported when parsed: ``goodtrace --help`` loads no analysis
     from goodtrace.analysis.time_range import RangeEdge
 
-__all__ = ["add_range_arguments", "parse_duration", "parse_edge", "parse_window", "range_edges", "range_options"]
+__all__ = ["add_range_arguments", "parse_duration", "parse_edge", "parse_window", "range_options"]
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _FORMS = ("a UTC time (2026-11-24T03:00, or with a zone: +02:00), a duration from the job start "
@@ -87,10 +87,3 @@ def range_options(args: argparse.Namespace) -> dict[str, Any]:
             options[name] = parse_edge(text, f"--{name}")
     return options
 
-
-def range_edges(window: tuple[float, float], text: str) -> dict[str, Any]:
-    """``--window A:B`` as the ``since``/``until`` keywords it stands for."""
-    from goodtrace.analysis.time_range import RangeEdge
-
-    return {"since": RangeEdge(offset_s=window[0], text=f"{window[0]:g}s (--window {text})"),
-            "until": RangeEdge(offset_s=window[1], text=f"{window[1]:g}s (--window {text})")}

@@ -17,7 +17,6 @@ from goodtrace.cli.time_range import (
     add_range_arguments,
     parse_duration,
     parse_window,
-    range_edges,
     range_options,
 )
 
@@ -34,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--html: the gantt chart shows steps A to B, both included (also A:, :B or one "
                              "step A; default: 20 steps around the slowest step)")
     parser.add_argument("--window", metavar="A:B|D",
-                        help="the same as --since A --until B, in seconds from the job start (negative: from "
+                        help="interval goodput for seconds A to B from the job start (negative: from "
                              "the end), or the last duration D (e.g. 1h)")
     parser.add_argument("--rolling", metavar="D", help="goodput over consecutive windows of duration D")
     add_range_arguments(parser)
@@ -69,10 +68,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--rolling must be a positive duration")
     if every is not None and every <= 0:
         raise CommandError("--every must be a positive duration")
-    if window is not None:  # --window A:B is --since A --until B
-        if time_range:
-            raise CommandError("--window A:B is --since A --until B: give one or the other")
-        time_range = range_edges(window, args.window)
+    if window is not None and time_range:
+        raise CommandError("--window gives the buckets of one window and --since/--until select a time range "
+                           "(with those buckets): give one or the other")
     gantt_steps = None
     if args.gantt_steps is not None:
         from goodtrace.cli.ranges import parse_steps
@@ -93,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--devices-per-rank must be at least 1, got {args.devices_per_rank}")
     loaded, analysis = load_and_analyse(
         args.run,
+        window=window,
         rolling_s=rolling,
         job=args.job,
         ideal_step_s=args.ideal_step,
