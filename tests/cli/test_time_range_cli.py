@@ -91,6 +91,7 @@ def test_console_names_the_worst_hours(run_dir: str) -> None:
             "(checkpoint_save 8.3%), 11-15 00:00-00:16:40 90.0% (teardown 10.0%)") in done.stdout
     done = goodtrace("report", run_dir, "--since", "2023-11-14T23:00", "--every", "20m")
     assert done.returncode == 0, done.stderr
+    assert "time range 2023-11-14T23:00:00Z to 2023-11-15T00:16:40Z (--since/--until)" in done.stdout
     assert "worst periods of 20m (UTC): 11-14 23:40-00:00 75.0% (checkpoint_save 25.0%)" in done.stdout
 
 

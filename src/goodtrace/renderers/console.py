@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from goodtrace.analysis import Partition, RunAnalysis
+from goodtrace.analysis.over_time import iso
 from goodtrace.renderers.text import printable
 
 BUCKET_LABELS = {
@@ -101,6 +102,10 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
         console.print()
         console.print(bucket_table(w, f"Window {start:.1f} s - {start + w.total_ns / 1e9:.1f} s: "
                                       f"goodput {w.goodput * 100:.1f}%"))
+    if analysis.time_range is not None:
+        a, b = analysis.time_range
+        console.print(f"[dim]time range {iso(a)} to {iso(b)} (--since/--until): the step table, slowest steps, "
+                      "anomalies and goodput over time keep to it; the rest is the whole job[/dim]")
     if analysis.rolling:
         table = Table(title="Rolling goodput", title_justify="left", show_edge=False)
         for column in ("from", "to", "goodput"):
