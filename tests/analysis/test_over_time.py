@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_analysis_properties import loaded_runs  # the property tests' random runs
 
-from goodtrace.analysis import AnalysisError, RangeEdge, analyze, interval_partition
+from goodtrace.analysis import AnalysisError, RangeEdge, analyze, interval_partition, rolling_goodput
 from goodtrace.analysis.over_time import goodput_over_time, periodic_partitions
 from goodtrace.read.loaded import LoadedRun
 from helpers.builders import H0, WALL0, Proc, hourly_run, load, ns
@@ -91,6 +91,11 @@ def test_a_chosen_period_and_agreement_with_interval_partition(tmp_path: Path) -
         periodic_partitions(result.timeline, 1000)  # 1 us periods over 8,000 s
     with pytest.raises(AnalysisError, match="positive"):
         goodput_over_time(result.timeline, 0.0)
+    for huge in (1e30, float("inf")):  # one period, the whole job; no overflow
+        (whole,) = goodput_over_time(result.timeline, huge).periods
+        assert (whole.start_wall_ns, whole.end_wall_ns) == (result.timeline.start, result.timeline.end)
+        (rolled,) = rolling_goodput(result.timeline, huge)
+        assert rolled.productive_s == 5400.0 and rolled.end_s == 6400.0
 
 
 def test_since_until_by_time_and_by_step(tmp_path: Path) -> None:

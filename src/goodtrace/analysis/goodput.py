@@ -87,11 +87,11 @@ def rolling_goodput(timeline: Timeline, width_s: float) -> list[WindowGoodput]:
     """Interval goodput over consecutive windows of ``width_s`` tiling the job (the last one
     may be shorter): the periods of :func:`goodtrace.analysis.over_time.periodic_partitions`
     aligned to the job start, in one pass over the timeline."""
-    from goodtrace.analysis.over_time import periodic_partitions
+    from goodtrace.analysis.over_time import periodic_partitions, width_ns
 
-    if width_s <= 0:
+    if not width_s > 0:
         raise AnalysisError("the rolling window width must be positive")
-    width = max(1, round(width_s * NS))
+    width = width_ns(width_s)
     return [
         WindowGoodput((p.start_wall_ns - timeline.start) / NS, (p.end_wall_ns - timeline.start) / NS, p.goodput,
                       p.buckets_ns.get(PRODUCTIVE, 0) / NS)

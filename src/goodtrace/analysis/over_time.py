@@ -26,6 +26,7 @@ __all__ = [
     "goodput_over_time",
     "iso",
     "periodic_partitions",
+    "width_ns",
 ]
 
 NS = 1e9
@@ -118,6 +119,14 @@ def _piece_columns(timeline: Timeline) -> tuple[Any, Any, Any, list[str]]:
     return starts, ends, labels, list(codes)
 
 
+def width_ns(seconds: float) -> int:
+    """A period of ``seconds`` in ns: at least 1, at most 2**62 (longer than any timeline, whose
+    times are below 2**61), so that period edges stay in int64."""
+    if not seconds > 0:  # also NaN
+        raise AnalysisError(f"the period must be a positive duration, got {seconds} s")
+    return max(1, round(min(seconds, 2**62 / NS) * NS))
+
+
 def periodic_partitions(timeline: Timeline, width_ns: int, *, origin: int = 0, a: int | None = None,
                         b: int | None = None) -> list[Period]:
     """The timeline's buckets over [a, b) (the whole job by default) per period of ``width_ns``
@@ -129,6 +138,7 @@ def periodic_partitions(timeline: Timeline, width_ns: int, *, origin: int = 0, a
 
     if width_ns <= 0:
         raise AnalysisError("the period width must be positive")
+    width_ns = min(width_ns, 2**62)
     lo = timeline.start if a is None else max(a, timeline.start)
     hi = timeline.end if b is None else min(b, timeline.end)
     if hi <= lo:
@@ -186,14 +196,11 @@ def goodput_over_time(timeline: Timeline, every_s: float | None = None, *, a: in
     so a short period at either end is ranked by what it actually lost, never by its fraction
     alone; ties go to the earlier period. Without ``every_s``: whole hours, or whole days,
     weeks, 30 or 365 days when a (corrupt) timeline would need more than ``MAX_PERIODS`` hours."""
-    if every_s is not None and not every_s > 0:
-        raise AnalysisError(f"the period must be a positive duration, got {every_s} s")
     lo = timeline.start if a is None else max(a, timeline.start)
     hi = timeline.end if b is None else min(b, timeline.end)
     chosen = every_s
     if chosen is None:
         chosen = next((w for w in DEFAULT_WIDTHS_S if (hi - lo) / NS / w < MAX_PERIODS - 1), DEFAULT_WIDTHS_S[-1])
-    width = max(1, round(chosen * NS))
-    periods = periodic_partitions(timeline, width, origin=0, a=a, b=b)
+    periods = periodic_partitions(timeline, width_ns(chosen), origin=0, a=a, b=b)
     ranked = sorted((k for k, p in enumerate(periods) if p.lost_ns > 0), key=lambda k: (-periods[k].lost_ns, k))
     return GoodputOverTime(chosen, tuple(periods), tuple(ranked[:WORST]) if len(periods) > 1 else ())
