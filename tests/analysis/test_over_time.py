@@ -42,6 +42,7 @@ def test_hourly_buckets_ofhourly_run(tmp_path: Path) -> None:
     assert rows[1]["start"] == "2023-11-14T23:00:00Z" and rows[1]["end"] == "2023-11-15T00:00:00Z"
     assert rows[0]["start"] == "2023-11-14T22:30:00Z" and rows[0]["start_s"] == 0.0
     assert rows[1]["buckets"]["checkpoint_save"] == {"ns": ns(300), "seconds": 300.0, "fraction": 300 / 3600}
+    assert [row["worst"] for row in rows] == [1, 2, 3]
 
 
 def test_a_gap_between_attempts_is_a_whole_hour_of_disruption(tmp_path: Path) -> None:

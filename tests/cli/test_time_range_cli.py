@@ -61,6 +61,7 @@ def test_json_has_goodput_per_utc_hour(run_dir: str) -> None:
         ("2023-11-15T00:00:00Z", "2023-11-15T00:16:40Z", True),
     ]
     assert [h["goodput"] for h in hours] == [1200 / 1800, 3300 / 3600, 0.9]
+    assert [h["worst"] for h in hours] == [1, 2, 3] and [h["lost_s"] for h in hours] == [600.0, 300.0, 100.0]
     assert [{k: v["seconds"] for k, v in h["buckets"].items()} for h in hours] == [
         {"productive": 1200.0, "startup": 600.0}, {"productive": 3300.0, "checkpoint_save": 300.0},
         {"productive": 900.0, "teardown": 100.0}]

@@ -93,7 +93,10 @@ class GoodputOverTime:
     worst: tuple[int, ...]
 
     def to_list(self, job_start_ns: int) -> list[dict[str, Any]]:
-        return [p.to_dict(job_start_ns) for p in self.periods]
+        """The JSON form: each period's dict, with ``worst`` its place among the worst (1 = the
+        worst) or None."""
+        place = {k: n + 1 for n, k in enumerate(self.worst)}
+        return [p.to_dict(job_start_ns) | {"worst": place.get(k)} for k, p in enumerate(self.periods)]
 
 
 def iso(wall_ns: int) -> str:
