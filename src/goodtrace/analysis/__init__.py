@@ -17,9 +17,9 @@ one mapping of each session's clock (``RunAnalysis.clocks``).
 ``RunAnalysis`` holds: ``attempts`` (launches of the reported job, how each ended), ``jobs``
 (more than one when an unrelated job reused the run directory), ``partition`` (on the
 reference rank: rank 0 unless it is missing), ``window`` / ``rolling`` (interval goodput),
-``over_time`` (goodput per UTC hour or chosen period, and the worst ones), ``time_range`` (the
-``since``/``until`` range the step views keep to), ``steps`` (the step table: one ``StepRow`` per execution of the reference rank),
-``step_stats``, ``ideal_step_s``, ``anomalies``, ``spread`` and ``stragglers`` (every rank),
+``over_time`` (goodput per UTC hour or chosen period, and the worst ones), ``time_range``
+(the ``since``/``until`` range the step views keep to), ``steps`` (the step table: one
+``StepRow`` per execution of the reference rank), ``step_stats``, ``ideal_step_s``, ``anomalies``, ``spread`` and ``stragglers`` (every rank),
 ``program`` (MFU, scheduling, runtime and ML-productivity goodput), ``data_rule`` (how in-step
 data loading was counted), ``events``, ``timeline`` (the labelled pieces that tile the job on
 the wall clock) and ``warnings``.
@@ -305,9 +305,9 @@ def analyze(
     the last sync point is ``in_progress``) from one that was lost. ``release_records`` frees
     the loaded records the cut has consumed as it goes (for a caller that analyses ``run``
     once: a released run cannot be analysed again). ``since``/``until`` select a time range
-    (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table, its
-    statistics, the anomalies and goodput over time (per ``every_s`` seconds, whole UTC hours by default) keep
-    to it.
+    (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table,
+    its statistics, the anomalies and goodput over time (per ``every_s`` seconds; whole UTC
+    hours by default) keep to it.
     """
     if not run.sessions:
         raise AnalysisError("the run has no sessions")
