@@ -19,10 +19,11 @@ one mapping of each session's clock (``RunAnalysis.clocks``).
 reference rank: rank 0 unless it is missing), ``window`` / ``rolling`` (interval goodput),
 ``over_time`` (goodput per UTC hour or chosen period, and the worst ones), ``time_range``
 (the ``since``/``until`` range the step views keep to), ``steps`` (the step table: one
-``StepRow`` per execution of the reference rank), ``step_stats``, ``ideal_step_s``, ``anomalies``, ``spread`` and ``stragglers`` (every rank),
-``program`` (MFU, scheduling, runtime and ML-productivity goodput), ``data_rule`` (how in-step
-data loading was counted), ``events``, ``timeline`` (the labelled pieces that tile the job on
-the wall clock) and ``warnings``.
+``StepRow`` per execution of the reference rank), ``step_stats``, ``ideal_step_s``,
+``anomalies``, ``spread`` and ``stragglers`` (every rank), ``program`` (MFU, scheduling,
+runtime and ML-productivity goodput), ``data_rule`` (how in-step data loading was counted),
+``events``, ``timeline`` (the labelled pieces that tile the job on the wall clock) and
+``warnings``.
 """
 
 from __future__ import annotations
