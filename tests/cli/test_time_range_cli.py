@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from goodtrace.cli.time_range import parse_edge
-from helpers.builders import hourly_run
+from helpers.builders import H0, Proc, hourly_run
 
 DATA = Path(__file__).parent.parent / "data" / "runs"
 
@@ -171,3 +171,18 @@ def test_html_report_of_a_time_range(run_dir: str, tmp_path: Path) -> None:
     assert data["over_time"]["start"] == ["2023-11-14T23:30:00Z"]  # steps 50-70 lie in 23:30-00:00
     assert data["summary"]["time_range"]["start"] == "2023-11-14T23:30:00Z"
     assert data["summary"]["time_range"]["end"] == "2023-11-14T23:56:00Z" and data["summary"]["time_range"]["goodput"] == 1260 / 1560
+
+
+def test_an_hour_between_attempts_is_the_worst(tmp_path: Path) -> None:
+    a0 = Proc(tmp_path, restart=0, start=H0 - 600)
+    a0.loop(range(10), H0 - 600, step_s=60.0)
+    a0.heartbeat(H0 + 60)  # killed a minute after its last step
+    a0.write()
+    a1 = Proc(tmp_path, restart=1, start=H0 + 4800)
+    a1.loop(range(10, 20), H0 + 4800, step_s=60.0)
+    a1.finish(H0 + 5400)
+    a1.write()
+    done = goodtrace("report", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert ("worst hours (UTC): 11-14 23:00-00:00 0.0% (disruption 100.0%), 11-15 00:00-00:30 33.3% "
+            "(disruption 66.7%)") in done.stdout
