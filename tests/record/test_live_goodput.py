@@ -1,5 +1,5 @@
 """One goodput, live and after: the live line's goodput follows the report's partition rules
-(record/live_goodput.py), so the figure at ``finish()`` is the report's goodput of the same
+(record/live/goodput.py), so the figure at ``finish()`` is the report's goodput of the same
 one-attempt job, to 0.1 percentage point. Loops with what made them differ before: in-step data
 loading in a synchronous loop (data badput) and in an asynchronous one (productive), a slow
 first step (warm-up), checkpoints, an eval, a gc pause inside a step, and an idle tail."""
@@ -15,7 +15,7 @@ import pytest
 import goodtrace as gt
 from goodtrace.analysis import analyze
 from goodtrace.read.load import load_run
-from goodtrace.record.live import LiveAggregator, LocalTransport
+from goodtrace.record.live.aggregator import LiveAggregator, LocalTransport
 from goodtrace.testing import SimulatedDevice
 
 

@@ -17,11 +17,13 @@ one mapping of each session's clock (``RunAnalysis.clocks``).
 ``RunAnalysis`` holds: ``attempts`` (launches of the reported job, how each ended), ``jobs``
 (more than one when an unrelated job reused the run directory), ``partition`` (on the
 reference rank: rank 0 unless it is missing), ``window`` / ``rolling`` (interval goodput),
-``steps`` (the step table: one ``StepRow`` per execution of the reference rank),
-``step_stats``, ``ideal_step_s``, ``anomalies``, ``spread`` and ``stragglers`` (every rank),
-``program`` (MFU, scheduling, runtime and ML-productivity goodput), ``data_rule`` (how in-step
-data loading was counted), ``events``, ``timeline`` (the labelled pieces that tile the job on
-the wall clock) and ``warnings``.
+``over_time`` (goodput per UTC hour or chosen period, and the worst ones), ``time_range``
+(the ``since``/``until`` range the step views keep to), ``steps`` (the step table: one
+``StepRow`` per execution of the reference rank), ``step_stats``, ``ideal_step_s``,
+``anomalies``, ``spread`` and ``stragglers`` (every rank), ``program`` (MFU, scheduling,
+runtime and ML-productivity goodput), ``data_rule`` (how in-step data loading was counted),
+``events``, ``timeline`` (the labelled pieces that tile the job on the wall clock) and
+``warnings``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from goodtrace.analysis.goodput import (
     rolling_goodput,
 )
 from goodtrace.analysis.hangs import Hang, describe_hangs, find_hangs
+from goodtrace.analysis.over_time import GoodputOverTime, Period, goodput_over_time
 from goodtrace.analysis.partition import (
     DISRUPTION,
     IN_PROGRESS,
@@ -75,6 +78,7 @@ from goodtrace.analysis.ranks import (
 )
 from goodtrace.analysis.slowdown import Slowdown, find_slowdowns
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
+from goodtrace.analysis.time_range import RangeEdge, resolve_range, restrict_to_range
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
 __all__ = [
@@ -82,8 +86,11 @@ __all__ = [
     "Anomaly",
     "Attempt",
     "EventRow",
+    "GoodputOverTime",
     "Partition",
+    "Period",
     "ProgramGoodput",
+    "RangeEdge",
     "RankFigure",
     "RankSpread",
     "RunAnalysis",
@@ -149,6 +156,8 @@ class RunAnalysis:
     relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
     hangs: tuple[Hang, ...] = ()  # ranks whose training thread stopped (analysis.hangs)
     slowdowns: tuple[Slowdown, ...] = ()  # ranks slower than they were (analysis.slowdown)
+    over_time: GoodputOverTime | None = None  # goodput per period (hour) of the job or the time range
+    time_range: tuple[int, int] | None = None  # --since/--until on the wall clock: what the step views show
 
     @property
     def data_rule_text(self) -> str:
@@ -183,6 +192,7 @@ class RunAnalysis:
                 "end_s": (self.window.end_wall_ns - start) / NS,
             },
             "rolling": [w.to_dict() for w in self.rolling],
+            "goodput_over_time": [] if self.over_time is None else self.over_time.to_list(start),
             "attempts": [a.to_dict() for a in self.attempts],
             "data_rule": {"rule": self.data_rule, "text": self.data_rule_text},
             "ideal_step_s": self.ideal_step_s,
@@ -218,18 +228,20 @@ def _cut_all(
     as soon as it is cut (nothing after the cut reads them): at 10,240 ranks x 1,000 steps they
     are 1.6 GB that would otherwise sit beside the cuts."""
     cuts: dict[int, SessionSteps] = {}
-    for a in attempts:
-        for index in a.sessions:
-            records = run.session_records.get(index) or SessionRecords()
-            cuts[index] = cut_session(run.sessions[index], records, tail_label=_tail_label(a),
-                                      close_trailing=a.normal, data_rule=data_rule)
-            if release and index in run.session_records:
-                run.session_records[index] = SessionRecords(
-                    device=records.device, clock=records.clock, starts_step=records.starts_step,
-                    starts_name=records.starts_name, starts_t0=records.starts_t0, events=records.events)
+    attempt_of = {index: a for a in attempts for index in a.sessions}
+    for index in sorted(attempt_of):  # in the loader's order: it fetches a block of sessions at a time
+        a = attempt_of[index]
+        records = run.session_records.get(index) or SessionRecords()
+        cuts[index] = cut_session(run.sessions[index], records, tail_label=_tail_label(a),
+                                  close_trailing=a.normal, data_rule=data_rule)
+        if release and index in run.session_records:
+            run.session_records[index] = SessionRecords(
+                device=records.device, clock=records.clock, starts_step=records.starts_step,
+                starts_name=records.starts_name, starts_t0=records.starts_t0, events=records.events)
     if release:
         run.released = True
-    return cuts
+        run.close()
+    return {index: cuts[index] for a in attempts for index in a.sessions}
 
 
 def _rank_timeline(
@@ -283,6 +295,9 @@ def analyze(
     now_wall_ns: int | None = None,
     alive: Liveness | None = None,
     release_records: bool = False,
+    since: RangeEdge | None = None,
+    until: RangeEdge | None = None,
+    every_s: float | None = None,
 ) -> RunAnalysis:
     """Analyse one job of a loaded run (the last one by default).
 
@@ -296,7 +311,10 @@ def analyze(
     ``alive(host, pid)`` (a process probe) tell a last attempt that still runs (its time after
     the last sync point is ``in_progress``) from one that was lost. ``release_records`` frees
     the loaded records the cut has consumed as it goes (for a caller that analyses ``run``
-    once: a released run cannot be analysed again).
+    once: a released run cannot be analysed again). ``since``/``until`` select a time range
+    (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table,
+    its statistics, the anomalies and goodput over time (per ``every_s`` seconds; whole UTC
+    hours by default) keep to it.
     """
     if not run.sessions:
         raise AnalysisError("the run has no sessions")
@@ -340,6 +358,15 @@ def analyze(
     rows = StepTable(timeline.windows, run.timelines, job_start)
     ideal_s = None if ideal_ns is None else ideal_ns / NS
     anomalies, threshold = find_anomalies(rows, k=anomaly_k)
+    time_range = None
+    if since is not None or until is not None:
+        if window is not None:
+            raise AnalysisError("give a window or a since/until time range, not both")
+        time_range = resolve_range(since, until, job_start, timeline.end, rows)
+        window_partition = interval_partition(timeline, *time_range)
+        rows, anomalies = restrict_to_range(rows, anomalies, time_range)
+    over_time = goodput_over_time(timeline, every_s, a=None if time_range is None else time_range[0],
+                                  b=None if time_range is None else time_range[1])
     # every rank: its own partition (totals), step times, compute, lateness on the aligned clock
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
     clocks = loaded_clocks(run, [a.sessions for a in attempts])
@@ -403,6 +430,8 @@ def analyze(
         relabels=relabels,
         hangs=tuple(hangs),
         slowdowns=tuple(slowdowns),
+        over_time=over_time,
+        time_range=time_range,
     )
 
 

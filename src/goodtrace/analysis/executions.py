@@ -25,7 +25,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from array import array
-from collections.abc import Iterable
 
 from goodtrace import schema
 from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, window_overhead
@@ -112,7 +111,6 @@ class SessionSteps:
     exec_seq: array[int] = dataclasses.field(default_factory=_ints)
     exec_step: array[int] = dataclasses.field(default_factory=_ints)
     exec_t0: array[int] = dataclasses.field(default_factory=_ints)
-    exec_t1: array[int] = dataclasses.field(default_factory=_ints)
     exec_window: array[int] = dataclasses.field(default_factory=_ints)
     exec_flags: array[int] = dataclasses.field(default_factory=_ints)
     exec_compute: array[int] = dataclasses.field(default_factory=_ints)  # outermost compute ns
@@ -358,7 +356,7 @@ def cut_session(
             win_count[-1] += n - trailing
     if host_timed:
         flags |= FLAG_HOST_TIMED
-    out.exec_seq, out.exec_step, out.exec_t0, out.exec_t1 = _out(seqs), _out(numbers), _out(t0s), _out(t1s)
+    out.exec_seq, out.exec_step, out.exec_t0 = _out(seqs), _out(numbers), _out(t0s)
     out.exec_window, out.exec_flags, out.ignored_syncs = _out(window_of), _out(flags), int(ignored)
     compute = np.zeros(n, dtype=np.int64)
     if len(rec.compute_ns) and n:
@@ -444,9 +442,3 @@ def _charge_device_idle(out: SessionSteps, rec: SessionRecords) -> bool:
                 column = out.win_overhead[DATA] = array("q", bytes(8 * len(out.win_start)))
             column[w] += amount
     return True
-
-
-def window_steps(out: SessionSteps, w: int) -> Iterable[int]:
-    """Indexes of the executions sharing window ``w``."""
-    first = out.win_first[w]
-    return range(first, first + out.win_count[w])

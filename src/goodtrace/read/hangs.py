@@ -1,8 +1,8 @@
 """The details of ``hang`` events (the watchdog's: step, span, where, since, stack) of the
 sessions that recorded one.
 
-The loader keeps every session's events as (name, time, step); a hang's stack and the rest of
-its attributes are wanted only where there is a hang, so they are read from those sessions'
+The run model's event table says which sessions have one (name, time, step); a hang's stack
+and the rest of its attributes are wanted only there, so they are read from those sessions'
 own segment files (or taken from their full timelines when the loader holds them).
 """
 
@@ -14,28 +14,38 @@ from goodtrace import schema
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.segments import SegmentRecords, read_bytes
 
-__all__ = ["HANG_EVENTS", "hang_details"]
+__all__ = ["HANG_EVENTS", "hang_details", "hang_events_in"]
 
 HANG_EVENTS = ("hang", "hang_over")  # goodtrace.record.hang.HANG_EVENT, HANG_OVER_EVENT
 
 HangEvent = tuple[str, int, int | None, dict[str, Any]]  # (name, t, step, attrs)
 
 
-def hang_details(run: LoadedRun) -> dict[int, list[HangEvent]]:
-    """Per session index with a hang event: its hang events in time order, with attributes
-    (empty where they could not be read: a compacted copy without the JSON files)."""
+def hang_events_in(con: Any) -> dict[int, list[tuple[str, int, int | None]]]:
+    """(name, t, step) of the hang events of each session that has one, from the run model's
+    event table (a DuckDB connection of :mod:`goodtrace.read.load`)."""
+    names = ", ".join(f"'{name}'" for name in HANG_EVENTS)
+    rows = con.execute(f"SELECT sid, name, t, step FROM m_events WHERE name IN ({names}) ORDER BY sid, t").fetchall()
+    found: dict[int, list[tuple[str, int, int | None]]] = {}
+    for sid, name, t, step in rows:
+        found.setdefault(int(sid), []).append((str(name), int(t), None if step is None else int(step)))
+    return found
+
+
+def hang_details(run: LoadedRun, events: dict[int, list[tuple[str, int, int | None]]]) -> dict[int, list[HangEvent]]:
+    """Per session with a hang event (``events``: :func:`hang_events_in`): its hang events in
+    time order, with attributes (empty where they could not be read: a compacted copy without
+    the JSON files)."""
     found: dict[int, list[HangEvent]] = {}
-    for index, records in run.session_records.items():
-        if not any(name in HANG_EVENTS for name, _, _ in records.events):
-            continue
+    for index, named in events.items():
         timeline = run.timelines.get(index)
         if timeline is not None:
-            events = [(n, t, s, a or {}) for n, t, s, a in timeline.events if n in HANG_EVENTS]
+            details = [(n, t, s, a or {}) for n, t, s, a in timeline.events if n in HANG_EVENTS]
         else:
-            events = _from_files(run, index)
-        if not events:  # the files are gone (a compacted copy): names and times only
-            events = [(n, t, s, {}) for n, t, s in records.events if n in HANG_EVENTS]
-        found[index] = sorted(events, key=lambda e: e[1])
+            details = _from_files(run, index)
+        if not details:  # the files are gone (a compacted copy): names and times only
+            details = [(n, t, s, {}) for n, t, s in named]
+        found[index] = sorted(details, key=lambda e: e[1])
     return found
 
 

@@ -40,7 +40,7 @@ from goodtrace.read.discovery import (
     warn_about_gaps,
     where_of,
 )
-from goodtrace.read.hangs import hang_details
+from goodtrace.read.hangs import hang_details, hang_events_in
 from goodtrace.read.loaded import (
     LoadedRun,
     LoadError,
@@ -53,7 +53,7 @@ from goodtrace.read.mirror import mirror_run
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.sessions import number_attempts
 from goodtrace.read.validate import SKIP_REASONS, describe_skipped
-from goodtrace.record.storage import is_url, local_path
+from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = [
     "COMPACT_DIR",
@@ -80,6 +80,35 @@ def _unchanged(path: str, entry: dict[str, Any]) -> bool:
         return False
     mtime = entry.get("mtime_ns")
     return info.st_size == entry.get("size") and (mtime is None or info.st_mtime_ns == mtime)
+
+
+def _identities(paths: list[str]) -> dict[str, tuple[int, int]]:
+    """Each file's (inode, size) now; a file that is gone is left out."""
+    out = {}
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        out[path] = (info.st_ino, info.st_size)
+    return out
+
+
+def _warn_changed(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], warnings: list[str]) -> None:
+    """Segments deleted, replaced or cut short while they were read: their records may be
+    missing from the numbers (a file that grew is a live run, read up to where it was)."""
+    for path, (inode, size) in before.items():
+        now = after.get(path)
+        if now is None:
+            why = "was deleted"
+        elif now[0] != inode:
+            why = "was replaced by another file"
+        elif now[1] < size:
+            why = f"shrank from {size:,} to {now[1]:,} bytes"
+        else:
+            continue
+        warnings.append(f"{where_of(path)} {why} while the report read it: some of its records may be missing "
+                        "from the numbers; report again on a run nobody is changing")
 
 
 def _segment_paths(root: str, warnings: list[str]) -> list[str]:
@@ -124,17 +153,23 @@ def load_run(
     """
     import duckdb
 
+    listed: dict[str, tuple[int, int]] = {}  # the JSON segments as the first try found them
     try:
-        return _load_run(run_dir, progress=progress, use_compact=use_compact)
+        return _load_run(run_dir, progress=progress, use_compact=use_compact, listed=listed)
     except duckdb.Error as exc:
-        if not use_compact:
+        changed: list[str] = []
+        _warn_changed(listed, _identities(list(listed)), changed)
+        if not use_compact and not changed:
             raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
         first = str(exc).splitlines()[0]
-    try:
+    try:  # again, without the compacted copy and with the files as they are now
         loaded = _load_run(run_dir, progress=progress, use_compact=False)
     except duckdb.Error as exc:
         raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
-    loaded.warnings.insert(0, f"the compacted copy could not be read ({first}); read the JSON lines instead")
+    if changed:
+        loaded.warnings[:0] = changed
+    else:
+        loaded.warnings.insert(0, f"the compacted copy could not be read ({first}); read the JSON lines instead")
     return loaded
 
 
@@ -143,6 +178,7 @@ def _load_run(
     *,
     progress: Progress | None,
     use_compact: bool,
+    listed: dict[str, tuple[int, int]] | None = None,
 ) -> LoadedRun:
     path = os.fspath(run_dir)
     warnings: list[str] = []
@@ -183,6 +219,9 @@ def _load_run(
         except OSError as exc:
             warnings.append(f"{where_of(p)}: cannot be read ({exc.strerror or exc}); skipped")
     json_paths = readable
+    if listed is None:
+        listed = {}
+    listed.update(_identities(json_paths))
     skipped: dict[str, int] = {}
 
     def lines_of(p: str) -> int | None:
@@ -214,64 +253,71 @@ def _load_run(
         if p in sid_of_file:
             json_by_sid.setdefault(sid_of_file[p], []).append(p)
     parquet = os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)
+    con = None
     try:
         con = duckdb_sql.connect(tmpdir)
-        try:
-            for statement in duckdb_sql.MODEL_TABLES:
-                con.execute(statement)
-            duckdb_sql.insert_rows(
-                con, "sessmain", [(i, int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())]
-            )
-            total = len(json_paths) + (1 if parquet_ok else 0)
-            done = 0
-            if parquet_ok:
-                fid_to_sid = {
-                    int(entry["fid"]): sid_of_file[p] for p, entry in parquet_ok.items() if p in sid_of_file
-                }
-                for fid, sid in fid_to_sid.items():
-                    parquet_fids.setdefault(sid, []).append(fid)
-                duckdb_sql.insert_rows(con, "fidmap", list(fid_to_sid.items()))
-                # A view, not a copy: each query reads only the Parquet columns it needs.
-                con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(parquet)})")
-                # Sessions read from exactly the files a compaction summarised take its stored run
-                # model; the others (grown since, or merged with newer files) are extracted here.
-                stored = stored_run_model(root, manifest) if manifest is not None else None
-                from_model: dict[int, int] = {}
-                if stored is not None:
-                    csid_of = {frozenset(fids): csid for csid, fids in enumerate(stored[1])}
-                    for sid, fids in parquet_fids.items():
-                        csid = csid_of.get(frozenset(fids))
-                        if sid not in json_by_sid and csid is not None:
-                            from_model[sid] = csid
-                    duckdb_sql.insert_rows(con, "csidmap", [(csid, sid) for sid, csid in from_model.items()])
-                    duckdb_sql.read_run_model(con, os.path.join(root, COMPACT_DIR), stored[0])
-                extract = [(fid, sid) for fid, sid in fid_to_sid.items() if sid not in from_model]
-                if extract:
-                    duckdb_sql.insert_rows(con, "foldmap", extract)
-                    duckdb_sql.fold_parquet(con)
-                done += 1
-                if progress is not None:
-                    progress("reading compacted records", done, total)
-            done = duckdb_sql.fold_json(con, json_by_sid, progress, done, total, skips)
+        for statement in duckdb_sql.MODEL_TABLES:
+            con.execute(statement)
+        duckdb_sql.insert_rows(
+            con, "sessmain", [(i, int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())]
+        )
+        total = len(json_paths) + (1 if parquet_ok else 0)
+        done = 0
+        if parquet_ok:
+            fid_to_sid = {
+                int(entry["fid"]): sid_of_file[p] for p, entry in parquet_ok.items() if p in sid_of_file
+            }
+            for fid, sid in fid_to_sid.items():
+                parquet_fids.setdefault(sid, []).append(fid)
+            duckdb_sql.insert_rows(con, "fidmap", list(fid_to_sid.items()))
+            # A view, not a copy: each query reads only the Parquet columns it needs.
+            con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(parquet)})")
+            # Sessions read from exactly the files a compaction summarised take its stored run
+            # model; the others (grown since, or merged with newer files) are extracted here.
+            stored = stored_run_model(root, manifest) if manifest is not None else None
+            from_model: dict[int, int] = {}
+            if stored is not None:
+                csid_of = {frozenset(fids): csid for csid, fids in enumerate(stored[1])}
+                for sid, fids in parquet_fids.items():
+                    csid = csid_of.get(frozenset(fids))
+                    if sid not in json_by_sid and csid is not None:
+                        from_model[sid] = csid
+                duckdb_sql.insert_rows(con, "csidmap", [(csid, sid) for sid, csid in from_model.items()])
+                duckdb_sql.read_run_model(con, os.path.join(root, COMPACT_DIR), stored[0])
+            extract = [(fid, sid) for fid, sid in fid_to_sid.items() if sid not in from_model]
+            if extract:
+                duckdb_sql.insert_rows(con, "foldmap", extract)
+                duckdb_sql.fold_parquet(con)
+            done += 1
             if progress is not None:
-                progress("summarising", total, total)
-            summaries = model_fetch.session_summaries(con)
-            sessions = [
-                session_info(i, draft, summaries.get(i, {})) for i, draft in enumerate(drafts.values())
-            ]
-            record_count = sum(int(s.get("records") or 0) for s in summaries.values())
-            records = model_fetch.session_records(con, range(len(sessions)))
-            models = model_fetch.model_figures(con)
-            attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
-            timelines = model_fetch.load_timelines(con, reference_sessions(sessions, attempts), parquet_fids, json_by_sid)
-            for sid, timeline in timelines.items():
-                if not timeline.model and "model" in models.get(sid, {}):
-                    timeline.model = models[sid]["model"]
-        finally:
+                progress("reading compacted records", done, total)
+        done = duckdb_sql.fold_json(con, json_by_sid, progress, done, total, skips)
+        if progress is not None:
+            progress("summarising", total, total)
+        summaries = model_fetch.session_summaries(con)
+        sessions = [
+            session_info(i, draft, summaries.get(i, {})) for i, draft in enumerate(drafts.values())
+        ]
+        record_count = sum(int(s.get("records") or 0) for s in summaries.values())
+        models = model_fetch.model_figures(con)
+        attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
+        timelines = model_fetch.load_timelines(con, reference_sessions(sessions, attempts), parquet_fids, json_by_sid)
+        for sid, timeline in timelines.items():
+            if not timeline.model and "model" in models.get(sid, {}):
+                timeline.model = models[sid]["model"]
+        duckdb_sql.settle(con)
+        hangs = hang_events_in(con)
+        # the analysis fetches each session's columns when it cuts it (a block at a time)
+        records = model_fetch.SessionRecordsSource(
+            con, len(sessions), [s.step_count for s in sessions],
+            lambda: shutil.rmtree(tmpdir, ignore_errors=True))
+    except BaseException:
+        if con is not None:
             con.close()
-    finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+        raise
     form = "jsonl" if not parquet_ok else ("parquet" if not json_paths else "parquet+jsonl")
+    _warn_changed(listed, _identities(json_paths), warnings)
     _warn_skipped(skips, skipped, warnings)
     warn_about_gaps(sessions, warnings)
     for s in sessions:
@@ -284,5 +330,5 @@ def _load_run(
         form=form, records=record_count, files=json_by_sid, parquet_fids=parquet_fids,
         parquet_path=parquet if parquet_ok else None, models=models, skipped=skipped,
     )
-    loaded.hang_events = hang_details(loaded)  # the few sessions with a hang: their events' details
+    loaded.hang_events = hang_details(loaded, hangs)  # the few sessions with a hang: their events' details
     return loaded

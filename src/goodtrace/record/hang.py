@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from goodtrace.record.errors import warn
 from goodtrace.record.hang_peers import last_span_written, peer_hangs, stop_order, summary_line, where_text
-from goodtrace.record.storage import is_url, local_path
+from goodtrace.record.io.storage import is_url, local_path
 
 if TYPE_CHECKING:
     from goodtrace.record.recorder import Recorder
@@ -136,11 +136,24 @@ class HangWatchdog:
         hooks.step_listeners.append(self.on_step_end)
         hooks.overhead_span_listeners.append(self.on_overhead_span)
         hooks.blocking_span_listeners.append(self.on_blocking_span)
-        hooks.finish_listeners.append(lambda completed, reason: self.stop())
+        hooks.finish_listeners.append(self._on_finish)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _on_finish(self, completed: bool | None, reason: str) -> None:
+        """At finish (the training thread): stop, and say so if a recorded hang was over."""
+        self.stop()
+        self._thread.join(1.0)
+        if self.hung_since is not None and self.last_progress is not None and self.last_progress > self.hung_since:
+            self._over()
+
+    def _over(self) -> None:
+        assert self.hung_since is not None and self.last_progress is not None
+        self.recorder.event(HANG_OVER_EVENT, {"since": self.hung_since,
+                                              "silent_s": (self.last_progress - self.hung_since) / 1e9})
+        self.hung_since = None
 
     def bound_ns(self) -> int | None:
         """The silence that counts as a hang now; None while too few steps were seen."""
@@ -191,9 +204,7 @@ class HangWatchdog:
             return
         if self.hung_since is not None:
             if self.last_progress > self.hung_since:  # it moved again: a stall, over
-                self.recorder.event(HANG_OVER_EVENT, {"since": self.hung_since,
-                                                      "silent_s": (self.last_progress - self.hung_since) / 1e9})
-                self.hung_since = None
+                self._over()
             return
         bound = self.bound_ns()
         if bound is None or now - self.last_progress <= bound:

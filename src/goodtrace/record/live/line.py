@@ -116,5 +116,5 @@ def format_line(line: LiveLine) -> str:
 
 def format_goodput(goodput: float, rank: int = 0) -> str:
     """The words that say which goodput it is: this attempt's so far on this rank's timeline,
-    by the report's partition rules (record/live_goodput.py)."""
+    by the report's partition rules (record/live/goodput.py)."""
     return f"goodput {100 * goodput:.1f}% (this attempt, rank {rank})"

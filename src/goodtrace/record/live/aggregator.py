@@ -36,10 +36,10 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.record.errors import warn
-from goodtrace.record.live_goodput import AttemptGoodput
-from goodtrace.record.live_names import NAME_FLOATS, MetricNames
-from goodtrace.record.live_transport import GatherHandle, LocalTransport, Transport
-from goodtrace.record.liveline import LiveLine, MetricSummary, format_bytes, format_goodput, format_line
+from goodtrace.record.live.goodput import AttemptGoodput
+from goodtrace.record.live.line import LiveLine, MetricSummary, format_bytes, format_goodput, format_line
+from goodtrace.record.live.names import NAME_FLOATS, MetricNames
+from goodtrace.record.live.transport import GatherHandle, LocalTransport, Transport
 
 __all__ = [
     "GatherHandle",
@@ -139,7 +139,7 @@ class LiveAggregator:
         self._prev_end_ns: int | None = None
         self._overhead_spans: list[tuple[str, int, int]] = []
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
-        # this attempt's goodput by the report's rules (record/live_goodput.py)
+        # this attempt's goodput by the report's rules (record/live/goodput.py)
         self.attempt_goodput = AttemptGoodput(self._process_start_ns)
         self.final_goodput: float | None = None  # its value at finish (close)
         self._warned: set[str] = set()
