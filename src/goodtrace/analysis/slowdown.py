@@ -27,7 +27,7 @@ from goodtrace.analysis.evidence import MAD_TO_SIGMA
 from goodtrace.analysis.executions import SessionSteps
 from goodtrace.read.loaded import SessionInfo
 
-__all__ = ["Slowdown", "find_slowdowns"]
+__all__ = ["Slowdown", "find_slowdowns", "slowdown_of"]
 
 NS = 1e9
 MIN_SIDE = 10  # executions on each side of a change point: a level held for 10 steps
@@ -125,6 +125,17 @@ def _change_at(x: Any, steps: Any, onset_step: int) -> float | None:
     return float(np.median(x[k:])) / low - 1 if low > 0 else None
 
 
+def slowdown_of(steps: Any, seconds: Any) -> tuple[int, float, float] | None:
+    """One process's own slowdown in a series of times per execution (numpy arrays, in order):
+    (onset step, median before, median after), or None. Without the comparison with other
+    ranks (see :func:`find_slowdowns`)."""
+    k = _change_point(seconds)
+    levels = None if k is None else _judge(seconds, k)
+    if k is None or levels is None:
+        return None
+    return int(steps[k]), levels[0], levels[1]
+
+
 def find_slowdowns(
     sessions: Sequence[SessionInfo], cuts: Mapping[int, SessionSteps], attempt_of: Mapping[int, int],
 ) -> list[Slowdown]:
@@ -140,11 +151,10 @@ def find_slowdowns(
         if info.index not in series:
             continue
         measure, steps, x = series[info.index]
-        k = _change_point(x)
-        levels = None if k is None else _judge(x, k)
-        if k is None or levels is None:
+        own = slowdown_of(steps, x)
+        if own is None:
             continue
-        onset = int(steps[k])
+        onset, levels = own[0], own[1:]
         attempt = attempt_of.get(info.index, 0)
         others = [c for i, (m, s, y) in series.items()
                   if i != info.index and attempt_of.get(i, 0) == attempt and m == measure

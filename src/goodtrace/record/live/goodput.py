@@ -75,10 +75,10 @@ class AttemptGoodput:
         return [("step_begin_listeners", self.on_step_begin), ("step_listeners", self.on_step_end),
                 ("sync_listeners", self.on_sync), ("overhead_span_listeners", self.on_span)]
 
-    def on_step_begin(self, step: int, t0: int) -> None:
+    def on_step_begin(self, step: int, t0: int, thread: int | None = None) -> None:
         with self._lock:
             if self.training_thread is None:
-                self.training_thread = threading.get_ident()
+                self.training_thread = threading.get_ident() if thread is None else thread
             if self.first_entry is None:
                 self.first_entry = t0
             if self._last_step is not None:
@@ -117,8 +117,9 @@ class AttemptGoodput:
         else:
             self.behind += 1
 
-    def on_span(self, category: str, t0: int, t1: int) -> None:
-        if threading.get_ident() != self.training_thread:
+    def on_span(self, category: str, t0: int, t1: int, thread: int | None = None) -> None:
+        """An overhead or data span ended, on ``thread`` (default: the calling thread)."""
+        if (threading.get_ident() if thread is None else thread) != self.training_thread:
             return  # only the training thread's time is partitioned
         with self._lock:
             self._spans.append((category, t0, t1))

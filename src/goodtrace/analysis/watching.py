@@ -1,0 +1,178 @@
+"""What ``goodtrace watch`` shows of a running run, kept up to date from records as they arrive
+(pure: fed records, no I/O).
+
+Nothing here is a second derivation: the goodput so far is the live line's
+(:class:`goodtrace.record.live.goodput.AttemptGoodput`, the report's partition rules) for the
+newest session of the lowest rank; the first rank that stopped is the rule shared by the live
+line and the report (:mod:`goodtrace.record.hang_peers`); a slowdown is the report's change
+point (:func:`goodtrace.analysis.slowdown.slowdown_of`), on each process's step times so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from typing import Any
+
+from goodtrace import schema
+from goodtrace.analysis.slowdown import slowdown_of
+from goodtrace.record.hang_peers import stop_order, summary_line, where_text
+from goodtrace.record.live.goodput import AttemptGoodput
+
+__all__ = ["RankState", "WatchState"]
+
+RECENT_STEPS = 2000  # step times kept per process for its slowdown and the worst recent steps
+
+
+@dataclasses.dataclass
+class RankState:
+    """One process (session) of one rank, as far as its files go."""
+
+    rank: int
+    host: str
+    session: str
+    wall_minus_mono: int
+    overhead: frozenset[str]
+    goodput: AttemptGoodput
+    last_step: int | None = None
+    last_seen_wall: int = 0
+    finished: str | None = None  # its finish reason, once it finished
+    finished_at: int | None = None  # ... and when (its clock)
+    hang: dict[str, Any] | None = None  # its newest hang event's attributes, while not over
+    last_sync: int | None = None
+    last_seq: int = -1  # the execution whose step record came last
+    held_syncs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # sync points before their step
+    step_times: deque[tuple[int, int]] = dataclasses.field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+
+    def wall(self, mono: int) -> int:
+        return mono + self.wall_minus_mono
+
+
+class WatchState:
+    """Feed it ``(path, header, record)`` from :class:`goodtrace.read.follow.RunFollower`."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, RankState] = {}
+
+    def add(self, header: dict[str, Any], record: dict[str, Any]) -> None:
+        state = self._session(header)
+        kind = record.get(schema.F_KIND)
+        t = record.get(schema.F_T1, record.get(schema.F_T))
+        if isinstance(t, int):
+            state.last_seen_wall = max(state.last_seen_wall, state.wall(t))
+        meter = state.goodput
+        if kind == schema.STEP:  # written at the step's exit: its sync point may be in the file already
+            step, t0, t1 = record[schema.F_STEP], record[schema.F_T0], record[schema.F_T1]
+            meter.on_step_begin(step, t0, thread=meter.training_thread)
+            state.last_step = step
+            seq = record.get(schema.F_SEQ)
+            state.last_seq = seq if isinstance(seq, int) else state.last_seq + 1
+            held, state.held_syncs = state.held_syncs, []
+            for sync in held:  # in the order the recorder told them: entry, sync point, exit
+                self._sync(state, sync)
+            meter.on_step_end(step, t0, t1)
+        elif kind == schema.SYNC:
+            seq = record.get(schema.F_SEQ)
+            if isinstance(seq, int) and seq > state.last_seq:
+                state.held_syncs.append(record)  # its execution's step record (the entry) comes later
+            else:
+                self._sync(state, record)
+        elif kind == schema.SPAN:
+            category = record.get(schema.F_CATEGORY)
+            if category in state.overhead or category == schema.DATA:
+                meter.on_span(str(category), record[schema.F_T0], record[schema.F_T1], thread=record.get(schema.F_THREAD))
+        elif kind == schema.EVENT and record.get(schema.F_NAME) == "hang":
+            attrs = record.get(schema.F_ATTRS)
+            state.hang = attrs if isinstance(attrs, dict) else {}
+        elif kind == schema.EVENT and record.get(schema.F_NAME) == "hang_over":
+            state.hang = None
+        elif kind == schema.FINISH:
+            state.finished = str(record.get("reason") or "finish")
+            state.finished_at = t if isinstance(t, int) else None
+        elif kind == schema.HEARTBEAT and isinstance(record.get(schema.F_MONO), int):
+            state.last_seen_wall = max(state.last_seen_wall, state.wall(record[schema.F_MONO]))
+
+    @staticmethod
+    def _sync(state: RankState, record: dict[str, Any]) -> None:
+        step, when = record.get(schema.F_STEP), record[schema.F_T]
+        state.goodput.on_sync(step, when, str(record.get(schema.F_HOW)))
+        if isinstance(step, int):
+            if state.last_sync is not None and when > state.last_sync:
+                state.step_times.append((step, when - state.last_sync))
+            state.last_sync = max(when, state.last_sync or when)
+
+    def _session(self, header: dict[str, Any]) -> RankState:
+        session = str(header.get(schema.H_SESSION))
+        state = self.sessions.get(session)
+        if state is None:
+            meter = AttemptGoodput(int(header.get(schema.H_PROC_START) or header[schema.F_MONO]))
+            meter.training_thread = header.get("main_tid") if isinstance(header.get("main_tid"), int) else None
+            overhead = header.get("overhead_categories")
+            state = self.sessions[session] = RankState(
+                rank=int(header.get(schema.H_RANK, 0)), host=str(header.get(schema.H_HOST, "?")), session=session,
+                wall_minus_mono=int(header[schema.F_WALL]) - int(header[schema.F_MONO]),
+                overhead=frozenset(overhead) if isinstance(overhead, list) else schema.OVERHEAD_CATEGORIES,
+                goodput=meter)
+        return state
+
+    # ------------------------------------------------------------------ what the view shows
+    def ranks(self) -> list[RankState]:
+        """The newest process of each rank, by rank."""
+        newest: dict[int, RankState] = {}
+        for state in self.sessions.values():
+            held = newest.get(state.rank)
+            if held is None or state.goodput.process_start_ns + state.wall_minus_mono > (
+                    held.goodput.process_start_ns + held.wall_minus_mono):
+                newest[state.rank] = state
+        return [newest[r] for r in sorted(newest)]
+
+    def goodput(self, now_wall: int) -> float | None:
+        """The lowest rank's goodput of its attempt so far (the live line's figure)."""
+        ranks = self.ranks()
+        if not ranks:
+            return None
+        first = ranks[0]
+        end = first.finished_at if first.finished_at is not None else now_wall - first.wall_minus_mono
+        return first.goodput.goodput(end)
+
+    def hang_line(self) -> str | None:
+        """The rank that stopped first and where the others wait (the live line's words)."""
+        hung = [s for s in self.ranks() if s.hang is not None and isinstance(s.hang.get("since"), int)]
+        if not hung:
+            return None
+        first = min(hung, key=lambda s: stop_order(s.hang.get("step") if s.hang else None,
+                                                   s.wall(s.hang["since"]) if s.hang else 0, s.rank))
+        assert first.hang is not None
+        waiting = [(s.hang.get("step"), where_text(s.hang.get("function"), s.hang.get("location")))
+                   for s in hung if s is not first and s.hang is not None]
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(first.wall(first.hang["since"]) / 1e9))
+        return summary_line(first.rank, first.host, where_text(first.hang.get("function"), first.hang.get("location"),
+                                                               first.hang.get("span"), first.hang.get("phase")),
+                            first.hang.get("step"), since, waiting)
+
+    def slowdowns(self) -> list[str]:
+        """Each process whose step time so far shows a slowdown of its own."""
+        import numpy as np
+
+        found = []
+        for state in self.ranks():
+            if not state.step_times:
+                continue
+            steps = np.array([s for s, _ in state.step_times], dtype=np.int64)
+            seconds = np.array([ns / 1e9 for _, ns in state.step_times])
+            slowdown = slowdown_of(steps, seconds)
+            if slowdown is not None:
+                onset, before, after = slowdown
+                found.append(f"rank {state.rank} on {state.host}: steps {after / before - 1:.0%} slower since step "
+                             f"{onset} ({before * 1e3:.1f} -> {after * 1e3:.1f} ms per step)")
+        return found
+
+    def worst_recent(self, n: int = 5) -> list[tuple[int, int, float]]:
+        """The slowest of the recent steps of the lowest rank: (rank, step, seconds)."""
+        ranks = self.ranks()
+        if not ranks:
+            return []
+        first = ranks[0]
+        worst = sorted(first.step_times, key=lambda item: -item[1])[:n]
+        return [(first.rank, step, ns / 1e9) for step, ns in worst]
