@@ -70,6 +70,7 @@ from goodtrace.analysis.ranks import (
     rank_figures,
     spread_of,
 )
+from goodtrace.analysis.rewinds import RewindRow, rewind_rows
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, find_anomalies, step_rows, step_stats
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
@@ -82,6 +83,7 @@ __all__ = [
     "ProgramGoodput",
     "RankFigure",
     "RankSpread",
+    "RewindRow",
     "RunAnalysis",
     "StepRow",
     "StepStats",
@@ -143,6 +145,7 @@ class RunAnalysis:
     clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
     relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
+    rewinds: tuple[RewindRow, ...] = ()  # rollbacks inside an attempt (reference rank), in time order
 
     @property
     def data_rule_text(self) -> str:
@@ -191,6 +194,8 @@ class RunAnalysis:
             "events_total": self.events_total,
             "warnings": list(self.warnings),
         }
+        if self.rewinds:  # only when the job rewound: reports of other runs keep their bytes
+            out["rewinds"] = [r.to_dict() for r in self.rewinds]
         if include_steps:
             out["steps"] = [r.to_dict() for r in self.steps]
         return out
@@ -360,6 +365,10 @@ def analyze(
     )
     _explain(rows, timeline, cuts, warnings)
     events, events_total = _events(run, attempts, job_start)
+    rewinds = rewind_rows(timeline.cuts, attempt_of, run.sessions, {(r.attempt, r.seq): r.productive_s for r in rows},
+                          job_start)
+    if rewinds:
+        warnings.append(_rewind_warning(rewinds))
     return RunAnalysis(
         path=run.path,
         job=chosen,
@@ -390,6 +399,7 @@ def analyze(
         clocks=clocks,
         attempt_of=attempt_of,
         relabels=relabels,
+        rewinds=tuple(rewinds),
     )
 
 
@@ -413,6 +423,16 @@ def _explain(rows: Sequence[StepRow], timeline: Timeline, cuts: dict[int, Sessio
     if any(w.warmup_ns for w in timeline.windows):
         warnings.append("warm-up is inferred: the first step of an attempt took longer than the ideal step beyond "
                         "noise with no compile span to explain it")
+
+
+def _rewind_warning(rewinds: Sequence[RewindRow]) -> str:
+    inferred = sum(1 for r in rewinds if not r.explicit)
+    text = (f"{len(rewinds)} rollback(s) inside an attempt: the executions they threw away are wasted_progress, "
+            "marked re-done later")
+    if inferred:
+        text += (f"; {inferred} inferred from step numbers that went back (a loop that numbers steps per epoch "
+                 "should number them globally; gt.event('rollback', to_step=N) says a rollback outright)")
+    return text
 
 
 def _window_edge(seconds: float, start: int, end: int) -> int:

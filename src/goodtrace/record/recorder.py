@@ -418,7 +418,16 @@ class Recorder(SyncPoints):
                 self._warn("event-name", f"event {problem}")
         if attrs is not None and not isinstance(attrs, Mapping):
             attrs = {"value": attrs}  # attributes are a mapping in the files
-        self.buffer.append((schema.EVENT, name, self.clock(), self.current_step, attrs))
+        step = self.current_step if name != schema.EVENT_ROLLBACK else self._rollback_step(attrs)
+        self.buffer.append((schema.EVENT, name, self.clock(), step, attrs))
+
+    def _rollback_step(self, attrs: Mapping[str, Any] | None) -> int | None:
+        """A rollback's record names the step it restored (``to_step``) in its step field."""
+        to_step, problem = step_number(None if attrs is None else attrs.get("to_step"))
+        if problem is not None or to_step is None:
+            self._warn("rollback-to-step", "gt.event('rollback') needs to_step=<the step whose state was "
+                       f"restored>: {problem or 'none given'}; the rollback is left to inference")
+        return to_step
 
     def record_clock_offset(self, offset_ns: int, rtt_ns: int, reference_rank: int = 0) -> None:
         self.buffer.append((schema.CLOCK, offset_ns, rtt_ns, reference_rank, self.clock()))

@@ -105,6 +105,8 @@ def _summary(analysis: RunAnalysis, run: LoadedRun) -> dict[str, Any]:
     }
     if program.mfu is not None:
         summary["mfu"] = program.mfu
+    if analysis.rewinds:  # rollbacks inside an attempt (absent otherwise: other pages keep their data)
+        summary["rewinds"] = [r.to_dict() for r in analysis.rewinds[:MAX_PAGE_EVENTS]]
     return summary
 
 
