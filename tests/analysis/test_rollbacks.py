@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from helpers.builders import Proc, buckets_s, load
-from helpers.shapes import LOOPS, MS, bound_ns, buckets, done_ns, retried
-from helpers.views import assert_views_agree
-
 from goodtrace.analysis import analyze
+from helpers.builders import Proc, buckets_s, load
+from helpers.shapes import LOOPS, bound_ns, buckets, done_ns, retried
+from helpers.views import assert_views_agree
 
 
 def _interval_sum(done: list[int], executions: list[int]) -> int:
