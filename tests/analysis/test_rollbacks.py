@@ -199,3 +199,23 @@ def test_a_rollback_event_on_a_retry_makes_it_a_rollback(tmp_path: Path) -> None
         assert [(r.step, r.counted) for r in result.steps] == [(1, True), (2, not said), (2, True), (3, True)]
         assert buckets_s(result.partition).get("wasted_progress", 0.0) == (1.0 if said else 0.0)
         assert len(result.rewinds) == int(said)
+
+
+def test_a_restart_that_says_its_rollback_skips_batches_of_the_attempt_before(tmp_path: Path) -> None:
+    """Attempt 0 runs 0-9 and dies; the new process restores step 4, says so, and skips to 7:
+    attempt 0's 5-9 ran for nothing (not only 7-9, which is all the step numbers show)."""
+    a0 = Proc(tmp_path, restart=0)
+    a0.loop(range(10), 0.0)  # [0, 10]
+    a0.heartbeat(10.5)
+    a0.write()
+    a1 = Proc(tmp_path, restart=1, start=12.0)
+    a1.span("restore", 12, 13)
+    a1.event("rollback", 13.0, step=4)
+    a1.loop(range(7, 10), 13.0)
+    a1.finish(16.0)
+    a1.write()
+    result = analyze(load(tmp_path))
+    assert [(r.attempt, r.step) for r in result.steps if not r.counted] == [(0, k) for k in range(5, 10)]
+    assert buckets_s(result.partition) == {"productive": 8.0, "wasted_progress": 5.0, "startup": 1.0,
+                                           "disruption": 2.0}
+    assert [(r.attempt, r.to_step, r.redone) for r in result.rewinds] == [(1, 4, 0)]
