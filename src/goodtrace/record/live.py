@@ -37,6 +37,7 @@ from typing import Any
 from goodtrace import schema
 from goodtrace.record.errors import warn
 from goodtrace.record.live_names import NAME_FLOATS, MetricNames
+from goodtrace.record.live_rewinds import RewoundTime
 from goodtrace.record.live_transport import GatherHandle, LocalTransport, Transport
 from goodtrace.record.liveline import LiveLine, MetricSummary, format_bytes, format_line
 
@@ -138,6 +139,7 @@ class LiveAggregator:
         self._prev_end_ns: int | None = None
         self._overhead_spans: list[tuple[str, int, int]] = []
         self._productive_ns = 0
+        self._rewound = RewoundTime()  # a rollback takes its thrown-away time back (live_rewinds)
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
         self._warned: set[str] = set()
         self._metric_names = MetricNames(self._warn)  # slots, and names learned from the gathers
@@ -174,7 +176,8 @@ class LiveAggregator:
     def _hooks(self) -> list[tuple[str, Callable[..., None]]]:
         hooks: list[tuple[str, Callable[..., None]]] = [
             ("metric_listeners", self._on_metric), ("sync_listeners", self._on_sync),
-            ("step_listeners", self._on_step_end),
+            ("step_listeners", self._on_step_end), ("rollback_listeners", self._on_rollback),
+            ("step_begin_listeners", self._on_step_begin),
         ]
         if self._watch_overhead:  # overhead spans, automatic ones (compile, gc) included
             hooks.append(("overhead_span_listeners", self.on_overhead_span))
@@ -190,6 +193,15 @@ class LiveAggregator:
         if step is not None:
             with self._lock:
                 self._syncs[step] = t
+                self._rewound.step_synced(step, t)
+
+    def _on_rollback(self, to_step: int) -> None:
+        with self._lock:
+            self._productive_ns += self._rewound.rollback(to_step)
+
+    def _on_step_begin(self, number: int, t0: int) -> None:
+        with self._lock:
+            self._productive_ns += self._rewound.step_began(number, t0)
 
     def on_overhead_span(self, category: str, t0: int, t1: int) -> None:
         """An overhead span ended (the recorder's overhead-span listener)."""
@@ -205,6 +217,7 @@ class LiveAggregator:
                 self._first_t0 = t0
                 self._first_step = number
             self._last_step_end = (number, t1)
+            self._rewound.step_ended(number, t1)
             if number % self.log_every == 0:
                 self._waiting.append((number, self._ends + self.lag, t1))
             # A step whose body raised may be a crashing rank's last: no collective then (its
@@ -383,7 +396,7 @@ class LiveAggregator:
         seconds = window_ns / 1e9 if window_ns > 0 else None
         overhead_total = sum(window.overhead_ns.values())
         if window_ns > 0:
-            self._productive_ns += max(0, window_ns - overhead_total)
+            self._productive_ns += self._rewound.kept(window.start_ns, window.end_ns, max(0, window_ns - overhead_total))
         for category, ns in window.overhead_ns.items():
             self._overhead_total_ns[category] = self._overhead_total_ns.get(category, 0) + ns
         per_rank = [v for v in vectors if len(v) == size and v[_H_LAYOUT] == _LAYOUT]

@@ -142,6 +142,7 @@ class Recorder(SyncPoints):
         self.step_begin_listeners: list[Callable[[int, int], None]] = []  # (step, t0)
         self.finish_listeners: list[Callable[[bool | None, str], None]] = []  # before finishing
         self.overhead_span_listeners: list[Callable[[str, int, int], None]] = []  # (category, t0, t1)
+        self.rollback_listeners: list[Callable[[int], None]] = []  # (to_step) of gt.event("rollback")
         # Live lines (goodtrace.record.live) go to these, on the ranks that compute them (sinks).
         self.line_listeners: list[Callable[[Any], None]] = []
         # Called after the files are closed (sinks read the finished run back for a summary).
@@ -420,6 +421,12 @@ class Recorder(SyncPoints):
             attrs = {"value": attrs}  # attributes are a mapping in the files
         step = self.current_step if name != schema.EVENT_ROLLBACK else self._rollback_step(attrs)
         self.buffer.append((schema.EVENT, name, self.clock(), step, attrs))
+        if name == schema.EVENT_ROLLBACK and step is not None:
+            for listener in self.rollback_listeners:  # the live line takes the thrown-away time back
+                try:
+                    listener(step)
+                except Exception as exc:
+                    self._warn(f"listener:{listener!r}", f"a rollback listener failed: {exc!r}")
 
     def _rollback_step(self, attrs: Mapping[str, Any] | None) -> int | None:
         """A rollback's record names the step it restored (``to_step``) in its step field."""

@@ -1,0 +1,52 @@
+"""The live goodput drops when a rollback throws work away (docs/semantics.md 1.8, section 9):
+one process on a fake clock, every step 1 s, a 1 s checkpoint restore before the re-run."""
+
+from __future__ import annotations
+
+import pytest
+
+import goodtrace as gt
+from goodtrace.record.live import LiveAggregator, LocalTransport
+from goodtrace.testing import FakeClock, capture
+
+
+def _run(numbers: list[int], said: dict[int, int] | None = None) -> LiveAggregator:
+    """Steps in this order; before the execution at position i, a 1 s restore (and the rollback
+    event to ``said[i]`` when given) wherever the number goes back."""
+    clock = FakeClock()
+    with capture(clock=clock, lag=0):
+        agg = LiveAggregator(gt.recorder(), LocalTransport(), log_every=1, printer=lambda line: None)
+        for i, step in enumerate(numbers):
+            if i and (step < numbers[i - 1] or (said and i in said)):
+                with gt.span("restore"):
+                    clock.advance(1.0)
+                if said and i in said:
+                    gt.event("rollback", to_step=said[i])
+            with gt.step(step) as s:
+                clock.advance(1.0)
+                s.complete_on(1.0)
+        agg.close()
+    return agg
+
+
+def test_an_inferred_rollback_takes_its_thrown_away_steps_back() -> None:
+    agg = _run([*range(9), *range(5, 12)])
+    productive = [line.productive_s for line in agg.lines]
+    # the line of the first re-run step 5: four steps of productive time fewer than before
+    at = next(i for i, line in enumerate(agg.lines) if i and line.step < agg.lines[i - 1].step)
+    assert productive[at - 1] == pytest.approx(9.0)  # steps 0-8
+    assert productive[at] == pytest.approx(9.0 - 4.0 + 1.0)  # 5-8 thrown away, the new 5 kept
+    assert agg.lines[at].goodput is not None and agg.lines[at - 1].goodput is not None
+    assert agg.lines[at].goodput < agg.lines[at - 1].goodput
+    assert productive[-1] == pytest.approx(12.0)  # 0-4 and 5-11: what the report counts
+
+
+def test_a_said_rollback_that_skips_batches_takes_back_every_thrown_step() -> None:
+    # restore step 4, go on at 7: 5-8 thrown away (the numbers alone would say only 7 and 8)
+    agg = _run([*range(9), *range(7, 12)], said={9: 4})
+    assert agg.lines[-1].productive_s == pytest.approx(9.0 - 4.0 + 5.0)
+
+
+def test_a_retry_takes_nothing_back() -> None:
+    agg = _run([1, 2, 2, 3])
+    assert agg.lines[-1].productive_s == pytest.approx(4.0)
