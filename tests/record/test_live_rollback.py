@@ -39,6 +39,9 @@ def test_an_inferred_rollback_takes_its_thrown_away_steps_back() -> None:
     assert agg.lines[at].goodput is not None and agg.lines[at - 1].goodput is not None
     assert agg.lines[at].goodput < agg.lines[at - 1].goodput
     assert productive[-1] == pytest.approx(12.0)  # 0-4 and 5-11: what the report counts
+    # the line after the rollback covers one step (the new 5) and its restore, not "steps 0-5"
+    assert agg.lines[at].steps == 1
+    assert agg.lines[at].overhead_s == {"checkpoint_restore": pytest.approx(1.0)}
 
 
 def test_a_said_rollback_that_skips_batches_takes_back_every_thrown_step() -> None:

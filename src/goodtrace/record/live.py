@@ -287,6 +287,8 @@ class LiveAggregator:
         start_ns = self._prev_end_ns if self._prev_end_ns is not None else (self._first_t0 or end_ns)
         if prev is not None and step > prev:
             count = step - prev
+        elif prev is not None and self._rewound.resumed_at is not None:  # the first window after a rollback
+            count = max(1, step - self._rewound.resumed_at + 1)
         else:  # the first window: from the first step seen up to this one
             count = max(1, step - (self._first_step if self._first_step is not None else step) + 1)
         overhead = self._overhead_in(start_ns, end_ns)

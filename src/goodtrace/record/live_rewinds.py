@@ -29,6 +29,7 @@ class RewoundTime:
         self.dead: list[tuple[int, int]] = []  # thrown-away times, disjoint, in order
         self._windows: collections.deque[list[int]] = collections.deque(maxlen=max_windows)  # start, end, productive, kept
         self.rewinds = 0
+        self.resumed_at: int | None = None  # the first step run after the latest rewind
 
     def step_began(self, step: int, t0: int) -> int:
         """A step execution began; the change to the productive total (ns) when it rewinds."""
@@ -37,8 +38,10 @@ class RewoundTime:
             self._first_t0 = t0
         if not self._said and self._high is not None and step < self._high:
             change = self._rewind(step - 1)
-            self._high = step
+            self._high = self.resumed_at = step
         else:
+            if self._said:
+                self.resumed_at = step
             self._high = step if self._high is None or self._said else max(self._high, step)
         self._said = False
         return change
