@@ -131,17 +131,23 @@ class RewindRow:
 
 
 def rewind_rows(
-    cuts: Sequence[Any], attempt_of: dict[int, int], sessions: Sequence[Any], productive_s: dict[tuple[int, int], float],
-    job_start: int,
+    cuts: Sequence[Any], relabels: dict[int, tuple[int, int | None]], attempt_of: dict[int, int],
+    sessions: Sequence[Any], job_start: int,
 ) -> list[RewindRow]:
-    """The rewinds of the reference timeline's cuts (``SessionSteps``), with the productive
-    seconds of the step table's rows (``(attempt, seq) -> productive_s``) they threw away."""
+    """The rewinds of the reference timeline's cuts (``SessionSteps``), each with the productive
+    time of the executions it threw away: their share of their interval's productive time (after
+    the warm-up relabel, as the step table shows it)."""
     rows: list[RewindRow] = []
     for cut in cuts:
         info = sessions[cut.session]
         attempt = attempt_of.get(cut.session, -1)
+        warmup = relabels.get(cut.session, (0, None))[0]
         for r in cut.rewinds:
-            wasted = sum(productive_s.get((attempt, cut.exec_seq[i]), 0.0) for i in r.thrown)
+            wasted = 0.0
+            for i in r.thrown:
+                w = cut.exec_window[i]
+                if w >= 0:
+                    wasted += (cut.win_productive[w] - (warmup if w == 0 else 0)) / cut.win_count[w] / 1e9
             rows.append(RewindRow(info.rank, attempt, cut.session, r.t, (info.wall(r.t) - job_start) / 1e9,
                                   r.from_step, r.to_step, r.resume_step, r.redone, r.skipped, r.explicit, wasted))
     return rows
