@@ -11,14 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers.browser import PageLog, browser, new_page
-from helpers.builders import Proc
-
 from goodtrace.analysis import analyze
 from goodtrace.read.load import load_run
 from goodtrace.renderers.html import render_html, report_data
 from goodtrace.renderers.perfetto import PerfettoRenderer
 from goodtrace.sinks import summary_values
+from helpers.browser import PageLog, browser, new_page
+from helpers.builders import Proc
 
 TEXT = "rolled back from step 8 to 4 at +11.0 s, 4 steps re-done (4.00 s wasted; inferred from the step numbers)"
 
