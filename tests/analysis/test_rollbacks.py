@@ -219,3 +219,17 @@ def test_a_restart_that_says_its_rollback_skips_batches_of_the_attempt_before(tm
     assert buckets_s(result.partition) == {"productive": 8.0, "wasted_progress": 5.0, "startup": 1.0,
                                            "disruption": 2.0}
     assert [(r.attempt, r.to_step, r.redone) for r in result.rewinds] == [(1, 4, 0)]
+
+
+def test_a_rollback_event_that_does_not_explain_the_next_step_leaves_it_to_inference(tmp_path: Path) -> None:
+    """An event naming step 8 (say an old file's event at the step in progress) before a loop
+    that runs 5 again: the event threw nothing away, and 8 -> 5 is still a rewind."""
+    p = Proc(tmp_path)
+    t = p.loop(range(9), 1.0)
+    p.event("rollback", t + 0.5, step=8)
+    p.loop(range(5, 8), t + 1.0)
+    p.finish(14.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert [(r.explicit, r.to_step, r.redone) for r in result.rewinds] == [(True, 8, 0), (False, 4, 4)]
+    assert [r.step for r in result.steps if not r.counted] == [5, 6, 7, 8]

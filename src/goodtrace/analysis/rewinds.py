@@ -8,7 +8,8 @@ productive time becomes ``wasted_progress``, their rows "re-done later") and one
 
 - the program's word first: ``gt.event("rollback", to_step=4)`` says the state of step 4 was
   restored at that instant; every earlier execution of a higher step number was thrown away,
-  and the execution after it is never read as a rewind of its own;
+  and the execution after it, when it runs a step above that one, is not read as a rewind of
+  its own (one that runs a step at or below it is: the event does not explain it);
 - otherwise a step number lower than the one before it (8 then 5) is a rewind to the state
   after step 4: the earlier executions of steps 5 and up were thrown away. A number equal to
   the one before (1, 2, 2, 3) is a retry of that step, not a rewind: both executions count;
@@ -73,13 +74,14 @@ def find_rewinds(numbers: Any, t0s: Any, events: Sequence[tuple[str, int, int | 
         return thrown, []
     # each rewind: (time, position of the first execution after it, to_step, explicit)
     points: list[tuple[int, int, int, bool]] = []
-    explicit_before: set[int] = set()  # executions that come right after a rollback event
+    explained: set[int] = set()  # executions a rollback event right before them explains
     for t, to_step in targets:
         j = int(np.searchsorted(t0s, t, side="left"))
         points.append((t, j, to_step, True))
-        explicit_before.add(j)
+        if j < n and numbers[j] > to_step:
+            explained.add(j)
     for j in decreasing.tolist():
-        if j not in explicit_before:
+        if j not in explained:
             points.append((int(t0s[j]), j, int(numbers[j]) - 1, False))
     points.sort(key=lambda p: (p[0], p[1], not p[3]))
     rewinds: list[Rewind] = []

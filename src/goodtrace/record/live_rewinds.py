@@ -3,7 +3,7 @@ away leaves the live goodput when the rewind happens (the report's rule is the a
 docs/semantics.md section 1.8; this is its running estimate on one rank).
 
 A rewind is ``gt.event("rollback", to_step=N)``, or a step number lower than the one before
-(not after such an event). The work thrown away is the time from step N's completion to the
+(unless such an event explains it: the step right after the event runs above N). The work thrown away is the time from step N's completion to the
 last step completed before the rewind; every live window is kept in proportion to the part of
 it outside such times, windows reported before the rewind and after it alike, and overlapping
 rewinds count the same time once.
@@ -25,7 +25,7 @@ class RewoundTime:
         self._last_end: int | None = None  # the latest step completion seen
         self._first_t0: int | None = None
         self._high: int | None = None  # the highest step since the last rewind
-        self._said = False  # a rollback event came: the next step is not read as a rewind
+        self._said: int | None = None  # a rollback event's to_step: the next step above it is no rewind
         self.dead: list[tuple[int, int]] = []  # thrown-away times, disjoint, in order
         self._windows: collections.deque[list[int]] = collections.deque(maxlen=max_windows)  # start, end, productive, kept
         self.rewinds = 0
@@ -36,14 +36,14 @@ class RewoundTime:
         change = 0
         if self._first_t0 is None:
             self._first_t0 = t0
-        if not self._said and self._high is not None and step < self._high:
+        said, self._said = self._said, None
+        if said is not None and step > said:  # the rollback event explains this step
+            self._high = self.resumed_at = step
+        elif self._high is not None and step < self._high:
             change = self._rewind(step - 1)
             self._high = self.resumed_at = step
         else:
-            if self._said:
-                self.resumed_at = step
-            self._high = step if self._high is None or self._said else max(self._high, step)
-        self._said = False
+            self._high = step if self._high is None else max(self._high, step)
         return change
 
     def step_ended(self, step: int, t1: int) -> None:
@@ -58,7 +58,7 @@ class RewoundTime:
     def rollback(self, to_step: int) -> int:
         """``gt.event("rollback", to_step=...)``; the change to the productive total (ns)."""
         change = self._rewind(to_step)
-        self._said = True
+        self._said = to_step
         return change
 
     def kept(self, start: int, end: int, productive: int) -> int:
