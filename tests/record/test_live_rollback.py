@@ -53,3 +53,11 @@ def test_a_said_rollback_that_skips_batches_takes_back_every_thrown_step() -> No
 def test_a_retry_takes_nothing_back() -> None:
     agg = _run([1, 2, 2, 3])
     assert agg.lines[-1].productive_s == pytest.approx(4.0)
+
+
+def test_a_rollback_below_the_first_step_re_does_an_earlier_attempts_steps() -> None:
+    # an attempt that started at 9 and restores step 4: the earlier attempt's 5-8 no longer
+    # count for the sinks' goodput/job (the line's first_step says from where this attempt ran)
+    agg = _run([9, 10, 11, 12], said={2: 4})
+    assert agg.lines[0].first_step == 9
+    assert agg.lines[-1].first_step == 5

@@ -198,10 +198,18 @@ class LiveAggregator:
     def _on_rollback(self, to_step: int) -> None:
         with self._lock:
             self._productive_ns += self._rewound.rollback(to_step)
+            self._redo_from(to_step + 1)
 
     def _on_step_begin(self, number: int, t0: int) -> None:
         with self._lock:
             self._productive_ns += self._rewound.step_began(number, t0)
+            self._redo_from(number)
+
+    def _redo_from(self, step: int) -> None:
+        """This attempt runs ``step`` again: an earlier attempt's run of it no longer counts
+        (the line's ``first_step``, for the sinks' ``goodput/job``)."""
+        if self._first_step is not None and step < self._first_step:
+            self._first_step = step
 
     def on_overhead_span(self, category: str, t0: int, t1: int) -> None:
         """An overhead span ended (the recorder's overhead-span listener)."""
