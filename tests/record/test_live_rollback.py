@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import goodtrace as gt
-from goodtrace.record.live import LiveAggregator, LocalTransport
+from goodtrace.record.live.aggregator import LiveAggregator, LocalTransport
 from goodtrace.testing import FakeClock, capture
 
 

@@ -36,10 +36,10 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.record.errors import warn
-from goodtrace.record.live_names import NAME_FLOATS, MetricNames
-from goodtrace.record.live_rewinds import RewoundTime
-from goodtrace.record.live_transport import GatherHandle, LocalTransport, Transport
-from goodtrace.record.liveline import LiveLine, MetricSummary, format_bytes, format_line
+from goodtrace.record.live.line import LiveLine, MetricSummary, format_bytes, format_line
+from goodtrace.record.live.names import NAME_FLOATS, MetricNames
+from goodtrace.record.live.rewinds import RewoundTime
+from goodtrace.record.live.transport import GatherHandle, LocalTransport, Transport
 
 __all__ = [
     "GatherHandle",
@@ -139,7 +139,7 @@ class LiveAggregator:
         self._prev_end_ns: int | None = None
         self._overhead_spans: list[tuple[str, int, int]] = []
         self._productive_ns = 0
-        self._rewound = RewoundTime()  # a rollback takes its thrown-away time back (live_rewinds)
+        self._rewound = RewoundTime()  # a rollback takes its thrown-away time back (live.rewinds)
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
         self._warned: set[str] = set()
         self._metric_names = MetricNames(self._warn)  # slots, and names learned from the gathers
