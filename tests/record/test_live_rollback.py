@@ -61,3 +61,17 @@ def test_a_rollback_below_the_first_step_re_does_an_earlier_attempts_steps() -> 
     agg = _run([9, 10, 11, 12], said={2: 4})
     assert agg.lines[0].first_step == 9
     assert agg.lines[-1].first_step == 5
+
+
+def test_a_rollback_event_writes_its_to_step_and_warns_without_a_usable_one() -> None:
+    with pytest.warns(gt.GoodtraceWarning, match="needs to_step="), capture(lag=0) as cap:
+        with gt.step(3):
+            gt.event("rollback", to_step=1)
+            gt.event("rollback")
+            gt.event("other", to_step=1)
+    steps = [(e["name"], e["step"]) for e in cap.records("event")]
+    # the rollback's step field is the step it restored, not the step in progress
+    assert steps == [("rollback", 1), ("rollback", None), ("other", 3)]
+    with pytest.warns(gt.GoodtraceWarning, match="step number must be an int"), capture(lag=0) as cap:
+        gt.event("rollback", to_step="four")
+    assert [e["step"] for e in cap.records("event")] == [None]

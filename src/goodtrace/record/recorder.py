@@ -26,7 +26,14 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.record import spans
-from goodtrace.record.arguments import MAX_NAME_CHARS, name_text, reduction, step_number, timeout_seconds
+from goodtrace.record.arguments import (
+    MAX_NAME_CHARS,
+    name_text,
+    reduction,
+    rollback_to_step,
+    step_number,
+    timeout_seconds,
+)
 from goodtrace.record.config import Config
 from goodtrace.record.errors import describe, warn
 from goodtrace.record.io.encoding import RecordBuffer
@@ -425,7 +432,11 @@ class Recorder(SyncPoints):
                 self._warn("event-name", f"event {problem}")
         if attrs is not None and not isinstance(attrs, Mapping):
             attrs = {"value": attrs}  # attributes are a mapping in the files
-        step = self.current_step if name != schema.EVENT_ROLLBACK else self._rollback_step(attrs)
+        step = self.current_step
+        if name == schema.EVENT_ROLLBACK:  # its record names the step it restored (docs/semantics.md 1.8)
+            step, problem = rollback_to_step(attrs)
+            if problem is not None:
+                self._warn("rollback-to-step", f"{problem}; the rollback is left to inference")
         self.buffer.append((schema.EVENT, name, self.clock(), step, attrs))
         if name == schema.EVENT_ROLLBACK and step is not None:
             for listener in self.rollback_listeners:  # the live line takes the thrown-away time back
@@ -433,14 +444,6 @@ class Recorder(SyncPoints):
                     listener(step)
                 except Exception as exc:
                     self._warn(f"listener:{listener!r}", f"a rollback listener failed: {exc!r}")
-
-    def _rollback_step(self, attrs: Mapping[str, Any] | None) -> int | None:
-        """A rollback's record names the step it restored (``to_step``) in its step field."""
-        to_step, problem = step_number(None if attrs is None else attrs.get("to_step"))
-        if problem is not None or to_step is None:
-            self._warn("rollback-to-step", "gt.event('rollback') needs to_step=<the step whose state was "
-                       f"restored>: {problem or 'none given'}; the rollback is left to inference")
-        return to_step
 
     def record_clock_offset(self, offset_ns: int, rtt_ns: int, reference_rank: int = 0) -> None:
         self.buffer.append((schema.CLOCK, offset_ns, rtt_ns, reference_rank, self.clock()))
