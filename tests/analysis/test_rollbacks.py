@@ -181,8 +181,10 @@ def test_the_programs_word_wins_over_inference(tmp_path: Path) -> None:
     p.write()
     result = analyze(load(tmp_path))
     assert [(r.step, r.counted) for r in result.steps] == [(k, k < 3) for k in range(9)] + [(k, True) for k in (5, 6, 7)]
-    # 9 s of first pass (3 s kept), 2 s for the second 5 (it waited 1 s after the event), 6-7
-    assert buckets_s(result.partition) == {"startup": 1.0, "productive": 7.0, "wasted_progress": 6.0}
+    # 9 s of first pass (3 s kept); the second 5's interval (10, 12]: the 0.5 s before the
+    # rollback is its recovery (disruption), the rest productive; 6-7
+    assert buckets_s(result.partition) == {"startup": 1.0, "productive": 6.5, "wasted_progress": 6.0,
+                                           "disruption": 0.5}
     (rewind,) = result.rewinds
     assert (rewind.from_step, rewind.to_step, rewind.resume_step, rewind.redone, rewind.skipped, rewind.explicit) == (
         8, 2, 5, 6, 2, True)
@@ -237,3 +239,21 @@ def test_a_rollback_event_that_does_not_explain_the_next_step_leaves_it_to_infer
     result = analyze(load(tmp_path))
     assert [(r.explicit, r.to_step, r.redone) for r in result.rewinds] == [(True, 8, 0), (False, 4, 4)]
     assert [r.step for r in result.steps if not r.counted] == [5, 6, 7, 8]
+
+
+def test_an_in_process_restart_is_disruption_then_wasted_progress(tmp_path: Path) -> None:
+    """Steps 0-8, then 3 s of in-process recovery no span covers (re-initialisation), a 1 s
+    restore, and 5-7 again: the recovery is disruption, the restore checkpoint_restore, the
+    first pass of 5-8 wasted progress; the second 5's row says so."""
+    p = Proc(tmp_path)
+    t = p.loop(range(9), 1.0)  # [1, 10]
+    p.span("load_checkpoint", t + 3.0, t + 4.0)
+    p.loop(range(5, 8), t + 4.0)  # [14, 17]
+    p.finish(17.0)
+    p.write()
+    result = analyze(load(tmp_path))
+    assert buckets_s(result.partition) == {"startup": 1.0, "productive": 8.0, "wasted_progress": 4.0,
+                                           "disruption": 3.0, "checkpoint_restore": 1.0}
+    row = result.steps[9]
+    assert (row.step, row.step_time_s, row.productive_s) == (5, 5.0, 1.0)
+    assert row.overhead_s == {"disruption": 3.0, "checkpoint_restore": 1.0}

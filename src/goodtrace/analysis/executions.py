@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 from goodtrace import schema
 from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, window_overhead
-from goodtrace.analysis.rewinds import Rewind, find_rewinds
+from goodtrace.analysis.rewinds import Rewind, charge_recovery, find_rewinds
 from goodtrace.read.loaded import NO_TIME, SessionInfo, SessionRecords
 
 __all__ = [
@@ -130,6 +130,7 @@ class SessionSteps:
     over_end: array[int] = dataclasses.field(default_factory=_ints)
     over_label: list[str] = dataclasses.field(default_factory=list)
     data_moved: dict[int, int] = dataclasses.field(default_factory=dict)  # window -> device-idle data ns
+    recovered: dict[int, int] = dataclasses.field(default_factory=dict)  # window -> a rewind's recovery ns
     ignored_syncs: int = 0
     rewinds: list[Rewind] = dataclasses.field(default_factory=list)  # rollbacks inside the session
 
@@ -172,7 +173,9 @@ class SessionSteps:
         pieces = self._carve(self.win_start[w], self.win_end[w], PRODUCTIVE,
                              skip_data=self.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE))
         moved = self.data_moved.get(w)
-        return relabel(pieces, moved, DATA, from_end=False) if moved else pieces
+        pieces = relabel(pieces, moved, DATA, from_end=False) if moved else pieces
+        recovered = self.recovered.get(w)  # before the rewind that this window's first execution follows
+        return relabel(pieces, recovered, schema.BUCKET_DISRUPTION, from_end=False) if recovered else pieces
 
     def startup_pieces(self) -> list[Piece]:
         """Process start -> first step, labelled ``startup`` with the overhead as parts."""
@@ -394,6 +397,8 @@ def cut_session(
         out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE), win_start, win_end, starts, ends, labels)
     if out.data_rule == RULE_ASYNC and schema.DEVICE_IDLE_METRIC in rec.device and _charge_device_idle(out, rec):
         out.data_rule = RULE_ASYNC_DEVICE
+    if out.rewinds:
+        charge_recovery(out)
     return out
 
 

@@ -14,7 +14,11 @@ productive time becomes ``wasted_progress``, their rows "re-done later") and one
   after step 4: the earlier executions of steps 5 and up were thrown away. A number equal to
   the one before (1, 2, 2, 3) is a retry of that step, not a rewind: both executions count;
 - an execution thrown away by one rewind is counted by that rewind only (two rewinds over the
-  same steps never count it twice).
+  same steps never count it twice);
+- the recovery itself is no step's work: in the interval of the first execution after a rewind,
+  the time before the rewind (the loss check, an in-process restart's re-initialisation) that
+  no overhead span covers is ``disruption`` (:func:`charge_recovery`), as the time after a
+  crashed attempt's last sync point is; the restore span stays ``checkpoint_restore``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 from goodtrace import schema
 
-__all__ = ["ROLLBACK_EVENT", "Rewind", "RewindRow", "find_rewinds", "rewind_rows", "rollback_targets"]
+__all__ = ["ROLLBACK_EVENT", "Rewind", "RewindRow", "charge_recovery", "find_rewinds", "rewind_rows", "rollback_targets"]
 
 ROLLBACK_EVENT = schema.EVENT_ROLLBACK
 
@@ -48,6 +52,7 @@ class Rewind:
     thrown: tuple[int, ...]
     skipped: int
     explicit: bool
+    resume: int = -1  # the index of the first execution after it (the count of executions: none)
 
     @property
     def redone(self) -> int:
@@ -93,9 +98,31 @@ def find_rewinds(numbers: Any, t0s: Any, events: Sequence[tuple[str, int, int | 
         resume = int(numbers[j]) if j < n else None
         high = int(numbers[segment_start:j].max()) if j > segment_start else None
         skipped = int((numbers[lost] < resume).sum()) if resume is not None else 0
-        rewinds.append(Rewind(t, high, to_step, resume, tuple(lost.tolist()), skipped, explicit))
+        rewinds.append(Rewind(t, high, to_step, resume, tuple(lost.tolist()), skipped, explicit, j))
         segment_start = j
     return thrown, rewinds
+
+
+def charge_recovery(cut: Any) -> None:
+    """Move each rewind's recovery out of the productive time of the interval that holds it
+    (``SessionSteps.recovered``, ``win_overhead["disruption"]``): the productive part of
+    (interval start, rewind] when the interval begins with the first execution after the
+    rewind (an interval that also holds earlier executions is theirs: left alone)."""
+    from array import array
+
+    for r in cut.rewinds:
+        if r.resume >= len(cut.exec_window) or (w := cut.exec_window[r.resume]) < 0 or cut.win_first[w] != r.resume:
+            continue
+        until = min(r.t, cut.win_end[w])
+        amount = sum(min(p.end, until) - p.start for p in cut.window_pieces(w)
+                     if p.label == schema.BUCKET_PRODUCTIVE and p.start < until)
+        if amount > 0:
+            cut.recovered[w] = cut.recovered.get(w, 0) + amount
+            cut.win_productive[w] -= amount
+            column = cut.win_overhead.get(schema.BUCKET_DISRUPTION)
+            if column is None:
+                column = cut.win_overhead[schema.BUCKET_DISRUPTION] = array("q", bytes(8 * len(cut.win_start)))
+            column[w] += amount
 
 
 @dataclasses.dataclass(frozen=True)
