@@ -109,6 +109,24 @@ def test_two_rollbacks_in_one_attempt(tmp_path: Path) -> None:
     assert_views_agree(run_dir)
 
 
+def test_an_in_process_restart_is_disruption_not_the_next_steps_work(tmp_path: Path) -> None:
+    # after step 8 the host waits for it, spends 80 ms re-initialising (no span), restores,
+    # and runs 5-11 again: the 80 ms are disruption, the restore checkpoint_restore
+    def check(truth: dict[str, Any], report: dict[str, Any]) -> list[str]:
+        b = bound_ns(truth)
+        misses = _wasted_check([5, 6, 7, 8])(truth, report)
+        recovery = sum(t1 - t0 for t0, t1 in truth["marks"]["recoveries"])
+        measured = buckets(report).get("disruption", 0)
+        if not 0 <= measured - recovery <= 3 * b:
+            misses.append(f"disruption {measured / 1e6:.1f} ms, the recovery took {recovery / 1e6:.1f} ms")
+        return misses
+
+    run_dir, _, report = retried("in_process_restart", tmp_path, check)
+    second = next(r for r in report["steps"] if r["step"] == 5 and r["counted"])
+    assert set(second["overhead_s"]) == {"disruption", "checkpoint_restore"}
+    assert_views_agree(run_dir)
+
+
 def _run(shape: str, run_dir: Path, log: Path) -> dict[str, Any]:
     child = subprocess.run([sys.executable, str(LOOPS), shape, str(run_dir), str(log)],
                            capture_output=True, text=True, timeout=120)

@@ -162,11 +162,13 @@ def data_stall(device: SimulatedDevice, marks: dict[str, Any]) -> None:
 
 
 def rollbacks(device: SimulatedDevice, marks: dict[str, Any], plan: dict[int, tuple[int, int]], last: int, *,
-              explicit: bool, first: int = 0) -> None:
-    """40 ms steps ``first`` .. ``last``; after step ``at`` (once each) a loss check fails: a 30
-    ms checkpoint restore (``restore`` span), optionally ``gt.event("rollback", to_step=...)``,
-    and the loop goes on at the plan's resume step (above ``to_step + 1``: skipped batches)."""
-    marks["numbers"], marks["restores"] = [], []
+              explicit: bool, first: int = 0, recovery_s: float = 0.0) -> None:
+    """40 ms steps ``first`` .. ``last``; after step ``at`` (once each) a loss check fails: the
+    host waits for the step, spends ``recovery_s`` in no span (an in-process restart's
+    re-initialisation), a 30 ms checkpoint restore (``restore`` span), optionally
+    ``gt.event("rollback", to_step=...)``, and the loop goes on at the plan's resume step (above
+    ``to_step + 1``: skipped batches)."""
+    marks["numbers"], marks["restores"], marks["recoveries"] = [], [], []
     done: set[int] = set()
     step = first
     while step <= last:
@@ -176,6 +178,11 @@ def rollbacks(device: SimulatedDevice, marks: dict[str, Any], plan: dict[int, tu
         if step in plan and step not in done:
             done.add(step)
             to_step, resume = plan[step]
+            if recovery_s:
+                device.launched[-1].block()
+                t0 = time.perf_counter_ns()
+                _sleep(recovery_s)
+                marks["recoveries"].append((t0, time.perf_counter_ns()))
             with gt.span("restore"):
                 t0 = time.perf_counter_ns()
                 _sleep(30 * MS)
@@ -214,6 +221,7 @@ SHAPES = {
     "rollback_skipping": lambda d, m: rollbacks(d, m, {8: (4, 7)}, 11, explicit=True),
     "rollback_skipping_inferred": lambda d, m: rollbacks(d, m, {8: (4, 7)}, 11, explicit=False),
     "two_rollbacks": lambda d, m: rollbacks(d, m, {8: (4, 5), 10: (7, 8)}, 12, explicit=False),
+    "in_process_restart": lambda d, m: rollbacks(d, m, {8: (4, 5)}, 11, explicit=False, recovery_s=80 * MS),
     "rollback_then_crash": rollback_then_crash,
     "restart_at_7": restart_at_7,
     "idle_tail": idle_tail,

@@ -75,3 +75,21 @@ def test_a_rollback_event_writes_its_to_step_and_warns_without_a_usable_one() ->
     with pytest.warns(gt.GoodtraceWarning, match="step number must be an int"), capture(lag=0) as cap:
         gt.event("rollback", to_step="four")
     assert [e["step"] for e in cap.records("event")] == [None]
+
+
+def test_an_in_process_restart_takes_its_recovery_back_too() -> None:
+    # 0-8, then 2 s of re-initialisation in no span before the 1 s restore, then 5-11: the
+    # recovery is not the new step 5's work (the report's disruption)
+    clock = FakeClock()
+    with capture(clock=clock, lag=0):
+        agg = LiveAggregator(gt.recorder(), LocalTransport(), log_every=1, printer=lambda line: None)
+        for i, step in enumerate([*range(9), *range(5, 12)]):
+            if i == 9:
+                clock.advance(2.0)
+                with gt.span("restore"):
+                    clock.advance(1.0)
+            with gt.step(step) as s:
+                clock.advance(1.0)
+                s.complete_on(1.0)
+        agg.close()
+    assert agg.lines[-1].productive_s == pytest.approx(12.0)

@@ -139,7 +139,8 @@ class LiveAggregator:
         self._prev_end_ns: int | None = None
         self._overhead_spans: list[tuple[str, int, int]] = []
         self._productive_ns = 0
-        self._rewound = RewoundTime()  # a rollback takes its thrown-away time back (live.rewinds)
+        # a rollback takes its thrown-away time and its recovery back (live.rewinds)
+        self._rewound = RewoundTime(lambda a, b: sum(self._overhead_in(a, b, prune=False).values()))
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
         self._warned: set[str] = set()
         self._metric_names = MetricNames(self._warn)  # slots, and names learned from the gathers
@@ -197,7 +198,7 @@ class LiveAggregator:
 
     def _on_rollback(self, to_step: int) -> None:
         with self._lock:
-            self._productive_ns += self._rewound.rollback(to_step)
+            self._productive_ns += self._rewound.rollback(to_step, self._clock())
             self._redo_from(to_step + 1)
 
     def _on_step_begin(self, number: int, t0: int) -> None:
@@ -344,8 +345,9 @@ class LiveAggregator:
         self._prev_end_ns = end_ns
         return _Window(step, count, start_ns, end_ns, timing, overhead, names, vector)
 
-    def _overhead_in(self, start: int, end: int) -> dict[str, int]:
-        """Overhead time per category inside (start, end]; nested spans counted once."""
+    def _overhead_in(self, start: int, end: int, *, prune: bool = True) -> dict[str, int]:
+        """Overhead time per category inside (start, end]; nested spans counted once (``prune``:
+        the spans that end by ``end`` are dropped, no later window needs them)."""
         spans = sorted(self._overhead_spans, key=lambda s: (s[1], -s[2]))
         result: dict[str, int] = {}
         covered_until = start
@@ -354,7 +356,8 @@ class LiveAggregator:
             if hi > lo:
                 result[category] = result.get(category, 0) + hi - lo
                 covered_until = hi
-        self._overhead_spans = [s for s in self._overhead_spans if s[2] > end]
+        if prune:
+            self._overhead_spans = [s for s in self._overhead_spans if s[2] > end]
         return result
 
     # ------------------------------------------------------------------ rank 0

@@ -3,15 +3,18 @@ away leaves the live goodput when the rewind happens (the report's rule is the a
 docs/semantics.md section 1.8; this is its running estimate on one rank).
 
 A rewind is ``gt.event("rollback", to_step=N)``, or a step number lower than the one before
-(unless such an event explains it: the step right after the event runs above N). The work thrown away is the time from step N's completion to the
-last step completed before the rewind; every live window is kept in proportion to the part of
-it outside such times, windows reported before the rewind and after it alike, and overlapping
-rewinds count the same time once.
+(unless such an event explains it: the step right after the event runs above N). The work
+thrown away is the time from step N's completion to the last step completed before the rewind;
+every live window is kept in proportion to the part of it outside such times, windows reported
+before the rewind and after it alike, and overlapping rewinds count the same time once. The
+recovery (from that last completion to the rewind, outside overhead spans) is no step's work
+either: it is taken from the windows reported next.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 
 __all__ = ["RewoundTime"]
 
@@ -19,7 +22,10 @@ __all__ = ["RewoundTime"]
 class RewoundTime:
     """Thrown-away time of one process, and how much of each live window it takes back."""
 
-    def __init__(self, max_steps: int = 100_000, max_windows: int = 100_000) -> None:
+    def __init__(self, overhead_in: Callable[[int, int], int], max_steps: int = 100_000,
+                 max_windows: int = 100_000) -> None:
+        self._overhead_in = overhead_in  # overhead ns inside (a, b]: the rest of a recovery is no work
+        self._debt = 0  # recovery ns still to take from the windows reported next
         self._done: collections.OrderedDict[int, int] = collections.OrderedDict()  # step -> its latest end
         self._max_steps = max_steps
         self._last_end: int | None = None  # the latest step completion seen
@@ -27,7 +33,8 @@ class RewoundTime:
         self._high: int | None = None  # the highest step since the last rewind
         self._said: int | None = None  # a rollback event's to_step: the next step above it is no rewind
         self.dead: list[tuple[int, int]] = []  # thrown-away times, disjoint, in order
-        self._windows: collections.deque[list[int]] = collections.deque(maxlen=max_windows)  # start, end, productive, kept
+        # start, end, productive, kept, recovery taken from it
+        self._windows: collections.deque[list[int]] = collections.deque(maxlen=max_windows)
         self.rewinds = 0
         self.resumed_at: int | None = None  # the first step run after the latest rewind
 
@@ -40,7 +47,7 @@ class RewoundTime:
         if said is not None and step > said:  # the rollback event explains this step
             self._high = self.resumed_at = step
         elif self._high is not None and step < self._high:
-            change = self._rewind(step - 1)
+            change = self._rewind(step - 1, t0)
             self._high = self.resumed_at = step
         else:
             self._high = step if self._high is None else max(self._high, step)
@@ -55,17 +62,19 @@ class RewoundTime:
         if step in self._done:
             self._mark(step, t)
 
-    def rollback(self, to_step: int) -> int:
-        """``gt.event("rollback", to_step=...)``; the change to the productive total (ns)."""
-        change = self._rewind(to_step)
+    def rollback(self, to_step: int, t: int) -> int:
+        """``gt.event("rollback", to_step=...)`` at ``t``; the change to the productive total (ns)."""
+        change = self._rewind(to_step, t)
         self._said = to_step
         return change
 
     def kept(self, start: int, end: int, productive: int) -> int:
         """The part of a new window's productive time that counts (the rest was thrown away)."""
         kept = self._keep(start, end, productive)
-        self._windows.append([start, end, productive, kept])
-        return kept
+        taken = min(kept, self._debt)
+        self._debt -= taken
+        self._windows.append([start, end, productive, kept - taken, taken])
+        return kept - taken
 
     # ------------------------------------------------------------------ internals
     def _mark(self, step: int, t: int) -> None:
@@ -85,16 +94,18 @@ class RewoundTime:
             return max(below)[1]
         return self._first_t0
 
-    def _rewind(self, to_step: int) -> int:
+    def _rewind(self, to_step: int, t: int) -> int:
         self.rewinds += 1
         start, end = self._restored_at(to_step), self._last_end
+        if end is not None and t > end:
+            self._debt += max(0, t - end - self._overhead_in(end, t))
         if start is None or end is None or end <= start:
             return 0
         self.dead = _union(self.dead, (start, end))
         change = 0
         for window in self._windows:
             if window[1] > start and window[0] < end:
-                kept = self._keep(window[0], window[1], window[2])
+                kept = max(0, self._keep(window[0], window[1], window[2]) - window[4])
                 change += kept - window[3]
                 window[3] = kept
         return change
