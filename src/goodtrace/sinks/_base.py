@@ -70,6 +70,9 @@ def row_scalars(row: StepRow) -> dict[str, float]:
     return out
 
 
+MAX_ROLLBACK_TEXTS = 20  # a loop numbered per epoch rewinds every epoch: the count says how many
+
+
 def summary_values(analysis: RunAnalysis) -> tuple[dict[str, float], dict[str, str]]:
     """(numbers, texts) of the run's summary: goodput, every bucket, the attempts, the rollbacks."""
     p = analysis.partition
@@ -94,7 +97,7 @@ def summary_values(analysis: RunAnalysis) -> tuple[dict[str, float], dict[str, s
     }
     if analysis.rewinds:  # rollbacks inside an attempt (absent otherwise: other runs keep their scalars)
         numbers[f"{PREFIX}/summary/rollbacks"] = float(len(analysis.rewinds))
-        for i, r in enumerate(analysis.rewinds):
+        for i, r in enumerate(analysis.rewinds[:MAX_ROLLBACK_TEXTS]):
             texts[f"{PREFIX}/summary/rollback_{i}"] = f"attempt {r.attempt}: {r.text()}"
     return numbers, texts
 
