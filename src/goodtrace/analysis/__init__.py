@@ -72,7 +72,7 @@ from goodtrace.analysis.ranks import (
     rank_figures,
     spread_of,
 )
-from goodtrace.analysis.rewinds import RewindRow, rewind_rows
+from goodtrace.analysis.rewinds import RewindRow, rewind_rows, rewind_warning
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
@@ -371,7 +371,7 @@ def analyze(
     events, events_total = _events(run, attempts, job_start)
     rewinds = rewind_rows(timeline.cuts, timeline.relabels, attempt_of, run.sessions, job_start)
     if rewinds:
-        warnings.append(_rewind_warning(rewinds))
+        warnings.append(rewind_warning(rewinds))
     return RunAnalysis(
         path=run.path,
         job=chosen,
@@ -426,16 +426,6 @@ def _explain(rows: StepTable, timeline: Timeline, cuts: dict[int, SessionSteps],
     if timeline.windows.any_warmup():
         warnings.append("warm-up is inferred: the first step of an attempt took longer than the ideal step beyond "
                         "noise with no compile span to explain it")
-
-
-def _rewind_warning(rewinds: Sequence[RewindRow]) -> str:
-    inferred = sum(1 for r in rewinds if not r.explicit)
-    text = (f"{len(rewinds)} rollback(s) inside an attempt: the executions they threw away are wasted_progress, "
-            "marked re-done later")
-    if inferred:
-        text += (f"; {inferred} inferred from step numbers that went back (a loop that numbers steps per epoch "
-                 "should number them globally; gt.event('rollback', to_step=N) says a rollback outright)")
-    return text
 
 
 def _window_edge(seconds: float, start: int, end: int) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 
 from goodtrace import schema
 
-__all__ = ["ROLLBACK_EVENT", "Rewind", "RewindRow", "charge_recovery", "find_rewinds", "rewind_rows", "rollback_targets"]
+__all__ = ["ROLLBACK_EVENT", "Rewind", "RewindRow", "charge_recovery", "find_rewinds", "rewind_rows", "rewind_warning", "rollback_targets"]
 
 ROLLBACK_EVENT = schema.EVENT_ROLLBACK
 
@@ -180,3 +180,14 @@ def rewind_rows(
             rows.append(RewindRow(info.rank, attempt, cut.session, r.t, (info.wall(r.t) - job_start) / 1e9,
                                   r.from_step, r.to_step, r.resume_step, r.redone, r.skipped, r.explicit, wasted))
     return rows
+
+
+def rewind_warning(rows: Sequence[RewindRow]) -> str:
+    """The report's warning about rewinds (inferred ones may be a loop numbered per epoch)."""
+    inferred = sum(1 for r in rows if not r.explicit)
+    text = (f"{len(rows)} rollback(s) inside an attempt: the executions they threw away are wasted_progress, "
+            "marked re-done later")
+    if inferred:
+        text += (f"; {inferred} inferred from step numbers that went back (a loop that numbers steps per epoch "
+                 "should number them globally; gt.event('rollback', to_step=N) says a rollback outright)")
+    return text
