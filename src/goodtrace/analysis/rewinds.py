@@ -19,6 +19,10 @@ productive time becomes ``wasted_progress``, their rows "re-done later") and one
   the time before the rewind (the loss check, an in-process restart's re-initialisation) that
   no overhead span covers is ``disruption`` (:func:`charge_recovery`), as the time after a
   crashed attempt's last sync point is; the restore span stays ``checkpoint_restore``.
+
+:func:`rewind_rows` turns the reference rank's rewinds into the :class:`RewindRow` every view
+shows (``RunAnalysis.rewinds``: the attempts section, ``--json``, the HTML notes, the sinks'
+summary; the trace draws every rank's from the cuts).
 """
 
 from __future__ import annotations
@@ -29,7 +33,16 @@ from typing import Any
 
 from goodtrace import schema
 
-__all__ = ["ROLLBACK_EVENT", "Rewind", "RewindRow", "charge_recovery", "find_rewinds", "rewind_rows", "rewind_warning", "rollback_targets"]
+__all__ = [
+    "ROLLBACK_EVENT",
+    "Rewind",
+    "RewindRow",
+    "charge_recovery",
+    "find_rewinds",
+    "rewind_rows",
+    "rewind_warning",
+    "rollback_targets",
+]
 
 ROLLBACK_EVENT = schema.EVENT_ROLLBACK
 
