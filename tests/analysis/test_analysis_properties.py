@@ -1,8 +1,8 @@
 """Property tests: for random valid timelines (attempts, sparse or missing sync points,
-nested and overlapping spans, crashes, restarts from any step), the buckets are non-negative
-and add up to the job time exactly, the labelled pieces tile the job, interval goodput over
-windows that tile the job adds up to the whole, and the step table's columns agree with its
-rows."""
+nested and overlapping spans, crashes, restarts from any step, rollbacks inside a process, said
+or seen in the step numbers), the buckets are non-negative and add up to the job time exactly,
+the labelled pieces tile the job, interval goodput over windows that tile the job adds up to the
+whole, and the step table's columns agree with its rows."""
 
 from __future__ import annotations
 
@@ -50,7 +50,12 @@ def loaded_runs(draw: Any) -> LoadedRun:
                 syncs.append((seq, k, mono(cur + length), draw(st.sampled_from(HOWS))))
             cur += length
             k += 1
-        next_step = max(next_step, k)
+            if draw(st.integers(0, 5)) == 0:  # a rollback inside the process: said, or seen in the numbers
+                to_step = draw(st.integers(-1, k))
+                if draw(st.booleans()):
+                    rec.events.append(("rollback", mono(cur), to_step))
+                k = to_step + 1 + draw(st.integers(0, 2))  # 0-2 batches skipped
+            next_step = max(next_step, k)
         end = cur + draw(st.integers(0, 3 * SECOND))
         spans: list[tuple[str, int, int]] = []
         for _ in range(draw(st.integers(0, 10))):
