@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goodtrace.analysis import analyze, interval_partition
+from goodtrace.analysis.executions import FLAG_REWOUND
 from goodtrace.read.load import LoadedRun, SessionInfo, SessionRecords
 from goodtrace.read.loaded import NO_TIME
 
@@ -118,6 +119,11 @@ def test_buckets_are_non_negative_and_sum_to_the_job_time(run: LoadedRun) -> Non
                 row.host_timed) == (table.step_time_s[i], table.productive_s[i], table.first_of_attempt[i],
                                     table.attempt[i], table.seq[i], table.shared[i], table.host_timed[i])
         assert row == table[i]
+    # a rollback throws an execution away once: no two rewinds claim it, and the flag says which
+    for cut in result.cuts.values():
+        thrown = [i for r in cut.rewinds for i in r.thrown]
+        assert len(thrown) == len(set(thrown))
+        assert set(thrown) == {i for i, flags in enumerate(cut.exec_flags) if flags & FLAG_REWOUND}
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
