@@ -26,7 +26,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from array import array
-from collections.abc import Iterable
 
 from goodtrace import schema
 from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, window_overhead
@@ -455,9 +454,3 @@ def _charge_device_idle(out: SessionSteps, rec: SessionRecords) -> bool:
                 column = out.win_overhead[DATA] = array("q", bytes(8 * len(out.win_start)))
             column[w] += amount
     return True
-
-
-def window_steps(out: SessionSteps, w: int) -> Iterable[int]:
-    """Indexes of the executions sharing window ``w``."""
-    first = out.win_first[w]
-    return range(first, first + out.win_count[w])
