@@ -75,6 +75,7 @@ from goodtrace.analysis.ranks import (
     rank_figures,
     spread_of,
 )
+from goodtrace.analysis.rewinds import RewindRow, rewind_rows, rewind_warning
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
 from goodtrace.analysis.time_range import RangeEdge, resolve_range, restrict_to_range
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
@@ -91,6 +92,7 @@ __all__ = [
     "RangeEdge",
     "RankFigure",
     "RankSpread",
+    "RewindRow",
     "RunAnalysis",
     "StepRow",
     "StepStats",
@@ -152,6 +154,7 @@ class RunAnalysis:
     clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
     relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
+    rewinds: tuple[RewindRow, ...] = ()  # rollbacks inside an attempt (reference rank), in time order
     over_time: GoodputOverTime | None = None  # goodput per period (hour) of the job or the time range
     time_range: tuple[int, int] | None = None  # --since/--until on the wall clock: what the step views show
 
@@ -203,6 +206,8 @@ class RunAnalysis:
             "events_total": self.events_total,
             "warnings": list(self.warnings),
         }
+        if self.rewinds:  # only when the job rewound: reports of other runs keep their bytes
+            out["rewinds"] = [r.to_dict() for r in self.rewinds]
         if include_steps:
             out["steps"] = [r.to_dict() for r in self.steps]
         return out
@@ -389,6 +394,9 @@ def analyze(
     )
     _explain(rows, timeline, cuts, warnings)
     events, events_total = _events(run, attempts, job_start)
+    rewinds = rewind_rows(timeline.cuts, timeline.relabels, attempt_of, run.sessions, job_start)
+    if rewinds:
+        warnings.append(rewind_warning(rewinds))
     return RunAnalysis(
         path=run.path,
         job=chosen,
@@ -419,6 +427,7 @@ def analyze(
         clocks=clocks,
         attempt_of=attempt_of,
         relabels=relabels,
+        rewinds=tuple(rewinds),
         over_time=over_time,
         time_range=time_range,
     )
