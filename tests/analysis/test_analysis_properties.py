@@ -119,6 +119,8 @@ def test_buckets_are_non_negative_and_sum_to_the_job_time(run: LoadedRun) -> Non
                 row.host_timed) == (table.step_time_s[i], table.productive_s[i], table.first_of_attempt[i],
                                     table.attempt[i], table.seq[i], table.shared[i], table.host_timed[i])
         assert row == table[i]
+    # MFU's counted steps are the step table's counted rows (re-done after a restart or a rollback excluded)
+    assert result.program.counted_steps == sum(1 for row in table if row.counted)
     # a rollback throws an execution away once: no two rewinds claim it, and the flag says which
     for cut in result.cuts.values():
         thrown = [i for r in cut.rewinds for i in r.thrown]

@@ -147,10 +147,10 @@ class WindowList(Sequence[Window]):
         for segment in self.segments:
             cut, limit = segment.cut, segment.relabels[1]
             window = np.frombuffer(cut.exec_window, dtype=np.int64)
-            in_window = window >= 0
-            if limit is not None:
-                in_window &= np.frombuffer(cut.exec_step, dtype=np.int64) < limit
-            counted += int(in_window.sum())
+            kept = (window >= 0) & ((np.frombuffer(cut.exec_flags, dtype=np.int64) & FLAG_REWOUND) == 0)
+            if limit is not None:  # the same rule as _lost: re-done by a later attempt or rewound
+                kept &= np.frombuffer(cut.exec_step, dtype=np.int64) < limit
+            counted += int(kept.sum())
         return counted
 
     def any_warmup(self) -> bool:
