@@ -76,6 +76,7 @@ from goodtrace.analysis.ranks import (
     rank_figures,
     spread_of,
 )
+from goodtrace.analysis.rewinds import RewindRow, rewind_rows, rewind_warning
 from goodtrace.analysis.slowdown import Slowdown, find_slowdowns
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
 from goodtrace.analysis.time_range import RangeEdge, resolve_range, restrict_to_range
@@ -93,6 +94,7 @@ __all__ = [
     "RangeEdge",
     "RankFigure",
     "RankSpread",
+    "RewindRow",
     "RunAnalysis",
     "StepRow",
     "StepStats",
@@ -156,6 +158,7 @@ class RunAnalysis:
     relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
     hangs: tuple[Hang, ...] = ()  # ranks whose training thread stopped (analysis.hangs)
     slowdowns: tuple[Slowdown, ...] = ()  # ranks slower than they were (analysis.slowdown)
+    rewinds: tuple[RewindRow, ...] = ()  # rollbacks inside an attempt (reference rank), in time order
     over_time: GoodputOverTime | None = None  # goodput per period (hour) of the job or the time range
     time_range: tuple[int, int] | None = None  # --since/--until on the wall clock: what the step views show
 
@@ -209,6 +212,8 @@ class RunAnalysis:
             "events_total": self.events_total,
             "warnings": list(self.warnings),
         }
+        if self.rewinds:  # only when the job rewound: reports of other runs keep their bytes
+            out["rewinds"] = [r.to_dict() for r in self.rewinds]
         if include_steps:
             out["steps"] = [r.to_dict() for r in self.steps]
         return out
@@ -398,6 +403,9 @@ def analyze(
     hangs = find_hangs(job_sessions, run.hang_events, attempt_of, clocks, job_start)
     warnings.extend(f"hang: {line}" for line in describe_hangs(hangs))
     slowdowns = find_slowdowns(job_sessions, cuts, attempt_of)
+    rewinds = rewind_rows(timeline.cuts, timeline.relabels, attempt_of, run.sessions, job_start)
+    if rewinds:
+        warnings.append(rewind_warning(rewinds))
     return RunAnalysis(
         path=run.path,
         job=chosen,
@@ -430,6 +438,7 @@ def analyze(
         relabels=relabels,
         hangs=tuple(hangs),
         slowdowns=tuple(slowdowns),
+        rewinds=tuple(rewinds),
         over_time=over_time,
         time_range=time_range,
     )

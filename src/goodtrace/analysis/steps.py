@@ -45,7 +45,7 @@ class StepRow:
     shared: int  # number of executions sharing the interval (1 = per-step truth)
     host_timed: bool
     first_of_attempt: bool
-    counted: bool  # counts toward the final progress (False: re-done after a restart)
+    counted: bool  # counts toward the final progress (False: re-done after a restart or a rollback)
     seq: int = 0  # the execution within its session (entry order)
     start_ns: int = 0  # the interval (start_ns, end_ns] on the wall clock (shared when sparse)
     end_ns: int = 0

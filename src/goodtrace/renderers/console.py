@@ -201,6 +201,8 @@ def _attempts(console: Console, analysis: RunAnalysis) -> None:
         table.add_row(str(a.index), f"+{_duration((a.start_wall - origin) / 1e9)}", _duration(a.duration_ns / 1e9),
                       safe(a.ending.text), steps, f"{a.ranks}/{a.world}", style=style)
     console.print(table)
+    for r in analysis.rewinds:  # rollbacks inside an attempt (the analysis words them)
+        console.print(f"  attempt {r.attempt}: {safe(r.text())}", style="yellow", highlight=False)
 
 
 def _steps(console: Console, analysis: RunAnalysis, top: int) -> None:

@@ -112,6 +112,8 @@ def _summary(analysis: RunAnalysis, run: LoadedRun) -> dict[str, Any]:
     }
     if program.mfu is not None:
         summary["mfu"] = program.mfu
+    if analysis.rewinds:  # rollbacks inside an attempt (absent otherwise: other pages keep their data)
+        summary["rewinds"] = [r.to_dict() for r in analysis.rewinds[:MAX_PAGE_EVENTS]]
     if analysis.time_range is not None and analysis.window is not None:  # --since/--until
         summary["time_range"] = {"start": iso(analysis.time_range[0]), "end": iso(analysis.time_range[1]),
                            "goodput": _finite(analysis.window.goodput)}

@@ -39,6 +39,7 @@ from goodtrace.record.errors import warn
 from goodtrace.record.live.goodput import AttemptGoodput
 from goodtrace.record.live.line import LiveLine, MetricSummary, format_bytes, format_goodput, format_line
 from goodtrace.record.live.names import NAME_FLOATS, MetricNames
+from goodtrace.record.live.rewinds import RewoundTime
 from goodtrace.record.live.transport import GatherHandle, LocalTransport, Transport
 
 __all__ = [
@@ -138,6 +139,11 @@ class LiveAggregator:
         self._prev_step: int | None = None
         self._prev_end_ns: int | None = None
         self._overhead_spans: list[tuple[str, int, int]] = []
+        self._productive_ns = 0  # the windows' productive time, less what rollbacks took back
+        self._window_productive_ns = 0  # ... before they took it: the difference is their share
+        self._shown = (0, 0)  # the productive ns last shown, and the rollbacks seen by then
+        # a rollback takes its thrown-away time and its recovery back (live.rewinds)
+        self._rewound = RewoundTime(lambda a, b: sum(self._overhead_in(a, b, prune=False).values()))
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
         # this attempt's goodput by the report's rules (record/live/goodput.py)
         self.attempt_goodput = AttemptGoodput(self._process_start_ns)
@@ -177,7 +183,8 @@ class LiveAggregator:
     def _hooks(self) -> list[tuple[str, Callable[..., None]]]:
         hooks: list[tuple[str, Callable[..., None]]] = [
             ("metric_listeners", self._on_metric), ("sync_listeners", self._on_sync),
-            ("step_listeners", self._on_step_end),
+            ("step_listeners", self._on_step_end), ("rollback_listeners", self._on_rollback),
+            ("step_begin_listeners", self._on_step_begin),
         ]
         if self._watch_overhead:  # overhead spans, automatic ones (compile, gc) included
             hooks.append(("overhead_span_listeners", self.on_overhead_span))
@@ -193,6 +200,23 @@ class LiveAggregator:
         if step is not None:
             with self._lock:
                 self._syncs[step] = t
+                self._rewound.step_synced(step, t)
+
+    def _on_rollback(self, to_step: int) -> None:
+        with self._lock:
+            self._productive_ns += self._rewound.rollback(to_step, self._clock())
+            self._redo_from(to_step + 1)
+
+    def _on_step_begin(self, number: int, t0: int) -> None:
+        with self._lock:
+            self._productive_ns += self._rewound.step_began(number, t0)
+            self._redo_from(number)
+
+    def _redo_from(self, step: int) -> None:
+        """This attempt runs ``step`` again: an earlier attempt's run of it no longer counts
+        (the line's ``first_step``, for the sinks' ``goodput/job``)."""
+        if self._first_step is not None and step < self._first_step:
+            self._first_step = step
 
     def on_overhead_span(self, category: str, t0: int, t1: int) -> None:
         """An overhead span ended (the recorder's overhead-span listener)."""
@@ -210,6 +234,7 @@ class LiveAggregator:
                 self._first_t0 = t0
                 self._first_step = number
             self._last_step_end = (number, t1)
+            self._rewound.step_ended(number, t1)
             if number % self.log_every == 0:
                 self._waiting.append((number, self._ends + self.lag, t1))
             # A step whose body raised may be a crashing rank's last: no collective then (its
@@ -279,6 +304,8 @@ class LiveAggregator:
         start_ns = self._prev_end_ns if self._prev_end_ns is not None else (self._first_t0 or end_ns)
         if prev is not None and step > prev:
             count = step - prev
+        elif prev is not None and self._rewound.resumed_at is not None:  # the first window after a rollback
+            count = max(1, step - self._rewound.resumed_at + 1)
         else:  # the first window: from the first step seen up to this one
             count = max(1, step - (self._first_step if self._first_step is not None else step) + 1)
         overhead = self._overhead_in(start_ns, end_ns)
@@ -326,8 +353,9 @@ class LiveAggregator:
         self._prev_end_ns = end_ns
         return _Window(step, count, start_ns, end_ns, timing, overhead, names, vector)
 
-    def _overhead_in(self, start: int, end: int) -> dict[str, int]:
-        """Overhead time per category inside (start, end]; nested spans counted once."""
+    def _overhead_in(self, start: int, end: int, *, prune: bool = True) -> dict[str, int]:
+        """Overhead time per category inside (start, end]; nested spans counted once (``prune``:
+        the spans that end by ``end`` are dropped, no later window needs them)."""
         spans = sorted(self._overhead_spans, key=lambda s: (s[1], -s[2]))
         result: dict[str, int] = {}
         covered_until = start
@@ -336,7 +364,8 @@ class LiveAggregator:
             if hi > lo:
                 result[category] = result.get(category, 0) + hi - lo
                 covered_until = hi
-        self._overhead_spans = [s for s in self._overhead_spans if s[2] > end]
+        if prune:
+            self._overhead_spans = [s for s in self._overhead_spans if s[2] > end]
         return result
 
     # ------------------------------------------------------------------ rank 0
@@ -387,6 +416,9 @@ class LiveAggregator:
         window_ns = window.end_ns - window.start_ns
         seconds = window_ns / 1e9 if window_ns > 0 else None
         overhead_total = sum(window.overhead_ns.values())
+        if window_ns > 0:
+            self._productive_ns += self._rewound.kept(window.start_ns, window.end_ns, max(0, window_ns - overhead_total))
+            self._window_productive_ns += max(0, window_ns - overhead_total)
         for category, ns in window.overhead_ns.items():
             self._overhead_total_ns[category] = self._overhead_total_ns.get(category, 0) + ns
         per_rank = [v for v in vectors if len(v) == size and v[_H_LAYOUT] == _LAYOUT]
@@ -399,13 +431,13 @@ class LiveAggregator:
         tflops = flops / seconds / 1e12 if seconds and flops else None
         mfu = (flops / seconds) / peak if seconds and flops and peak else None
         elapsed = window.end_ns - self._process_start_ns
-        goodput = self.attempt_goodput.goodput(window.end_ns)
+        goodput, productive_ns = self._goodput_at(window.end_ns)
         line = LiveLine(
             step=window.step, steps=window.steps, ranks=ranks, step_time_s=step_time, train_s=train,
             overhead_s=overhead, metrics=metrics, tokens_per_s=tokens_per_s, tflops_per_s=tflops, mfu=mfu,
             goodput=goodput, timing=window.timing, text="",
             elapsed_s=elapsed / 1e9 if elapsed > 0 else None,
-            productive_s=self.attempt_goodput.productive(window.end_ns) / 1e9,
+            productive_s=productive_ns / 1e9,
             overhead_total_s={c: ns / 1e9 for c, ns in sorted(self._overhead_total_ns.items())},
             wall_ns=window.end_ns + self._wall_minus_clock, first_step=self._first_step, rank=self._rank,
             rank_step_s=tuple(float(v[_H_STEP_S]) for v in per_rank), rank_lateness_s=lateness,
@@ -465,10 +497,22 @@ class LiveAggregator:
                 self._detach()
                 self._final()
 
+    def _goodput_at(self, t: int) -> tuple[float | None, int]:
+        """(goodput, productive ns) of this attempt at ``t``: the partition rules'
+        (live/goodput.py), less what rollbacks took back (live/rewinds.py)."""
+        taken = max(0, self._window_productive_ns - self._productive_ns)
+        productive = max(0, self.attempt_goodput.productive(t) - taken)
+        # the two estimates of a window differ by a little: the figure only goes down at a rollback
+        if self._rewound.rewinds == self._shown[1]:
+            productive = max(productive, self._shown[0])
+        self._shown = (productive, self._rewound.rewinds)
+        elapsed = t - self._process_start_ns
+        return (min(1.0, productive / elapsed) if elapsed > 0 else None), productive
+
     def _final(self) -> None:
         """This attempt's goodput at finish (the report's figure for a one-attempt job)."""
         clock: Callable[[], int] = getattr(self.recorder, "clock", time.perf_counter_ns)
-        self.final_goodput = self.attempt_goodput.goodput(clock())
+        self.final_goodput = self._goodput_at(clock())[0]
         if self.transport.rank == 0 and self.final_goodput is not None:
             self.printer(f"goodtrace: finished: {format_goodput(self.final_goodput, self._rank)}")
 

@@ -23,6 +23,8 @@ from goodtrace import schema
 __all__ = ["AttemptGoodput"]
 
 MAX_STEADY = 100_000  # per-step productive times kept for the ideal step (the first ones)
+FREEZE_AFTER = 20  # steady intervals after which the warm-up is held (the live figure then only
+# moves with the job; the report's ideal step, from every interval, differs from it by noise)
 
 
 def _covered(spans: Iterable[tuple[str, int, int]], start: int, end: int) -> dict[str, int]:
@@ -68,6 +70,7 @@ class AttemptGoodput:
         self._last_step: int | None = None
         self.ahead = 0
         self.behind = 0
+        self._frozen_warmup: tuple[bool, int] | None = None  # (data rule it was for, warm-up ns)
 
     # ------------------------------------------------------------------ listeners
     def hooks(self) -> list[tuple[str, Callable[..., None]]]:
@@ -126,6 +129,7 @@ class AttemptGoodput:
 
     # ------------------------------------------------------------------ intervals
     def _reset_intervals(self) -> None:
+        self._frozen_warmup = None
         self.window_end = None
         self._open.clear()
         self.productive_ns = self.data_ns = 0
@@ -195,7 +199,12 @@ class AttemptGoodput:
         with_data = self.data_is_productive
         if not with_data:
             productive -= data
-        return productive - self._warmup(first, values, with_data)
+        if self._frozen_warmup is not None and self._frozen_warmup[0] == with_data:
+            return productive - self._frozen_warmup[1]
+        warmup = self._warmup(first, values, with_data)
+        if len(values) >= FREEZE_AFTER:  # known well enough: the figure no longer moves with it
+            self._frozen_warmup = (with_data, warmup)
+        return productive - warmup
 
     @staticmethod
     def _warmup(first: tuple[int, int, int] | None, values: list[tuple[int, int, int]], with_data: bool) -> int:

@@ -99,6 +99,7 @@
     note('Attempt ' + a.index + ': steps ' + (a.first_step === null ? '-' : a.first_step + '-' + a.last_step) +
          ', ' + seconds(a.duration_s) + ', ' + a.ended);
   });
+  (summary.rewinds || []).forEach(function (r) { note('Attempt ' + r.attempt + ': ' + r.text); });
   (summary.stragglers || []).forEach(function (s) { note('Slow rank ' + s.rank + ' (' + s.host + '): ' + s.reason); });
   var events = summary.events || [];
   if (events.length) {
