@@ -9,17 +9,33 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from goodtrace.analysis import analyze
+from goodtrace.read.engine import Engine
+from goodtrace.read.load import load_run
 from goodtrace.read.validate import MAX_LINE_BYTES
+from goodtrace.renderers.json_report import render_json
 from helpers.builders import Proc
 
 CRASH_AT = 12  # attempt 0 dies during this step
 CHECKPOINT = 9  # the last checkpoint before it: attempt 1 resumes after it
+NOW = 1_800_000_000 * 10**9  # "now" for the analysis: fixed, so that two reports may be compared
+
+
+def report_read_by(run: Path, engine: Engine, labels: list[str] | None = None) -> str:
+    """``goodtrace report --json``'s text, the run read where ``engine`` says; ``labels``
+    collects the progress labels (which say where the files were read)."""
+    def progress(label: str, done: int, total: int) -> None:
+        if labels is not None and label not in labels:
+            labels.append(label)
+
+    loaded = load_run(run, engine=engine, progress=progress)
+    return render_json(analyze(loaded, now_wall_ns=NOW, release_records=True))
 
 
 def write_many_ranks(run_dir: Path, ranks: int = 64, steps: int = 24, *, long_line: bool = False,
                      seed: int = 7) -> Path:
-    """Write the run; ``long_line`` adds to rank 1's second attempt a line over half the
-    longest record (DuckDB refuses it; the reader reads a copy without it)."""
+    """Write the run; ``long_line`` adds to rank 1's second attempt a line longer than a record
+    may be (DuckDB refuses its batch; the reader reads a copy of the file without it)."""
     rng = random.Random(seed)
     for rank in range(ranks):
         slow = 1.3 if rank == 5 else 1.0
@@ -65,6 +81,6 @@ def write_many_ranks(run_dir: Path, ranks: int = 64, steps: int = 24, *, long_li
         path = second.write()
         if long_line and rank == 1:
             with open(path, "a", encoding="utf-8") as handle:
-                handle.write('{"kind":"event","name":"huge","t":1,"attrs":{"blob":"' + "x" * (MAX_LINE_BYTES // 2 + 1024)
+                handle.write('{"kind":"event","name":"huge","t":1,"attrs":{"blob":"' + "x" * (MAX_LINE_BYTES + 1024)
                              + '"}}\n')
     return run_dir

@@ -9,9 +9,11 @@ shared filesystem), and it returns its run-model tables as Parquet bytes; the dr
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import goodtrace
 from goodtrace.read.engine import LOCAL_RAY, FoldResult, FoldTask, run_task
 from goodtrace.read.loaded import LoadError
 
@@ -27,10 +29,15 @@ def _connect(address: str) -> bool:
         raise LoadError("--ray needs Ray: pip install 'goodtrace[ray]'") from None
     if ray.is_initialized():
         return False
+    options: dict[str, Any] = {}
+    if address == LOCAL_RAY:  # its workers import the goodtrace this process imported
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(goodtrace.__file__)))
+        paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        options["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}
     try:
         ray.init(
             address=None if address == LOCAL_RAY else address, include_dashboard=False,
-            logging_level=logging.WARNING, log_to_driver=False, configure_logging=True,
+            logging_level=logging.WARNING, log_to_driver=False, configure_logging=True, **options,
         )
     except (ConnectionError, ValueError, RuntimeError) as exc:
         raise LoadError(f"cannot connect to the Ray cluster {address!r}: {exc}") from None
