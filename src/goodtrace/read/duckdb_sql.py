@@ -151,10 +151,12 @@ def _is_too_long(exc: Exception) -> bool:
     return "maximum_object_size" in str(exc)
 
 
-def connect(tmpdir: str) -> Any:
+def connect(tmpdir: str, *, in_memory: bool = False) -> Any:
+    """A connection whose database lives in ``tmpdir`` (``in_memory``: only what exceeds the
+    memory limit goes there: a worker's, whose tables are small and never checkpointed)."""
     import duckdb
 
-    con = duckdb.connect(os.path.join(tmpdir, "run.duckdb"))
+    con = duckdb.connect(":memory:" if in_memory else os.path.join(tmpdir, "run.duckdb"))
     con.execute(f"SET temp_directory={sql_str(os.path.join(tmpdir, 'spill'))}")
     con.execute("SET memory_limit='1GB'")
     con.execute("SET preserve_insertion_order=false")

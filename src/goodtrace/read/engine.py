@@ -67,6 +67,13 @@ def workers_from_environment() -> int | None:
     return value
 
 
+def python_path() -> str:
+    """``PYTHONPATH`` for a worker process: the directory this goodtrace was imported from
+    first, so that workers run the driver's goodtrace."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.pathsep.join([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+
 def local_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -106,7 +113,7 @@ def run_task(task: FoldTask) -> FoldResult:
     skips = duckdb_sql.FileSkips()
     result = FoldResult(task.index, {}, {}, [], [])
     try:
-        con = duckdb_sql.connect(tmpdir)
+        con = duckdb_sql.connect(tmpdir, in_memory=True)
         try:
             con.execute("SET threads=1")
             for statement in duckdb_sql.MODEL_TABLES:
@@ -151,17 +158,18 @@ def _sizes(files_by_sid: dict[int, list[str]]) -> dict[int, int]:
     return sizes
 
 
-def plan_tasks(batches: Sequence[Sequence[int]], sizes: dict[int, int], tasks: int) -> list[list[int]]:
-    """Consecutive fold batches grouped into at most ``tasks`` runs of about equal bytes."""
-    weights = [sum(sizes.get(sid, 0) for sid in batch) + 1 for batch in batches]
+def plan_tasks(units: Sequence[Sequence[int]], sizes: dict[int, int], tasks: int) -> list[list[int]]:
+    """Consecutive units (lists of sessions) grouped into at most ``tasks`` runs of about
+    equal bytes."""
+    weights = [sum(sizes.get(sid, 0) for sid in unit) + 1 for unit in units]
     total = sum(weights)
     groups: list[list[int]] = []
     done = 0
-    for batch, weight in zip(batches, weights, strict=True):
-        # a new group when this batch's middle lies past the next share of the bytes
+    for unit, weight in zip(units, weights, strict=True):
+        # a new group when this unit's middle lies past the next share of the bytes
         if not groups or (done + weight / 2) * tasks >= total * len(groups):
             groups.append([])
-        groups[-1].extend(batch)
+        groups[-1].extend(unit)
         done += weight
     return groups
 
@@ -183,21 +191,47 @@ def fold_sessions(
     tables, where ``engine`` says; same tables, skipped lines (in ``skips``) and substituted
     files (in ``files_by_sid``) as one process gives. Returns ``done`` plus the files folded."""
     sizes = _sizes(files_by_sid)
-    batches = duckdb_sql.session_batches(files_by_sid)
-    workers = 1 if engine.ray is not None else _workers(engine, sizes)
-    if engine.ray is None and (workers <= 1 or len(batches) <= 1):
-        return duckdb_sql.fold_json(con, files_by_sid, progress, done, total, skips)
-    count = len(batches) if engine.ray is not None else min(len(batches), workers * TASKS_PER_WORKER)
-    groups = plan_tasks(batches, sizes, count)
-    out_dir = None if engine.ray is not None else os.path.join(tmpdir, "tasks")
-    if out_dir is not None:
+    if engine.ray is not None:
+        from goodtrace.read.ray_engine import RaySession
+
+        with RaySession(engine.ray) as session:
+            tasks = _tasks(files_by_sid, main_tids, sizes, session.cpus, None)
+            results = session.run(tasks, _counter(tasks, "reading rank files on Ray", progress, done, total))
+    else:
+        workers = _workers(engine, sizes)
+        if workers <= 1 or len(files_by_sid) <= 1:
+            return duckdb_sql.fold_json(con, files_by_sid, progress, done, total, skips)
+        out_dir = os.path.join(tmpdir, "tasks")
         os.makedirs(out_dir, exist_ok=True)
-    tasks = [
+        tasks = _tasks(files_by_sid, main_tids, sizes, workers, out_dir)
+        workers = min(workers, len(tasks))
+        results = _run_pool(tasks, workers, _counter(tasks, f"reading rank files ({workers} workers)", progress,
+                                                     done, total))
+    _reduce(con, results, tmpdir, files_by_sid, skips)
+    return done + sum(len(paths) for paths in files_by_sid.values())
+
+
+def _tasks(
+    files_by_sid: dict[int, list[str]], main_tids: dict[int, int | None], sizes: dict[int, int], workers: int,
+    out_dir: str | None,
+) -> list[FoldTask]:
+    """Tasks for ``workers``: runs of whole fold batches (the batches one process parses) when
+    there are a few per worker, else runs of whole sessions (a session's model is its own:
+    every query of the fold groups, partitions or joins by session)."""
+    batches = duckdb_sql.session_batches(files_by_sid)
+    units = batches if len(batches) >= 2 * workers else [[sid] for sid in sorted(files_by_sid)]
+    groups = plan_tasks(units, sizes, min(len(units), workers * TASKS_PER_WORKER))
+    return [
         FoldTask(i, {sid: files_by_sid[sid] for sid in sids}, [(sid, main_tids.get(sid)) for sid in sids], out_dir)
         for i, sids in enumerate(groups)
     ]
-    files_of = [sum(len(t.files[sid]) for sid in t.files) for t in tasks]
-    label = "reading rank files on Ray" if engine.ray is not None else "reading rank files"
+
+
+def _counter(
+    tasks: Sequence[FoldTask], label: str, progress: Progress | None, done: int, total: int,
+) -> Callable[[int], None]:
+    """What to call when a task is done: the progress, counted in files."""
+    files_of = [sum(len(paths) for paths in task.files.values()) for task in tasks]
 
     def finished(index: int) -> None:
         nonlocal done
@@ -205,16 +239,7 @@ def fold_sessions(
         if progress is not None:
             progress(label, done, total)
 
-    if engine.ray is not None:
-        from goodtrace.read.ray_engine import run_on_ray
-
-        results = run_on_ray(engine.ray, tasks, finished)
-    else:
-        workers = min(workers, len(tasks))
-        label = f"reading rank files ({workers} workers)"
-        results = _run_pool(tasks, workers, finished)
-    _reduce(con, results, tmpdir, files_by_sid, skips)
-    return done
+    return finished
 
 
 def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int], None]) -> list[FoldResult]:

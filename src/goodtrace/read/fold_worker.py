@@ -16,8 +16,7 @@ import subprocess
 import sys
 from typing import IO, Any
 
-import goodtrace
-from goodtrace.read.engine import FoldResult, FoldTask, run_task
+from goodtrace.read.engine import FoldResult, FoldTask, python_path, run_task
 from goodtrace.read.loaded import LoadError
 
 __all__ = ["WorkerProcess"]
@@ -48,9 +47,7 @@ class WorkerProcess:
     """One worker process, serving one task at a time."""
 
     def __init__(self) -> None:
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(goodtrace.__file__)))
-        paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+        env = dict(os.environ, PYTHONPATH=python_path())
         self.process = subprocess.Popen(
             [sys.executable, "-m", "goodtrace.read.fold_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=env,

@@ -9,47 +9,55 @@ shared filesystem), and it returns its run-model tables as Parquet bytes; the dr
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import goodtrace
-from goodtrace.read.engine import LOCAL_RAY, FoldResult, FoldTask, run_task
+from goodtrace.read.engine import LOCAL_RAY, FoldResult, FoldTask, python_path, run_task
 from goodtrace.read.loaded import LoadError
 
-__all__ = ["run_on_ray"]
+__all__ = ["RaySession"]
 
 
-def _connect(address: str) -> bool:
-    """Connect to Ray (a local one started here for ``"local"``), unless this process already
-    is; whether this call connected (and so disconnects after)."""
-    try:
+class RaySession:
+    """A connection to Ray for one read (a local Ray started for it with ``"local"``), unless
+    this process is connected already; ``cpus``: the cluster's CPUs."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.connected = False
+        self.cpus = 1
+
+    def __enter__(self) -> RaySession:
+        try:
+            import ray
+        except ImportError:
+            raise LoadError("--ray needs Ray: pip install 'goodtrace[ray]'") from None
+        if not ray.is_initialized():
+            options: dict[str, Any] = {}
+            if self.address == LOCAL_RAY:  # its workers import the goodtrace this process imported
+                options["runtime_env"] = {"env_vars": {"PYTHONPATH": python_path()}}
+            try:
+                ray.init(
+                    address=None if self.address == LOCAL_RAY else self.address, include_dashboard=False,
+                    logging_level=logging.WARNING, log_to_driver=False, configure_logging=True, **options,
+                )
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise LoadError(f"cannot connect to the Ray cluster {self.address!r}: {exc}") from None
+            self.connected = True
+        resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        self.cpus = max(1, int(resources.get("CPU", 1)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.connected:
+            import ray
+
+            ray.shutdown()
+
+    def run(self, tasks: Sequence[FoldTask], finished: Callable[[int], None]) -> list[FoldResult]:
+        """Every task as a Ray task of one CPU; results as they arrive (``finished`` told of each)."""
         import ray
-    except ImportError:
-        raise LoadError("--ray needs Ray: pip install 'goodtrace[ray]'") from None
-    if ray.is_initialized():
-        return False
-    options: dict[str, Any] = {}
-    if address == LOCAL_RAY:  # its workers import the goodtrace this process imported
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(goodtrace.__file__)))
-        paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        options["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}
-    try:
-        ray.init(
-            address=None if address == LOCAL_RAY else address, include_dashboard=False,
-            logging_level=logging.WARNING, log_to_driver=False, configure_logging=True, **options,
-        )
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        raise LoadError(f"cannot connect to the Ray cluster {address!r}: {exc}") from None
-    return True
 
-
-def run_on_ray(address: str, tasks: Sequence[FoldTask], finished: Callable[[int], None]) -> list[FoldResult]:
-    """Every task as a Ray task of one CPU; results as they arrive (``finished`` told of each)."""
-    import ray
-
-    connected = _connect(address)
-    try:
         remote: Any = ray.remote(num_cpus=1)(run_task)
         pending = {remote.remote(task): task.index for task in tasks}
         results: list[FoldResult] = []
@@ -65,6 +73,3 @@ def run_on_ray(address: str, tasks: Sequence[FoldTask], finished: Callable[[int]
                 results.append(result)
                 finished(result.index)
         return results
-    finally:
-        if connected:
-            ray.shutdown()
