@@ -32,7 +32,8 @@ ENV_WORKERS = "GOODTRACE_WORKERS"
 # starting a worker (a fresh interpreter importing DuckDB) costs about what folding 20 MiB costs,
 # so a pool pays from about 64 MiB on 2 cores (BENCHMARKS.md, "All local cores").
 POOL_MIN_BYTES = 64 * 2**20
-TASKS_PER_WORKER = 4  # tasks per worker: a slow task (a long session) holds up less of the end
+TASKS_PER_WORKER = 4  # at most, per worker: a slow task (a long session) holds up less of the end
+TASK_BYTES = 32 * 2**20  # at least, per task (beyond one per worker): a task costs about 0.1 s
 LOCAL_RAY = "local"
 
 
@@ -220,7 +221,8 @@ def _tasks(
     every query of the fold groups, partitions or joins by session)."""
     batches = duckdb_sql.session_batches(files_by_sid)
     units = batches if len(batches) >= 2 * workers else [[sid] for sid in sorted(files_by_sid)]
-    groups = plan_tasks(units, sizes, min(len(units), workers * TASKS_PER_WORKER))
+    count = max(workers, min(workers * TASKS_PER_WORKER, sum(sizes.values()) // TASK_BYTES))
+    groups = plan_tasks(units, sizes, min(len(units), count))
     return [
         FoldTask(i, {sid: files_by_sid[sid] for sid in sids}, [(sid, main_tids.get(sid)) for sid in sids], out_dir)
         for i, sids in enumerate(groups)
@@ -305,18 +307,21 @@ def _reduce(
     for result in ordered:
         if result.error is not None:
             raise duckdb.Error(result.error)
-    con.execute("SET preserve_insertion_order=true")
+    con.execute("SET preserve_insertion_order=true")  # the files' rows in the order listed
     try:
-        for result in ordered:
-            for table in duckdb_sql.RUN_MODEL_NAMES:
+        for table in duckdb_sql.RUN_MODEL_NAMES:
+            paths = []
+            for result in ordered:
                 stored = result.tables[table]
                 if isinstance(stored, bytes):
-                    path = os.path.join(tmpdir, f"task{result.index:06d}-{table}.parquet")
-                    with open(path, "wb") as handle:
+                    paths.append(os.path.join(tmpdir, f"task{result.index:06d}-{table}.parquet"))
+                    with open(paths[-1], "wb") as handle:
                         handle.write(stored)
                 else:
-                    path = stored
-                con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet({duckdb_sql.sql_str(path)})")
+                    paths.append(stored)
+            files = "[" + ", ".join(duckdb_sql.sql_str(path) for path in paths) + "]"
+            con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet({files})")
+            for path in paths:
                 os.remove(path)
     finally:
         con.execute("SET preserve_insertion_order=false")
