@@ -197,7 +197,7 @@ def fold_sessions(
 
         with RaySession(engine.ray) as session:
             tasks = _tasks(files_by_sid, main_tids, sizes, session.cpus, None)
-            results = session.run(tasks, _counter(tasks, "reading rank files on Ray", progress, done, total))
+            results = session.run(tasks, _counter(tasks, "reading rank files on Ray", progress, done, total), tmpdir)
     else:
         workers = _workers(engine, sizes)
         if workers <= 1 or len(files_by_sid) <= 1:
@@ -208,7 +208,7 @@ def fold_sessions(
         workers = min(workers, len(tasks))
         results = _run_pool(tasks, workers, _counter(tasks, f"reading rank files ({workers} workers)", progress,
                                                      done, total))
-    _reduce(con, results, tmpdir, files_by_sid, skips)
+    _reduce(con, results, files_by_sid, skips)
     return done + sum(len(paths) for paths in files_by_sid.values())
 
 
@@ -296,8 +296,7 @@ def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int],
 
 
 def _reduce(
-    con: Any, results: Sequence[FoldResult], tmpdir: str, files_by_sid: dict[int, list[str]],
-    skips: duckdb_sql.FileSkips,
+    con: Any, results: Sequence[FoldResult], files_by_sid: dict[int, list[str]], skips: duckdb_sql.FileSkips,
 ) -> None:
     """The tasks' tables into ``con``'s, in task order (the rows in the order one process
     inserts them), and what they skipped into ``skips``."""
@@ -310,18 +309,12 @@ def _reduce(
     con.execute("SET preserve_insertion_order=true")  # the files' rows in the order listed
     try:
         for table in duckdb_sql.RUN_MODEL_NAMES:
-            paths = []
-            for result in ordered:
-                stored = result.tables[table]
-                if isinstance(stored, bytes):
-                    paths.append(os.path.join(tmpdir, f"task{result.index:06d}-{table}.parquet"))
-                    with open(paths[-1], "wb") as handle:
-                        handle.write(stored)
-                else:
-                    paths.append(stored)
-            files = "[" + ", ".join(duckdb_sql.sql_str(path) for path in paths) + "]"
+            stored = [result.tables[table] for result in ordered]
+            tables = [path for path in stored if isinstance(path, str)]
+            assert len(tables) == len(stored)  # a Ray task's bytes are written out on arrival
+            files = "[" + ", ".join(duckdb_sql.sql_str(path) for path in tables) + "]"
             con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet({files})")
-            for path in paths:
+            for path in tables:
                 os.remove(path)
     finally:
         con.execute("SET preserve_insertion_order=false")

@@ -9,6 +9,7 @@ shared filesystem), and it returns its run-model tables as Parquet bytes; the dr
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,8 +38,8 @@ class RaySession:
             if self.address == LOCAL_RAY:  # its workers import the goodtrace this process imported
                 options["runtime_env"] = {"env_vars": {"PYTHONPATH": python_path()}}
             try:
-                ray.init(
-                    address=None if self.address == LOCAL_RAY else self.address, include_dashboard=False,
+                ray.init(  # "local" is Ray's own word for a new local cluster, even where RAY_ADDRESS is set
+                    address=self.address, include_dashboard=False,
                     logging_level=logging.WARNING, log_to_driver=False, configure_logging=True, **options,
                 )
             except (ConnectionError, ValueError, RuntimeError) as exc:
@@ -54,8 +55,9 @@ class RaySession:
 
             ray.shutdown()
 
-    def run(self, tasks: Sequence[FoldTask], finished: Callable[[int], None]) -> list[FoldResult]:
-        """Every task as a Ray task of one CPU; results as they arrive (``finished`` told of each)."""
+    def run(self, tasks: Sequence[FoldTask], finished: Callable[[int], None], spill_dir: str) -> list[FoldResult]:
+        """Every task as a Ray task of one CPU; results as they arrive (``finished`` told of
+        each), their tables written to ``spill_dir`` (the driver holds no task's bytes)."""
         import ray
 
         remote: Any = ray.remote(num_cpus=1)(run_task)
@@ -70,6 +72,12 @@ class RaySession:
                     cause = getattr(exc, "cause", None) or exc
                     raise LoadError(f"a Ray task reading the run failed: {type(cause).__name__}: {cause}") from None
                 pending.pop(ref)
+                for table, stored in result.tables.items():
+                    if isinstance(stored, bytes):
+                        path = os.path.join(spill_dir, f"task{result.index:06d}-{table}.parquet")
+                        with open(path, "wb") as handle:
+                            handle.write(stored)
+                        result.tables[table] = path
                 results.append(result)
                 finished(result.index)
         return results
