@@ -5,7 +5,8 @@ Generates RANKS x STEPS steps (report_scale's run: 10 spans a step, heartbeats, 
 default 64 x 2,000, about 1.7 M records, 180 MB), then in a fresh process for each case loads
 and analyses it as ``report --json`` does and reports the wall time of the per-session map
 (start to the end of the reading, discovery included) and of the whole report, and the
-driver's peak RSS. Cases: ``--workers 1``, ``--workers 2``, ``--ray ADDRESS`` on a 2-CPU Ray
+driver's peak RSS. Cases: ``--workers 1`` (DuckDB on every core, as without a pool), the same
+on one DuckDB thread (what each worker runs), ``--workers 2``, ``--ray ADDRESS`` on a 2-CPU Ray
 cluster this benchmark starts once (``ray.init(num_cpus=2)``, shut down at the end: its start-up
 is not counted; a bare ``--ray`` adds it, measured apart as ``ray_local_start_s``). The pool's
 own start-up is measured on a 64-rank run of 10 steps (``pool_start_s``). Each case runs ``--repeat`` times
@@ -35,7 +36,15 @@ from goodtrace.analysis import analyze
 from goodtrace.read.engine import Engine
 from goodtrace.read.load import load_run
 from goodtrace.renderers.json_report import render_json
-run, workers, ray, out = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, sys.argv[4]
+run, workers, ray, out, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, sys.argv[4], int(sys.argv[5])
+if threads:  # this process's DuckDB on that many threads (a worker's: 1)
+    from goodtrace.read import duckdb_sql
+    connect = duckdb_sql.connect
+    def one_thread(*args, **kwargs):
+        con = connect(*args, **kwargs)
+        con.execute(f"SET threads={threads}")
+        return con
+    duckdb_sql.connect = one_thread
 marks = {}
 def progress(label, done, total):
     if label == "summarising":
@@ -50,10 +59,10 @@ print(json.dumps({"map_s": marks["map"] - start, "report_s": end - start,
 """
 
 
-def _case(run: Path, out: Path, workers: int = 1, ray: str = "") -> dict[str, float]:
+def _case(run: Path, out: Path, workers: int = 1, ray: str = "", threads: int = 0) -> dict[str, float]:
     env = dict(os.environ, GOODTRACE_PROGRESS="0")
     env.pop("GOODTRACE_WORKERS", None)
-    done = subprocess.run([sys.executable, "-c", _CASE, str(run), str(workers), ray, str(out)],
+    done = subprocess.run([sys.executable, "-c", _CASE, str(run), str(workers), ray, str(out), str(threads)],
                           capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise SystemExit(f"case workers={workers} ray={ray!r} failed: {done.stderr[-2000:]}")
@@ -94,8 +103,9 @@ def main() -> None:
         result["run_mib"] = sum(p.stat().st_size for p in run.rglob("*.jsonl")) / 2**20
         cases: dict[str, dict[str, float]] = {}
         cases["workers_1"] = _best(run, tmp / "w1.json", args.repeat, workers=1)
+        cases["workers_1_one_thread"] = _best(run, tmp / "w1t.json", args.repeat, workers=1, threads=1)
         cases["workers_2"] = _best(run, tmp / "w2.json", args.repeat, workers=2)
-        same = [(tmp / "w2.json").read_bytes() == (tmp / "w1.json").read_bytes()]
+        same = [(tmp / name).read_bytes() == (tmp / "w1.json").read_bytes() for name in ("w2.json", "w1t.json")]
         tiny1 = _best(tiny, tmp / "t1.json", 3, workers=1)
         tiny2 = _best(tiny, tmp / "t2.json", 3, workers=2)
         result["pool_start_s"] = round(tiny2["map_s"] - tiny1["map_s"], 3)
@@ -114,6 +124,8 @@ def main() -> None:
         base = cases["workers_1"]
         result["speedup_map_2_workers"] = round(base["map_s"] / cases["workers_2"]["map_s"], 2)
         result["speedup_report_2_workers"] = round(base["report_s"] / cases["workers_2"]["report_s"], 2)
+        result["speedup_map_2_workers_vs_one_thread"] = round(
+            cases["workers_1_one_thread"]["map_s"] / cases["workers_2"]["map_s"], 2)
         if "ray_local" in cases:
             result["speedup_map_ray_local"] = round(base["map_s"] / cases["ray_local"]["map_s"], 2)
         result["load_after"] = os.getloadavg()[0]
@@ -122,9 +134,10 @@ def main() -> None:
     print(f"run: {args.ranks} ranks x {steps} steps, {result['records']:,} records, {result['run_mib']:.0f} MiB; "
           f"{result['cores']} cores, load {result['load_before']:.1f} before, {result['load_after']:.1f} after")
     for name, c in result["cases"].items():
-        print(f"  {name:10s} map {c['map_s']:7.2f} s   report {c['report_s']:7.2f} s   driver peak {c['rss_mib']:6.0f} MiB")
-    print(f"  2 workers: {result['speedup_map_2_workers']}x on the map, {result['speedup_report_2_workers']}x on "
-          f"the report; pool start {result['pool_start_s']} s; identical reports: {result['identical']}")
+        print(f"  {name:20s} map {c['map_s']:7.2f} s   report {c['report_s']:7.2f} s   driver peak {c['rss_mib']:6.0f} MiB")
+    print(f"  2 workers: {result['speedup_map_2_workers']}x on the map ({result['speedup_map_2_workers_vs_one_thread']}x "
+          f"against one process on one DuckDB thread), {result['speedup_report_2_workers']}x on the report; "
+          f"pool start {result['pool_start_s']} s; identical reports: {result['identical']}")
     if "ray_local_start_s" in result:
         print(f"  Ray (a running 2-CPU cluster): {result['speedup_map_ray_local']}x on the map; starting a local "
               f"Ray adds {result['ray_local_start_s']} s")

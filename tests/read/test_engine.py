@@ -14,6 +14,7 @@ import pytest
 
 from goodtrace.read.duckdb_sql import session_batches
 from goodtrace.read.engine import Engine, plan_tasks
+from goodtrace.read.load import LoadError, load_run
 from helpers.many_ranks import report_read_by as report
 from helpers.many_ranks import write_many_ranks
 
@@ -81,3 +82,8 @@ def test_bad_worker_counts_are_clear_errors(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run), "--workers", "0"],
                           capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode != 0 and "at least 1" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ray_on_a_cluster_refuses_a_run_it_would_read_through_a_local_mirror() -> None:
+    with pytest.raises(LoadError, match="shared filesystem"):
+        load_run("s3://bucket/runs/exp1", engine=Engine(ray="auto"))
