@@ -191,6 +191,8 @@ def fold_sessions(
     """:func:`~goodtrace.read.duckdb_sql.fold_json` of ``files_by_sid`` into ``con``'s model
     tables, where ``engine`` says; same tables, skipped lines (in ``skips``) and substituted
     files (in ``files_by_sid``) as one process gives. Returns ``done`` plus the files folded."""
+    if not files_by_sid:  # all read from the compacted copy
+        return done
     sizes = _sizes(files_by_sid)
     if engine.ray is not None:
         from goodtrace.read.ray_engine import RaySession
