@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from goodtrace.record.liveline import LiveLine
-from goodtrace.record.sinks import RANK_CHOICES, RANK_ZERO, SinkError, SinkRun
+from goodtrace.record.live.line import LiveLine
+from goodtrace.record.live.sinks import RANK_CHOICES, RANK_ZERO, SinkError, SinkRun
 
 if TYPE_CHECKING:
     from goodtrace.analysis import RunAnalysis

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from goodtrace.record.sinks import SinkRun
+from goodtrace.record.live.sinks import SinkRun
 from goodtrace.sinks._base import ScalarSink, rank_suffix
 
 _BATCH = 1000  # MLflow's limit of metrics per log_batch call

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from goodtrace.record.liveline import LiveLine
-from goodtrace.record.sinks import FIRST_ON_HOST, SinkError, SinkRun
+from goodtrace.record.live.line import LiveLine
+from goodtrace.record.live.sinks import FIRST_ON_HOST, SinkError, SinkRun
 from goodtrace.sinks._base import ScalarSink, analyse_run
 
 DEFAULT_PORT = 9464
