@@ -2,16 +2,17 @@
 2 local workers, and Ray on this machine, on the same generated run.
 
 Generates RANKS x STEPS steps (report_scale's run: 10 spans a step, heartbeats, checkpoints;
-default 64 x 2,000, about 1.7 M records, 180 MB), then in a fresh process for each case loads
+default 64 x 2,000, about 1.6 M records, 180 MiB), then in a fresh process for each case loads
 and analyses it as ``report --json`` does and reports the wall time of the per-session map
-(start to the end of the reading, discovery included) and of the whole report, and the
-driver's peak RSS. Cases: ``--workers 1`` (DuckDB on every core, as without a pool), the same
-on one DuckDB thread (what each worker runs), ``--workers 2``, ``--ray ADDRESS`` on a 2-CPU Ray
-cluster this benchmark starts once (``ray.init(num_cpus=2)``, shut down at the end: its start-up
-is not counted; a bare ``--ray`` adds it, measured apart as ``ray_local_start_s``). The pool's
-own start-up is measured on a 64-rank run of 10 steps (``pool_start_s``). Each case runs ``--repeat`` times
-(the best is kept); the reports must be byte-identical. ``--quick``: 64 x 300 (under a
-minute); ``--json``: the last line is one JSON object with every figure.
+(start to the end of the reading, discovery included) and of the whole report, the driver's
+peak RSS and the largest local worker's. Cases: ``--workers 1`` (DuckDB on every core, as
+without a pool), the same on one DuckDB thread (what each worker runs), ``--workers 2``,
+``--ray ADDRESS`` on a 2-CPU Ray cluster this benchmark starts once (``ray.init(num_cpus=2)``,
+shut down at the end: its start-up is not counted; a bare ``--ray`` adds it, measured apart as
+``ray_local_start_s``). The pool's own start-up is measured on a 64-rank run of 10 steps
+(``pool_start_s``). Each case runs ``--repeat`` times (the fastest map is kept); the reports
+must be byte-identical. ``--quick``: 64 x 300 (about a minute); ``--json``: the last line is
+one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ text = render_json(analyze(loaded, now_wall_ns=1_800_000_000 * 10**9, release_re
 end = time.perf_counter()
 open(out, "w").write(text)
 print(json.dumps({"map_s": marks["map"] - start, "report_s": end - start,
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "worker_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
 
@@ -134,7 +136,9 @@ def main() -> None:
     print(f"run: {args.ranks} ranks x {steps} steps, {result['records']:,} records, {result['run_mib']:.0f} MiB; "
           f"{result['cores']} cores, load {result['load_before']:.1f} before, {result['load_after']:.1f} after")
     for name, c in result["cases"].items():
-        print(f"  {name:20s} map {c['map_s']:7.2f} s   report {c['report_s']:7.2f} s   driver peak {c['rss_mib']:6.0f} MiB")
+        worker = f"   largest worker {c['worker_rss_mib']:5.0f} MiB" if c["worker_rss_mib"] else ""
+        print(f"  {name:20s} map {c['map_s']:7.2f} s   report {c['report_s']:7.2f} s   driver peak "
+              f"{c['rss_mib']:6.0f} MiB{worker}")
     print(f"  2 workers: {result['speedup_map_2_workers']}x on the map ({result['speedup_map_2_workers_vs_one_thread']}x "
           f"against one process on one DuckDB thread), {result['speedup_report_2_workers']}x on the report; "
           f"pool start {result['pool_start_s']} s; identical reports: {result['identical']}")
