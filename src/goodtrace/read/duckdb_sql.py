@@ -166,6 +166,9 @@ def connect(tmpdir: str, *, in_memory: bool = False) -> Any:
     con.execute(f"SET temp_directory={sql_str(os.path.join(tmpdir, 'spill'))}")
     con.execute(f"SET memory_limit='{FOLD_MEMORY}'")
     con.execute("SET preserve_insertion_order=false")
+    # DuckDB draws a progress bar on stdout (even when it is a pipe or a file) for a query of
+    # more than 2 s: it would land in report --json's output, or in a pool worker's results
+    con.execute("SET enable_progress_bar=false")
     return con
 
 

@@ -107,6 +107,9 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
 
 
 if __name__ == "__main__":
-    out = sys.stdout.buffer
-    sys.stdout = sys.stderr  # nothing else may write on the results' stream
-    serve(sys.stdin.buffer, out)
+    # The results get a descriptor of their own; whatever else writes on stdout (a library's
+    # C code included) goes to stderr instead.
+    results = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    serve(sys.stdin.buffer, results)
