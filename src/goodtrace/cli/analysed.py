@@ -11,6 +11,7 @@ from typing import Any
 from goodtrace.analysis import AnalysisError, RunAnalysis, analyze
 from goodtrace.cli import CommandError
 from goodtrace.cli.progress import progress_bar
+from goodtrace.read.engine import Engine, workers_from_environment
 from goodtrace.read.load import LoadError, NotARunError, load_run
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.mirror import RemoteReadError
@@ -46,14 +47,19 @@ def _return_freed_memory() -> None:
             pass  # not glibc: nothing to tune
 
 
-def load_and_analyse(run_dir: str, **options: Any) -> tuple[LoadedRun, RunAnalysis]:
-    """The run and its analysis (``options``: :func:`goodtrace.analysis.analyze` keywords)."""
+def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any) -> tuple[LoadedRun, RunAnalysis]:
+    """The run and its analysis, read where ``engine`` says (``options``:
+    :func:`goodtrace.analysis.analyze` keywords)."""
     _return_freed_memory()
     if not is_url(run_dir) and not os.path.exists(local_path(run_dir)):  # URLs: the loader mirrors them
         raise CommandError(f"{run_dir!r} does not exist")
+    try:
+        workers_from_environment()
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     update, stop = progress_bar()
     try:
-        loaded = load_run(run_dir, progress=update)
+        loaded = load_run(run_dir, progress=update, engine=engine)
     except RemoteReadError as exc:  # the URL could not be read: the reason, not "not a run"
         raise CommandError(str(exc)) from None
     except NotARunError as exc:

@@ -18,7 +18,7 @@ without those lines (:mod:`goodtrace.read.long_lines`), which are counted too.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from goodtrace import schema
@@ -157,13 +157,18 @@ FOLD_MEMORY = "256MB"
 FETCH_MEMORY = "64MB"
 
 
-def connect(tmpdir: str) -> Any:
+def connect(tmpdir: str, *, in_memory: bool = False) -> Any:
+    """A connection whose database lives in ``tmpdir`` (``in_memory``: only what exceeds the
+    memory limit goes there: a worker's, whose tables are small and never checkpointed)."""
     import duckdb
 
-    con = duckdb.connect(os.path.join(tmpdir, "run.duckdb"))
+    con = duckdb.connect(":memory:" if in_memory else os.path.join(tmpdir, "run.duckdb"))
     con.execute(f"SET temp_directory={sql_str(os.path.join(tmpdir, 'spill'))}")
     con.execute(f"SET memory_limit='{FOLD_MEMORY}'")
     con.execute("SET preserve_insertion_order=false")
+    # DuckDB draws a progress bar on stdout (even when it is a pipe or a file) for a query of
+    # more than 2 s: it would land in report --json's output, or in a pool worker's results
+    con.execute("SET enable_progress_bar=false")
     return con
 
 
@@ -391,6 +396,24 @@ def _extract(con: Any, source: str) -> None:
     )
 
 
+FOLD_BATCH_FILES = 32  # files parsed into one batch table (whole sessions: a longer session is one batch)
+
+
+def session_batches(files_by_sid: Mapping[int, Sequence[str]]) -> list[list[int]]:
+    """The sessions of each batch :func:`fold_json` parses at once: in session order, whole
+    sessions of about :data:`FOLD_BATCH_FILES` files. :mod:`goodtrace.read.engine` gives each
+    worker a run of consecutive batches, so that a worker parses the batches one process would."""
+    batches: list[list[int]] = []
+    files = 0
+    for sid in sorted(files_by_sid):
+        if not batches or (files and files + len(files_by_sid[sid]) > FOLD_BATCH_FILES):
+            batches.append([])
+            files = 0
+        batches[-1].append(sid)
+        files += len(files_by_sid[sid])
+    return batches
+
+
 def fold_json(
     con: Any, files_by_sid: dict[int, list[str]], progress: Progress | None, done: int, total: int,
     skips: FileSkips,
@@ -399,14 +422,14 @@ def fold_json(
     once into a table (every line, with why it is no valid record) that the extraction queries
     then read for its valid records. Skipped lines are counted in ``skips``; a file read from a
     copy without its long lines is replaced by the copy in ``files_by_sid``."""
-    batches: list[list[tuple[str, int, int]]] = [[]]
+    batches: list[list[tuple[str, int, int]]] = []
     fid = 0
-    for sid in sorted(files_by_sid):
-        if batches[-1] and len(batches[-1]) + len(files_by_sid[sid]) > 32:
-            batches.append([])
-        for p in files_by_sid[sid]:
-            batches[-1].append((p, sid, fid))
-            fid += 1
+    for sids in session_batches(files_by_sid):
+        batches.append([])
+        for sid in sids:
+            for p in files_by_sid[sid]:
+                batches[-1].append((p, sid, fid))
+                fid += 1
     names = ", ".join(f"r.{name}" for name in _COLUMNS)
     for batch in batches:
         if not batch:

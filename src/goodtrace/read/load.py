@@ -40,6 +40,7 @@ from goodtrace.read.discovery import (
     warn_about_gaps,
     where_of,
 )
+from goodtrace.read.engine import LOCAL_RAY, Engine, fold_sessions
 from goodtrace.read.hangs import hang_details, hang_events_in
 from goodtrace.read.loaded import (
     LoadedRun,
@@ -57,6 +58,7 @@ from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = [
     "COMPACT_DIR",
+    "Engine",
     "LoadError",
     "LoadedRun",
     "NotARunError",
@@ -145,8 +147,15 @@ def load_run(
     *,
     progress: Progress | None = None,
     use_compact: bool = True,
+    engine: Engine | None = None,
 ) -> LoadedRun:
     """Read a run directory (JSON lines, and its compacted Parquet form when present).
+
+    ``engine`` says where the sessions are folded (:class:`~goodtrace.read.engine.Engine`; by
+    default a local process per core when the run is large enough, ``GOODTRACE_WORKERS``):
+    the result is the same wherever. A caller running inside a script whose module level
+    does work (a training script) passes ``Engine(workers=1)``: pool workers are spawned
+    interpreters, which import the main module.
 
     Raises ``NotARunError`` when the path holds no readable records, ``LoadError`` when DuckDB
     cannot read them (a damaged compacted copy is skipped in favour of the JSON lines first).
@@ -155,7 +164,8 @@ def load_run(
 
     listed: dict[str, tuple[int, int]] = {}  # the JSON segments as the first try found them
     try:
-        return _load_run(run_dir, progress=progress, use_compact=use_compact, listed=listed)
+        return _load_run(run_dir, progress=progress, use_compact=use_compact, engine=engine or Engine(),
+                         listed=listed)
     except duckdb.Error as exc:
         changed: list[str] = []
         _warn_changed(listed, _identities(list(listed)), changed)
@@ -163,7 +173,7 @@ def load_run(
             raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
         first = str(exc).splitlines()[0]
     try:  # again, without the compacted copy and with the files as they are now
-        loaded = _load_run(run_dir, progress=progress, use_compact=False)
+        loaded = _load_run(run_dir, progress=progress, use_compact=False, engine=engine or Engine())
     except duckdb.Error as exc:
         raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
     if changed:
@@ -178,11 +188,16 @@ def _load_run(
     *,
     progress: Progress | None,
     use_compact: bool,
+    engine: Engine,
     listed: dict[str, tuple[int, int]] | None = None,
 ) -> LoadedRun:
     path = os.fspath(run_dir)
     warnings: list[str] = []
     if is_url(path):
+        if engine.ray not in (None, LOCAL_RAY):
+            raise LoadError(f"--ray {engine.ray} needs the run where every node reads it (a shared filesystem); "
+                            f"{path!r} would be read through a mirror on this machine only: mirror it to a "
+                            "shared path first, or use a local Ray")
         path = mirror_run(path, progress=progress, use_compact=use_compact)
         warnings.append(f"read from a local mirror of {os.fspath(run_dir)!r}: {path}")
     root = local_path(path)
@@ -258,9 +273,8 @@ def _load_run(
         con = duckdb_sql.connect(tmpdir)
         for statement in duckdb_sql.MODEL_TABLES:
             con.execute(statement)
-        duckdb_sql.insert_rows(
-            con, "sessmain", [(i, int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())]
-        )
+        main_tids = {i: int_or_none(d.header.get("main_tid")) for i, d in enumerate(drafts.values())}
+        duckdb_sql.insert_rows(con, "sessmain", list(main_tids.items()))
         total = len(json_paths) + (1 if parquet_ok else 0)
         done = 0
         if parquet_ok:
@@ -291,7 +305,7 @@ def _load_run(
             done += 1
             if progress is not None:
                 progress("reading compacted records", done, total)
-        done = duckdb_sql.fold_json(con, json_by_sid, progress, done, total, skips)
+        done = fold_sessions(con, json_by_sid, main_tids, tmpdir, engine, progress, done, total, skips)
         if progress is not None:
             progress("summarising", total, total)
         summaries = model_fetch.session_summaries(con)

@@ -53,6 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices-per-rank", type=int, default=1, metavar="N")
     parser.add_argument("--top", type=int, default=10, metavar="N", help="how many slowest steps to list")
     parser.add_argument("--no-steps", action="store_true", help="--json: leave out the full step table")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="local processes that read the rank files (default: one per core for a run of "
+                             "64 MiB or more, else 1, or GOODTRACE_WORKERS; 1 reads in this process)")
+    parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                        help="read the rank files as Ray tasks (pip install 'goodtrace[ray]'): without ADDRESS "
+                             "on a local Ray started for the report, 'auto' on the cluster the environment names; "
+                             "the run must be at the same path on every node")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,8 +96,17 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"{label} must be a positive number, got {value}")
     if args.devices_per_rank < 1:
         raise CommandError(f"--devices-per-rank must be at least 1, got {args.devices_per_rank}")
+    from goodtrace.read.engine import Engine
+
+    try:
+        engine = Engine(workers=args.workers, ray=args.ray)
+    except ValueError as exc:
+        raise CommandError(f"--workers/--ray: {exc}") from None
+    if args.workers is not None and args.ray is not None:
+        raise CommandError("--workers and --ray choose where the run is read: give one")
     loaded, analysis = load_and_analyse(
         args.run,
+        engine=engine,
         window=window,
         rolling_s=rolling,
         job=args.job,

@@ -1,0 +1,335 @@
+"""Where the reader's per-session map runs: in this process, on a pool of local processes, or
+as Ray tasks; the driver reduces.
+
+The map is :func:`goodtrace.read.duckdb_sql.fold_json`: whole sessions parsed and reduced to
+the run-model tables (``RUN_MODEL_NAMES``). A task is a run of consecutive fold batches (so a
+worker parses exactly the batches one process would), folded in its own DuckDB connection
+(one thread: a worker per core); it writes each run-model table as a Parquet file (local
+pool: into the driver's temporary directory; Ray: returned as bytes, the only thing that
+travels) and returns the lines it skipped, by file. The driver reads the tables into its own,
+task after task in session order (as :func:`~goodtrace.read.duckdb_sql.read_run_model` reads
+a stored model), and merges the skipped-line counts: the run model, and every number drawn
+from it, is the one-process one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from goodtrace.read import duckdb_sql
+from goodtrace.read.loaded import Progress
+from goodtrace.read.long_lines import shortened_copy
+
+__all__ = ["ENV_WORKERS", "POOL_MIN_BYTES", "Engine", "fold_sessions"]
+
+ENV_WORKERS = "GOODTRACE_WORKERS"
+# Below this many bytes of JSON lines to fold, an automatic choice folds in this process:
+# starting a worker (a fresh interpreter importing DuckDB) costs about what folding 20 MiB costs,
+# so a pool pays from about 64 MiB on 2 cores (BENCHMARKS.md, "All local cores").
+POOL_MIN_BYTES = 64 * 2**20
+TASKS_PER_WORKER = 4  # at most, per worker: a slow task (a long session) holds up less of the end
+TASK_BYTES = 32 * 2**20  # at least, per task (beyond one per worker): a task costs about 0.1 s
+LOCAL_RAY = "local"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Engine:
+    """Where the map runs. ``workers``: local processes (1: this process; None: one per core
+    when there is enough to fold, ``GOODTRACE_WORKERS`` when set). ``ray``: the address of a
+    Ray cluster (``"local"``: start one here; ``"auto"``: the one the environment names; an
+    address), None for no Ray; a Ray connection already open in this process is used as it is."""
+
+    workers: int | None = None
+    ray: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if self.ray is not None and not self.ray.strip():
+            raise ValueError("the Ray address is empty (leave it out for a local Ray)")
+
+
+def workers_from_environment() -> int | None:
+    """``GOODTRACE_WORKERS`` as a number of workers (None when unset)."""
+    text = os.environ.get(ENV_WORKERS, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{ENV_WORKERS} must be a whole number of workers, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"{ENV_WORKERS} must be at least 1, got {value}")
+    return value
+
+
+def python_path() -> str:
+    """``PYTHONPATH`` for a worker process: the directory this goodtrace was imported from
+    first, so that workers run the driver's goodtrace."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.pathsep.join([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+
+def local_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclasses.dataclass
+class FoldTask:
+    """Whole sessions to fold (their files, their main thread) and where to write the tables
+    (None: return their bytes)."""
+
+    index: int
+    files: dict[int, list[str]]
+    main_tids: list[tuple[int, int | None]]
+    out_dir: str | None
+
+
+@dataclasses.dataclass
+class FoldResult:
+    """A task's run-model tables (table -> Parquet file, or its bytes), the lines it skipped
+    (as :class:`~goodtrace.read.duckdb_sql.FileSkips` holds them), or DuckDB's error."""
+
+    index: int
+    tables: dict[str, str | bytes]
+    skipped: dict[str, dict[str, int]]
+    shortened: list[str]
+    notes: list[str]
+    error: str | None = None
+
+
+def run_task(task: FoldTask) -> FoldResult:
+    """Fold one task's sessions in a DuckDB connection of its own (runs in the worker)."""
+    import duckdb
+
+    tmpdir = tempfile.mkdtemp(prefix="goodtrace-task-")
+    skips = duckdb_sql.FileSkips()
+    result = FoldResult(task.index, {}, {}, [], [])
+    try:
+        con = duckdb_sql.connect(tmpdir, in_memory=True)
+        try:
+            con.execute("SET threads=1")
+            for statement in duckdb_sql.MODEL_TABLES:
+                con.execute(statement)
+            duckdb_sql.insert_rows(con, "sessmain", task.main_tids)
+            try:
+                duckdb_sql.fold_json(con, task.files, None, 0, 0, skips)
+            except duckdb.Error as exc:
+                result.error = str(exc)
+                return result
+            out_dir = task.out_dir or tmpdir
+            for table in duckdb_sql.RUN_MODEL_NAMES:
+                path = os.path.join(out_dir, f"task{task.index:06d}-{table}.parquet")
+                con.execute(f"COPY {table} TO {duckdb_sql.sql_str(path)} (FORMAT parquet, COMPRESSION zstd)")
+                if task.out_dir is None:
+                    with open(path, "rb") as handle:
+                        result.tables[table] = handle.read()
+                else:
+                    result.tables[table] = path
+        finally:
+            con.close()
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        for copy in skips.substitutes.values():  # copies without long lines: the driver makes its own
+            shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
+    result.skipped = skips.by_file
+    result.shortened = list(skips.substitutes)
+    result.notes = skips.notes
+    return result
+
+
+def _sizes(files_by_sid: dict[int, list[str]]) -> dict[int, int]:
+    sizes: dict[int, int] = {}
+    for sid, paths in files_by_sid.items():
+        total = 0
+        for path in paths:
+            try:
+                total += os.path.getsize(path)
+            except OSError:
+                pass  # the fold reports it
+        sizes[sid] = total
+    return sizes
+
+
+def plan_tasks(units: Sequence[Sequence[int]], sizes: dict[int, int], tasks: int) -> list[list[int]]:
+    """Consecutive units (lists of sessions) grouped into at most ``tasks`` runs of about
+    equal bytes."""
+    weights = [sum(sizes.get(sid, 0) for sid in unit) + 1 for unit in units]
+    total = sum(weights)
+    groups: list[list[int]] = []
+    done = 0
+    for unit, weight in zip(units, weights, strict=True):
+        # a new group when this unit's middle lies past the next share of the bytes
+        if not groups or (done + weight / 2) * tasks >= total * len(groups):
+            groups.append([])
+        groups[-1].extend(unit)
+        done += weight
+    return groups
+
+
+def _workers(engine: Engine, sizes: dict[int, int]) -> int:
+    if engine.workers is not None:
+        return engine.workers
+    chosen = workers_from_environment()
+    if chosen is not None:
+        return chosen
+    return local_cores() if sum(sizes.values()) >= POOL_MIN_BYTES else 1
+
+
+def fold_sessions(
+    con: Any, files_by_sid: dict[int, list[str]], main_tids: dict[int, int | None], tmpdir: str,
+    engine: Engine, progress: Progress | None, done: int, total: int, skips: duckdb_sql.FileSkips,
+) -> int:
+    """:func:`~goodtrace.read.duckdb_sql.fold_json` of ``files_by_sid`` into ``con``'s model
+    tables, where ``engine`` says; same tables, skipped lines (in ``skips``) and substituted
+    files (in ``files_by_sid``) as one process gives. Returns ``done`` plus the files folded."""
+    if not files_by_sid:  # all read from the compacted copy
+        return done
+    sizes = _sizes(files_by_sid)
+    if engine.ray is not None:
+        from goodtrace.read.ray_engine import RaySession
+
+        with RaySession(engine.ray) as session:
+            tasks = _tasks(files_by_sid, main_tids, sizes, session.cpus, None)
+            results = session.run(tasks, _counter(tasks, "reading rank files on Ray", progress, done, total), tmpdir)
+    else:
+        workers = _workers(engine, sizes)
+        if workers <= 1 or len(files_by_sid) <= 1:
+            return duckdb_sql.fold_json(con, files_by_sid, progress, done, total, skips)
+        out_dir = os.path.join(tmpdir, "tasks")
+        os.makedirs(out_dir, exist_ok=True)
+        tasks = _tasks(files_by_sid, main_tids, sizes, workers, out_dir)
+        workers = min(workers, len(tasks))
+        results = _run_pool(tasks, workers, _counter(tasks, f"reading rank files ({workers} workers)", progress,
+                                                     done, total))
+    _reduce(con, results, files_by_sid, skips)
+    return done + sum(len(paths) for paths in files_by_sid.values())
+
+
+def _tasks(
+    files_by_sid: dict[int, list[str]], main_tids: dict[int, int | None], sizes: dict[int, int], workers: int,
+    out_dir: str | None,
+) -> list[FoldTask]:
+    """Tasks for ``workers``: runs of whole fold batches (the batches one process parses) when
+    there are a few per worker, else runs of whole sessions (a session's model is its own:
+    every query of the fold groups, partitions or joins by session)."""
+    batches = duckdb_sql.session_batches(files_by_sid)
+    units = batches if len(batches) >= 2 * workers else [[sid] for sid in sorted(files_by_sid)]
+    count = max(workers, min(workers * TASKS_PER_WORKER, sum(sizes.values()) // TASK_BYTES))
+    groups = plan_tasks(units, sizes, min(len(units), count))
+    return [
+        FoldTask(i, {sid: files_by_sid[sid] for sid in sids}, [(sid, main_tids.get(sid)) for sid in sids], out_dir)
+        for i, sids in enumerate(groups)
+    ]
+
+
+def _counter(
+    tasks: Sequence[FoldTask], label: str, progress: Progress | None, done: int, total: int,
+) -> Callable[[int], None]:
+    """What to call when a task is done: the progress, counted in files."""
+    files_of = [sum(len(paths) for paths in task.files.values()) for task in tasks]
+
+    def finished(index: int) -> None:
+        nonlocal done
+        done += files_of[index]
+        if progress is not None:
+            progress(label, done, total)
+
+    return finished
+
+
+def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int], None]) -> list[FoldResult]:
+    """The tasks on ``workers`` local processes (:mod:`goodtrace.read.fold_worker`: fresh
+    interpreters of this goodtrace that import nothing of the caller's program); each takes the
+    next task when it is done with one."""
+    import queue
+    import threading
+
+    from goodtrace.read.fold_worker import WorkerProcess
+
+    todo: queue.SimpleQueue[FoldTask] = queue.SimpleQueue()
+    for task in tasks:
+        todo.put(task)
+    done: queue.SimpleQueue[FoldResult | BaseException] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def serve(process: WorkerProcess) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    task = todo.get_nowait()
+                except queue.Empty:
+                    return
+                done.put(process.run(task))
+        except BaseException as exc:  # handed to the driver, which raises it
+            done.put(exc)
+
+    processes = [WorkerProcess() for _ in range(workers)]
+    threads = [threading.Thread(target=serve, args=(p,), daemon=True) for p in processes]
+    for thread in threads:
+        thread.start()
+    results: list[FoldResult] = []
+    try:
+        while len(results) < len(tasks):
+            item = done.get()
+            if isinstance(item, BaseException):
+                raise item
+            results.append(item)
+            finished(item.index)
+    except BaseException:
+        stop.set()
+        for process in processes:
+            process.kill()
+        raise
+    finally:
+        for thread in threads:
+            thread.join()
+        for process in processes:
+            process.close()
+    return results
+
+
+def _reduce(
+    con: Any, results: Sequence[FoldResult], files_by_sid: dict[int, list[str]], skips: duckdb_sql.FileSkips,
+) -> None:
+    """The tasks' tables into ``con``'s, in task order (the rows in the order one process
+    inserts them), and what they skipped into ``skips``."""
+    import duckdb
+
+    ordered = sorted(results, key=lambda r: r.index)
+    for result in ordered:
+        if result.error is not None:
+            raise duckdb.Error(result.error)
+    con.execute("SET preserve_insertion_order=true")  # the files' rows in the order listed
+    try:
+        for table in duckdb_sql.RUN_MODEL_NAMES:
+            stored = [result.tables[table] for result in ordered]
+            tables = [path for path in stored if isinstance(path, str)]
+            assert len(tables) == len(stored)  # a Ray task's bytes are written out on arrival
+            files = "[" + ", ".join(duckdb_sql.sql_str(path) for path in tables) + "]"
+            con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet({files})")
+            for path in tables:
+                os.remove(path)
+    finally:
+        con.execute("SET preserve_insertion_order=false")
+    for result in ordered:
+        for path, counts in result.skipped.items():
+            for reason, count in counts.items():
+                skips.add(path, reason, count)
+        skips.notes.extend(result.notes)
+        for path in result.shortened:  # the worker's copy is gone: this process makes its own
+            found = shortened_copy(path, duckdb_sql.SHORTEN_TO)
+            if found is None:
+                continue
+            skips.substitutes[path] = found[0]
+            for paths in files_by_sid.values():
+                if path in paths:
+                    paths[paths.index(path)] = found[0]

@@ -1,0 +1,92 @@
+"""The reader's per-session fold on a pool of local worker processes gives the report one
+process gives, to the byte: on a 64-rank run with a crash and a restart, killed ranks' torn
+lines, lines that are no record and a line too long for DuckDB (read from a copy without it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from goodtrace.read.duckdb_sql import session_batches
+from goodtrace.read.engine import Engine, plan_tasks
+from goodtrace.read.load import LoadError, load_run
+from helpers.many_ranks import report_read_by as report
+from helpers.many_ranks import write_many_ranks
+
+
+@pytest.fixture(scope="module")
+def many_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_many_ranks(tmp_path_factory.mktemp("many") / "run", ranks=64, long_line=True)
+
+
+def test_two_workers_give_the_one_process_report(many_ranks: Path) -> None:
+    in_process: list[str] = []
+    pooled: list[str] = []
+    one = report(many_ranks, Engine(workers=1), in_process)
+    two = report(many_ranks, Engine(workers=2), pooled)
+    assert "reading rank files (2 workers)" in pooled  # the pool ran
+    assert not any("workers" in label for label in in_process)
+    assert two == one
+    parsed = json.loads(one)
+    warnings = "\n".join(parsed["warnings"])
+    # what the workers skipped reaches the report: torn last lines, lines that are no record,
+    # the long line (read from a copy made again by this process)
+    assert "22 segment file(s) end in a torn line" in warnings
+    assert "line(s) 64 longer than 32 MiB" in warnings
+    assert "in all, 9 lines skipped" in warnings
+    assert len(parsed["attempts"]) == 2
+
+
+def test_three_workers_on_uneven_tasks_give_the_same(many_ranks: Path) -> None:
+    assert report(many_ranks, Engine(workers=3)) == report(many_ranks, Engine(workers=1))
+
+
+def test_tasks_are_runs_of_whole_batches() -> None:
+    files = {sid: [f"f{sid}-{i}" for i in range(1 + sid % 3)] for sid in range(100)}
+    batches = session_batches(files)
+    assert all(sum(len(files[s]) for s in b) <= 32 for b in batches)
+    sizes = {sid: 1000 * (1 + sid % 7) for sid in files}
+    groups = plan_tasks(batches, sizes, 4)
+    assert len(groups) == 4
+    assert [sid for group in groups for sid in group] == sorted(files)  # consecutive, each once
+    starts = {b[0] for b in batches}
+    assert all(group[0] in starts for group in groups)  # a task starts where a batch starts
+    weights = [sum(sizes[s] for s in group) for group in groups]
+    heaviest_batch = max(sum(sizes[s] for s in b) for b in batches)
+    assert max(weights) <= sum(weights) / 4 + heaviest_batch  # an even share, give or take a batch
+
+
+def test_a_small_run_is_read_in_process_unless_workers_are_asked(many_ranks: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    labels: list[str] = []
+    report(many_ranks, Engine(), labels)  # 18 MiB: under the pool's threshold
+    assert not any("workers" in label for label in labels)
+    monkeypatch.setenv("GOODTRACE_WORKERS", "2")
+    labels.clear()
+    report(many_ranks, Engine(), labels)
+    assert "reading rank files (2 workers)" in labels
+
+
+def test_bad_worker_counts_are_clear_errors(tmp_path: Path) -> None:
+    run = write_many_ranks(tmp_path / "run", ranks=2, steps=12)
+    env = dict(os.environ, GOODTRACE_PROGRESS="0", GOODTRACE_WORKERS="two")
+    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run)], capture_output=True,
+                          text=True, env=env, timeout=120, check=False)
+    assert done.returncode != 0 and "GOODTRACE_WORKERS must be a whole number" in done.stderr
+    assert "Traceback" not in done.stderr
+    env.pop("GOODTRACE_WORKERS")
+    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run), "--workers", "0"],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode != 0 and "at least 1" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run), "--workers", "2", "--ray"],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode != 0 and "give one" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ray_on_a_cluster_refuses_a_run_it_would_read_through_a_local_mirror() -> None:
+    with pytest.raises(LoadError, match="shared filesystem"):
+        load_run("s3://bucket/runs/exp1", engine=Engine(ray="auto"))
