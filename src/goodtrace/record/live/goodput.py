@@ -195,12 +195,14 @@ class AttemptGoodput:
             steady = steady[1:] if self._first is None else steady
             productive += sum(p for p, _, _ in pending)
             data += sum(d for _, d, _ in pending)
-            values = list(zip(self._steady, self._steady_data, self._steady_steps, strict=True)) + steady
-        with_data = self.data_is_productive
+            with_data = self.data_is_productive
+            frozen = self._frozen_warmup if self._frozen_warmup is not None and self._frozen_warmup[0] == with_data else None
+            values = [] if frozen is not None else (
+                list(zip(self._steady, self._steady_data, self._steady_steps, strict=True)) + steady)
         if not with_data:
             productive -= data
-        if self._frozen_warmup is not None and self._frozen_warmup[0] == with_data:
-            return productive - self._frozen_warmup[1]
+        if frozen is not None:  # (no list of every interval per line once it is held)
+            return productive - frozen[1]
         warmup = self._warmup(first, values, with_data)
         if len(values) >= FREEZE_AFTER:  # known well enough: the figure no longer moves with it
             self._frozen_warmup = (with_data, warmup)
