@@ -27,6 +27,7 @@ import pytest
 
 import goodtrace as gt
 from goodtrace.read.sessions import read_run
+from goodtrace.record import fastpath
 from helpers.loops import oversleep
 
 FLUSH_S = 0.5
@@ -185,7 +186,8 @@ BOUND_CHILD = textwrap.dedent(
 @pytest.mark.parametrize("impl", ["c", "python"])
 def test_buffer_bound_holds_on_every_append_and_every_drop_is_counted(tmp_path: Path, impl: str) -> None:
     limit, appends = 1000, 5000
-    env = {**os.environ, "GOODTRACE_PURE_PYTHON": "1" if impl == "python" else "0"}
+    # the Python writer, stalled through its flush lock (the native ring's bound: test_native_writer.py)
+    env = {**os.environ, "GOODTRACE_PURE_PYTHON": "1" if impl == "python" else "0", "GOODTRACE_NATIVE_WRITER": "0"}
     out = subprocess.run(
         [sys.executable, "-c", BOUND_CHILD, str(tmp_path), str(limit), str(appends)],
         capture_output=True, text=True, env=env, timeout=120, check=True,
@@ -355,7 +357,10 @@ def test_a_deleted_run_directory_is_recreated_and_the_loss_counted(tmp_path: Pat
     assert max(r["dropped"] for r in session.of_kind("heartbeat")) == result["lost"]
 
 
-def test_writer_threads_are_daemons_and_close_never_joins_without_a_timeout(tmp_path: Path) -> None:
+def test_writer_threads_are_daemons_and_close_never_joins_without_a_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fastpath, "native", None)  # the Python writer's threads
     rec = gt.init(str(tmp_path))
     writer: Any = rec.writer  # type: ignore[union-attr]
     assert writer._flusher.daemon and writer._io.daemon

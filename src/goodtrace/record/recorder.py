@@ -29,9 +29,9 @@ from goodtrace.record import spans
 from goodtrace.record.arguments import MAX_NAME_CHARS, name_text, reduction, step_number, timeout_seconds
 from goodtrace.record.config import Config
 from goodtrace.record.errors import describe, warn
+from goodtrace.record.io.choice import open_writer
 from goodtrace.record.io.encoding import RecordBuffer
 from goodtrace.record.io.storage import Storage, open_storage
-from goodtrace.record.io.writer import Writer
 from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
 from goodtrace.record.spans import span_key
 from goodtrace.record.sync_points import _ARRIVED, SyncPoints
@@ -109,7 +109,6 @@ class Recorder(SyncPoints):
         self.config = config
         self.identity = identity
         self.clock = clock
-        self.buffer = RecordBuffer(config.max_buffer_records)  # bounded on every append
         self.session = f"{time.time_ns():020d}-{identity.pid}-{uuid.uuid4().hex[:8]}"
         self._pid = identity.pid
         self._active_step: StepContext | None = None
@@ -178,8 +177,9 @@ class Recorder(SyncPoints):
             schema.H_CONFIG: config.to_record(),
         }
         self.storage = storage if storage is not None else open_storage(run_dir)
-        self.writer = Writer(
-            self.storage, self.buffer, config, self._header, f"rank-{identity.rank:05d}/{self.session}", clock
+        # The buffer (bounded on every append) and the writer that empties it: native or Python.
+        self.buffer, self.writer = open_writer(
+            self.storage, config, self._header, f"rank-{identity.rank:05d}/{self.session}", clock
         )
 
     def activate(self) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from goodtrace import schema
 from goodtrace.record.config import Config
-from goodtrace.record.io.encoding import RecordBuffer
+from goodtrace.record.io.choice import Buffer
 from goodtrace.record.values.adapters import ValueAdapter, finite_or_none
 from goodtrace.record.values.readiness import Pending, PendingMetric
 
@@ -34,7 +34,7 @@ class SyncPoints:
     """Dating step executions and reading metric values (a part of the recorder)."""
 
     # the recorder's state this part uses (set in Recorder.__init__)
-    buffer: RecordBuffer
+    buffer: Buffer
     clock: Callable[[], int]
     config: Config
     sync_listeners: list[Callable[[int | None, int, str], None]]
