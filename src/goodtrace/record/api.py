@@ -190,9 +190,16 @@ def _install_sigterm_handler(rec: Recorder) -> None:
         return
 
     def on_sigterm(signum: int, frame: object) -> None:
+        if rec.finishing_thread == threading.get_ident():
+            # It interrupted this thread's own finish: let that finish end, then die of it.
+            rec.deferred_signal = signum
+            return
         try:
-            rec.event("preempted", {"signal": signum})
-            rec.finish(False, "signal")
+            if rec.finishing_thread is not None:  # another thread is finishing: wait for it (bounded)
+                rec.wait_finished(rec.config.finish_timeout_s)
+            else:
+                rec.event("preempted", {"signal": signum})
+                rec.finish(False, "signal")
         finally:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)

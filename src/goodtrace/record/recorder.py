@@ -18,6 +18,7 @@ import collections
 import gc
 import itertools
 import os
+import signal
 import threading
 import time
 import uuid
@@ -136,6 +137,9 @@ class Recorder(SyncPoints):
         self._blocking = config.all_blocking_categories
         self._warned: set[str] = set()
         self.finished = False
+        self.finishing_thread: int | None = None  # the thread running finish(), once it started
+        self._finish_done = threading.Event()
+        self.deferred_signal: int | None = None  # delivered again when the finish in progress ends
         self._gc_t0 = 0
         self._gc_key = span_key("gc", schema.GC)
         self.observations = 0
@@ -448,8 +452,22 @@ class Recorder(SyncPoints):
         rest are counted in an ``undated_values`` event, so shutdown is bounded even when the
         device never completes.
         """
-        if self.finished or os.getpid() != self._pid:
+        if self.finished or os.getpid() != self._pid or self.finishing_thread is not None:
             return False
+        self.finishing_thread = _get_ident()
+        try:
+            return self._finish(completed, reason, exception)
+        finally:
+            self._finish_done.set()
+            if self.deferred_signal is not None:  # a signal that came during this finish: now
+                signal.signal(self.deferred_signal, signal.SIG_DFL)
+                os.kill(os.getpid(), self.deferred_signal)
+
+    def wait_finished(self, timeout: float) -> bool:
+        """Wait (bounded) for a finish in progress on another thread."""
+        return self._finish_done.wait(timeout)
+
+    def _finish(self, completed: bool | None, reason: str, exception: str | None) -> bool:
         if completed is not None and completed is not True and completed is not False:
             self._warn("finish-completed", f"finish(completed=...) takes True or False, got "
                        f"{describe(completed, 60)}; recorded as stopped early")
