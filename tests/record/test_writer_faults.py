@@ -373,3 +373,60 @@ def test_writer_threads_are_daemons_and_close_never_joins_without_a_timeout(
     assert writer._flusher.daemon and writer._io.daemon
     gt.finish()
     shutil.rmtree(tmp_path)
+
+
+DELETE_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    import goodtrace as gt
+    run_dir, flush = sys.argv[1], float(sys.argv[2])
+    rec = gt.init(run_dir, flush_interval_s=flush)  # default 64 MiB segments: no rotation comes to help
+    print(type(rec.writer).__name__, flush=True)
+    step = 0
+    while True:
+        with gt.step(step):
+            with gt.span("fwd"):
+                pass
+        step += 1
+        time.sleep(0.001)
+    """
+)
+
+
+@pytest.mark.parametrize("writer", ["native", "python"])
+def test_a_deleted_run_directory_is_back_within_two_intervals(tmp_path: Path, writer: str) -> None:
+    """The directory deleted under a running process is recreated, header first, within two
+    flush intervals (plus this machine's measured scheduling lateness), not at finish()."""
+    flush = 0.2
+    run_dir = str(tmp_path / "run")
+    env = {**os.environ, "GOODTRACE_NATIVE_WRITER": "1" if writer == "native" else "0"}
+    child = subprocess.Popen([sys.executable, "-c", DELETE_CHILD, run_dir, str(flush)], stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        assert child.stdout is not None
+        chosen = child.stdout.readline().strip()
+        if writer == "native" and chosen != "NativeWriter":
+            pytest.skip("the native writer is not built here")
+        time.sleep(3 * flush)
+        late = oversleep()
+        shutil.rmtree(run_dir)
+        deleted = time.monotonic()
+        back = None
+        while time.monotonic() - deleted < 30:
+            paths = glob.glob(f"{run_dir}/rank-*/*.jsonl")
+            if paths and os.path.getsize(paths[0]) > 0:
+                back = time.monotonic() - deleted
+                break
+            time.sleep(0.005)
+        assert back is not None, "the run directory was never recreated"
+        bound = 2 * flush + 2 * late + 0.01
+        assert back <= bound, f"recreated after {back:.3f} s (bound {bound:.3f} s)"
+        time.sleep(2 * flush)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        if child.stdout is not None:
+            child.stdout.close()
+    (session,) = read_run(run_dir).sessions
+    assert session.header["segment"] >= 1  # a new segment, with its header
+    assert session.of_kind("step")

@@ -14,7 +14,8 @@ and uploads that at every heartbeat (every k-th with ``remote_upload_interval_s`
 is slow, hung or failing, chunks wait up to a byte limit, after which they are dropped and
 counted: training never waits. A failed write leaves no partial line behind, each segment has
 one header, and a deleted run directory is noticed (an ``fstat`` at a heartbeat at most every
-``storage_check_interval_s``; a path lookup at rotation and close) and recreated.
+``storage_check_interval_s``, by default every heartbeat; a path lookup at rotation and close)
+and recreated, header first.
 
 Every count of records that did not reach storage is written into the next heartbeat
 (``dropped``), and ``close()`` returns False and says how many when it is not zero.
