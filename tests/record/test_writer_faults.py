@@ -430,3 +430,27 @@ def test_a_deleted_run_directory_is_back_within_two_intervals(tmp_path: Path, wr
     (session,) = read_run(run_dir).sessions
     assert session.header["segment"] >= 1  # a new segment, with its header
     assert session.of_kind("step")
+
+
+def test_memory_error_in_the_last_hand_off_makes_finish_return_false_with_the_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No allocation failure can be produced on demand here (freed tuples leave room), so the
+    Python writer's encoder is made to run out of memory for the last chunk: finish() returns
+    False and says how many records did not make it, instead of raising."""
+    from goodtrace.record.io.encoding import _Encoder
+
+    class OutOfMemory(_Encoder):
+        def encode_many(self, records: Any, out: Any, on_error: Any) -> int:
+            raise MemoryError
+
+    monkeypatch.setattr(fastpath, "native", None)
+    rec: Any = gt.init(str(tmp_path), flush_interval_s=60)
+    for k in range(100):
+        with gt.step(k):
+            pass
+    rec.writer._encoder = OutOfMemory()
+    with pytest.warns(gt.GoodtraceWarning, match="did not reach storage") as caught:
+        assert gt.finish() is False
+    assert rec.dropped_records >= 101  # the steps and the finish record, all counted
+    assert any(f"{rec.dropped_records} records" in str(w.message) for w in caught)

@@ -493,7 +493,12 @@ class Recorder(SyncPoints):
         spans.unbind(self)
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
-        closed = self.writer.close(self.config.finish_timeout_s)
+        try:
+            closed = self.writer.close(self.config.finish_timeout_s)
+        except Exception as exc:  # MemoryError in the last hand-off: False, and how many, never a traceback
+            closed = False
+            self._warn("close", f"finish(): the writer failed ({exc!r}); at least {self.writer.dropped_records} "
+                       "records did not reach storage")
         for listener in list(self.after_finish_listeners):
             try:
                 listener(completed, reason)

@@ -197,17 +197,22 @@ class Writer:
                 take = min(left, CHUNK_RECORDS)
                 left -= take
                 started = time.perf_counter()
-                records = [popleft() for _ in range(take)]
-                lines: list[bytes] = []
-                count = self._encoder.encode_many(records, lines, self._encode_error)
-                last = left <= 0
-                if last and heartbeat:
-                    lines.append(
-                        f'{{"kind":"heartbeat","wall":{time.time_ns()},"mono":{self._clock()},'
-                        f'"dropped":{self.dropped_records}}}\n'.encode()
-                    )
-                data = b"".join(lines)
-                self.stats.encode_seconds.append(time.perf_counter() - started)
+                records: list[tuple[Any, ...]] = []
+                try:
+                    records.extend(popleft() for _ in range(take))
+                    lines: list[bytes] = []
+                    count = self._encoder.encode_many(records, lines, self._encode_error)
+                    last = left <= 0
+                    if last and heartbeat:
+                        lines.append(
+                            f'{{"kind":"heartbeat","wall":{time.time_ns()},"mono":{self._clock()},'
+                            f'"dropped":{self.dropped_records}}}\n'.encode()
+                        )
+                    data = b"".join(lines)
+                    self.stats.encode_seconds.append(time.perf_counter() - started)
+                except BaseException:  # out of memory, say: what was taken out is counted, never lost unsaid
+                    self._drop(len(records), "the writer could not encode them (out of memory?)")
+                    raise
                 self._enqueue(data, count, heartbeat=last and heartbeat, deadline=deadline)
                 if last:
                     break
@@ -215,6 +220,13 @@ class Writer:
     def _enqueue(
         self, data: bytes, count: int, *, heartbeat: bool, action: str = "", deadline: float | None = None
     ) -> None:
+        try:
+            self._hand_over(data, count, heartbeat, action, deadline)
+        except BaseException:  # the hand-off itself failed (out of memory): the chunk is dropped, counted
+            self._drop(count, "the writer could not hand a chunk over (out of memory?)")
+            raise
+
+    def _hand_over(self, data: bytes, count: int, heartbeat: bool, action: str, deadline: float | None) -> None:
         limit = self._config.max_pending_bytes
         with self._io_cond:
             # Past the byte limit a chunk waits for room (until ``deadline``) or is dropped; one
@@ -425,8 +437,15 @@ class Writer:
         self._stop_flusher.set()
         self._wake.set()
         self.flush_once(deadline)
-        self._enqueue(b"", 0, heartbeat=False, action="close")
-        done = self._wait_idle(timeout)
+        try:
+            self._enqueue(b"", 0, heartbeat=False, action="close")
+            done = self._wait_idle(timeout)
+        except Exception as exc:  # MemoryError: what is still buffered or queued is counted below
+            self.write_errors += 1
+            self.warn_once("close-error", f"the writer failed while closing: {exc!r}")
+            done = False
+        if not done:
+            self._dropped += len(self._buffer)  # never handed over
         self._stop.set()
         with self._io_cond:
             self._io_cond.notify_all()
