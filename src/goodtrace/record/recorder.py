@@ -27,7 +27,14 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.record import spans
-from goodtrace.record.arguments import MAX_NAME_CHARS, name_text, reduction, step_number, timeout_seconds
+from goodtrace.record.arguments import (
+    MAX_METRIC_NAMES,
+    MAX_NAME_CHARS,
+    name_text,
+    reduction,
+    step_number,
+    timeout_seconds,
+)
 from goodtrace.record.config import Config
 from goodtrace.record.errors import describe, warn
 from goodtrace.record.io.choice import open_writer
@@ -136,6 +143,8 @@ class Recorder(SyncPoints):
         self.overhead_categories = self._overhead
         self._blocking = config.all_blocking_categories
         self._warned: set[str] = set()
+        self._metric_names: set[str] = set()  # at most MAX_METRIC_NAMES
+        self.refused_metric_names = 0  # metric values not recorded because their name was past the cap
         self.finished = False
         self.finishing_thread: int | None = None  # the thread running finish(), once it started
         self._finish_done = threading.Event()
@@ -389,6 +398,14 @@ class Recorder(SyncPoints):
         if type(reduce) is not str or reduce not in schema.REDUCTIONS:
             reduce, problem = reduction(reduce)
             self._warn(f"reduce:{name}", f"metric {describe(name)}: {problem}")
+        if name not in self._metric_names:
+            if len(self._metric_names) >= MAX_METRIC_NAMES:
+                self.refused_metric_names += 1
+                self._warn("metric-names", f"more than {MAX_METRIC_NAMES:,} distinct metric names in this run: "
+                           f"values of new names (such as {describe(name, 60)}) are not recorded; put what varies "
+                           "into the value or a tag, not the name")
+                return
+            self._metric_names.add(name)
         step = self._step_argument(step)
         number = self.current_step if step is None else step
         t = self.clock()
