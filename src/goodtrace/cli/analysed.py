@@ -13,7 +13,7 @@ from goodtrace.cli.progress import progress_bar
 from goodtrace.read.load import LoadError, NotARunError, load_run
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.mirror import RemoteReadError
-from goodtrace.record.io.storage import is_url, local_path
+from goodtrace.record.io.storage import is_url, local_path, missing_path
 
 __all__ = ["alive_here", "load_and_analyse"]
 
@@ -34,7 +34,7 @@ def alive_here(host: str, pid: int) -> bool | None:
 def load_and_analyse(run_dir: str, **options: Any) -> tuple[LoadedRun, RunAnalysis]:
     """The run and its analysis (``options``: :func:`goodtrace.analysis.analyze` keywords)."""
     if not is_url(run_dir) and not os.path.exists(local_path(run_dir)):  # URLs: the loader mirrors them
-        raise CommandError(f"{run_dir!r} does not exist")
+        raise CommandError(missing_path(local_path(run_dir)))
     update, stop = progress_bar()
     try:
         loaded = load_run(run_dir, progress=update)

@@ -14,6 +14,7 @@ comes late; no record does).
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -24,7 +25,7 @@ from goodtrace import schema
 from goodtrace.record.config import Config
 from goodtrace.record.errors import warn
 from goodtrace.record.io.encoding import _Encoder
-from goodtrace.record.io.storage import LocalStorage
+from goodtrace.record.io.storage import LocalStorage, symlink_loop
 
 _SEGMENT, _WALL, _MONO = -7_300_000_000_000_000_001, -7_300_000_000_000_000_002, -7_300_000_000_000_000_003
 RING_BYTES_PER_RECORD = 64  # one fixed-field record; the ring holds max_buffer_records of them
@@ -166,7 +167,9 @@ class NativeWriter:
                            "waiting to be written (counted in the run's heartbeat)")
         if self._grew(stats, "write_errors"):
             error = stats["last_errno"]
-            self.warn_once(f"io:{error}", f"could not write to {where}: [Errno {error}] {os.strerror(error)}; "
+            loop = symlink_loop(self._storage.root) if error == errno.ELOOP else None
+            named = f" (a symlink loop: {' -> '.join(loop)})" if loop else ""
+            self.warn_once(f"io:{error}", f"could not write to {where}: [Errno {error}] {os.strerror(error)}{named}; "
                            "records are dropped and counted until it works again")
         if self._grew(stats, "recreated"):
             self.warn_once("gone", f"the run directory or the segment file was deleted ({where}): "

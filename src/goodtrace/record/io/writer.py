@@ -24,6 +24,7 @@ Every count of records that did not reach storage is written into the next heart
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import threading
 import time
@@ -33,7 +34,7 @@ from typing import Any
 from goodtrace.record.config import Config
 from goodtrace.record.errors import warn
 from goodtrace.record.io.encoding import MAX_ATTRS_CHARS, RecordBuffer, _Encoder
-from goodtrace.record.io.storage import Storage, TornWriteError
+from goodtrace.record.io.storage import Storage, TornWriteError, symlink_loop
 
 CHUNK_RECORDS = 32_768  # records per chunk handed to the I/O thread (about 4-5 MiB of JSON)
 POLL_S = 0.02  # how often the flusher looks for a full chunk between heartbeats
@@ -338,10 +339,11 @@ class Writer:
     def _failed(self, chunk: _Chunk, exc: BaseException) -> None:
         self.write_errors += 1
         self._dropped += chunk.count
+        loop = symlink_loop(self._storage.description) if getattr(exc, "errno", None) == errno.ELOOP else None
         self.warn_once(
             f"io:{type(exc).__name__}",
-            f"could not write to {self._storage.description}: {exc!r}; records are dropped and counted "
-            "until it works again",
+            f"could not write to {self._storage.description}: {exc!r}{_named(loop)}; "
+            "records are dropped and counted until it works again",
         )
 
     def _check_storage(self, *, thorough: bool = False) -> None:
@@ -467,3 +469,7 @@ class Writer:
             self.warn_once("close", f"{dropped} records did not reach storage at {self._storage.description} "
                            "(dropped or lost; see the earlier warnings)")
         return done and dropped == 0
+
+
+def _named(loop: list[str] | None) -> str:
+    return f" (a symlink loop: {' -> '.join(loop)})" if loop else ""
