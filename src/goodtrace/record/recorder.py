@@ -45,7 +45,6 @@ from goodtrace.record.spans import span_key
 from goodtrace.record.sync_points import _ARRIVED, SyncPoints
 from goodtrace.record.values.adapters import (
     COMPLETE,
-    ValueAdapter,
     adapter_for,
     finite_or_none,
     join_completions,
@@ -99,7 +98,7 @@ class StepContext:
         self._rec.complete_execution(self, self.number, value)
 
 
-class Recorder(SyncPoints):
+class Recorder:
     """One rank's recorder. Created by ``goodtrace.init``; not meant to be built directly."""
 
     enabled = True
@@ -123,22 +122,14 @@ class Recorder(SyncPoints):
         self._last_step: StepContext | None = None  # the execution entered last
         self._steps_ended = 0
         self._next_seq = itertools.count().__next__  # executions in entry order: 0, 1, 2, ...
-        # Values not observed yet, in order: completions and metrics. The training thread (or a
-        # thread starting a blocking span) takes them under _settle_lock; the readiness thread
-        # only tests watched completions and claims them (Pending.take), never waits on a lock.
-        self._pending: collections.deque[Pending] = collections.deque()
-        self._metrics: collections.deque[PendingMetric] = collections.deque()
-        self._settle_lock = threading.RLock()
-        self._observing: Pending | None = None  # the value the training thread is waiting for
-        self._polled_syncs: collections.deque[tuple[int | None, int, str]] = collections.deque()
-        self._uses_completions = False  # complete_on was called in this session
-        self._last_value: tuple[ValueAdapter, Any] | None = None  # latest device completion value
+        # Dating step executions and reading metric values: a part of its own (sync_points.py).
+        self.sync = SyncPoints(self)
         # A device barrier of the framework in use (set by the torch/JAX integrations): waits
         # for everything dispatched so far. Without one, an earlier completion value's is used.
         self.device_barrier: Callable[[], None] | None = None
         self.readiness: ReadinessThread | None = None
         if config.poll_interval_s > 0:
-            self.readiness = ReadinessThread(clock, config.poll_interval_s, self._on_ready)
+            self.readiness = ReadinessThread(clock, config.poll_interval_s, self.sync.on_ready)
         self._overhead = config.all_overhead_categories
         self.overhead_categories = self._overhead
         self._blocking = config.all_blocking_categories
@@ -151,7 +142,6 @@ class Recorder(SyncPoints):
         self.deferred_signal: int | None = None  # delivered again when the finish in progress ends
         self._gc_t0 = 0
         self._gc_key = span_key("gc", schema.GC)
-        self.observations = 0
         # Listeners (live aggregation, sinks): called in the training thread right after the
         # record is made; they must be cheap and must not raise (exceptions are swallowed).
         self.metric_listeners: list[Callable[[str, int | None, float | None, str], None]] = []
@@ -203,6 +193,15 @@ class Recorder(SyncPoints):
             self.readiness.start()
         if self.config.record_gc:
             gc.callbacks.append(self._on_gc)
+
+    def settle(self, how: str = schema.SYNC_BLOCKING) -> None:
+        """Observe every pending value now (blocking spans, finish): see :meth:`SyncPoints.settle`."""
+        self.sync.settle(how)
+
+    @property
+    def observations(self) -> int:
+        """Values the training thread observed (waited for) before the readiness thread dated them."""
+        return self.sync.observations
 
     @property
     def current_step(self) -> int | None:
@@ -321,10 +320,10 @@ class Recorder(SyncPoints):
             self._active_step = None
         self._steps_ended += 1
         if ctx.barrier:
-            self._end_after_blocking_span(ctx)
-        if self._pending or self._metrics:  # (a completion stays pending until its lag passes:
+            self.sync.end_after_blocking_span(ctx)
+        if self.sync.pending or self.sync.metrics:  # (a completion stays pending until its lag passes:
             try:  # sync points the readiness thread wrote reach the sync listeners here)
-                self._settle_lagged(ctx)
+                self.sync.settle_lagged(ctx)
             except Exception as exc:
                 self._warn("settle", f"internal error while observing step values: {exc!r}")
         for listener in self.step_listeners:
@@ -352,7 +351,7 @@ class Recorder(SyncPoints):
         was written add nothing; a second value before that joins the first."""
         try:
             adapter = adapter_for(value)
-            self._uses_completions = True
+            self.sync.uses_completions = True
             state = None if ctx is None else ctx.sync
             if state is True or (isinstance(state, Pending) and not state.claim):
                 return  # its sync point is already written
@@ -360,7 +359,7 @@ class Recorder(SyncPoints):
                 if state is None:  # a device value already pending decides when it completes
                     if ctx is not None:
                         ctx.sync = True
-                    self._sync(number, None if ctx is None else ctx.seq, self.clock(), schema.SYNC_HOST)
+                    self.sync.sync_point(number, None if ctx is None else ctx.seq, self.clock(), schema.SYNC_HOST)
                 return
             handle = adapter.prepare(value)
         except Exception as exc:
@@ -375,14 +374,14 @@ class Recorder(SyncPoints):
             return
         pair = (adapter, handle)
         if watch:
-            self._last_value = pair  # its type's barrier serves later blocking spans
-            if ctx is not None and ctx.barrier and self._complete_after_blocking_span(ctx, adapter, handle):
+            self.sync.last_value = pair  # its type's barrier serves later blocking spans
+            if ctx is not None and ctx.barrier and self.sync.complete_after_blocking_span(ctx, adapter, handle):
                 return
         if ctx is None:
             entry = Pending(None, number, None, self._steps_ended, pair)
         else:
             entry = ctx.sync = Pending(ctx, number, ctx.seq, ctx.seq, pair)
-        self._pending.append(entry)
+        self.sync.pending.append(entry)
         if watch:
             readiness = self.readiness
             if readiness is not None:  # ReadinessThread.watch, inlined (hot path)
@@ -412,7 +411,7 @@ class Recorder(SyncPoints):
         try:
             adapter = adapter_for(value)
             if adapter.host:
-                self._metric(name, number, finite_or_none(adapter.to_float(value)), reduce, t)
+                self.sync.record_metric(name, number, finite_or_none(adapter.to_float(value)), reduce, t)
                 return
             handle = adapter.prepare_read(value)
         except Exception as exc:
@@ -424,7 +423,7 @@ class Recorder(SyncPoints):
         else:
             ordinal = self._steps_ended - 1
             ctx = self._last_step
-        self._metrics.append(PendingMetric(
+        self.sync.metrics.append(PendingMetric(
             ctx if step is None or (ctx is not None and step == ctx.number) else None,
             number, ordinal, (adapter, handle), (name, reduce, t),
         ))
@@ -495,14 +494,14 @@ class Recorder(SyncPoints):
             except Exception as exc:
                 self._warn(f"listener:{listener!r}", f"a finish listener failed: {exc!r}")
         if reason == "finish":
-            self.settle(schema.SYNC_FINISH)
+            self.sync.settle(schema.SYNC_FINISH)
         if self.readiness is not None:
             self.readiness.stop(0.1 if reason == "finish" else 0.05)
         if reason != "finish":
-            self._settle_without_waiting()
+            self.sync.settle_without_waiting()
         ctx = self._active_step or self._last_step
         if ctx is not None and ctx.barrier:
-            self._end_after_blocking_span(ctx)
+            self.sync.end_after_blocking_span(ctx)
         if self._active_step is not None and reason == "finish":
             self._warn("finish-in-step", "finish() called inside a step")
         self.finished = True
@@ -528,9 +527,7 @@ class Recorder(SyncPoints):
         self.finished = True
         self._pid = -1
         self.buffer = RecordBuffer(0)  # a forked child records nothing
-        self._pending = collections.deque()
-        self._metrics = collections.deque()
-        self._settle_lock = threading.RLock()
+        self.sync = SyncPoints(self)  # nothing pending, no lock another thread could hold
         self.readiness = None  # its thread does not exist in the child
         spans.disable_after_fork(self, collections.deque(maxlen=1))
         try:
