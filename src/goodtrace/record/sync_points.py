@@ -25,7 +25,8 @@ from goodtrace.record.values.adapters import ValueAdapter, finite_or_none
 from goodtrace.record.values.readiness import Pending, PendingMetric
 
 if TYPE_CHECKING:
-    from goodtrace.record.recorder import Recorder, StepContext
+    from goodtrace.record.recorder import Recorder
+    from goodtrace.record.step_context import StepContext
 
 
 class SyncPoints:
