@@ -28,8 +28,10 @@ from goodtrace.record.io.encoding import _Encoder
 from goodtrace.record.io.storage import LocalStorage, symlink_loop
 
 _SEGMENT, _WALL, _MONO = -7_300_000_000_000_000_001, -7_300_000_000_000_000_002, -7_300_000_000_000_000_003
-RING_BYTES_PER_RECORD = 64  # one fixed-field record; the ring holds max_buffer_records of them
-MAX_RING_BYTES = 1 << 30
+RING_BYTES_PER_RECORD = 64  # one fixed-field record
+# The ring's bytes: max_buffer_records of them, but at most half of max_pending_bytes (32 MiB by
+# default: a second of records at 500 k/s, while the writer drains a chunk every 65 ms). Every
+# page of the ring is touched as it wraps, so its size is resident memory.
 HEADER_TIMEOUT_S = 2.0
 
 __all__ = ["NativeBuffer", "NativeStats", "NativeWriter"]
@@ -98,12 +100,13 @@ class NativeWriter:
             parts.append(before.encode())
         parts.append(text.encode())
         limit = config.max_buffer_records
+        self._ring_bytes = max(1 << 20, min(limit * RING_BYTES_PER_RECORD, config.max_pending_bytes // 2))
         self.ring = native.NativeRing(
             root=os.fsencode(storage.root),
             prefix=os.fsencode(segment_prefix),
             header=tuple(parts),
             limit=limit,
-            ring_bytes=min(MAX_RING_BYTES, max(1 << 20, limit * RING_BYTES_PER_RECORD)),
+            ring_bytes=self._ring_bytes,
             flush_interval_s=config.flush_interval_s,
             segment_bytes=config.segment_bytes,
             string_json=lambda value: encoder.string(value).encode("utf-8", "surrogatepass"),
@@ -163,8 +166,9 @@ class NativeWriter:
         stats = self.ring.stats()
         where = self._storage.description
         if self._grew(stats, "dropped_full"):
-            self.warn_once("buffer", f"dropping records: more than max_buffer_records={self.buffer.limit} were "
-                           "waiting to be written (counted in the run's heartbeat)")
+            self.warn_once("buffer", f"dropping records: the buffer was full (max_buffer_records={self.buffer.limit} "
+                           f"records, or {self._ring_bytes >> 20} MiB, half of max_pending_bytes, were waiting to be "
+                           "written; counted in the run's heartbeat)")
         if self._grew(stats, "write_errors"):
             error = stats["last_errno"]
             loop = symlink_loop(self._storage.root) if error == errno.ELOOP else None
