@@ -62,6 +62,8 @@ def test_the_native_writer_writes_what_the_python_encoder_writes(tmp_path: Path)
         (schema.TAG, None, "x", 401),
         *[(schema.METRIC, "loss", 7, value, "mean", 500 + i) for i, value in enumerate(floats)],
         (schema.METRIC, "n", None, 2**62, "sum", 600),
+        (schema.METRIC, "n", -1, -(2**63), "sum", 600),  # the smallest int64, a negative step
+        (schema.METRIC, "n", 0, -42, "sum", 0),
         (schema.METRIC, "n", 8, None, "max", 601),
         (schema.METRIC, "flag", 8, True, "max", 602),  # a bool: through Python
         (schema.METRIC, "big", 8, 2**70, "max", 603),  # past int64: through Python

@@ -143,9 +143,28 @@ static void put_text(NativeWriter *w, uint32_t id)
     put(w, t->data, t->len);
 }
 
+/* Decimal digits by hand: sprintf costs several times more, and a span has five integers. */
+static void put_uint(NativeWriter *w, uint64_t v)
+{
+    char digits[24];
+    int n = 0;
+    do {
+        digits[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n) {
+        w->out[w->out_len++] = digits[--n];
+    }
+}
+
 static void put_int(NativeWriter *w, int64_t v)
 {
-    w->out_len += (size_t)sprintf(w->out + w->out_len, "%lld", (long long)v);
+    if (v < 0) {
+        w->out[w->out_len++] = '-';
+        put_uint(w, (uint64_t)0 - (uint64_t)v);
+    } else {
+        put_uint(w, (uint64_t)v);
+    }
 }
 
 static void put_step(NativeWriter *w, const Entry *e, int64_t step)
@@ -227,8 +246,9 @@ static void encode(NativeWriter *w, const Entry *e)
         put_int(w, e->v[1]);
         LIT(w, ",\"step\":");
         put_step(w, e, e->v[2]);
-        w->out_len += (size_t)sprintf(w->out + w->out_len, ",\"tid\":%llu,\"err\":false,\"attrs\":null}\n",
-                                      (unsigned long long)e->v[3]);
+        LIT(w, ",\"tid\":");
+        put_uint(w, (uint64_t)e->v[3]);
+        LIT(w, ",\"err\":false,\"attrs\":null}\n");
         break;
     case E_STEP:
         LIT(w, "{\"kind\":\"step\",\"step\":");
