@@ -30,6 +30,11 @@ FINISH: Final = "finish"  # finish() or interpreter exit: completed (true/false/
 
 RECORD_KINDS: Final = (HEADER, SPAN, STEP, SYNC, TAG, EVENT, METRIC, HEARTBEAT, CLOCK, FINISH)
 
+# A rollback inside one process (``gt.event("rollback", to_step=N)``): the state of step N was
+# restored. Its EVENT record carries N in its step field (not the step in progress) and
+# ``to_step`` in its attributes; one without a usable ``to_step`` has no step.
+EVENT_ROLLBACK: Final = "rollback"
+
 # How a sync point was obtained (SYNC "how" field).
 SYNC_LAG: Final = "lag"  # observed when a later step ended (the normal, free case)
 SYNC_READY: Final = "ready"  # already complete when its step ended (the loop had synchronised)

@@ -1,8 +1,8 @@
 """Property tests: for random valid timelines (attempts, sparse or missing sync points,
-nested and overlapping spans, crashes, restarts from any step), the buckets are non-negative
-and add up to the job time exactly, the labelled pieces tile the job, interval goodput over
-windows that tile the job adds up to the whole, and the step table's columns agree with its
-rows."""
+nested and overlapping spans, crashes, restarts from any step, rollbacks inside a process, said
+or seen in the step numbers), the buckets are non-negative and add up to the job time exactly,
+the labelled pieces tile the job, interval goodput over windows that tile the job adds up to the
+whole, and the step table's columns agree with its rows."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goodtrace.analysis import analyze, interval_partition
+from goodtrace.analysis.executions import FLAG_REWOUND
 from goodtrace.read.load import LoadedRun, SessionInfo, SessionRecords
 from goodtrace.read.loaded import NO_TIME
 
@@ -50,7 +51,12 @@ def loaded_runs(draw: Any) -> LoadedRun:
                 syncs.append((seq, k, mono(cur + length), draw(st.sampled_from(HOWS))))
             cur += length
             k += 1
-        next_step = max(next_step, k)
+            if draw(st.integers(0, 5)) == 0:  # a rollback inside the process: said, or seen in the numbers
+                to_step = draw(st.integers(-1, k))
+                if draw(st.booleans()):
+                    rec.events.append(("rollback", mono(cur), to_step))
+                k = to_step + 1 + draw(st.integers(0, 2))  # 0-2 batches skipped
+            next_step = max(next_step, k)
         end = cur + draw(st.integers(0, 3 * SECOND))
         spans: list[tuple[str, int, int]] = []
         for _ in range(draw(st.integers(0, 10))):
@@ -113,6 +119,13 @@ def test_buckets_are_non_negative_and_sum_to_the_job_time(run: LoadedRun) -> Non
                 row.host_timed) == (table.step_time_s[i], table.productive_s[i], table.first_of_attempt[i],
                                     table.attempt[i], table.seq[i], table.shared[i], table.host_timed[i])
         assert row == table[i]
+    # MFU's counted steps are the step table's counted rows (re-done after a restart or a rollback excluded)
+    assert result.program.counted_steps == sum(1 for row in table if row.counted)
+    # a rollback throws an execution away once: no two rewinds claim it, and the flag says which
+    for cut in result.cuts.values():
+        thrown = [i for r in cut.rewinds for i in r.thrown]
+        assert len(thrown) == len(set(thrown))
+        assert set(thrown) == {i for i, flags in enumerate(cut.exec_flags) if flags & FLAG_REWOUND}
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -154,4 +154,23 @@ def buckets_s(partition: Any) -> dict[str, float]:
     return {k: v / 1e9 for k, v in partition.buckets_ns.items() if v}
 
 
+H0 = 2800.0  # job time of 2023-11-14T23:00:00Z, the first whole UTC hour after WALL0
+
+
+def hourly_run(run_dir: Path) -> Path:
+    """A run with known hourly buckets: it starts at 22:30 UTC (H0 - 1800), 10 min of init, 60
+    steps of 60 s, a 5 min checkpoint, 30 more steps, 100 s of teardown. Per UTC hour:
+    22:30-23:00 1,200 s productive + 600 startup; 23:00-00:00 3,300 + 300 checkpoint_save;
+    00:00-00:16:40 900 + 100 teardown."""
+    s0 = H0 - 1800
+    p = Proc(run_dir, start=s0)
+    p.span("init", s0, s0 + 600)
+    t = p.loop(range(60), s0 + 600, step_s=60.0)  # to H0 + 2400
+    p.span("checkpoint", t, t + 300)
+    t = p.loop(range(60, 90), t + 300, step_s=60.0)  # to H0 + 4500
+    p.finish(t + 100)
+    p.write()
+    return run_dir
+
+
 # ---------------------------------------------------------------------------- tests of helpers

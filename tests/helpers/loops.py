@@ -161,7 +161,69 @@ def data_stall(device: SimulatedDevice, marks: dict[str, Any]) -> None:
             s.complete_on(device.launch(10 * MS, f"step{k}"))
 
 
+def rollbacks(device: SimulatedDevice, marks: dict[str, Any], plan: dict[int, tuple[int, int]], last: int, *,
+              explicit: bool, first: int = 0, recovery_s: float = 0.0) -> None:
+    """40 ms steps ``first`` .. ``last``; after step ``at`` (once each) a loss check fails: the
+    host waits for the step, spends ``recovery_s`` in no span (an in-process restart's
+    re-initialisation), a 30 ms checkpoint restore (``restore`` span), optionally
+    ``gt.event("rollback", to_step=...)``, and the loop goes on at the plan's resume step (above
+    ``to_step + 1``: skipped batches)."""
+    marks["numbers"], marks["restores"], marks["recoveries"] = [], [], []
+    done: set[int] = set()
+    step = first
+    while step <= last:
+        with gt.step(step) as s:
+            s.complete_on(device.launch(40 * MS, f"step{step}"))
+        marks["numbers"].append(step)
+        if step in plan and step not in done:
+            done.add(step)
+            to_step, resume = plan[step]
+            if recovery_s:
+                device.launched[-1].block()
+                t0 = time.perf_counter_ns()
+                _sleep(recovery_s)
+                marks["recoveries"].append((t0, time.perf_counter_ns()))
+            with gt.span("restore"):
+                t0 = time.perf_counter_ns()
+                _sleep(30 * MS)
+                marks["restores"].append((t0, time.perf_counter_ns()))
+            if explicit:
+                gt.event("rollback", to_step=to_step)
+            step = resume
+            continue
+        step += 1
+
+
+def rollback_then_crash(device: SimulatedDevice, marks: dict[str, Any]) -> None:
+    """Attempt 0 of a restart: 0-8, a rollback to 4, 5-9, and the process dies while step 10 is
+    queued (as ``crash``); ``restart_at_7`` is the new process that follows."""
+    rollbacks(device, marks, {8: (4, 5)}, 9, explicit=False)
+    with gt.step(10) as s:
+        s.complete_on(device.launch(math.inf, "step10"))
+    device.launched[-2].block()
+    _sleep(100 * MS)
+    gt.flush()
+    marks["died"] = time.perf_counter_ns()
+    _write_marks(marks)
+    os._exit(3)
+
+
+def restart_at_7(device: SimulatedDevice, marks: dict[str, Any]) -> None:
+    """The new process after ``rollback_then_crash``: restores the checkpoint of step 6 and runs 7-12."""
+    with gt.span("restore"):
+        _sleep(30 * MS)
+    rollbacks(device, marks, {}, 12, explicit=False, first=7)
+
+
 SHAPES = {
+    "rollback": lambda d, m: rollbacks(d, m, {8: (4, 5)}, 11, explicit=False),
+    "rollback_explicit": lambda d, m: rollbacks(d, m, {8: (4, 5)}, 11, explicit=True),
+    "rollback_skipping": lambda d, m: rollbacks(d, m, {8: (4, 7)}, 11, explicit=True),
+    "rollback_skipping_inferred": lambda d, m: rollbacks(d, m, {8: (4, 7)}, 11, explicit=False),
+    "two_rollbacks": lambda d, m: rollbacks(d, m, {8: (4, 5), 10: (7, 8)}, 12, explicit=False),
+    "in_process_restart": lambda d, m: rollbacks(d, m, {8: (4, 5)}, 11, explicit=False, recovery_s=80 * MS),
+    "rollback_then_crash": rollback_then_crash,
+    "restart_at_7": restart_at_7,
     "idle_tail": idle_tail,
     "checkpoint_before_complete_on": checkpoint_before_complete_on,
     "checkpoint_after_complete_on": lambda d, m: checkpoint_before_complete_on(d, m, first=True),

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 import goodtrace as gt
-from goodtrace.analysis.clock import clock_offsets
+from goodtrace.analysis.clock import loaded_clocks
+from goodtrace.read.load import load_run
 from goodtrace.read.sessions import read_run
 from goodtrace.record.clocksync import (
     BackgroundClockSync,
@@ -112,17 +113,19 @@ def test_injected_offset_is_measured_within_1ms_and_undone_by_the_reader(tmp_pat
     assert json.loads((out_dir / "rank0.json").read_text()) == [[0, 0]] * 3
 
     run = read_run(run_dir)
-    clocks = clock_offsets(run)
+    loaded = load_run(run_dir)  # the analysis's one mapping of each session's clock
+    index = {s.session: s.index for s in loaded.sessions}
+    clocks = loaded_clocks(loaded, [sorted(index.values())])
     by_rank = {s.rank: s for s in run.sessions}
-    assert clocks[by_rank[0].session_id].source == "reference"
-    rank1 = clocks[by_rank[1].session_id]
-    assert rank1.source == "measured" and rank1.reference_session == by_rank[0].session_id
+    assert clocks[index[by_rank[0].session_id]].source == "reference"
+    rank1 = clocks[index[by_rank[1].session_id]]
+    assert rank1.source == "measured" and rank1.reference_session == str(index[by_rank[0].session_id])
     for session in (by_rank[0], by_rank[1]):
         for event in session.of_kind("event"):
             if event["name"] != "after_barrier":
                 continue
             raw = event["t"]
-            aligned = clocks[session.session_id].to_reference(raw)
+            aligned = clocks[index[session.session_id]].to_reference(raw)
             truth = event["attrs"]["true_ns"]  # both processes share the host's monotonic clock
             assert abs(aligned - truth) < bound
             if session.rank == 1:

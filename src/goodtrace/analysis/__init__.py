@@ -17,11 +17,13 @@ one mapping of each session's clock (``RunAnalysis.clocks``).
 ``RunAnalysis`` holds: ``attempts`` (launches of the reported job, how each ended), ``jobs``
 (more than one when an unrelated job reused the run directory), ``partition`` (on the
 reference rank: rank 0 unless it is missing), ``window`` / ``rolling`` (interval goodput),
-``steps`` (the step table: one ``StepRow`` per execution of the reference rank),
-``step_stats``, ``ideal_step_s``, ``anomalies``, ``spread`` and ``stragglers`` (every rank),
-``program`` (MFU, scheduling, runtime and ML-productivity goodput), ``data_rule`` (how in-step
-data loading was counted), ``events``, ``timeline`` (the labelled pieces that tile the job on
-the wall clock) and ``warnings``.
+``over_time`` (goodput per UTC hour or chosen period, and the worst ones), ``time_range``
+(the ``since``/``until`` range the step views keep to), ``steps`` (the step table: one
+``StepRow`` per execution of the reference rank), ``step_stats``, ``ideal_step_s``,
+``anomalies``, ``spread`` and ``stragglers`` (every rank), ``program`` (MFU, scheduling,
+runtime and ML-productivity goodput), ``data_rule`` (how in-step data loading was counted),
+``events``, ``timeline`` (the labelled pieces that tile the job on the wall clock) and
+``warnings``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from goodtrace.analysis.goodput import (
     interval_partition,
     rolling_goodput,
 )
+from goodtrace.analysis.over_time import GoodputOverTime, Period, goodput_over_time
 from goodtrace.analysis.partition import (
     DISRUPTION,
     IN_PROGRESS,
@@ -72,7 +75,9 @@ from goodtrace.analysis.ranks import (
     rank_figures,
     spread_of,
 )
+from goodtrace.analysis.rewinds import RewindRow, rewind_rows, rewind_warning
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
+from goodtrace.analysis.time_range import RangeEdge, resolve_range, restrict_to_range
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
 __all__ = [
@@ -80,10 +85,14 @@ __all__ = [
     "Anomaly",
     "Attempt",
     "EventRow",
+    "GoodputOverTime",
     "Partition",
+    "Period",
     "ProgramGoodput",
+    "RangeEdge",
     "RankFigure",
     "RankSpread",
+    "RewindRow",
     "RunAnalysis",
     "StepRow",
     "StepStats",
@@ -145,6 +154,9 @@ class RunAnalysis:
     clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
     relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
+    rewinds: tuple[RewindRow, ...] = ()  # rollbacks inside an attempt (reference rank), in time order
+    over_time: GoodputOverTime | None = None  # goodput per period (hour) of the job or the time range
+    time_range: tuple[int, int] | None = None  # --since/--until on the wall clock: what the step views show
 
     @property
     def data_rule_text(self) -> str:
@@ -179,6 +191,7 @@ class RunAnalysis:
                 "end_s": (self.window.end_wall_ns - start) / NS,
             },
             "rolling": [w.to_dict() for w in self.rolling],
+            "goodput_over_time": [] if self.over_time is None else self.over_time.to_list(start),
             "attempts": [a.to_dict() for a in self.attempts],
             "data_rule": {"rule": self.data_rule, "text": self.data_rule_text},
             "ideal_step_s": self.ideal_step_s,
@@ -193,6 +206,8 @@ class RunAnalysis:
             "events_total": self.events_total,
             "warnings": list(self.warnings),
         }
+        if self.rewinds:  # only when the job rewound: reports of other runs keep their bytes
+            out["rewinds"] = [r.to_dict() for r in self.rewinds]
         if include_steps:
             out["steps"] = [r.to_dict() for r in self.steps]
         return out
@@ -279,6 +294,9 @@ def analyze(
     now_wall_ns: int | None = None,
     alive: Liveness | None = None,
     release_records: bool = False,
+    since: RangeEdge | None = None,
+    until: RangeEdge | None = None,
+    every_s: float | None = None,
 ) -> RunAnalysis:
     """Analyse one job of a loaded run (the last one by default).
 
@@ -292,7 +310,10 @@ def analyze(
     ``alive(host, pid)`` (a process probe) tell a last attempt that still runs (its time after
     the last sync point is ``in_progress``) from one that was lost. ``release_records`` frees
     the loaded records the cut has consumed as it goes (for a caller that analyses ``run``
-    once: a released run cannot be analysed again).
+    once: a released run cannot be analysed again). ``since``/``until`` select a time range
+    (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table,
+    its statistics, the anomalies and goodput over time (per ``every_s`` seconds; whole UTC
+    hours by default) keep to it.
     """
     if not run.sessions:
         raise AnalysisError("the run has no sessions")
@@ -336,6 +357,15 @@ def analyze(
     rows = StepTable(timeline.windows, run.timelines, job_start)
     ideal_s = None if ideal_ns is None else ideal_ns / NS
     anomalies, threshold = find_anomalies(rows, k=anomaly_k)
+    time_range = None
+    if since is not None or until is not None:
+        if window is not None:
+            raise AnalysisError("give a window or a since/until time range, not both")
+        time_range = resolve_range(since, until, job_start, timeline.end, rows)
+        window_partition = interval_partition(timeline, *time_range)
+        rows, anomalies = restrict_to_range(rows, anomalies, time_range)
+    over_time = goodput_over_time(timeline, every_s, a=None if time_range is None else time_range[0],
+                                  b=None if time_range is None else time_range[1])
     # every rank: its own partition (totals), step times, compute, lateness on the aligned clock
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
     clocks = loaded_clocks(run, [a.sessions for a in attempts])
@@ -364,6 +394,9 @@ def analyze(
     )
     _explain(rows, timeline, cuts, warnings)
     events, events_total = _events(run, attempts, job_start)
+    rewinds = rewind_rows(timeline.cuts, timeline.relabels, attempt_of, run.sessions, job_start)
+    if rewinds:
+        warnings.append(rewind_warning(rewinds))
     return RunAnalysis(
         path=run.path,
         job=chosen,
@@ -394,6 +427,9 @@ def analyze(
         clocks=clocks,
         attempt_of=attempt_of,
         relabels=relabels,
+        rewinds=tuple(rewinds),
+        over_time=over_time,
+        time_range=time_range,
     )
 
 

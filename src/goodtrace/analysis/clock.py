@@ -1,7 +1,7 @@
 """One mapping of each session's clock onto its attempt's reference clock (reader side).
 
-:func:`clock_offsets` turns the ``clock`` records of a :class:`goodtrace.read.sessions.Run` into
-one :class:`SessionClock` per session, mapping that session's monotonic times onto the
+:func:`loaded_clocks` turns each session's clock samples (``SessionRecords.clock``) into one
+:class:`SessionClock` per session, mapping that session's monotonic times onto the
 monotonic clock of its attempt's reference session (and to wall time through the reference's
 anchor). Sessions without measurements fall back to their (wall, monotonic) anchors, which is
 exact on one host and NTP-accurate across hosts. The offsets themselves are measured in the job
@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import functools
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from goodtrace import schema
 from goodtrace.read.loaded import LoadedRun
-from goodtrace.read.sessions import Run, Session
 
-__all__ = ["ClockSource", "SessionClock", "align", "clock_offsets", "loaded_clocks", "session_clocks"]
+__all__ = ["ClockSource", "SessionClock", "align", "loaded_clocks"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,52 +114,3 @@ def loaded_clocks(run: LoadedRun, attempts: Sequence[Sequence[int]]) -> dict[int
     return out
 
 
-def clock_offsets(run: Run, *, max_rtt_factor: float = 4.0) -> dict[str, SessionClock]:
-    """Per session id of a run read by :mod:`goodtrace.read.sessions`, its mapping onto its
-    attempt's reference session (see :func:`align`; the reference rank is the one the clock
-    records name, rank 0 by default)."""
-    result: dict[str, SessionClock] = {}
-    for sessions in run.attempts():
-        wanted_reference = 0
-        for session in sessions:
-            for record in session.of_kind(schema.CLOCK):
-                attrs = record.get(schema.F_ATTRS)
-                if isinstance(attrs, dict) and isinstance(attrs.get("reference_rank"), int):
-                    wanted_reference = int(attrs["reference_rank"])
-                    break
-        sources = [
-            ClockSource(s.session_id, s.rank, int(s.header[schema.F_WALL]) - int(s.header[schema.F_MONO]),
-                        tuple(_clock_samples(s)))
-            for s in sessions
-        ]
-        result.update(align(sources, reference_rank=wanted_reference, max_rtt_factor=max_rtt_factor))
-    return result
-
-
-def _clock_samples(session: Session) -> list[tuple[int, int, int]]:
-    samples: list[tuple[int, int, int]] = []
-    for record in session.of_kind(schema.CLOCK):
-        offset, rtt, t = record.get(schema.F_OFFSET), record.get(schema.F_RTT), record.get(schema.F_T)
-        if isinstance(offset, int) and isinstance(rtt, int) and isinstance(t, int) and rtt >= 0:
-            samples.append((t, offset, rtt))
-    samples.sort()
-    return samples
-
-
-def session_clocks(run: Run) -> dict[str, Callable[[int], int]]:
-    """Per session id, a function mapping its monotonic ns onto aligned wall-clock ns.
-
-    Uses the measured clock offsets (:func:`clock_offsets`).
-    """
-    clocks = clock_offsets(run)
-    result: dict[str, Callable[[int], int]] = {}
-    for session in run.sessions:
-        clock = clocks.get(session.session_id)
-        if clock is None:
-            result[session.session_id] = session.wall_ns
-        elif len(clock.samples) <= 1:  # a constant shift: skip the per-call interpolation
-            shift = clock.offset_at(0) + clock.reference_wall_minus_mono_ns
-            result[session.session_id] = functools.partial(operator.add, shift)
-        else:
-            result[session.session_id] = clock.wall_ns
-    return result

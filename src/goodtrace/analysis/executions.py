@@ -4,7 +4,8 @@
 spans) into a :class:`SessionSteps`: its startup, its step intervals (T_{k-1}, T_k] closed by
 sync points (several executions share one when completion was sparse), the overhead of each,
 and its tail. Every execution is its own row, numbered by ``seq`` (entry order), so repeated
-and decreasing step numbers are timed right and flagged. The rules (docs/semantics.md):
+and decreasing step numbers are timed right and flagged; a rewind (:mod:`goodtrace.analysis.rewinds`)
+flags the executions it threw away. The rules (docs/semantics.md):
 
 - a sync point belongs to one execution (the recorder names it; for older files the k-th sync
   point of step n belongs to the k-th execution of n); the earliest one counts;
@@ -25,16 +26,17 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from array import array
-from collections.abc import Iterable
 
 from goodtrace import schema
 from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, window_overhead
+from goodtrace.analysis.rewinds import Rewind, charge_recovery, find_rewinds
 from goodtrace.read.loaded import NO_TIME, SessionInfo, SessionRecords
 
 __all__ = [
     "DATA_RULE_TEXT",
     "FLAG_DECREASING",
     "FLAG_REPEATED",
+    "FLAG_REWOUND",
     "FLAG_UNORDERED_SYNC",
     "HOST_EXIT",
     "RULE_ASYNC",
@@ -71,6 +73,7 @@ FLAG_REPEATED = 1  # the step number ran before in this session
 FLAG_DECREASING = 2  # the step number is lower than the previous execution's
 FLAG_UNORDERED_SYNC = 4  # its sync point came before an earlier execution's: ignored
 FLAG_HOST_TIMED = 8  # its interval closed at a host exit, not an observed sync point
+FLAG_REWOUND = 16  # a later rewind in this session (a rollback) threw it away (analysis.rewinds)
 
 
 @dataclasses.dataclass
@@ -126,7 +129,9 @@ class SessionSteps:
     over_end: array[int] = dataclasses.field(default_factory=_ints)
     over_label: list[str] = dataclasses.field(default_factory=list)
     data_moved: dict[int, int] = dataclasses.field(default_factory=dict)  # window -> device-idle data ns
+    recovered: dict[int, int] = dataclasses.field(default_factory=dict)  # window -> a rewind's recovery ns
     ignored_syncs: int = 0
+    rewinds: list[Rewind] = dataclasses.field(default_factory=list)  # rollbacks inside the session
 
     @property
     def windows(self) -> int:
@@ -167,7 +172,9 @@ class SessionSteps:
         pieces = self._carve(self.win_start[w], self.win_end[w], PRODUCTIVE,
                              skip_data=self.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE))
         moved = self.data_moved.get(w)
-        return relabel(pieces, moved, DATA, from_end=False) if moved else pieces
+        pieces = relabel(pieces, moved, DATA, from_end=False) if moved else pieces
+        recovered = self.recovered.get(w)  # before the rewind that this window's first execution follows
+        return relabel(pieces, recovered, schema.BUCKET_DISRUPTION, from_end=False) if recovered else pieces
 
     def startup_pieces(self) -> list[Piece]:
         """Process start -> first step, labelled ``startup`` with the overhead as parts."""
@@ -320,6 +327,8 @@ def cut_session(
     flags[_occurrence(numbers) > 0] |= FLAG_REPEATED
     if n > 1:
         flags[1:][numbers[1:] < numbers[:-1]] |= FLAG_DECREASING
+    thrown, out.rewinds = find_rewinds(numbers, t0s, rec.events)
+    flags[thrown] |= FLAG_REWOUND
     # Windows: each execution whose sync point comes after every earlier one closes one.
     has = np.flatnonzero(times != NO_TIME)
     first_start = int(t0s[0]) if n else start
@@ -387,6 +396,8 @@ def cut_session(
         out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE), win_start, win_end, starts, ends, labels)
     if out.data_rule == RULE_ASYNC and schema.DEVICE_IDLE_METRIC in rec.device and _charge_device_idle(out, rec):
         out.data_rule = RULE_ASYNC_DEVICE
+    if out.rewinds:
+        charge_recovery(out)
     return out
 
 
@@ -443,9 +454,3 @@ def _charge_device_idle(out: SessionSteps, rec: SessionRecords) -> bool:
                 column = out.win_overhead[DATA] = array("q", bytes(8 * len(out.win_start)))
             column[w] += amount
     return True
-
-
-def window_steps(out: SessionSteps, w: int) -> Iterable[int]:
-    """Indexes of the executions sharing window ``w``."""
-    first = out.win_first[w]
-    return range(first, first + out.win_count[w])

@@ -85,17 +85,15 @@ class WindowGoodput:
 
 def rolling_goodput(timeline: Timeline, width_s: float) -> list[WindowGoodput]:
     """Interval goodput over consecutive windows of ``width_s`` tiling the job (the last one
-    may be shorter)."""
-    if width_s <= 0:
+    may be shorter): the periods of :func:`goodtrace.analysis.over_time.periodic_partitions`
+    aligned to the job start, in one pass over the timeline."""
+    from goodtrace.analysis.over_time import periodic_partitions, width_ns
+
+    if not width_s > 0:
         raise AnalysisError("the rolling window width must be positive")
-    width = max(1, round(width_s * NS))
-    out = []
-    a = timeline.start
-    while a < timeline.end:
-        b = min(a + width, timeline.end)
-        p = interval_partition(timeline, a, b)
-        out.append(
-            WindowGoodput((a - timeline.start) / NS, (b - timeline.start) / NS, p.goodput, p.seconds(PRODUCTIVE))
-        )
-        a = b
-    return out
+    width = width_ns(width_s)
+    return [
+        WindowGoodput((p.start_wall_ns - timeline.start) / NS, (p.end_wall_ns - timeline.start) / NS, p.goodput,
+                      p.buckets_ns.get(PRODUCTIVE, 0) / NS)
+        for p in periodic_partitions(timeline, width, origin=timeline.start)
+    ]

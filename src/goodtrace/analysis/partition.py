@@ -5,7 +5,8 @@ clock in start order: ``scheduling`` before the first process start (when the su
 known), ``disruption`` between an attempt's end and the next one's process start, each
 attempt's first interval's productive time above the ideal step time as ``warmup`` (inferred,
 only when beyond noise; compile spans are ``compile`` already), and the productive time of
-executions that a later attempt ran again as ``wasted_progress``. The result tiles the job's
+executions that a later attempt ran again, or a later rewind in their own session threw away
+(:mod:`goodtrace.analysis.rewinds`), as ``wasted_progress``. The result tiles the job's
 time exactly, in integer nanoseconds, so buckets always add up to 100% and clip to any window.
 
 With ``pieces=False`` the same walk adds up bucket totals only (what every rank's spread
@@ -20,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 from goodtrace import schema
-from goodtrace.analysis.executions import Piece, SessionSteps, relabel
+from goodtrace.analysis.executions import FLAG_REWOUND, Piece, SessionSteps, relabel
 from goodtrace.read.loaded import SessionInfo
 
 __all__ = [
@@ -146,10 +147,10 @@ class WindowList(Sequence[Window]):
         for segment in self.segments:
             cut, limit = segment.cut, segment.relabels[1]
             window = np.frombuffer(cut.exec_window, dtype=np.int64)
-            in_window = window >= 0
-            if limit is not None:
-                in_window &= np.frombuffer(cut.exec_step, dtype=np.int64) < limit
-            counted += int(in_window.sum())
+            kept = (window >= 0) & ((np.frombuffer(cut.exec_flags, dtype=np.int64) & FLAG_REWOUND) == 0)
+            if limit is not None:  # the same rule as _lost: re-done by a later attempt or rewound
+                kept &= np.frombuffer(cut.exec_step, dtype=np.int64) < limit
+            counted += int(kept.sum())
         return counted
 
     def any_warmup(self) -> bool:
@@ -287,13 +288,20 @@ _NONE: frozenset[int] = frozenset()
 
 
 def _lost(cut: SessionSteps, w: int, limit: int | None) -> frozenset[int]:
-    if limit is None:
+    """The executions of window ``w`` thrown away: a later attempt started at or below their
+    step number (``limit``), or a later rewind in the same session threw them away."""
+    if limit is None and not cut.rewinds:
         return _NONE
     first = cut.win_first[w]
     count = cut.win_count[w]
+    steps, flags = cut.exec_step, cut.exec_flags
     if count == 1:
-        return frozenset((first,)) if cut.exec_step[first] >= limit else _NONE
-    return frozenset(i for i in range(first, first + count) if cut.exec_step[i] >= limit)
+        return frozenset((first,)) if _thrown(steps[first], flags[first], limit) else _NONE
+    return frozenset(i for i in range(first, first + count) if _thrown(steps[i], flags[i], limit))
+
+
+def _thrown(step: int, flags: int, limit: int | None) -> bool:
+    return bool(flags & FLAG_REWOUND) or (limit is not None and step >= limit)
 
 
 def assemble(
@@ -338,8 +346,11 @@ def assemble(
         restore_after[k] = lowest
         cut = ordered[k][2]
         done = np.frombuffer(cut.exec_step, dtype=np.int64)[np.frombuffer(cut.exec_window, dtype=np.int64) >= 0]
-        if len(done):
-            lowest = int(done.min()) if lowest is None else min(lowest, int(done.min()))
+        # a rollback the program named restored its step: every step above it ran again
+        starts = [int(done.min())] if len(done) else []
+        starts += [r.to_step + 1 for r in cut.rewinds if r.explicit]
+        if starts:
+            lowest = min(starts) if lowest is None else min(lowest, *starts)
     job_start = ordered[0][1].start_wall if ordered else 0
     start = job_start
     if submit_wall is not None and ordered and submit_wall < job_start:
@@ -411,13 +422,16 @@ def _add_window_totals(cut: SessionSteps, warmup: int, limit: int | None, bucket
     productive = np.frombuffer(cut.win_productive, dtype=np.int64).copy()
     productive[0] -= warmup
     wasted = np.zeros_like(productive)
-    if limit is not None:
+    if limit is not None or cut.rewinds:
         count = np.frombuffer(cut.win_count, dtype=np.int64)
         first = np.frombuffer(cut.win_first, dtype=np.int64)
         window = np.frombuffer(cut.exec_window, dtype=np.int64)
         steps = np.frombuffer(cut.exec_step, dtype=np.int64)
+        thrown = (np.frombuffer(cut.exec_flags, dtype=np.int64) & FLAG_REWOUND) != 0
+        if limit is not None:
+            thrown |= steps >= limit
         in_window = window >= 0
-        lost = np.bincount(window[in_window], weights=(steps[in_window] >= limit), minlength=len(count)).astype(np.int64)
+        lost = np.bincount(window[in_window], weights=thrown[in_window], minlength=len(count)).astype(np.int64)
         lost = np.where(first >= 0, lost, 0)
         wasted = np.where(lost == count, productive, productive * lost // np.maximum(count, 1))
     for label, column in cut.win_overhead.items():

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from goodtrace.read.sessions import Run, Session
-
 __all__ = ["Selection", "StepRange"]
 
 StepRange = tuple[int | None, int | None]  # inclusive; None = open
@@ -36,11 +34,3 @@ class Selection:
             return True
         first, last = self.steps
         return (first is None or step >= first) and (last is None or step <= last)
-
-    def sessions(self, run: Run) -> list[Session]:
-        return [
-            s
-            for s in run.sessions
-            if (self.attempt is None or s.attempt == self.attempt)
-            and (self.ranks is None or s.rank in self.ranks)
-        ]

@@ -45,7 +45,7 @@ class StepRow:
     shared: int  # number of executions sharing the interval (1 = per-step truth)
     host_timed: bool
     first_of_attempt: bool
-    counted: bool  # counts toward the final progress (False: re-done after a restart)
+    counted: bool  # counts toward the final progress (False: re-done after a restart or a rollback)
     seq: int = 0  # the execution within its session (entry order)
     start_ns: int = 0  # the interval (start_ns, end_ns] on the wall clock (shared when sparse)
     end_ns: int = 0
@@ -173,6 +173,23 @@ class StepTable(Sequence[StepRow]):
     def window_at(self, index: int) -> Window:
         """The step interval of row ``index``."""
         return segment_window(self._windows.segments[int(self._segment[index])], int(self._window[index]))
+
+    def take(self, keep: Any) -> StepTable:
+        """The rows where the boolean column ``keep`` is true, as a table over the same windows
+        (``--since``/``--until``)."""
+        out = object.__new__(StepTable)
+        out._windows, out._marks, out._job_start = self._windows, self._marks, self._job_start
+        for name in ("_segment", "_window", "_position", "step_time_s", "productive_s", "first_of_attempt"):
+            setattr(out, name, getattr(self, name)[keep])
+        return out
+
+    def intervals(self) -> tuple[Any, Any, Any]:
+        """Each row's step number and its interval's start and end (ns, on the wall clock), as
+        columns: made when asked (what a ``--since``/``--until`` time range is resolved on)."""
+        steps = self._gather(lambda s: _np_ints(s.cut.exec_step), by_window=False)
+        starts = self._gather(lambda s: _np_ints(s.cut.win_start) + s.delta, by_window=True)
+        ends = self._gather(lambda s: _np_ints(s.cut.win_end) + s.delta, by_window=True)
+        return steps, starts, ends
 
     def slowest(self, n: int) -> list[StepRow]:
         """The ``n`` rows with the longest step time (earlier rows first on a tie)."""

@@ -134,10 +134,6 @@ def check_record(record: dict[str, Any]) -> str | None:
     return None
 
 
-def _sql_in(column: str, bounds: tuple[int, int]) -> str:
-    return f"{column} BETWEEN {bounds[0]} AND {bounds[1]}"
-
-
 def invalid_sql(prefix: str = "") -> str:
     """The rules of :func:`check_record` as a DuckDB expression over typed record columns
     (``prefix`` + field name; DuckDB reads a field of the wrong type as NULL): NULL for a valid

@@ -9,11 +9,12 @@ numbers are ints in the signed 64-bit range every reader of the files can hold.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from goodtrace import schema
 from goodtrace.record.errors import describe
 
-__all__ = ["MAX_NAME_CHARS", "name_text", "reduction", "step_number", "timeout_seconds"]
+__all__ = ["MAX_NAME_CHARS", "name_text", "reduction", "rollback_to_step", "step_number", "timeout_seconds"]
 
 #: Names longer than this are cut (the writer writes no more of any name).
 MAX_NAME_CHARS = 1000
@@ -48,6 +49,15 @@ def step_number(value: object) -> tuple[int | None, str | None]:
     if type(number) is not int or not _INT64_MIN <= number <= _INT64_MAX:
         return None, f"step number must be an int in the signed 64-bit range, got {describe(value, 60)}"
     return number, None
+
+
+def rollback_to_step(attrs: object) -> tuple[int | None, str | None]:
+    """The step a ``gt.event("rollback", to_step=N)`` restored, or (None, what was wrong)."""
+    to_step = attrs.get("to_step") if isinstance(attrs, Mapping) else None
+    if to_step is None:
+        return None, "gt.event('rollback') needs to_step=<the step whose state was restored>"
+    number, problem = step_number(to_step)
+    return number, None if problem is None else f"gt.event('rollback', to_step=...): {problem}"
 
 
 def reduction(value: object) -> tuple[str, str | None]:

@@ -32,6 +32,7 @@ from goodtrace.record.arguments import (
     MAX_NAME_CHARS,
     name_text,
     reduction,
+    rollback_to_step,
     step_number,
     timeout_seconds,
 )
@@ -118,6 +119,7 @@ class Recorder:
         self.step_begin_listeners: list[Callable[[int, int], None]] = []  # (step, t0)
         self.finish_listeners: list[Callable[[bool | None, str], None]] = []  # before finishing
         self.overhead_span_listeners: list[Callable[[str, int, int], None]] = []  # (category, t0, t1)
+        self.rollback_listeners: list[Callable[[int], None]] = []  # (to_step) of gt.event("rollback")
         # Live lines (goodtrace.record.live.aggregator) go to these, on the ranks that compute them (sinks).
         self.line_listeners: list[Callable[[Any], None]] = []
         # Called after the files are closed (sinks read the finished run back for a summary).
@@ -412,7 +414,18 @@ class Recorder:
                 self._warn("event-name", f"event {problem}")
         if attrs is not None and not isinstance(attrs, Mapping):
             attrs = {"value": attrs}  # attributes are a mapping in the files
-        self.buffer.append((schema.EVENT, name, self.clock(), self.current_step, attrs))
+        step = self.current_step
+        if name == schema.EVENT_ROLLBACK:  # its record names the step it restored (docs/semantics.md 1.8)
+            step, problem = rollback_to_step(attrs)
+            if problem is not None:
+                self._warn("rollback-to-step", f"{problem}; the rollback is left to inference")
+        self.buffer.append((schema.EVENT, name, self.clock(), step, attrs))
+        if name == schema.EVENT_ROLLBACK and step is not None:
+            for listener in self.rollback_listeners:  # the live line takes the thrown-away time back
+                try:
+                    listener(step)
+                except Exception as exc:
+                    self._warn(f"listener:{listener!r}", f"a rollback listener failed: {exc!r}")
 
     def record_clock_offset(self, offset_ns: int, rtt_ns: int, reference_rank: int = 0) -> None:
         self.buffer.append((schema.CLOCK, offset_ns, rtt_ns, reference_rank, self.clock()))

@@ -8,6 +8,7 @@ goodput (MFU) when FLOPs are known, and warnings. ``rich`` is imported here only
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from rich.console import Console
@@ -16,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from goodtrace.analysis import Partition, RunAnalysis
+from goodtrace.analysis.over_time import iso
 from goodtrace.renderers.text import printable
 
 BUCKET_LABELS = {
@@ -93,12 +95,17 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
     console.print()
     console.print(bucket_table(p, "Where the time went"))
     console.print(f"[dim]data loading: {analysis.data_rule_text}[/dim]")
+    _worst_periods(console, analysis)
     if analysis.window is not None:
         w = analysis.window
         start = (w.start_wall_ns - p.start_wall_ns) / 1e9
         console.print()
         console.print(bucket_table(w, f"Window {start:.1f} s - {start + w.total_ns / 1e9:.1f} s: "
                                       f"goodput {w.goodput * 100:.1f}%"))
+    if analysis.time_range is not None:
+        a, b = analysis.time_range
+        console.print(f"[dim]time range {iso(a)} to {iso(b)} (--since/--until): the step table, slowest steps, "
+                      "anomalies and goodput over time keep to it; the rest is the whole job[/dim]")
     if analysis.rolling:
         table = Table(title="Rolling goodput", title_justify="left", show_edge=False)
         for column in ("from", "to", "goodput"):
@@ -118,6 +125,53 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
         console.print()
         for warning in analysis.warnings:
             console.print(f"[yellow]warning:[/yellow] {safe(warning)}", highlight=False)
+
+
+def _clock(wall_ns: int, with_date: bool) -> str:
+    """A UTC wall time as ``03:00`` (``03:00:20`` off the minute; ``11-24 03:00`` with the date)."""
+    moment = datetime.datetime.fromtimestamp(wall_ns // 1_000_000_000, tz=datetime.timezone.utc)
+    text = moment.strftime("%H:%M" if moment.second == 0 else "%H:%M:%S")
+    return moment.strftime("%m-%d ") + text if with_date else text
+
+
+def _period_name(every_s: float) -> str:
+    names = {3600.0: "hours", 86_400.0: "days", 7 * 86_400.0: "weeks"}
+    return names.get(every_s, f"periods of {_every(every_s)}")
+
+
+def _every(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def worst_periods_line(analysis: RunAnalysis) -> str | None:
+    """``worst hours (UTC): 03:00-04:00 41.0% (checkpoint_save 30.0%), ...`` or None."""
+    over = analysis.over_time
+    if over is None or not over.worst:
+        return None
+    periods = over.periods
+    dates = {datetime.datetime.fromtimestamp(p.start_wall_ns // 10**9, tz=datetime.timezone.utc).date()
+             for p in periods}
+    with_date = len(dates) > 1
+    items = []
+    for k in over.worst:
+        p = periods[k]
+        text = f"{_clock(p.start_wall_ns, with_date)}-{_clock(p.end_wall_ns, False)} {_pct(p.goodput)}"
+        loss = p.top_loss()
+        if loss is not None:
+            name, ns = loss
+            text += f" ({name} {_pct(ns / p.length_ns)})"
+        items.append(text)
+    return f"worst {_period_name(over.every_s)} (UTC): " + ", ".join(items)
+
+
+def _worst_periods(console: Console, analysis: RunAnalysis) -> None:
+    line = worst_periods_line(analysis)
+    if line is not None:
+        title, rest = line.split(": ", 1)
+        console.print(Text.assemble((title, "bold"), ": ", printable(rest)), highlight=False)
 
 
 def _events(console: Console, analysis: RunAnalysis, top: int) -> None:
@@ -146,6 +200,8 @@ def _attempts(console: Console, analysis: RunAnalysis) -> None:
         table.add_row(str(a.index), f"+{_duration((a.start_wall - origin) / 1e9)}", _duration(a.duration_ns / 1e9),
                       safe(a.ending.text), steps, f"{a.ranks}/{a.world}", style=style)
     console.print(table)
+    for r in analysis.rewinds:  # rollbacks inside an attempt (the analysis words them)
+        console.print(f"  attempt {r.attempt}: {safe(r.text())}", style="yellow", highlight=False)
 
 
 def _steps(console: Console, analysis: RunAnalysis, top: int) -> None:

@@ -3,9 +3,9 @@
 Contract: ``render_html(analysis, run)`` returns the whole page as a string. ``analysis`` is the
 :class:`goodtrace.analysis.RunAnalysis` of ``run``, the
 :class:`goodtrace.read.loaded.LoadedRun` it came from. The page shows the goodput headline and
-buckets, attempts and events, step time with its overhead split (tags, anomalies, attempts), a
-rank x step heat map and a gantt chart of every rank's spans for a step range, drawn with the
-Apache ECharts build vendored in ``assets/`` (pinned; see ``assets/ECHARTS-VERSION``).
+buckets, goodput over time (per UTC hour, or the period asked for), attempts and events, step
+time with its overhead split (tags, anomalies, attempts), a rank x step heat map and a gantt
+chart of every rank's spans for a step range, drawn with the Apache ECharts build vendored in ``assets/`` (pinned; see ``assets/ECHARTS-VERSION``).
 
 Everything drawn comes from the run model: the step chart is the analysis's step table, the
 heat map every rank's step executions as the analysis cut them, the gantt chart the spans of
@@ -32,6 +32,7 @@ from importlib import resources
 from typing import Any
 
 from goodtrace.analysis import RunAnalysis
+from goodtrace.analysis.over_time import iso
 from goodtrace.analysis.selection import StepRange
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.raw import session_records
@@ -64,10 +65,12 @@ def embed_json(value: Any) -> str:
     that is not finite is null, as in ``--json``)."""
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError:  # a number that is not finite
+        value = finite(value)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    try:
         text.encode("utf-8")
-    except ValueError:
-        return embed_json(finite(value))
-    except UnicodeEncodeError:
+    except UnicodeEncodeError:  # lone surrogates: replacement characters
         text = json.dumps(_no_surrogates(value), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     return text.translate(_JSON_ESCAPES)
 
@@ -109,6 +112,11 @@ def _summary(analysis: RunAnalysis, run: LoadedRun) -> dict[str, Any]:
     }
     if program.mfu is not None:
         summary["mfu"] = program.mfu
+    if analysis.rewinds:  # rollbacks inside an attempt (absent otherwise: other pages keep their data)
+        summary["rewinds"] = [r.to_dict() for r in analysis.rewinds[:MAX_PAGE_EVENTS]]
+    if analysis.time_range is not None and analysis.window is not None:  # --since/--until
+        summary["time_range"] = {"start": iso(analysis.time_range[0]), "end": iso(analysis.time_range[1]),
+                           "goodput": _finite(analysis.window.goodput)}
     return summary
 
 
@@ -150,6 +158,29 @@ def _steps(analysis: RunAnalysis) -> dict[str, Any]:
             "device": device if any(v is not None for v in device) else None, "why_empty": why}
 
 
+def _over_time(analysis: RunAnalysis) -> dict[str, Any] | None:
+    """Goodput over time for the page's chart: each period's share of each bucket (the
+    analysis's periods, as ``report --json`` gives them)."""
+    over = analysis.over_time
+    if over is None or not over.periods:
+        return None
+    rows = over.to_list(analysis.partition.start_wall_ns)
+    present = {name for row in rows for name in row["buckets"]}
+    names = [name for name in analysis.partition.buckets_ns if name in present]  # productive first
+    names += sorted(present - set(names))
+    return {
+        "every_s": over.every_s,
+        "start": [row["start"] for row in rows],
+        "end": [row["end"] for row in rows],
+        "partial": [row["partial"] for row in rows],
+        "goodput": [rounded(row["goodput"], 6) for row in rows],
+        "lost_s": [rounded(row["lost_s"], 6) for row in rows],
+        "series": {name: [rounded(row["buckets"][name]["fraction"], 6) if name in row["buckets"] else 0.0
+                          for row in rows] for name in names},
+        "worst": list(over.worst),
+    }
+
+
 def report_data(
     analysis: RunAnalysis, run: LoadedRun, *, gantt_steps: StepRange | None = None,
     gantt_attempt: int | None = None, progress: Callable[[str, int, int], None] | None = None,
@@ -164,6 +195,7 @@ def report_data(
         "format": "goodtrace.html/2",
         "summary": _summary(analysis, run),
         "buckets": _buckets(analysis),
+        "over_time": _over_time(analysis),
         "steps": _steps(analysis),
         "heatmap": Heatmap(analysis).result(),
         "gantt": gantt.result(),

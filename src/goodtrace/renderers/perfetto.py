@@ -4,7 +4,7 @@ Contract: ``PerfettoRenderer(selection).write(analysis, run, path)`` writes one 
 or ``.json.gz``) in which every rank is a process ``rank N (host)``; its tracks are the step
 intervals with their overhead split (exactly the analysis's: :mod:`goodtrace.analysis.intervals`),
 each recorded thread, and device time when recorded. Spans are complete events (category and
-step in args), tags and events are instant events, metrics are counters. All ranks share one
+step in args), tags, events and rollbacks (on the steps track) are instant events, metrics are counters. All ranks share one
 time axis: each session's monotonic clock goes through the analysis's one mapping
 (``RunAnalysis.to_wall``), shown relative to the earliest start in the selection (its wall
 time is in the trace's ``otherData``).
@@ -245,6 +245,11 @@ class PerfettoRenderer:
             end_t = info.finish_t if info.has_finish and info.finish_t is not None else info.last_seen
             emit(instant(text, "lifecycle", pid, lane(i, "main", "main thread").tid, ts(end_t),
                          {"attempt": attempt, "finish_record": info.has_finish}))
+        for r in cut.rewinds:  # rollbacks inside the attempt (analysis.rewinds)
+            if window is None or window[0] <= r.t <= window[1]:
+                emit(instant(f"rollback to step {r.to_step}", "rollback", pid, steps_lane.tid, ts(r.t), {
+                    "attempt": attempt, "from_step": r.from_step, "to_step": r.to_step, "resume_step": r.resume_step,
+                    "redone": r.redone, "skipped": r.skipped, "explicit": r.explicit}))
         spans_by_lane: dict[Any, list[RawRecord]] = {}
         device: dict[str, dict[int, float]] = {}
         main_tid = info.main_tid

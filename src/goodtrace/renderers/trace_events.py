@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -19,7 +18,6 @@ __all__ = [
     "TraceSummary",
     "complete",
     "instant",
-    "iter_events",
     "meta",
     "ms",
     "safe",
@@ -113,8 +111,3 @@ def instant(name: str, category: str, pid: int, tid: int, ts: str, args: dict[st
         f'{{"ph":"i","s":"t","name":{string(name)},"cat":{string(category)},"pid":{pid},'
         f'"tid":{tid},"ts":{ts},"args":{JSON.encode(args)}}}'
     )
-
-
-def iter_events(text: str) -> Iterator[dict[str, Any]]:
-    """The events of a rendered trace (for tests and tools)."""
-    yield from json.loads(text)["traceEvents"]

@@ -70,8 +70,11 @@ def row_scalars(row: StepRow) -> dict[str, float]:
     return out
 
 
+MAX_ROLLBACK_TEXTS = 20  # a loop numbered per epoch rewinds every epoch: the count says how many
+
+
 def summary_values(analysis: RunAnalysis) -> tuple[dict[str, float], dict[str, str]]:
-    """(numbers, texts) of the run's summary: goodput, every bucket, the attempts."""
+    """(numbers, texts) of the run's summary: goodput, every bucket, the attempts, the rollbacks."""
     p = analysis.partition
     numbers: dict[str, float] = {
         f"{PREFIX}/summary/goodput": p.goodput,
@@ -92,6 +95,10 @@ def summary_values(analysis: RunAnalysis) -> tuple[dict[str, float], dict[str, s
         )
         for a in analysis.attempts
     }
+    if analysis.rewinds:  # rollbacks inside an attempt (absent otherwise: other runs keep their scalars)
+        numbers[f"{PREFIX}/summary/rollbacks"] = float(len(analysis.rewinds))
+        for i, r in enumerate(analysis.rewinds[:MAX_ROLLBACK_TEXTS]):
+            texts[f"{PREFIX}/summary/rollback_{i}"] = f"attempt {r.attempt}: {r.text()}"
     return numbers, texts
 
 

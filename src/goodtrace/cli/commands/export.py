@@ -1,8 +1,9 @@
 """``goodtrace export RUN --to tensorboard DIR | mlflow [URI] | wandb [PROJECT]``: replay a run.
 
-For runs recorded without sinks: the step table (one point per step execution) and the
-summary (goodput, every bucket, attempts), both from ``goodtrace.analysis.analyze``, written
-through the same sink classes that record live. User errors are one-line ``CommandError``s.
+For runs recorded without sinks: the step table (one point per step execution; with
+``--since``/``--until`` those whose interval overlaps the time range) and the job's summary (goodput,
+every bucket, attempts), both from ``goodtrace.analysis.analyze``, written through the same
+sink classes that record live. User errors are one-line ``CommandError``s.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import argparse
 import os
 import time
 from typing import TYPE_CHECKING
+
+from goodtrace.cli.time_range import add_range_arguments
 
 if TYPE_CHECKING:
     from goodtrace.sinks import ScalarSink
@@ -30,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tensorboard DIR | mlflow [TRACKING_URI] | wandb [PROJECT]")
     parser.add_argument("--job", type=int, metavar="N",
                         help="which job of a reused run directory (0 = the oldest; default the last)")
+    add_range_arguments(parser)
     parser.add_argument("--name", help="the run's name in MLflow / W&B (default: the run directory's name)")
     parser.add_argument("--wandb-mode", choices=("online", "offline"),
                         help="W&B mode (default: W&B's own setting, WANDB_MODE)")
@@ -67,7 +71,12 @@ def _sink(args: argparse.Namespace) -> ScalarSink:
 
 def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
+    from goodtrace.cli.time_range import range_options
 
+    try:
+        time_range = range_options(args)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     sink = _sink(args)
     from goodtrace.analysis import AnalysisError, analyze
     from goodtrace.read.load import LoadError, NotARunError, load_run
@@ -77,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(args.run):
         raise CommandError(missing_path(args.run))
     try:
-        analysis = analyze(load_run(args.run), job=args.job, now_wall_ns=time.time_ns())
+        analysis = analyze(load_run(args.run), job=args.job, now_wall_ns=time.time_ns(), **time_range)
     except NotARunError as exc:
         raise CommandError(f"{exc}: not a goodtrace run directory") from None
     except (LoadError, AnalysisError, OSError) as exc:

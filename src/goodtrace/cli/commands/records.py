@@ -3,13 +3,21 @@
 Reads every line with the standard-library reader (:func:`goodtrace.read.sessions.read_run`):
 each session with its record count, and every line that was skipped, named by file and line
 (the first few of each file) and counted by reason. Run text is printed escaped; ``--json`` is
-always valid JSON.
+always valid JSON. ``--since``/``--until`` add each session's count of records in the time
+range.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING, Any
+
+from goodtrace.cli.time_range import add_range_arguments
+
+if TYPE_CHECKING:
+    from goodtrace.analysis.time_range import RangeEdge
+    from goodtrace.read.sessions import Session
 
 HELP = "list the sessions, attempts and record counts of a run directory"
 
@@ -17,23 +25,31 @@ HELP = "list the sessions, attempts and record counts of a run directory"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run directory (path or fsspec URL)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_range_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
+    from goodtrace.cli.time_range import range_options
     from goodtrace.read.sessions import NotARunError, read_run
     from goodtrace.read.validate import describe_skipped
     from goodtrace.record.io.storage import is_url
     from goodtrace.renderers.text import printable
 
     try:
+        time_range = range_options(args)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    try:
         loaded = read_run(_mirrored(args.run) if is_url(args.run) else args.run)
     except NotARunError as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"cannot read {args.run!r}: {exc.strerror or exc}") from None
+    in_range = (_counts_in_range(loaded.sessions, time_range.get("since"), time_range.get("until"))
+                if time_range else None)
     rows = []
-    for session in loaded.sessions:
+    for number, session in enumerate(loaded.sessions):
         finish = session.finish
         host, pid = session.header.get("host"), session.header.get("pid")
         rows.append(
@@ -49,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
                 ("exited" if finish else "no finish record (crashed or still running)"),
             }
         )
+        if in_range is not None:
+            rows[-1]["records_in_range"] = in_range[number]
     if args.json:
         print(json.dumps({"sessions": rows, "skipped": loaded.skipped, "problems": loaded.problems}, indent=2,
                          allow_nan=False))
@@ -57,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"attempt {row['attempt']}  rank {row['rank']:>5}  {printable(row['host'] or '?')}:{row['pid'] or '?'}  "
             f"{row['records']:>8} records in {row['segments']} segment(s)  {row['ended']}"
+            + (f"  ({row['records_in_range']} in the time range)" if "records_in_range" in row else "")
         )
     for problem in loaded.problems:
         print(f"warning: {printable(problem)}")
@@ -76,3 +95,50 @@ def _mirrored(url: str) -> str:
         return mirror_run(url, progress=update, use_compact=False)
     finally:
         stop()
+
+
+def _counts_in_range(sessions: list[Session], since: RangeEdge | None, until: RangeEdge | None) -> list[int]:
+    """Each session's records in the time range. A UTC time or a duration selects by the
+    record's time (a span record's start, else its time) on its session's wall clock; a duration counts from the
+    run's first process start (negative: back from its last sign of life), since this view does
+    not analyse the run; ``step:N`` selects by the record's step number."""
+    from goodtrace import schema
+    from goodtrace.cli import CommandError
+    from goodtrace.read.validate import is_time
+
+    first = min(s.start_wall_ns for s in sessions)
+    last = max(s.wall_ns(s.last_seen_mono) for s in sessions)
+
+    def bound(edge: RangeEdge | None) -> int | None:
+        if edge is None or edge.step is not None:
+            return None
+        if edge.wall_ns is not None:
+            return edge.wall_ns
+        assert edge.offset_s is not None
+        if edge.offset_s in (float("inf"), float("-inf")):
+            return last if edge.offset_s > 0 else first
+        return (first if edge.offset_s >= 0 else last) + round(edge.offset_s * 1e9)
+
+    a, b = bound(since), bound(until)
+    if since is not None and a is not None and a >= last:
+        raise CommandError(f"--since {since.describe()} is at or after the run's last record")
+    if until is not None and b is not None and b <= first:
+        raise CommandError(f"--until {until.describe()} is at or before the run's first process start")
+    low = None if since is None else since.step
+    high = None if until is None else until.step
+
+    def kept(session: Session, record: dict[str, Any]) -> bool:
+        if low is not None or high is not None:
+            step = record.get(schema.F_STEP)
+            if type(step) is not int or (low is not None and step < low) or (high is not None and step > high):
+                return False
+        if a is None and b is None:
+            return True
+        for field in (schema.F_T0, schema.F_T, schema.F_MONO):
+            value = record.get(field)
+            if is_time(value):
+                wall = session.wall_ns(value)
+                return (a is None or wall >= a) and (b is None or wall < b)
+        return False
+
+    return [sum(1 for record in s.records if kept(s, record)) for s in sessions]

@@ -10,37 +10,19 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import sys
 from typing import Any
 
+from goodtrace.cli.time_range import (
+    add_range_arguments,
+    parse_duration,
+    parse_window,
+    range_options,
+)
+
+__all__ = ["HELP", "add_arguments", "parse_duration", "parse_window", "run"]
+
 HELP = "goodput report of a run: buckets, attempts, step times, slowest steps, ranks (--json)"
-
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``1.5h`` -> seconds (a leading ``-`` is kept)."""
-    match = re.fullmatch(r"\s*(-?\d+(?:\.\d*)?)\s*(s|m|min|h|d)?\s*", text)
-    if match is None:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 90, 90s, 15m, 1.5h)")
-    return float(match.group(1)) * _UNITS[match.group(2) or ""]
-
-
-def parse_window(text: str) -> tuple[float, float]:
-    """``A:B`` (seconds from the job start; negative from its end; either side may be empty)
-    or one duration ``D`` meaning the last D of the job."""
-    if ":" in text:
-        lo, hi = text.split(":", 1)
-        a = parse_duration(lo) if lo.strip() else 0.0
-        b = parse_duration(hi) if hi.strip() else math.inf
-        if b != math.inf and (a >= 0) == (b >= 0) and b <= a:
-            raise ValueError(f"window {text!r} is empty (B must be after A)")
-        return a, b
-    width = parse_duration(text)
-    if width <= 0:
-        raise ValueError(f"window {text!r} must be a positive duration")
-    return -width, math.inf
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="interval goodput for seconds A to B from the job start (negative: from "
                              "the end), or the last duration D (e.g. 1h)")
     parser.add_argument("--rolling", metavar="D", help="goodput over consecutive windows of duration D")
+    add_range_arguments(parser)
+    parser.add_argument("--every", metavar="D",
+                        help="goodput over time per period D, aligned to the UTC clock (default: whole hours)")
     parser.add_argument("--job", type=int, metavar="N",
                         help="which job of a reused run directory (0 = the oldest; default the last)")
     parser.add_argument("--ideal-step", type=float, metavar="S", help="ideal step time in seconds")
@@ -72,14 +57,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
-
     try:
         window = parse_window(args.window) if args.window else None
+        time_range = range_options(args)
         rolling = parse_duration(args.rolling) if args.rolling else None
+        every = parse_duration(args.every) if args.every else None
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     if rolling is not None and rolling <= 0:
         raise CommandError("--rolling must be a positive duration")
+    if every is not None and every <= 0:
+        raise CommandError("--every must be a positive duration")
+    if window is not None and time_range:
+        raise CommandError("--window gives the buckets of one window and --since/--until select a time range "
+                           "(with those buckets): give one or the other")
     gantt_steps = None
     if args.gantt_steps is not None:
         from goodtrace.cli.ranges import parse_steps
@@ -109,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
         accelerator=args.accelerator,
         devices_per_rank=args.devices_per_rank,
+        every_s=every,
+        **time_range,
     )
     if args.html:
         _write_html(loaded, analysis, args.html, gantt_steps)

@@ -1,7 +1,8 @@
 """``goodtrace trace RUN -o FILE``: a Perfetto/Chrome trace of a run (``.json`` or ``.json.gz``).
 
 Every rank is a process, every thread a track, step intervals with their overhead split on a
-track of their own; ``--steps``, ``--ranks`` and ``--attempt`` select a slice. Open the file at
+track of their own; ``--steps`` (or ``--since``/``--until``), ``--ranks`` and ``--attempt`` select a
+slice. Open the file at
 https://ui.perfetto.dev (it stays in the browser) or in ``chrome://tracing``.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from goodtrace.cli.time_range import add_range_arguments
 
 HELP = "write a Perfetto/Chrome trace of all ranks (open it in ui.perfetto.dev)"
 
@@ -19,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trace file to write: .json, or .json.gz for a compressed one")
     parser.add_argument("--steps", metavar="A:B",
                         help="only steps A to B, both included (also A:, :B, or one step A)")
+    add_range_arguments(parser)
     parser.add_argument("--ranks", metavar="LIST", help="only these ranks, e.g. 0,3,8-15")
     parser.add_argument("--attempt", type=int, metavar="K", help="only attempt K (0 = the first launch)")
     parser.add_argument("--job", type=int, metavar="N",
@@ -26,10 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from goodtrace.cli import CommandError
     from goodtrace.cli.analysed import load_and_analyse
     from goodtrace.cli.progress import progress_bar
     from goodtrace.cli.ranges import format_ranks, parse_ranks, parse_steps
+    from goodtrace.cli.time_range import range_options
     from goodtrace.renderers.perfetto import PerfettoRenderer, Selection
     from goodtrace.renderers.text import printable
 
@@ -39,10 +46,18 @@ def run(args: argparse.Namespace) -> int:
             ranks=parse_ranks(args.ranks) if args.ranks else None,
             attempt=args.attempt,
         )
+        time_range = range_options(args)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    if time_range and args.steps:
+        raise CommandError("--steps and --since/--until both choose the steps of the trace: give one")
     # One derivation: the steps track is the analysis's; the spans are read for the slice only.
-    loaded, analysis = load_and_analyse(args.run, job=args.job)
+    loaded, analysis = load_and_analyse(args.run, job=args.job, **time_range)
+    if time_range:  # the steps whose executions overlap the time range, on every rank
+        steps = analysis.steps.intervals()[0]
+        if not len(steps):
+            raise CommandError("no step execution overlaps --since/--until: the trace would be empty")
+        selection = dataclasses.replace(selection, steps=(int(steps.min()), int(steps.max())))
     if args.attempt is not None and args.attempt not in analysis.attempts_by_index():
         raise CommandError(f"the run has no attempt {args.attempt} (it has {sorted(analysis.attempts_by_index())})")
     ranks = {analysis.sessions[i].rank for i in analysis.cuts}

@@ -38,6 +38,7 @@ from goodtrace import schema
 from goodtrace.record.errors import warn
 from goodtrace.record.live.line import LiveLine, MetricSummary, format_bytes, format_line
 from goodtrace.record.live.names import NAME_FLOATS, MetricNames
+from goodtrace.record.live.rewinds import RewoundTime
 from goodtrace.record.live.transport import GatherHandle, LocalTransport, Transport
 
 __all__ = [
@@ -138,6 +139,8 @@ class LiveAggregator:
         self._prev_end_ns: int | None = None
         self._overhead_spans: list[tuple[str, int, int]] = []
         self._productive_ns = 0
+        # a rollback takes its thrown-away time and its recovery back (live.rewinds)
+        self._rewound = RewoundTime(lambda a, b: sum(self._overhead_in(a, b, prune=False).values()))
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
         self._warned: set[str] = set()
         self._metric_names = MetricNames(self._warn)  # slots, and names learned from the gathers
@@ -174,7 +177,8 @@ class LiveAggregator:
     def _hooks(self) -> list[tuple[str, Callable[..., None]]]:
         hooks: list[tuple[str, Callable[..., None]]] = [
             ("metric_listeners", self._on_metric), ("sync_listeners", self._on_sync),
-            ("step_listeners", self._on_step_end),
+            ("step_listeners", self._on_step_end), ("rollback_listeners", self._on_rollback),
+            ("step_begin_listeners", self._on_step_begin),
         ]
         if self._watch_overhead:  # overhead spans, automatic ones (compile, gc) included
             hooks.append(("overhead_span_listeners", self.on_overhead_span))
@@ -190,6 +194,23 @@ class LiveAggregator:
         if step is not None:
             with self._lock:
                 self._syncs[step] = t
+                self._rewound.step_synced(step, t)
+
+    def _on_rollback(self, to_step: int) -> None:
+        with self._lock:
+            self._productive_ns += self._rewound.rollback(to_step, self._clock())
+            self._redo_from(to_step + 1)
+
+    def _on_step_begin(self, number: int, t0: int) -> None:
+        with self._lock:
+            self._productive_ns += self._rewound.step_began(number, t0)
+            self._redo_from(number)
+
+    def _redo_from(self, step: int) -> None:
+        """This attempt runs ``step`` again: an earlier attempt's run of it no longer counts
+        (the line's ``first_step``, for the sinks' ``goodput/job``)."""
+        if self._first_step is not None and step < self._first_step:
+            self._first_step = step
 
     def on_overhead_span(self, category: str, t0: int, t1: int) -> None:
         """An overhead span ended (the recorder's overhead-span listener)."""
@@ -205,6 +226,7 @@ class LiveAggregator:
                 self._first_t0 = t0
                 self._first_step = number
             self._last_step_end = (number, t1)
+            self._rewound.step_ended(number, t1)
             if number % self.log_every == 0:
                 self._waiting.append((number, self._ends + self.lag, t1))
             # A step whose body raised may be a crashing rank's last: no collective then (its
@@ -274,6 +296,8 @@ class LiveAggregator:
         start_ns = self._prev_end_ns if self._prev_end_ns is not None else (self._first_t0 or end_ns)
         if prev is not None and step > prev:
             count = step - prev
+        elif prev is not None and self._rewound.resumed_at is not None:  # the first window after a rollback
+            count = max(1, step - self._rewound.resumed_at + 1)
         else:  # the first window: from the first step seen up to this one
             count = max(1, step - (self._first_step if self._first_step is not None else step) + 1)
         overhead = self._overhead_in(start_ns, end_ns)
@@ -321,8 +345,9 @@ class LiveAggregator:
         self._prev_end_ns = end_ns
         return _Window(step, count, start_ns, end_ns, timing, overhead, names, vector)
 
-    def _overhead_in(self, start: int, end: int) -> dict[str, int]:
-        """Overhead time per category inside (start, end]; nested spans counted once."""
+    def _overhead_in(self, start: int, end: int, *, prune: bool = True) -> dict[str, int]:
+        """Overhead time per category inside (start, end]; nested spans counted once (``prune``:
+        the spans that end by ``end`` are dropped, no later window needs them)."""
         spans = sorted(self._overhead_spans, key=lambda s: (s[1], -s[2]))
         result: dict[str, int] = {}
         covered_until = start
@@ -331,7 +356,8 @@ class LiveAggregator:
             if hi > lo:
                 result[category] = result.get(category, 0) + hi - lo
                 covered_until = hi
-        self._overhead_spans = [s for s in self._overhead_spans if s[2] > end]
+        if prune:
+            self._overhead_spans = [s for s in self._overhead_spans if s[2] > end]
         return result
 
     # ------------------------------------------------------------------ rank 0
@@ -383,7 +409,7 @@ class LiveAggregator:
         seconds = window_ns / 1e9 if window_ns > 0 else None
         overhead_total = sum(window.overhead_ns.values())
         if window_ns > 0:
-            self._productive_ns += max(0, window_ns - overhead_total)
+            self._productive_ns += self._rewound.kept(window.start_ns, window.end_ns, max(0, window_ns - overhead_total))
         for category, ns in window.overhead_ns.items():
             self._overhead_total_ns[category] = self._overhead_total_ns.get(category, 0) + ns
         per_rank = [v for v in vectors if len(v) == size and v[_H_LAYOUT] == _LAYOUT]

@@ -89,11 +89,17 @@
   }
   var notes = document.getElementById('notes');
   function note(text) { notes.appendChild(el('li', text)); }
+  if (summary.time_range) {
+    var range = summary.time_range;
+    note('Time range ' + range.start + ' to ' + range.end + ' (UTC, --since/--until): goodput ' + pct(range.goodput) +
+         '; the step chart and goodput over time keep to it, the rest is the whole job.');
+  }
   if (summary.data_rule) note('Data loading: ' + summary.data_rule);
   (summary.attempts_detail || []).forEach(function (a) {
     note('Attempt ' + a.index + ': steps ' + (a.first_step === null ? '-' : a.first_step + '-' + a.last_step) +
          ', ' + seconds(a.duration_s) + ', ' + a.ended);
   });
+  (summary.rewinds || []).forEach(function (r) { note('Attempt ' + r.attempt + ': ' + r.text); });
   (summary.stragglers || []).forEach(function (s) { note('Slow rank ' + s.rank + ' (' + s.host + '): ' + s.reason); });
   var events = summary.events || [];
   if (events.length) {
@@ -137,6 +143,59 @@
       return {value: b[1], itemStyle: {color: colorOf(b[0])}};
     }), label: {show: true, position: 'right', formatter: function (p) { return pct(buckets[p.dataIndex][2]); }}}]
   });
+
+  // ---------------------------------------------------------------- goodput over time
+  var over = data.over_time;
+  var overNote = document.getElementById('over-time-note');
+  if (!over) {
+    overNote.textContent = 'No goodput over time: the job has no time to cut into periods.';
+    document.getElementById('over-time').style.display = 'none';
+  } else {
+    var periodLabel = function (k) {
+      var s = over.start[k], e = over.end[k];
+      var day = s.slice(5, 10), from = s.slice(11, 19), to = e.slice(11, 19);
+      from = from.slice(6) === '00' ? from.slice(0, 5) : from;
+      to = to.slice(6) === '00' ? to.slice(0, 5) : to;
+      return day + ' ' + from + '-' + to;
+    };
+    var overLabels = over.start.map(function (_, k) { return periodLabel(k); });
+    var worstRank = {};
+    over.worst.forEach(function (k, r) { worstRank[k] = r + 1; });
+    var overNames = Object.keys(over.series);
+    overNote.textContent = over.start.length + ' period(s) of ' + seconds(over.every_s) +
+      ' on the UTC clock (the first and last may be partial). Bars stack each bucket\u2019s share of the period; ' +
+      'triangles mark the periods that lost the most time.';
+    var overSeries = overNames.map(function (name) {
+      return {name: name, type: 'bar', stack: 'share', barCategoryGap: '15%', large: over.start.length > 2000,
+              itemStyle: {color: colorOf(name)},
+              data: over.series[name].map(function (v) { return +(v * 100).toFixed(4); })};
+    });
+    overSeries.push({name: 'worst', type: 'scatter', symbol: 'triangle', symbolSize: 12, z: 6,
+                     itemStyle: {color: '#c23531'},
+                     data: over.worst.map(function (k) { return [overLabels[k], 102]; })});
+    chart('over-time', {
+      animation: false,
+      legend: {type: 'scroll', top: 0},
+      grid: {left: 60, right: 30, top: 36, bottom: 70},
+      tooltip: {trigger: 'axis', axisPointer: {type: 'shadow'}, formatter: function (params) {
+        var k = overLabels.indexOf(params[0].axisValue);
+        var lines = ['<b>' + esc(over.start[k]) + ' \u2013 ' + esc(over.end[k]) + '</b>' +
+                     (over.partial[k] ? ' (partial)' : ''),
+                     'goodput ' + esc(pct(over.goodput[k])) + ', lost ' + esc(seconds(over.lost_s[k])) +
+                     (worstRank[k] ? ' (worst #' + worstRank[k] + ')' : '')];
+        overNames.forEach(function (name) {
+          var v = over.series[name][k];
+          if (v > 0) lines.push(esc(name) + ': ' + esc(pct(v)));
+        });
+        return lines.join('<br>');
+      }},
+      xAxis: {type: 'category', data: overLabels, name: 'UTC'},
+      yAxis: {type: 'value', name: '% of period', min: 0, max: 105,
+              axisLabel: {formatter: function (v) { return v <= 100 ? v + '%' : ''; }}},
+      dataZoom: [{type: 'inside'}, {type: 'slider', bottom: 10}],
+      series: overSeries
+    });
+  }
 
   // ---------------------------------------------------------------- step time
   var steps = data.steps;
