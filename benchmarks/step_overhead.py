@@ -140,7 +140,7 @@ def polling_cost(run_dir: str, chunk: int, pairs: int) -> tuple[float, float, fl
     finally:
         gc.enable()
         readiness.watched.clear()
-        rec._pending.clear()
+        rec.sync.pending.clear()
         gt.finish()
     return statistics.median(wall_ratios) - 1, statistics.median(cpu_ratios) - 1, polls[0] / polling_s
 

@@ -332,20 +332,24 @@ def test_jax_scalar_metrics_are_read_lazily_and_bad_ones_warn() -> None:
     assert not [r for r in cap.records(schema.METRIC) if r["name"] == "vector"]
 
 
-def test_first_jax_value_installs_the_compile_listeners_and_import_stays_light(tmp_path: Any) -> None:
+def test_init_installs_the_compile_listeners_and_a_value_lookup_does_not(tmp_path: Any) -> None:
+    """gt.init installs them when the program imported JAX first; looking up a JAX value's
+    adapter has no such side effect (JAX imported after init: not installed until instrument())."""
     code = (
         "import sys, goodtrace as gt\n"
         "assert 'jax' not in sys.modules and 'goodtrace.integrations.jax' not in sys.modules\n"
-        "import jax, jax.numpy as jnp\n"
+        "if sys.argv[1] == 'before': import jax, jax.numpy as jnp\n"
         f"gt.init({str(tmp_path)!r})\n"
+        "import jax, jax.numpy as jnp\n"
         "gt.complete_on(jnp.ones(()))\n"
-        "from goodtrace.integrations import jax as gj\n"
-        "print(gj.is_installed())\n"
+        "from goodtrace.record.values import jax_compile\n"
+        "print(jax_compile.is_installed())\n"
         "gt.finish()\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "True"
+    for when, installed in (("before", "True"), ("after", "False")):
+        out = subprocess.run([sys.executable, "-c", code, when], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == installed, when
 
 
 def test_persistent_cache_hits_and_misses_annotate_the_compile_spans(tmp_path: Any) -> None:

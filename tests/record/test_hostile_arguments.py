@@ -157,3 +157,40 @@ def test_any_argument_under_warnings_as_errors_never_raises(tmp_path: Path) -> N
     assert [t["step"] for t in tags if t["name"] == "t"] == steps
     (finish,) = [record for _, record in run.records("finish")]
     assert finish["completed"] is False  # completed="yes" is no answer: recorded as stopped early
+
+
+NAMES_CHILD = """
+import json, sys, warnings
+import goodtrace as gt
+rec = gt.init(sys.argv[1], flush_interval_s=0.2)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for step in range(3):
+        with gt.step(step):
+            with gt.span("fwd"):
+                pass
+            gt.metric("loss", 1.0)
+            for i in range(10_000):
+                gt.metric(f"m/{step}/{i}", float(i))  # 10,000 new names every step
+            gt.tag("done")
+    ok = gt.finish()
+print(json.dumps({"ok": ok, "refused": rec.refused_metric_names, "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def test_new_metric_names_past_the_cap_are_refused_with_one_warning_and_nothing_else_is(tmp_path: Path) -> None:
+    from goodtrace.record.arguments import MAX_METRIC_NAMES
+
+    out = subprocess.run([sys.executable, "-c", NAMES_CHILD, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    result = json.loads(out.splitlines()[-1])
+    assert result["ok"] is True  # nothing was dropped
+    assert result["refused"] == 3 * 10_000 + 1 - MAX_METRIC_NAMES
+    capped = [w for w in result["warnings"] if "distinct metric names" in w]
+    assert len(capped) == 1 and f"{MAX_METRIC_NAMES:,}" in capped[0]
+    (session,) = read_run(str(tmp_path)).sessions
+    metrics = session.of_kind("metric")
+    assert len({r["name"] for r in metrics}) == MAX_METRIC_NAMES
+    assert [r["step"] for r in metrics if r["name"] == "loss"] == [0, 1, 2]  # a known name goes on
+    assert [r["step"] for r in session.of_kind("step")] == [0, 1, 2]
+    assert len(session.of_kind("span")) >= 3 and len(session.of_kind("tag")) == 3

@@ -265,3 +265,41 @@ def test_sigterm_records_preemption_and_flushes(tmp_path: Any) -> None:
     assert [r["name"] for r in session.of_kind("event")] == ["preempted"]
     assert session.finish is not None
     assert (session.finish["completed"], session.finish["reason"]) == (False, "signal")
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_sigterm_during_finish_waits_for_that_finish(tmp_path: Any, where: str) -> None:
+    """SIGTERM while finish() runs (a slow finish listener holds it open), in the main thread
+    (the handler interrupts it: the signal is delivered again once it is done) or in another
+    thread (the handler waits for it, bounded): the finish record and every step are on disk,
+    and the process still dies of the signal."""
+    run_dir = str(tmp_path / "run")
+    code = textwrap.dedent(
+        """
+        import sys, threading, time
+        import goodtrace as gt
+        rec = gt.init(sys.argv[1], flush_interval_s=60)
+        for k in range(2000):
+            with gt.step(k):
+                with gt.span("fwd"):
+                    pass
+        rec.finish_listeners.append(lambda completed, reason: (print("finishing", flush=True), time.sleep(1.0)))
+        if sys.argv[2] == "main":
+            gt.finish()
+        else:
+            threading.Thread(target=gt.finish).start()
+        time.sleep(30)
+        print("survived", flush=True)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, run_dir, where], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "finishing"
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == -signal.SIGTERM  # it dies of the signal, after the finish
+    assert child.stdout.read() == ""
+    child.stdout.close()
+    (session,) = read_run(run_dir).sessions
+    assert session.finish is not None and session.finish["reason"] == "finish"
+    assert [r["step"] for r in session.of_kind("step")] == list(range(2000))
+    assert [r["name"] for r in session.of_kind("event")] == []  # not a second ending

@@ -54,3 +54,61 @@ def test_all_ranks_write_beside_rank_0(tmp_path: Path) -> None:
     scalars, _ = _read(tmp_path / "tb" / "rank-1")
     assert sorted(scalars["goodtrace/step_time_s"]) == [10, 20, STEPS]
     assert not any(p.is_file() for p in (tmp_path / "tb").iterdir())  # rank 0 did not run here
+
+
+
+KILLED_CHILD = """
+import sys, time
+import goodtrace as gt
+from goodtrace.sinks.tensorboard import TensorBoardSink
+
+class Printed:  # says which live lines went to the sinks
+    name, ranks = "printed", "zero"
+    def open(self, run): pass
+    def write(self, line): sys.stdout.write(f"line {line.step}\\n"); sys.stdout.flush()  # one write: no interleaving
+    def close(self, finished): pass
+
+run_dir, tb_dir, flush = sys.argv[1], sys.argv[2], float(sys.argv[3])
+gt.init(run_dir, flush_interval_s=flush, sinks=[TensorBoardSink(tb_dir), Printed()])
+for step in range(1, 62):
+    with gt.step(step) as s:
+        time.sleep(0.005)
+        s.complete_on(1.0)
+sys.stdout.write("idle\\n"); sys.stdout.flush()
+time.sleep(600)  # alive, recording nothing, until killed
+"""
+
+
+def test_a_killed_ranks_event_file_has_every_line_sent_a_flush_interval_before(tmp_path: Path) -> None:
+    """The sink is flushed on goodtrace's heartbeat cadence: a rank killed two flush intervals
+    (plus this machine's measured lateness) after its last live line has that line in its event
+    file (it stayed in the file's buffer for up to 10 s before, 40 steps at the issue's rate)."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers.loops import oversleep
+
+    flush = 0.2
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(tmp_path / "run"), str(tmp_path / "tb"),
+                              str(flush)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        printed: list[int] = []
+        for text in child.stdout:
+            if text.strip() == "idle":
+                break
+            printed += [int(step) for step in re.findall(r"line (\d+)", text)]
+        late = oversleep()
+        time.sleep(2 * flush + 2 * late + 0.05)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        if child.stdout is not None:  # lines the sink thread printed after "idle"
+            printed += [int(step) for step in re.findall(r"line (\d+)\n", child.stdout.read())]
+            child.stdout.close()
+    assert printed and printed[-1] >= 50
+    scalars, _ = _read(tmp_path / "tb")
+    assert max(scalars.get("goodtrace/step_time_s", {0: 0.0})) == printed[-1]

@@ -15,7 +15,7 @@ from goodtrace.read.engine import Engine, workers_from_environment
 from goodtrace.read.load import LoadError, NotARunError, load_run
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.mirror import RemoteReadError
-from goodtrace.record.io.storage import is_url, local_path
+from goodtrace.record.io.storage import is_url, local_path, missing_path
 
 __all__ = ["alive_here", "load_and_analyse"]
 
@@ -52,7 +52,7 @@ def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any)
     :func:`goodtrace.analysis.analyze` keywords)."""
     _return_freed_memory()
     if not is_url(run_dir) and not os.path.exists(local_path(run_dir)):  # URLs: the loader mirrors them
-        raise CommandError(f"{run_dir!r} does not exist")
+        raise CommandError(missing_path(local_path(run_dir)))
     try:
         workers_from_environment()
     except ValueError as exc:

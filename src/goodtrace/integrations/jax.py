@@ -8,7 +8,8 @@ them the live line is off, with one warning.
 
 Contract:
 
-- :func:`install` (idempotent; also run when goodtrace first sees a JAX value) registers
+- :func:`install` (idempotent; also run by ``gt.init`` when JAX was imported first, and by
+  :func:`instrument`) registers
   listeners with ``jax.monitoring`` so that every compile phase becomes a ``compile`` span
   (:mod:`goodtrace.record.values.jax_compile`, re-exported here).
 - :func:`instrument` gives the recorder JAX's device barrier

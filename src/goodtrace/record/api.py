@@ -25,11 +25,16 @@ from goodtrace.record.io.storage import Storage
 from goodtrace.record.noop import NOOP_RECORDER, NoopRecorder
 from goodtrace.record.process import discover_identity
 from goodtrace.record.recorder import Recorder, StepContext
-from goodtrace.record.spans import set_disabled
+from goodtrace.record.spans import active_recorder, set_disabled
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_active_recorder: Recorder | NoopRecorder = NOOP_RECORDER
+
+def _active() -> Recorder | NoopRecorder:
+    """The one active recorder: the one the hot path appends to (``spans``), else the no-op one."""
+    rec = active_recorder()
+    return NOOP_RECORDER if rec is None else rec
+
 _lock = threading.Lock()
 _restore_hooks: Callable[[], None] | None = None  # puts back the exception hooks init replaced
 
@@ -58,38 +63,34 @@ def init(
     comma-separated ``GOODTRACE_SINKS``) receive the live lines and the run's summary
     (``goodtrace.record.live.sinks``); an unknown name is a :class:`ConfigError`.
     """
-    global _active_recorder
     resolved = _resolve_sinks(sinks)
     if config is None:
         config = Config.from_env(enabled=enabled, **options)
     elif options or enabled is not None:
         raise ConfigError("pass either config= or individual options, not both")
     with _lock:
-        if isinstance(_active_recorder, Recorder) and not _active_recorder.finished:
-            raise RuntimeError(
-                f"goodtrace is already recording into {_active_recorder.run_dir!r}; call finish() first"
-            )
+        current = active_recorder()
+        if current is not None and not current.finished:
+            raise RuntimeError(f"goodtrace is already recording into {current.run_dir!r}; call finish() first")
         if not config.enabled:
             set_disabled()
-            _active_recorder = NOOP_RECORDER
-            return _active_recorder
+            return NOOP_RECORDER
         identity = discover_identity(rank=rank, world_size=world_size, local_rank=local_rank)
         if ranks is not None and identity.rank not in set(ranks):
             set_disabled()
-            _active_recorder = NOOP_RECORDER
-            return _active_recorder
+            return NOOP_RECORDER
         kwargs: dict[str, Any] = {"storage": storage}
         if clock is not None:
             kwargs["clock"] = clock
-        _active_recorder = Recorder(os.fspath(run_dir), config, identity, **kwargs)
-        _active_recorder.activate()
-        _install_sigterm_handler(_active_recorder)
-        _install_exception_hooks(_active_recorder)
+        rec = Recorder(os.fspath(run_dir), config, identity, **kwargs)
+        rec.activate()  # the active recorder from here on (spans.bind)
+        _install_sigterm_handler(rec)
+        _install_exception_hooks(rec)
         if resolved:
             from goodtrace.record.live.sinks import attach_sinks
 
             try:
-                attach_sinks(_active_recorder, resolved)
+                attach_sinks(rec, resolved)
             except Exception as exc:  # a sink must never fail init
                 warn(f"sinks disabled: {exc!r}")
         if "jax" in sys.modules:  # the program already uses JAX: record its compiles from step 0
@@ -99,7 +100,7 @@ def init(
                 jax_compile.install()
             except Exception:  # an optional feature must never fail init
                 pass
-        return _active_recorder
+        return rec
 
 
 def _resolve_sinks(sinks: Sequence[Any] | None) -> list[Any]:
@@ -126,10 +127,8 @@ def finish(completed: bool = True) -> bool:
     ``completed=True`` says the job reached its end; ``False`` that it is stopping early.
     Returns True when every record reached storage within ``finish_timeout_s``.
     """
-    global _active_recorder
     with _lock:
-        rec = _active_recorder
-        _active_recorder = NOOP_RECORDER
+        rec = _active()  # stays active (spans, metrics from other threads) until its finish unbinds it
     try:
         return rec.finish(completed)
     finally:
@@ -138,45 +137,45 @@ def finish(completed: bool = True) -> bool:
 
 def flush(timeout: float | None = None) -> bool:
     """Write everything buffered now; True when it reached storage within ``timeout``."""
-    return _active_recorder.flush(timeout)
+    return _active().flush(timeout)
 
 
 def recorder() -> Recorder | NoopRecorder:
     """The active recorder (the shared no-op one when not recording)."""
-    return _active_recorder
+    return _active()
 
 
 def is_enabled() -> bool:
-    return _active_recorder.enabled
+    return _active().enabled
 
 
 def current_step() -> int | None:
-    return _active_recorder.current_step
+    return _active().current_step
 
 
 def step(number: int) -> StepContext:
     """``with gt.step(n) as s:``: the ambient step for spans, tags and metrics."""
-    return _active_recorder.step(number)  # type: ignore[no-any-return,unused-ignore]
+    return _active().step(number)  # type: ignore[no-any-return,unused-ignore]
 
 
 def complete_on(value: object, step: int | None = None) -> None:
     """The (current) step is complete when ``value`` is; observed with the lag, never earlier."""
-    _active_recorder.complete_on(value, step)
+    _active().complete_on(value, step)
 
 
 def metric(name: str, value: object, reduce: str = "mean", step: int | None = None) -> None:
     """A named value at the (current) step, reduced across ranks with ``reduce``."""
-    _active_recorder.metric(name, value, reduce, step)
+    _active().metric(name, value, reduce, step)
 
 
 def tag(name: str, step: int | None = None) -> None:
     """Label the (current) step, e.g. ``gt.tag("lr_drop")``."""
-    _active_recorder.tag(name, step)
+    _active().tag(name, step)
 
 
 def event(name: str, **attrs: Any) -> None:
     """A named instant with attributes, e.g. ``gt.event("preempted", signal=15)``."""
-    _active_recorder.event(name, attrs or None)
+    _active().event(name, attrs or None)
 
 
 def _install_sigterm_handler(rec: Recorder) -> None:
@@ -190,9 +189,16 @@ def _install_sigterm_handler(rec: Recorder) -> None:
         return
 
     def on_sigterm(signum: int, frame: object) -> None:
+        if rec.finishing_thread == threading.get_ident():
+            # It interrupted this thread's own finish: let that finish end, then die of it.
+            rec.deferred_signal = signum
+            return
         try:
-            rec.event("preempted", {"signal": signum})
-            rec.finish(False, "signal")
+            if rec.finishing_thread is not None:  # another thread is finishing: wait for it (bounded)
+                rec.wait_finished(rec.config.finish_timeout_s)
+            else:
+                rec.event("preempted", {"signal": signum})
+                rec.finish(False, "signal")
         finally:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -254,7 +260,7 @@ def _restore_exception_hooks() -> None:
 
 
 def _at_exit() -> None:
-    rec = _active_recorder
+    rec = _active()
     if isinstance(rec, Recorder):
         try:
             rec.finish(None, "exit")
@@ -263,11 +269,9 @@ def _at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _active_recorder, _lock
+    global _lock
     _lock = threading.Lock()
-    rec = _active_recorder
-    _active_recorder = NOOP_RECORDER
-    rec.after_fork_in_child()
+    _active().after_fork_in_child()  # and it is no longer active
 
 
 atexit.register(_at_exit)

@@ -18,6 +18,9 @@ __all__ = ["MAX_NAME_CHARS", "name_text", "reduction", "rollback_to_step", "step
 
 #: Names longer than this are cut (the writer writes no more of any name).
 MAX_NAME_CHARS = 1000
+#: The most distinct metric names one run records (semantics.md section 9): a name made per step or
+#: per sample (an f-string with the step in it) would otherwise grow every table without end.
+MAX_METRIC_NAMES = 10_000
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 

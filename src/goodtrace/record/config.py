@@ -37,7 +37,9 @@ class Config:
     segment_bytes: int = 64 * 1024 * 1024
     remote_segment_bytes: int = 1024 * 1024
     remote_upload_interval_s: float = 1.0
-    storage_check_interval_s: float = 10.0
+    # Is the open segment still there (one fstat)? 0: at every heartbeat, so a deleted run directory is
+    # recreated within a flush interval. The native writer checks at every heartbeat whatever this says.
+    storage_check_interval_s: float = 0.0
     finish_timeout_s: float = 10.0
     overhead_categories: tuple[str, ...] = ()
     blocking_categories: tuple[str, ...] = ()

@@ -97,6 +97,7 @@ class HangWatchdog:
         self.hangs = 0
         self._seen: Any = None  # the newest buffer record already looked at
         self._stop = threading.Event()
+        self._aborting = False
         self._thread = threading.Thread(target=self._run, name="goodtrace-hang", daemon=True)
 
     # ------------------------------------------------------------------ training thread (hooks)
@@ -145,7 +146,8 @@ class HangWatchdog:
     def _on_finish(self, completed: bool | None, reason: str) -> None:
         """At finish (the training thread): stop, and say so if a recorded hang was over."""
         self.stop()
-        self._thread.join(1.0)
+        if not self._aborting:  # (aborting: the watchdog's thread waits for this finish)
+            self._thread.join(1.0)
         if self.hung_since is not None and self.last_progress is not None and self.last_progress > self.hung_since:
             self._over()
 
@@ -177,8 +179,12 @@ class HangWatchdog:
                 return
 
     def _peek(self) -> None:
-        """Progress inside a step: the training thread's newest closed spans in the buffer."""
-        records = self.recorder.buffer.records
+        """Progress inside a step: the training thread's newest closed spans in the buffer (the
+        Python writer's deque; the native writer's ring is not looked into: its spans are read
+        back from the file before a hang is recorded, :meth:`_written_progress`)."""
+        records = getattr(self.recorder.buffer, "records", None)
+        if records is None:
+            return
         newest: Any = None
         for back in range(1, _PEEK + 1):
             try:
@@ -258,13 +264,11 @@ class HangWatchdog:
         where = f" in {function} ({location})" if location else ""
         print(f"goodtrace: rank {rank} made no progress for {attrs['silent_s']:.1f} s (bound {bound / 1e9:.1f} s) "
               f"at step {self.step}{where}{after}", file=sys.stderr, flush=True)
-        if rank == 0 and (self.recorder.identity.world_size or 1) > 1:
-            if self.policy.on_hang == "abort":
-                self._announce(bound)  # before leaving
-            else:  # on its own thread: the watchdog goes on looking (a stall may end)
-                threading.Thread(target=self._announce, args=(bound,), name="goodtrace-hang-line", daemon=True).start()
-        if self.policy.on_hang == "abort":
+        if self.policy.on_hang == "abort":  # at once: the launcher restarts, the report names the first
             self._abort()
+        elif rank == 0 and (self.recorder.identity.world_size or 1) > 1:
+            # on its own thread: the watchdog goes on looking (a stall may end)
+            threading.Thread(target=self._announce, args=(bound,), name="goodtrace-hang-line", daemon=True).start()
 
     def _announce(self, bound: int) -> None:
         """Rank 0, once the others had time to record theirs: the line naming the rank that
@@ -288,6 +292,9 @@ class HangWatchdog:
     def _abort(self) -> None:
         """Finish the files (bounded: the training thread is stuck, a collective may be too),
         then leave with HANG_EXIT_CODE so the launcher restarts the job."""
+        if self._stop.is_set():  # the process is finishing already (an exception, a signal): its way
+            return
+        self._aborting = True
         closing = threading.Thread(target=self.recorder.finish, args=(False, "hang"), daemon=True)
         closing.start()
         closing.join(self.recorder.config.finish_timeout_s + 5.0)

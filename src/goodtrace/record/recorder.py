@@ -18,6 +18,7 @@ import collections
 import gc
 import itertools
 import os
+import signal
 import threading
 import time
 import uuid
@@ -27,6 +28,7 @@ from typing import Any
 from goodtrace import schema
 from goodtrace.record import spans
 from goodtrace.record.arguments import (
+    MAX_METRIC_NAMES,
     MAX_NAME_CHARS,
     name_text,
     reduction,
@@ -36,15 +38,15 @@ from goodtrace.record.arguments import (
 )
 from goodtrace.record.config import Config
 from goodtrace.record.errors import describe, warn
+from goodtrace.record.io.choice import open_writer
 from goodtrace.record.io.encoding import RecordBuffer
 from goodtrace.record.io.storage import Storage, open_storage
-from goodtrace.record.io.writer import Writer
 from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
 from goodtrace.record.spans import span_key
+from goodtrace.record.step_context import StepContext
 from goodtrace.record.sync_points import _ARRIVED, SyncPoints
 from goodtrace.record.values.adapters import (
     COMPLETE,
-    ValueAdapter,
     adapter_for,
     finite_or_none,
     join_completions,
@@ -65,40 +67,7 @@ def _version() -> str:
         return "unknown"
 
 
-class StepContext:
-    """``with gt.step(n) as s:`` sets the ambient step; ``s.complete_on(loss)`` marks its end.
-
-    One object per execution of a step: ``seq`` numbers executions in entry order within the
-    session, so a repeated or decreasing step number is still its own execution.
-    """
-
-    __slots__ = ("_rec", "barrier", "number", "seq", "sync", "t0")
-
-    def __init__(self, rec: Recorder, number: int) -> None:
-        self._rec = rec
-        self.number = number
-        self.t0 = 0
-        self.seq = -1  # also how many steps had ended when it began (steps do not nest): the lag
-        # None: no completion value yet; a Pending: its completion (a sync point once taken);
-        # True: its sync point is written (nothing more is added to it).
-        self.sync: Pending | bool | None = None
-        # A blocking span started in it before its completion value: the device barrier's
-        # instant (> 0), or -1 when there was no barrier to run.
-        self.barrier = 0
-
-    def __enter__(self) -> StepContext:
-        self._rec.begin_step(self)
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._rec.end_step(self)
-
-    def complete_on(self, value: object) -> None:
-        """The step is complete when ``value`` is (dated when it became ready)."""
-        self._rec.complete_execution(self, self.number, value)
-
-
-class Recorder(SyncPoints):
+class Recorder:
     """One rank's recorder. Created by ``goodtrace.init``; not meant to be built directly."""
 
     enabled = True
@@ -116,37 +85,32 @@ class Recorder(SyncPoints):
         self.config = config
         self.identity = identity
         self.clock = clock
-        self.buffer = RecordBuffer(config.max_buffer_records)  # bounded on every append
         self.session = f"{time.time_ns():020d}-{identity.pid}-{uuid.uuid4().hex[:8]}"
         self._pid = identity.pid
         self._active_step: StepContext | None = None
         self._last_step: StepContext | None = None  # the execution entered last
         self._steps_ended = 0
         self._next_seq = itertools.count().__next__  # executions in entry order: 0, 1, 2, ...
-        # Values not observed yet, in order: completions and metrics. The training thread (or a
-        # thread starting a blocking span) takes them under _settle_lock; the readiness thread
-        # only tests watched completions and claims them (Pending.take), never waits on a lock.
-        self._pending: collections.deque[Pending] = collections.deque()
-        self._metrics: collections.deque[PendingMetric] = collections.deque()
-        self._settle_lock = threading.RLock()
-        self._observing: Pending | None = None  # the value the training thread is waiting for
-        self._polled_syncs: collections.deque[tuple[int | None, int, str]] = collections.deque()
-        self._uses_completions = False  # complete_on was called in this session
-        self._last_value: tuple[ValueAdapter, Any] | None = None  # latest device completion value
+        # Dating step executions and reading metric values: a part of its own (sync_points.py).
+        self.sync = SyncPoints(self)
         # A device barrier of the framework in use (set by the torch/JAX integrations): waits
         # for everything dispatched so far. Without one, an earlier completion value's is used.
         self.device_barrier: Callable[[], None] | None = None
         self.readiness: ReadinessThread | None = None
         if config.poll_interval_s > 0:
-            self.readiness = ReadinessThread(clock, config.poll_interval_s, self._on_ready)
+            self.readiness = ReadinessThread(clock, config.poll_interval_s, self.sync.on_ready)
         self._overhead = config.all_overhead_categories
         self.overhead_categories = self._overhead
         self._blocking = config.all_blocking_categories
         self._warned: set[str] = set()
+        self._metric_names: set[str] = set()  # at most MAX_METRIC_NAMES
+        self.refused_metric_names = 0  # metric values not recorded because their name was past the cap
         self.finished = False
+        self.finishing_thread: int | None = None  # the thread running finish(), once it started
+        self._finish_done = threading.Event()
+        self.deferred_signal: int | None = None  # delivered again when the finish in progress ends
         self._gc_t0 = 0
         self._gc_key = span_key("gc", schema.GC)
-        self.observations = 0
         # Listeners (live aggregation, sinks): called in the training thread right after the
         # record is made; they must be cheap and must not raise (exceptions are swallowed).
         self.metric_listeners: list[Callable[[str, int | None, float | None, str], None]] = []
@@ -187,8 +151,9 @@ class Recorder(SyncPoints):
             schema.H_CONFIG: config.to_record(),
         }
         self.storage = storage if storage is not None else open_storage(run_dir)
-        self.writer = Writer(
-            self.storage, self.buffer, config, self._header, f"rank-{identity.rank:05d}/{self.session}", clock
+        # The buffer (bounded on every append) and the writer that empties it: native or Python.
+        self.buffer, self.writer = open_writer(
+            self.storage, config, self._header, f"rank-{identity.rank:05d}/{self.session}", clock
         )
 
     def activate(self) -> None:
@@ -199,6 +164,15 @@ class Recorder(SyncPoints):
             self.readiness.start()
         if self.config.record_gc:
             gc.callbacks.append(self._on_gc)
+
+    def settle(self, how: str = schema.SYNC_BLOCKING) -> None:
+        """Observe every pending value now (blocking spans, finish): see :meth:`SyncPoints.settle`."""
+        self.sync.settle(how)
+
+    @property
+    def observations(self) -> int:
+        """Values the training thread observed (waited for) before the readiness thread dated them."""
+        return self.sync.observations
 
     @property
     def current_step(self) -> int | None:
@@ -317,10 +291,10 @@ class Recorder(SyncPoints):
             self._active_step = None
         self._steps_ended += 1
         if ctx.barrier:
-            self._end_after_blocking_span(ctx)
-        if self._pending or self._metrics:  # (a completion stays pending until its lag passes:
+            self.sync.end_after_blocking_span(ctx)
+        if self.sync.pending or self.sync.metrics:  # (a completion stays pending until its lag passes:
             try:  # sync points the readiness thread wrote reach the sync listeners here)
-                self._settle_lagged(ctx)
+                self.sync.settle_lagged(ctx)
             except Exception as exc:
                 self._warn("settle", f"internal error while observing step values: {exc!r}")
         for listener in self.step_listeners:
@@ -348,7 +322,7 @@ class Recorder(SyncPoints):
         was written add nothing; a second value before that joins the first."""
         try:
             adapter = adapter_for(value)
-            self._uses_completions = True
+            self.sync.uses_completions = True
             state = None if ctx is None else ctx.sync
             if state is True or (isinstance(state, Pending) and not state.claim):
                 return  # its sync point is already written
@@ -356,7 +330,7 @@ class Recorder(SyncPoints):
                 if state is None:  # a device value already pending decides when it completes
                     if ctx is not None:
                         ctx.sync = True
-                    self._sync(number, None if ctx is None else ctx.seq, self.clock(), schema.SYNC_HOST)
+                    self.sync.sync_point(number, None if ctx is None else ctx.seq, self.clock(), schema.SYNC_HOST)
                 return
             handle = adapter.prepare(value)
         except Exception as exc:
@@ -371,14 +345,14 @@ class Recorder(SyncPoints):
             return
         pair = (adapter, handle)
         if watch:
-            self._last_value = pair  # its type's barrier serves later blocking spans
-            if ctx is not None and ctx.barrier and self._complete_after_blocking_span(ctx, adapter, handle):
+            self.sync.last_value = pair  # its type's barrier serves later blocking spans
+            if ctx is not None and ctx.barrier and self.sync.complete_after_blocking_span(ctx, adapter, handle):
                 return
         if ctx is None:
             entry = Pending(None, number, None, self._steps_ended, pair)
         else:
             entry = ctx.sync = Pending(ctx, number, ctx.seq, ctx.seq, pair)
-        self._pending.append(entry)
+        self.sync.pending.append(entry)
         if watch:
             readiness = self.readiness
             if readiness is not None:  # ReadinessThread.watch, inlined (hot path)
@@ -394,13 +368,21 @@ class Recorder(SyncPoints):
         if type(reduce) is not str or reduce not in schema.REDUCTIONS:
             reduce, problem = reduction(reduce)
             self._warn(f"reduce:{name}", f"metric {describe(name)}: {problem}")
+        if name not in self._metric_names:
+            if len(self._metric_names) >= MAX_METRIC_NAMES:
+                self.refused_metric_names += 1
+                self._warn("metric-names", f"more than {MAX_METRIC_NAMES:,} distinct metric names in this run: "
+                           f"values of new names (such as {describe(name, 60)}) are not recorded; put what varies "
+                           "into the value or a tag, not the name")
+                return
+            self._metric_names.add(name)
         step = self._step_argument(step)
         number = self.current_step if step is None else step
         t = self.clock()
         try:
             adapter = adapter_for(value)
             if adapter.host:
-                self._metric(name, number, finite_or_none(adapter.to_float(value)), reduce, t)
+                self.sync.record_metric(name, number, finite_or_none(adapter.to_float(value)), reduce, t)
                 return
             handle = adapter.prepare_read(value)
         except Exception as exc:
@@ -412,7 +394,7 @@ class Recorder(SyncPoints):
         else:
             ordinal = self._steps_ended - 1
             ctx = self._last_step
-        self._metrics.append(PendingMetric(
+        self.sync.metrics.append(PendingMetric(
             ctx if step is None or (ctx is not None and step == ctx.number) else None,
             number, ordinal, (adapter, handle), (name, reduce, t),
         ))
@@ -468,8 +450,22 @@ class Recorder(SyncPoints):
         rest are counted in an ``undated_values`` event, so shutdown is bounded even when the
         device never completes.
         """
-        if self.finished or os.getpid() != self._pid:
+        if self.finished or os.getpid() != self._pid or self.finishing_thread is not None:
             return False
+        self.finishing_thread = _get_ident()
+        try:
+            return self._finish(completed, reason, exception)
+        finally:
+            self._finish_done.set()
+            if self.deferred_signal is not None:  # a signal that came during this finish: now
+                signal.signal(self.deferred_signal, signal.SIG_DFL)
+                os.kill(os.getpid(), self.deferred_signal)
+
+    def wait_finished(self, timeout: float) -> bool:
+        """Wait (bounded) for a finish in progress on another thread."""
+        return self._finish_done.wait(timeout)
+
+    def _finish(self, completed: bool | None, reason: str, exception: str | None) -> bool:
         if completed is not None and completed is not True and completed is not False:
             self._warn("finish-completed", f"finish(completed=...) takes True or False, got "
                        f"{describe(completed, 60)}; recorded as stopped early")
@@ -480,14 +476,14 @@ class Recorder(SyncPoints):
             except Exception as exc:
                 self._warn(f"listener:{listener!r}", f"a finish listener failed: {exc!r}")
         if reason == "finish":
-            self.settle(schema.SYNC_FINISH)
+            self.sync.settle(schema.SYNC_FINISH)
         if self.readiness is not None:
             self.readiness.stop(0.1 if reason == "finish" else 0.05)
         if reason != "finish":
-            self._settle_without_waiting()
+            self.sync.settle_without_waiting()
         ctx = self._active_step or self._last_step
         if ctx is not None and ctx.barrier:
-            self._end_after_blocking_span(ctx)
+            self.sync.end_after_blocking_span(ctx)
         if self._active_step is not None and reason == "finish":
             self._warn("finish-in-step", "finish() called inside a step")
         self.finished = True
@@ -495,7 +491,12 @@ class Recorder(SyncPoints):
         spans.unbind(self)
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
-        closed = self.writer.close(self.config.finish_timeout_s)
+        try:
+            closed = self.writer.close(self.config.finish_timeout_s)
+        except Exception as exc:  # MemoryError in the last hand-off: False, and how many, never a traceback
+            closed = False
+            self._warn("close", f"finish(): the writer failed ({exc!r}); at least {self.writer.dropped_records} "
+                       "records did not reach storage")
         for listener in list(self.after_finish_listeners):
             try:
                 listener(completed, reason)
@@ -508,9 +509,7 @@ class Recorder(SyncPoints):
         self.finished = True
         self._pid = -1
         self.buffer = RecordBuffer(0)  # a forked child records nothing
-        self._pending = collections.deque()
-        self._metrics = collections.deque()
-        self._settle_lock = threading.RLock()
+        self.sync = SyncPoints(self)  # nothing pending, no lock another thread could hold
         self.readiness = None  # its thread does not exist in the child
         spans.disable_after_fork(self, collections.deque(maxlen=1))
         try:

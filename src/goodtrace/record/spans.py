@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import collections
 import functools
-import importlib
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from goodtrace import schema
+from goodtrace.record import fastpath
 from goodtrace.record.arguments import MAX_NAME_CHARS, name_text
 from goodtrace.record.errors import describe
 
@@ -29,14 +28,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 # The optional C fast path (built from _speedups.c at install time when a compiler is there).
-_speedups: Any
-try:
-    if os.environ.get("GOODTRACE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("GOODTRACE_PURE_PYTHON is set")
-    _speedups = importlib.import_module("goodtrace.record._speedups")
-except ImportError:
-    _speedups = None
-IMPLEMENTATION = "python" if _speedups is None else "c"
+_speedups: Any = fastpath.speedups
+IMPLEMENTATION = fastpath.SPANS
 
 _get_ident = threading.get_ident
 _new: Callable[[type[Any]], Any] = object.__new__  # C-based spans: see below (cls.__new__)

@@ -2,6 +2,7 @@
 
 One scalar per name at the log step; the summary at the last step, attempts as text. Only
 rank 0 writes by default; with ``all_ranks=True`` each other rank writes to ``DIR/rank-N``.
+The event file is flushed on goodtrace's heartbeat cadence (``flush``), not every 10 s.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class TensorBoardSink(ScalarSink):
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         for name, value in values.items():
             self._writer.add_scalar(name, value, step)
+
+    def flush(self) -> None:
+        """Called on goodtrace's heartbeat cadence: the event file ends where the run's files do."""
+        if self._writer is not None:
+            self._writer.flush()
 
     def summary(self, step: int, numbers: Mapping[str, float], texts: Mapping[str, str]) -> None:
         self.scalars(step, numbers)

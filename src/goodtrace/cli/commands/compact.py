@@ -24,9 +24,10 @@ def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
     from goodtrace.cli.progress import progress_bar
     from goodtrace.read.load import LoadError, NotARunError, compact_run
+    from goodtrace.record.io.storage import missing_path
 
     if not os.path.exists(args.run):
-        raise CommandError(f"{args.run!r} does not exist")
+        raise CommandError(missing_path(args.run))
     update, stop = progress_bar()
     try:
         result = compact_run(args.run, progress=update)

@@ -80,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
     sink = _sink(args)
     from goodtrace.analysis import AnalysisError, analyze
     from goodtrace.read.load import LoadError, NotARunError, load_run
+    from goodtrace.record.io.storage import missing_path
     from goodtrace.sinks import replay
 
     if not os.path.exists(args.run):
-        raise CommandError(f"{args.run!r} does not exist")
+        raise CommandError(missing_path(args.run))
     try:
         analysis = analyze(load_run(args.run), job=args.job, now_wall_ns=time.time_ns(), **time_range)
     except NotARunError as exc:

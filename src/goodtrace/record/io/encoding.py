@@ -6,24 +6,15 @@ the same lines in Python otherwise). :mod:`goodtrace.record.io.writer` moves the
 from __future__ import annotations
 
 import collections
-import importlib
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.record import fastpath
 from goodtrace.record.errors import describe
 
-_speedups: Any
-try:
-    if os.environ.get("GOODTRACE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("GOODTRACE_PURE_PYTHON is set")
-    _speedups = importlib.import_module("goodtrace.record._speedups")
-    if not hasattr(_speedups, "Sink") or not hasattr(_speedups, "encode_plain_spans"):
-        raise ImportError("an older build of _speedups")
-except ImportError:
-    _speedups = None
+_speedups: Any = fastpath.speedups
 _encode_plain_spans: Callable[[list[tuple[Any, ...]], dict[Any, bytes], int], tuple[bytes, int]] | None = (
     None if _speedups is None else _speedups.encode_plain_spans
 )
@@ -188,6 +179,11 @@ class _Encoder:
             except Exception as exc:
                 on_error(exc)
         return done
+
+    def span_prefix(self, key: Any) -> bytes:
+        """A plain span's line up to ``"t0":`` (the native writer interns it once per key)."""
+        s = self.string
+        return f'{{"kind":"span","name":{s(key[0])},"cat":{s(key[1])},"t0":'.encode("utf-8", "surrogatepass")
 
     def _span_format(self, key: Any) -> str:
         s = self.string

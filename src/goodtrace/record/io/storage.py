@@ -48,6 +48,39 @@ class Storage(Protocol):
         ...
 
 
+def symlink_loop(path: str) -> list[str] | None:
+    """The links of a symlink loop met on the way to ``path`` (``[a, b, a]``), or None."""
+    chain: list[str] = []
+    current = os.path.abspath(path)
+    for _ in range(256):
+        parts = current.split(os.sep)
+        for index in range(2, len(parts) + 1):
+            prefix = os.sep.join(parts[:index])
+            if os.path.islink(prefix):
+                if prefix in chain:
+                    return [*chain[chain.index(prefix):], prefix]
+                chain.append(prefix)
+                try:
+                    target = os.readlink(prefix)
+                except OSError:
+                    return None
+                current = os.path.normpath(os.path.join(os.path.dirname(prefix), target, *parts[index:]))
+                break
+        else:
+            return None
+    return None
+
+
+def missing_path(path: str) -> str:
+    """Why ``path`` cannot be opened, in words: a symlink loop (named), a broken link, or absent."""
+    loop = symlink_loop(path)
+    if loop:
+        return f"{path!r} is a symlink loop ({' -> '.join(loop)})"
+    if os.path.islink(path):
+        return f"{path!r} is a broken symlink (to {os.readlink(path)!r})"
+    return f"{path!r} does not exist"
+
+
 def is_url(run_dir: str) -> bool:
     return "://" in run_dir and not run_dir.startswith("file://")
 

@@ -14,7 +14,8 @@ and uploads that at every heartbeat (every k-th with ``remote_upload_interval_s`
 is slow, hung or failing, chunks wait up to a byte limit, after which they are dropped and
 counted: training never waits. A failed write leaves no partial line behind, each segment has
 one header, and a deleted run directory is noticed (an ``fstat`` at a heartbeat at most every
-``storage_check_interval_s``; a path lookup at rotation and close) and recreated.
+``storage_check_interval_s``, by default every heartbeat; a path lookup at rotation and close)
+and recreated, header first.
 
 Every count of records that did not reach storage is written into the next heartbeat
 (``dropped``), and ``close()`` returns False and says how many when it is not zero.
@@ -23,6 +24,7 @@ Every count of records that did not reach storage is written into the next heart
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import threading
 import time
@@ -32,7 +34,7 @@ from typing import Any
 from goodtrace.record.config import Config
 from goodtrace.record.errors import warn
 from goodtrace.record.io.encoding import MAX_ATTRS_CHARS, RecordBuffer, _Encoder
-from goodtrace.record.io.storage import Storage, TornWriteError
+from goodtrace.record.io.storage import Storage, TornWriteError, symlink_loop
 
 CHUNK_RECORDS = 32_768  # records per chunk handed to the I/O thread (about 4-5 MiB of JSON)
 POLL_S = 0.02  # how often the flusher looks for a full chunk between heartbeats
@@ -196,17 +198,22 @@ class Writer:
                 take = min(left, CHUNK_RECORDS)
                 left -= take
                 started = time.perf_counter()
-                records = [popleft() for _ in range(take)]
-                lines: list[bytes] = []
-                count = self._encoder.encode_many(records, lines, self._encode_error)
-                last = left <= 0
-                if last and heartbeat:
-                    lines.append(
-                        f'{{"kind":"heartbeat","wall":{time.time_ns()},"mono":{self._clock()},'
-                        f'"dropped":{self.dropped_records}}}\n'.encode()
-                    )
-                data = b"".join(lines)
-                self.stats.encode_seconds.append(time.perf_counter() - started)
+                records: list[tuple[Any, ...]] = []
+                try:
+                    records.extend(popleft() for _ in range(take))
+                    lines: list[bytes] = []
+                    count = self._encoder.encode_many(records, lines, self._encode_error)
+                    last = left <= 0
+                    if last and heartbeat:
+                        lines.append(
+                            f'{{"kind":"heartbeat","wall":{time.time_ns()},"mono":{self._clock()},'
+                            f'"dropped":{self.dropped_records}}}\n'.encode()
+                        )
+                    data = b"".join(lines)
+                    self.stats.encode_seconds.append(time.perf_counter() - started)
+                except BaseException:  # out of memory, say: what was taken out is counted, never lost unsaid
+                    self._drop(len(records), "the writer could not encode them (out of memory?)")
+                    raise
                 self._enqueue(data, count, heartbeat=last and heartbeat, deadline=deadline)
                 if last:
                     break
@@ -214,6 +221,13 @@ class Writer:
     def _enqueue(
         self, data: bytes, count: int, *, heartbeat: bool, action: str = "", deadline: float | None = None
     ) -> None:
+        try:
+            self._hand_over(data, count, heartbeat, action, deadline)
+        except BaseException:  # the hand-off itself failed (out of memory): the chunk is dropped, counted
+            self._drop(count, "the writer could not hand a chunk over (out of memory?)")
+            raise
+
+    def _hand_over(self, data: bytes, count: int, heartbeat: bool, action: str, deadline: float | None) -> None:
         limit = self._config.max_pending_bytes
         with self._io_cond:
             # Past the byte limit a chunk waits for room (until ``deadline``) or is dropped; one
@@ -325,10 +339,11 @@ class Writer:
     def _failed(self, chunk: _Chunk, exc: BaseException) -> None:
         self.write_errors += 1
         self._dropped += chunk.count
+        loop = symlink_loop(self._storage.description) if getattr(exc, "errno", None) == errno.ELOOP else None
         self.warn_once(
             f"io:{type(exc).__name__}",
-            f"could not write to {self._storage.description}: {exc!r}; records are dropped and counted "
-            "until it works again",
+            f"could not write to {self._storage.description}: {exc!r}{_named(loop)}; "
+            "records are dropped and counted until it works again",
         )
 
     def _check_storage(self, *, thorough: bool = False) -> None:
@@ -424,8 +439,15 @@ class Writer:
         self._stop_flusher.set()
         self._wake.set()
         self.flush_once(deadline)
-        self._enqueue(b"", 0, heartbeat=False, action="close")
-        done = self._wait_idle(timeout)
+        try:
+            self._enqueue(b"", 0, heartbeat=False, action="close")
+            done = self._wait_idle(timeout)
+        except Exception as exc:  # MemoryError: what is still buffered or queued is counted below
+            self.write_errors += 1
+            self.warn_once("close-error", f"the writer failed while closing: {exc!r}")
+            done = False
+        if not done:
+            self._dropped += len(self._buffer)  # never handed over
         self._stop.set()
         with self._io_cond:
             self._io_cond.notify_all()
@@ -447,3 +469,7 @@ class Writer:
             self.warn_once("close", f"{dropped} records did not reach storage at {self._storage.description} "
                            "(dropped or lost; see the earlier warnings)")
         return done and dropped == 0
+
+
+def _named(loop: list[str] | None) -> str:
+    return f" (a symlink loop: {' -> '.join(loop)})" if loop else ""

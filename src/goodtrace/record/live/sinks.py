@@ -78,6 +78,9 @@ class Sink(Protocol):
     (local rank 0 of each host). ``open`` is called once, ``write`` once per live line,
     ``close`` once at the end: ``finished`` is True when the rank's files are complete
     (``finish()`` or interpreter exit), so the sink may read the run back for its summary.
+    A sink that buffers may also have ``flush()``: it is called on the recorder's heartbeat
+    cadence (every ``flush_interval_s``) when lines came since the last one, so a killed rank's
+    backend files end where goodtrace's own do.
     """
 
     name: str
@@ -150,8 +153,11 @@ class _Worker:
 
     _STOP = object()
 
-    def __init__(self, sink: Sink, run: SinkRun, max_queued: int, warn: Callable[[str, str], None]) -> None:
+    def __init__(
+        self, sink: Sink, run: SinkRun, max_queued: int, warn: Callable[[str, str], None], flush_interval_s: float
+    ) -> None:
         self.sink = sink
+        self.flush_interval_s = flush_interval_s
         self.run = run
         self.dropped = False
         self.opened = False  # open() returned: the sink takes lines from here on
@@ -198,8 +204,25 @@ class _Worker:
             return
         self.opened = True
         self.settled.set()
+        flush = getattr(self.sink, "flush", None)
+        unflushed = False
+        next_flush = time.monotonic() + self.flush_interval_s
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=max(0.0, next_flush - time.monotonic()) if unflushed else None)
+            except queue.Empty:
+                item = None
+            if unflushed and callable(flush) and time.monotonic() >= next_flush and not self.dropped:
+                unflushed = False  # on the heartbeat cadence, as goodtrace's own files
+                try:
+                    flush()
+                except Exception as exc:
+                    self._warn(f"flush:{self.sink.name}", f"sink {self.sink.name!r} could not flush: {exc!r}"[:500])
+            if item is None:
+                continue
+            if isinstance(item, LiveLine) and not unflushed:
+                unflushed = True
+                next_flush = time.monotonic() + self.flush_interval_s
             if self.dropped:  # dropped for falling behind: stop writing, release the backend
                 try:
                     self.sink.close(False)
@@ -230,14 +253,16 @@ class SinkHub:
     """
 
     def __init__(
-        self, sinks: Sequence[Sink], run: SinkRun, *, max_queued: int = 1000, close_timeout_s: float = 60.0
+        self, sinks: Sequence[Sink], run: SinkRun, *, max_queued: int = 1000, close_timeout_s: float = 60.0,
+        flush_interval_s: float = 1.0,
     ) -> None:
         self.run = run
         self.close_timeout_s = close_timeout_s
         self._warned: set[str] = set()
         self._closed = False
         self.workers = [
-            _Worker(sink, run, max_queued, self._warn) for sink in sinks if _runs_here(sink.ranks, run)
+            _Worker(sink, run, max_queued, self._warn, flush_interval_s) for sink in sinks
+            if _runs_here(sink.ranks, run)
         ]
 
     @property
@@ -302,7 +327,7 @@ def attach_sinks(
         world_size=int(identity.world_size), local_rank=int(identity.local_rank), host=str(identity.host),
         restart=identity.restart,
     )
-    hub = SinkHub(sinks, run)
+    hub = SinkHub(sinks, run, flush_interval_s=float(recorder.config.flush_interval_s))
     if not hub.workers:
         return None
     recorder.sink_hub = hub

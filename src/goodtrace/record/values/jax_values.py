@@ -4,9 +4,9 @@ A ``jax.Array`` is ready when ``Array.is_ready()`` says so (a non-blocking probe
 ``Array.block_until_ready()``. Both work on every backend, CPU included, where dispatch is
 asynchronous too. A pytree of arrays (``JaxTree``, or any value JAX flattens) is ready when
 every leaf is. The device barrier (before a blocking span in a step with no completion value
-yet) is :func:`device_barrier`. Importing this module also installs the JAX compile listeners
-(:func:`goodtrace.record.values.jax_compile.install`), so compilations are recorded from then on even
-when the program never calls ``install()`` itself.
+yet) is :func:`device_barrier`. Looking a value's adapter up has no other effect: JAX's compile
+listeners are installed by ``gt.init`` (when the program imported JAX first) or by the JAX
+integration (:mod:`goodtrace.integrations.jax`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 
-from goodtrace.record.values import jax_compile
 from goodtrace.record.values.protocol import UnsupportedValue
 
 
@@ -148,9 +147,3 @@ def adapter_for_pytree(value: Any) -> JaxTreeAdapter | None:
     if len(leaves) == 1 and leaves[0] is value:
         return None  # not a container: JAX treats it as a leaf
     return _TREE if any(isinstance(leaf, jax.Array) for leaf in leaves) else None
-
-
-try:
-    jax_compile.install()  # compilations are recorded from the first JAX value on
-except Exception:  # an optional feature must never break reading a value
-    pass
