@@ -60,11 +60,32 @@ def summary_values(analysis: RunAnalysis) -> tuple[dict[str, float], dict[str, s
         numbers[f"{PREFIX}/summary/mfu"] = analysis.program.mfu
     texts = {
         f"{PREFIX}/summary/attempt_{a.index}": (
-            f"{a.ended}, steps {a.first_step}-{a.last_step}, {a.duration_ns / 1e9:.1f} s, {a.ranks} ranks"
+            f"{a.ending.text}, steps {a.first_step}-{a.last_step}, {a.duration_ns / 1e9:.1f} s, {a.ranks} ranks"
         )
         for a in analysis.attempts
     }
     return numbers, texts
+
+
+def event_texts(analysis: RunAnalysis) -> list[tuple[int, str, str]]:
+    """(step, name, text) of each of the run's events (``gt.event``: crashes, the model, ...),
+    in time order; an event outside any step is put at step 0."""
+    out = []
+    for event in analysis.events:
+        attrs = ", ".join(f"{k}={v}" for k, v in (event.attrs or {}).items())
+        where = f"rank {event.rank}, attempt {event.attempt}, {event.time_s:.3f} s after the job start"
+        out.append((event.step if event.step is not None else 0, f"{PREFIX}/event/{event.name}",
+                    f"{where}{': ' + attrs if attrs else ''}"))
+    return out
+
+
+def export_id(analysis: RunAnalysis) -> str:
+    """What names one export target's copy of a run: its directory and job (``goodtrace
+    export`` replaces that copy instead of adding a second one)."""
+    import hashlib
+
+    key = f"{os.path.abspath(analysis.path)}#job{analysis.job}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 # One analysis per finished run and process, shared by the sinks that close at finish().
@@ -144,6 +165,9 @@ class ScalarSink:
     """
 
     name = "sink"
+    # Set by ``replay`` (goodtrace export) before ``start``: the backend replaces what an earlier
+    # export of the same run wrote (a TensorBoard file, an MLflow run, a W&B offline run).
+    export_id: str | None = None
 
     def __init__(self, *, all_ranks: bool = False, ranks: str | None = None, summary: bool = True) -> None:
         chosen = ranks if ranks is not None else ("all" if all_ranks else RANK_ZERO)
@@ -181,8 +205,12 @@ class ScalarSink:
     def start(self, run: SinkRun) -> None:
         """Open the backend (on the sink's thread; ``goodtrace export`` calls it too)."""
 
-    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    def scalars(self, step: int, values: Mapping[str, float], wall_time_s: float | None = None) -> None:
+        """``wall_time_s``: when the values were true (the step's end; None: now)."""
         raise NotImplementedError
+
+    def event(self, step: int, name: str, text: str) -> None:
+        """One event of the run (``goodtrace export``); backends without text values skip it."""
 
     def summary(self, step: int, numbers: Mapping[str, float], texts: Mapping[str, str]) -> None:
         raise NotImplementedError
@@ -198,14 +226,19 @@ def rank_suffix(run: SinkRun) -> str:
 
 def replay(analysis: RunAnalysis, sink: ScalarSink) -> int:
     """Write a recorded run into ``sink`` (``goodtrace export``): one point per step execution
-    of the analysis's step table, then the summary. Returns the number of step rows written."""
+    of the analysis's step table, dated at the step's end, the run's events, then the summary.
+    Returns the number of step rows written."""
     run = SinkRun(run_dir=analysis.path, session="", rank=0, world_size=max(a.world for a in analysis.attempts),
                   local_rank=0, host="", restart=None)
     sink.run = run
+    sink.export_id = export_id(analysis)
     sink.start(run)
     try:
         for row in analysis.steps:
-            sink.scalars(row.step, row_scalars(row) | {f"{PREFIX}/attempt": float(row.attempt)})
+            sink.scalars(row.step, row_scalars(row) | {f"{PREFIX}/attempt": float(row.attempt)},
+                         wall_time_s=row.end_ns / 1e9 if row.end_ns else None)
+        for step, name, text in event_texts(analysis):
+            sink.event(step, name, text)
         numbers, texts = summary_values(analysis)
         sink.summary(analysis.steps[-1].step if analysis.steps else 0, numbers, texts)
     finally:

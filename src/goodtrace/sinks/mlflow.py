@@ -7,7 +7,9 @@ directory) in experiment ``goodtrace`` of ``tracking_uri`` (any MLflow store: a 
 ``sqlite:///mlflow.db``, ...; default: MLflow's own ``MLFLOW_TRACKING_URI``) and ends it at
 the end. The summary goes in as metrics at the last step, attempts as tags. A tracking server
 that refuses connections makes the sink fail at once (one warning), instead of MLflow's
-minutes of retries; ranks opening one new sqlite store take turns creating it.
+minutes of retries; ranks opening one new sqlite store take turns creating it. ``goodtrace
+export`` tags its run with the export id and deletes the earlier export's run; its points
+carry the step's wall time, events are tags ``goodtrace/event/NAME/N``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from goodtrace.record.sinks import SinkError, SinkRun
 from goodtrace.sinks._base import ScalarSink, rank_suffix
 
 _BATCH = 1000  # MLflow's limit of metrics per log_batch call
+EXPORT_TAG = "goodtrace.export_id"  # goodtrace export's run: replaced when the run is exported again
 _CONNECT_TIMEOUT_S = 5.0  # a tracking server that does not accept a connection in this is unreachable
 _OPEN_TRIES = 5  # ranks racing to create one experiment: the losers find it on the next try
 
@@ -50,6 +53,7 @@ class MlflowSink(ScalarSink):
         self.run_id: str | None = None
         self._client: Any = None
         self._own = False
+        self._events = 0
         # The run active on the creating thread (gt.init's): the sink opens on its own thread,
         # where MLflow's thread-local active run is never set.
         self._callers_run = _callers_active_run() if use_active_run and tracking_uri is None else None
@@ -77,6 +81,10 @@ class MlflowSink(ScalarSink):
             experiment_id = self._experiment_id()
         name = self.run_name or os.path.basename(os.path.normpath(run.run_dir))
         tags = {"goodtrace.run_dir": run.run_dir, "goodtrace.rank": str(run.rank)}
+        if self.export_id is not None:  # goodtrace export: the earlier export of this run goes
+            tags[EXPORT_TAG] = self.export_id
+            for old in self._client.search_runs([experiment_id], f"tags.`{EXPORT_TAG}` = '{self.export_id}'"):
+                self._client.delete_run(old.info.run_id)
         created = self._client.create_run(experiment_id, run_name=name + rank_suffix(run), tags=tags)
         self.run_id, self._own = created.info.run_id, True
 
@@ -94,13 +102,19 @@ class MlflowSink(ScalarSink):
                 time.sleep(0.2 * 2**attempt)
         raise AssertionError("unreachable")
 
-    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    def scalars(self, step: int, values: Mapping[str, float], wall_time_s: float | None = None) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
+        now = int((time.time() if wall_time_s is None else wall_time_s) * 1000)
         metrics = [Metric(_metric_key(k), float(v), now, int(step)) for k, v in values.items()]
         for i in range(0, len(metrics), _BATCH):
             self._client.log_batch(self.run_id, metrics=metrics[i:i + _BATCH])
+
+    def event(self, step: int, name: str, text: str) -> None:
+        from mlflow.entities import RunTag
+
+        self._events += 1
+        self._client.log_batch(self.run_id, tags=[RunTag(f"{name}/{self._events}", f"step {step}, {text}")])
 
     def summary(self, step: int, numbers: Mapping[str, float], texts: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
