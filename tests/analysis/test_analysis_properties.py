@@ -1,7 +1,8 @@
 """Property tests: for random valid timelines (attempts, sparse or missing sync points,
-nested and overlapping spans on several threads, crashes, restarts from any step), the
-buckets are non-negative and add up to the job time exactly, the labelled pieces tile the
-job, and interval goodput over windows that tile the job adds up to the whole."""
+nested and overlapping spans, crashes, restarts from any step), the buckets are non-negative
+and add up to the job time exactly, the labelled pieces tile the job, interval goodput over
+windows that tile the job adds up to the whole, and the step table's columns agree with its
+rows."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goodtrace.analysis import analyze, interval_partition
-from goodtrace.read.load import LoadedRun, SessionInfo, SessionTimeline
+from goodtrace.read.load import LoadedRun, SessionInfo, SessionRecords
+from goodtrace.read.loaded import NO_TIME
 
 WALL0 = 1_700_000_000 * 10**9
 SECOND = 1_000_000_000
@@ -24,7 +26,7 @@ HOWS = ("lag", "host", "ready", "blocking", "finish")
 @st.composite
 def loaded_runs(draw: Any) -> LoadedRun:
     sessions: list[SessionInfo] = []
-    timelines: dict[int, SessionTimeline] = {}
+    records: dict[int, SessionRecords] = {}
     t = 0
     next_step = 0
     submit = WALL0 - draw(st.integers(0, 5 * SECOND)) if draw(st.booleans()) else None
@@ -37,26 +39,39 @@ def loaded_runs(draw: Any) -> LoadedRun:
 
         cur = start + draw(st.integers(0, 3 * SECOND))
         k = draw(st.integers(0, next_step)) if a else 0
-        tl = SessionTimeline()
-        for _ in range(draw(st.integers(0, 8))):
+        rec = SessionRecords()
+        steps: list[tuple[int, int, int]] = []
+        syncs: list[tuple[int, int, int, str]] = []
+        for seq in range(draw(st.integers(0, 8))):
             length = draw(st.integers(1, 3 * SECOND))
             host_exit = draw(st.integers(0, length))
-            tl.steps.append((k, mono(cur), mono(cur + host_exit)))
+            steps.append((k, mono(cur), mono(cur + host_exit)))
             if draw(st.booleans()):
-                tl.syncs.append((k, mono(cur + length), draw(st.sampled_from(HOWS))))
+                syncs.append((seq, k, mono(cur + length), draw(st.sampled_from(HOWS))))
             cur += length
             k += 1
         next_step = max(next_step, k)
         end = cur + draw(st.integers(0, 3 * SECOND))
+        spans: list[tuple[str, int, int]] = []
         for _ in range(draw(st.integers(0, 10))):
             s0 = draw(st.integers(start - SECOND, end + SECOND))
-            s1 = s0 + draw(st.integers(0, 4 * SECOND))
-            cat = draw(st.sampled_from(CATEGORIES))
-            tid = draw(st.sampled_from((1, 1, 1, 2)))
-            tl.spans.append((cat, cat, mono(s0), mono(s1), None, tid, False))
-        tl.spans.sort(key=lambda s: s[2])
-        tl.syncs.sort(key=lambda s: s[1])
-        times = [end] + [s[3] - mono_base for s in tl.spans] + [s[2] - mono_base for s in tl.steps]
+            s1 = s0 + draw(st.integers(1, 4 * SECOND))
+            spans.append((draw(st.sampled_from(CATEGORIES)), mono(s0), mono(s1)))
+        spans.sort(key=lambda s: (s[1], -s[2]))
+        syncs.sort(key=lambda s: s[2])
+        for seq, (step, t0, t1) in enumerate(steps):
+            for column, value in ((rec.step_seq, seq), (rec.step_number, step), (rec.step_t0, t0), (rec.step_t1, t1)):
+                column.append(value)
+        for seq, step, t, how in syncs:
+            for column, value in ((rec.sync_seq, seq), (rec.sync_step, step), (rec.sync_t, t), (rec.sync_after, NO_TIME)):
+                column.append(value)
+            rec.sync_how.append(how)
+        for category, t0, t1 in spans:
+            if category != "compute":  # the loader keeps main-thread spans of every other category
+                rec.span_category.append(category)
+                for column, value in ((rec.span_t0, t0), (rec.span_t1, t1), (rec.span_step, NO_TIME)):
+                    column.append(value)
+        times = [end] + [s[2] - mono_base for s in spans] + [s[1] - mono_base for s in steps]
         last_seen = max(x for x in times if x >= start) if any(x >= start for x in times) else start
         crashed = draw(st.booleans())
         info = SessionInfo(
@@ -66,14 +81,14 @@ def loaded_runs(draw: Any) -> LoadedRun:
             finish_completed=None if crashed else draw(st.sampled_from((True, False, None))),
             finish_t=None if crashed else mono(last_seen), has_finish=not crashed, main_tid=1,
             overhead_categories=frozenset({"user_overhead"}),
-            first_step=min((s[0] for s in tl.steps), default=None),
-            last_step=max((s[0] for s in tl.steps), default=None), step_count=len(tl.steps),
-            sync_count=len(tl.syncs),
+            first_step=min((s[0] for s in steps), default=None),
+            last_step=max((s[0] for s in steps), default=None), step_count=len(steps),
+            sync_count=len(syncs),
         )
         sessions.append(info)
-        timelines[a] = tl
+        records[a] = rec
         t = last_seen
-    return LoadedRun(path="memory", sessions=sessions, timelines=timelines)
+    return LoadedRun(path="memory", sessions=sessions, timelines={}, session_records=records)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -89,9 +104,15 @@ def test_buckets_are_non_negative_and_sum_to_the_job_time(run: LoadedRun) -> Non
     assert all(x.end == y.start for x, y in itertools.pairwise(pieces))
     if pieces:
         assert (pieces[0].start, pieces[-1].end) == (p.start_wall_ns, p.end_wall_ns)
-    for row in result.steps:
+    table = result.steps
+    for i, row in enumerate(table):
         assert row.productive_s >= 0 and row.step_time_s > 0
         assert abs(row.productive_s + sum(row.overhead_s.values()) - row.step_time_s) < 1e-6
+        # the columns the statistics and anomalies use are the rows' own numbers, bit for bit
+        assert (row.step_time_s, row.productive_s, row.first_of_attempt, row.attempt, row.seq, row.shared,
+                row.host_timed) == (table.step_time_s[i], table.productive_s[i], table.first_of_attempt[i],
+                                    table.attempt[i], table.seq[i], table.shared[i], table.host_timed[i])
+        assert row == table[i]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

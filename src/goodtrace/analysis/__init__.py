@@ -35,6 +35,8 @@ from goodtrace.analysis.attempts import Attempt, Liveness, discover_attempts
 from goodtrace.analysis.clock import SessionClock, loaded_clocks
 from goodtrace.analysis.executions import (
     DATA_RULE_TEXT,
+    FLAG_DECREASING,
+    FLAG_REPEATED,
     RULE_ASYNC,
     RULE_ASYNC_DEVICE,
     RULE_SYNC,
@@ -70,7 +72,7 @@ from goodtrace.analysis.ranks import (
     rank_figures,
     spread_of,
 )
-from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, find_anomalies, step_rows, step_stats
+from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
 __all__ = [
@@ -121,7 +123,7 @@ class RunAnalysis:
     partition: Partition
     window: Partition | None
     rolling: tuple[WindowGoodput, ...]
-    steps: tuple[StepRow, ...]
+    steps: StepTable
     step_stats: StepStats
     ideal_step_s: float | None
     anomalies: tuple[Anomaly, ...]
@@ -149,7 +151,7 @@ class RunAnalysis:
         return DATA_RULE_TEXT[self.data_rule]
 
     def slowest_steps(self, n: int = 10) -> list[StepRow]:
-        return sorted(self.steps, key=lambda r: -r.step_time_s)[:n]
+        return self.steps.slowest(n)
 
     def attempts_by_index(self) -> dict[int, Attempt]:
         return {a.index: a for a in self.attempts}
@@ -329,9 +331,9 @@ def analyze(
             raise AnalysisError(f"empty window {lo_s}:{hi_s}")
         window_partition = interval_partition(timeline, a_ns, b_ns)
     rolling = tuple(rolling_goodput(timeline, rolling_s)) if rolling_s else ()
-    rows = step_rows(timeline, run.timelines, job_start)
+    rows = StepTable(timeline.windows, run.timelines, job_start)
     ideal_s = None if ideal_ns is None else ideal_ns / NS
-    anomalies, threshold = find_anomalies(rows, timeline.windows, run.timelines, k=anomaly_k)
+    anomalies, threshold = find_anomalies(rows, k=anomaly_k)
     # every rank: its own partition (totals), step times, compute, lateness on the aligned clock
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
     clocks = loaded_clocks(run, [a.sessions for a in attempts])
@@ -369,7 +371,7 @@ def analyze(
         partition=partition,
         window=window_partition,
         rolling=rolling,
-        steps=tuple(rows),
+        steps=rows,
         step_stats=step_stats(rows, ideal_s),
         ideal_step_s=ideal_s,
         anomalies=tuple(anomalies),
@@ -393,16 +395,16 @@ def analyze(
     )
 
 
-def _explain(rows: Sequence[StepRow], timeline: Timeline, cuts: dict[int, SessionSteps], warnings: list[str]) -> None:
+def _explain(rows: StepTable, timeline: Timeline, cuts: dict[int, SessionSteps], warnings: list[str]) -> None:
     """Warnings for step tables that are not per-step truth, or that had to drop records."""
-    if any(r.shared > 1 for r in rows):
+    if (rows.shared > 1).any():
         warnings.append("some steps have no sync point of their own: their time is the average of the "
                         "interval they share (sparse completion)")
     if any(c.host_timed for c in timeline.cuts):
         warnings.append("no sync points were recorded (no complete_on): step intervals are host-timed (step "
                         "entry to exit), which under asynchronous dispatch measure dispatch, not device time")
-    repeated = sum(1 for r in rows if r.repeated)
-    decreasing = sum(1 for r in rows if r.decreasing)
+    repeated = int(((rows.flags & FLAG_REPEATED) != 0).sum())
+    decreasing = int(((rows.flags & FLAG_DECREASING) != 0).sum())
     if repeated or decreasing:
         warnings.append(f"step numbers repeat ({repeated} executions) or go back ({decreasing}) within a session: "
                         "each execution is timed on its own (see the seq column)")
@@ -410,7 +412,7 @@ def _explain(rows: Sequence[StepRow], timeline: Timeline, cuts: dict[int, Sessio
     if ignored:
         warnings.append(f"{ignored} sync point(s) were ignored: they named no execution of their step, came before "
                         "its entry, or came before an earlier execution's")
-    if any(w.warmup_ns for w in timeline.windows):
+    if timeline.windows.any_warmup():
         warnings.append("warm-up is inferred: the first step of an attempt took longer than the ideal step beyond "
                         "noise with no compile span to explain it")
 

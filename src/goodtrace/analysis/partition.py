@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 from goodtrace import schema
 from goodtrace.analysis.executions import Piece, SessionSteps, relabel
@@ -32,6 +32,7 @@ __all__ = [
     "WASTED",
     "Timeline",
     "Window",
+    "WindowList",
     "assemble",
     "ideal_step_ns",
     "noise_threshold_ns",
@@ -86,6 +87,84 @@ class Window:
         return len(self.executions) - len(self.lost)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Segment:
+    """The windows of one session on a timeline: where they sit on the wall clock (``delta``),
+    its attempt, and the attempt-level relabels (warm-up, the restore point after it)."""
+
+    first: int  # index of its first window in the timeline
+    cut: SessionSteps
+    attempt: int
+    delta: int
+    relabels: tuple[int, int | None]
+
+
+class WindowList(Sequence[Window]):
+    """The step intervals of a timeline in order, made on demand: a long run has millions of
+    them, so each :class:`Window` (with its pieces) is built when it is read, from its cut."""
+
+    def __init__(self) -> None:
+        self.segments: list[_Segment] = []
+        self._firsts: list[int] = []
+        self._count = 0
+
+    def add(self, cut: SessionSteps, attempt: int, delta: int, relabels: tuple[int, int | None]) -> None:
+        if cut.windows:
+            self.segments.append(_Segment(self._count, cut, attempt, delta, relabels))
+            self._firsts.append(self._count)
+            self._count += cut.windows
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Window: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Window]: ...
+
+    def __getitem__(self, index: int | slice) -> Window | list[Window]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(index)
+        segment = self.segments[bisect.bisect_right(self._firsts, index) - 1]
+        return segment_window(segment, index - segment.first)
+
+    def __iter__(self) -> Iterator[Window]:
+        for segment in self.segments:
+            for w in range(segment.cut.windows):
+                yield segment_window(segment, w)
+
+    def counted_steps(self) -> int:
+        """Executions in the windows that count toward the final progress (not re-done later)."""
+        import numpy as np
+
+        counted = 0
+        for segment in self.segments:
+            cut, limit = segment.cut, segment.relabels[1]
+            window = np.frombuffer(cut.exec_window, dtype=np.int64)
+            in_window = window >= 0
+            if limit is not None:
+                in_window &= np.frombuffer(cut.exec_step, dtype=np.int64) < limit
+            counted += int(in_window.sum())
+        return counted
+
+    def any_warmup(self) -> bool:
+        return any(segment.relabels[0] for segment in self.segments)
+
+
+def segment_window(segment: _Segment, w: int) -> Window:
+    """Window ``w`` of a segment's cut, on the wall clock, with its pieces."""
+    cut, delta = segment.cut, segment.delta
+    own, lost = window_pieces(cut, w, segment.relabels)
+    wall = [Piece(p.start + delta, p.end + delta, p.label) for p in own]
+    warm = segment.relabels[0] if w == 0 else 0
+    return Window(cut, w, segment.attempt, cut.win_start[w] + delta, cut.win_end[w] + delta, wall, lost, w == 0, warm)
+
+
 @dataclasses.dataclass
 class Timeline:
     """One rank's job timeline: pieces tiling [start, end) on the wall clock (empty in totals
@@ -94,7 +173,7 @@ class Timeline:
     start: int
     end: int
     pieces: list[Piece]
-    windows: list[Window]
+    windows: WindowList
     cuts: list[SessionSteps]
     buckets: dict[str, int] = dataclasses.field(default_factory=dict)
     parts: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -232,7 +311,7 @@ def assemble(
 
     ordered = sorted(cuts, key=lambda c: (c[1].start_wall, c[0]))
     out_pieces: list[Piece] = []
-    windows: list[Window] = []
+    windows = WindowList()
     buckets: dict[str, int] = {}
     parts: dict[str, int] = {}
 
@@ -278,6 +357,8 @@ def assemble(
             cursor = emit(Piece(p.start + delta, p.end + delta, p.label, p.part), cursor, limit)
         warmup = _warmup(cut, ideal, noise)
         relabels[cut.session] = (warmup, restore_after[k])
+        if pieces:
+            windows.add(cut, attempt, delta, relabels[cut.session])
         if (not pieces and cut.windows and (limit is None or cut.win_end[-1] + delta <= limit)
                 and cut.win_start[0] + delta >= cursor):
             cursor = _add_window_totals(cut, warmup, restore_after[k], buckets) + delta
@@ -301,11 +382,8 @@ def assemble(
                 cursor = b
                 continue
             own, _ = window_pieces(cut, w, relabels[cut.session])
-            window_pieces_wall = [Piece(p.start + delta, p.end + delta, p.label) for p in own]
-            if pieces:
-                windows.append(Window(cut, w, attempt, a, b, window_pieces_wall, lost, w == 0, amount_warm))
-            for p in window_pieces_wall:
-                cursor = emit(p, cursor, limit)
+            for p in own:
+                cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
         for p in cut.tail_pieces():
             cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
     return Timeline(start, cursor, out_pieces, windows, [c for _, _, c in ordered], buckets, parts, relabels)

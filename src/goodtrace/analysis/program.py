@@ -38,12 +38,7 @@ class ProgramGoodput:
 def model_figures(run: LoadedRun, sessions: Sequence[int]) -> tuple[float | None, float | None]:
     """(FLOPs per step of one rank, peak FLOP/s of its device) as the framework integration
     recorded them: a ``flops_per_step`` metric and a ``model`` event (goodtrace.integrations)."""
-    values = [
-        value
-        for index in sessions if index in run.timelines
-        for name, _, value, _ in run.timelines[index].metrics
-        if name in ("model_flops_per_step", "flops_per_step") and value is not None
-    ]
+    values = [value for index in sessions if index in run.timelines for value in run.timelines[index].flops]
     peaks = [
         float(peak) for index in sessions if index in run.timelines
         for peak in (run.timelines[index].model.get("peak_flops"),)
@@ -84,7 +79,7 @@ def program_goodput(
             peak_flops = lookup(accelerator)
         except KeyError as exc:
             raise AnalysisError(str(exc.args[0])) from None
-    counted = sum(w.counted_steps for w in timeline.windows)
+    counted = timeline.windows.counted_steps()
     productive_s = partition.seconds(PRODUCTIVE)
     mfu = None
     if flops_per_step is not None and peak_flops and productive_s > 0:

@@ -11,13 +11,13 @@ median + k * 1.4826 * MAD (floored at 5% of the median), each with what overlapp
 from __future__ import annotations
 
 import dataclasses
-import statistics
-from collections.abc import Sequence
-from typing import Any
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 from goodtrace import schema
 from goodtrace.analysis.executions import FLAG_DECREASING, FLAG_REPEATED, HOST_EXIT
-from goodtrace.analysis.partition import PRODUCTIVE, WARMUP, WASTED, Timeline, Window
+from goodtrace.analysis.partition import PRODUCTIVE, WARMUP, WASTED, Window, WindowList, segment_window
 from goodtrace.read.loaded import SessionTimeline
 
 NS = 1e9
@@ -59,71 +59,200 @@ class StepRow:
         return f"{self.step_time_s:.3f} s = " + " + ".join(parts)
 
 
-def _marks(session_timelines: dict[int, SessionTimeline]) -> tuple[
-    dict[tuple[int, int], list[str]], dict[tuple[int, int], dict[str, float]]
-]:
-    tags: dict[tuple[int, int], list[str]] = {}
-    metrics: dict[tuple[int, int], dict[str, float]] = {}
-    for session, tl in session_timelines.items():
-        for step, name, _ in tl.tags:
-            if step is not None:
-                tags.setdefault((session, step), []).append(name)
-        for name, step, value, _ in tl.metrics:
-            if step is not None and value is not None:
-                metrics.setdefault((session, step), {})[name] = value
-    return tags, metrics
+class StepTable(Sequence[StepRow]):
+    """The step table: one row per execution of the reference rank, in time order, held as
+    columns (a week-long run has hundreds of thousands of rows); a :class:`StepRow` is made
+    when a row is read, from its window and the session's per-step marks. The columns that
+    statistics, anomalies and the slowest steps need are numpy arrays."""
 
+    def __init__(self, windows: WindowList, marks: dict[int, SessionTimeline], job_start: int) -> None:
+        import numpy as np
 
-def step_rows(timeline: Timeline, session_timelines: dict[int, SessionTimeline], job_start: int) -> list[StepRow]:
-    """Rows of the step table from the reference timeline's windows."""
-    tags, metrics = _marks(session_timelines)
-    rows: list[StepRow] = []
-    for w in timeline.windows:
-        rows.extend(_rows_of_window(w, tags, metrics, job_start))
-    return rows
+        self._windows = windows
+        self._marks = {session: _StepMarks(tl) for session, tl in marks.items()}
+        self._job_start = job_start
+        segment_of, window_of, position = [], [], []
+        step_time, productive, first, attempt, seq, shared, host_timed, flags = [], [], [], [], [], [], [], []
+        for k, segment in enumerate(windows.segments):
+            cut = segment.cut
+            count = np.frombuffer(cut.win_count, dtype=np.int64)
+            start = np.frombuffer(cut.win_start, dtype=np.int64)
+            end = np.frombuffer(cut.win_end, dtype=np.int64)
+            win_productive = np.frombuffer(cut.win_productive, dtype=np.int64).copy()
+            win_productive[0] -= segment.relabels[0]
+            rows = int(count.sum())
+            w = np.repeat(np.arange(len(count)), count)
+            executions = np.arange(rows)
+            segment_of.append(np.full(rows, k, dtype=np.int64))
+            window_of.append(w)
+            position.append(executions - np.frombuffer(cut.win_first, dtype=np.int64)[w])
+            step_time.append(((end - start) / count / NS)[w])
+            productive.append((win_productive / count / NS)[w])
+            first.append((w == 0) & (position[-1] == 0))
+            attempt.append(np.full(rows, segment.attempt, dtype=np.int64))
+            seq.append(np.frombuffer(cut.exec_seq, dtype=np.int64)[:rows])
+            shared.append(count[w])
+            exit_closed = np.array([how == HOST_EXIT for how in cut.win_how], dtype=bool)
+            host_timed.append(np.full(rows, True) if cut.host_timed else exit_closed[w])
+            flags.append(np.frombuffer(cut.exec_flags, dtype=np.int64)[:rows])
 
+        def joined(parts: list[Any], dtype: Any) -> Any:
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
-def _rows_of_window(
-    w: Window, tags: dict[tuple[int, int], list[str]], metrics: dict[tuple[int, int], dict[str, float]],
-    job_start: int,
-) -> list[StepRow]:
-    cut = w.cut
-    executions = w.executions
-    n = len(executions)
-    overhead = w.overhead()
-    wasted = overhead.pop(WASTED, 0)
-    productive = w.total(PRODUCTIVE) + wasted
-    how = cut.win_how[w.index]
-    rows = []
-    for position, i in enumerate(executions):
+        self._segment = joined(segment_of, np.int64)
+        self._window = joined(window_of, np.int64)
+        self._position = joined(position, np.int64)
+        self.step_time_s = joined(step_time, np.float64)
+        self.productive_s = joined(productive, np.float64)
+        self.first_of_attempt = joined(first, bool)
+        self.attempt = joined(attempt, np.int64)
+        self.seq = joined(seq, np.int64)
+        self.shared = joined(shared, np.int64)
+        self.host_timed = joined(host_timed, bool)
+        self.flags = joined(flags, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.step_time_s)
+
+    @overload
+    def __getitem__(self, index: int) -> StepRow: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[StepRow]: ...
+
+    def __getitem__(self, index: int | slice) -> StepRow | list[StepRow]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._row(self.window_at(index), int(self._position[index]))
+
+    def __iter__(self) -> Iterator[StepRow]:
+        last: tuple[int, int] | None = None
+        window: Window | None = None
+        for k, w, position in zip(self._segment.tolist(), self._window.tolist(), self._position.tolist(), strict=True):
+            if (k, w) != last or window is None:
+                window, last = segment_window(self._windows.segments[k], w), (k, w)
+            yield self._row(window, position)
+
+    def window_at(self, index: int) -> Window:
+        """The step interval of row ``index``."""
+        return segment_window(self._windows.segments[int(self._segment[index])], int(self._window[index]))
+
+    def slowest(self, n: int) -> list[StepRow]:
+        """The ``n`` rows with the longest step time (earlier rows first on a tie)."""
+        import numpy as np
+
+        order = np.argsort(-self.step_time_s, kind="stable")[:n]
+        return [self[int(i)] for i in order]
+
+    def _row(self, w: Window, position: int) -> StepRow:
+        cut = w.cut
+        executions = w.executions
+        i = executions[position]
+        n = len(executions)
+        overhead = w.overhead()
+        wasted = overhead.pop(WASTED, 0)
+        productive = w.total(PRODUCTIVE) + wasted
+        how = cut.win_how[w.index]
         step = cut.exec_step[i]
         flags = cut.exec_flags[i]
-        values = metrics.get((cut.session, step), {})
-        rows.append(
-            StepRow(
-                step=step,
-                attempt=w.attempt,
-                start_s=(w.start - job_start) / NS,
-                step_time_s=w.length / n / NS,
-                productive_s=productive / n / NS,
-                overhead_s={k: v / n / NS for k, v in overhead.items()},
-                shared=n,
-                host_timed=cut.host_timed or how == HOST_EXIT,
-                first_of_attempt=w.first_of_attempt and position == 0,
-                counted=i not in w.lost,
-                seq=cut.exec_seq[i],
-                start_ns=w.start,
-                end_ns=w.end,
-                sync=how,
-                repeated=bool(flags & FLAG_REPEATED),
-                decreasing=bool(flags & FLAG_DECREASING),
-                tags=tuple(tags.get((cut.session, step), ())),
-                metrics=values,
-                device_s=_device_seconds(values),
-                compute_s=cut.exec_compute[i] / NS if cut.exec_compute[i] else None,
-            )
+        marks = self._marks.get(cut.session)
+        values = marks.metrics(step) if marks is not None else {}
+        return StepRow(
+            step=step,
+            attempt=w.attempt,
+            start_s=(w.start - self._job_start) / NS,
+            step_time_s=w.length / n / NS,
+            productive_s=productive / n / NS,
+            overhead_s={k: v / n / NS for k, v in overhead.items()},
+            shared=n,
+            host_timed=cut.host_timed or how == HOST_EXIT,
+            first_of_attempt=w.first_of_attempt and position == 0,
+            counted=i not in w.lost,
+            seq=cut.exec_seq[i],
+            start_ns=w.start,
+            end_ns=w.end,
+            sync=how,
+            repeated=bool(flags & FLAG_REPEATED),
+            decreasing=bool(flags & FLAG_DECREASING),
+            tags=marks.tags(step) if marks is not None else (),
+            metrics=values,
+            device_s=_device_seconds(values),
+            compute_s=cut.exec_compute[i] / NS if cut.exec_compute[i] else None,
         )
-    return rows
+
+
+class _StepMarks:
+    """One session's tags and metric values by step (columns sorted by step, time order kept
+    within a step), and its spans' time per name and step, for the step table and anomalies."""
+
+    def __init__(self, tl: SessionTimeline) -> None:
+        import numpy as np
+
+        self.tl = tl
+        tag_steps = np.frombuffer(tl.tag_step, dtype=np.int64)
+        self._tag_order = np.argsort(tag_steps, kind="stable")
+        self._tag_steps = tag_steps[self._tag_order]
+        metric_steps = np.frombuffer(tl.metric_step, dtype=np.int64)
+        self._metric_order = np.argsort(metric_steps, kind="stable")
+        self._metric_steps = metric_steps[self._metric_order]
+        self._span_steps = np.frombuffer(tl.span_step, dtype=np.int64)
+        self._span_medians: dict[str, float] | None = None
+
+    def tags(self, step: int) -> tuple[str, ...]:
+        lo, hi = self._range(self._tag_steps, step)
+        return tuple(self.tl.tag_name[int(j)] for j in self._tag_order[lo:hi])
+
+    def metrics(self, step: int) -> dict[str, float]:
+        lo, hi = self._range(self._metric_steps, step)
+        values: dict[str, float] = {}
+        for j in self._metric_order[lo:hi].tolist():
+            values[self.tl.metric_name[j]] = self.tl.metric_value[j]
+        return values
+
+    def metric_sum(self, step: int, name: str) -> float:
+        """The sum of every value of metric ``name`` recorded for ``step``."""
+        lo, hi = self._range(self._metric_steps, step)
+        total = 0.0
+        for j in self._metric_order[lo:hi].tolist():
+            if self.tl.metric_name[j] == name and self.tl.metric_value[j]:
+                total += self.tl.metric_value[j]
+        return total
+
+    def span_totals(self, steps: Sequence[int]) -> dict[str, int]:
+        """Summed span time per name over ``steps`` (names in order of first appearance)."""
+        took = dict.fromkeys(self.tl.span_names, 0)
+        for step in steps:
+            lo, hi = self._range(self._span_steps, step)
+            for j in range(lo, hi):
+                name = self.tl.span_name[j]
+                took[name] += self.tl.span_ns[j]
+        return took
+
+    def span_medians(self) -> dict[str, float]:
+        """Per span name, its median time per step over the steps that have any span."""
+        import numpy as np
+
+        if self._span_medians is None:
+            steps, where = np.unique(self._span_steps, return_inverse=True)
+            names = np.array(self.tl.span_name, dtype=object)
+            totals = np.frombuffer(self.tl.span_ns, dtype=np.int64)
+            self._span_medians = {}
+            for name in self.tl.span_names:
+                per_step = np.zeros(len(steps), dtype=np.int64)
+                mine = names == name
+                per_step[where[mine]] = totals[mine]
+                self._span_medians[name] = float(np.median(per_step)) if len(per_step) else 0.0
+        return self._span_medians
+
+    @staticmethod
+    def _range(sorted_steps: Any, step: int) -> tuple[int, int]:
+        lo = int(sorted_steps.searchsorted(step, side="left"))
+        hi = int(sorted_steps.searchsorted(step, side="right"))
+        return lo, hi
 
 
 def _device_seconds(values: dict[str, float]) -> float | None:
@@ -152,29 +281,32 @@ class StepStats:
         return dataclasses.asdict(self)
 
 
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    if not sorted_values:
+def _quantile(sorted_values: Any, q: float) -> float:
+    if not len(sorted_values):
         return 0.0
     pos = q * (len(sorted_values) - 1)
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+    low, high = float(sorted_values[lo]), float(sorted_values[hi])
+    return low + (high - low) * (pos - lo)
 
 
-def step_stats(rows: Sequence[StepRow], ideal_s: float | None) -> StepStats:
-    times = sorted(r.step_time_s for r in rows)
+def step_stats(table: StepTable, ideal_s: float | None) -> StepStats:
+    import numpy as np
+
+    times = np.sort(table.step_time_s)
     return StepStats(
-        count=len(rows),
-        mean_s=statistics.fmean(times) if times else 0.0,
+        count=len(times),
+        mean_s=math.fsum(times.tolist()) / len(times) if len(times) else 0.0,
         median_s=_quantile(times, 0.5),
         p90_s=_quantile(times, 0.9),
         p99_s=_quantile(times, 0.99),
-        max_s=times[-1] if times else 0.0,
+        max_s=float(times[-1]) if len(times) else 0.0,
         ideal_s=ideal_s,
-        shared_steps=sum(1 for r in rows if r.shared > 1),
-        host_timed_steps=sum(1 for r in rows if r.host_timed),
-        repeated_steps=sum(1 for r in rows if r.repeated),
-        decreasing_steps=sum(1 for r in rows if r.decreasing),
+        shared_steps=int((table.shared > 1).sum()),
+        host_timed_steps=int(table.host_timed.sum()),
+        repeated_steps=int(((table.flags & FLAG_REPEATED) != 0).sum()),
+        decreasing_steps=int(((table.flags & FLAG_DECREASING) != 0).sum()),
     )
 
 
@@ -192,89 +324,54 @@ class Anomaly:
         return dataclasses.asdict(self) | {"overlapped": list(self.overlapped)}
 
 
-def find_anomalies(
-    rows: Sequence[StepRow],
-    windows: Sequence[Window],
-    session_timelines: dict[int, SessionTimeline],
-    *,
-    k: float = 5.0,
-) -> tuple[list[Anomaly], float | None]:
+def find_anomalies(table: StepTable, *, k: float = 5.0) -> tuple[list[Anomaly], float | None]:
     """Steps (not the first of an attempt) whose productive time exceeds median + k*MAD."""
-    steady = [r.productive_s for r in rows if not r.first_of_attempt]
+    import numpy as np
+
+    steady = table.productive_s[~table.first_of_attempt]
     if len(steady) < 3:
         return [], None
-    median = statistics.median(steady)
-    mad = statistics.median(abs(v - median) for v in steady)
+    median = float(np.median(steady))
+    mad = float(np.median(np.abs(steady - median)))
     threshold = median + max(k * 1.4826 * mad, 0.05 * median)
-    by_key = {(w.attempt, w.cut.exec_seq[i]): w for w in windows for i in w.executions}
-    usual: dict[int, _SessionMarks] = {}
     found = []
-    for r in rows:
-        if r.first_of_attempt or r.productive_s <= threshold:
-            continue
-        w = by_key.get((r.attempt, r.seq))
+    for i in np.flatnonzero(~table.first_of_attempt & (table.productive_s > threshold)).tolist():
+        r = table[i]
         found.append(
             Anomaly(r.step, r.attempt, r.productive_s, threshold, r.step_time_s,
-                    _overlapping(w, session_timelines, r.tags, usual), r.seq)
+                    _overlapping(table.window_at(i), table, r.tags), r.seq)
         )
     return found, threshold
 
 
-class _SessionMarks:
-    """One session's spans per name and step (the anomaly table names only spans that took
-    unusually long in the slow step, or appeared only there), events and device-idle time by
-    step: indexed once, so that each anomaly costs only its own steps."""
-
-    def __init__(self, tl: SessionTimeline) -> None:
-        per_step: dict[str, dict[int, int]] = {}
-        steps: set[int] = set()
-        for name, _, t0, t1, step, _, _ in tl.spans:
-            if step is None:
-                continue
-            steps.add(step)
-            by_step = per_step.setdefault(name, {})
-            by_step[step] = by_step.get(step, 0) + (t1 - t0)
-        self.per_step = per_step
-        self.median_ns = {
-            name: statistics.median([by_step.get(k, 0) for k in steps]) for name, by_step in per_step.items()
-        }
-        self.events: dict[int, list[str]] = {}
-        for name, _, step, _ in tl.events:
-            if step is not None:
-                self.events.setdefault(step, []).append(name)
-        self.idle: dict[int, float] = {}
-        for name, step, value, _ in tl.metrics:
-            if name == schema.DEVICE_IDLE_METRIC and step is not None and value:
-                self.idle[step] = self.idle.get(step, 0.0) + value
-
-    def unusual(self, steps: Sequence[int]) -> list[str]:
-        found = []
-        for name, by_step in self.per_step.items():
-            took = sum(by_step.get(k, 0) for k in steps)
-            usual = self.median_ns[name] * len(steps)
-            if took > 1.5 * usual and took - usual >= 0.001 * NS:
-                found.append((took - usual, f"span:{name} {took / NS:.3f}s (usually {usual / NS:.3f}s)"))
-        return [label for _, label in sorted(found, key=lambda x: -x[0])[:5]]
+def _unusual(marks: _StepMarks, steps: Sequence[int]) -> list[str]:
+    """The spans that took unusually long in ``steps``: more than 1.5x their usual time per
+    step, and at least 1 ms more (the five largest excesses)."""
+    found = []
+    medians = marks.span_medians()
+    for name, took in marks.span_totals(steps).items():
+        usual = medians[name] * len(steps)
+        if took > 1.5 * usual and took - usual >= 0.001 * NS:
+            found.append((took - usual, f"span:{name} {took / NS:.3f}s (usually {usual / NS:.3f}s)"))
+    return [label for _, label in sorted(found, key=lambda x: -x[0])[:5]]
 
 
-def _overlapping(
-    w: Window | None, timelines: dict[int, SessionTimeline], tags: tuple[str, ...],
-    marks: dict[int, _SessionMarks],
-) -> tuple[str, ...]:
+def _overlapping(w: Window, table: StepTable, tags: tuple[str, ...]) -> tuple[str, ...]:
     found = [f"tag:{t}" for t in tags]
-    if w is None or w.cut.session not in timelines:
+    marks = table._marks.get(w.cut.session)
+    if marks is None:
         return tuple(found)
-    session = w.cut.session
     for label, length in sorted(w.overhead().items(), key=lambda kv: -kv[1]):
         if label not in (WASTED, WARMUP):
             found.append(f"{label}:{length / NS:.3f}s")
-    if session not in marks:
-        marks[session] = _SessionMarks(timelines[session])
-    m = marks[session]
     steps = sorted({w.cut.exec_step[i] for i in w.executions})
-    found.extend(m.unusual(steps))
-    found.extend(f"event:{name}" for step in steps for name in m.events.get(step, ()))
-    idle = sum(m.idle.get(step, 0.0) for step in steps)
+    found.extend(_unusual(marks, steps))
+    events: dict[int, list[str]] = {}
+    for name, _, step, _ in marks.tl.events:
+        if step is not None:
+            events.setdefault(step, []).append(name)
+    found.extend(f"event:{name}" for step in steps for name in events.get(step, ()))
+    idle = sum(marks.metric_sum(step, schema.DEVICE_IDLE_METRIC) for step in steps)
     if idle > 0:
         found.append(f"device_idle:{idle:.3f}s")
     return tuple(dict.fromkeys(found))

@@ -3,9 +3,9 @@
 A :class:`LoadedRun` holds one :class:`SessionInfo` per session (one process of one rank), the
 :class:`SessionRecords` every session contributes to the run model (its step executions, sync
 points, main-thread overhead spans, per-execution compute time, clock samples, events: compact
-columns, so that 10,000 ranks of a long run fit in memory), and the full
-:class:`SessionTimeline` of the few sessions the analysis reads record by record (the reference
-rank: tags, metrics and every span of its step table).
+columns, so that 10,000 ranks of a long run fit in memory), and the per-step
+:class:`SessionTimeline` of the few sessions whose steps the report lists (the reference rank:
+tags, metric values and span time per step, as columns).
 """
 
 from __future__ import annotations
@@ -127,21 +127,30 @@ class SessionRecords:
     events: list[tuple[str, int, int | None]] = dataclasses.field(default_factory=list)  # (name, t, step)
 
 
+def _floats() -> array[float]:
+    return array("d")
+
+
 @dataclasses.dataclass
 class SessionTimeline:
-    """Every record of one session, as tuples sorted by time (the reference rank's sessions)."""
+    """What the step table and its explanations read of the reference rank's sessions, per
+    step and as columns (never one object per record: a week-long run has millions): tags and
+    metric values that name a step (in time order), each span name's time per step (sorted by
+    step; ``span_names`` in order of first appearance), the model FLOPs the integration
+    recorded, events with their attributes, and the last ``model`` event's attributes."""
 
-    steps: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # step, t0, t1
-    syncs: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)  # step, t, how
-    # name, category, t0, t1, step (or None), thread id (or None), error
-    spans: list[tuple[str, str, int, int, int | None, int | None, bool]] = dataclasses.field(
-        default_factory=list
-    )
-    tags: list[tuple[int | None, str, int]] = dataclasses.field(default_factory=list)  # step, name, t
+    tag_step: array[int] = dataclasses.field(default_factory=_ints)
+    tag_name: list[str] = dataclasses.field(default_factory=list)
+    metric_step: array[int] = dataclasses.field(default_factory=_ints)
+    metric_name: list[str] = dataclasses.field(default_factory=list)
+    metric_value: array[float] = dataclasses.field(default_factory=_floats)
+    span_step: array[int] = dataclasses.field(default_factory=_ints)
+    span_name: list[str] = dataclasses.field(default_factory=list)
+    span_ns: array[int] = dataclasses.field(default_factory=_ints)
+    span_names: tuple[str, ...] = ()
+    flops: list[float] = dataclasses.field(default_factory=list)  # flops_per_step metric values
     # name, t, step, attributes (a JSON object, when small)
     events: list[tuple[str, int, int | None, dict[str, Any] | None]] = dataclasses.field(default_factory=list)
-    # name, step, value, reduce
-    metrics: list[tuple[str, int | None, float | None, str]] = dataclasses.field(default_factory=list)
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # attrs of the last "model" event
 
 

@@ -157,9 +157,9 @@ def model_figures(con: Any) -> dict[int, dict[str, Any]]:
 def load_timelines(
     con: Any, sids: Iterable[int], parquet_fids: dict[int, list[int]], json_files: dict[int, list[str]]
 ) -> dict[int, SessionTimeline]:
-    """Every record of the wanted sessions: their JSON files read again (a few of many), and
-    their rows of the Parquet copy (filtered on ``fid``, so DuckDB skips other row groups).
-    One query per record kind, rows fetched as ready-made tuples."""
+    """What the step table needs of the wanted sessions, per step and as columns (see
+    :class:`SessionTimeline`): their JSON files read again (a few of many), and their rows of
+    the Parquet copy (filtered on ``fid``, so DuckDB skips other row groups)."""
     wanted = sorted(set(sids))
     timelines = {sid: SessionTimeline() for sid in wanted}
     if not wanted:
@@ -184,44 +184,51 @@ def load_timelines(
         )
     con.execute(f"CREATE OR REPLACE TEMP TABLE detail AS {' UNION ALL '.join(parts)}")
 
-    def grouped(sql: str) -> dict[int, list[Any]]:
-        out: dict[int, list[Any]] = {}
-        for row in con.execute(sql).fetchall():
-            out.setdefault(row[0], []).append(row[1:])
-        return out
+    import numpy as np
 
-    spans = grouped(
-        f"SELECT sid, coalesce(name, '?'), coalesce(cat, '{schema.COMPUTE}'), t0, greatest(t0, t1), step, tid, "
-        f"coalesce(err, false) FROM detail WHERE kind = '{schema.SPAN}' AND t0 IS NOT NULL AND t1 IS NOT NULL "
-        "ORDER BY sid, t0"
-    )
-    steps = grouped(
-        f"SELECT sid, step, t0, greatest(t0, t1) FROM detail WHERE kind = '{schema.STEP}' AND step IS NOT NULL "
-        "AND t0 IS NOT NULL AND t1 IS NOT NULL ORDER BY sid, t0"
-    )
-    syncs = grouped(
-        f"SELECT sid, step, t, coalesce(how, '') FROM detail WHERE kind = '{schema.SYNC}' AND step IS NOT NULL "
-        "AND t IS NOT NULL ORDER BY sid, t"
-    )
-    tags = grouped(
-        f"SELECT sid, step, coalesce(name, '?'), t FROM detail WHERE kind = '{schema.TAG}' AND t IS NOT NULL "
-        "ORDER BY sid, t"
-    )
-    events = grouped(
+    by_sid: dict[int, list[Any]] = {}
+    for row in con.execute(
         f"SELECT sid, coalesce(name, '?'), t, step, CASE WHEN length(CAST(attrs AS VARCHAR)) <= {MAX_EVENT_ATTRS} "
         f"THEN CAST(attrs AS VARCHAR) END FROM detail WHERE kind = '{schema.EVENT}' AND t IS NOT NULL ORDER BY sid, t"
-    )
-    metrics = grouped(
-        f"SELECT sid, coalesce(name, '?'), step, value, coalesce(reduce, 'mean') FROM detail "
-        f"WHERE kind = '{schema.METRIC}' ORDER BY sid, t"
-    )
+    ).fetchall():
+        by_sid.setdefault(row[0], []).append(row[1:])
+    flops: dict[int, list[float]] = {}
+    for sid, value in con.execute(
+        f"SELECT sid, value FROM detail WHERE kind = '{schema.METRIC}' AND value IS NOT NULL "
+        "AND name IN ('model_flops_per_step', 'flops_per_step') ORDER BY sid, t"
+    ).fetchall():
+        flops.setdefault(int(sid), []).append(float(value))
+    names = _vocab(con, "(SELECT coalesce(name, '?') AS name FROM detail)", "name")
+    tag_name = metric_name = span_name = names
+    for sid, c in _by_session(
+        con, f"SELECT d.sid, d.step, v.code AS name FROM detail d JOIN vocab_name v ON coalesce(d.name, '?') = v.name "
+             f"WHERE d.kind = '{schema.TAG}' AND d.t IS NOT NULL AND d.step IS NOT NULL ORDER BY d.sid, d.t"
+    ):
+        timelines[sid].tag_step, timelines[sid].tag_name = _ints(c["step"]), tag_name[c["name"]].tolist()
+    for sid, c in _by_session(
+        con, f"SELECT d.sid, d.step, v.code AS name, d.value FROM detail d JOIN vocab_name v "
+             f"ON coalesce(d.name, '?') = v.name WHERE d.kind = '{schema.METRIC}' AND d.step IS NOT NULL "
+             "AND d.value IS NOT NULL ORDER BY d.sid, d.t"
+    ):
+        tl = timelines[sid]
+        tl.metric_step, tl.metric_name = _ints(c["step"]), metric_name[c["name"]].tolist()
+        tl.metric_value = array("d", np.asarray(c["value"], dtype=np.float64).tobytes())
+    for sid, c in _by_session(
+        con, f"SELECT s.sid, s.step, v.code AS name, s.ns, s.first FROM (SELECT sid, step, coalesce(name, '?') AS name, "
+             "sum(greatest(t0, t1) - t0)::BIGINT AS ns, min(t0) AS first FROM detail "
+             f"WHERE kind = '{schema.SPAN}' AND t0 IS NOT NULL AND t1 IS NOT NULL AND step IS NOT NULL GROUP BY ALL) s "
+             "JOIN vocab_name v ON s.name = v.name ORDER BY s.sid, s.step, s.first"
+    ):
+        tl = timelines[sid]
+        tl.span_step, tl.span_ns = _ints(c["step"]), _ints(c["ns"])
+        names = span_name[c["name"]]
+        tl.span_name = names.tolist()
+        first = np.asarray(c["first"], dtype=np.int64)
+        order = np.lexsort((np.arange(len(first)), first))  # first appearance in time, then row order
+        tl.span_names = tuple(dict.fromkeys(names[order].tolist()))
     for sid, tl in timelines.items():
-        tl.spans = spans.get(sid, [])
-        tl.steps = steps.get(sid, [])
-        tl.syncs = syncs.get(sid, [])
-        tl.tags = tags.get(sid, [])
-        tl.events = [(n, t, s, _json_object(a) or None) for n, t, s, a in events.get(sid, [])]
-        tl.metrics = metrics.get(sid, [])
+        tl.events = [(n, t, s, _json_object(a) or None) for n, t, s, a in by_sid.get(sid, [])]
+        tl.flops = flops.get(sid, [])
         models = [attrs for name, _, _, attrs in tl.events if name == "model" and attrs]
         tl.model = models[-1] if models else {}
     con.execute("DROP TABLE detail")
