@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -13,6 +14,7 @@ from goodtrace.cli.progress import progress_bar
 from goodtrace.read.load import LoadError, NotARunError, load_run
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.mirror import RemoteReadError
+from goodtrace.read.torchtitan import CAVEAT, converted_run, is_torchtitan_logs
 from goodtrace.record.storage import is_url, local_path
 
 __all__ = ["alive_here", "load_and_analyse"]
@@ -35,6 +37,9 @@ def load_and_analyse(run_dir: str, **options: Any) -> tuple[LoadedRun, RunAnalys
     """The run and its analysis (``options``: :func:`goodtrace.analysis.analyze` keywords)."""
     if not is_url(run_dir) and not os.path.exists(local_path(run_dir)):  # URLs: the loader mirrors them
         raise CommandError(f"{run_dir!r} does not exist")
+    caveat = None
+    if not is_url(run_dir) and is_torchtitan_logs(local_path(run_dir)):  # read as they are, converted once
+        run_dir, caveat = converted_run(local_path(run_dir)), CAVEAT
     update, stop = progress_bar()
     try:
         loaded = load_run(run_dir, progress=update)
@@ -52,4 +57,6 @@ def load_and_analyse(run_dir: str, **options: Any) -> tuple[LoadedRun, RunAnalys
         analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, release_records=True, **options)
     except AnalysisError as exc:
         raise CommandError(str(exc)) from None
+    if caveat is not None:
+        analysis = dataclasses.replace(analysis, warnings=(caveat, *analysis.warnings))
     return loaded, analysis
