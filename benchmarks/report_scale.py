@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.record.encoding import _Encoder
+from goodtrace.record.io.encoding import _Encoder
 from goodtrace.record.spans import Span
 
 WALL0 = 1_700_000_000 * 10**9

@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from goodtrace import schema
-from goodtrace.record.encoding import _Encoder
+from goodtrace.record.io.encoding import _Encoder
 from goodtrace.record.spans import Span
 from report_scale import SECOND, WALL0, goodtrace_cmd, header, timed
 

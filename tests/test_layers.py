@@ -173,8 +173,9 @@ def test_each_layer_alone_loads_no_higher_layer_and_no_heavy_module(layer: str) 
         )
     else:
         modules = modules + [
-            f"goodtrace.record.{p.stem}" for p in sorted((PACKAGE / "record").glob("*.py"))
-            if p.stem not in ("__init__", "torch_values", "jax_values", "jax_compile")  # framework adapters
+            ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+            for p in sorted((PACKAGE / "record").rglob("*.py"))
+            if p.stem not in ("torch_values", "jax_values", "jax_compile")  # framework adapters
         ]
     code = (
         "import importlib, json, sys\n"

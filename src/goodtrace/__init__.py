@@ -42,7 +42,7 @@ from goodtrace.record.config import Config, ConfigError
 from goodtrace.record.errors import GoodtraceWarning
 from goodtrace.record.recorder import StepContext
 from goodtrace.record.spans import Span, span
-from goodtrace.record.values import register_value_type
+from goodtrace.record.values.adapters import register_value_type
 
 __all__ = [
     "Config",

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import goodtrace as gt
-from goodtrace.record.liveline import LiveLine
-from goodtrace.record.sinks import SinkRun
+from goodtrace.record.live.line import LiveLine
+from goodtrace.record.live.sinks import SinkRun
 
 STEPS = 25  # the stand-in aggregator logs every 10 steps: lines at 10, 20 and 25 (the last window)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from goodtrace.analysis import RunAnalysis, analyze
 from goodtrace.read.load import load_run
-from goodtrace.record.liveline import LiveLine
+from goodtrace.record.live.line import LiveLine
 from goodtrace.sinks import line_scalars, summary_values
 
 JOB_GOODPUT = "goodtrace/goodput/job"

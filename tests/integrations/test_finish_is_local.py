@@ -21,7 +21,7 @@ import pytest
 
 import goodtrace as gt
 from goodtrace.integrations._common import Integration
-from goodtrace.record.live import LiveAggregator
+from goodtrace.record.live.aggregator import LiveAggregator
 from goodtrace.testing import capture
 from helpers.ranks import free_port
 

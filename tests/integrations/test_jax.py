@@ -258,7 +258,7 @@ def test_pytrees_complete_when_their_slowest_leaf_does(operands: tuple[Any, Any]
 
 
 def test_registered_pytree_classes_get_the_tree_adapter() -> None:
-    from goodtrace.record import jax_values as _jax_values
+    from goodtrace.record.values import jax_values as _jax_values
 
     tree = Custom(jnp.zeros(()), {"w": jnp.ones((2,))})
     adapter = _jax_values.adapter_for_pytree(tree)

@@ -19,7 +19,7 @@ from goodtrace.testing import capture
 
 jax = pytest.importorskip("jax")
 from goodtrace.integrations import jax as gj  # noqa: E402
-from goodtrace.record import jax_compile  # noqa: E402
+from goodtrace.record.values import jax_compile  # noqa: E402
 
 
 def test_listeners_come_off_without_the_public_unregister_functions(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from goodtrace.read.sessions import read_run
 from goodtrace.record.arguments import MAX_NAME_CHARS
-from goodtrace.record.writer import MAX_ATTRS_CHARS
+from goodtrace.record.io.writer import MAX_ATTRS_CHARS
 
 SCRIPT = r'''
 import json, sys, warnings

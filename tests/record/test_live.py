@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import goodtrace as gt
-from goodtrace.record.live import LiveAggregator, LiveLine, LocalTransport, format_line
+from goodtrace.record.live.aggregator import LiveAggregator, LiveLine, LocalTransport, format_line
 from goodtrace.testing import FakeClock, capture
 from helpers.ranks import run_ranks
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from goodtrace import schema
-from goodtrace.record import encoding
+from goodtrace.record.io import encoding
 from goodtrace.record.spans import Span
 
 

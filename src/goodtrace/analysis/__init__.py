@@ -212,18 +212,20 @@ def _cut_all(
     as soon as it is cut (nothing after the cut reads them): at 10,240 ranks x 1,000 steps they
     are 1.6 GB that would otherwise sit beside the cuts."""
     cuts: dict[int, SessionSteps] = {}
-    for a in attempts:
-        for index in a.sessions:
-            records = run.session_records.get(index) or SessionRecords()
-            cuts[index] = cut_session(run.sessions[index], records, tail_label=_tail_label(a),
-                                      close_trailing=a.normal, data_rule=data_rule)
-            if release and index in run.session_records:
-                run.session_records[index] = SessionRecords(
-                    device=records.device, clock=records.clock, starts_step=records.starts_step,
-                    starts_name=records.starts_name, starts_t0=records.starts_t0, events=records.events)
+    attempt_of = {index: a for a in attempts for index in a.sessions}
+    for index in sorted(attempt_of):  # in the loader's order: it fetches a block of sessions at a time
+        a = attempt_of[index]
+        records = run.session_records.get(index) or SessionRecords()
+        cuts[index] = cut_session(run.sessions[index], records, tail_label=_tail_label(a),
+                                  close_trailing=a.normal, data_rule=data_rule)
+        if release and index in run.session_records:
+            run.session_records[index] = SessionRecords(
+                device=records.device, clock=records.clock, starts_step=records.starts_step,
+                starts_name=records.starts_name, starts_t0=records.starts_t0, events=records.events)
     if release:
         run.released = True
-    return cuts
+        run.close()
+    return {index: cuts[index] for a in attempts for index in a.sessions}
 
 
 def _rank_timeline(

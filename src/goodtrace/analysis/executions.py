@@ -112,7 +112,6 @@ class SessionSteps:
     exec_seq: array[int] = dataclasses.field(default_factory=_ints)
     exec_step: array[int] = dataclasses.field(default_factory=_ints)
     exec_t0: array[int] = dataclasses.field(default_factory=_ints)
-    exec_t1: array[int] = dataclasses.field(default_factory=_ints)
     exec_window: array[int] = dataclasses.field(default_factory=_ints)
     exec_flags: array[int] = dataclasses.field(default_factory=_ints)
     exec_compute: array[int] = dataclasses.field(default_factory=_ints)  # outermost compute ns
@@ -358,7 +357,7 @@ def cut_session(
             win_count[-1] += n - trailing
     if host_timed:
         flags |= FLAG_HOST_TIMED
-    out.exec_seq, out.exec_step, out.exec_t0, out.exec_t1 = _out(seqs), _out(numbers), _out(t0s), _out(t1s)
+    out.exec_seq, out.exec_step, out.exec_t0 = _out(seqs), _out(numbers), _out(t0s)
     out.exec_window, out.exec_flags, out.ignored_syncs = _out(window_of), _out(flags), int(ignored)
     compute = np.zeros(n, dtype=np.int64)
     if len(rec.compute_ns) and n:

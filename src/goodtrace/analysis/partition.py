@@ -88,7 +88,7 @@ class Window:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Segment:
+class Segment:
     """The windows of one session on a timeline: where they sit on the wall clock (``delta``),
     its attempt, and the attempt-level relabels (warm-up, the restore point after it)."""
 
@@ -104,13 +104,13 @@ class WindowList(Sequence[Window]):
     them, so each :class:`Window` (with its pieces) is built when it is read, from its cut."""
 
     def __init__(self) -> None:
-        self.segments: list[_Segment] = []
+        self.segments: list[Segment] = []
         self._firsts: list[int] = []
         self._count = 0
 
     def add(self, cut: SessionSteps, attempt: int, delta: int, relabels: tuple[int, int | None]) -> None:
         if cut.windows:
-            self.segments.append(_Segment(self._count, cut, attempt, delta, relabels))
+            self.segments.append(Segment(self._count, cut, attempt, delta, relabels))
             self._firsts.append(self._count)
             self._count += cut.windows
 
@@ -156,7 +156,7 @@ class WindowList(Sequence[Window]):
         return any(segment.relabels[0] for segment in self.segments)
 
 
-def segment_window(segment: _Segment, w: int) -> Window:
+def segment_window(segment: Segment, w: int) -> Window:
     """Window ``w`` of a segment's cut, on the wall clock, with its pieces."""
     cut, delta = segment.cut, segment.delta
     own, lost = window_pieces(cut, w, segment.relabels)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from goodtrace.analysis.clock import SessionClock
@@ -244,7 +244,7 @@ def _start_lateness(parts: list[tuple[Any, ...]], names: dict[int, str]) -> dict
 def rank_figures(
     sessions: Sequence[SessionInfo],
     cuts: dict[int, SessionSteps],
-    records: dict[int, SessionRecords],
+    records: Mapping[int, SessionRecords],
     attempt_of: dict[int, int],
     clocks: dict[int, SessionClock],
     goodput_by_rank: dict[int, float],

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 from goodtrace import schema
 from goodtrace.analysis.executions import FLAG_DECREASING, FLAG_REPEATED, HOST_EXIT
-from goodtrace.analysis.partition import PRODUCTIVE, WARMUP, WASTED, Window, WindowList, segment_window
+from goodtrace.analysis.partition import (
+    PRODUCTIVE,
+    WARMUP,
+    WASTED,
+    Segment,
+    Window,
+    WindowList,
+    segment_window,
+)
 from goodtrace.read.loaded import SessionTimeline
 
 NS = 1e9
@@ -71,8 +79,7 @@ class StepTable(Sequence[StepRow]):
         self._windows = windows
         self._marks = {session: _StepMarks(tl) for session, tl in marks.items()}
         self._job_start = job_start
-        segment_of, window_of, position = [], [], []
-        step_time, productive, first, attempt, seq, shared, host_timed, flags = [], [], [], [], [], [], [], []
+        segment_of, window_of, position, step_time, productive = [], [], [], [], []
         for k, segment in enumerate(windows.segments):
             cut = segment.cut
             count = np.frombuffer(cut.win_count, dtype=np.int64)
@@ -80,36 +87,62 @@ class StepTable(Sequence[StepRow]):
             end = np.frombuffer(cut.win_end, dtype=np.int64)
             win_productive = np.frombuffer(cut.win_productive, dtype=np.int64).copy()
             win_productive[0] -= segment.relabels[0]
-            rows = int(count.sum())
-            w = np.repeat(np.arange(len(count)), count)
-            executions = np.arange(rows)
-            segment_of.append(np.full(rows, k, dtype=np.int64))
+            w = np.repeat(np.arange(len(count), dtype=np.int32), count)
+            segment_of.append(np.full(len(w), k, dtype=np.int32))
             window_of.append(w)
-            position.append(executions - np.frombuffer(cut.win_first, dtype=np.int64)[w])
+            position.append((np.arange(len(w)) - np.frombuffer(cut.win_first, dtype=np.int64)[w]).astype(np.int32))
             step_time.append(((end - start) / count / NS)[w])
             productive.append((win_productive / count / NS)[w])
-            first.append((w == 0) & (position[-1] == 0))
-            attempt.append(np.full(rows, segment.attempt, dtype=np.int64))
-            seq.append(np.frombuffer(cut.exec_seq, dtype=np.int64)[:rows])
-            shared.append(count[w])
-            exit_closed = np.array([how == HOST_EXIT for how in cut.win_how], dtype=bool)
-            host_timed.append(np.full(rows, True) if cut.host_timed else exit_closed[w])
-            flags.append(np.frombuffer(cut.exec_flags, dtype=np.int64)[:rows])
 
         def joined(parts: list[Any], dtype: Any) -> Any:
             return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
-        self._segment = joined(segment_of, np.int64)
-        self._window = joined(window_of, np.int64)
-        self._position = joined(position, np.int64)
+        # per row: its session (segment), window and place in the window; the step time and
+        # productive time (the window's, shared equally); the rest is gathered from the cuts
+        self._segment = joined(segment_of, np.int32)
+        self._window = joined(window_of, np.int32)
+        self._position = joined(position, np.int32)
         self.step_time_s = joined(step_time, np.float64)
         self.productive_s = joined(productive, np.float64)
-        self.first_of_attempt = joined(first, bool)
-        self.attempt = joined(attempt, np.int64)
-        self.seq = joined(seq, np.int64)
-        self.shared = joined(shared, np.int64)
-        self.host_timed = joined(host_timed, bool)
-        self.flags = joined(flags, np.int64)
+        self.first_of_attempt = (self._window == 0) & (self._position == 0)
+
+    def _gather(self, column: Callable[[Segment], Any], by_window: bool) -> Any:
+        """A per-row column from each segment's per-window (or per-execution) column."""
+        import numpy as np
+
+        out = []
+        for k, segment in enumerate(self._windows.segments):
+            rows = self._segment == k
+            values = column(segment)
+            if by_window:
+                out.append(values[self._window[rows]])
+            else:
+                first = np.frombuffer(segment.cut.win_first, dtype=np.int64)[self._window[rows]]
+                out.append(values[first + self._position[rows]])
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    @property
+    def attempt(self) -> Any:
+        return self._gather(lambda s: _np_full(s.cut.windows, s.attempt), by_window=True)
+
+    @property
+    def seq(self) -> Any:
+        return self._gather(lambda s: _np_ints(s.cut.exec_seq), by_window=False)
+
+    @property
+    def flags(self) -> Any:
+        return self._gather(lambda s: _np_ints(s.cut.exec_flags), by_window=False)
+
+    @property
+    def shared(self) -> Any:
+        return self._gather(lambda s: _np_ints(s.cut.win_count), by_window=True)
+
+    @property
+    def host_timed(self) -> Any:
+        import numpy as np
+
+        return self._gather(lambda s: np.array([s.cut.host_timed or how == HOST_EXIT for how in s.cut.win_how],
+                                               dtype=bool), by_window=True)
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -185,6 +218,18 @@ class StepTable(Sequence[StepRow]):
         )
 
 
+def _np_ints(values: Any) -> Any:
+    import numpy as np
+
+    return np.frombuffer(values, dtype=np.int64)
+
+
+def _np_full(n: int, value: int) -> Any:
+    import numpy as np
+
+    return np.full(n, value, dtype=np.int64)
+
+
 class _StepMarks:
     """One session's tags and metric values by step (columns sorted by step, time order kept
     within a step), and its spans' time per name and step, for the step table and anomalies."""
@@ -204,13 +249,13 @@ class _StepMarks:
 
     def tags(self, step: int) -> tuple[str, ...]:
         lo, hi = self._range(self._tag_steps, step)
-        return tuple(self.tl.tag_name[int(j)] for j in self._tag_order[lo:hi])
+        return tuple(self.tl.names[self.tl.tag_name[int(j)]] for j in self._tag_order[lo:hi])
 
     def metrics(self, step: int) -> dict[str, float]:
         lo, hi = self._range(self._metric_steps, step)
         values: dict[str, float] = {}
         for j in self._metric_order[lo:hi].tolist():
-            values[self.tl.metric_name[j]] = self.tl.metric_value[j]
+            values[self.tl.names[self.tl.metric_name[j]]] = self.tl.metric_value[j]
         return values
 
     def metric_sum(self, step: int, name: str) -> float:
@@ -218,7 +263,7 @@ class _StepMarks:
         lo, hi = self._range(self._metric_steps, step)
         total = 0.0
         for j in self._metric_order[lo:hi].tolist():
-            if self.tl.metric_name[j] == name and self.tl.metric_value[j]:
+            if self.tl.names[self.tl.metric_name[j]] == name and self.tl.metric_value[j]:
                 total += self.tl.metric_value[j]
         return total
 
@@ -228,8 +273,7 @@ class _StepMarks:
         for step in steps:
             lo, hi = self._range(self._span_steps, step)
             for j in range(lo, hi):
-                name = self.tl.span_name[j]
-                took[name] += self.tl.span_ns[j]
+                took[self.tl.names[self.tl.span_name[j]]] += self.tl.span_ns[j]
         return took
 
     def span_medians(self) -> dict[str, float]:
@@ -238,12 +282,12 @@ class _StepMarks:
 
         if self._span_medians is None:
             steps, where = np.unique(self._span_steps, return_inverse=True)
-            names = np.array(self.tl.span_name, dtype=object)
+            codes = np.frombuffer(self.tl.span_name, dtype=np.int32)
             totals = np.frombuffer(self.tl.span_ns, dtype=np.int64)
             self._span_medians = {}
             for name in self.tl.span_names:
                 per_step = np.zeros(len(steps), dtype=np.int64)
-                mine = names == name
+                mine = codes == self.tl.names.index(name)
                 per_step[where[mine]] = totals[mine]
                 self._span_medians[name] = float(np.median(per_step)) if len(per_step) else 0.0
         return self._span_medians

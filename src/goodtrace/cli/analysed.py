@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import sys
 import time
 from typing import Any
 
@@ -15,7 +16,7 @@ from goodtrace.read.load import LoadError, NotARunError, load_run
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.mirror import RemoteReadError
 from goodtrace.read.torchtitan import CAVEAT, converted_run, is_torchtitan_logs
-from goodtrace.record.storage import is_url, local_path
+from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = ["alive_here", "load_and_analyse"]
 
@@ -33,8 +34,23 @@ def alive_here(host: str, pid: int) -> bool | None:
     return True
 
 
+def _return_freed_memory() -> None:
+    """Large numpy columns come and go while each session is read and cut; with glibc's
+    default, the threshold for giving such blocks back to the system rises with every one
+    freed, and a long run's report held twice the memory it used (measured: 665 MiB resident
+    for 420 MiB in use on 2 ranks x 1 M steps). A fixed threshold returns them at once."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD = 1 MiB
+        except (OSError, AttributeError):
+            pass  # not glibc: nothing to tune
+
+
 def load_and_analyse(run_dir: str, **options: Any) -> tuple[LoadedRun, RunAnalysis]:
     """The run and its analysis (``options``: :func:`goodtrace.analysis.analyze` keywords)."""
+    _return_freed_memory()
     if not is_url(run_dir) and not os.path.exists(local_path(run_dir)):  # URLs: the loader mirrors them
         raise CommandError(f"{run_dir!r} does not exist")
     caveat = None

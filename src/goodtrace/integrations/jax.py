@@ -10,15 +10,15 @@ Contract:
 
 - :func:`install` (idempotent; also run when goodtrace first sees a JAX value) registers
   listeners with ``jax.monitoring`` so that every compile phase becomes a ``compile`` span
-  (:mod:`goodtrace.record.jax_compile`, re-exported here).
+  (:mod:`goodtrace.record.values.jax_compile`, re-exported here).
 - :func:`instrument` gives the recorder JAX's device barrier
-  (:func:`goodtrace.record.jax_values.device_barrier`): a blocking span (checkpoint, eval) that
+  (:func:`goodtrace.record.values.jax_values.device_barrier`): a blocking span (checkpoint, eval) that
   starts in a step before its ``complete_on`` first waits for what JAX dispatched, so the span
   never holds the wait for the step, from the first step on.
 - :func:`measure_clock_offset` (collective) measures this process's monotonic-clock offset to
   process 0 by ping-pong (``goodtrace.record.clocksync``) through the ``jax.distributed`` key-value
   store, between two global barriers (``reference = local + offset_ns``, error <= rtt/2).
-- :class:`JaxTransport` carries ``goodtrace.record.live`` windows: one all-gather per log step, built
+- :class:`JaxTransport` carries ``goodtrace.record.live.aggregator`` windows: one all-gather per log step, built
   from ``jax.experimental.multihost_utils``, dispatched asynchronously, read when done.
 
 :func:`instrument` sets all of this up for the active recorder. Importing this module imports
@@ -42,7 +42,8 @@ from goodtrace import schema
 from goodtrace.integrations._common import Disabled, Integration, announce_model
 from goodtrace.integrations._common import warn as _warn
 from goodtrace.record.clocksync import OffsetSample, measure_offset
-from goodtrace.record.jax_compile import (
+from goodtrace.record.recorder import Recorder
+from goodtrace.record.values.jax_compile import (
     COMPILE_EVENTS,
     CompileStats,
     compile_stats,
@@ -50,8 +51,7 @@ from goodtrace.record.jax_compile import (
     is_installed,
     uninstall,
 )
-from goodtrace.record.jax_values import JaxTree, device_barrier
-from goodtrace.record.recorder import Recorder
+from goodtrace.record.values.jax_values import JaxTree, device_barrier
 
 __all__ = [
     "COMPILE_EVENTS",
@@ -174,7 +174,7 @@ class _JaxGather:
 
 
 class JaxTransport:
-    """The ``goodtrace.record.live`` transport over ``jax.distributed``: one row per process.
+    """The ``goodtrace.record.live.aggregator`` transport over ``jax.distributed``: one row per process.
 
     Each vector travels as the raw bits of its float64 values (uint32 pairs, exact even with
     ``jax_enable_x64`` off), padded to ``capacity`` values (the next power of two beyond it)
@@ -229,8 +229,8 @@ class JaxIntegration(Integration):
         clock_sync_rounds: int,
         printer: Callable[[str], None] | None,
     ) -> None:
-        from goodtrace.record.live import LiveAggregator
-        from goodtrace.record.live_transport import LocalTransport, Transport
+        from goodtrace.record.live.aggregator import LiveAggregator
+        from goodtrace.record.live.transport import LocalTransport, Transport
 
         super().__init__(recorder)
         self.clock_sync_every = clock_sync_every
@@ -305,7 +305,7 @@ def instrument(
 
     Installs the compile listeners; with ``jax.distributed`` initialised, measures the clock
     offset to process 0 now and every ``clock_sync_every`` steps (0: only now); with ``live``,
-    reduces metrics across processes every ``log_every`` steps (``goodtrace.record.live``; process 0
+    reduces metrics across processes every ``log_every`` steps (``goodtrace.record.live.aggregator``; process 0
     prints one line per log step through ``printer``, default stdout). Rank and world size
     were already taken from ``jax.distributed`` by ``init``. ``finish()`` closes it.
     """

@@ -4,7 +4,7 @@
 
 * **Device barrier**: with CUDA in use, a blocking span (checkpoint, eval) that starts in a
   step before its ``complete_on`` first waits for the current stream
-  (:func:`goodtrace.record.torch_values.cuda_barrier`), so the span never holds the wait for
+  (:func:`goodtrace.record.values.torch_values.cuda_barrier`), so the span never holds the wait for
   the step, from the first step on.
 * **CUDA step events**: an event on the current stream when each step begins and ends. Once
   they have completed (``query()``, never a synchronisation) the step's device time
@@ -17,7 +17,7 @@
 * **FLOPs**: given (``flops_per_step``) or measured once with :func:`measure_flops`; with
   ``tokens_per_step`` and the device peak they give tokens/s, TFLOP/s and MFU in the live line,
   and are recorded once as the ``model`` event for offline analysis.
-* **Live aggregation** (``goodtrace.record.live``) over a dedicated gloo group created here, and
+* **Live aggregation** (``goodtrace.record.live.aggregator``) over a dedicated gloo group created here, and
   **clock alignment** (``goodtrace.record.clocksync``) at start-up and every ``clock_sync_every`` steps:
   one rank per host measures (ranks of a host share its monotonic clock), hosts in parallel, on
   a background thread over a dedicated gloo group; the training thread only asks for a round.
@@ -53,9 +53,9 @@ from goodtrace.record.clocksync import (
     BackgroundClockSync,
     OffsetSample,
 )
-from goodtrace.record.live import LiveAggregator
-from goodtrace.record.live_transport import LocalTransport, Transport
-from goodtrace.record.torch_values import cuda_barrier
+from goodtrace.record.live.aggregator import LiveAggregator
+from goodtrace.record.live.transport import LocalTransport, Transport
+from goodtrace.record.values.torch_values import cuda_barrier
 
 __all__ = [
     "GlooTransport",

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from goodtrace.record.clocksync import OffsetSample, host_leaders, measure_offset, ping_reference, serve_pings
-from goodtrace.record.live_transport import GatherHandle
+from goodtrace.record.live.transport import GatherHandle
 
 __all__ = ["GlooTransport", "sync_clocks"]
 

@@ -37,8 +37,8 @@ from transformers import TrainerCallback
 
 import goodtrace as gt
 from goodtrace import schema
-from goodtrace.record.line_scalars import PREFIX, line_scalars
-from goodtrace.record.liveline import LiveLine
+from goodtrace.record.live.line import LiveLine
+from goodtrace.record.live.scalars import PREFIX, line_scalars
 from goodtrace.record.recorder import Recorder
 
 __all__ = ["GoodtraceCallback"]

@@ -16,7 +16,7 @@ from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none,
 from goodtrace.read.loaded import LoadError, Progress
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.validate import check_header
-from goodtrace.record.storage import is_url, local_path
+from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = ["COMPACT_DIR", "CompactResult", "compact_manifest", "compact_run"]
 

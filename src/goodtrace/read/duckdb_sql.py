@@ -151,14 +151,28 @@ def _is_too_long(exc: Exception) -> bool:
     return "maximum_object_size" in str(exc)
 
 
+# DuckDB's memory while it parses and reduces the records (it spills beyond it to the load's
+# temporary directory), and once the run model is extracted.
+FOLD_MEMORY = "256MB"
+FETCH_MEMORY = "64MB"
+
+
 def connect(tmpdir: str) -> Any:
     import duckdb
 
     con = duckdb.connect(os.path.join(tmpdir, "run.duckdb"))
     con.execute(f"SET temp_directory={sql_str(os.path.join(tmpdir, 'spill'))}")
-    con.execute("SET memory_limit='1GB'")
+    con.execute(f"SET memory_limit='{FOLD_MEMORY}'")
     con.execute("SET preserve_insertion_order=false")
     return con
+
+
+def settle(con: Any) -> None:
+    """After the extraction: the run model's tables written to the database file and DuckDB's
+    memory cut to what fetching a block of sessions needs, so that its buffers do not sit
+    beside the analysis."""
+    con.execute("CHECKPOINT")
+    con.execute(f"SET memory_limit='{FETCH_MEMORY}'")
 
 
 def create_records_table(con: Any, table: str = "records") -> None:

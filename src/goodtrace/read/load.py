@@ -52,7 +52,7 @@ from goodtrace.read.mirror import mirror_run
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.sessions import number_attempts
 from goodtrace.read.validate import SKIP_REASONS, describe_skipped
-from goodtrace.record.storage import is_url, local_path
+from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = [
     "COMPACT_DIR",
@@ -213,63 +213,68 @@ def _load_run(
         if p in sid_of_file:
             json_by_sid.setdefault(sid_of_file[p], []).append(p)
     parquet = os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)
+    con = None
     try:
         con = duckdb_sql.connect(tmpdir)
-        try:
-            for statement in duckdb_sql.MODEL_TABLES:
-                con.execute(statement)
-            duckdb_sql.insert_rows(
-                con, "sessmain", [(i, int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())]
-            )
-            total = len(json_paths) + (1 if parquet_ok else 0)
-            done = 0
-            if parquet_ok:
-                fid_to_sid = {
-                    int(entry["fid"]): sid_of_file[p] for p, entry in parquet_ok.items() if p in sid_of_file
-                }
-                for fid, sid in fid_to_sid.items():
-                    parquet_fids.setdefault(sid, []).append(fid)
-                duckdb_sql.insert_rows(con, "fidmap", list(fid_to_sid.items()))
-                # A view, not a copy: each query reads only the Parquet columns it needs.
-                con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(parquet)})")
-                # Sessions read from exactly the files a compaction summarised take its stored run
-                # model; the others (grown since, or merged with newer files) are extracted here.
-                stored = stored_run_model(root, manifest) if manifest is not None else None
-                from_model: dict[int, int] = {}
-                if stored is not None:
-                    csid_of = {frozenset(fids): csid for csid, fids in enumerate(stored[1])}
-                    for sid, fids in parquet_fids.items():
-                        csid = csid_of.get(frozenset(fids))
-                        if sid not in json_by_sid and csid is not None:
-                            from_model[sid] = csid
-                    duckdb_sql.insert_rows(con, "csidmap", [(csid, sid) for sid, csid in from_model.items()])
-                    duckdb_sql.read_run_model(con, os.path.join(root, COMPACT_DIR), stored[0])
-                extract = [(fid, sid) for fid, sid in fid_to_sid.items() if sid not in from_model]
-                if extract:
-                    duckdb_sql.insert_rows(con, "foldmap", extract)
-                    duckdb_sql.fold_parquet(con)
-                done += 1
-                if progress is not None:
-                    progress("reading compacted records", done, total)
-            done = duckdb_sql.fold_json(con, json_by_sid, progress, done, total, skips)
+        for statement in duckdb_sql.MODEL_TABLES:
+            con.execute(statement)
+        duckdb_sql.insert_rows(
+            con, "sessmain", [(i, int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())]
+        )
+        total = len(json_paths) + (1 if parquet_ok else 0)
+        done = 0
+        if parquet_ok:
+            fid_to_sid = {
+                int(entry["fid"]): sid_of_file[p] for p, entry in parquet_ok.items() if p in sid_of_file
+            }
+            for fid, sid in fid_to_sid.items():
+                parquet_fids.setdefault(sid, []).append(fid)
+            duckdb_sql.insert_rows(con, "fidmap", list(fid_to_sid.items()))
+            # A view, not a copy: each query reads only the Parquet columns it needs.
+            con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(parquet)})")
+            # Sessions read from exactly the files a compaction summarised take its stored run
+            # model; the others (grown since, or merged with newer files) are extracted here.
+            stored = stored_run_model(root, manifest) if manifest is not None else None
+            from_model: dict[int, int] = {}
+            if stored is not None:
+                csid_of = {frozenset(fids): csid for csid, fids in enumerate(stored[1])}
+                for sid, fids in parquet_fids.items():
+                    csid = csid_of.get(frozenset(fids))
+                    if sid not in json_by_sid and csid is not None:
+                        from_model[sid] = csid
+                duckdb_sql.insert_rows(con, "csidmap", [(csid, sid) for sid, csid in from_model.items()])
+                duckdb_sql.read_run_model(con, os.path.join(root, COMPACT_DIR), stored[0])
+            extract = [(fid, sid) for fid, sid in fid_to_sid.items() if sid not in from_model]
+            if extract:
+                duckdb_sql.insert_rows(con, "foldmap", extract)
+                duckdb_sql.fold_parquet(con)
+            done += 1
             if progress is not None:
-                progress("summarising", total, total)
-            summaries = model_fetch.session_summaries(con)
-            sessions = [
-                session_info(i, draft, summaries.get(i, {})) for i, draft in enumerate(drafts.values())
-            ]
-            record_count = sum(int(s.get("records") or 0) for s in summaries.values())
-            records = model_fetch.session_records(con, range(len(sessions)))
-            models = model_fetch.model_figures(con)
-            attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
-            timelines = model_fetch.load_timelines(con, reference_sessions(sessions, attempts), parquet_fids, json_by_sid)
-            for sid, timeline in timelines.items():
-                if not timeline.model and "model" in models.get(sid, {}):
-                    timeline.model = models[sid]["model"]
-        finally:
+                progress("reading compacted records", done, total)
+        done = duckdb_sql.fold_json(con, json_by_sid, progress, done, total, skips)
+        if progress is not None:
+            progress("summarising", total, total)
+        summaries = model_fetch.session_summaries(con)
+        sessions = [
+            session_info(i, draft, summaries.get(i, {})) for i, draft in enumerate(drafts.values())
+        ]
+        record_count = sum(int(s.get("records") or 0) for s in summaries.values())
+        models = model_fetch.model_figures(con)
+        attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
+        timelines = model_fetch.load_timelines(con, reference_sessions(sessions, attempts), parquet_fids, json_by_sid)
+        for sid, timeline in timelines.items():
+            if not timeline.model and "model" in models.get(sid, {}):
+                timeline.model = models[sid]["model"]
+        duckdb_sql.settle(con)
+        # the analysis fetches each session's columns when it cuts it (a block at a time)
+        records = model_fetch.SessionRecordsSource(
+            con, len(sessions), [s.step_count for s in sessions],
+            lambda: shutil.rmtree(tmpdir, ignore_errors=True))
+    except BaseException:
+        if con is not None:
             con.close()
-    finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+        raise
     form = "jsonl" if not parquet_ok else ("parquet" if not json_paths else "parquet+jsonl")
     _warn_skipped(skips, skipped, warnings)
     warn_about_gaps(sessions, warnings)

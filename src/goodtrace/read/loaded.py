@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from goodtrace import schema
@@ -127,6 +127,10 @@ class SessionRecords:
     events: list[tuple[str, int, int | None]] = dataclasses.field(default_factory=list)  # (name, t, step)
 
 
+def _codes() -> array[int]:
+    return array("i")
+
+
 def _floats() -> array[float]:
     return array("d")
 
@@ -136,18 +140,19 @@ class SessionTimeline:
     """What the step table and its explanations read of the reference rank's sessions, per
     step and as columns (never one object per record: a week-long run has millions): tags and
     metric values that name a step (in time order), each span name's time per step (sorted by
-    step; ``span_names`` in order of first appearance), the model FLOPs the integration
+    step; ``span_names`` in order of first appearance; names as codes into ``names``), the model FLOPs the integration
     recorded, events with their attributes, and the last ``model`` event's attributes."""
 
+    names: tuple[str, ...] = ()  # the names the *_name columns hold codes of
     tag_step: array[int] = dataclasses.field(default_factory=_ints)
-    tag_name: list[str] = dataclasses.field(default_factory=list)
+    tag_name: array[int] = dataclasses.field(default_factory=_codes)
     metric_step: array[int] = dataclasses.field(default_factory=_ints)
-    metric_name: list[str] = dataclasses.field(default_factory=list)
+    metric_name: array[int] = dataclasses.field(default_factory=_codes)
     metric_value: array[float] = dataclasses.field(default_factory=_floats)
     span_step: array[int] = dataclasses.field(default_factory=_ints)
-    span_name: list[str] = dataclasses.field(default_factory=list)
+    span_name: array[int] = dataclasses.field(default_factory=_codes)
     span_ns: array[int] = dataclasses.field(default_factory=_ints)
-    span_names: tuple[str, ...] = ()
+    span_names: tuple[str, ...] = ()  # the span names in order of first appearance
     flops: list[float] = dataclasses.field(default_factory=list)  # flops_per_step metric values
     # name, t, step, attributes (a JSON object, when small)
     events: list[tuple[str, int, int | None, dict[str, Any] | None]] = dataclasses.field(default_factory=list)
@@ -162,7 +167,8 @@ class LoadedRun:
     path: str
     sessions: list[SessionInfo]
     timelines: dict[int, SessionTimeline]
-    session_records: dict[int, SessionRecords] = dataclasses.field(default_factory=dict)
+    # each session's model columns: a dict, or the loader's source that fetches them when asked
+    session_records: MutableMapping[int, SessionRecords] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
     form: str = "jsonl"  # "jsonl", "parquet" or "parquet+jsonl"
     records: int = 0
@@ -177,3 +183,10 @@ class LoadedRun:
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)
     # the analysis consumed the step/sync/span columns of session_records (analyze(release_records=True))
     released: bool = False
+
+    def close(self) -> None:
+        """Release what the loader holds open for the analysis (its DuckDB connection and
+        files); what the analysis kept of each session stays."""
+        close = getattr(self.session_records, "close", None)
+        if close is not None:
+            close()

@@ -6,8 +6,10 @@ needs record by record. :mod:`goodtrace.read.duckdb_sql` fills the tables."""
 
 from __future__ import annotations
 
+import bisect
+import weakref
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 from goodtrace import schema
@@ -75,7 +77,7 @@ def _ints(values: Any) -> array[int]:
 SESSION_BATCH = 1024  # sessions whose model rows are fetched together (bounds the columns in flight)
 
 
-def _vocab(con: Any, table: str, column: str) -> Any:
+def _vocab(con: Any, table: str, column: str, into: str | None = None) -> Any:
     """The distinct strings of a low-cardinality ``column`` (categories, how a sync was taken,
     span names) as one shared Python object each, numbered in table ``vocab_<column>``: queries
     join it and hand out codes, millions of integers instead of millions of strings."""
@@ -84,8 +86,9 @@ def _vocab(con: Any, table: str, column: str) -> Any:
     values = [row[0] for row in con.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall()]
     vocab = np.empty(len(values), dtype=object)
     vocab[:] = [_interned(v) for v in values]
-    con.execute(f"CREATE OR REPLACE TEMP TABLE vocab_{column} ({column} VARCHAR, code INTEGER)")
-    insert_rows(con, f"vocab_{column}", [(v, i) for i, v in enumerate(values)])
+    into = into or f"vocab_{column}"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {into} ({column} VARCHAR, code INTEGER)")
+    insert_rows(con, into, [(v, i) for i, v in enumerate(values)])
     return vocab
 
 
@@ -94,11 +97,89 @@ def _sid_ranges(sids: Sequence[int], size: int) -> Iterable[tuple[int, int]]:
         yield sids[i], sids[min(i + size, len(sids)) - 1]
 
 
+class SessionRecordsSource(MutableMapping[int, SessionRecords]):
+    """Each session's :class:`SessionRecords`, fetched from the run model's tables when asked
+    for, a block of sessions at a time (at most :data:`SESSION_BATCH` sessions and about
+    :data:`BLOCK_ROWS` step executions), so that the analysis holds the columns of one block
+    at a time, however long the run. Entries the analysis sets (what it keeps of a session
+    once cut) replace the fetched ones. It owns the DuckDB connection (and the directory of
+    its database file) until :meth:`close`."""
+
+    def __init__(self, con: Any, count: int, rows: Sequence[int], cleanup: Callable[[], None]) -> None:
+        self._con: Any = con
+        self._count = count
+        self._cleanup = cleanup
+        self._finalizer = weakref.finalize(self, _close_connection, con, cleanup)
+        self._set: dict[int, SessionRecords] = {}
+        self._block: dict[int, SessionRecords] = {}
+        self._vocab: tuple[Any, Any, Any] | None = None
+        starts = [0]
+        held = 0
+        for sid in range(count):  # blocks of consecutive sessions, bounded in sessions and rows
+            held += rows[sid] if sid < len(rows) else 0
+            if sid + 1 < count and (sid + 1 - starts[-1] >= SESSION_BATCH or held >= BLOCK_ROWS):
+                starts.append(sid + 1)
+                held = 0
+        self._starts = starts
+
+    def __getitem__(self, sid: int) -> SessionRecords:
+        if sid in self._set:
+            return self._set[sid]
+        if not 0 <= sid < self._count:
+            raise KeyError(sid)
+        if sid not in self._block:
+            if self._con is None:
+                raise KeyError(f"session {sid}: the run model was closed")
+            k = bisect.bisect_right(self._starts, sid) - 1
+            hi = self._starts[k + 1] if k + 1 < len(self._starts) else self._count
+            self._block = {}  # the previous block's columns go first
+            if self._vocab is None:
+                self._vocab = _vocab(self._con, "m_syncs", "how"), _vocab(self._con, "m_spans", "cat"), \
+                    _vocab(self._con, "m_starts", "name")
+            self._block = _fetch_records(self._con, range(self._starts[k], hi), self._vocab)
+        return self._block[sid]
+
+    def __setitem__(self, sid: int, records: SessionRecords) -> None:
+        self._set[sid] = records
+        self._block.pop(sid, None)
+
+    def __delitem__(self, sid: int) -> None:
+        raise TypeError("sessions cannot be removed from a run")
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self._count))
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, sid: object) -> bool:
+        return isinstance(sid, int) and 0 <= sid < self._count
+
+    def close(self) -> None:
+        """Close the connection and remove its files (entries set by the analysis stay)."""
+        self._block = {}
+        self._con = None
+        self._finalizer()
+
+
+def _close_connection(con: Any, cleanup: Callable[[], None]) -> None:
+    con.close()
+    cleanup()
+
+
+BLOCK_ROWS = 2_000_000  # step executions whose columns are fetched together
+
+
 def session_records(con: Any, sids: Iterable[int]) -> dict[int, SessionRecords]:
     """Every session's :class:`SessionRecords`, as compact columns, fetched for
     :data:`SESSION_BATCH` sessions at a time."""
+    vocab = _vocab(con, "m_syncs", "how"), _vocab(con, "m_spans", "cat"), _vocab(con, "m_starts", "name")
+    return _fetch_records(con, sids, vocab)
+
+
+def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -> dict[int, SessionRecords]:
     out = {sid: SessionRecords() for sid in sids}
-    how, cat, name = _vocab(con, "m_syncs", "how"), _vocab(con, "m_spans", "cat"), _vocab(con, "m_starts", "name")
+    how, cat, name = vocab
     for lo, hi in _sid_ranges(sorted(out), SESSION_BATCH):
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
         for sid, c in _by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"):
@@ -129,12 +210,18 @@ def session_records(con: Any, sids: Iterable[int]) -> dict[int, SessionRecords]:
         ):
             r = out[sid]
             r.starts_step, r.starts_name, r.starts_t0 = _ints(c["step"]), name[c["name"]].tolist(), _ints(c["t0"])
-    for sid, name_, step, value in con.execute("SELECT sid, name, step, last(value) FROM m_device GROUP BY ALL").fetchall():
-        out[sid].device.setdefault(str(name_), {})[int(step)] = float(value)
-    for sid, t, offset, rtt in con.execute("SELECT sid, t, offset_ns, rtt_ns FROM m_clock ORDER BY sid, t").fetchall():
-        out[sid].clock.append((int(t), int(offset), int(rtt)))
-    for sid, name_, t, step in con.execute("SELECT sid, name, t, step FROM m_events ORDER BY sid, t").fetchall():
-        out[sid].events.append((str(name_), int(t), None if step is None else int(step)))
+        for sid, name_, step, value in con.execute(
+            f"SELECT sid, name, step, last(value) FROM m_device WHERE {where} GROUP BY ALL"
+        ).fetchall():
+            out[sid].device.setdefault(str(name_), {})[int(step)] = float(value)
+        for sid, t, offset, rtt in con.execute(
+            f"SELECT sid, t, offset_ns, rtt_ns FROM m_clock WHERE {where} ORDER BY sid, t"
+        ).fetchall():
+            out[sid].clock.append((int(t), int(offset), int(rtt)))
+        for sid, name_, t, step in con.execute(
+            f"SELECT sid, name, t, step FROM m_events WHERE {where} ORDER BY sid, t"
+        ).fetchall():
+            out[sid].events.append((str(name_), int(t), None if step is None else int(step)))
     return out
 
 
@@ -198,35 +285,39 @@ def load_timelines(
         "AND name IN ('model_flops_per_step', 'flops_per_step') ORDER BY sid, t"
     ).fetchall():
         flops.setdefault(int(sid), []).append(float(value))
-    names = _vocab(con, "(SELECT coalesce(name, '?') AS name FROM detail)", "name")
-    tag_name = metric_name = span_name = names
+    names = _vocab(con, "(SELECT coalesce(name, '?') AS name FROM detail)", "name", into="vocab_detail")
+    vocabulary = tuple(names.tolist())
+
+    def codes(values: Any) -> array[int]:
+        return array("i", np.asarray(values, dtype=np.int32).tobytes())
+
     for sid, c in _by_session(
-        con, f"SELECT d.sid, d.step, v.code AS name FROM detail d JOIN vocab_name v ON coalesce(d.name, '?') = v.name "
+        con, f"SELECT d.sid, d.step, v.code AS name FROM detail d JOIN vocab_detail v ON coalesce(d.name, '?') = v.name "
              f"WHERE d.kind = '{schema.TAG}' AND d.t IS NOT NULL AND d.step IS NOT NULL ORDER BY d.sid, d.t"
     ):
-        timelines[sid].tag_step, timelines[sid].tag_name = _ints(c["step"]), tag_name[c["name"]].tolist()
+        timelines[sid].tag_step, timelines[sid].tag_name = _ints(c["step"]), codes(c["name"])
     for sid, c in _by_session(
-        con, f"SELECT d.sid, d.step, v.code AS name, d.value FROM detail d JOIN vocab_name v "
+        con, f"SELECT d.sid, d.step, v.code AS name, d.value FROM detail d JOIN vocab_detail v "
              f"ON coalesce(d.name, '?') = v.name WHERE d.kind = '{schema.METRIC}' AND d.step IS NOT NULL "
              "AND d.value IS NOT NULL ORDER BY d.sid, d.t"
     ):
         tl = timelines[sid]
-        tl.metric_step, tl.metric_name = _ints(c["step"]), metric_name[c["name"]].tolist()
+        tl.metric_step, tl.metric_name = _ints(c["step"]), codes(c["name"])
         tl.metric_value = array("d", np.asarray(c["value"], dtype=np.float64).tobytes())
     for sid, c in _by_session(
         con, f"SELECT s.sid, s.step, v.code AS name, s.ns, s.first FROM (SELECT sid, step, coalesce(name, '?') AS name, "
              "sum(greatest(t0, t1) - t0)::BIGINT AS ns, min(t0) AS first FROM detail "
              f"WHERE kind = '{schema.SPAN}' AND t0 IS NOT NULL AND t1 IS NOT NULL AND step IS NOT NULL GROUP BY ALL) s "
-             "JOIN vocab_name v ON s.name = v.name ORDER BY s.sid, s.step, s.first"
+             "JOIN vocab_detail v ON s.name = v.name ORDER BY s.sid, s.step, s.first"
     ):
         tl = timelines[sid]
         tl.span_step, tl.span_ns = _ints(c["step"]), _ints(c["ns"])
-        names = span_name[c["name"]]
-        tl.span_name = names.tolist()
+        tl.span_name = codes(c["name"])
         first = np.asarray(c["first"], dtype=np.int64)
         order = np.lexsort((np.arange(len(first)), first))  # first appearance in time, then row order
-        tl.span_names = tuple(dict.fromkeys(names[order].tolist()))
+        tl.span_names = tuple(vocabulary[code] for code in dict.fromkeys(np.asarray(c["name"])[order].tolist()))
     for sid, tl in timelines.items():
+        tl.names = vocabulary
         tl.events = [(n, t, s, _json_object(a) or None) for n, t, s, a in by_sid.get(sid, [])]
         tl.flops = flops.get(sid, [])
         models = [attrs for name, _, _, attrs in tl.events if name == "model" and attrs]

@@ -20,7 +20,7 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.read.validate import MAX_LINE_BYTES, SKIP_REASONS, check_record
-from goodtrace.record.storage import is_url, local_path
+from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = [
     "MAX_PROBLEMS_PER_FILE",

@@ -9,18 +9,16 @@ Attempts are discovered here: by launcher restart counter when present, otherwis
 records (a rank cannot appear twice in one attempt). The analytical reader (DuckDB) builds on
 the same file layout and the same attempt rule (:func:`number_attempts`).
 
-Two forms: :func:`read_run` holds every record of the run in memory (small runs, tests);
-:func:`index_run` reads every file once but keeps only each session's header, clock and finish
-records and its latest time (plus a small caller-chosen summary), and
-:meth:`RunIndex.load` then reads one session's records at a time, so a renderer streams a
-run of any length in the memory of its largest session.
+:func:`read_run` holds every record of the run in memory: it is what ``goodtrace records``
+and the tests read, record by record. Reports read runs of any length through the analytical
+reader (:mod:`goodtrace.read.load`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 from goodtrace import schema
@@ -28,7 +26,6 @@ from goodtrace.read.discovery import fold_file_warnings
 from goodtrace.read.segments import (
     SEGMENT_SUFFIX,
     NotARunError,
-    SegmentRecords,
     list_segments,
     parse_segment,
     read_bytes,
@@ -36,13 +33,10 @@ from goodtrace.read.segments import (
 from goodtrace.read.validate import check_header, is_time
 
 __all__ = [
-    "IndexedSession",
     "NotARunError",
     "Run",
-    "RunIndex",
     "Session",
     "assign_attempts",
-    "index_run",
     "number_attempts",
     "read_run",
 ]
@@ -124,11 +118,6 @@ class Run:
                 if kind is None or record.get(schema.F_KIND) == kind:
                     yield session, record
 
-    def load(self, session: Session, keep: Callable[[dict[str, Any]], bool] | None = None) -> Session:
-        """``session`` with all its records: here they are already in memory, returned as they
-        are (``keep`` only matters to :meth:`RunIndex.load`, the streaming form)."""
-        return session
-
 
 S = TypeVar("S", bound="Session")
 
@@ -200,158 +189,6 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
     sessions = sorted(by_session.values(), key=lambda s: (s.start_wall_ns, s.rank))
     assign_attempts(sessions)
     return Run(path=path, sessions=sessions, problems=fold_file_warnings(problems), skipped=skipped)
-
-
-@dataclasses.dataclass
-class IndexedSession(Session):
-    """A session whose records stay on disk (see :func:`index_run`).
-
-    ``records`` holds only its ``clock`` and ``finish`` records (what clock alignment and
-    :attr:`Session.finish` read); its latest time in any record is kept in ``latest_mono``.
-    ``files`` lists its segment files with the number of bytes read from each, so that
-    :meth:`RunIndex.load` decodes exactly the same records again, even while a live run is
-    still appending to them. ``summary`` is what ``index_run``'s ``summarise`` made of it.
-    """
-
-    files: list[tuple[str, int]] = dataclasses.field(default_factory=list)
-    latest_mono: int | None = None
-    summary: Any = None
-
-    @property
-    def last_seen_mono(self) -> int:
-        latest = int(self.header[schema.F_MONO])
-        return self.latest_mono if self.latest_mono is not None and self.latest_mono > latest else latest
-
-
-@dataclasses.dataclass
-class RunIndex(Run):
-    """A run read by :func:`index_run`: its sessions are :class:`IndexedSession` (attempts
-    assigned, problems found) and :meth:`load` reads one session's records when asked."""
-
-    def load(self, session: Session, keep: Callable[[dict[str, Any]], bool] | None = None) -> Session:
-        """The session with its records, read again from its files: all of them, or those for
-        which ``keep(record)`` is true (the others are never held, only decoded)."""
-        if not isinstance(session, IndexedSession):
-            return session
-        records: list[dict[str, Any]] = []
-        for segment, size in session.files:
-            try:
-                data = read_bytes(self.path, segment, size)
-            except OSError:  # gone since it was indexed: its records are missing
-                continue
-            parsed = iter(SegmentRecords(data, segment, []))
-            first = next(parsed, None)
-            if first is not None and first.get(schema.F_KIND) == schema.HEADER:
-                records.extend(parsed if keep is None else filter(keep, parsed))
-        return Session(header=session.header, records=records, segments=session.segments,
-                       torn_lines=session.torn_lines, attempt=session.attempt)
-
-
-# Record kinds index_run keeps: clock and finish on the session, step and sync for summarise.
-_INDEX_KEPT = frozenset({schema.CLOCK, schema.FINISH})
-_SUMMARY_KINDS = frozenset({schema.STEP, schema.SYNC})
-
-
-def index_run(
-    run_dir: str | os.PathLike[str],
-    *,
-    summarise: Callable[[Session], Any] | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> RunIndex:
-    """Read every segment once, keeping per session only what :func:`read_run` would give
-    its header, attempt, clock alignment, finish and last sign of life, in the memory of one
-    file's text. ``summarise`` (optional) is called once per session with a :class:`Session`
-    holding only that session's ``step`` and ``sync`` records (attempt not yet assigned); its
-    result is kept as ``IndexedSession.summary``. ``progress(files done, files)`` after each
-    file. Sessions, attempts and problems are those of ``read_run``.
-    """
-    path = os.fspath(run_dir)
-    problems: list[str] = []
-    skipped: dict[str, int] = {}
-    by_session: dict[str, IndexedSession] = {}
-    segments = list_segments(path, problems)
-    if not segments:
-        raise NotARunError(f"{path!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
-    summarised: set[str] = set()
-    split: set[str] = set()  # sessions whose files are not next to each other in file order
-    current: str | None = None
-    steps_kept: list[dict[str, Any]] = []
-
-    def summarise_current() -> None:
-        if current is not None and summarise is not None:
-            session = by_session[current]
-            session.summary = summarise(Session(header=session.header, records=steps_kept))
-            summarised.add(current)
-
-    span_kind, kept_kinds, summary_kinds = schema.SPAN, _INDEX_KEPT, _SUMMARY_KINDS
-    t1_field, t_field, mono_field, kind_field = schema.F_T1, schema.F_T, schema.F_MONO, schema.F_KIND
-    no_time = float("-inf")  # below every int, so no None test per record
-    keep_steps = summarise is not None
-    for done, (rank_dir, segment) in enumerate(segments, 1):
-        where = f"{rank_dir}/{os.path.basename(segment)}"
-        try:
-            data = read_bytes(path, segment)
-        except OSError as exc:
-            problems.append(f"{where}: cannot be read ({exc.strerror or exc}); skipped")
-            continue
-        own: dict[str, int] = {}
-        own_problems: list[str] = []
-        reader = SegmentRecords(data, where, own_problems, own)
-        records = iter(reader)
-        first = next(records, None)
-        header = _checked_header(first, where, problems) if first is not None else None
-        if header is None:  # its lines are counted as read_run counts them
-            lines = (0 if first is None else 1 + sum(1 for _ in records)) + sum(own.values())
-            if lines:
-                skipped["file_skipped"] = skipped.get("file_skipped", 0) + lines
-            continue
-        session_id, session = _session_of(by_session, header, IndexedSession)
-        if session_id != current:
-            summarise_current()
-            if session_id in summarised:
-                split.add(session_id)
-            current, steps_kept = session_id, []
-        latest: float = no_time if session.latest_mono is None else session.latest_mono
-        kept = session.records
-        for record in records:
-            # Session.last_seen_mono's rule, unrolled (this loop sees every record of the run).
-            get = record.get
-            value = get(t1_field)
-            if is_time(value) and value > latest:
-                latest = value
-            value = get(t_field)
-            if is_time(value) and value > latest:
-                latest = value
-            value = get(mono_field)
-            if is_time(value) and value > latest:
-                latest = value
-            kind = record[kind_field]
-            if kind == span_kind:
-                continue
-            if kind in kept_kinds:
-                kept.append(record)
-            elif keep_steps and kind in summary_kinds:
-                steps_kept.append(record)
-        problems.extend(own_problems)
-        for reason, count in own.items():
-            skipped[reason] = skipped.get(reason, 0) + count
-        session.latest_mono = None if latest == no_time else int(latest)
-        session.segments += 1
-        session.torn_lines += reader.torn
-        session.files.append((segment, len(data)))
-        if progress is not None:
-            progress(done, len(segments))
-    summarise_current()
-    index = RunIndex(path=path, sessions=sorted(by_session.values(), key=lambda s: (s.start_wall_ns, s.rank)),
-                     problems=fold_file_warnings(problems), skipped=skipped)
-    for session_id in split:  # rare: summarised again from all of its files
-        session = by_session[session_id]
-        assert summarise is not None
-        full = index.load(session)
-        session.summary = summarise(Session(header=session.header, records=[
-            r for r in full.records if r.get(schema.F_KIND) in summary_kinds]))
-    assign_attempts(index.sessions)
-    return index
 
 
 def number_attempts(

@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 
 from goodtrace.record.config import Config, ConfigError
 from goodtrace.record.errors import warn
+from goodtrace.record.io.storage import Storage
 from goodtrace.record.noop import NOOP_RECORDER, NoopRecorder
 from goodtrace.record.process import discover_identity
 from goodtrace.record.recorder import Recorder, StepContext
 from goodtrace.record.spans import set_disabled
-from goodtrace.record.storage import Storage
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,7 +56,7 @@ def init(
     Other keyword options are :class:`Config` fields (e.g. ``lag=2``, ``flush_interval_s=5``).
     ``sinks`` (names such as ``"tensorboard:runs/tb"`` or sink objects; default: the
     comma-separated ``GOODTRACE_SINKS``) receive the live lines and the run's summary
-    (``goodtrace.record.sinks``); an unknown name is a :class:`ConfigError`.
+    (``goodtrace.record.live.sinks``); an unknown name is a :class:`ConfigError`.
     """
     global _active_recorder
     resolved = _resolve_sinks(sinks)
@@ -86,7 +86,7 @@ def init(
         _install_sigterm_handler(_active_recorder)
         _install_exception_hooks(_active_recorder)
         if resolved:
-            from goodtrace.record.sinks import attach_sinks
+            from goodtrace.record.live.sinks import attach_sinks
 
             try:
                 attach_sinks(_active_recorder, resolved)
@@ -94,7 +94,7 @@ def init(
                 warn(f"sinks disabled: {exc!r}")
         if "jax" in sys.modules:  # the program already uses JAX: record its compiles from step 0
             try:
-                from goodtrace.record import jax_compile
+                from goodtrace.record.values import jax_compile
 
                 jax_compile.install()
             except Exception:  # an optional feature must never fail init
@@ -108,14 +108,14 @@ def _resolve_sinks(sinks: Sequence[Any] | None) -> list[Any]:
         text = os.environ.get("GOODTRACE_SINKS", "")
         if not text.strip():
             return []
-        from goodtrace.record.sinks import parse_specs
+        from goodtrace.record.live.sinks import parse_specs
 
         sinks = parse_specs(text)
     if isinstance(sinks, (str, bytes)):
         raise ConfigError(f"sinks must be a list of sink names or objects, got the string {sinks!r}")
     if not sinks:
         return []
-    from goodtrace.record.sinks import resolve
+    from goodtrace.record.live.sinks import resolve
 
     return [resolve(sink) for sink in sinks]
 

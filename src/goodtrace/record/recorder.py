@@ -3,7 +3,7 @@ lifecycle.
 
 Device values passed to ``complete_on`` / ``metric`` are kept as handles. A step's sync point
 is when its completion value became ready: the readiness thread
-(:mod:`goodtrace.record.readiness`) tests pending values without waiting and dates them; the
+(:mod:`goodtrace.record.values.readiness`) tests pending values without waiting and dates them; the
 training thread still observes (waits for) them when that is free, when a later step ends (the
 lag), when a blocking span starts, or at ``finish()``, and the earlier of the two dates the
 step, once. Each execution of a step (``seq``) has its own sync point. Records are tuples
@@ -28,15 +28,21 @@ from goodtrace import schema
 from goodtrace.record import spans
 from goodtrace.record.arguments import MAX_NAME_CHARS, name_text, reduction, step_number, timeout_seconds
 from goodtrace.record.config import Config
-from goodtrace.record.encoding import RecordBuffer
 from goodtrace.record.errors import describe, warn
+from goodtrace.record.io.encoding import RecordBuffer
+from goodtrace.record.io.storage import Storage, open_storage
+from goodtrace.record.io.writer import Writer
 from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
-from goodtrace.record.readiness import Pending, PendingMetric, ReadinessThread
 from goodtrace.record.spans import span_key
-from goodtrace.record.storage import Storage, open_storage
 from goodtrace.record.sync_points import _ARRIVED, SyncPoints
-from goodtrace.record.values import COMPLETE, ValueAdapter, adapter_for, finite_or_none, join_completions
-from goodtrace.record.writer import Writer
+from goodtrace.record.values.adapters import (
+    COMPLETE,
+    ValueAdapter,
+    adapter_for,
+    finite_or_none,
+    join_completions,
+)
+from goodtrace.record.values.readiness import Pending, PendingMetric, ReadinessThread
 
 _get_ident = threading.get_ident
 
@@ -142,12 +148,12 @@ class Recorder(SyncPoints):
         self.step_begin_listeners: list[Callable[[int, int], None]] = []  # (step, t0)
         self.finish_listeners: list[Callable[[bool | None, str], None]] = []  # before finishing
         self.overhead_span_listeners: list[Callable[[str, int, int], None]] = []  # (category, t0, t1)
-        # Live lines (goodtrace.record.live) go to these, on the ranks that compute them (sinks).
+        # Live lines (goodtrace.record.live.aggregator) go to these, on the ranks that compute them (sinks).
         self.line_listeners: list[Callable[[Any], None]] = []
         # Called after the files are closed (sinks read the finished run back for a summary).
         self.after_finish_listeners: list[Callable[[bool | None, str], None]] = []
         self.live_aggregator: Any = None  # the LiveAggregator attached to this recorder, if any
-        self.sink_hub: Any = None  # goodtrace.record.sinks.SinkHub, when gt.init was given sinks
+        self.sink_hub: Any = None  # goodtrace.record.live.sinks.SinkHub, when gt.init was given sinks
         self.clock_offset_ns: int | None = None  # reference (rank 0) clock - this clock, when measured
         real_clock = clock is time.perf_counter_ns
         proc_start, proc_source = process_start_mono_ns() if real_clock else (clock(), "clock")

@@ -1,6 +1,6 @@
 """Sync points: when each step execution's completion value became ready, written once.
 
-The readiness thread (:mod:`goodtrace.record.readiness`) tests pending values without waiting
+The readiness thread (:mod:`goodtrace.record.values.readiness`) tests pending values without waiting
 and dates the ones it finds complete (:meth:`SyncPoints._on_ready`); the training thread
 observes (waits for) values when that is free, ``lag`` steps later (:meth:`SyncPoints._settle_lagged`),
 when a blocking span starts or at ``finish()`` (:meth:`SyncPoints.settle`), and the earlier of
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from goodtrace import schema
 from goodtrace.record.config import Config
-from goodtrace.record.encoding import RecordBuffer
-from goodtrace.record.readiness import Pending, PendingMetric
-from goodtrace.record.values import ValueAdapter, finite_or_none
+from goodtrace.record.io.encoding import RecordBuffer
+from goodtrace.record.values.adapters import ValueAdapter, finite_or_none
+from goodtrace.record.values.readiness import Pending, PendingMetric
 
 if TYPE_CHECKING:
     from goodtrace.record.recorder import StepContext

@@ -16,9 +16,9 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from goodtrace.record.line_scalars import PREFIX, line_scalars
-from goodtrace.record.liveline import LiveLine
-from goodtrace.record.sinks import RANK_CHOICES, RANK_ZERO, SinkError, SinkRun
+from goodtrace.record.live.line import LiveLine
+from goodtrace.record.live.scalars import PREFIX, line_scalars
+from goodtrace.record.live.sinks import RANK_CHOICES, RANK_ZERO, SinkError, SinkRun
 
 __all__ = ["PREFIX", "ScalarSink", "line_scalars", "replay", "row_scalars", "summary_values"]
 

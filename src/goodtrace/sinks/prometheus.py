@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from goodtrace.record.errors import warn
-from goodtrace.record.liveline import LiveLine
-from goodtrace.record.sinks import FIRST_ON_HOST, SinkError, SinkRun
+from goodtrace.record.live.line import LiveLine
+from goodtrace.record.live.sinks import FIRST_ON_HOST, SinkError, SinkRun
 from goodtrace.sinks._base import ScalarSink, analyse_run
 
 DEFAULT_PORT = 9464

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError
     from goodtrace.read.sessions import NotARunError, read_run
     from goodtrace.read.validate import describe_skipped
-    from goodtrace.record.storage import is_url
+    from goodtrace.record.io.storage import is_url
     from goodtrace.renderers.text import printable
 
     try:

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 from goodtrace.record.config import Config
-from goodtrace.record.encoding import MAX_ATTRS_CHARS, RecordBuffer, _Encoder
 from goodtrace.record.errors import warn
-from goodtrace.record.storage import Storage, TornWriteError
+from goodtrace.record.io.encoding import MAX_ATTRS_CHARS, RecordBuffer, _Encoder
+from goodtrace.record.io.storage import Storage, TornWriteError
 
 CHUNK_RECORDS = 32_768  # records per chunk handed to the I/O thread (about 4-5 MiB of JSON)
 POLL_S = 0.02  # how often the flusher looks for a full chunk between heartbeats

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from goodtrace.record.value_types import COMPLETE, HostNumber, UnsupportedValue
+from goodtrace.record.values.protocol import COMPLETE, HostNumber, UnsupportedValue
 
 
 def cuda_barrier(device: Any = None) -> None:

@@ -1,7 +1,7 @@
 """What a record looks like on its way to disk: the bounded buffer the training thread appends
 to, and the encoder that turns record tuples into JSON lines on the writer's thread (runs of
 plain spans in one C call, ``_speedups.encode_plain_spans``, when the extension was built;
-the same lines in Python otherwise). :mod:`goodtrace.record.writer` moves them to storage."""
+the same lines in Python otherwise). :mod:`goodtrace.record.io.writer` moves them to storage."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from goodtrace.record.config import ConfigError
 from goodtrace.record.errors import warn
-from goodtrace.record.liveline import LiveLine
+from goodtrace.record.live.line import LiveLine
 
 __all__ = [
     "BUILTIN_SINKS",
@@ -320,8 +320,8 @@ def attach_sinks(
             return
         started = True
         if recorder.live_aggregator is None:
-            from goodtrace.record.live import LiveAggregator
-            from goodtrace.record.live_transport import LocalTransport
+            from goodtrace.record.live.aggregator import LiveAggregator
+            from goodtrace.record.live.transport import LocalTransport
 
             aggregator = LiveAggregator(recorder, LocalTransport(), log_every=log_every, printer=_silent)
             aggregator.replaceable = True

@@ -36,9 +36,9 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.record.errors import warn
-from goodtrace.record.live_names import NAME_FLOATS, MetricNames
-from goodtrace.record.live_transport import GatherHandle, LocalTransport, Transport
-from goodtrace.record.liveline import LiveLine, MetricSummary, format_bytes, format_line
+from goodtrace.record.live.line import LiveLine, MetricSummary, format_bytes, format_line
+from goodtrace.record.live.names import NAME_FLOATS, MetricNames
+from goodtrace.record.live.transport import GatherHandle, LocalTransport, Transport
 
 __all__ = [
     "GatherHandle",

@@ -2,7 +2,7 @@
 
 An adapter is chosen by the value's type, once per type, without importing any framework:
 Python numbers and NumPy values are host values (complete on arrival); torch tensors and JAX
-arrays are handled by ``goodtrace.record.torch_values`` / ``goodtrace.record.jax_values``, imported only
+arrays are handled by ``goodtrace.record.values.torch_values`` / ``goodtrace.record.values.jax_values``, imported only
 when such a value is first passed. Any other type takes part through
 :func:`register_value_type`, or through methods of its own (duck-typed):
 
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from goodtrace.record.value_types import COMPLETE, HostNumber, UnsupportedValue, ValueAdapter
+from goodtrace.record.values.protocol import COMPLETE, HostNumber, UnsupportedValue, ValueAdapter
 
 __all__ = [
     "COMPLETE",
@@ -163,9 +163,9 @@ _HOST = HostNumber()
 _JOINED = _Sequence()
 _ADAPTERS: dict[type, ValueAdapter] = {int: _HOST, float: _HOST, bool: _HOST}
 _LAZY_MODULES: tuple[tuple[str, str], ...] = (
-    ("torch", "goodtrace.record.torch_values"),
-    ("jax", "goodtrace.record.jax_values"),
-    ("jaxlib", "goodtrace.record.jax_values"),
+    ("torch", "goodtrace.record.values.torch_values"),
+    ("jax", "goodtrace.record.values.jax_values"),
+    ("jaxlib", "goodtrace.record.values.jax_values"),
 )
 
 
@@ -238,7 +238,7 @@ def _find_adapter(value: Any) -> ValueAdapter:
     if isinstance(value, (tuple, list, dict)):
         return _Sequence()
     if "jax" in sys.modules:  # a registered JAX pytree class (flax TrainState, equinox Module, ...)
-        tree = importlib.import_module("goodtrace.record.jax_values").adapter_for_pytree(value)
+        tree = importlib.import_module("goodtrace.record.values.jax_values").adapter_for_pytree(value)
         if tree is not None:
             return tree  # type: ignore[no-any-return]
     raise UnsupportedValue(

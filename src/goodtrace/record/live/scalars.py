@@ -5,7 +5,7 @@ Naming only: every value is the live line's own.
 
 from __future__ import annotations
 
-from goodtrace.record.liveline import LiveLine
+from goodtrace.record.live.line import LiveLine
 
 PREFIX = "goodtrace"
 

@@ -1,7 +1,7 @@
 """The value-adapter protocol: how goodtrace tests, waits on and reads one kind of value.
 
-A leaf of the recording layer: the adapter registry (:mod:`goodtrace.record.values`) and the
-framework adapters (:mod:`goodtrace.record.torch_values`, :mod:`goodtrace.record.jax_values`)
+A leaf of the recording layer: the adapter registry (:mod:`goodtrace.record.values.adapters`) and the
+framework adapters (:mod:`goodtrace.record.values.torch_values`, :mod:`goodtrace.record.values.jax_values`)
 all build on it, and it imports none of them.
 """
 

@@ -5,7 +5,7 @@ A ``jax.Array`` is ready when ``Array.is_ready()`` says so (a non-blocking probe
 asynchronous too. A pytree of arrays (``JaxTree``, or any value JAX flattens) is ready when
 every leaf is. The device barrier (before a blocking span in a step with no completion value
 yet) is :func:`device_barrier`. Importing this module also installs the JAX compile listeners
-(:func:`goodtrace.record.jax_compile.install`), so compilations are recorded from then on even
+(:func:`goodtrace.record.values.jax_compile.install`), so compilations are recorded from then on even
 when the program never calls ``install()`` itself.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import jax
 
-from goodtrace.record import jax_compile
-from goodtrace.record.value_types import UnsupportedValue
+from goodtrace.record.values import jax_compile
+from goodtrace.record.values.protocol import UnsupportedValue
 
 
 def device_barrier() -> None:
@@ -143,7 +143,7 @@ def adapter_for_value(value: Any) -> JaxArrayAdapter | JaxTreeAdapter:
 def adapter_for_pytree(value: Any) -> JaxTreeAdapter | None:
     """The pytree adapter when ``value`` is a registered JAX pytree node (a flax
     ``TrainState``, an equinox module, ...) holding at least one ``jax.Array``; else None.
-    For :mod:`goodtrace.record.values` to try before giving up on an unknown type."""
+    For :mod:`goodtrace.record.values.adapters` to try before giving up on an unknown type."""
     leaves = jax.tree_util.tree_leaves(value)
     if len(leaves) == 1 and leaves[0] is value:
         return None  # not a container: JAX treats it as a leaf
