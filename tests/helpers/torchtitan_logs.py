@@ -55,3 +55,68 @@ def write_logs(out: Path, ranks: int = 2, extra_env: dict[str, str] | None = Non
              for rank in range(ranks)]
     for proc in procs:
         assert proc.wait(timeout=120) == 0
+
+
+TRAINER = """
+import sys, time
+import torch
+from torchtitan.observability import structured_logger as sl
+
+out = sys.argv[1]
+sl.init_structured_logger(source="training", output_dir=out, rank=0)
+
+
+class Trainer:  # the shape of torchtitan's Trainer.train_step: spans, scalars, model_parts
+    def __init__(self):
+        torch.manual_seed(0)
+        self.model_parts = [torch.nn.Linear(8, 1)]
+        self.optimizer = torch.optim.SGD(self.model_parts[0].parameters(), lr=0.1)
+        self.losses = []
+
+    @sl.log_trace_span("fwd_bwd")
+    def forward_backward_step(self, x, y):
+        loss = torch.nn.functional.mse_loss(self.model_parts[0](x), y)
+        loss.backward()
+        return loss
+
+    def train_step(self, step):
+        with sl.log_trace_span("fetching_batch"):
+            x, y = torch.randn(16, 8), torch.randn(16, 1)
+        sl.log_trace_scalar({"local_valid_tokens": 16})
+        loss = self.forward_backward_step(x, y).detach()
+        with sl.log_trace_span("optim"):
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        with sl.log_trace_span("collect_dist_metrics"):
+            global_avg_loss = float(loss.item())
+        self.losses.append(global_avg_loss)
+
+
+trainer = Trainer()
+sl.log_trace_instant("training_start")
+for step in range(1, STEPS + 1):
+    sl.set_step(step)
+    with sl.log_trace_span("step"):
+        if step == 2:
+            with sl.log_trace_span("gc_collect"):
+                sl.add_step_tag("gc")
+        trainer.train_step(step)
+        if step == 4:
+            with sl.log_trace_span("checkpoint_save"):
+                sl.add_step_tag("checkpoint_save")
+                time.sleep(0.02)
+with sl.log_trace_span("torch_distributed_teardown"):
+    pass
+print(" ".join(repr(v) for v in trainer.losses))
+"""
+
+
+def run_trainer(out: Path, run_dir: Path) -> list[float]:
+    """torchtitan's logger with its JSONL handler and goodtrace's; returns the logged losses."""
+    handlers = ("torchtitan.observability.structured_logger.jsonl_handler.register_jsonl_handler,"
+                "goodtrace.integrations.torchtitan.register_handler")
+    env = dict(os.environ, TITAN_STRUCT_LOGGER_HANDLERS=handlers, GOODTRACE_RUN_DIR=str(run_dir))
+    done = subprocess.run([sys.executable, "-c", f"STEPS = {STEPS}\n" + TRAINER, str(out)], env=env,
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    return [float(v) for v in done.stdout.split()]

@@ -65,7 +65,8 @@ def _rank_with_mlflow(rank: int, world: int, port: int, run_dir: str, uri: str) 
     from goodtrace.sinks.mlflow import MlflowSink
 
     sink = MlflowSink(uri, all_ranks=True)
-    train(Path(run_dir), [sink], rank=rank, world_size=world)
+    # ranks take turns creating the store: on a loaded machine each turn takes seconds
+    train(Path(run_dir), [sink], rank=rank, world_size=world, finish_timeout_s=120)
     assert sink.run_id is not None, f"rank {rank}'s sink did not open"
 
 
