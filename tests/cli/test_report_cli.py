@@ -137,3 +137,17 @@ def test_html_gantt_steps_option(tmp_path: Path) -> None:
     assert done.returncode == 2 and "add --html FILE" in done.stderr
     done = goodtrace("report", str(RESTART), "--html", str(target), "--gantt-steps", "500:")
     assert done.returncode == 0 and "holds no step of the run" in done.stderr
+
+
+def test_a_peak_so_small_that_mfu_is_infinite_gives_no_mfu_and_a_warning_in_every_view(tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    done = goodtrace("report", str(RESTART), "--flops-per-step", "1e12", "--peak-tflops", "1e-312",
+                     "--html", str(page), "--json")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    report = json.loads(done.stdout)
+    assert report["program"]["mfu"] is None
+    assert any("MFU cannot be computed" in w for w in report["warnings"])
+    assert page.stat().st_size > 0 and "Infinity" not in page.read_text(encoding="utf-8")
+    console = goodtrace("report", str(RESTART), "--flops-per-step", "1e12", "--peak-tflops", "1e-312")
+    assert console.returncode == 0 and "MFU cannot be computed" in console.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -84,7 +85,12 @@ def program_goodput(
     mfu = None
     if flops_per_step is not None and peak_flops and productive_s > 0:
         mfu = flops_per_step * counted / productive_s / (peak_flops * devices)
-        if warnings is not None and mfu > 1.0:
+        if not math.isfinite(mfu):
+            if warnings is not None:
+                warnings.append(f"MFU cannot be computed from FLOPs per step {flops_per_step:g} and a peak of "
+                                f"{peak_flops:g} FLOP/s per device (it is not a finite number): check both")
+            mfu = None
+        elif warnings is not None and mfu > 1.0:
             warnings.append(f"MFU comes out at {mfu:.0%}, above 100%: the FLOPs per step ({flops_per_step:g}) or the "
                             f"peak ({peak_flops:g} FLOP/s per device) is wrong")
     since_start = timeline.end - (submit_wall if submit_wall is not None and submit_wall < timeline.start

@@ -97,6 +97,45 @@ class CompactResult:
     problems: list[str] = dataclasses.field(default_factory=list)  # files left out, long lines
 
 
+WORK_PREFIX = "work-"  # compact/work-<pid>-*: a compaction in progress
+
+
+def _remove_leftovers(out_dir: str) -> None:
+    """What a killed compaction left in ``out_dir``: its work directory (DuckDB's files) and
+    the ``.partial`` files it was writing. Nothing is removed while another compaction of the
+    run is alive (its work directory names its process)."""
+    alive = False
+    stale = []
+    for name in os.listdir(out_dir):
+        full = os.path.join(out_dir, name)
+        if name.startswith(WORK_PREFIX) and os.path.isdir(full):
+            pid = name[len(WORK_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and _alive(int(pid)):
+                alive = True
+            else:
+                stale.append(full)
+    if alive:
+        return
+    for full in stale:
+        shutil.rmtree(full, ignore_errors=True)
+    for name in os.listdir(out_dir):
+        if name.endswith(".partial"):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(out_dir, name))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = None) -> CompactResult:
     """Write RUN/compact/records.parquet (every line of every segment, with its file id and why
     it is no valid record, NULL for a record) and a manifest of the segments it covers (path,
@@ -130,9 +169,12 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
     segments = readable
     out_dir = os.path.join(root, COMPACT_DIR)
     os.makedirs(out_dir, exist_ok=True)
+    _remove_leftovers(out_dir)
     target = os.path.join(out_dir, COMPACT_RECORDS)
     partial = target + ".partial"
-    tmpdir = tempfile.mkdtemp(prefix="goodtrace-compact-")
+    # DuckDB's database and spill files live beside the copy (the run's own disk, and found
+    # again by the next compaction if this one is killed), never in a system temp directory
+    tmpdir = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=out_dir)
     import duckdb
 
     try:

@@ -81,6 +81,35 @@ def _unchanged(path: str, entry: dict[str, Any]) -> bool:
     return info.st_size == entry.get("size") and (mtime is None or info.st_mtime_ns == mtime)
 
 
+def _identities(paths: list[str]) -> dict[str, tuple[int, int]]:
+    """Each file's (inode, size) now; a file that is gone is left out."""
+    out = {}
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        out[path] = (info.st_ino, info.st_size)
+    return out
+
+
+def _warn_changed(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], warnings: list[str]) -> None:
+    """Segments deleted, replaced or cut short while they were read: their records may be
+    missing from the numbers (a file that grew is a live run, read up to where it was)."""
+    for path, (inode, size) in before.items():
+        now = after.get(path)
+        if now is None:
+            why = "was deleted"
+        elif now[0] != inode:
+            why = "was replaced by another file"
+        elif now[1] < size:
+            why = f"shrank from {size:,} to {now[1]:,} bytes"
+        else:
+            continue
+        warnings.append(f"{where_of(path)} {why} while the report read it: some of its records may be missing "
+                        "from the numbers; report again on a run nobody is changing")
+
+
 def _segment_paths(root: str, warnings: list[str]) -> list[str]:
     return [path for _, path in list_segments(root, warnings)]
 
@@ -123,17 +152,23 @@ def load_run(
     """
     import duckdb
 
+    listed: dict[str, tuple[int, int]] = {}  # the JSON segments as the first try found them
     try:
-        return _load_run(run_dir, progress=progress, use_compact=use_compact)
+        return _load_run(run_dir, progress=progress, use_compact=use_compact, listed=listed)
     except duckdb.Error as exc:
-        if not use_compact:
+        changed: list[str] = []
+        _warn_changed(listed, _identities(list(listed)), changed)
+        if not use_compact and not changed:
             raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
         first = str(exc).splitlines()[0]
-    try:
+    try:  # again, without the compacted copy and with the files as they are now
         loaded = _load_run(run_dir, progress=progress, use_compact=False)
     except duckdb.Error as exc:
         raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
-    loaded.warnings.insert(0, f"the compacted copy could not be read ({first}); read the JSON lines instead")
+    if changed:
+        loaded.warnings[:0] = changed
+    else:
+        loaded.warnings.insert(0, f"the compacted copy could not be read ({first}); read the JSON lines instead")
     return loaded
 
 
@@ -142,6 +177,7 @@ def _load_run(
     *,
     progress: Progress | None,
     use_compact: bool,
+    listed: dict[str, tuple[int, int]] | None = None,
 ) -> LoadedRun:
     path = os.fspath(run_dir)
     warnings: list[str] = []
@@ -182,6 +218,9 @@ def _load_run(
         except OSError as exc:
             warnings.append(f"{where_of(p)}: cannot be read ({exc.strerror or exc}); skipped")
     json_paths = readable
+    if listed is None:
+        listed = {}
+    listed.update(_identities(json_paths))
     skipped: dict[str, int] = {}
 
     def lines_of(p: str) -> int | None:
@@ -276,6 +315,7 @@ def _load_run(
         shutil.rmtree(tmpdir, ignore_errors=True)
         raise
     form = "jsonl" if not parquet_ok else ("parquet" if not json_paths else "parquet+jsonl")
+    _warn_changed(listed, _identities(json_paths), warnings)
     _warn_skipped(skips, skipped, warnings)
     warn_about_gaps(sessions, warnings)
     for s in sessions:

@@ -36,6 +36,7 @@ from goodtrace.analysis.selection import StepRange
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.raw import session_records
 from goodtrace.renderers.html_charts import Gantt, Heatmap, choose_gantt_range, rounded
+from goodtrace.renderers.json_report import finite
 
 __all__ = ["ECHARTS_VERSION", "HtmlRenderer", "html_page", "render_html", "report_data"]
 
@@ -59,10 +60,13 @@ def _no_surrogates(value: Any) -> Any:
 
 
 def embed_json(value: Any) -> str:
-    """JSON that is inert inside an HTML ``<script type="application/json">`` element."""
+    """JSON that is inert inside an HTML ``<script type="application/json">`` element (a number
+    that is not finite is null, as in ``--json``)."""
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         text.encode("utf-8")
+    except ValueError:
+        return embed_json(finite(value))
     except UnicodeEncodeError:
         text = json.dumps(_no_surrogates(value), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     return text.translate(_JSON_ESCAPES)
