@@ -82,3 +82,24 @@ def test_converted_once_and_again_when_a_log_grows(logs: Path, tmp_path: Path) -
     converted = converted_run(str(copy), cache_dir=str(tmp_path))
     lines = next(Path(converted).glob("rank-00000/*.jsonl")).read_text().splitlines()
     assert len(lines) == before + 1 and any('"late_event"' in line for line in lines)
+
+
+def test_damaged_logs_are_read_with_what_they_hold_and_say_what_was_left_out(logs: Path, tmp_path: Path) -> None:
+    from goodtrace.read.torchtitan import log_files
+
+    copy = tmp_path / "damaged" / "structured_logs"
+    copy.mkdir(parents=True)
+    for path in log_files(str(logs)):
+        lines = Path(path).read_text().splitlines()
+        if ".global_rank_0." in path:
+            lines.insert(5, "this is not JSON")
+            orphan = dict(json.loads(lines[6]), log_type="event", log_type_name="never_started_end", seq_id=-1)
+            lines.insert(6, json.dumps(orphan))  # an _end without its _start: times no span
+        (copy / Path(path).name).write_text("\n".join(lines) + "\n")
+    (copy / "training.global_rank_2.20260101-000000-EMPTY0.jsonl").write_text("")  # no process
+    done = goodtrace("report", "--json", str(copy.parent), cache=tmp_path / "cache")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["attempts"][0]["ranks"] == 2 and [r["step"] for r in report["steps"]] == list(range(1, STEPS + 1))
+    assert sum(report["skipped_lines"].values()) == 1, report["skipped_lines"]
+    assert any("skipped" in w for w in report["warnings"]), report["warnings"]

@@ -55,7 +55,10 @@ def load_and_analyse(run_dir: str, **options: Any) -> tuple[LoadedRun, RunAnalys
         raise CommandError(f"{run_dir!r} does not exist")
     caveat = None
     if not is_url(run_dir) and is_torchtitan_logs(local_path(run_dir)):  # read as they are, converted once
-        run_dir, caveat = converted_run(local_path(run_dir)), CAVEAT
+        try:
+            run_dir, caveat = converted_run(local_path(run_dir)), CAVEAT
+        except OSError as exc:
+            raise CommandError(f"cannot convert torchtitan's logs in {run_dir!r}: {exc}") from None
     update, stop = progress_bar()
     try:
         loaded = load_run(run_dir, progress=update)

@@ -94,14 +94,14 @@ def converted_run(path: str, cache_dir: str | None = None) -> str:
         pass
     building = f"{target}.part-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
-    sessions = [_read(f) for f in files]
+    sessions = [session for session in map(_read, files) if session.lines]  # an empty file: no process
     world = len({s.rank for s in sessions}) or 1
     for session in sessions:
         rank_dir = os.path.join(building, f"rank-{session.rank:05d}")
         os.makedirs(rank_dir, exist_ok=True)
         with open(os.path.join(rank_dir, f"{session.session}.00000.jsonl"), "w") as out:
             for record in session.records(world):
-                out.write(json.dumps(record, separators=(",", ":")) + "\n")
+                out.write((record if isinstance(record, str) else json.dumps(record, separators=(",", ":"))) + "\n")
     os.makedirs(building, exist_ok=True)
     with open(os.path.join(building, STATE_FILE), "w") as file:
         json.dump(state, file)
@@ -122,18 +122,19 @@ def _trainer_files(files: list[str]) -> list[str]:
 class _Session:
     """One torchtitan log file: one process of one rank."""
 
-    def __init__(self, path: str, lines: list[dict[str, Any]]) -> None:
+    def __init__(self, path: str, lines: list[dict[str, Any]], unreadable: list[str]) -> None:
         match = FILE_NAME.match(os.path.basename(path))
         assert match is not None
         self.rank = int(match.group("rank"))
         self.session = re.sub(r"[^A-Za-z0-9_-]", "-", f"torchtitan-{match.group('stamp')}-{self.rank}")
         self.lines = lines
+        self.unreadable = unreadable  # copied as they are: goodtrace's reader counts and names them
         first = lines[0] if lines else {}
         self.host = str(first.get("host_name") or "")
         self.pid = int(first.get("pid") or 0)
         self.local_rank = int(first.get("local_rank") or 0)
 
-    def records(self, world: int) -> Iterator[dict[str, Any]]:
+    def records(self, world: int) -> Iterator[dict[str, Any] | str]:
         times = [_time_ns(line) for line in self.lines]
         start = min(times) if times else 0
         end = max(times) if times else 0
@@ -146,6 +147,7 @@ class _Session:
             schema.H_SEGMENT: 0, schema.F_WALL: start, schema.F_MONO: start,  # one clock: the host's wall clock
         }
         yield from self._body()
+        yield from self.unreadable
         yield {schema.F_KIND: schema.HEARTBEAT, schema.F_WALL: end, schema.F_MONO: end, schema.F_DROPPED: 0}
 
     def _body(self) -> Iterator[dict[str, Any]]:
@@ -203,13 +205,16 @@ def _time_ns(line: dict[str, Any]) -> int:
 
 def _read(path: str) -> _Session:
     lines: list[dict[str, Any]] = []
+    unreadable: list[str] = []
     with open(path, encoding="utf-8", errors="replace") as file:
         for text in file:
             try:
                 record = json.loads(text)
             except ValueError:
-                continue  # a torn last line, or text that is not JSON: not a record
+                if text.strip():
+                    unreadable.append(text.rstrip("\n"))  # not JSON: the reader skips and counts it
+                continue
             if isinstance(record, dict) and isinstance(record.get("time_us"), int):
                 lines.append(record)
-    lines.sort(key=lambda r: (r.get("seq_id", 0), r["time_us"]))
-    return _Session(path, lines)
+    lines.sort(key=lambda r: (r.get("seq_id", 0) if isinstance(r.get("seq_id"), int) else 0, r["time_us"]))
+    return _Session(path, lines, unreadable)
