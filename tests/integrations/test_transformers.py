@@ -31,6 +31,11 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _train(tmp_path: Path, **callback_options: Any) -> Any:
+    return _trainer(tmp_path, [], **callback_options).callback_handler.callbacks_goodtrace
+
+
+def _trainer(tmp_path: Path, report_to: list[str], **callback_options: Any) -> Any:
+    """A Trainer that has trained (``.callback_handler.callbacks_goodtrace``: goodtrace's callback)."""
     from goodtrace.integrations.transformers import GoodtraceCallback
 
     torch.manual_seed(0)
@@ -41,13 +46,14 @@ def _train(tmp_path: Path, **callback_options: Any) -> Any:
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=4,
         per_device_eval_batch_size=8, eval_strategy="steps", eval_steps=3, save_steps=3, logging_steps=2,
-        report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, save_total_limit=1,
+        report_to=report_to, use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, save_total_limit=1,
     )
     callback = GoodtraceCallback(tmp_path / "run", **callback_options)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, eval_dataset=rows[:8],
                                    callbacks=[callback])
     trainer.train()
-    return callback
+    trainer.callback_handler.callbacks_goodtrace = callback
+    return trainer
 
 
 def test_the_trainer_s_steps_evaluations_and_saves_are_in_the_report(tmp_path: Path) -> None:
@@ -83,3 +89,49 @@ def test_sinks_given_to_the_callback_get_the_trainer_s_live_lines(tmp_path: Path
     _train(tmp_path, sinks=[capture])
     assert [line.step for line in capture.lines] == [2, 4, 6]  # a line every logging_steps
     assert capture.lines[0].metrics["loss"].value > 0 and capture.closed is True
+
+
+def test_goodtrace_s_figures_reach_the_log_history_and_the_reporting_integrations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``report_to=["tensorboard", "mlflow"]`` and goodtrace's own MLflow sink: the live line's
+    figures are in ``log_history``, TensorBoard's event files (read with its EventAccumulator)
+    and the Trainer's MLflow run, which is also where the sink logged (MlflowClient)."""
+    mlflow = pytest.importorskip("mlflow")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from goodtrace.sinks import line_scalars
+    from helpers.sinks import CaptureSink
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "hf")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    capture = CaptureSink()
+    trainer = _trainer(tmp_path, ["tensorboard", "mlflow"], sinks=[capture, "mlflow"])
+    try:
+        lines = {line.step: line_scalars(line) for line in capture.lines}
+        logged = [entry for entry in trainer.state.log_history if "goodtrace/step" in entry]
+        # a window's line is ready a step after it (lag 1): each training log carries the
+        # previous window's (none yet at step 2), never an evaluation's log
+        assert [(entry["step"], entry["goodtrace/step"]) for entry in logged] == [(4, 2), (6, 4)]
+        assert all("loss" in entry for entry in logged)
+        for entry in logged:
+            line = lines[int(entry["goodtrace/step"])]
+            assert entry["goodtrace/step_time_s"] == line["goodtrace/step_time_s"]
+            assert entry["goodtrace/goodput/attempt"] == line["goodtrace/goodput/attempt"]
+        assert not any(k.startswith("goodtrace/metric/") for e in trainer.state.log_history for k in e)
+
+        events = EventAccumulator(str(tmp_path / "tb")).Reload()
+        step_times = {e.step: e.value for e in events.Scalars("train/goodtrace/step_time_s")}
+        assert step_times == {e["step"]: pytest.approx(e["goodtrace/step_time_s"]) for e in logged}
+        assert not any("goodtrace/metric" in tag for tag in events.Tags()["scalars"])
+
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("hf").experiment_id])
+        history = client.get_metric_history(run.info.run_id, "goodtrace/goodput/attempt")
+        assert {m.step for m in history} >= {4, 6}
+        assert client.get_metric_history(run.info.run_id, "goodtrace/summary/goodput")  # the sink's, same run
+        assert "loss" in run.data.metrics  # the Trainer's own, through report_to
+    finally:
+        mlflow.end_run()

@@ -18,7 +18,8 @@ import pytest
 
 import goodtrace as gt
 from helpers.ranks import free_port
-from helpers.sinks import CaptureSink
+from helpers.sinks import CaptureSink, train
+from helpers.sinks_expected import expected_summary
 
 pytest.importorskip("prometheus_client")
 PROMETHEUS = shutil.which("prometheus")
@@ -127,7 +128,69 @@ def test_prometheus_scrapes_the_latest_live_line(prometheus_server: Any, tmp_pat
             assert value is not None
             assert _value(server, expression) == pytest.approx(value, rel=1e-9, abs=1e-12), expression
         assert line.overhead_total_s["checkpoint_save"] >= 0.01
+        # unknown figures are absent, not 0: no FLOPs (no MFU), no summary before the end
+        for absent in ("goodtrace_mfu_ratio", "goodtrace_tflops_per_second", "goodtrace_summary_goodput_ratio"):
+            assert query(server, absent) == [], absent
+
+        for step in range(12, 22):  # the window of step 20 has no checkpoint
+            with gt.step(step):
+                time.sleep(0.002)
+        _wait_for(lambda: _scraped_step(server) == 20, "Prometheus to scrape step 20")
+        assert _value(server, 'goodtrace_overhead_seconds{category="checkpoint_save"}') == 0.0
     finally:
         gt.finish()
-    with pytest.raises(OSError):  # the endpoint closed with the run
+    # the endpoint was scraped during the run: it serves the summary until Prometheus read it
+    expected_goodput = expected_summary(tmp_path / "run")[0]["goodtrace/summary/goodput"]
+    # the endpoint closes right after: the sample stays in Prometheus, marked stale at the next scrape
+    goodput = _wait_for(lambda: _value(server, "last_over_time(goodtrace_summary_goodput_ratio[5m])"),
+                        "the summary to be scraped")
+    assert goodput == pytest.approx(expected_goodput, rel=1e-9)
+    _wait_for(lambda: _refused(port), "the endpoint to close after the summary was scraped")
+
+
+def _refused(port: int) -> bool:
+    try:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_an_endpoint_nobody_scraped_closes_at_finish(tmp_path: Path) -> None:
+    from goodtrace.sinks.prometheus import PrometheusSink
+
+    sink = PrometheusSink(0)
+    train(tmp_path / "run", [sink])
+    assert sink.bound_port is not None and _refused(sink.bound_port)
+
+
+def test_a_busy_port_is_replaced_by_a_free_one_and_named(prometheus_server: Any, tmp_path: Path) -> None:
+    from goodtrace.sinks.prometheus import PrometheusSink
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        taken = busy.getsockname()[1]
+        sink = PrometheusSink(taken)
+        with pytest.warns(gt.GoodtraceWarning, match=f"port {taken} is busy") as caught:
+            gt.init(tmp_path / "run", sinks=[sink])
+        try:
+            assert sink.bound_port is not None and sink.bound_port != taken
+            assert f":{sink.bound_port}/metrics" in str(caught[0].message)
+            for step in range(1, 12):
+                with gt.step(step):
+                    time.sleep(0.002)
+            server = prometheus_server(sink.bound_port)
+            _wait_for(lambda: _scraped_step(server) == 10, "Prometheus to scrape the replacement port")
+        finally:
+            gt.finish()
+
+
+def test_the_address_comes_from_the_spec_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from goodtrace.sinks.prometheus import PrometheusSink
+
+    assert PrometheusSink.from_spec("[::1]:9000").address == "::1"
+    assert PrometheusSink.from_spec("0.0.0.0:9000").address == "0.0.0.0"
+    monkeypatch.setenv("GOODTRACE_PROMETHEUS_ADDRESS", "0.0.0.0")
+    assert PrometheusSink.from_spec("9000").address == "0.0.0.0"
+    assert PrometheusSink.from_spec(None).address == "0.0.0.0"

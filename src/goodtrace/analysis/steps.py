@@ -61,10 +61,23 @@ class StepRow:
         return dataclasses.asdict(self) | {"tags": list(self.tags)}
 
     def explain(self) -> str:
-        """``3.420 s = 0.610 s productive + 2.810 s checkpoint_save``."""
-        parts = [f"{self.productive_s:.3f} s productive"]
-        parts += [f"{v:.3f} s {k}" for k, v in sorted(self.overhead_s.items(), key=lambda kv: -kv[1]) if v > 0]
-        return f"{self.step_time_s:.3f} s = " + " + ".join(parts)
+        """``3.420 s = 0.610 s productive + 2.810 s checkpoint_save`` (units that fit: ``ms``,
+        ``us`` below a millisecond)."""
+        parts = [f"{seconds_text(self.productive_s)} productive"]
+        parts += [f"{seconds_text(v)} {k}" for k, v in sorted(self.overhead_s.items(), key=lambda kv: -kv[1])
+                  if v > 0]
+        return f"{seconds_text(self.step_time_s)} = " + " + ".join(parts)
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration under a minute for people: ``3.420 s``, ``0.120 s``; below a millisecond in
+    ``ms`` or ``us``, where seconds to three decimals would read ``0.000 s``."""
+    size = abs(seconds)
+    if size == 0 or size >= 1e-3:
+        return f"{seconds:.3f} s"
+    if size >= 1e-4:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.2f} us"
 
 
 class StepTable(Sequence[StepRow]):

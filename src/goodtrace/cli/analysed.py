@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -15,6 +16,7 @@ from goodtrace.read.engine import Engine, workers_from_environment
 from goodtrace.read.load import LoadError, NotARunError, load_run
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.mirror import RemoteReadError
+from goodtrace.read.torchtitan import CAVEAT, converted_run, is_torchtitan_logs
 from goodtrace.record.io.storage import is_url, local_path, missing_path
 
 __all__ = ["alive_here", "load_and_analyse"]
@@ -57,6 +59,12 @@ def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any)
         workers_from_environment()
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    caveat = None
+    if not is_url(run_dir) and is_torchtitan_logs(local_path(run_dir)):  # read as they are, converted once
+        try:
+            run_dir, caveat = converted_run(local_path(run_dir)), CAVEAT
+        except OSError as exc:
+            raise CommandError(f"cannot convert torchtitan's logs in {run_dir!r}: {exc}") from None
     update, stop = progress_bar()
     try:
         loaded = load_run(run_dir, progress=update, engine=engine)
@@ -74,4 +82,6 @@ def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any)
         analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, release_records=True, **options)
     except AnalysisError as exc:
         raise CommandError(str(exc)) from None
+    if caveat is not None:
+        analysis = dataclasses.replace(analysis, warnings=(caveat, *analysis.warnings))
     return loaded, analysis

@@ -4,15 +4,17 @@
 
 * each optimizer step as a goodtrace step (with gradient accumulation, from its first
   micro-batch to the batch that stepped the optimizer), completed on the loss the training
-  step returned, numbered like ``trainer.global_step`` after it;
+  step returned, numbered like Lightning's loggers number it (0 for the first: the step its
+  ``self.log`` values are logged at);
 * inside it ``forward_backward`` (batch start to ``on_before_optimizer_step``: Lightning runs
   the forward and backward in the optimizer's closure) and ``optimizer`` (from there to the
   batch end) as spans; the time between batches, where Lightning fetches the next one, as
   ``data``;
 * validation (``eval``, the sanity check included) and every checkpoint the trainer saves
   (``checkpoint_save``, around ``trainer.save_checkpoint``) as blocking spans;
-* the values the module logs (``self.log``) as metrics, at the trainer's logging steps and
-  after each validation.
+* the values the module logs (``self.log``) as metrics, exactly as Lightning hands them to
+  its loggers (a logger of goodtrace's is added to ``trainer.loggers`` for the fit): each
+  value once, at the logging step or validation that produced it, at Lightning's step.
 
 It starts goodtrace (``run_dir``) unless the program already did, hooks PyTorch
 (``goodtrace.integrations.torch.instrument``: live lines every ``log_every_n_steps``) and
@@ -27,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
 
 import goodtrace as gt
 from goodtrace import schema
@@ -56,6 +59,8 @@ class GoodtraceCallback(Callback):
         self._eval: Any = None
         self._between_batches_t0: int | None = None
         self._saved_save_checkpoint: Any = None
+        self._logger: MetricLogger | None = None
+        self._global_step_at_start = 0  # trainer.global_step when the open step began
 
     # ------------------------------------------------------------------ lifecycle
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -72,6 +77,9 @@ class GoodtraceCallback(Callback):
                 tokens_per_step=self.tokens_per_step, flops_per_step=self.flops_per_step, live=self.live,
             )
         self._wrap_save_checkpoint(trainer)
+        if self._logger is None:
+            self._logger = MetricLogger()
+            trainer.loggers = [*trainer.loggers, self._logger]
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if gt.is_enabled():
@@ -87,10 +95,12 @@ class GoodtraceCallback(Callback):
             gt.event("exception", type=type(exception).__name__, message=str(exception)[:500])
         self._close_step(None)
         self._unwrap_save_checkpoint(trainer)
+        self._remove_logger(trainer)
 
     def _finish(self, trainer: Any, completed: bool) -> None:
         self._close_step(None)
         self._unwrap_save_checkpoint(trainer)
+        self._remove_logger(trainer)
         if self.started_goodtrace:
             self.started_goodtrace = False
             gt.finish(completed=completed)
@@ -99,7 +109,8 @@ class GoodtraceCallback(Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if not gt.is_enabled() or self._step is not None:
             return  # a later micro-batch of the same optimizer step
-        number = int(trainer.global_step) + 1
+        number = _logger_step(trainer)
+        self._global_step_at_start = int(trainer.global_step)
         t0 = self._between_batches_t0
         self._step = gt.step(number).__enter__()
         if t0 is not None:
@@ -115,12 +126,10 @@ class GoodtraceCallback(Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._step is None:
             return
-        if int(trainer.global_step) < self._step.number:
+        if int(trainer.global_step) == self._global_step_at_start:
             self._between_batches_t0 = _now()  # accumulating: the step goes on
             return
         self._close_step(_loss_of(outputs))
-        if int(trainer.global_step) % max(1, int(getattr(trainer, "log_every_n_steps", 1) or 1)) == 0:
-            self._record_metrics(trainer, trainer.logged_metrics)
 
     def _close_step(self, loss: Any) -> None:
         self._end_phase()
@@ -148,8 +157,6 @@ class GoodtraceCallback(Callback):
         self._eval.__exit__(None, None, None)
         self._eval = None
         self._between_batches_t0 = _now()
-        if not trainer.sanity_checking:
-            self._record_metrics(trainer, trainer.callback_metrics)
 
     def _wrap_save_checkpoint(self, trainer: Any) -> None:
         if self._saved_save_checkpoint is not None:
@@ -174,13 +181,45 @@ class GoodtraceCallback(Callback):
                 pass
             self._saved_save_checkpoint = None
 
-    def _record_metrics(self, trainer: Any, values: Mapping[str, Any]) -> None:
-        step = int(trainer.global_step)
-        for name, value in values.items():
-            if getattr(value, "numel", None) is not None and value.numel() == 1:
-                gt.metric(str(name), value.detach(), "mean", step=step)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                gt.metric(str(name), float(value), "mean", step=step)
+    def _remove_logger(self, trainer: Any) -> None:
+        if self._logger is not None:
+            trainer.loggers = [lg for lg in trainer.loggers if lg is not self._logger]
+            self._logger = None
+
+
+class MetricLogger(Logger):
+    """A Lightning logger that records what Lightning logs as goodtrace metrics, at its step.
+
+    Lightning calls its loggers with exactly the values logged since the last call (each
+    training value at its logging step, each validation value once, after the validation).
+    Every rank records its own values: no ``rank_zero_only``.
+    """
+
+    @property
+    def name(self) -> str:
+        return "goodtrace"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if not gt.is_enabled():
+            return
+        for name, value in metrics.items():
+            if name != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                gt.metric(str(name), float(value), "mean", step=None if step is None else int(step))
+
+
+def _logger_step(trainer: Any) -> int:
+    """The step Lightning's loggers log the next optimizer step's values at (batches that
+    stepped so far; ``global_step`` counts every optimizer's steps)."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    stepped = getattr(loop, "_batches_that_stepped", None)
+    return int(stepped) if isinstance(stepped, int) else int(trainer.global_step)
 
 
 def _loss_of(outputs: Any) -> Any:

@@ -394,11 +394,25 @@ def instrument(
 ) -> TorchIntegration | _Disabled:
     """Hook PyTorch into the active recorder (call after ``goodtrace.init``, on every rank).
 
-    ``tokens_per_step`` / ``flops_per_step`` are this rank's per optimizer step (see
-    :func:`measure_flops`); ``peak_flops`` this rank's device peak (default: a table of known
-    accelerators; none on CPU, so no MFU). ``printer`` receives rank 0's live lines (default:
-    stdout). ``clock_sync_every`` re-measures clock offsets every that many steps (0: only at
-    start-up). ``finish()`` completes the live windows and removes the hooks.
+    Arguments (all keyword, all optional):
+
+    * ``log_every`` (10): a live line every that many steps, gathered across ranks;
+    * ``tokens_per_step`` / ``flops_per_step``: this rank's tokens and model FLOPs per
+      optimizer step (see :func:`measure_flops`), for tokens/s, TFLOP/s and MFU;
+    * ``peak_flops``: this rank's device peak FLOP/s (default: a table of known accelerators;
+      none on CPU, so no MFU);
+    * ``live`` (True): print rank 0's live line; False keeps the aggregation for the sinks only;
+    * ``cuda_events`` (True): time each step on the device with CUDA events (device/busy_s,
+      device/idle_s);
+    * ``memory`` (True): record memory (RSS; CUDA allocated and peak) as metrics;
+    * ``compile_spans`` (True): record ``torch.compile``'s compilations as ``compile`` spans;
+    * ``clock_sync_every`` (1000) / ``clock_sync_rounds`` (16): re-measure the ranks' clock
+      offsets every that many steps (0: only at start-up), with that many round trips;
+    * ``printer``: receives rank 0's live lines (default: stdout);
+    * ``group_timeout_s`` (120): timeout of the gloo group the live gather and clock
+      measurement use.
+
+    ``finish()`` completes the live windows and removes the hooks.
     """
     import goodtrace
 

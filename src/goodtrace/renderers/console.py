@@ -18,6 +18,7 @@ from rich.text import Text
 
 from goodtrace.analysis import Partition, RunAnalysis
 from goodtrace.analysis.over_time import iso
+from goodtrace.analysis.steps import seconds_text
 from goodtrace.renderers.text import printable
 
 BUCKET_LABELS = {
@@ -38,7 +39,7 @@ def safe(text: object) -> str:
 
 def _duration(seconds: float) -> str:
     if seconds < 60:
-        return f"{seconds:.3f} s" if seconds < 10 else f"{seconds:.1f} s"
+        return seconds_text(seconds) if seconds < 10 else f"{seconds:.1f} s"
     minutes, sec = divmod(seconds, 60)
     hours, minutes = divmod(int(minutes), 60)
     return f"{hours}:{minutes:02d}:{sec:04.1f}" if hours else f"{minutes}:{sec:04.1f}"
@@ -79,8 +80,9 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
     head = Text()
     head.append("goodtrace report ", style="bold")
     head.append(f"{Text.from_markup(safe(analysis.path)).plain}  ")
+    of_job = f" in job {analysis.job} of {analysis.jobs}" if analysis.jobs > 1 else ""
     head.append(f"({analysis.records:,} records, {analysis.spread.ranks} rank(s), "
-                f"{len(analysis.attempts)} attempt(s), form: {analysis.form})", style="dim")
+                f"{len(analysis.attempts)} attempt(s){of_job}, form: {analysis.form})", style="dim")
     console.print(head)
     if analysis.jobs > 1:
         console.print(f"[yellow]this run directory holds {analysis.jobs} jobs; showing job {analysis.job} "

@@ -17,43 +17,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from goodtrace.record.live.line import LiveLine
+from goodtrace.record.live.scalars import PREFIX, line_scalars
 from goodtrace.record.live.sinks import RANK_CHOICES, RANK_ZERO, SinkError, SinkRun
+
+__all__ = ["PREFIX", "ScalarSink", "line_scalars", "replay", "row_scalars", "summary_values"]
 
 if TYPE_CHECKING:
     from goodtrace.analysis import RunAnalysis
     from goodtrace.analysis.so_far import EarlierAttempts
     from goodtrace.analysis.steps import StepRow
-
-PREFIX = "goodtrace"
-
-
-def line_scalars(line: LiveLine) -> dict[str, float]:
-    """The scalars of one live line (rank 0's window; cross-rank metric aggregates)."""
-    out: dict[str, float] = {}
-
-    def put(name: str, value: float | None) -> None:
-        if value is not None:
-            out[f"{PREFIX}/{name}"] = float(value)
-
-    put("step_time_s", line.step_time_s)
-    put("train_s", line.train_s)
-    for category, seconds in line.overhead_s.items():
-        put(f"overhead/{category}_s", seconds)
-    put("tokens_per_s", line.tokens_per_s)
-    put("tflops_per_s", line.tflops_per_s)
-    put("mfu", line.mfu)
-    put("goodput/attempt", line.goodput)
-    put("goodput/job", line.job_goodput)
-    put("ranks", float(line.ranks))
-    put("slowest_rank", None if line.slowest_rank is None else float(line.slowest_rank))
-    for name, summary in line.metrics.items():
-        put(f"metric/{name}", summary.value)
-        if line.ranks > 1:
-            put(f"metric/{name}/mean", summary.mean)
-            put(f"metric/{name}/min", summary.min)
-            put(f"metric/{name}/max", summary.max)
-    return out
-
 
 def row_scalars(row: StepRow) -> dict[str, float]:
     """The scalars of one step execution of the analysis's step table."""
@@ -91,7 +63,7 @@ def summary_values(analysis: RunAnalysis) -> tuple[dict[str, float], dict[str, s
         numbers[f"{PREFIX}/summary/mfu"] = analysis.program.mfu
     texts = {
         f"{PREFIX}/summary/attempt_{a.index}": (
-            f"{a.ended}, steps {a.first_step}-{a.last_step}, {a.duration_ns / 1e9:.1f} s, {a.ranks} ranks"
+            f"{a.ending.text}, steps {a.first_step}-{a.last_step}, {a.duration_ns / 1e9:.1f} s, {a.ranks} ranks"
         )
         for a in analysis.attempts
     }
@@ -100,6 +72,27 @@ def summary_values(analysis: RunAnalysis) -> tuple[dict[str, float], dict[str, s
         for i, r in enumerate(analysis.rewinds[:MAX_ROLLBACK_TEXTS]):
             texts[f"{PREFIX}/summary/rollback_{i}"] = f"attempt {r.attempt}: {r.text()}"
     return numbers, texts
+
+
+def event_texts(analysis: RunAnalysis) -> list[tuple[int, str, str]]:
+    """(step, name, text) of each of the run's events (``gt.event``: crashes, the model, ...),
+    in time order; an event outside any step is put at step 0."""
+    out = []
+    for event in analysis.events:
+        attrs = ", ".join(f"{k}={v}" for k, v in (event.attrs or {}).items())
+        where = f"rank {event.rank}, attempt {event.attempt}, {event.time_s:.3f} s after the job start"
+        out.append((event.step if event.step is not None else 0, f"{PREFIX}/event/{event.name}",
+                    f"{where}{': ' + attrs if attrs else ''}"))
+    return out
+
+
+def export_id(analysis: RunAnalysis) -> str:
+    """What names one export target's copy of a run: its directory and job (``goodtrace
+    export`` replaces that copy instead of adding a second one)."""
+    import hashlib
+
+    key = f"{os.path.abspath(analysis.path)}#job{analysis.job}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 # One analysis per finished run and process, shared by the sinks that close at finish().
@@ -179,6 +172,9 @@ class ScalarSink:
     """
 
     name = "sink"
+    # Set by ``replay`` (goodtrace export) before ``start``: the backend replaces what an earlier
+    # export of the same run wrote (a TensorBoard file, an MLflow run, a W&B offline run).
+    export_id: str | None = None
 
     def __init__(self, *, all_ranks: bool = False, ranks: str | None = None, summary: bool = True) -> None:
         chosen = ranks if ranks is not None else ("all" if all_ranks else RANK_ZERO)
@@ -216,8 +212,12 @@ class ScalarSink:
     def start(self, run: SinkRun) -> None:
         """Open the backend (on the sink's thread; ``goodtrace export`` calls it too)."""
 
-    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    def scalars(self, step: int, values: Mapping[str, float], wall_time_s: float | None = None) -> None:
+        """``wall_time_s``: when the values were true (the step's end; None: now)."""
         raise NotImplementedError
+
+    def event(self, step: int, name: str, text: str) -> None:
+        """One event of the run (``goodtrace export``); backends without text values skip it."""
 
     def summary(self, step: int, numbers: Mapping[str, float], texts: Mapping[str, str]) -> None:
         raise NotImplementedError
@@ -233,14 +233,19 @@ def rank_suffix(run: SinkRun) -> str:
 
 def replay(analysis: RunAnalysis, sink: ScalarSink) -> int:
     """Write a recorded run into ``sink`` (``goodtrace export``): one point per step execution
-    of the analysis's step table, then the summary. Returns the number of step rows written."""
+    of the analysis's step table, dated at the step's end, the run's events, then the summary.
+    Returns the number of step rows written."""
     run = SinkRun(run_dir=analysis.path, session="", rank=0, world_size=max(a.world for a in analysis.attempts),
                   local_rank=0, host="", restart=None)
     sink.run = run
+    sink.export_id = export_id(analysis)
     sink.start(run)
     try:
         for row in analysis.steps:
-            sink.scalars(row.step, row_scalars(row) | {f"{PREFIX}/attempt": float(row.attempt)})
+            sink.scalars(row.step, row_scalars(row) | {f"{PREFIX}/attempt": float(row.attempt)},
+                         wall_time_s=row.end_ns / 1e9 if row.end_ns else None)
+        for step, name, text in event_texts(analysis):
+            sink.event(step, name, text)
         numbers, texts = summary_values(analysis)
         sink.summary(analysis.steps[-1].step if analysis.steps else 0, numbers, texts)
     finally:

@@ -3,10 +3,13 @@
 One scalar per name at the log step; the summary at the last step, attempts as text. Only
 rank 0 writes by default; with ``all_ranks=True`` each other rank writes to ``DIR/rank-N``.
 The event file is flushed on goodtrace's heartbeat cadence (``flush``), not every 10 s.
+``goodtrace export`` writes one event file per run (its name ends in the run's export id)
+and replaces it when exported again; points carry the step's wall time, events are text.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -39,11 +42,19 @@ class TensorBoardSink(ScalarSink):
         from tensorboardX import SummaryWriter
 
         target = self.log_dir if run.rank == 0 else os.path.join(self.log_dir, f"rank-{run.rank}")
-        self._writer = SummaryWriter(target, flush_secs=max(1, round(self.flush_secs)))
+        suffix = ""
+        if self.export_id is not None:  # replace an earlier export of this run: its file only
+            suffix = f".goodtrace-export-{self.export_id}"
+            for old in glob.glob(os.path.join(glob.escape(target), f"events.out.tfevents.*{suffix}")):
+                os.remove(old)
+        self._writer = SummaryWriter(target, flush_secs=max(1, round(self.flush_secs)), filename_suffix=suffix)
 
-    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    def scalars(self, step: int, values: Mapping[str, float], wall_time_s: float | None = None) -> None:
         for name, value in values.items():
-            self._writer.add_scalar(name, value, step)
+            self._writer.add_scalar(name, value, step, walltime=wall_time_s)
+
+    def event(self, step: int, name: str, text: str) -> None:
+        self._writer.add_text(name, text, step)
 
     def flush(self) -> None:
         """Called on goodtrace's heartbeat cadence: the event file ends where the run's files do."""

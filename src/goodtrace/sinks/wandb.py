@@ -4,7 +4,9 @@ Logs into the run the program already has open (``wandb.run``, e.g. the Hugging 
 Trainer's) when there is one, else starts its own (``mode="offline"`` needs no account and
 no network) and finishes it at the end. goodtrace's names get their own x axis
 (``goodtrace/step``), so they never disturb the program's own step counter; the summary goes
-to the run's summary.
+to the run's summary. ``goodtrace export`` gives its run an id derived from the recorded
+run (so exporting again resumes that W&B run; offline, the earlier copy is replaced), rows
+carry the step's wall time (``_timestamp``), events are text values.
 """
 
 from __future__ import annotations
@@ -53,9 +55,13 @@ class WandbSink(ScalarSink):
         else:
             name = self.run_name or os.path.basename(os.path.normpath(run.run_dir))
             mode: Any = self.mode
+            run_id = None
+            if self.export_id is not None:  # goodtrace export: one W&B run per recorded run
+                run_id = f"goodtrace-{self.export_id}"
+                self._remove_offline_copies(run_id)
             self._run = wandb.init(
-                project=self.project or "goodtrace", mode=mode, dir=self.dir,
-                name=name + rank_suffix(run),
+                project=self.project or "goodtrace", mode=mode, dir=self.dir, id=run_id,
+                resume="allow" if run_id is not None else None, name=name + rank_suffix(run),
                 config={"goodtrace/run_dir": run.run_dir, "goodtrace/rank": run.rank,
                         "goodtrace/world_size": run.world_size},
                 reinit="create_new",
@@ -64,8 +70,23 @@ class WandbSink(ScalarSink):
         self._run.define_metric(STEP_KEY, hidden=True)
         self._run.define_metric(f"{PREFIX}/*", step_metric=STEP_KEY)
 
-    def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        self._run.log({STEP_KEY: step, **values})
+    def scalars(self, step: int, values: Mapping[str, float], wall_time_s: float | None = None) -> None:
+        stamp = {} if wall_time_s is None else {"_timestamp": wall_time_s}  # W&B's time of the row
+        self._run.log({STEP_KEY: step, **values, **stamp})
+
+    def event(self, step: int, name: str, text: str) -> None:
+        self._run.log({STEP_KEY: step, name: text})
+
+    def _remove_offline_copies(self, run_id: str) -> None:
+        """An earlier offline export of the same run (W&B would sync both)."""
+        import glob
+        import shutil
+
+        if (self.mode or os.environ.get("WANDB_MODE")) != "offline":
+            return
+        base = os.path.join(self.dir or os.environ.get("WANDB_DIR") or os.getcwd(), "wandb")
+        for old in glob.glob(os.path.join(glob.escape(base), f"offline-run-*-{run_id}")):
+            shutil.rmtree(old, ignore_errors=True)
 
     def summary(self, step: int, numbers: Mapping[str, float], texts: Mapping[str, str]) -> None:
         for key, value in {**numbers, **texts}.items():

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from goodtrace.record.live.line import format_bytes
+
 HELP = "compact a run's JSON-lines records into Parquet (faster reports on large runs)"
 
 
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         stop()
     print(
         f"wrote {result.path}: {result.records:,} records from {result.files} segment file(s), "
-        f"{result.json_bytes / 1e6:.1f} MB of JSON lines -> {result.parquet_bytes / 1e6:.1f} MB of Parquet"
+        f"{format_bytes(result.json_bytes)} of JSON lines -> {format_bytes(result.parquet_bytes)} of Parquet"
     )
     from goodtrace.read.validate import describe_skipped
     from goodtrace.renderers.text import printable

@@ -21,12 +21,13 @@ from goodtrace.cli.time_range import (
 )
 
 __all__ = ["HELP", "add_arguments", "parse_duration", "parse_window", "run"]
+from goodtrace.record.live.line import format_bytes
 
 HELP = "goodput report of a run: buckets, attempts, step times, slowest steps, ranks (--json)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="run directory")
+    parser.add_argument("run", help="run directory (path or fsspec URL), or a directory of torchtitan's structured logs")
     parser.add_argument("--json", action="store_true", help="print the analysis as one JSON object")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report to FILE")
     parser.add_argument("--gantt-steps", metavar="A:B",
@@ -50,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="peak FLOP/s from the table: a100, h100, h200, b200, mi300x, tpu-v4, tpu-v5e, "
                              "tpu-v5p, tpu-v6e")
     parser.add_argument("--peak-tflops", type=float, metavar="T", help="peak TFLOP/s of one device (overrides)")
-    parser.add_argument("--devices-per-rank", type=int, default=1, metavar="N")
+    parser.add_argument("--devices-per-rank", type=int, default=1, metavar="N",
+                        help="accelerators each rank drives (for MFU: peak FLOP/s x devices x ranks; default 1)")
     parser.add_argument("--top", type=int, default=10, metavar="N", help="how many slowest steps to list")
     parser.add_argument("--no-steps", action="store_true", help="--json: leave out the full step table")
     parser.add_argument("--workers", type=int, metavar="N",
@@ -159,4 +161,4 @@ def _write_html(loaded: Any, analysis: Any, target: str, gantt_steps: tuple[int 
             handle.write(page)
     except OSError as exc:
         raise CommandError(f"cannot write {target}: {exc}") from None
-    print(f"wrote {target} ({len(page.encode()) / 1e6:.1f} MB)", file=sys.stderr)
+    print(f"wrote {target} ({format_bytes(len(page.encode()))})", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""``goodtrace trace RUN -o FILE``: a Perfetto/Chrome trace of a run (``.json`` or ``.json.gz``).
+"""``goodtrace trace RUN [-o FILE]``: a Perfetto/Chrome trace of a run (``.json`` or ``.json.gz``;
+default ``RUN_NAME.trace.json.gz`` in the current directory).
 
 Every rank is a process, every thread a track, step intervals with their overhead split on a
 track of their own; ``--steps`` (or ``--since``/``--until``), ``--ranks`` and ``--attempt`` select a
@@ -10,16 +11,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from goodtrace.cli.time_range import add_range_arguments
+from goodtrace.record.live.line import format_bytes
 
 HELP = "write a Perfetto/Chrome trace of all ranks (open it in ui.perfetto.dev)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="run directory (path or fsspec URL)")
-    parser.add_argument("-o", "--output", required=True, metavar="FILE",
-                        help="trace file to write: .json, or .json.gz for a compressed one")
+    parser.add_argument("run", help="run directory (path or fsspec URL), or a directory of torchtitan's structured logs")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="trace file to write: .json, or .json.gz for a compressed one "
+                             "(default: RUN_NAME.trace.json.gz in the current directory)")
     parser.add_argument("--steps", metavar="A:B",
                         help="only steps A to B, both included (also A:, :B, or one step A)")
     add_range_arguments(parser)
@@ -53,11 +57,14 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--steps and --since/--until both choose the steps of the trace: give one")
     # One derivation: the steps track is the analysis's; the spans are read for the slice only.
     loaded, analysis = load_and_analyse(args.run, job=args.job, **time_range)
+    output = args.output or default_output(args.run)
     if time_range:  # the steps whose executions overlap the time range, on every rank
         steps = analysis.steps.intervals()[0]
         if not len(steps):
             raise CommandError("no step execution overlaps --since/--until: the trace would be empty")
         selection = dataclasses.replace(selection, steps=(int(steps.min()), int(steps.max())))
+    if args.steps and selection.steps is not None:
+        _check_steps(args.steps, selection.steps, analysis)
     if args.attempt is not None and args.attempt not in analysis.attempts_by_index():
         raise CommandError(f"the run has no attempt {args.attempt} (it has {sorted(analysis.attempts_by_index())})")
     ranks = {analysis.sessions[i].rank for i in analysis.cuts}
@@ -66,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
     renderer = PerfettoRenderer(selection)
     update, stop = progress_bar()
     try:
-        summary = renderer.write(analysis, loaded, args.output, update)
+        summary = renderer.write(analysis, loaded, output, update)
     except OSError as exc:
-        raise CommandError(f"cannot write {args.output}: {exc}") from None
+        raise CommandError(f"cannot write {output}: {exc}") from None
     finally:
         stop()
     for problem in loaded.warnings:
@@ -79,6 +86,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {summary.warning}", file=sys.stderr)
     print(
         f"wrote {summary.path}: {summary.processes} rank(s), {summary.spans} spans, "
-        f"{summary.events} events, {summary.bytes_written / 1e6:.1f} MB"
+        f"{summary.events} events, {format_bytes(summary.bytes_written)}"
     )
     return 0
+
+
+def default_output(run: str) -> str:
+    """``NAME.trace.json.gz`` in the current directory, NAME the run's last path component."""
+    name = run.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1].split("://")[-1]
+    return f"{name if name and name not in ('.', '..') else 'run'}.trace.json.gz"
+
+
+def _check_steps(text: str, steps: tuple[int | None, int | None], analysis: Any) -> None:
+    """``--steps`` that names no step of the run is an error, like ``--ranks`` naming no rank."""
+    from goodtrace.cli import CommandError
+
+    numbers = [int(s) for cut in analysis.cuts.values() for s in (min(cut.exec_step), max(cut.exec_step))
+               if len(cut.exec_step)]
+    if not numbers:
+        return
+    first, last = steps
+    low, high = min(numbers), max(numbers)
+    if (first is not None and first > high) or (last is not None and last < low):
+        raise CommandError(f"the run has no step in {text!r} (its steps run from {low} to {high})")

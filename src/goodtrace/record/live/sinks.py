@@ -311,11 +311,13 @@ def _runs_here(ranks: str, run: SinkRun) -> bool:
 
 
 def attach_sinks(
-    recorder: Any, sinks: Sequence[Sink], *, log_every: int = 10, open_timeout_s: float = 30.0
+    recorder: Any, sinks: Sequence[Sink], *, log_every: int = 10, open_timeout_s: float | None = None
 ) -> SinkHub | None:
     """Start the sinks that run on this rank and hook them to the recorder's live lines.
 
-    Waits up to ``open_timeout_s`` for the sinks to open (see :meth:`SinkHub.wait_open`).
+    Waits up to ``open_timeout_s`` (default: the recorder's ``finish_timeout_s``) for the sinks
+    to open (see :meth:`SinkHub.wait_open`), and at the end up to ``finish_timeout_s`` for them
+    to close.
     Live lines come from the live aggregator that ``instrument()`` (torch, JAX) attaches; when
     the program calls none, a rank-local one (this rank's own numbers, every ``log_every``
     steps, printing nothing) is started when the first step begins. The sinks close after the
@@ -327,12 +329,13 @@ def attach_sinks(
         world_size=int(identity.world_size), local_rank=int(identity.local_rank), host=str(identity.host),
         restart=identity.restart,
     )
-    hub = SinkHub(sinks, run, flush_interval_s=float(recorder.config.flush_interval_s))
+    timeout_s = float(recorder.config.finish_timeout_s)
+    hub = SinkHub(sinks, run, flush_interval_s=float(recorder.config.flush_interval_s), close_timeout_s=timeout_s)
     if not hub.workers:
         return None
     recorder.sink_hub = hub
     recorder.line_listeners.append(hub.on_line)
-    hub.wait_open(open_timeout_s)
+    hub.wait_open(timeout_s if open_timeout_s is None else open_timeout_s)
 
     started = False
 

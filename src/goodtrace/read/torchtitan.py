@@ -1,0 +1,220 @@
+"""torchtitan's structured logs as a goodtrace run: a converted copy in the cache, read as it is.
+
+torchtitan (``torchtitan.observability.structured_logger``) writes one JSON-lines file per
+process, ``[structured_logs/]SOURCE.global_rank_R.STAMP-XXXXXX.jsonl``: spans as ``NAME_start``
+/ ``NAME_end`` record pairs (paired per asyncio task, last opened first closed; ``NAME_error``
+marks a span that raised), instants (``log_trace_instant``), scalars (``metric_value``), each
+record with the step of ``set_step`` and the step's tags, the rank, host and pid, and its time
+(``time.time()`` when the record was logged). :func:`converted_run` turns a directory of them
+into goodtrace segment files in ``$GOODTRACE_CACHE_DIR`` (rebuilt when a source file's size or
+modification time changes): each file one session; the ``step`` span each step's execution;
+the other spans with a category (``fwd_bwd`` compute, ``fetching_batch`` data,
+``checkpoint_save``, ``eval``, ``gc_collect`` gc, ...); scalars metrics; instants events; step
+tags tags; ``torch_distributed_teardown`` ending the process as completed. Nothing in it is
+timed on the device: :data:`CAVEAT` says so wherever the run is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+from goodtrace import schema
+from goodtrace.read.mirror import mirror_cache_dir
+
+__all__ = ["CAVEAT", "converted_run", "is_torchtitan_logs", "log_files"]
+
+CONVERTER_VERSION = 1
+STATE_FILE = "TORCHTITAN.json"
+FILE_NAME = re.compile(r"^(?P<source>.+)\.global_rank_(?P<rank>\d+)\.(?P<stamp>[^.]+)\.jsonl$")
+STEP_SPAN = "step"
+TEARDOWN_SPAN = "torch_distributed_teardown"  # train.py's last span: the process ended normally
+METRIC_RECORD = "metric_value"
+SPAN_CATEGORIES = {
+    "fwd_bwd": schema.COMPUTE,
+    "optim": schema.COMPUTE,
+    "fetching_batch": schema.DATA,
+    "post_dataloading_process": schema.DATA,
+    "collect_dist_metrics": schema.LOG,
+    "gc_collect": schema.GC,
+    "checkpoint_save": schema.CHECKPOINT_SAVE,
+    "checkpoint_load": schema.CHECKPOINT_RESTORE,
+    "eval": schema.EVAL,
+    "model_parallelism_init": schema.INIT,
+    "torch_distributed_init": schema.INIT,
+    "kineto_profiler_step_call": schema.PROFILE,
+    "memory_profiler_step_call": schema.PROFILE,
+}
+CAVEAT = (
+    "read from torchtitan's structured logs: every time in them is the host's (torchtitan times its spans on "
+    "the host and stamps each record with time.time()), and a step is its `step` span, so under asynchronous "
+    "CUDA dispatch a step ends when the host has queued its work, not when the device has done it"
+)
+
+
+def log_files(path: str) -> list[str]:
+    """torchtitan's JSON-lines files in ``path`` or ``path/structured_logs``, sorted."""
+    found: list[str] = []
+    for folder in (path, os.path.join(path, "structured_logs")):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        found += [os.path.join(folder, n) for n in names
+                  if FILE_NAME.match(n) and os.path.isfile(os.path.join(folder, n))]
+    return sorted(found)
+
+
+def is_torchtitan_logs(path: str) -> bool:
+    """A local directory of torchtitan's structured logs (and no goodtrace rank directories)."""
+    if not os.path.isdir(path):
+        return False
+    if any(name.startswith("rank-") for name in os.listdir(path)):
+        return False
+    return bool(log_files(path))
+
+
+def converted_run(path: str, cache_dir: str | None = None) -> str:
+    """The goodtrace run directory converted from the torchtitan logs in ``path`` (made, or
+    remade when a source file changed; the files of the trainer's source only, ``training``
+    when several processes' kinds wrote logs)."""
+    files = _trainer_files(log_files(path))
+    state = {"version": CONVERTER_VERSION,
+             "files": [[os.path.basename(f), os.stat(f).st_size, os.stat(f).st_mtime_ns] for f in files]}
+    target = mirror_cache_dir("torchtitan:" + os.path.abspath(path), cache_dir)
+    try:
+        with open(os.path.join(target, STATE_FILE)) as file:
+            if json.load(file) == state:
+                return target
+    except (OSError, ValueError):
+        pass
+    building = f"{target}.part-{os.getpid()}"
+    shutil.rmtree(building, ignore_errors=True)
+    sessions = [session for session in map(_read, files) if session.lines]  # an empty file: no process
+    world = len({s.rank for s in sessions}) or 1
+    for session in sessions:
+        rank_dir = os.path.join(building, f"rank-{session.rank:05d}")
+        os.makedirs(rank_dir, exist_ok=True)
+        with open(os.path.join(rank_dir, f"{session.session}.00000.jsonl"), "w") as out:
+            for record in session.records(world):
+                out.write((record if isinstance(record, str) else json.dumps(record, separators=(",", ":"))) + "\n")
+    os.makedirs(building, exist_ok=True)
+    with open(os.path.join(building, STATE_FILE), "w") as file:
+        json.dump(state, file)
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(building, target)
+    return target
+
+
+def _trainer_files(files: list[str]) -> list[str]:
+    sources = {FILE_NAME.match(os.path.basename(f)).group("source") for f in files}  # type: ignore[union-attr]
+    if len(sources) <= 1:
+        return files
+    keep = "training" if "training" in sources else sorted(sources)[0]
+    return [f for f in files if FILE_NAME.match(os.path.basename(f)).group("source") == keep]  # type: ignore[union-attr]
+
+
+class _Session:
+    """One torchtitan log file: one process of one rank."""
+
+    def __init__(self, path: str, lines: list[dict[str, Any]], unreadable: list[str]) -> None:
+        match = FILE_NAME.match(os.path.basename(path))
+        assert match is not None
+        self.rank = int(match.group("rank"))
+        self.session = re.sub(r"[^A-Za-z0-9_-]", "-", f"torchtitan-{match.group('stamp')}-{self.rank}")
+        self.lines = lines
+        self.unreadable = unreadable  # copied as they are: goodtrace's reader counts and names them
+        first = lines[0] if lines else {}
+        self.host = str(first.get("host_name") or "")
+        self.pid = int(first.get("pid") or 0)
+        self.local_rank = int(first.get("local_rank") or 0)
+
+    def records(self, world: int) -> Iterator[dict[str, Any] | str]:
+        times = [_time_ns(line) for line in self.lines]
+        start = min(times) if times else 0
+        end = max(times) if times else 0
+        yield {
+            schema.F_KIND: schema.HEADER, schema.H_SCHEMA: schema.SCHEMA_VERSION, "version": "torchtitan",
+            schema.H_SESSION: self.session, schema.H_RANK: self.rank, schema.H_WORLD: world,
+            schema.H_LOCAL_RANK: self.local_rank, schema.H_HOST: self.host, schema.H_PID: self.pid,
+            schema.H_RESTART: None, schema.H_PROC_START: start, schema.H_PROC_START_SOURCE: "import",
+            schema.H_INIT: start, schema.H_SUBMIT_WALL: None, "rank_source": "torchtitan",
+            schema.H_SEGMENT: 0, schema.F_WALL: start, schema.F_MONO: start,  # one clock: the host's wall clock
+        }
+        yield from self._body()
+        yield from self.unreadable
+        yield {schema.F_KIND: schema.HEARTBEAT, schema.F_WALL: end, schema.F_MONO: end, schema.F_DROPPED: 0}
+
+    def _body(self) -> Iterator[dict[str, Any]]:
+        open_spans: dict[str | None, list[tuple[str, int, bool]]] = {}  # per task: (name, t0, raised)
+        tags: set[tuple[int, str]] = set()
+        seq = 0
+        for line in self.lines:
+            name = str(line.get("log_type_name") or "")
+            t = _time_ns(line)
+            step = line.get("step") if isinstance(line.get("step"), int) else None
+            for tag in line.get("step_tags") or ():
+                if step is not None and (step, str(tag)) not in tags:
+                    tags.add((step, str(tag)))
+                    yield {schema.F_KIND: schema.TAG, schema.F_STEP: step, schema.F_NAME: str(tag), schema.F_T: t}
+            stack = open_spans.setdefault(line.get("task_name"), [])
+            if line.get("log_type") == "event" and name.endswith("_start"):
+                stack.append((name[:-len("_start")], t, False))
+            elif line.get("log_type") == "event" and name.endswith("_error"):
+                base = name[:-len("_error")]
+                for i in range(len(stack) - 1, -1, -1):
+                    if stack[i][0] == base:
+                        stack[i] = (base, stack[i][1], True)
+                        break
+            elif line.get("log_type") == "event" and name.endswith("_end"):
+                base = name[:-len("_end")]
+                index = next((i for i in range(len(stack) - 1, -1, -1) if stack[i][0] == base), None)
+                if index is None:
+                    continue  # its start is not in the file (a torn or rotated log): nothing to time
+                _, t0, raised = stack.pop(index)
+                if base == STEP_SPAN and step is not None:
+                    yield {schema.F_KIND: schema.STEP, schema.F_STEP: step, schema.F_T0: t0, schema.F_T1: t,
+                           schema.F_SEQ: seq}
+                    seq += 1
+                    continue
+                category = SPAN_CATEGORIES.get(base) or schema.category_for_name(base)
+                yield {schema.F_KIND: schema.SPAN, schema.F_NAME: base, schema.F_CATEGORY: category,
+                       schema.F_T0: t0, schema.F_T1: max(t0, t), schema.F_STEP: step,
+                       schema.F_THREAD: line.get("tid"), schema.F_ERROR: raised, schema.F_ATTRS: None}
+                if base == TEARDOWN_SPAN:
+                    yield {schema.F_KIND: schema.FINISH, schema.F_COMPLETED: True, schema.F_T: t,
+                           schema.F_REASON: "finish"}
+            elif name == METRIC_RECORD and isinstance(line.get("value"), (int, float)):
+                yield {schema.F_KIND: schema.METRIC, schema.F_NAME: str(line.get("event_name")),
+                       schema.F_STEP: step, schema.F_VALUE: float(line["value"]), schema.F_REDUCE: "mean",
+                       schema.F_T: t}
+            elif line.get("log_type") == "instant" and name:
+                yield {schema.F_KIND: schema.EVENT, schema.F_NAME: name, schema.F_T: t, schema.F_STEP: step,
+                       schema.F_ATTRS: None}
+
+
+def _time_ns(line: dict[str, Any]) -> int:
+    value = line.get("time_us")
+    return int(value) * 1000 if isinstance(value, int) else 0
+
+
+def _read(path: str) -> _Session:
+    lines: list[dict[str, Any]] = []
+    unreadable: list[str] = []
+    with open(path, encoding="utf-8", errors="replace") as file:
+        for text in file:
+            try:
+                record = json.loads(text)
+            except ValueError:
+                if text.strip():
+                    unreadable.append(text.rstrip("\n"))  # not JSON: the reader skips and counts it
+                continue
+            if isinstance(record, dict) and isinstance(record.get("time_us"), int):
+                lines.append(record)
+    lines.sort(key=lambda r: (r.get("seq_id", 0) if isinstance(r.get("seq_id"), int) else 0, r["time_us"]))
+    return _Session(path, lines, unreadable)
