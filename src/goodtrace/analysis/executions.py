@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from array import array
+from collections.abc import Iterable
 
 from goodtrace import schema
 from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, window_overhead
@@ -46,6 +47,7 @@ __all__ = [
     "Piece",
     "SessionSteps",
     "cut_session",
+    "label_totals",
 ]
 
 PRODUCTIVE = schema.BUCKET_PRODUCTIVE
@@ -88,6 +90,16 @@ class Piece:
     @property
     def length(self) -> int:
         return self.end - self.start
+
+
+def label_totals(pieces: Iterable[Piece], *, skip: str | None = None) -> dict[str, int]:
+    """The pieces' length by label, in first-seen order (``skip``: a label left out): what a
+    window's overhead by label is, for every view."""
+    out: dict[str, int] = {}
+    for p in pieces:
+        if p.label != skip:
+            out[p.label] = out.get(p.label, 0) + p.length
+    return out
 
 
 def _ints() -> array[int]:
@@ -143,6 +155,20 @@ class SessionSteps:
         if self.win_end:
             return self.win_end[-1]
         return self.exec_t0[0] if self.exec_t0 else self.end
+
+    def executions_of(self, w: int) -> range:
+        """The executions (indexes in ``exec_*``) that window ``w`` holds, in entry order."""
+        first = self.win_first[w]
+        return range(first, first + self.win_count[w])
+
+    def step_ns(self) -> Array:
+        """Each window's step time in ns (float): its length shared equally by its executions
+        (the one derivation of an execution's step time; index it by ``exec_window``)."""
+        return (_np(self.win_end) - _np(self.win_start)) / _np(self.win_count)
+
+    def repeat_index(self) -> Array:
+        """Each execution's run of its step in the session: 0 the first, 1 the second, ..."""
+        return _occurrence(_np(self.exec_step))
 
     def overhead_of(self, w: int) -> dict[str, int]:
         return {c: v[w] for c, v in self.win_overhead.items() if v[w]}
@@ -443,8 +469,7 @@ def _charge_device_idle(out: SessionSteps, rec: SessionRecords) -> bool:
         if category == DATA and step != NO_TIME:
             loading[step] = loading.get(step, 0) + (t1 - t0)
     for w in range(len(out.win_start)):
-        first = out.win_first[w]
-        steps = out.exec_step[first:first + out.win_count[w]]
+        steps = [out.exec_step[i] for i in out.executions_of(w)]
         amount = min(sum(min(idle.get(s, 0), loading.get(s, 0)) for s in steps), out.win_productive[w])
         if amount > 0:
             out.data_moved[w] = amount

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from goodtrace.analysis.executions import Piece
+from goodtrace.analysis.executions import Piece, label_totals
 from goodtrace.analysis.partition import PRODUCTIVE, window_pieces
 from goodtrace.analysis.selection import StepRange
 
@@ -43,15 +43,11 @@ class WindowView:
 
     @property
     def overhead_ns(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for p in self.pieces:
-            if p.label != PRODUCTIVE:
-                out[p.label] = out.get(p.label, 0) + p.length
-        return out
+        return label_totals(self.pieces, skip=PRODUCTIVE)
 
     @property
     def productive_ns(self) -> int:
-        return sum(p.length for p in self.pieces if p.label == PRODUCTIVE)
+        return label_totals(self.pieces).get(PRODUCTIVE, 0)
 
     @property
     def first_step(self) -> int:
@@ -95,8 +91,7 @@ def session_windows(analysis: RunAnalysis, session: int, selected: StepRange | N
     attempt = analysis.attempt_of.get(session, -1)
     out = []
     for w in _windows_in_range(cut, selected):
-        first = cut.win_first[w]
-        executions = range(first, first + cut.win_count[w])
+        executions = cut.executions_of(w)
         steps = tuple(cut.exec_step[i] for i in executions)
         pieces, lost = window_pieces(cut, w, relabels)
         out.append(WindowView(session, w, attempt, cut.win_start[w], cut.win_end[w], cut.win_how[w], steps,

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 from goodtrace import schema
-from goodtrace.analysis.executions import FLAG_REWOUND, Piece, SessionSteps, relabel
+from goodtrace.analysis.executions import FLAG_REWOUND, Piece, SessionSteps, label_totals, relabel
 from goodtrace.read.loaded import SessionInfo
 
 __all__ = [
@@ -70,18 +70,13 @@ class Window:
 
     @property
     def executions(self) -> range:
-        first = self.cut.win_first[self.index]
-        return range(first, first + self.cut.win_count[self.index])
+        return self.cut.executions_of(self.index)
 
     def total(self, label: str) -> int:
         return sum(p.length for p in self.pieces if p.label == label)
 
     def overhead(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for p in self.pieces:
-            if p.label != PRODUCTIVE:
-                out[p.label] = out.get(p.label, 0) + p.length
-        return out
+        return label_totals(self.pieces, skip=PRODUCTIVE)
 
     @property
     def counted_steps(self) -> int:
@@ -292,12 +287,12 @@ def _lost(cut: SessionSteps, w: int, limit: int | None) -> frozenset[int]:
     step number (``limit``), or a later rewind in the same session threw them away."""
     if limit is None and not cut.rewinds:
         return _NONE
-    first = cut.win_first[w]
-    count = cut.win_count[w]
+    executions = cut.executions_of(w)
     steps, flags = cut.exec_step, cut.exec_flags
-    if count == 1:
+    if len(executions) == 1:
+        first = executions[0]
         return frozenset((first,)) if _thrown(steps[first], flags[first], limit) else _NONE
-    return frozenset(i for i in range(first, first + count) if _thrown(steps[i], flags[i], limit))
+    return frozenset(i for i in executions if _thrown(steps[i], flags[i], limit))
 
 
 def _thrown(step: int, flags: int, limit: int | None) -> bool:

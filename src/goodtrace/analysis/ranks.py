@@ -83,10 +83,6 @@ class RankSpread:
         return dataclasses.asdict(self) | {"per_rank": [r.to_dict() for r in self.per_rank]}
 
 
-def _median(values: Sequence[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def _quantile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
@@ -303,11 +299,10 @@ def rank_figures(
                 continue
             clock = clocks.get(s.index)
             attempt = attempt_of[s.index]
-            starts_w, ends_w, counts_w, firsts_w, steps_e = cut.win_start, cut.win_end, cut.win_count, cut.win_first, cut.exec_step
+            ends_w, counts_w, firsts_w, steps_e = cut.win_end, cut.win_count, cut.win_first, cut.exec_step
             counts = np.frombuffer(counts_w, dtype=np.int64)
             if len(counts):
-                lengths = np.frombuffer(ends_w, dtype=np.int64) - np.frombuffer(starts_w, dtype=np.int64)
-                times.append(np.repeat(lengths / counts / NS, counts))
+                times.append(np.repeat(cut.step_ns() / NS, counts))
             lo, stride = _stride(cut)
             if len(counts):
                 w_step = np.frombuffer(steps_e, dtype=np.int64)[np.frombuffer(firsts_w, dtype=np.int64)]

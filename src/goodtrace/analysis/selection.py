@@ -7,6 +7,10 @@ Shared by the trace and the HTML gantt chart; parsing the command line's ``A:B``
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from goodtrace.analysis import RunAnalysis
 
 __all__ = ["Selection", "StepRange"]
 
@@ -34,3 +38,13 @@ class Selection:
             return True
         first, last = self.steps
         return (first is None or step >= first) and (last is None or step <= last)
+
+    def sessions(self, analysis: RunAnalysis) -> list[int]:
+        """The job's sessions (those the analysis cut) of the selected attempt and ranks, by
+        rank then start."""
+        chosen = [
+            i for i in analysis.cuts
+            if (self.attempt is None or analysis.attempt_of.get(i) == self.attempt)
+            and (self.ranks is None or analysis.sessions[i].rank in self.ranks)
+        ]
+        return sorted(chosen, key=lambda i: (analysis.sessions[i].rank, analysis.sessions[i].start_wall))

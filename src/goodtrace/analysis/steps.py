@@ -96,15 +96,13 @@ class StepTable(Sequence[StepRow]):
         for k, segment in enumerate(windows.segments):
             cut = segment.cut
             count = np.frombuffer(cut.win_count, dtype=np.int64)
-            start = np.frombuffer(cut.win_start, dtype=np.int64)
-            end = np.frombuffer(cut.win_end, dtype=np.int64)
             win_productive = np.frombuffer(cut.win_productive, dtype=np.int64).copy()
             win_productive[0] -= segment.relabels[0]
             w = np.repeat(np.arange(len(count), dtype=np.int32), count)
             segment_of.append(np.full(len(w), k, dtype=np.int32))
             window_of.append(w)
             position.append((np.arange(len(w)) - np.frombuffer(cut.win_first, dtype=np.int64)[w]).astype(np.int32))
-            step_time.append(((end - start) / count / NS)[w])
+            step_time.append((cut.step_ns() / NS)[w])
             productive.append((win_productive / count / NS)[w])
 
         def joined(parts: list[Any], dtype: Any) -> Any:
@@ -173,15 +171,17 @@ class StepTable(Sequence[StepRow]):
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(index)
-        return self._row(self.window_at(index), int(self._position[index]))
+        return self._row(self.window_at(index), int(self._position[index]), float(self.step_time_s[index]))
 
     def __iter__(self) -> Iterator[StepRow]:
         last: tuple[int, int] | None = None
         window: Window | None = None
-        for k, w, position in zip(self._segment.tolist(), self._window.tolist(), self._position.tolist(), strict=True):
+        rows = zip(self._segment.tolist(), self._window.tolist(), self._position.tolist(), self.step_time_s.tolist(),
+                   strict=True)
+        for k, w, position, step_time_s in rows:
             if (k, w) != last or window is None:
                 window, last = segment_window(self._windows.segments[k], w), (k, w)
-            yield self._row(window, position)
+            yield self._row(window, position, step_time_s)
 
     def window_at(self, index: int) -> Window:
         """The step interval of row ``index``."""
@@ -211,7 +211,7 @@ class StepTable(Sequence[StepRow]):
         order = np.argsort(-self.step_time_s, kind="stable")[:n]
         return [self[int(i)] for i in order]
 
-    def _row(self, w: Window, position: int) -> StepRow:
+    def _row(self, w: Window, position: int, step_time_s: float) -> StepRow:
         cut = w.cut
         executions = w.executions
         i = executions[position]
@@ -228,7 +228,7 @@ class StepTable(Sequence[StepRow]):
             step=step,
             attempt=w.attempt,
             start_s=(w.start - self._job_start) / NS,
-            step_time_s=w.length / n / NS,
+            step_time_s=step_time_s,
             productive_s=productive / n / NS,
             overhead_s={k: v / n / NS for k, v in overhead.items()},
             shared=n,

@@ -14,7 +14,6 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.analysis import RunAnalysis
-from goodtrace.analysis.executions import _occurrence
 from goodtrace.analysis.intervals import session_windows
 from goodtrace.analysis.selection import StepRange
 from goodtrace.read.raw import RawRecord
@@ -32,18 +31,17 @@ def rounded(value: float, digits: int = 3) -> float:
 
 def _execution_columns(analysis: RunAnalysis, session: int) -> tuple[Any, ...]:
     """Each completed execution of a session, as columns: attempt, step, k (the k-th run of that
-    step in the session), step time ns (the analysis's cut: each execution the average of its
-    interval) and outermost compute ns."""
+    step in the session), step time ns (the analysis's :meth:`SessionSteps.step_ns`, in whole
+    ns) and outermost compute ns."""
     import numpy as np
 
     cut = analysis.cuts[session]
     steps = np.frombuffer(cut.exec_step, dtype=np.int64)
-    k = _occurrence(steps)  # the k-th run of its step in the session
+    k = cut.repeat_index()  # the k-th run of its step in the session
     window = np.frombuffer(cut.exec_window, dtype=np.int64)
     done = window >= 0
-    w = window[done]
-    lengths = (np.frombuffer(cut.win_end, dtype=np.int64) - np.frombuffer(cut.win_start, dtype=np.int64))
-    step_ns = lengths[w] // np.frombuffer(cut.win_count, dtype=np.int64)[w]
+    # whole nanoseconds: the floor of the analysis's step time is exact (a window under 2**53 ns)
+    step_ns = np.floor(cut.step_ns()[window[done]])
     attempt = np.full(int(done.sum()), analysis.attempt_of.get(session, -1), dtype=np.int64)
     return attempt, steps[done], k[done], step_ns, np.frombuffer(cut.exec_compute, dtype=np.int64)[done]
 

@@ -57,13 +57,8 @@ class PerfettoRenderer:
         self.selection = selection or Selection()
 
     def sessions(self, analysis: RunAnalysis) -> list[int]:
-        """The job's sessions in the selection, by rank then start."""
-        chosen = [
-            i for i in analysis.cuts
-            if (self.selection.attempt is None or analysis.attempt_of.get(i) == self.selection.attempt)
-            and (self.selection.ranks is None or analysis.sessions[i].rank in self.selection.ranks)
-        ]
-        return sorted(chosen, key=lambda i: (analysis.sessions[i].rank, analysis.sessions[i].start_wall))
+        """The job's sessions in the selection, by rank then start (:meth:`Selection.sessions`)."""
+        return self.selection.sessions(analysis)
 
     def render(self, analysis: RunAnalysis, run: LoadedRun) -> str:
         """The whole trace as one string (small runs and tests; large ones use :meth:`write`)."""
@@ -148,7 +143,7 @@ class PerfettoRenderer:
         out.write(head)
         counts["bytes"] += len(head)
         by_rank: dict[int, list[int]] = {}
-        for i in sorted(windows, key=lambda i: (analysis.sessions[i].rank, analysis.sessions[i].start_wall)):
+        for i in windows:  # in the selection's order: by rank, then start
             by_rank.setdefault(analysis.sessions[i].rank, []).append(i)
         multiple_attempts = len({analysis.attempt_of.get(i) for i in windows}) > 1
         lanes_of: dict[int, tuple[int, dict[Any, Lane]]] = {}
