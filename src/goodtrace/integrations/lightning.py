@@ -20,6 +20,10 @@ It starts goodtrace (``run_dir``) unless the program already did, hooks PyTorch
 (``goodtrace.integrations.torch.instrument``: live lines every ``log_every_n_steps``) and
 finishes when the fit ends if it started it (an exception is recorded as an event and leaves
 the run open: the program's exit, or its own ``finish()``, says how the attempt ended).
+
+The step, its phases, the ``data`` between steps and the start and finish are
+:class:`goodtrace.integrations._trainer_callback.TrainerRecording`'s (shared with the Hugging
+Face callback).
 """
 
 from __future__ import annotations
@@ -33,12 +37,12 @@ from lightning.pytorch.loggers import Logger
 
 import goodtrace as gt
 from goodtrace import schema
-from goodtrace.record.recorder import Recorder
+from goodtrace.integrations._trainer_callback import TrainerRecording, now
 
 __all__ = ["GoodtraceCallback"]
 
 
-class GoodtraceCallback(Callback):
+class GoodtraceCallback(TrainerRecording, Callback):
     """Record a Lightning ``Trainer`` with goodtrace (see the module docstring)."""
 
     def __init__(
@@ -46,36 +50,16 @@ class GoodtraceCallback(Callback):
         tokens_per_step: float | None = None, flops_per_step: float | None = None, live: bool = True,
         **init_options: Any,
     ) -> None:
-        self.run_dir = None if run_dir is None else os.fspath(run_dir)
-        self.sinks = sinks
-        self.tokens_per_step = tokens_per_step
-        self.flops_per_step = flops_per_step
-        self.live = live
-        self.init_options = init_options
-        self.started_goodtrace = False
-        self._integration: Any = None
-        self._step: Any = None
-        self._phase: Any = None
-        self._eval: Any = None
-        self._between_batches_t0: int | None = None
+        super().__init__(run_dir, sinks=sinks, tokens_per_step=tokens_per_step, flops_per_step=flops_per_step,
+                         live=live, init_options=init_options)
         self._saved_save_checkpoint: Any = None
         self._logger: MetricLogger | None = None
         self._global_step_at_start = 0  # trainer.global_step when the open step began
 
     # ------------------------------------------------------------------ lifecycle
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        if not gt.is_enabled() and self.run_dir is not None:
-            gt.init(self.run_dir, sinks=self.sinks, **self.init_options)
-            self.started_goodtrace = gt.is_enabled()
-        if not gt.is_enabled():
+        if not self._start(log_every=max(1, int(getattr(trainer, "log_every_n_steps", 10) or 10))):
             return
-        if self._integration is None:
-            from goodtrace.integrations.torch import instrument
-
-            self._integration = instrument(
-                log_every=max(1, int(getattr(trainer, "log_every_n_steps", 10) or 10)),
-                tokens_per_step=self.tokens_per_step, flops_per_step=self.flops_per_step, live=self.live,
-            )
         self._wrap_save_checkpoint(trainer)
         if self._logger is None:
             self._logger = MetricLogger()
@@ -83,10 +67,13 @@ class GoodtraceCallback(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if gt.is_enabled():
-            self._between_batches_t0 = _now()
+            self._between_steps_t0 = now()
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        self._finish(trainer, completed=not bool(getattr(trainer, "interrupted", False)))
+        self._close_step(None)
+        self._unwrap_save_checkpoint(trainer)
+        self._remove_logger(trainer)
+        self._finish_goodtrace(completed=not bool(getattr(trainer, "interrupted", False)))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Record the exception and close the step; recording goes on, so that how the attempt
@@ -97,66 +84,33 @@ class GoodtraceCallback(Callback):
         self._unwrap_save_checkpoint(trainer)
         self._remove_logger(trainer)
 
-    def _finish(self, trainer: Any, completed: bool) -> None:
-        self._close_step(None)
-        self._unwrap_save_checkpoint(trainer)
-        self._remove_logger(trainer)
-        if self.started_goodtrace:
-            self.started_goodtrace = False
-            gt.finish(completed=completed)
-
     # ------------------------------------------------------------------ steps
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if not gt.is_enabled() or self._step is not None:
             return  # a later micro-batch of the same optimizer step
-        number = _logger_step(trainer)
         self._global_step_at_start = int(trainer.global_step)
-        t0 = self._between_batches_t0
-        self._step = gt.step(number).__enter__()
-        if t0 is not None:
-            gt.recorder().record_span("data", schema.DATA, t0, self._step.t0, step=number)
-        self._phase = gt.span("forward_backward").__enter__()
+        self._open_step(_logger_step(trainer))
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self._step is None:
-            return
-        self._end_phase()
-        self._phase = gt.span("optimizer").__enter__()
+        if self._step is not None:
+            self._begin_phase("optimizer")
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._step is None:
             return
         if int(trainer.global_step) == self._global_step_at_start:
-            self._between_batches_t0 = _now()  # accumulating: the step goes on
+            self._between_steps_t0 = now()  # accumulating: the step goes on
             return
         self._close_step(_loss_of(outputs))
 
-    def _close_step(self, loss: Any) -> None:
-        self._end_phase()
-        if self._step is None:
-            return
-        if loss is not None:
-            self._step.complete_on(loss)
-        self._step.__exit__(None, None, None)
-        self._step = None
-        self._between_batches_t0 = _now()
-
-    def _end_phase(self) -> None:
-        if self._phase is not None:
-            self._phase.__exit__(None, None, None)
-            self._phase = None
-
     # ------------------------------------------------------------------ validation, checkpoints
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        if gt.is_enabled() and self._eval is None:
-            self._eval = gt.span("eval", schema.EVAL, {"sanity_check": bool(trainer.sanity_checking)}).__enter__()
+        if gt.is_enabled() and self._blocking is None:
+            self._begin_blocking("eval", "eval", schema.EVAL, {"sanity_check": bool(trainer.sanity_checking)})
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if self._eval is None:
-            return
-        self._eval.__exit__(None, None, None)
-        self._eval = None
-        self._between_batches_t0 = _now()
+        if self._blocking is not None:
+            self._end_blocking()
 
     def _wrap_save_checkpoint(self, trainer: Any) -> None:
         if self._saved_save_checkpoint is not None:
@@ -167,7 +121,7 @@ class GoodtraceCallback(Callback):
             with gt.span("checkpoint", schema.CHECKPOINT_SAVE):
                 result = original(*args, **kwargs)
             if gt.is_enabled():
-                self._between_batches_t0 = _now()
+                self._between_steps_t0 = now()
             return result
 
         self._saved_save_checkpoint = original
@@ -227,8 +181,3 @@ def _loss_of(outputs: Any) -> Any:
         return outputs.get("loss")
     return outputs if getattr(outputs, "numel", None) is not None else None
 
-
-def _now() -> int:
-    """The active recorder's clock (what its spans and steps are timed with)."""
-    rec = gt.recorder()
-    return rec.clock() if isinstance(rec, Recorder) else 0

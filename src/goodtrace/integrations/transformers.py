@@ -23,7 +23,10 @@ the reporting integrations' (it moves itself ahead of them in the Trainer's call
 
 It starts goodtrace (``run_dir``) unless the program already did, hooks PyTorch
 (``goodtrace.integrations.torch.instrument``: live lines every ``logging_steps``, CUDA step
-times, memory) and finishes at the end of training when it started goodtrace itself.
+times, memory) and finishes at the end of training when it started goodtrace itself. The step,
+its phases, the ``data`` between steps and the start and finish are
+:class:`goodtrace.integrations._trainer_callback.TrainerRecording`'s (shared with the
+Lightning callback).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from transformers import TrainerCallback
 
 import goodtrace as gt
 from goodtrace import schema
+from goodtrace.integrations._trainer_callback import TrainerRecording, now
 from goodtrace.record.live.line import LiveLine
 from goodtrace.record.live.scalars import PREFIX, line_scalars
 from goodtrace.record.recorder import Recorder
@@ -44,7 +48,7 @@ from goodtrace.record.recorder import Recorder
 __all__ = ["GoodtraceCallback"]
 
 
-class GoodtraceCallback(TrainerCallback):
+class GoodtraceCallback(TrainerRecording, TrainerCallback):
     """Record a Hugging Face ``Trainer`` with goodtrace (see the module docstring)."""
 
     def __init__(
@@ -52,39 +56,19 @@ class GoodtraceCallback(TrainerCallback):
         tokens_per_step: float | None = None, flops_per_step: float | None = None, live: bool = True,
         report_figures: bool = True, **init_options: Any,
     ) -> None:
-        self.run_dir = None if run_dir is None else os.fspath(run_dir)
-        self.sinks = sinks
-        self.tokens_per_step = tokens_per_step
-        self.flops_per_step = flops_per_step
-        self.live = live
+        super().__init__(run_dir, sinks=sinks, tokens_per_step=tokens_per_step, flops_per_step=flops_per_step,
+                         live=live, init_options=init_options)
         self.report_figures = report_figures
-        self.init_options = init_options
-        self.started_goodtrace = False
-        self._integration: Any = None
-        self._step: Any = None
-        self._phase: Any = None  # the forward_backward or optimizer span inside the step
-        self._blocking: Any = None  # (kind, span) of an eval or checkpoint span in progress
-        self._between_steps_t0: int | None = None
         self._marker: Any = None
         self._line: LiveLine | None = None  # the live line not yet put into the Trainer's logs
         self._listening: Any = None  # the recorder whose live lines this callback takes
 
     # ------------------------------------------------------------------ lifecycle
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        if not gt.is_enabled() and self.run_dir is not None:
-            gt.init(self.run_dir, sinks=self.sinks, **self.init_options)
-            self.started_goodtrace = gt.is_enabled()
-        if not gt.is_enabled():
+        if not self._start(log_every=max(1, int(getattr(args, "logging_steps", 10) or 10)) if self.live else 10):
             return
-        if self._integration is None:
-            from goodtrace.integrations.torch import instrument
-
-            self._integration = instrument(
-                log_every=max(1, int(getattr(args, "logging_steps", 10) or 10)) if self.live else 10,
-                tokens_per_step=self.tokens_per_step, flops_per_step=self.flops_per_step, live=self.live,
-            )
         self._marker = _first_parameter(model)
-        self._between_steps_t0 = _now()
+        self._between_steps_t0 = now()
         rec = gt.recorder()
         if self.report_figures and isinstance(rec, Recorder) and self._listening is None:
             rec.line_listeners.append(self._take_line)
@@ -92,87 +76,62 @@ class GoodtraceCallback(TrainerCallback):
             _run_before_reporters(self)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._close_step()
-        self._blocking = None  # a save the Trainer decided against: nothing to record
+        self._close_step(self._marker)
+        self._drop_blocking()  # a save the Trainer decided against: nothing to record
         if self._listening is not None:
             try:
                 self._listening.line_listeners.remove(self._take_line)
             except ValueError:
                 pass
             self._listening = None
-        if self.started_goodtrace:
-            self.started_goodtrace = False
-            gt.finish(completed=bool(state.max_steps and state.global_step >= state.max_steps))
+        self._finish_goodtrace(completed=bool(state.max_steps and state.global_step >= state.max_steps))
 
     # ------------------------------------------------------------------ steps
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not gt.is_enabled():
             return
-        self._blocking = None
-        number = int(state.global_step) + 1
-        t0 = self._between_steps_t0
-        self._step = gt.step(number).__enter__()
-        if t0 is not None:  # the Trainer fetched this step's batches just before this hook
-            gt.recorder().record_span("data", schema.DATA, t0, self._step.t0, step=number)
-        self._phase = gt.span("forward_backward").__enter__()
+        self._drop_blocking()
+        self._open_step(int(state.global_step) + 1)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._step is None:
-            return
-        self._end_phase()
-        self._phase = gt.span("optimizer").__enter__()
+        if self._step is not None:
+            self._begin_phase("optimizer")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._step is None:
             return
-        self._close_step()
+        self._close_step(self._marker)
         self._after_step(control)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if gt.is_enabled() and self._blocking is None:
             self._after_step(control)
 
-    def _close_step(self) -> None:
-        self._end_phase()
-        if self._step is None:
-            return
-        if self._marker is not None:
-            self._step.complete_on(self._marker)
-        self._step.__exit__(None, None, None)
-        self._step = None
-        self._between_steps_t0 = _now()
-
-    def _end_phase(self) -> None:
-        if self._phase is not None:
-            self._phase.__exit__(None, None, None)
-            self._phase = None
-
     def _after_step(self, control: Any) -> None:
         """The Trainer logs, evaluates and saves right after this hook, without a hook of its own."""
         if control.should_evaluate:
-            self._blocking = ("eval", gt.span("eval", schema.EVAL).__enter__())
+            self._begin_blocking("eval", "eval", schema.EVAL)
         elif control.should_save:
-            self._blocking = ("save", gt.span("checkpoint", schema.CHECKPOINT_SAVE).__enter__())
+            self._begin_blocking("save", "checkpoint", schema.CHECKPOINT_SAVE)
 
     # ------------------------------------------------------------------ eval, save, logs
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._blocking is None or self._blocking[0] != "eval":
+        if self._blocking != "eval":
             return  # an evaluate() outside training: no hook marks its start
-        self._blocking[1].__exit__(None, None, None)
-        self._blocking = None
-        self._between_steps_t0 = _now()
+        self._end_blocking()
         if control.should_save:
-            self._blocking = ("save", gt.span("checkpoint", schema.CHECKPOINT_SAVE).__enter__())
+            self._begin_blocking("save", "checkpoint", schema.CHECKPOINT_SAVE)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not gt.is_enabled():
             return
-        if self._blocking is not None and self._blocking[0] == "save":
-            self._blocking[1].__exit__(None, None, None)
-        elif self._between_steps_t0 is not None:  # decided after evaluating (save_strategy="best")
-            gt.recorder().record_span("checkpoint", schema.CHECKPOINT_SAVE, self._between_steps_t0, _now())
-        self._blocking = None
-        self._between_steps_t0 = _now()
+        if self._blocking == "save":
+            self._end_blocking()
+            return
+        if self._between_steps_t0 is not None:  # decided after evaluating (save_strategy="best")
+            gt.recorder().record_span("checkpoint", schema.CHECKPOINT_SAVE, self._between_steps_t0, now())
+        self._drop_blocking()
+        self._between_steps_t0 = now()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
                **kwargs: Any) -> None:
@@ -233,8 +192,3 @@ def _first_parameter(model: Any) -> Any:
     except Exception:
         return None
 
-
-def _now() -> int:
-    """The active recorder's clock (what its spans and steps are timed with)."""
-    rec = gt.recorder()
-    return rec.clock() if isinstance(rec, Recorder) else 0
