@@ -313,12 +313,11 @@ def _load_run(
             session_info(i, draft, summaries.get(i, {})) for i, draft in enumerate(drafts.values())
         ]
         record_count = sum(int(s.get("records") or 0) for s in summaries.values())
-        models = model_fetch.model_figures(con)
         attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
         timelines = model_fetch.load_timelines(con, reference_sessions(sessions, attempts), parquet_fids, json_by_sid)
+        models = model_fetch.model_events(con)
         for sid, timeline in timelines.items():
-            if not timeline.model and "model" in models.get(sid, {}):
-                timeline.model = models[sid]["model"]
+            timeline.model = models.get(sid, {})
         duckdb_sql.settle(con)
         hangs = hang_events_in(con)
         # the analysis fetches each session's columns when it cuts it (a block at a time)
@@ -342,7 +341,7 @@ def _load_run(
         path=path, sessions=sessions, timelines=timelines, session_records=records,
         warnings=fold_file_warnings(warnings),
         form=form, records=record_count, files=json_by_sid, parquet_fids=parquet_fids,
-        parquet_path=parquet if parquet_ok else None, models=models, skipped=skipped,
+        parquet_path=parquet if parquet_ok else None, skipped=skipped,
     )
     loaded.hang_events = hang_details(loaded, hangs)  # the few sessions with a hang: their events' details
     return loaded

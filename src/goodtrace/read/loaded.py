@@ -176,9 +176,6 @@ class LoadedRun:
     files: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # JSON segment files
     parquet_fids: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # rows of the Parquet copy
     parquet_path: str | None = None
-    # per session, what the framework integration recorded about the model (flops_per_step,
-    # tokens_per_step metrics; "model": the model event's attributes)
-    models: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     # lines that are no valid record, by reason (goodtrace.read.validate.SKIP_REASONS)
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)
     # the analysis consumed the step/sync/span columns of session_records (analyze(release_records=True))

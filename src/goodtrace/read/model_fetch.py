@@ -227,19 +227,12 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
     return out
 
 
-def model_figures(con: Any) -> dict[int, dict[str, Any]]:
-    """Per session, what the framework integration recorded about the model: its latest
-    ``flops_per_step``/``tokens_per_step`` metrics and ``model`` event attributes."""
-    out: dict[int, dict[str, Any]] = {}
-    for sid, name, value, attrs in con.execute(
-        "SELECT sid, name, arg_max(value, t), arg_max(attrs, t) FROM m_model GROUP BY sid, name"
-    ).fetchall():
-        entry = out.setdefault(int(sid), {})
-        if name == "model":
-            entry["model"] = _json_object(attrs)
-        elif value is not None:
-            entry[str(name)] = float(value)
-    return out
+def model_events(con: Any) -> dict[int, dict[str, Any]]:
+    """Per session, the attributes of the last ``model`` event the framework integration
+    recorded (the one fetch of it: ``SessionTimeline.model``)."""
+    return {int(sid): _json_object(attrs) for sid, attrs in con.execute(
+        "SELECT sid, arg_max(attrs, t) FROM m_model WHERE name = 'model' GROUP BY sid"
+    ).fetchall()}
 
 
 # ---------------------------------------------------------------------------------- full timelines
@@ -322,8 +315,6 @@ def load_timelines(
         tl.names = vocabulary
         tl.events = [(n, t, s, _json_object(a) or None) for n, t, s, a in by_sid.get(sid, [])]
         tl.flops = flops.get(sid, [])
-        models = [attrs for name, _, _, attrs in tl.events if name == "model" and attrs]
-        tl.model = models[-1] if models else {}
     con.execute("DROP TABLE detail")
     con.execute("DROP TABLE records_none")
     return timelines
