@@ -43,6 +43,7 @@ from goodtrace.analysis.executions import (
     RULE_ASYNC_DEVICE,
     RULE_SYNC,
     RULE_UNKNOWN,
+    Relabels,
     SessionSteps,
     cut_session,
 )
@@ -155,7 +156,7 @@ class RunAnalysis:
     cuts: dict[int, SessionSteps] = dataclasses.field(default_factory=dict)
     clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
-    relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
+    relabels: dict[int, Relabels] = dataclasses.field(default_factory=dict)
     hangs: tuple[Hang, ...] = ()  # ranks whose training thread stopped (analysis.hangs)
     slowdowns: tuple[Slowdown, ...] = ()  # ranks slower than they were (analysis.slowdown)
     rewinds: tuple[RewindRow, ...] = ()  # rollbacks inside an attempt (reference rank), in time order
@@ -376,7 +377,7 @@ def analyze(
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
     clocks = loaded_clocks(run, [a.sessions for a in attempts])
     goodput_by_rank: dict[int, float] = {}
-    relabels: dict[int, tuple[int, int | None]] = {}
+    relabels: dict[int, Relabels] = {}
     sessions_of: dict[int, list[int]] = {}
     for s in job_sessions:
         sessions_of.setdefault(s.rank, []).append(s.index)

@@ -27,6 +27,7 @@ import bisect
 import dataclasses
 from array import array
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from goodtrace import schema
 from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, window_overhead
@@ -40,11 +41,13 @@ __all__ = [
     "FLAG_REWOUND",
     "FLAG_UNORDERED_SYNC",
     "HOST_EXIT",
+    "NO_RELABELS",
     "RULE_ASYNC",
     "RULE_ASYNC_DEVICE",
     "RULE_SYNC",
     "RULE_UNKNOWN",
     "Piece",
+    "Relabels",
     "SessionSteps",
     "cut_session",
     "label_totals",
@@ -100,6 +103,19 @@ def label_totals(pieces: Iterable[Piece], *, skip: str | None = None) -> dict[st
         if p.label != skip:
             out[p.label] = out.get(p.label, 0) + p.length
     return out
+
+
+class Relabels(NamedTuple):
+    """What the attempt level relabels in a session's windows (:func:`goodtrace.analysis.partition.assemble`):
+    ``warmup_ns`` of its first window is warm-up, and its executions of a step at or above
+    ``redone_from`` (a later attempt, or a rollback the program named, started again there; None:
+    nothing was redone) are wasted progress."""
+
+    warmup_ns: int
+    redone_from: int | None
+
+
+NO_RELABELS = Relabels(0, None)
 
 
 def _ints() -> array[int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from goodtrace.analysis.executions import Piece, label_totals
+from goodtrace.analysis.executions import NO_RELABELS, Piece, label_totals
 from goodtrace.analysis.partition import PRODUCTIVE, window_pieces
 from goodtrace.analysis.selection import StepRange
 
@@ -87,7 +87,7 @@ def session_windows(analysis: RunAnalysis, session: int, selected: StepRange | N
     cut = analysis.cuts.get(session)
     if cut is None:
         return []
-    relabels = analysis.relabels.get(session, (0, None))
+    relabels = analysis.relabels.get(session, NO_RELABELS)
     attempt = analysis.attempt_of.get(session, -1)
     out = []
     for w in _windows_in_range(cut, selected):

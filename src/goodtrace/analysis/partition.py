@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 from goodtrace import schema
-from goodtrace.analysis.executions import FLAG_REWOUND, Piece, SessionSteps, label_totals, relabel
+from goodtrace.analysis.executions import FLAG_REWOUND, Piece, Relabels, SessionSteps, label_totals, relabel
 from goodtrace.read.loaded import SessionInfo
 
 __all__ = [
@@ -92,7 +92,7 @@ class Segment:
     cut: SessionSteps
     attempt: int
     delta: int
-    relabels: tuple[int, int | None]
+    relabels: Relabels
 
 
 class WindowList(Sequence[Window]):
@@ -104,7 +104,7 @@ class WindowList(Sequence[Window]):
         self._firsts: list[int] = []
         self._count = 0
 
-    def add(self, cut: SessionSteps, attempt: int, delta: int, relabels: tuple[int, int | None]) -> None:
+    def add(self, cut: SessionSteps, attempt: int, delta: int, relabels: Relabels) -> None:
         if cut.windows:
             self.segments.append(Segment(self._count, cut, attempt, delta, relabels))
             self._firsts.append(self._count)
@@ -140,7 +140,7 @@ class WindowList(Sequence[Window]):
 
         counted = 0
         for segment in self.segments:
-            cut, limit = segment.cut, segment.relabels[1]
+            cut, limit = segment.cut, segment.relabels.redone_from
             window = np.frombuffer(cut.exec_window, dtype=np.int64)
             kept = (window >= 0) & ((np.frombuffer(cut.exec_flags, dtype=np.int64) & FLAG_REWOUND) == 0)
             if limit is not None:  # the same rule as _lost: re-done by a later attempt or rewound
@@ -149,7 +149,7 @@ class WindowList(Sequence[Window]):
         return counted
 
     def any_warmup(self) -> bool:
-        return any(segment.relabels[0] for segment in self.segments)
+        return any(segment.relabels.warmup_ns for segment in self.segments)
 
 
 def segment_window(segment: Segment, w: int) -> Window:
@@ -157,7 +157,7 @@ def segment_window(segment: Segment, w: int) -> Window:
     cut, delta = segment.cut, segment.delta
     own, lost = window_pieces(cut, w, segment.relabels)
     wall = [Piece(p.start + delta, p.end + delta, p.label) for p in own]
-    warm = segment.relabels[0] if w == 0 else 0
+    warm = segment.relabels.warmup_ns if w == 0 else 0
     return Window(cut, w, segment.attempt, cut.win_start[w] + delta, cut.win_end[w] + delta, wall, lost, w == 0, warm)
 
 
@@ -174,7 +174,7 @@ class Timeline:
     buckets: dict[str, int] = dataclasses.field(default_factory=dict)
     parts: dict[str, int] = dataclasses.field(default_factory=dict)
     # per session: (warm-up ns moved out of its first interval, the restore point after it)
-    relabels: dict[int, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
+    relabels: dict[int, Relabels] = dataclasses.field(default_factory=dict)
 
     def totals(self, a: int | None = None, b: int | None = None) -> tuple[dict[str, int], dict[str, int]]:
         """Bucket totals (ns) and startup parts, optionally clipped to [a, b)."""
@@ -352,7 +352,7 @@ def assemble(
         emit(Piece(submit_wall, job_start, SCHEDULING), submit_wall, None)
         start = submit_wall
     cursor = job_start
-    relabels: dict[int, tuple[int, int | None]] = {}
+    relabels: dict[int, Relabels] = {}
     for k, (attempt, info, cut) in enumerate(ordered):
         delta = info.wall_anchor - info.mono_anchor
         limit = None if k + 1 == len(ordered) else ordered[k + 1][1].start_wall
@@ -362,7 +362,7 @@ def assemble(
         for p in cut.startup_pieces():
             cursor = emit(Piece(p.start + delta, p.end + delta, p.label, p.part), cursor, limit)
         warmup = _warmup(cut, ideal, noise)
-        relabels[cut.session] = (warmup, restore_after[k])
+        relabels[cut.session] = Relabels(warmup, restore_after[k])
         if pieces:
             windows.add(cut, attempt, delta, relabels[cut.session])
         if (not pieces and cut.windows and (limit is None or cut.win_end[-1] + delta <= limit)
@@ -395,7 +395,7 @@ def assemble(
     return Timeline(start, cursor, out_pieces, windows, [c for _, _, c in ordered], buckets, parts, relabels)
 
 
-def window_pieces(cut: SessionSteps, w: int, relabels: tuple[int, int | None]) -> tuple[list[Piece], frozenset[int]]:
+def window_pieces(cut: SessionSteps, w: int, relabels: Relabels) -> tuple[list[Piece], frozenset[int]]:
     """Window ``w`` of ``cut`` with the attempt-level relabels :func:`assemble` applied (on the
     session's own clock), and the executions in it that a later attempt redid."""
     warmup, limit = relabels

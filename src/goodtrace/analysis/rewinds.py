@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from goodtrace import schema
+
+if TYPE_CHECKING:
+    from goodtrace.analysis.executions import Relabels
 
 __all__ = [
     "ROLLBACK_EVENT",
@@ -173,7 +176,7 @@ class RewindRow:
 
 
 def rewind_rows(
-    cuts: Sequence[Any], relabels: dict[int, tuple[int, int | None]], attempt_of: dict[int, int],
+    cuts: Sequence[Any], relabels: dict[int, Relabels], attempt_of: dict[int, int],
     sessions: Sequence[Any], job_start: int,
 ) -> list[RewindRow]:
     """The rewinds of the reference timeline's cuts (``SessionSteps``), each with the productive
@@ -183,7 +186,8 @@ def rewind_rows(
     for cut in cuts:
         info = sessions[cut.session]
         attempt = attempt_of.get(cut.session, -1)
-        warmup = relabels.get(cut.session, (0, None))[0]
+        relabels_of = relabels.get(cut.session)
+        warmup = 0 if relabels_of is None else relabels_of.warmup_ns
         for r in cut.rewinds:
             wasted = 0.0
             for i in r.thrown:

@@ -97,7 +97,7 @@ class StepTable(Sequence[StepRow]):
             cut = segment.cut
             count = np.frombuffer(cut.win_count, dtype=np.int64)
             win_productive = np.frombuffer(cut.win_productive, dtype=np.int64).copy()
-            win_productive[0] -= segment.relabels[0]
+            win_productive[0] -= segment.relabels.warmup_ns
             w = np.repeat(np.arange(len(count), dtype=np.int32), count)
             segment_of.append(np.full(len(w), k, dtype=np.int32))
             window_of.append(w)

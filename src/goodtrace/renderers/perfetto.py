@@ -29,7 +29,7 @@ from goodtrace import schema
 from goodtrace.analysis import RunAnalysis
 from goodtrace.analysis.intervals import WindowView, session_windows, slice_window
 from goodtrace.analysis.selection import Selection
-from goodtrace.read.loaded import LoadedRun
+from goodtrace.read.loaded import LoadedRun, Progress
 from goodtrace.read.raw import RawRecord, session_records
 from goodtrace.renderers.trace_events import (
     COMFORTABLE_TRACE_BYTES,
@@ -46,8 +46,6 @@ from goodtrace.renderers.trace_events import (
 )
 
 __all__ = ["PerfettoRenderer", "Selection", "TraceSummary"]
-
-Progress = Callable[[str, int, int], None]
 
 
 class PerfettoRenderer:
