@@ -61,7 +61,7 @@ class Slowdown:
 
 def _series(cut: SessionSteps) -> tuple[str, Any, Any] | None:
     """(measure, steps, seconds) per steady-state execution in entry order: compute time where
-    the session has compute spans, else the step time (window length / executions in it)."""
+    the session has compute spans, else the step time (:meth:`SessionSteps.step_ns`)."""
     import numpy as np
 
     steps = np.frombuffer(cut.exec_step, dtype=np.int64)
@@ -73,11 +73,8 @@ def _series(cut: SessionSteps) -> tuple[str, Any, Any] | None:
     if compute is not None and (compute[keep] > 0).mean() > 0.9:
         keep &= compute > 0
         return "compute", steps[keep], compute[keep] / NS
-    counts = np.frombuffer(cut.win_count, dtype=np.int64)
-    lengths = (np.frombuffer(cut.win_end, dtype=np.int64) - np.frombuffer(cut.win_start, dtype=np.int64))
     keep &= window >= 0
-    w = window[keep]
-    return "step", steps[keep], lengths[w] / np.maximum(counts[w], 1) / NS
+    return "step", steps[keep], cut.step_ns()[window[keep]] / NS
 
 
 def _change_point(x: Any) -> int | None:
