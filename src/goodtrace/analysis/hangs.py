@@ -14,13 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from goodtrace.analysis.clock import SessionClock
-from goodtrace.read.loaded import SessionInfo
+from goodtrace.read.loaded import HangEvent, SessionInfo
 from goodtrace.record.hang_peers import stop_order, summary_line, where_text
 
 __all__ = ["Hang", "describe_hangs", "find_hangs"]
 
 NS = 1e9
-HangEvent = tuple[str, int, int | None, dict[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,14 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.read.loaded import LoadedRun
+from goodtrace.read.loaded import HangEvent, LoadedRun
 from goodtrace.read.segments import SegmentRecords, read_bytes
 
 __all__ = ["HANG_EVENTS", "hang_details", "hang_events_in"]
 
 HANG_EVENTS = ("hang", "hang_over")  # goodtrace.record.hang.HANG_EVENT, HANG_OVER_EVENT
 
-HangEvent = tuple[str, int, int | None, dict[str, Any]]  # (name, t, step, attrs)
 
 
 def hang_events_in(con: Any) -> dict[int, list[tuple[str, int, int | None]]]:
@@ -40,11 +39,11 @@ def hang_details(run: LoadedRun, events: dict[int, list[tuple[str, int, int | No
     for index, named in events.items():
         timeline = run.timelines.get(index)
         if timeline is not None:
-            details = [(n, t, s, a or {}) for n, t, s, a in timeline.events if n in HANG_EVENTS]
+            details = [HangEvent(n, t, s, a or {}) for n, t, s, a in timeline.events if n in HANG_EVENTS]
         else:
             details = _from_files(run, index)
         if not details:  # the files are gone (a compacted copy): names and times only
-            details = [(n, t, s, {}) for n, t, s in named]
+            details = [HangEvent(n, t, s, {}) for n, t, s in named]
         found[index] = sorted(details, key=lambda e: e[1])
     return found
 
@@ -59,6 +58,6 @@ def _from_files(run: LoadedRun, index: int) -> list[HangEvent]:
         for record in SegmentRecords(data, path, []):
             if record.get(schema.F_KIND) == schema.EVENT and record.get(schema.F_NAME) in HANG_EVENTS:
                 attrs, step = record.get(schema.F_ATTRS), record.get(schema.F_STEP)
-                events.append((record[schema.F_NAME], int(record[schema.F_T]),
-                               step if isinstance(step, int) else None, attrs if isinstance(attrs, dict) else {}))
+                events.append(HangEvent(record[schema.F_NAME], int(record[schema.F_T]),
+                                        step if isinstance(step, int) else None, attrs if isinstance(attrs, dict) else {}))
     return events

@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from collections.abc import Callable, MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from goodtrace import schema
 
 __all__ = [
     "NO_TIME",
+    "EventRecord",
+    "HangEvent",
     "LoadError",
     "LoadedRun",
     "Progress",
@@ -30,6 +32,26 @@ __all__ = [
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 NO_TIME = -(2**63)  # a missing time or number in the integer columns below
+
+
+class EventRecord(NamedTuple):
+    """An event of a session's timeline: its name, time (the session's monotonic ns), step,
+    and attributes (None when it had none, or they were too large to keep)."""
+
+    name: str
+    t: int
+    step: int | None
+    attrs: dict[str, Any] | None
+
+
+class HangEvent(NamedTuple):
+    """A hang event (``hang``, ``hang_resumed``) of a session, its attributes as read ({} when
+    they could not be)."""
+
+    name: str
+    t: int
+    step: int | None
+    attrs: dict[str, Any]
 
 
 class LoadError(RuntimeError):
@@ -155,7 +177,7 @@ class SessionTimeline:
     span_names: tuple[str, ...] = ()  # the span names in order of first appearance
     flops: list[float] = dataclasses.field(default_factory=list)  # flops_per_step metric values
     # name, t, step, attributes (a JSON object, when small)
-    events: list[tuple[str, int, int | None, dict[str, Any] | None]] = dataclasses.field(default_factory=list)
+    events: list[EventRecord] = dataclasses.field(default_factory=list)
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # attrs of the last "model" event
 
 
@@ -181,7 +203,7 @@ class LoadedRun:
     # the analysis consumed the step/sync/span columns of session_records (analyze(release_records=True))
     released: bool = False
     # per session with a hang event: (name, t, step, attrs) of its hang events (read.hangs)
-    hang_events: dict[int, list[tuple[str, int, int | None, dict[str, Any]]]] = dataclasses.field(default_factory=dict)
+    hang_events: dict[int, list[HangEvent]] = dataclasses.field(default_factory=dict)
 
     def close(self) -> None:
         """Release what the loader holds open for the analysis (its DuckDB connection and

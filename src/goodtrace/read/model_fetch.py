@@ -20,7 +20,7 @@ from goodtrace.read.duckdb_sql import (
     insert_rows,
     read_json_sql,
 )
-from goodtrace.read.loaded import NO_TIME, SessionRecords, SessionTimeline
+from goodtrace.read.loaded import NO_TIME, EventRecord, SessionRecords, SessionTimeline
 from goodtrace.read.validate import json_object
 
 
@@ -313,7 +313,7 @@ def load_timelines(
         tl.span_names = tuple(vocabulary[code] for code in dict.fromkeys(np.asarray(c["name"])[order].tolist()))
     for sid, tl in timelines.items():
         tl.names = vocabulary
-        tl.events = [(n, t, s, _json_object(a) or None) for n, t, s, a in by_sid.get(sid, [])]
+        tl.events = [EventRecord(n, t, s, _json_object(a) or None) for n, t, s, a in by_sid.get(sid, [])]
         tl.flops = flops.get(sid, [])
     con.execute("DROP TABLE detail")
     con.execute("DROP TABLE records_none")
