@@ -152,7 +152,7 @@ def category_for_name(name: str) -> str:
     return DEFAULT_CATEGORY_BY_NAME.get(name.strip().lower(), COMPUTE)
 
 
-# Badput buckets of the time partition (DESIGN.md section 4), in report order.
+# Badput buckets of the time partition (docs/semantics.md section 3.1), in report order.
 BUCKET_PRODUCTIVE: Final = "productive"
 BUCKET_SCHEDULING: Final = "scheduling"
 BUCKET_STARTUP: Final = "startup"
