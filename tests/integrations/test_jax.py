@@ -4,7 +4,7 @@ Ground truth for step completion comes from a watcher thread that does nothing b
 each step's result in turn and record when it became ready (each step depends on the previous
 one). The jitted step is a matmul chain whose depth is calibrated so that its device time D is
 about 0.1 s on the machine running the test (a fixed depth gave 26 ms on one machine and 57 ms
-on another, where ms-scale jitter is 5%), measured once, synchronously, before the loop.
+on another, where ms-scale jitter is 5%), measured synchronously before the loop (and again after it).
 Margins: a step's end is dated by goodtrace's readiness check (one poll interval apart) and
 its truth by the watcher, two threads that each wake late by up to the slack this machine shows
 while the loop runs (``helpers.loops.Slack``, measured beside it: a few ms on a loaded shared
@@ -138,7 +138,7 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
 ) -> None:
     x0, w = operands
     depth = _calibrated_depth(x0, w)
-    device_s = _device_time_s(x0, w, depth)  # D, measured once
+    device_s = _device_time_s(x0, w, depth)  # D before the loop (and after it, below)
     steps_n = 8
     # every step, the last one too: it is first looked at by finish(), but dated by the
     # readiness check when it became ready
@@ -174,23 +174,27 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
         missed = _misses_truth(ours, truth, measured, compile_s, late_s)
         if not missed:
             break
+    device_after_s = _device_time_s(x0, w, depth)  # D again: the machine's speed may have changed
     table = "\n".join(
         f"step {k}: goodtrace {ours[k] * 1e3:8.2f} ms  truth {truth[k] * 1e3:8.2f} ms  "
         f"host timer {naive_s[k] * 1e3:8.2f} ms" for k in range(steps_n)
-    ) + f"\nD (measured once, depth {depth}) {device_s * 1e3:.2f} ms; LATE {late_s * 1e3:.2f} ms"
+    ) + (f"\nD (depth {depth}) {device_s * 1e3:.2f} ms before the loop, {device_after_s * 1e3:.2f} ms after it; "
+         f"LATE {late_s * 1e3:.2f} ms")
     print(table)
 
     # Every step, the last one (observed only at finish()) included: goodtrace = truth.
     assert missed == [], table
-    # Steady-state steps take about D. D was measured once, synchronously, a second earlier;
+    # Steady-state steps take about D. D is measured synchronously before and after the loop;
     # other jobs on this shared 2-core machine change its speed by up to 2x from one second to
-    # the next (seen while writing this test), hence the in-run watcher above as the per-step
-    # truth and only a sanity band here.
+    # the next (seen while writing this test; once D before the loop was 2.7x the loop's steps),
+    # hence the in-run watcher above as the per-step truth and only a sanity band here, around
+    # both measurements of D.
     steady = statistics.median(ours[1 : steps_n - 1])
-    assert 0.4 * device_s < steady < 2.5 * device_s, table
+    d_low, d_high = min(device_s, device_after_s), max(device_s, device_after_s)
+    assert 0.4 * d_low < steady < 2.5 * d_high, table
     # The host timer around the dispatch says ~0 for every step after the first.
     for k in range(1, steps_n):
-        assert naive_s[k] < 0.2 * device_s, table
+        assert naive_s[k] < 0.2 * d_high, table
         assert abs(naive_s[k] - truth[k]) > 0.7 * truth[k], table
 
     # Step 0 holds the compilation, labelled compile by JAX's own listeners, plus its run (as
