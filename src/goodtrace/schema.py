@@ -45,7 +45,9 @@ SYNC_POLL: Final = "poll"  # dated by the background readiness check (before any
 SYNC_BARRIER: Final = "barrier"  # a framework device barrier ran before a blocking span
 SYNC_HOWS: Final = (SYNC_LAG, SYNC_READY, SYNC_HOST, SYNC_BLOCKING, SYNC_FINISH, SYNC_POLL, SYNC_BARRIER)
 
-# Field names on disk (JSON). One place, so reader and writer never disagree.
+# Field names on disk (JSON), defined here. The encoders spell them out for speed (record/io/
+# encoding.py, writer.py's heartbeat, native_writer.c); tests/record/test_field_names.py holds
+# every name they write, and the header's, to these constants.
 F_KIND: Final = "kind"
 F_NAME: Final = "name"
 F_CATEGORY: Final = "cat"
@@ -92,6 +94,9 @@ H_INIT: Final = "init_mono"  # when init() ran
 H_SUBMIT_WALL: Final = "submit_wall"  # job submission time (wall ns) when known
 H_CONFIG: Final = "config"
 H_VERSION: Final = "version"  # goodtrace package version
+H_MAIN_TID: Final = "main_tid"  # the thread that called init(): its spans are the main thread's
+H_RANK_SOURCE: Final = "rank_source"  # where the rank came from (argument, launcher variable, ...)
+H_OVERHEAD_CATEGORIES: Final = "overhead_categories"  # the built-in and declared overhead categories
 
 # --------------------------------------------------------------------------------------------
 # Categories and buckets.
@@ -152,7 +157,7 @@ def category_for_name(name: str) -> str:
     return DEFAULT_CATEGORY_BY_NAME.get(name.strip().lower(), COMPUTE)
 
 
-# Badput buckets of the time partition (DESIGN.md section 4), in report order.
+# Badput buckets of the time partition (docs/semantics.md section 3.1), in report order.
 BUCKET_PRODUCTIVE: Final = "productive"
 BUCKET_SCHEDULING: Final = "scheduling"
 BUCKET_STARTUP: Final = "startup"

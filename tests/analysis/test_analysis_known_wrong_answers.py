@@ -1,4 +1,4 @@
-"""Every "known wrong answer" of DESIGN.md section 4, as a named test showing goodtrace gets
+"""Every "known wrong answer" of docs/semantics.md section 10, as a named test showing goodtrace gets
 it right. Some record through the real API with a fake clock and a fake asynchronous device
 (reading a value jumps the clock to when the device finishes it); others write timelines."""
 

@@ -1,21 +1,20 @@
-"""Regenerate the golden run directories under tests/data/runs (python tests/data/make_golden.py).
+"""Regenerate the golden run directories under tests/data/runs
+(``PYTHONPATH=tests python tests/data/make_golden.py``: it uses ``tests/helpers``).
 
 restart_2ranks: two ranks; attempt 0 checkpoints after step 2 and crashes in step 5; attempt 1
 restores and runs steps 3..7. Rank 1 computes slower and reaches every sync point 0.2 s late;
 its last file ends in a torn line. schema_v0: one rank written with the older schema 0 header.
-Expected figures are in tests/test_report_cli.py.
+Expected figures are in tests/cli/test_report_cli.py.
 """
 
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent))
+from helpers.builders import Proc
 
-from helpers.builders import Proc  # noqa: E402
+HERE = Path(__file__).parent
 
 
 def restart_2ranks(root: Path) -> None:

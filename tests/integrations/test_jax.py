@@ -4,11 +4,14 @@ Ground truth for step completion comes from a watcher thread that does nothing b
 each step's result in turn and record when it became ready (each step depends on the previous
 one). The jitted step is a matmul chain whose depth is calibrated so that its device time D is
 about 0.1 s on the machine running the test (a fixed depth gave 26 ms on one machine and 57 ms
-on another, where ms-scale jitter is 5%), measured once, synchronously, before the loop.
-Margins: on a shared 2-core machine the wake-up of a waiting thread (goodtrace's or the
-watcher's) jitters by up to ~6 ms, so single steps may differ by 8% + 5 ms; the median step by
-3%, the sum over steps by 2%. The watcher itself is one of those threads, so a run whose
-ground truth was disturbed is run again (up to three runs, each held to every bound).
+on another, where ms-scale jitter is 5%), measured synchronously before the loop (and again after it).
+Margins: a step's end is dated by goodtrace's readiness check (one poll interval apart) and
+its truth by the watcher, two threads that each wake late by up to the slack this machine shows
+while the loop runs (``helpers.loops.Slack``, measured beside it: a few ms on a loaded shared
+2-core machine). So single steps may differ by 8% + LATE, LATE = poll interval + 2 x measured
+slack (step 0 after its compilation by 5% + LATE); the median step by 3%, the sum over steps by
+2%. The watcher itself is one of those threads, so a run whose ground truth was disturbed is
+run again (up to three runs, each held to every bound).
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ import goodtrace as gt  # noqa: E402
 from goodtrace import schema  # noqa: E402
 from goodtrace.integrations import jax as gj  # noqa: E402
 from goodtrace.testing import capture  # noqa: E402
+from helpers.loops import Slack  # noqa: E402
 
 N = 640
 DEPTH = 10  # ~50 ms on one CPU core
 LONG_DEPTH = 20  # the smallest depth of the timing test, calibrated up to TARGET_DEVICE_S
 TARGET_DEVICE_S = 0.1  # so that ms-scale wake-up jitter is a few percent of a step
+POLL_S = 0.002  # the readiness check's interval in the timing test
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -106,16 +111,19 @@ def listeners() -> Iterator[None]:
     gj.install()
 
 
-def _misses_truth(ours: list[float], truth: list[float], measured: range, compile_s: float) -> list[str]:
-    """The accuracy bounds of the ground-truth test (see the module's docstring) that this run
-    missed: the retry loop runs again while any is missed, and the test asserts none is."""
-    missed = [f"step {k}: beyond 8% + 5 ms" for k in measured if abs(ours[k] - truth[k]) > 0.08 * truth[k] + 0.005]
+def _misses_truth(ours: list[float], truth: list[float], measured: range, compile_s: float,
+                  late_s: float) -> list[str]:
+    """The accuracy bounds of the ground-truth test (see the module's docstring; ``late_s`` is
+    LATE, measured in this run) that this run missed: the retry loop runs again while any is
+    missed, and the test asserts none is."""
+    late = f"{late_s * 1e3:.1f} ms"
+    missed = [f"step {k}: beyond 8% + {late}" for k in measured if abs(ours[k] - truth[k]) > 0.08 * truth[k] + late_s]
     if sum(ours[k] for k in measured) != pytest.approx(sum(truth[k] for k in measured), rel=0.02):
         missed.append("sum of steps: beyond 2%")
     if statistics.median(abs(ours[k] / truth[k] - 1) for k in measured) >= 0.03:
         missed.append("median step: beyond 3%")
-    if ours[0] - compile_s != pytest.approx(truth[0] - compile_s, rel=0.05, abs=0.003):
-        missed.append("step 0 after its compilation: beyond 5% + 3 ms")
+    if ours[0] - compile_s != pytest.approx(truth[0] - compile_s, rel=0.05, abs=late_s):
+        missed.append(f"step 0 after its compilation: beyond 5% + {late}")
     return missed
 
 
@@ -130,7 +138,7 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
 ) -> None:
     x0, w = operands
     depth = _calibrated_depth(x0, w)
-    device_s = _device_time_s(x0, w, depth)  # D, measured once
+    device_s = _device_time_s(x0, w, depth)  # D before the loop (and after it, below)
     steps_n = 8
     # every step, the last one too: it is first looked at by finish(), but dated by the
     # readiness check when it became ready
@@ -138,8 +146,9 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
     for _ in range(3):  # outside load on the 2 shared cores can delay a thread: up to 3 runs
         jax.clear_caches()  # step 0 must compile
         watcher = CompletionWatcher()
+        slack = Slack()
         naive_s: list[float] = []
-        with capture() as cap:
+        with capture(poll_interval_s=POLL_S) as cap:
             x = x0
             for k in range(steps_n):
                 with gt.step(k) as s:
@@ -149,6 +158,7 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
                     s.complete_on(loss)
                     watcher.watch(loss)
         done_ns = watcher.close()
+        late_s = POLL_S + 2 * slack.stop() / 1e9  # LATE: see the module's docstring
 
         steps, syncs = _steps_and_syncs(cap)
         assert sorted(syncs) == list(range(steps_n))
@@ -161,26 +171,30 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
         truth = [(done_ns[0] - steps[0]["t0"]) / 1e9] + [(b - a) / 1e9 for a, b in itertools.pairwise(done_ns)]
         compile_spans = [r for r in cap.records(schema.SPAN) if r["cat"] == schema.COMPILE and r["step"] == 0]
         compile_s = sum(r["t1"] - r["t0"] for r in compile_spans) / 1e9
-        missed = _misses_truth(ours, truth, measured, compile_s)
+        missed = _misses_truth(ours, truth, measured, compile_s, late_s)
         if not missed:
             break
+    device_after_s = _device_time_s(x0, w, depth)  # D again: the machine's speed may have changed
     table = "\n".join(
         f"step {k}: goodtrace {ours[k] * 1e3:8.2f} ms  truth {truth[k] * 1e3:8.2f} ms  "
         f"host timer {naive_s[k] * 1e3:8.2f} ms" for k in range(steps_n)
-    ) + f"\nD (measured once, depth {depth}) {device_s * 1e3:.2f} ms"
+    ) + (f"\nD (depth {depth}) {device_s * 1e3:.2f} ms before the loop, {device_after_s * 1e3:.2f} ms after it; "
+         f"LATE {late_s * 1e3:.2f} ms")
     print(table)
 
     # Every step, the last one (observed only at finish()) included: goodtrace = truth.
     assert missed == [], table
-    # Steady-state steps take about D. D was measured once, synchronously, a second earlier;
+    # Steady-state steps take about D. D is measured synchronously before and after the loop;
     # other jobs on this shared 2-core machine change its speed by up to 2x from one second to
-    # the next (seen while writing this test), hence the in-run watcher above as the per-step
-    # truth and only a sanity band here.
+    # the next (seen while writing this test; once D before the loop was 2.7x the loop's steps),
+    # hence the in-run watcher above as the per-step truth and only a sanity band here, around
+    # both measurements of D.
     steady = statistics.median(ours[1 : steps_n - 1])
-    assert 0.4 * device_s < steady < 2.5 * device_s, table
+    d_low, d_high = min(device_s, device_after_s), max(device_s, device_after_s)
+    assert 0.4 * d_low < steady < 2.5 * d_high, table
     # The host timer around the dispatch says ~0 for every step after the first.
     for k in range(1, steps_n):
-        assert naive_s[k] < 0.2 * device_s, table
+        assert naive_s[k] < 0.2 * d_high, table
         assert abs(naive_s[k] - truth[k]) > 0.7 * truth[k], table
 
     # Step 0 holds the compilation, labelled compile by JAX's own listeners, plus its run (as
@@ -191,7 +205,7 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
     assert all(steps[0]["t0"] <= r["t0"] <= r["t1"] <= sync_ns[0] for r in compile_spans)
     assert compile_s > 0.005
     true_steady = statistics.median(truth[1 : steps_n - 1])
-    assert ours[0] >= compile_s + 0.7 * true_steady, table
+    assert ours[0] >= compile_s + 0.7 * true_steady - late_s, table
     # The host timer sees the compilation (synchronous) but not the run of step 0.
     assert naive_s[0] < ours[0] - 0.5 * true_steady, table
     assert {r["step"] for r in cap.records(schema.TAG) if r["name"] == "compile"} == {0}

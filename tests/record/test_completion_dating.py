@@ -1,6 +1,6 @@
 """Sync points against ground truth, in real child processes, with the real recorder.
 
-Each test runs a loop of ``async_loops.py`` in a fresh interpreter on the simulated
+Each test runs a loop of ``helpers/loops.py`` (its ``DATED_SHAPES``) in a fresh interpreter on the simulated
 asynchronous device (kernels of known duration on a worker thread, whose log says when each
 one finished), reads the run back with ``read_run`` and compares every execution's recorded
 sync point with the device's log.
@@ -36,7 +36,7 @@ from goodtrace.read.sessions import Session, read_run
 from goodtrace.record.errors import GoodtraceWarning
 from goodtrace.testing import DeviceValue, SimulatedDevice, capture
 
-CHILD = Path(__file__).with_name("async_loops.py")
+CHILD = Path(__file__).resolve().parents[1] / "helpers" / "loops.py"
 ATTEMPTS = 3
 
 

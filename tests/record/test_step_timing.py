@@ -101,7 +101,7 @@ def test_every_step_interval_matches_device_truth_step0_included(device: Simulat
 
 
 def test_failure_mode_step0_reported_fast_despite_compile(device: SimulatedDevice) -> None:
-    """DESIGN 1.1: a host timer around the dispatch makes step 0 look fast; goodtrace does not."""
+    """docs/semantics.md 1.1: a host timer around the dispatch shows step 0 fast; goodtrace does not."""
     durations = [0.200, 0.030, 0.030, 0.030]
     cap, _, marks = _run_async_loop(device, durations, host_work_s=0.0)
     intervals, _, steps = _intervals(cap)
@@ -112,7 +112,7 @@ def test_failure_mode_step0_reported_fast_despite_compile(device: SimulatedDevic
 
 
 def test_failure_mode_step_time_reported_under_another_step(device: SimulatedDevice) -> None:
-    """DESIGN 1.1: each step's time lands on that step, not on a later one."""
+    """docs/semantics.md 1.1: each step's time lands on that step, not on a later one."""
     durations = [0.020, 0.080, 0.020, 0.060, 0.020]
     errors: list[list[int]] = []
     for _ in range(3):  # outside load can wake a thread late: one of three runs within the bound
@@ -135,7 +135,7 @@ def test_failure_mode_step_time_reported_under_another_step(device: SimulatedDev
 def test_checkpoint_measures_save_alone_and_lands_after_its_step(
     device: SimulatedDevice, log_before_checkpoint: bool
 ) -> None:
-    """DESIGN 1.1: checkpoint time neither vanishes nor includes the wait for step N."""
+    """docs/semantics.md 1.1: checkpoint time neither vanishes nor includes the wait for step N."""
     durations = [0.050, 0.040, 0.040, 0.040, 0.040]
     n = 2
     cap, values, marks = _run_async_loop(
@@ -156,7 +156,7 @@ def test_checkpoint_measures_save_alone_and_lands_after_its_step(
 
 
 def test_failure_mode_eval_time_vanishes(device: SimulatedDevice) -> None:
-    """DESIGN 1.1: an eval between steps is measured and attributed between the right syncs."""
+    """docs/semantics.md 1.1: an eval between steps is measured and attributed between the right syncs."""
     slack = Slack()
     with capture() as cap:
         for k in range(4):

@@ -19,7 +19,7 @@ __all__ = ["ProgramGoodput", "model_figures", "program_goodput"]
 
 @dataclasses.dataclass(frozen=True)
 class ProgramGoodput:
-    """MFU and the goodput product (DESIGN.md section 4). Fields are None when unknown."""
+    """MFU and the goodput product (docs/semantics.md section 5.4). Fields are None when unknown."""
 
     flops_per_step: float | None
     flops_source: str | None

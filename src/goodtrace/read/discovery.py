@@ -172,7 +172,7 @@ def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> Se
         proc_start = init if init is not None else mono
     config = header.get(schema.H_CONFIG) if isinstance(header.get(schema.H_CONFIG), dict) else {}
     assert isinstance(config, dict)
-    overhead = header.get("overhead_categories") or config.get("overhead_categories") or []
+    overhead = header.get(schema.H_OVERHEAD_CATEGORIES) or config.get("overhead_categories") or []
     last_seen = max(
         v for v in (mono, proc_start, summary.get("last_seen"), summary.get("finish_t")) if isinstance(v, int)
     )
@@ -200,7 +200,7 @@ def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> Se
         has_finish=bool(summary.get("has_finish")),
         last_heartbeat=summary.get("heartbeat"),
         flush_interval_s=float(flush) if isinstance(flush, (int, float)) and flush > 0 else 1.0,
-        main_tid=int_or_none(header.get("main_tid")),
+        main_tid=int_or_none(header.get(schema.H_MAIN_TID)),
         overhead_categories=frozenset(str(c) for c in overhead if isinstance(c, str)),
         blocking_categories=schema.BLOCKING_CATEGORIES | frozenset(str(c) for c in blocking if isinstance(c, str)),
         lag=int(lag) if isinstance(lag, int) else 1,

@@ -194,7 +194,7 @@ class LoadedRun:
     warnings: list[str] = dataclasses.field(default_factory=list)
     form: str = "jsonl"  # "jsonl", "parquet" or "parquet+jsonl"
     records: int = 0
-    # where each session's records are, for views that read raw spans again (see read.spans)
+    # where each session's records are, for views that read raw records again (see read.raw)
     files: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # JSON segment files
     parquet_fids: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # rows of the Parquet copy
     parquet_path: str | None = None

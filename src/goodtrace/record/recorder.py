@@ -145,9 +145,9 @@ class Recorder:
             schema.H_PROC_START_SOURCE: proc_source,
             schema.H_INIT: clock(),
             schema.H_SUBMIT_WALL: submit_wall_ns(),
-            "main_tid": _get_ident(),
-            "rank_source": identity.rank_source,
-            "overhead_categories": sorted(self._overhead),
+            schema.H_MAIN_TID: _get_ident(),
+            schema.H_RANK_SOURCE: identity.rank_source,
+            schema.H_OVERHEAD_CATEGORIES: sorted(self._overhead),
             schema.H_CONFIG: config.to_record(),
         }
         self.storage = storage if storage is not None else open_storage(run_dir)
