@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from goodtrace.record.live.slowdown import LiveSlowdown
+
 __all__ = ["LiveLine", "MetricSummary", "format_bytes", "format_line"]
 
 
@@ -66,6 +68,7 @@ class LiveLine:
     slowest_rank: int | None = None  # the latest rank at that sync point (None with one rank)
     host_ranks: tuple[int, ...] = ()  # ranks on the computing rank's host
     job_goodput: float | None = None  # the whole job so far (filled by goodtrace.sinks from the run)
+    slowdowns: tuple[LiveSlowdown, ...] = ()  # ranks slower than they were (record/live/slowdown.py)
 
 
 def format_bytes(count: float) -> str:
@@ -111,6 +114,7 @@ def format_line(line: LiveLine) -> str:
         if line.job_goodput is not None:  # a sink read the earlier attempts back
             text += f", {100 * line.job_goodput:.1f}% (job so far)"
         parts.append(text)
+    parts.extend(s.text for s in line.slowdowns)
     return " | ".join(parts)
 
 
