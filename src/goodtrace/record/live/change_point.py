@@ -21,6 +21,7 @@ Linear in the series, but for the medians and the quantile (a sort each).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 import statistics
@@ -46,6 +47,19 @@ def _quantile(x: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+def _weights(n: int) -> list[float]:
+    """sqrt(k (n - k) / n) for each split k of ``n``; kept for short series (the live
+    history's ``n`` repeats), not for a report's long ones."""
+    return _short_weights(n) if n <= 4096 else _weights_of(n)
+
+
+def _weights_of(n: int) -> list[float]:
+    return [math.sqrt(k * (n - k) / n) for k in range(MIN_SIDE, n - MIN_SIDE + 1)]
+
+
+_short_weights = functools.lru_cache(maxsize=8)(_weights_of)
+
+
 def change_point(x: Sequence[float]) -> int | None:
     """The index of the first execution at the higher level, where the weighted shift of the
     mean of the clipped times is largest; None for no upward shift."""
@@ -53,16 +67,15 @@ def change_point(x: Sequence[float]) -> int | None:
     if n < 2 * MIN_SIDE:
         return None
     cap = _quantile(x, CLIP_QUANTILE)
-    cumulative = list(itertools.accumulate(min(v, cap) for v in x))
+    cumulative = list(itertools.accumulate([v if v < cap else cap for v in x]))
     total = cumulative[-1]
-    best_k, best_score, best_shift = -1, -math.inf, 0.0
-    for k in range(MIN_SIDE, n - MIN_SIDE + 1):
-        before = cumulative[k - 1]
-        shift = (total - before) / (n - k) - before / k
-        score = shift * math.sqrt(k * (n - k) / n)
-        if score > best_score:  # the first of equal scores
-            best_k, best_score, best_shift = k, score, shift
-    return best_k if best_shift > 0 else None
+    # the shift of the mean at each split k, weighted by sqrt(k (n - k) / n): positive weights,
+    # so the best score is positive exactly when its shift is
+    scores = [((total - before) / (n - k) - before / k) * weight
+              for k, before, weight in zip(range(MIN_SIDE, n - MIN_SIDE + 1), cumulative[MIN_SIDE - 1:], _weights(n),
+                                           strict=False)]
+    best = max(range(len(scores)), key=scores.__getitem__)  # the first of equal scores
+    return best + MIN_SIDE if scores[best] > 0 else None
 
 
 def judge(x: Sequence[float], k: int) -> tuple[float, float] | None:

@@ -5,7 +5,7 @@ judged across ranks by rank 0 from the gathered vectors.
 Each rank keeps its last ``HISTORY`` steps' busy time: the time inside the step (entry to exit,
 host clock) less the overhead spans inside it (in-step data loading, checkpoints, gc...), the
 compute the step did. At each log step it looks for its own slowdown in them (a fixed cost:
-the history is bounded) and keeps the last one found. Its vector carries that slowdown (onset,
+the history is bounded; at most every 5 steps) and keeps the last one found. Its vector carries that slowdown (onset,
 level before, level after) and its own change at the onsets other ranks announced in the
 previous window (``CANDIDATES`` of them, chosen alike on every rank from the same gathered
 vectors), so that rank 0 judges whether a slowdown is the rank's own with the report's rule:
@@ -25,6 +25,7 @@ from goodtrace.record.live.change_point import change_at, its_own, own_slowdown,
 __all__ = ["CANDIDATES", "FIELDS", "LiveSlowdown", "SlowdownTracker", "judge_window"]
 
 HISTORY = 240  # steps of each rank kept for its live slowdown
+SEARCH_EVERY = 5  # new steps between two searches at most (a line every step need not search each)
 CANDIDATES = 4  # onsets per window at which every rank sends its own change
 FIELDS = 3 + CANDIDATES  # onset, before, after, then the change at each candidate's onset
 NONE = math.nan
@@ -62,6 +63,7 @@ class SlowdownTracker:
         self._step_t0: int | None = None
         self._spans: list[tuple[int, int]] = []
         self._first = True
+        self._unsearched = 0  # steps added since the last search
 
     def hooks(self) -> list[tuple[str, Callable[..., None]]]:
         return [("step_begin_listeners", self.on_step_begin), ("overhead_span_listeners", self.on_overhead_span),
@@ -89,13 +91,16 @@ class SlowdownTracker:
             return
         self.steps.append(number)
         self.busy_s.append(max(0, t1 - t0 - overhead) / 1e9)
+        self._unsearched += 1
 
     def fields(self) -> list[float]:
         """This rank's part of its window's vector (``FIELDS`` floats)."""
         steps, busy = list(self.steps), list(self.busy_s)
-        own = own_slowdown(steps, busy)
-        if own is not None:
-            self.found = own
+        if self._unsearched >= SEARCH_EVERY:
+            self._unsearched = 0
+            own = own_slowdown(steps, busy)
+            if own is not None:
+                self.found = own
         values = list(self.found) if self.found is not None else [NONE, NONE, NONE]
         for _, onset in self.candidates:
             change = change_at(steps, busy, onset)
