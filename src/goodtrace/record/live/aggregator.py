@@ -16,8 +16,8 @@ when it is done, checked without waiting at each step end; the loop only waits w
 *next* window launches and the previous one is still in flight (counted in
 ``blocking_waits``), or at ``finish(completed=True)`` (at most ``finish_timeout_s``). Rank 0
 then reduces each metric with its reduction and prints one line (step, loss, step time = train
-+ overheads, tokens/s, TFLOP/s, MFU, memory, goodput of this attempt so far) and hands a
-:class:`LiveLine` to listeners.
++ overheads, tokens/s, TFLOP/s, MFU, memory, goodput of this attempt so far, the ranks slower
+than they were: live/slowdown.py) and hands a :class:`LiveLine` to listeners.
 
 Framework-neutral: nothing here imports torch or jax.
 """

@@ -3,7 +3,8 @@
 :class:`LiveLine` is what :class:`goodtrace.record.live.LiveAggregator` hands to listeners
 (sinks) and prints through :func:`format_line`: ``step 20 | loss 2.913 | 0.182 s/step = 0.151
 train + 0.031 checkpoint_save | 30.4k tok/s | ... | goodput 9.1% (this attempt, rank 0)``: the
-goodput is rank 0's since this process started, not the job's across restarts (the report's).
+goodput is rank 0's since this process started, not the job's across restarts (the report's);
+then the ranks slower than they were (``rank 3 computes 22% slower since step 15 (host h3)``).
 """
 
 from __future__ import annotations
