@@ -127,6 +127,8 @@ def run(seconds: float) -> dict[str, Any]:
             "report_stragglers": [(s.rank, s.reason) for s in result.stragglers],
             "report_slowdowns": [(s.rank, s.reason) for s in result.slowdowns],
             "live_slowdown_lines": sum(1 for x in lines if LIVE_SLOWDOWN.search(x)),
+            "live_slowdown_examples": [f"{x.split(' | ')[0]}: {m.group(0)}" for x in lines
+                                       if (m := LIVE_SLOWDOWN.search(x)) is not None][::50][:10],
             "stderr_no_progress": stderr.count("made no progress"),
             "stderr_hang_lines": stderr.count("goodtrace: hang:"),
             "goodput": result.partition.goodput,

@@ -9,8 +9,9 @@ the history is bounded; at most every 5 steps) and keeps the last one found. Its
 level before, level after) and its own change at the onsets other ranks announced in the
 previous window (``CANDIDATES`` of them, chosen alike on every rank from the same gathered
 vectors), so that rank 0 judges whether a slowdown is the rank's own with the report's rule:
-larger by 10% than the other ranks' median change at the same step. A rank once named stays
-named on the following lines (the report names it too).
+larger by 10% than the other ranks' median change at the same step. A rank is named while its
+own slowdown holds in its recent steps, from the second window that shows it on: a burst that
+ends (which the report, seeing the whole run, does not name) is named no longer.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class SlowdownTracker:
     def __init__(self, history: int = HISTORY) -> None:
         self.steps: collections.deque[int] = collections.deque(maxlen=history)
         self.busy_s: collections.deque[float] = collections.deque(maxlen=history)
-        self.found: tuple[int, float, float] | None = None  # the last own slowdown found
+        self.found: tuple[int, float, float] | None = None  # the own slowdown of the last search
         self.candidates: list[tuple[int, int]] = []  # (rank, onset) from the last gathered window
         self._step_t0: int | None = None
         self._spans: list[tuple[int, int]] = []
@@ -98,9 +99,7 @@ class SlowdownTracker:
         steps, busy = list(self.steps), list(self.busy_s)
         if self._unsearched >= SEARCH_EVERY:
             self._unsearched = 0
-            own = own_slowdown(steps, busy)
-            if own is not None:
-                self.found = own
+            self.found = own_slowdown(steps, busy)
         values = list(self.found) if self.found is not None else [NONE, NONE, NONE]
         for _, onset in self.candidates:
             change = change_at(steps, busy, onset)
@@ -117,8 +116,14 @@ class SlowdownTracker:
 
 def judge_window(candidates: Sequence[tuple[int, int]], per_rank: Sequence[Sequence[float] | None],
                  host_of: Callable[[int], str], named: dict[int, LiveSlowdown]) -> None:
-    """Rank 0: name each candidate whose slowdown is its own against the other ranks' changes
-    at its onset, sent in this window (``named`` keeps the ranks named so far)."""
+    """Rank 0: name each candidate of the previous window that still has its slowdown and whose
+    slowdown is its own against the other ranks' changes at its onset, sent in this window;
+    ``named`` holds the ranks named now: one whose own slowdown is gone (a burst that ended)
+    is no longer named."""
+    for rank in list(named):
+        fields = per_rank[rank] if 0 <= rank < len(per_rank) else None
+        if fields is None or math.isnan(fields[0]):
+            del named[rank]
     for index, (rank, _onset) in enumerate(candidates):
         fields = per_rank[rank] if 0 <= rank < len(per_rank) else None
         if fields is None or math.isnan(fields[0]) or not fields[1] > 0:
@@ -128,3 +133,5 @@ def judge_window(candidates: Sequence[tuple[int, int]], per_rank: Sequence[Seque
         own, median = its_own(fields[2] / fields[1] - 1, others)
         if own:
             named[rank] = LiveSlowdown(rank, host_of(rank), int(fields[0]), fields[1], fields[2], median)
+        else:
+            named.pop(rank, None)
