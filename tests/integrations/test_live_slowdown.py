@@ -81,7 +81,7 @@ def test_the_live_line_names_a_rank_whose_compute_grows_30_percent_from_step_15(
     named = [(step, LINE.search(line)) for step, line in zip(steps, [x for x in lines if x.startswith("step ")],
                                                               strict=True)]
     first = next(((step, m) for step, m in named if m is not None), None)
-    assert first is not None, lines  # (the report's view, for a failure's message:)
+    assert first is not None, lines
     step, match = first
     rank, percent, onset, host = int(match[1]), int(match[2]), int(match[3]), match[4]
     assert rank == slow and abs(onset - ONSET) <= 3 and 20 <= percent <= 40, lines
