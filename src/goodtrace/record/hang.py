@@ -271,16 +271,28 @@ class HangWatchdog:
             threading.Thread(target=self._announce, args=(bound,), name="goodtrace-hang-line", daemon=True).start()
 
     def _announce(self, bound: int) -> None:
-        """Rank 0, once the others had time to record theirs: the line naming the rank that
-        stopped first and where the others wait (a local run directory only)."""
+        """Rank 0: the line naming the rank that stopped first and where the others wait (a
+        local run directory only), as soon as every rank's hang event is in the files, or
+        once the others had time to record theirs (two flush intervals and a quarter of the
+        bound, at least 1 s, at most 60 s) with those that are. The files are looked at
+        every check interval at first, then less often (up to every flush interval)."""
         run_dir = str(self.recorder.run_dir)
         if is_url(run_dir):
             return
-        if self._stop.wait(2 * self.recorder.config.flush_interval_s + min(max(1.0, 0.25 * bound / 1e9), 60.0)):
-            return
-        hangs, ranks = peer_hangs(local_path(run_dir))
-        if not hangs:
-            return
+        flush_s = self.recorder.config.flush_interval_s
+        deadline = time.monotonic() + 2 * flush_s + min(max(1.0, 0.25 * bound / 1e9), 60.0)
+        pause = self.policy.check_interval_s
+        while True:
+            if self._stop.wait(max(0.0, min(pause, deadline - time.monotonic()))):
+                return
+            hangs, ranks = peer_hangs(local_path(run_dir))
+            if hangs and len(hangs) >= ranks:
+                break
+            if time.monotonic() >= deadline:
+                if not hangs:
+                    return
+                break
+            pause = min(2 * pause, flush_s)
         first = min(hangs, key=lambda h: stop_order(h.step, h.since_wall, h.rank))
         since = time.strftime("%H:%M:%S UTC", time.gmtime(first.since_wall / 1e9))
         line = summary_line(first.rank, first.host, where_text(first.function, first.location), first.step, since,

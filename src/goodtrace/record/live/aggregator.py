@@ -16,8 +16,8 @@ when it is done, checked without waiting at each step end; the loop only waits w
 *next* window launches and the previous one is still in flight (counted in
 ``blocking_waits``), or at ``finish(completed=True)`` (at most ``finish_timeout_s``). Rank 0
 then reduces each metric with its reduction and prints one line (step, loss, step time = train
-+ overheads, tokens/s, TFLOP/s, MFU, memory, goodput of this attempt so far) and hands a
-:class:`LiveLine` to listeners.
++ overheads, tokens/s, TFLOP/s, MFU, memory, goodput of this attempt so far, the ranks slower
+than they were: live/slowdown.py) and hands a :class:`LiveLine` to listeners.
 
 Framework-neutral: nothing here imports torch or jax.
 """
@@ -40,6 +40,8 @@ from goodtrace.record.live.goodput import AttemptGoodput
 from goodtrace.record.live.line import LiveLine, MetricSummary, format_bytes, format_goodput, format_line
 from goodtrace.record.live.names import NAME_FLOATS, MetricNames
 from goodtrace.record.live.rewinds import RewoundTime
+from goodtrace.record.live.slowdown import FIELDS as SLOW_FIELDS
+from goodtrace.record.live.slowdown import LiveSlowdown, SlowdownTracker, judge_window
 from goodtrace.record.live.transport import GatherHandle, LocalTransport, Transport
 
 __all__ = [
@@ -54,13 +56,13 @@ __all__ = [
 
 # One rank's vector: a header, then max_metrics entries, then a region for names. All values
 # are integers below 2**53 or floats, so float64 transports carry them exactly.
-_LAYOUT = 2.0  # changes whenever the layout below does
+_LAYOUT = 3.0  # changes whenever the layout below does
 # The header: layout, step, number of entries, tokens, flops, peak flops, floats of names, this
 # rank's step time over the window, the window's end on the aligned clock (ns), this rank's host
-# (a CRC of its name).
+# (a CRC of its name), its host's name slot, then its slowdown fields (live/slowdown.py).
 (_H_LAYOUT, _H_STEP, _H_ENTRIES, _H_TOKENS, _H_FLOPS, _H_PEAK, _H_NAME_FLOATS, _H_STEP_S, _H_ALIGNED_END,
- _H_HOST) = range(10)
-_HEADER = 10
+ _H_HOST, _H_HOST_SLOT, _H_SLOW) = range(12)
+_HEADER = _H_SLOW + SLOW_FIELDS
 _ENTRY = 8  # slot, reduction, sum, sum of squares, min, max, count, last
 _REDUCTIONS = ("mean", "sum", "min", "max", "std", "last")  # codes in the entries
 DRAIN_S = 5.0  # at a local ending: how long gathers already launched may take to finish
@@ -156,7 +158,10 @@ class LiveAggregator:
         self._wall_minus_clock = time.time_ns() - clock()
         identity = getattr(recorder, "identity", None)
         self._rank = int(getattr(identity, "rank", transport.rank))
-        self._host_id = float(zlib.crc32(str(getattr(identity, "host", "")).encode()))
+        self._host = str(getattr(identity, "host", ""))
+        self._host_id = float(zlib.crc32(self._host.encode()))
+        self.slowdown = SlowdownTracker()  # this rank's own slowdown (live/slowdown.py)
+        self.slowdowns: dict[int, LiveSlowdown] = {}  # rank 0: the ranks named so far
         self.replaceable = False  # a sink's stand-in (no instrument() call): a later aggregator replaces it
         previous = getattr(recorder, "live_aggregator", None)
         if previous is not None and getattr(previous, "replaceable", False):
@@ -188,7 +193,7 @@ class LiveAggregator:
         ]
         if self._watch_overhead:  # overhead spans, automatic ones (compile, gc) included
             hooks.append(("overhead_span_listeners", self.on_overhead_span))
-        return hooks + self.attempt_goodput.hooks()
+        return hooks + self.attempt_goodput.hooks() + self.slowdown.hooks()
 
     def _on_metric(self, name: str, step: int | None, value: float | None, reduce: str) -> None:
         if step is None or value is None:
@@ -288,6 +293,12 @@ class LiveAggregator:
                 self._report(window, vectors)
             except Exception as exc:
                 self._warn("report", f"live line for step {window.step} failed: {exc!r}")
+        self.slowdown.choose(self._slow_fields(vectors, size))  # every rank alike: the next window's onsets
+
+    @staticmethod
+    def _slow_fields(vectors: Sequence[Sequence[float]], size: int) -> list[Sequence[float] | None]:
+        return [v[_H_SLOW: _H_SLOW + SLOW_FIELDS] if len(v) == size and v[_H_LAYOUT] == _LAYOUT else None
+                for v in vectors]
 
     def _pack(self, step: int, host_t1: int) -> _Window | None:
         prev = self._prev_step
@@ -338,14 +349,15 @@ class LiveAggregator:
         offset = getattr(self.recorder, "clock_offset_ns", None)  # to rank 0's clock, when measured
         aligned_end = end_ns + (offset if isinstance(offset, int) else self._wall_minus_clock)
         vector = [_LAYOUT, float(step), float(len(names)), tokens, flops, float(self.peak_flops or 0.0), 0.0,
-                  (end_ns - start_ns) / 1e9 / count, float(aligned_end), self._host_id]
+                  (end_ns - start_ns) / 1e9 / count, float(aligned_end), self._host_id,
+                  float(self._metric_names.slot(self._host)), *self.slowdown.fields()]
         for name in names:
             code = _REDUCTIONS.index(reductions[name]) if reductions[name] in _REDUCTIONS else 0
             vector.append(float(self._metric_names.slot(name)))
             vector.append(float(code))
             vector.extend(stats[name])
         vector.extend([0.0] * (_HEADER + _ENTRY * self.max_metrics - len(vector)))
-        announced = self._metric_names.announce(names)
+        announced = self._metric_names.announce([self._host, *names])  # the host's name travels once too
         vector[_H_NAME_FLOATS] = float(len(announced))
         vector.extend(announced)
         vector.extend([0.0] * (NAME_FLOATS - len(announced)))
@@ -432,6 +444,9 @@ class LiveAggregator:
         mfu = (flops / seconds) / peak if seconds and flops and peak else None
         elapsed = window.end_ns - self._process_start_ns
         goodput, productive_ns = self._goodput_at(window.end_ns)
+        hosts = [v[_H_HOST_SLOT] if len(v) == size and v[_H_LAYOUT] == _LAYOUT else None for v in vectors]
+        judge_window(self.slowdown.candidates, self._slow_fields(vectors, size),
+                     lambda r: self._metric_names.names.get(int(hosts[r] or 0), "?"), self.slowdowns)
         line = LiveLine(
             step=window.step, steps=window.steps, ranks=ranks, step_time_s=step_time, train_s=train,
             overhead_s=overhead, metrics=metrics, tokens_per_s=tokens_per_s, tflops_per_s=tflops, mfu=mfu,
@@ -443,6 +458,7 @@ class LiveAggregator:
             rank_step_s=tuple(float(v[_H_STEP_S]) for v in per_rank), rank_lateness_s=lateness,
             slowest_rank=max(range(len(lateness)), key=lateness.__getitem__) if len(lateness) > 1 else None,
             host_ranks=tuple(i for i, v in enumerate(per_rank) if v[_H_HOST] == self._host_id),
+            slowdowns=tuple(self.slowdowns[r] for r in sorted(self.slowdowns)),
         )
         line = dataclasses.replace(line, text=format_line(line))
         self.lines.append(line)

@@ -3,12 +3,15 @@
 :class:`LiveLine` is what :class:`goodtrace.record.live.LiveAggregator` hands to listeners
 (sinks) and prints through :func:`format_line`: ``step 20 | loss 2.913 | 0.182 s/step = 0.151
 train + 0.031 checkpoint_save | 30.4k tok/s | ... | goodput 9.1% (this attempt, rank 0)``: the
-goodput is rank 0's since this process started, not the job's across restarts (the report's).
+goodput is rank 0's since this process started, not the job's across restarts (the report's);
+then the ranks slower than they were (``rank 3 computes 22% slower since step 15 (host h3)``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from goodtrace.record.live.slowdown import LiveSlowdown
 
 __all__ = ["LiveLine", "MetricSummary", "format_bytes", "format_line"]
 
@@ -66,6 +69,7 @@ class LiveLine:
     slowest_rank: int | None = None  # the latest rank at that sync point (None with one rank)
     host_ranks: tuple[int, ...] = ()  # ranks on the computing rank's host
     job_goodput: float | None = None  # the whole job so far (filled by goodtrace.sinks from the run)
+    slowdowns: tuple[LiveSlowdown, ...] = ()  # ranks slower than they were (record/live/slowdown.py)
 
 
 def format_bytes(count: float) -> str:
@@ -111,6 +115,7 @@ def format_line(line: LiveLine) -> str:
         if line.job_goodput is not None:  # a sink read the earlier attempts back
             text += f", {100 * line.job_goodput:.1f}% (job so far)"
         parts.append(text)
+    parts.extend(s.text for s in line.slowdowns)
     return " | ".join(parts)
 
 

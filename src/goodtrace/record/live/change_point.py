@@ -1,0 +1,132 @@
+"""The slowdown rule: a change point in one process's own time per step (docs/semantics.md
+section 7.1), in the standard library only, so that the report (goodtrace.analysis.slowdown),
+``goodtrace watch`` and the live line (record/live/slowdown.py) apply the same rule.
+
+Over a series of times per execution, in order: the split that best separates a lower level
+before from a higher level after (the largest shift of the mean, weighted by the sizes of both
+sides, on times clipped at a high quantile so that one spike cannot make a split). It is a
+slowdown when it is
+
+- **sustained**: at least ``MIN_SIDE`` (10) executions on each side, and at least 90% of those
+  from the onset above the midpoint of the two levels (a spike is not a change point);
+- **large**: the median after exceeds the median before by ``MIN_INCREASE`` (10%) and by 3x
+  the noise within the two sides (1.4826 x their pooled MAD);
+- **its own** (:func:`its_own`): with other ranks, larger by ``MIN_INCREASE`` than the other
+  ranks' median change at the same step (a job-wide slowdown, or every rank waiting for one,
+  names nobody).
+
+Linear in the series, but for the medians and the quantile (a sort each).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+
+__all__ = ["MIN_INCREASE", "MIN_SIDE", "change_at", "change_point", "its_own", "judge", "own_slowdown",
+           "slower_since"]
+
+MIN_SIDE = 10  # executions on each side of a change point: a level held for 10 steps
+MIN_INCREASE = 0.10  # the level after is at least 10% above the level before
+SUSTAINED = 0.9  # share of the executions from the onset on above the midpoint
+NOISE_FACTOR = 3.0
+CLIP_QUANTILE = 0.95  # times are clipped here before the split is searched
+MAD_TO_SIGMA = 1.4826  # makes a median absolute deviation comparable to a standard deviation
+
+
+def _quantile(x: Sequence[float], q: float) -> float:
+    """The ``q`` quantile with linear interpolation between order statistics (NumPy's default)."""
+    ordered = sorted(x)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _weights(n: int) -> list[float]:
+    """sqrt(k (n - k) / n) for each split k of ``n``; kept for short series (the live
+    history's ``n`` repeats), not for a report's long ones."""
+    return _short_weights(n) if n <= 4096 else _weights_of(n)
+
+
+def _weights_of(n: int) -> list[float]:
+    return [math.sqrt(k * (n - k) / n) for k in range(MIN_SIDE, n - MIN_SIDE + 1)]
+
+
+_short_weights = functools.lru_cache(maxsize=8)(_weights_of)
+
+
+def change_point(x: Sequence[float]) -> int | None:
+    """The index of the first execution at the higher level, where the weighted shift of the
+    mean of the clipped times is largest; None for no upward shift."""
+    n = len(x)
+    if n < 2 * MIN_SIDE:
+        return None
+    cap = _quantile(x, CLIP_QUANTILE)
+    cumulative = list(itertools.accumulate([v if v < cap else cap for v in x]))
+    total = cumulative[-1]
+    # the shift of the mean at each split k, weighted by sqrt(k (n - k) / n): positive weights,
+    # so the best score is positive exactly when its shift is
+    scores = [((total - before) / (n - k) - before / k) * weight
+              for k, before, weight in zip(range(MIN_SIDE, n - MIN_SIDE + 1), cumulative[MIN_SIDE - 1:], _weights(n),
+                                           strict=False)]
+    best = max(range(len(scores)), key=scores.__getitem__)  # the first of equal scores
+    return best + MIN_SIDE if scores[best] > 0 else None
+
+
+def judge(x: Sequence[float], k: int) -> tuple[float, float] | None:
+    """(median before, median after) when the split at ``k`` is a sustained, large shift."""
+    before, after = x[:k], x[k:]
+    low, high = statistics.median(before), statistics.median(after)
+    if low <= 0 or high < low * (1 + MIN_INCREASE):
+        return None
+    noise = MAD_TO_SIGMA * statistics.median([abs(v - low) for v in before] + [abs(v - high) for v in after])
+    if high - low <= NOISE_FACTOR * noise:
+        return None
+    midpoint = (low + high) / 2
+    if sum(1 for v in after if v > midpoint) < SUSTAINED * len(after):
+        return None
+    return float(low), float(high)
+
+
+def own_slowdown(steps: Sequence[int], x: Sequence[float]) -> tuple[int, float, float] | None:
+    """One process's own slowdown in its times per execution ``x`` (steps alongside, in
+    order): (onset step, median before, median after), or None. Without the comparison with
+    other ranks (:func:`its_own`)."""
+    k = change_point(x)
+    levels = None if k is None else judge(x, k)
+    if k is None or levels is None:
+        return None
+    return int(steps[k]), levels[0], levels[1]
+
+
+def change_at(steps: Sequence[int], x: Sequence[float], onset_step: int) -> float | None:
+    """Another rank's change at a step: its median from there on / before, - 1 (None without
+    ``MIN_SIDE`` executions on each side)."""
+    if all(a <= b for a, b in itertools.pairwise(steps)):
+        k = bisect.bisect_left(steps, onset_step)
+    else:
+        k = next((i for i, s in enumerate(steps) if s >= onset_step), len(steps))
+    if k < MIN_SIDE or len(x) - k < MIN_SIDE:
+        return None
+    low = statistics.median(x[:k])
+    return float(statistics.median(x[k:])) / low - 1 if low > 0 else None
+
+
+def its_own(increase: float, others: Sequence[float]) -> tuple[bool, float | None]:
+    """Whether a rank's ``increase`` is its own against the other ranks' changes at its onset
+    (all of them, whatever their own verdict), and their median (None without others)."""
+    if not others:
+        return True, None
+    median = float(statistics.median(others))
+    return increase - median >= MIN_INCREASE, median
+
+
+def slower_since(measure: str, increase: float, onset_step: int) -> str:
+    """The words: "computes 30% slower since step 15" ("steps ..." for the step time)."""
+    verb = "computes" if measure == "compute" else "steps"
+    return f"{verb} {increase:.0%} slower since step {onset_step}"
