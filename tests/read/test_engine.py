@@ -85,8 +85,3 @@ def test_bad_worker_counts_are_clear_errors(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run), "--workers", "2", "--ray"],
                           capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode != 0 and "give one" in done.stderr and "Traceback" not in done.stderr
-
-
-def test_ray_on_a_cluster_refuses_a_run_it_would_read_through_a_local_mirror() -> None:
-    with pytest.raises(LoadError, match="shared filesystem"):
-        load_run("s3://bucket/runs/exp1", engine=Engine(ray="auto"))

@@ -25,7 +25,7 @@ from goodtrace.read import duckdb_sql
 from goodtrace.read.loaded import Progress
 from goodtrace.read.long_lines import shortened_copy
 
-__all__ = ["ENV_WORKERS", "POOL_MIN_BYTES", "Engine", "fold_sessions"]
+__all__ = ["ENV_WORKERS", "POOL_MIN_BYTES", "Engine", "RemoteRun", "fold_sessions"]
 
 ENV_WORKERS = "GOODTRACE_WORKERS"
 # Below this many bytes of JSON lines to fold, an automatic choice folds in this process:
@@ -52,6 +52,21 @@ class Engine:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
         if self.ray is not None and not self.ray.strip():
             raise ValueError("the Ray address is empty (leave it out for a local Ray)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteRun:
+    """A run on object storage that this process reads through its local mirror: ``url`` (an
+    fsspec URL) and ``mirror`` (the local directory) hold the same files. Ray tasks on a
+    cluster fetch their own sessions' files from ``url``, as many bytes as were mirrored."""
+
+    url: str
+    mirror: str
+
+    def source(self, path: str) -> tuple[str, int]:
+        """The URL of a mirrored file, and its mirrored size."""
+        rel = os.path.relpath(path, self.mirror).replace(os.sep, "/")
+        return f"{self.url.rstrip('/')}/{rel}", os.path.getsize(path)
 
 
 def workers_from_environment() -> int | None:
@@ -85,12 +100,15 @@ def local_cores() -> int:
 @dataclasses.dataclass
 class FoldTask:
     """Whole sessions to fold (their files, their main thread) and where to write the tables
-    (None: return their bytes)."""
+    (None: return their bytes); ``sources``: where the task fetches each file from (its URL and
+    the bytes to fetch) when it cannot open the driver's path (a run on object storage read on
+    a cluster), None when it can."""
 
     index: int
     files: dict[int, list[str]]
     main_tids: list[tuple[int, int | None]]
     out_dir: str | None
+    sources: dict[str, tuple[str, int]] | None = None
 
 
 @dataclasses.dataclass
@@ -113,7 +131,15 @@ def run_task(task: FoldTask) -> FoldResult:
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-task-")
     skips = duckdb_sql.FileSkips()
     result = FoldResult(task.index, {}, {}, [], [])
+    files = task.files
+    driver_path: dict[str, str] = {}  # a fetched file's path here -> the driver's path of it
     try:
+        if task.sources is not None:  # fetched into this node's temporary directory first
+            from goodtrace.read.mirror import fetch_files
+
+            fetched = fetch_files(task.sources, os.path.join(tmpdir, "fetched"))
+            driver_path = {local: path for path, local in fetched.items()}
+            files = {sid: [fetched[p] for p in paths] for sid, paths in task.files.items()}
         con = duckdb_sql.connect(tmpdir, in_memory=True)
         try:
             con.execute("SET threads=1")
@@ -121,7 +147,7 @@ def run_task(task: FoldTask) -> FoldResult:
                 con.execute(statement)
             duckdb_sql.insert_rows(con, "sessmain", task.main_tids)
             try:
-                duckdb_sql.fold_json(con, task.files, None, 0, 0, skips)
+                duckdb_sql.fold_json(con, files, None, 0, 0, skips)
             except duckdb.Error as exc:
                 result.error = str(exc)
                 return result
@@ -140,9 +166,9 @@ def run_task(task: FoldTask) -> FoldResult:
         shutil.rmtree(tmpdir, ignore_errors=True)
         for copy in skips.substitutes.values():  # copies without long lines: the driver makes its own
             shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
-    result.skipped = skips.by_file
-    result.shortened = list(skips.substitutes)
-    result.notes = skips.notes
+    result.skipped = {driver_path.get(path, path): counts for path, counts in skips.by_file.items()}
+    result.shortened = [driver_path.get(path, path) for path in skips.substitutes]
+    result.notes = skips.notes  # they name files as rank-N/<file>, which a fetched copy keeps
     return result
 
 
@@ -187,10 +213,13 @@ def _workers(engine: Engine, sizes: dict[int, int]) -> int:
 def fold_sessions(
     con: Any, files_by_sid: dict[int, list[str]], main_tids: dict[int, int | None], tmpdir: str,
     engine: Engine, progress: Progress | None, done: int, total: int, skips: duckdb_sql.FileSkips,
+    remote: RemoteRun | None = None,
 ) -> int:
     """:func:`~goodtrace.read.duckdb_sql.fold_json` of ``files_by_sid`` into ``con``'s model
     tables, where ``engine`` says; same tables, skipped lines (in ``skips``) and substituted
-    files (in ``files_by_sid``) as one process gives. Returns ``done`` plus the files folded."""
+    files (in ``files_by_sid``) as one process gives. Returns ``done`` plus the files folded.
+    ``remote``: the files are the mirror of a run on object storage, which Ray tasks on a
+    cluster (not a local Ray) fetch from its URL themselves."""
     if not files_by_sid:  # all read from the compacted copy
         return done
     sizes = _sizes(files_by_sid)
@@ -199,6 +228,9 @@ def fold_sessions(
 
         with RaySession(engine.ray) as session:
             tasks = _tasks(files_by_sid, main_tids, sizes, session.cpus, None)
+            if remote is not None and engine.ray != LOCAL_RAY:
+                for task in tasks:
+                    task.sources = {p: remote.source(p) for paths in task.files.values() for p in paths}
             results = session.run(tasks, _counter(tasks, "reading rank files on Ray", progress, done, total), tmpdir)
     else:
         workers = _workers(engine, sizes)
