@@ -14,7 +14,6 @@ import pytest
 
 from goodtrace.read.duckdb_sql import session_batches
 from goodtrace.read.engine import Engine, plan_tasks
-from goodtrace.read.load import LoadError, load_run
 from helpers.many_ranks import report_read_by as report
 from helpers.many_ranks import write_many_ranks
 

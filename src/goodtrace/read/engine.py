@@ -152,9 +152,11 @@ def run_task(task: FoldTask) -> FoldResult:
                 result.error = str(exc)
                 return result
             out_dir = task.out_dir or tmpdir
+            # compressed only where the bytes travel (Ray): a local file is read back at once
+            compression = "zstd" if task.out_dir is None else "uncompressed"
             for table in duckdb_sql.RUN_MODEL_NAMES:
                 path = os.path.join(out_dir, f"task{task.index:06d}-{table}.parquet")
-                con.execute(f"COPY {table} TO {duckdb_sql.sql_str(path)} (FORMAT parquet, COMPRESSION zstd)")
+                con.execute(f"COPY {table} TO {duckdb_sql.sql_str(path)} (FORMAT parquet, COMPRESSION {compression})")
                 if task.out_dir is None:
                     with open(path, "rb") as handle:
                         result.tables[table] = handle.read()
@@ -278,10 +280,25 @@ def _counter(
     return finished
 
 
+class _InProcess:
+    """The driver's own share of the pool: it folds tasks in a thread of this process (no
+    interpreter to start, nothing pickled) while it would otherwise only wait. A task in hand
+    cannot be killed: it ends when its fold does."""
+
+    def run(self, task: FoldTask) -> FoldResult:
+        return run_task(task)
+
+    def kill(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int], None]) -> list[FoldResult]:
-    """The tasks on ``workers`` local processes (:mod:`goodtrace.read.fold_worker`: fresh
-    interpreters of this goodtrace that import nothing of the caller's program); each takes the
-    next task when it is done with one."""
+    """The tasks on ``workers`` local processes: this one (in a thread) and ``workers - 1``
+    started ones (:mod:`goodtrace.read.fold_worker`: fresh interpreters of this goodtrace that
+    import nothing of the caller's program); each takes the next task when it is done with one."""
     import queue
     import threading
 
@@ -293,7 +310,7 @@ def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int],
     done: queue.SimpleQueue[FoldResult | BaseException] = queue.SimpleQueue()
     stop = threading.Event()
 
-    def serve(process: WorkerProcess) -> None:
+    def serve(process: WorkerProcess | _InProcess) -> None:
         try:
             while not stop.is_set():
                 try:
@@ -304,7 +321,8 @@ def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int],
         except BaseException as exc:  # handed to the driver, which raises it
             done.put(exc)
 
-    processes = [WorkerProcess() for _ in range(workers)]
+    processes: list[WorkerProcess | _InProcess] = [WorkerProcess() for _ in range(workers - 1)]
+    processes.insert(0, _InProcess())  # served first: it starts folding while the others start
     threads = [threading.Thread(target=serve, args=(p,), daemon=True) for p in processes]
     for thread in threads:
         thread.start()
