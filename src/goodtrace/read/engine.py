@@ -34,6 +34,10 @@ ENV_WORKERS = "GOODTRACE_WORKERS"
 POOL_MIN_BYTES = 64 * 2**20
 TASKS_PER_WORKER = 4  # at most, per worker: a slow task (a long session) holds up less of the end
 TASK_BYTES = 32 * 2**20  # at least, per task (beyond one per worker): a task costs about 0.1 s
+# At most, per task, whatever the workers: a task holds its sessions' tables until it returns
+# them (about 0.22 KiB a session-step, about 0.9 GiB at this size; BENCHMARKS.md, "A week on
+# 10,000 ranks").
+TASK_MAX_BYTES = 2 * 2**30
 LOCAL_RAY = "local"
 
 
@@ -252,12 +256,14 @@ def _tasks(
     files_by_sid: dict[int, list[str]], main_tids: dict[int, int | None], sizes: dict[int, int], workers: int,
     out_dir: str | None,
 ) -> list[FoldTask]:
-    """Tasks for ``workers``: runs of whole fold batches (the batches one process parses) when
+    """Tasks for ``workers`` (a few per worker, and none over :data:`TASK_MAX_BYTES` unless one
+    unit is): runs of whole fold batches (the batches one process parses) when
     there are a few per worker, else runs of whole sessions (a session's model is its own:
     every query of the fold groups, partitions or joins by session)."""
     batches = duckdb_sql.session_batches(files_by_sid)
     units = batches if len(batches) >= 2 * workers else [[sid] for sid in sorted(files_by_sid)]
-    count = max(workers, min(workers * TASKS_PER_WORKER, sum(sizes.values()) // TASK_BYTES))
+    total = sum(sizes.values())
+    count = max(workers, min(workers * TASKS_PER_WORKER, total // TASK_BYTES), -(-total // TASK_MAX_BYTES))
     groups = plan_tasks(units, sizes, min(len(units), count))
     return [
         FoldTask(i, {sid: files_by_sid[sid] for sid in sids}, [(sid, main_tids.get(sid)) for sid in sids], out_dir)
