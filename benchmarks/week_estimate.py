@@ -13,8 +13,9 @@ per rank), then measures, each in a fresh process:
   and the JSON (the last four serial on the driver), with its peak RSS; and the same at
   4x the ranks, so that what grows with the ranks and what with the steps can be told apart.
 
-From these, fitted per session (a fixed part plus a part per step: the two sizes give both),
-it computes for ``--ranks`` ranks (10,000) at one step per second for ``--days`` (7): tasks,
+From these (a task's time and peak fitted against the session-steps it folds, a session's
+reduction against its steps, the driver's serial part and peak as a fixed part, a part per step
+and a part per step and rank), it computes for ``--ranks`` ranks (10,000) at one step per second for ``--days`` (7): tasks,
 bytes moved to the driver, memory per worker and on the driver, and the wall time on 1, 16 and
 128 workers (the map divided among the workers, the driver's serial part not), and where that
 serial part bounds the speed-up. ``--quick``: S = 1,000 on 4 ranks (under a minute; default
