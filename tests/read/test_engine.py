@@ -9,9 +9,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from goodtrace.read import engine
 from goodtrace.read.duckdb_sql import session_batches
 from goodtrace.read.engine import Engine, plan_tasks
 from helpers.many_ranks import report_read_by as report
@@ -84,3 +86,23 @@ def test_bad_worker_counts_are_clear_errors(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run), "--workers", "2", "--ray"],
                           capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode != 0 and "give one" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_no_task_reads_more_than_the_cap(many_ranks: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past 4 tasks a worker when a task would read more than TASK_MAX_BYTES (it holds its
+    sessions' tables until it returns them); the report is the same."""
+    one = report(many_ranks, Engine(workers=1))
+    cap = 1 << 20
+    monkeypatch.setattr(engine, "TASK_MAX_BYTES", cap)
+    counts: list[int] = []
+    plan = engine._tasks
+
+    def counted(*args: Any, **kwargs: Any) -> list[engine.FoldTask]:
+        tasks = plan(*args, **kwargs)
+        counts.append(len(tasks))
+        return tasks
+
+    monkeypatch.setattr(engine, "_tasks", counted)
+    assert report(many_ranks, Engine(workers=2)) == one
+    total = sum(p.stat().st_size for p in many_ranks.rglob("*.jsonl"))
+    assert counts and counts[0] >= total // cap > 2 * engine.TASKS_PER_WORKER

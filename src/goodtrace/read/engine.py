@@ -257,13 +257,14 @@ def _tasks(
     out_dir: str | None,
 ) -> list[FoldTask]:
     """Tasks for ``workers`` (a few per worker, and none over :data:`TASK_MAX_BYTES` unless one
-    unit is): runs of whole fold batches (the batches one process parses) when
-    there are a few per worker, else runs of whole sessions (a session's model is its own:
+    session is): runs of whole fold batches (the batches one process parses) when there are a
+    few per worker and enough for the cap, else runs of whole sessions (a session's model is its own:
     every query of the fold groups, partitions or joins by session)."""
     batches = duckdb_sql.session_batches(files_by_sid)
-    units = batches if len(batches) >= 2 * workers else [[sid] for sid in sorted(files_by_sid)]
     total = sum(sizes.values())
-    count = max(workers, min(workers * TASKS_PER_WORKER, total // TASK_BYTES), -(-total // TASK_MAX_BYTES))
+    capped = -(-total // TASK_MAX_BYTES)  # tasks the cap asks for
+    units = batches if len(batches) >= max(2 * workers, capped) else [[sid] for sid in sorted(files_by_sid)]
+    count = max(workers, min(workers * TASKS_PER_WORKER, total // TASK_BYTES), capped)
     groups = plan_tasks(units, sizes, min(len(units), count))
     return [
         FoldTask(i, {sid: files_by_sid[sid] for sid in sids}, [(sid, main_tids.get(sid)) for sid in sids], out_dir)
