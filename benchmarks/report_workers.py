@@ -46,16 +46,35 @@ if threads:  # this process's DuckDB on that many threads (a worker's: 1)
         con.execute(f"SET threads={threads}")
         return con
     duckdb_sql.connect = one_thread
+from goodtrace.read import engine, load
 marks = {}
+spent = {"fold_s": 0.0, "reduce_s": 0.0}
+def timed(module, name, key):
+    inner = getattr(module, name)
+    def call(*args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[key] += time.perf_counter() - began
+    setattr(module, name, call)
+timed(load, "fold_sessions", "fold_s")  # the map, the driver's reduction included
+timed(engine, "_reduce", "reduce_s")  # the driver's reduction (pool and Ray)
 def progress(label, done, total):
     if label == "summarising":
         marks.setdefault("map", time.perf_counter())
 start = time.perf_counter()
 loaded = load_run(run, engine=Engine(workers=None if ray else workers, ray=ray), progress=progress)
-text = render_json(analyze(loaded, now_wall_ns=1_800_000_000 * 10**9, release_records=True))
+loaded_at = time.perf_counter()
+analysis = analyze(loaded, now_wall_ns=1_800_000_000 * 10**9, release_records=True)
+analysed_at = time.perf_counter()
+text = render_json(analysis)
 end = time.perf_counter()
 open(out, "w").write(text)
-print(json.dumps({"map_s": marks["map"] - start, "report_s": end - start,
+spent["fold_s"] -= spent["reduce_s"]
+print(json.dumps({**spent, "load_other_s": loaded_at - start - spent["fold_s"] - spent["reduce_s"],
+                  "analysis_s": analysed_at - loaded_at, "render_s": end - analysed_at,
+                  "map_s": marks["map"] - start, "report_s": end - start,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "worker_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
@@ -139,6 +158,8 @@ def main() -> None:
         worker = f"   largest worker {c['worker_rss_mib']:5.0f} MiB" if c["worker_rss_mib"] else ""
         print(f"  {name:20s} map {c['map_s']:7.2f} s   report {c['report_s']:7.2f} s   driver peak "
               f"{c['rss_mib']:6.0f} MiB{worker}")
+        print(f"  {'':20s} fold {c['fold_s']:.2f} s, driver: reduce {c['reduce_s']:.2f} s + rest of the reading "
+              f"{c['load_other_s']:.2f} s, analysis {c['analysis_s']:.2f} s, JSON {c['render_s']:.2f} s")
     print(f"  2 workers: {result['speedup_map_2_workers']}x on the map ({result['speedup_map_2_workers_vs_one_thread']}x "
           f"against one process on one DuckDB thread), {result['speedup_report_2_workers']}x on the report; "
           f"pool start {result['pool_start_s']} s; identical reports: {result['identical']}")

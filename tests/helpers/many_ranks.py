@@ -21,7 +21,7 @@ CHECKPOINT = 9  # the last checkpoint before it: attempt 1 resumes after it
 NOW = 1_800_000_000 * 10**9  # "now" for the analysis: fixed, so that two reports may be compared
 
 
-def report_read_by(run: Path, engine: Engine, labels: list[str] | None = None) -> str:
+def report_read_by(run: Path | str, engine: Engine, labels: list[str] | None = None) -> str:
     """``goodtrace report --json``'s text, the run read where ``engine`` says; ``labels``
     collects the progress labels (which say where the files were read)."""
     def progress(label: str, done: int, total: int) -> None:

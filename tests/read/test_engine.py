@@ -9,12 +9,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from goodtrace.read import engine
 from goodtrace.read.duckdb_sql import session_batches
 from goodtrace.read.engine import Engine, plan_tasks
-from goodtrace.read.load import LoadError, load_run
 from helpers.many_ranks import report_read_by as report
 from helpers.many_ranks import write_many_ranks
 
@@ -87,6 +88,21 @@ def test_bad_worker_counts_are_clear_errors(tmp_path: Path) -> None:
     assert done.returncode != 0 and "give one" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_ray_on_a_cluster_refuses_a_run_it_would_read_through_a_local_mirror() -> None:
-    with pytest.raises(LoadError, match="shared filesystem"):
-        load_run("s3://bucket/runs/exp1", engine=Engine(ray="auto"))
+def test_no_task_reads_more_than_the_cap(many_ranks: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past 4 tasks a worker when a task would read more than TASK_MAX_BYTES (it holds its
+    sessions' tables until it returns them); the report is the same."""
+    one = report(many_ranks, Engine(workers=1))
+    cap = 1 << 20
+    monkeypatch.setattr(engine, "TASK_MAX_BYTES", cap)
+    counts: list[int] = []
+    plan = engine._tasks
+
+    def counted(*args: Any, **kwargs: Any) -> list[engine.FoldTask]:
+        tasks = plan(*args, **kwargs)
+        counts.append(len(tasks))
+        return tasks
+
+    monkeypatch.setattr(engine, "_tasks", counted)
+    assert report(many_ranks, Engine(workers=2)) == one
+    total = sum(p.stat().st_size for p in many_ranks.rglob("*.jsonl"))
+    assert counts and counts[0] >= total // cap > 2 * engine.TASKS_PER_WORKER

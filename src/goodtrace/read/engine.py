@@ -25,7 +25,7 @@ from goodtrace.read import duckdb_sql
 from goodtrace.read.loaded import Progress
 from goodtrace.read.long_lines import shortened_copy
 
-__all__ = ["ENV_WORKERS", "POOL_MIN_BYTES", "Engine", "fold_sessions"]
+__all__ = ["ENV_WORKERS", "POOL_MIN_BYTES", "Engine", "RemoteRun", "fold_sessions"]
 
 ENV_WORKERS = "GOODTRACE_WORKERS"
 # Below this many bytes of JSON lines to fold, an automatic choice folds in this process:
@@ -34,6 +34,10 @@ ENV_WORKERS = "GOODTRACE_WORKERS"
 POOL_MIN_BYTES = 64 * 2**20
 TASKS_PER_WORKER = 4  # at most, per worker: a slow task (a long session) holds up less of the end
 TASK_BYTES = 32 * 2**20  # at least, per task (beyond one per worker): a task costs about 0.1 s
+# At most, per task, whatever the workers: a task holds its sessions' tables until it returns
+# them (about 0.22 KiB a session-step, about 0.9 GiB at this size; BENCHMARKS.md, "A week on
+# 10,000 ranks").
+TASK_MAX_BYTES = 2 * 2**30
 LOCAL_RAY = "local"
 
 
@@ -52,6 +56,21 @@ class Engine:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
         if self.ray is not None and not self.ray.strip():
             raise ValueError("the Ray address is empty (leave it out for a local Ray)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteRun:
+    """A run on object storage that this process reads through its local mirror: ``url`` (an
+    fsspec URL) and ``mirror`` (the local directory) hold the same files. Ray tasks on a
+    cluster fetch their own sessions' files from ``url``, as many bytes as were mirrored."""
+
+    url: str
+    mirror: str
+
+    def source(self, path: str) -> tuple[str, int]:
+        """The URL of a mirrored file, and its mirrored size."""
+        rel = os.path.relpath(path, self.mirror).replace(os.sep, "/")
+        return f"{self.url.rstrip('/')}/{rel}", os.path.getsize(path)
 
 
 def workers_from_environment() -> int | None:
@@ -85,12 +104,15 @@ def local_cores() -> int:
 @dataclasses.dataclass
 class FoldTask:
     """Whole sessions to fold (their files, their main thread) and where to write the tables
-    (None: return their bytes)."""
+    (None: return their bytes); ``sources``: where the task fetches each file from (its URL and
+    the bytes to fetch) when it cannot open the driver's path (a run on object storage read on
+    a cluster), None when it can."""
 
     index: int
     files: dict[int, list[str]]
     main_tids: list[tuple[int, int | None]]
     out_dir: str | None
+    sources: dict[str, tuple[str, int]] | None = None
 
 
 @dataclasses.dataclass
@@ -113,7 +135,15 @@ def run_task(task: FoldTask) -> FoldResult:
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-task-")
     skips = duckdb_sql.FileSkips()
     result = FoldResult(task.index, {}, {}, [], [])
+    files = task.files
+    driver_path: dict[str, str] = {}  # a fetched file's path here -> the driver's path of it
     try:
+        if task.sources is not None:  # fetched into this node's temporary directory first
+            from goodtrace.read.mirror import fetch_files
+
+            fetched = fetch_files(task.sources, os.path.join(tmpdir, "fetched"))
+            driver_path = {local: path for path, local in fetched.items()}
+            files = {sid: [fetched[p] for p in paths] for sid, paths in task.files.items()}
         con = duckdb_sql.connect(tmpdir, in_memory=True)
         try:
             con.execute("SET threads=1")
@@ -121,14 +151,16 @@ def run_task(task: FoldTask) -> FoldResult:
                 con.execute(statement)
             duckdb_sql.insert_rows(con, "sessmain", task.main_tids)
             try:
-                duckdb_sql.fold_json(con, task.files, None, 0, 0, skips)
+                duckdb_sql.fold_json(con, files, None, 0, 0, skips)
             except duckdb.Error as exc:
                 result.error = str(exc)
                 return result
             out_dir = task.out_dir or tmpdir
+            # compressed only where the bytes travel (Ray): a local file is read back at once
+            compression = "zstd" if task.out_dir is None else "uncompressed"
             for table in duckdb_sql.RUN_MODEL_NAMES:
                 path = os.path.join(out_dir, f"task{task.index:06d}-{table}.parquet")
-                con.execute(f"COPY {table} TO {duckdb_sql.sql_str(path)} (FORMAT parquet, COMPRESSION zstd)")
+                con.execute(f"COPY {table} TO {duckdb_sql.sql_str(path)} (FORMAT parquet, COMPRESSION {compression})")
                 if task.out_dir is None:
                     with open(path, "rb") as handle:
                         result.tables[table] = handle.read()
@@ -140,9 +172,9 @@ def run_task(task: FoldTask) -> FoldResult:
         shutil.rmtree(tmpdir, ignore_errors=True)
         for copy in skips.substitutes.values():  # copies without long lines: the driver makes its own
             shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
-    result.skipped = skips.by_file
-    result.shortened = list(skips.substitutes)
-    result.notes = skips.notes
+    result.skipped = {driver_path.get(path, path): counts for path, counts in skips.by_file.items()}
+    result.shortened = [driver_path.get(path, path) for path in skips.substitutes]
+    result.notes = skips.notes  # they name files as rank-N/<file>, which a fetched copy keeps
     return result
 
 
@@ -187,10 +219,13 @@ def _workers(engine: Engine, sizes: dict[int, int]) -> int:
 def fold_sessions(
     con: Any, files_by_sid: dict[int, list[str]], main_tids: dict[int, int | None], tmpdir: str,
     engine: Engine, progress: Progress | None, done: int, total: int, skips: duckdb_sql.FileSkips,
+    remote: RemoteRun | None = None,
 ) -> int:
     """:func:`~goodtrace.read.duckdb_sql.fold_json` of ``files_by_sid`` into ``con``'s model
     tables, where ``engine`` says; same tables, skipped lines (in ``skips``) and substituted
-    files (in ``files_by_sid``) as one process gives. Returns ``done`` plus the files folded."""
+    files (in ``files_by_sid``) as one process gives. Returns ``done`` plus the files folded.
+    ``remote``: the files are the mirror of a run on object storage, which Ray tasks on a
+    cluster (not a local Ray) fetch from its URL themselves."""
     if not files_by_sid:  # all read from the compacted copy
         return done
     sizes = _sizes(files_by_sid)
@@ -199,6 +234,9 @@ def fold_sessions(
 
         with RaySession(engine.ray) as session:
             tasks = _tasks(files_by_sid, main_tids, sizes, session.cpus, None)
+            if remote is not None and engine.ray != LOCAL_RAY:
+                for task in tasks:
+                    task.sources = {p: remote.source(p) for paths in task.files.values() for p in paths}
             results = session.run(tasks, _counter(tasks, "reading rank files on Ray", progress, done, total), tmpdir)
     else:
         workers = _workers(engine, sizes)
@@ -218,12 +256,15 @@ def _tasks(
     files_by_sid: dict[int, list[str]], main_tids: dict[int, int | None], sizes: dict[int, int], workers: int,
     out_dir: str | None,
 ) -> list[FoldTask]:
-    """Tasks for ``workers``: runs of whole fold batches (the batches one process parses) when
-    there are a few per worker, else runs of whole sessions (a session's model is its own:
+    """Tasks for ``workers`` (a few per worker, and none over :data:`TASK_MAX_BYTES` unless one
+    session is): runs of whole fold batches (the batches one process parses) when there are a
+    few per worker and enough for the cap, else runs of whole sessions (a session's model is its own:
     every query of the fold groups, partitions or joins by session)."""
     batches = duckdb_sql.session_batches(files_by_sid)
-    units = batches if len(batches) >= 2 * workers else [[sid] for sid in sorted(files_by_sid)]
-    count = max(workers, min(workers * TASKS_PER_WORKER, sum(sizes.values()) // TASK_BYTES))
+    total = sum(sizes.values())
+    capped = -(-total // TASK_MAX_BYTES)  # tasks the cap asks for
+    units = batches if len(batches) >= max(2 * workers, capped) else [[sid] for sid in sorted(files_by_sid)]
+    count = max(workers, min(workers * TASKS_PER_WORKER, total // TASK_BYTES), capped)
     groups = plan_tasks(units, sizes, min(len(units), count))
     return [
         FoldTask(i, {sid: files_by_sid[sid] for sid in sids}, [(sid, main_tids.get(sid)) for sid in sids], out_dir)
@@ -246,10 +287,25 @@ def _counter(
     return finished
 
 
+class _InProcess:
+    """The driver's own share of the pool: it folds tasks in a thread of this process (no
+    interpreter to start, nothing pickled) while it would otherwise only wait. A task in hand
+    cannot be killed: it ends when its fold does."""
+
+    def run(self, task: FoldTask) -> FoldResult:
+        return run_task(task)
+
+    def kill(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int], None]) -> list[FoldResult]:
-    """The tasks on ``workers`` local processes (:mod:`goodtrace.read.fold_worker`: fresh
-    interpreters of this goodtrace that import nothing of the caller's program); each takes the
-    next task when it is done with one."""
+    """The tasks on ``workers`` local processes: this one (in a thread) and ``workers - 1``
+    started ones (:mod:`goodtrace.read.fold_worker`: fresh interpreters of this goodtrace that
+    import nothing of the caller's program); each takes the next task when it is done with one."""
     import queue
     import threading
 
@@ -261,7 +317,7 @@ def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int],
     done: queue.SimpleQueue[FoldResult | BaseException] = queue.SimpleQueue()
     stop = threading.Event()
 
-    def serve(process: WorkerProcess) -> None:
+    def serve(process: WorkerProcess | _InProcess) -> None:
         try:
             while not stop.is_set():
                 try:
@@ -272,7 +328,8 @@ def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int],
         except BaseException as exc:  # handed to the driver, which raises it
             done.put(exc)
 
-    processes = [WorkerProcess() for _ in range(workers)]
+    processes: list[WorkerProcess | _InProcess] = [WorkerProcess() for _ in range(workers - 1)]
+    processes.insert(0, _InProcess())  # served first: it starts folding while the others start
     threads = [threading.Thread(target=serve, args=(p,), daemon=True) for p in processes]
     for thread in threads:
         thread.start()

@@ -40,7 +40,7 @@ from goodtrace.read.discovery import (
     warn_about_gaps,
     where_of,
 )
-from goodtrace.read.engine import LOCAL_RAY, Engine, fold_sessions
+from goodtrace.read.engine import Engine, RemoteRun, fold_sessions
 from goodtrace.read.hangs import hang_details, hang_events_in
 from goodtrace.read.loaded import (
     LoadedRun,
@@ -193,12 +193,10 @@ def _load_run(
 ) -> LoadedRun:
     path = os.fspath(run_dir)
     warnings: list[str] = []
-    if is_url(path):
-        if engine.ray not in (None, LOCAL_RAY):
-            raise LoadError(f"--ray {engine.ray} needs the run where every node reads it (a shared filesystem); "
-                            f"{path!r} would be read through a mirror on this machine only: mirror it to a "
-                            "shared path first, or use a local Ray")
+    remote: RemoteRun | None = None
+    if is_url(path):  # Ray tasks on a cluster fetch their sessions from the URL, not from this mirror
         path = mirror_run(path, progress=progress, use_compact=use_compact)
+        remote = RemoteRun(os.fspath(run_dir), path)
         warnings.append(f"read from a local mirror of {os.fspath(run_dir)!r}: {path}")
     root = local_path(path)
     manifest = compact_manifest(root) if use_compact else None
@@ -305,7 +303,7 @@ def _load_run(
             done += 1
             if progress is not None:
                 progress("reading compacted records", done, total)
-        done = fold_sessions(con, json_by_sid, main_tids, tmpdir, engine, progress, done, total, skips)
+        done = fold_sessions(con, json_by_sid, main_tids, tmpdir, engine, progress, done, total, skips, remote)
         if progress is not None:
             progress("summarising", total, total)
         summaries = model_fetch.session_summaries(con)

@@ -30,13 +30,14 @@ from goodtrace.read.compact import (
 from goodtrace.read.loaded import Progress
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError
 
-__all__ = ["DEFAULT_THREADS", "MIRROR_STATE", "RemoteReadError", "mirror_cache_dir", "mirror_run"]
+__all__ = ["DEFAULT_THREADS", "MIRROR_STATE", "RemoteReadError", "fetch_files", "mirror_cache_dir", "mirror_run"]
 
 DEFAULT_THREADS = 32  # fetches in flight; GOODTRACE_MIRROR_THREADS overrides
 MIRROR_STATE = "MIRROR.json"  # in the mirror: what each local file was fetched as (size, tag)
 _MANIFEST = f"{COMPACT_DIR}/{COMPACT_MANIFEST}"
 _PARQUET = f"{COMPACT_DIR}/{COMPACT_RECORDS}"
 # Listing fields that change when an object is rewritten, by filesystem (S3, GCS, Azure, local...).
+_BLOCK = 8 * 2**20  # bytes a fetch copies at a time
 _TAG_FIELDS = ("ETag", "etag", "md5Hash", "generation", "content_md5", "mtime", "LastModified", "last_modified")
 
 
@@ -255,6 +256,45 @@ class _Fetcher:
                 os.remove(part)
             raise RemoteReadError(f"{self.url!r}: cannot fetch {obj.path!r} ({_reason(exc)})") from None
         return rel
+
+
+def fetch_files(sources: dict[str, tuple[str, int]], dest: str, threads: int | None = None) -> dict[str, str]:
+    """Fetch files of a run on object storage into ``dest`` (what a Ray task on a cluster
+    node does with its own sessions): ``sources`` maps a key to the file's URL and the bytes
+    to fetch (its first ``size``: what the driver mirrored, so both read the same records of a
+    growing file); returns key -> the local copy, at ``dest/rank-N/<file>`` (the name the
+    warnings give it). A file shorter than that, or one that cannot be fetched, is a
+    :class:`RemoteReadError`."""
+    try:
+        import fsspec
+    except ImportError:
+        raise RemoteReadError("reading a run from a URL needs fsspec on every node (pip install 'goodtrace[remote]')") \
+            from None
+
+    def get(key: str) -> str:
+        url, size = sources[key]
+        folder, name = url.rstrip("/").rsplit("/", 2)[-2:]
+        local = os.path.join(dest, folder, name)
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        try:
+            fs, path = fsspec.core.url_to_fs(url)
+            with fs.open(path, "rb") as source, open(local, "wb") as copy:
+                left = size
+                while left > 0:
+                    block = source.read(min(left, _BLOCK))
+                    if not block:
+                        raise EOFError(f"{left:,} of its {size:,} bytes are gone (it was cut short or replaced)")
+                    copy.write(block)
+                    left -= len(block)
+        except Exception as exc:
+            raise RemoteReadError(f"{url!r}: cannot fetch ({_reason(exc)})") from None
+        return local
+
+    if not sources:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(_threads(threads), len(sources)),
+                            thread_name_prefix="goodtrace-fetch") as pool:
+        return dict(zip(sources, pool.map(get, sources), strict=True))
 
 
 def _remove_unwanted(local: str, wanted: Iterable[str]) -> None:

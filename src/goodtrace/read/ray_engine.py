@@ -2,7 +2,8 @@
 
 Each task is a :class:`~goodtrace.read.engine.FoldTask`: the paths of whole sessions' files,
 which the task opens itself (the run directory must be at the same path on every node: a
-shared filesystem), and it returns its run-model tables as Parquet bytes; the driver reduces
+shared filesystem) or, for a run on object storage read on a cluster, fetches from the run's
+URL (:func:`~goodtrace.read.mirror.fetch_files`), and it returns its run-model tables as Parquet bytes; the driver reduces
 (:mod:`goodtrace.read.engine`). ``ray`` is imported only here, when a run is read on Ray.
 """
 

@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                         help="read the rank files as Ray tasks (pip install 'goodtrace[ray]'): without ADDRESS "
                              "on a local Ray started for the report, 'auto' on the cluster the environment names; "
-                             "the run must be at the same path on every node")
+                             "a path must be the same on every node; a URL is fetched by each task")
 
 
 def run(args: argparse.Namespace) -> int:
