@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-STEPS = 6
+STEPS = 12  # the straggler rule needs 8 sampled steps or more
 SLOW_RANK = 1  # its fwd_bwd takes longer: the straggler
 
 LOOP = """

@@ -420,6 +420,8 @@ def test_instrument_single_process_live_line_and_finish_closes_it() -> None:
     assert integration.aggregator is not None
     assert [line.step for line in integration.aggregator.lines] == [0, 2, 4]
     assert integration.aggregator.lines[-1].metrics["loss"].value == pytest.approx((9.0 + 12.0) / 2)
+    assert lines[-1].startswith("goodtrace: finished: goodput")  # rank 0 says the goodput at finish
+    lines = lines[:-1]
     assert len(lines) == 3 and lines[0].startswith("step 0")
     # the model's size reaches the offline analysis (MFU) as step-less metrics, as with torch
     model = {r["name"]: r["value"] for r in cap.records(schema.METRIC) if r.get("step") is None}
