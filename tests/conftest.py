@@ -250,14 +250,22 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.fixture(autouse=True)
 def _unit_tests_stay_unit(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test classified unit that starts a process, FUSE, S3 or Chromium fails: mark it."""
+    """A test classified unit that starts a process, FUSE, S3 or Chromium is named in the
+    summary (mark it), so that `-m unit` stays fast."""
     yield
     if request.node.get_closest_marker("unit") and _WATCH.used:
-        pytest.fail(f"{request.node.nodeid} is classified unit but used {'; '.join(sorted(set(_WATCH.detail)))}: "
-                    f"mark it ({', '.join(sorted(_WATCH.used))}) in tests/conftest.py or the module")
+        _MISMARKED.append(f"{request.node.nodeid} is classified unit but used {'; '.join(sorted(set(_WATCH.detail)))}: "
+                          f"mark it ({', '.join(sorted(_WATCH.used))}) in tests/conftest.py or the module")
+
+
+_MISMARKED: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _MISMARKED:
+        terminalreporter.section("tests classified unit that start processes, FUSE, S3 or Chromium")
+        for line in _MISMARKED:
+            terminalreporter.write_line(line)
     if _SLOW_UNITS:
         terminalreporter.section("unit tests over the unit budget")
         terminalreporter.write_line(
