@@ -135,7 +135,9 @@ def run_task(task: FoldTask) -> FoldResult:
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-task-")
     skips = duckdb_sql.FileSkips()
     result = FoldResult(task.index, {}, {}, [], [])
-    files = task.files
+    # fold_json puts a copy without long lines in place of its file: on lists of this task's
+    # own, since in the driver's thread task.files are the driver's lists
+    files = {sid: list(paths) for sid, paths in task.files.items()}
     driver_path: dict[str, str] = {}  # a fetched file's path here -> the driver's path of it
     try:
         if task.sources is not None:  # fetched into this node's temporary directory first
