@@ -288,5 +288,8 @@ def _program(console: Console, analysis: RunAnalysis) -> None:
         parts.append(f"program goodput (MFU) {_pct(g.mfu)} on {g.devices} device(s)")
         parts.append(f"ML productivity goodput {_pct(g.ml_productivity_goodput)}")
     else:
-        parts.append("MFU: pass --flops-per-step and --accelerator or --peak-tflops")
+        missing = [] if g.flops_per_step is not None else ["--flops-per-step"]
+        if g.peak_flops_per_device is None:
+            missing.append("--accelerator or --peak-tflops")
+        parts.append(f"MFU: pass {' and '.join(missing)}" if missing else "MFU: unknown")
     console.print("[bold]Goodput product[/bold]: " + "; ".join(parts), highlight=False)
