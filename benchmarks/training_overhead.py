@@ -26,11 +26,11 @@ import torch
 
 import goodtrace as gt
 from goodtrace.demo.model import GPT, GPTConfig
-from goodtrace.demo.train import CORPUS, CharCorpus, Windows
+from goodtrace.demo.train import CORPUS, CharCorpus, TextBlocks
 from goodtrace.integrations.torch import instrument
 
 
-def batches(data: Windows, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def batches(data: TextBlocks, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     index = 0
     while True:
         xs, ys = zip(*(data[index + j] for j in range(batch)), strict=True)
@@ -119,7 +119,7 @@ def main() -> None:
     corpus = CharCorpus(CORPUS.read_text(encoding="utf-8"))
     model = GPT(GPTConfig(vocab_size=len(corpus.alphabet)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = batches(Windows(corpus.train, model.config.block_size), 8)
+    data = batches(TextBlocks(corpus.train, model.config.block_size), 8)
     plain_block(model, optimizer, data, args.warmup)
     plain: list[float] = []
     traced: list[float] = []

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goodtrace.analysis import analyze, interval_partition
-from goodtrace.analysis.executions import FLAG_REWOUND
+from goodtrace.analysis.cut import FLAG_REWOUND
 from goodtrace.read.load import LoadedRun, SessionInfo, SessionRecords
 from goodtrace.read.loaded import NO_TIME
 

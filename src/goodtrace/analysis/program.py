@@ -80,7 +80,7 @@ def program_goodput(
             peak_flops = lookup(accelerator)
         except KeyError as exc:
             raise AnalysisError(str(exc.args[0])) from None
-    counted = timeline.windows.counted_steps()
+    counted = timeline.intervals.counted_steps()
     productive_s = partition.seconds(PRODUCTIVE)
     mfu = None
     if flops_per_step is not None and peak_flops and productive_s > 0:

@@ -219,7 +219,7 @@ def _steps(console: Console, analysis: RunAnalysis, top: int) -> None:
         highlight=False,
     )
     if s.shared_steps or s.host_timed_steps or s.repeated_steps or s.decreasing_steps:
-        console.print(f"[dim]{s.shared_steps} step(s) are window averages (sparse completion), "
+        console.print(f"[dim]{s.shared_steps} step(s) are interval averages (sparse completion), "
                       f"{s.host_timed_steps} host-timed, {s.repeated_steps} repeated, "
                       f"{s.decreasing_steps} going back[/dim]")
     table = Table(title=f"Slowest steps (top {top})", title_justify="left", show_edge=False)

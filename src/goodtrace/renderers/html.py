@@ -9,7 +9,7 @@ chart of every rank's spans for a step range, drawn with the Apache ECharts buil
 
 Everything drawn comes from the run model: the step chart is the analysis's step table, the
 heat map every rank's step executions as the analysis cut them, the gantt chart the spans of
-the chosen steps' intervals, read from the rank files for those windows only (DuckDB). Memory
+the chosen steps' intervals, read from the rank files for those intervals only (DuckDB). Memory
 holds the heat map (ranks x at most 240 columns) and the gantt range's spans.
 
 Safety: run text (span names, tags, attributes, hosts) reaches the page only as JSON inside a
