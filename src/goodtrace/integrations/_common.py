@@ -3,7 +3,7 @@ the hooks ``instrument()`` installs (recorder listeners and the live aggregator)
 
 Collectives at the end only when every rank ends normally: ``finish(completed=True)``, called
 outside an exception handler, closes an integration collectively (the live aggregator's last
-window is a gather, bounded by ``finish_timeout_s``). Any other end only unhooks, locally:
+log interval is a gather, bounded by ``finish_timeout_s``). Any other end only unhooks, locally:
 ``finish(completed=False)`` (a rank stopping early, or crashing from an ``except`` block), a
 ``finish()`` while an exception is being handled, a signal, interpreter exit. A crashing rank
 must never enter a collective: its peers are not in it, and it would wait for them until the
@@ -69,7 +69,7 @@ class Integration:
             self._unhook()
 
     def close(self) -> None:
-        """Complete the last live windows (collective), then remove the hooks."""
+        """Complete the last log intervals (collective), then remove the hooks."""
         if self._closed:
             return
         try:
@@ -80,7 +80,7 @@ class Integration:
             self._unhook()
 
     def _before_close(self) -> None:
-        """What must happen before the last live window closes (subclasses)."""
+        """What must happen before the last log interval closes (subclasses)."""
 
     def _unhook(self) -> None:
         if self._closed:

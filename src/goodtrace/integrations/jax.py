@@ -19,7 +19,7 @@ Contract:
 - :func:`measure_clock_offset` (collective) measures this process's monotonic-clock offset to
   process 0 by ping-pong (``goodtrace.record.clocksync``) through the ``jax.distributed`` key-value
   store, between two global barriers (``reference = local + offset_ns``, error <= rtt/2).
-- :class:`JaxTransport` carries ``goodtrace.record.live.aggregator`` windows: one all-gather per log step, built
+- :class:`JaxTransport` carries ``goodtrace.record.live.aggregator`` log intervals: one all-gather per log step, built
   from ``jax.experimental.multihost_utils``, dispatched asynchronously, read when done.
 
 :func:`instrument` sets all of this up for the active recorder. Importing this module imports

@@ -346,7 +346,7 @@ class TorchIntegration(Integration):
     # -------------------------------------------------------------- lifecycle
     def _before_close(self) -> None:
         """Let requested clock rounds finish (bounded); resolve outstanding CUDA events before
-        the last live window."""
+        the last interval."""
         if self._clock_sync is not None:
             self._clock_sync.close(timeout=min(30.0, self._group_timeout_s))
         if self.cuda_timer is not None:
@@ -412,7 +412,7 @@ def instrument(
     * ``group_timeout_s`` (120): timeout of the gloo group the live gather and clock
       measurement use.
 
-    ``finish()`` completes the live windows and removes the hooks.
+    ``finish()`` completes the log intervals and removes the hooks.
     """
     import goodtrace
 
