@@ -147,11 +147,27 @@ def test_single_process_line_has_step_time_split_and_throughput() -> None:
     assert "checkpoint_save" in printed[1] and "MFU 50.0%" in printed[1]
 
 
+def test_peak_flops_is_one_device_s_and_the_mfu_counts_the_devices_of_the_rank() -> None:
+    clock = FakeClock()
+    with capture(clock=clock, lag=0):
+        agg = LiveAggregator(gt.recorder(), LocalTransport(), log_every=2, flops_per_step=2e12, peak_flops=4e12,
+                             devices=4, printer=lambda text: None)
+        for step in (1, 2):
+            with gt.step(step) as s:
+                clock.advance(0.5)
+                s.complete_on(1.0)
+        agg.close()
+    # 2 TFLOP per 0.5 s step = 4 TFLOP/s, on four devices of 4 TFLOP/s each
+    assert agg.lines[0].mfu == pytest.approx(0.25)
+
+
 def test_bad_options_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="log_every"):
         LiveAggregator(gt.recorder(), LocalTransport(), log_every=0)
     with pytest.raises(ValueError, match="peak_flops"):
         LiveAggregator(gt.recorder(), LocalTransport(), peak_flops=-1)
+    with pytest.raises(ValueError, match="devices"):
+        LiveAggregator(gt.recorder(), LocalTransport(), devices=0)
 
 
 

@@ -255,7 +255,8 @@ class JaxIntegration(Integration):
         if live:
             self.aggregator = LiveAggregator(
                 recorder, transport, log_every=log_every, tokens_per_step=tokens_per_step,
-                flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
+                flops_per_step=flops_per_step, peak_flops=peak_flops, devices=jax.local_device_count(),
+                printer=printer,
             )
         self._listen(recorder.finish_listeners, self._on_finish)
         self._listen(recorder.step_listeners, self._on_step_end, first=True)
@@ -307,7 +308,8 @@ def instrument(
     Installs the compile listeners; with ``jax.distributed`` initialised, measures the clock
     offset to process 0 now and every ``clock_sync_every`` steps (0: only now); with ``live``,
     reduces metrics across processes every ``log_every`` steps (``goodtrace.record.live.aggregator``; process 0
-    prints one line per log step through ``printer``, default stdout). Rank and world size
+    prints one line per log step through ``printer``, default stdout). ``peak_flops`` is the
+    peak FLOP/s of one device (the live MFU counts every device of this process). Rank and world size
     were already taken from ``jax.distributed`` by ``init``. ``finish()`` closes it.
     """
     import goodtrace

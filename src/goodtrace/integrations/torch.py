@@ -399,8 +399,8 @@ def instrument(
     * ``log_every`` (10): a live line every that many steps, gathered across ranks;
     * ``tokens_per_step`` / ``flops_per_step``: this rank's tokens and model FLOPs per
       optimizer step (see :func:`measure_flops`), for tokens/s, TFLOP/s and MFU;
-    * ``peak_flops``: this rank's device peak FLOP/s (default: a table of known accelerators;
-      none on CPU, so no MFU);
+    * ``peak_flops``: the peak FLOP/s of one device, the device this rank drives (default: a
+      table of known accelerators; none on CPU, so no MFU);
     * ``live`` (True): print rank 0's live line; False keeps the aggregation for the sinks only;
     * ``cuda_events`` (True): time each step on the device with CUDA events (device/busy_s,
       device/idle_s);

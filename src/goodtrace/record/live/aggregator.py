@@ -61,7 +61,8 @@ class LiveAggregator:
     """Reduce metrics across ranks every ``log_every`` steps; rank 0 prints one line each.
 
     ``tokens_per_step`` and ``flops_per_step`` are this rank's (summed over ranks);
-    ``peak_flops`` is this rank's device peak (summed over ranks for MFU). Call :meth:`close`
+    ``peak_flops`` is the peak FLOP/s of one device and ``devices`` how many this rank drives
+    (MFU: the FLOP rate over the sum of every rank's ``peak_flops x devices``). Call :meth:`close`
     before ``finish()`` (the torch integration does it for you): it launches the last log intervals
     and waits for them.
     """
@@ -75,6 +76,7 @@ class LiveAggregator:
         tokens_per_step: float | None = None,
         flops_per_step: float | None = None,
         peak_flops: float | None = None,
+        devices: int = 1,
         max_metrics: int = 64,
         printer: Callable[[str], None] | None = None,
         process_start_ns: int | None = None,
@@ -93,7 +95,10 @@ class LiveAggregator:
         self.log_every = log_every
         self.tokens_per_step = tokens_per_step
         self.flops_per_step = flops_per_step
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"devices must be a positive int, got {devices!r}")
         self.peak_flops = peak_flops
+        self._rank_peak_flops = float(peak_flops or 0.0) * devices  # this rank's devices together
         self.max_metrics = max_metrics
         self.printer = printer if printer is not None else _print
         self.listeners: list[Callable[[LiveLine], None]] = []
@@ -277,7 +282,7 @@ class LiveAggregator:
         offset = getattr(self.recorder, "clock_offset_ns", None)  # to rank 0's clock, when measured
         header = live_vector.Header(
             step=step, tokens=(self.tokens_per_step or 0.0) * interval.steps,
-            flops=(self.flops_per_step or 0.0) * interval.steps, peak_flops=float(self.peak_flops or 0.0),
+            flops=(self.flops_per_step or 0.0) * interval.steps, peak_flops=self._rank_peak_flops,
             step_s=(interval.end_ns - interval.start_ns) / 1e9 / interval.steps,
             aligned_end=interval.end_ns + (offset if isinstance(offset, int) else self._wall_minus_clock),
             host_id=self._host_id, host_slot=self._metric_names.slot(self._host), slow=self.slowdown.fields())
