@@ -42,8 +42,11 @@ from collections.abc import Callable
 from typing import Any
 
 # The servers are the test suite's (tests/helpers/storage_servers.py): one implementation of each.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable
+from _timing import load_file
+
+_servers = load_file("storage_servers", "tests/helpers/storage_servers.py")
+EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable = (_servers.EmulatedNFS, _servers.S3Server,
+                                                          _servers.fuse_unavailable, _servers.s3_unavailable)
 
 FLUSH_INTERVAL_S = 1.0
 

@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_scale import goodtrace_cmd, write_rank  # the sibling benchmark: same run
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
