@@ -124,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         _write_html(loaded, analysis, args.html, gantt_steps)
     if args.json:
-        from goodtrace.renderers.json_report import render_json
+        from goodtrace.renderers.json_report import JsonRenderer
 
-        print(render_json(analysis, include_steps=not args.no_steps))
+        print(JsonRenderer(include_steps=not args.no_steps).render(analysis, loaded))
         return 0
     from rich.console import Console
 
