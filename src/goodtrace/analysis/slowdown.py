@@ -99,15 +99,15 @@ def find_slowdowns(
         own = own_slowdown(steps, x)
         if own is None:
             continue
-        onset, levels = own[0], own[1:]
+        onset = own.onset_step
         attempt = attempt_of.get(info.index, 0)
         others = [c for i, (m, s, y) in series.items()
                   if i != info.index and attempt_of.get(i, 0) == attempt and m == measure
                   and (c := change_at(s, y, onset)) is not None]
-        increase = levels[1] / levels[0] - 1
+        increase = own.after / own.before - 1
         named, others_increase = its_own(increase, others)
         if not named:
             continue
-        slowdowns.append(Slowdown(info.rank, info.host, attempt, measure, onset, levels[0], levels[1], increase,
+        slowdowns.append(Slowdown(info.rank, info.host, attempt, measure, onset, own.before, own.after, increase,
                                   others_increase))
     return sorted(slowdowns, key=lambda s: (s.attempt, s.onset_step, s.rank))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 from goodtrace import schema
 from goodtrace.analysis.cut import FLAG_DECREASING, FLAG_REPEATED, HOST_EXIT
@@ -78,6 +78,15 @@ def seconds_text(seconds: float) -> str:
     if size >= 1e-4:
         return f"{seconds * 1e3:.3f} ms"
     return f"{seconds * 1e6:.2f} us"
+
+
+class RowIntervals(NamedTuple):
+    """The step table's rows as columns: each row's step number, and its interval's start and
+    end on the wall clock (ns)."""
+
+    steps: Any
+    starts: Any
+    ends: Any
 
 
 class StepTable(Sequence[StepRow]):
@@ -196,13 +205,13 @@ class StepTable(Sequence[StepRow]):
             setattr(out, name, getattr(self, name)[keep])
         return out
 
-    def intervals(self) -> tuple[Any, Any, Any]:
+    def intervals(self) -> RowIntervals:
         """Each row's step number and its interval's start and end (ns, on the wall clock), as
         columns: made when asked (what a ``--since``/``--until`` time range is resolved on)."""
         steps = self._gather(lambda s: _np_ints(s.cut.exec_step), by_interval=False)
         starts = self._gather(lambda s: _np_ints(s.cut.interval_start) + s.delta, by_interval=True)
         ends = self._gather(lambda s: _np_ints(s.cut.interval_end) + s.delta, by_interval=True)
-        return steps, starts, ends
+        return RowIntervals(steps, starts, ends)
 
     def slowest(self, n: int) -> list[StepRow]:
         """The ``n`` rows with the longest step time (earlier rows first on a tie)."""

@@ -31,7 +31,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from goodtrace import schema
 from goodtrace.record.errors import warn
@@ -45,6 +45,7 @@ from goodtrace.record.live.slowdown import LiveSlowdown, SlowdownTracker, judge_
 from goodtrace.record.live.transport import GatherHandle, LocalTransport, Transport
 
 __all__ = [
+    "Completion",
     "GatherHandle",
     "LiveAggregator",
     "LiveLine",
@@ -55,6 +56,14 @@ __all__ = [
 ]
 
 DRAIN_S = 5.0  # at a local ending: how long gathers already launched may take to finish
+
+
+class Completion(NamedTuple):
+    """When one log interval's gather was launched and completed, counted in step ends."""
+
+    step: int  # the log step
+    launched_at: int
+    completed_at: int
 
 
 class LiveAggregator:
@@ -104,7 +113,7 @@ class LiveAggregator:
         self.listeners: list[Callable[[LiveLine], None]] = []
         self.lines: list[LiveLine] = []
         self.blocking_waits = 0  # launches or closes that had to wait for a gather in flight
-        self.completed_at: list[tuple[int, int, int]] = []  # (log step, launched at, completed at) end counts
+        self.completed_at: list[Completion] = []  # each gather, counted in step ends
         config = getattr(recorder, "config", None)
         self.lag = int(getattr(config, "lag", 1))
         clock: Callable[[], int] = getattr(recorder, "clock", time.perf_counter_ns)
@@ -256,7 +265,7 @@ class LiveAggregator:
             self._closed = True
             self._in_flight.clear()
             return
-        self.completed_at.append((interval.step, launched, self._ends))
+        self.completed_at.append(Completion(interval.step, launched, self._ends))
         try:
             size = len(interval.vector)
             self._metric_names.learn([v for v in vectors if live_vector.valid(v, size)],

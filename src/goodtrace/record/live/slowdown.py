@@ -20,16 +20,24 @@ import collections
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from goodtrace.record.live.change_point import change_at, its_own, own_slowdown, slower_since
 
-__all__ = ["CANDIDATES", "FIELDS", "LiveSlowdown", "SlowdownTracker", "judge_candidates"]
+__all__ = ["CANDIDATES", "FIELDS", "Candidate", "LiveSlowdown", "SlowdownTracker", "judge_candidates"]
 
 HISTORY = 240  # steps of each rank kept for its live slowdown
 SEARCH_EVERY = 5  # new steps between two searches at most (a line every step need not search each)
 CANDIDATES = 4  # onsets per log interval at which every rank sends its own change
 FIELDS = 3 + CANDIDATES  # onset, before, after, then the change at each candidate's onset
 NONE = math.nan
+
+
+class Candidate(NamedTuple):
+    """A rank with a slowdown of its own, and the onset at which every rank sends its change."""
+
+    rank: int
+    onset_step: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +68,7 @@ class SlowdownTracker:
         self.steps: collections.deque[int] = collections.deque(maxlen=history)
         self.busy_s: collections.deque[float] = collections.deque(maxlen=history)
         self.found: tuple[int, float, float] | None = None  # the own slowdown of the last search
-        self.candidates: list[tuple[int, int]] = []  # (rank, onset) from the last gathered log interval
+        self.candidates: list[Candidate] = []  # from the last gathered log interval
         self._step_t0: int | None = None
         self._spans: list[tuple[int, int]] = []
         self._first = True
@@ -101,8 +109,8 @@ class SlowdownTracker:
             self._unsearched = 0
             self.found = own_slowdown(steps, busy)
         values = list(self.found) if self.found is not None else [NONE, NONE, NONE]
-        for _, onset in self.candidates:
-            change = change_at(steps, busy, onset)
+        for candidate in self.candidates:
+            change = change_at(steps, busy, candidate.onset_step)
             values.append(NONE if change is None else change)
         return [float(v) for v in values] + [NONE] * (FIELDS - len(values))
 
@@ -111,11 +119,12 @@ class SlowdownTracker:
         every rank): the ranks with a slowdown of their own, the largest first."""
         found = [(fields[2] / fields[1] - 1, rank, int(fields[0])) for rank, fields in enumerate(per_rank)
                  if fields is not None and not math.isnan(fields[0]) and fields[1] > 0]
-        self.candidates = [(rank, onset) for _, rank, onset in sorted(found, key=lambda f: (-f[0], f[1]))][:CANDIDATES]
+        self.candidates = [Candidate(rank, onset)
+                           for _, rank, onset in sorted(found, key=lambda f: (-f[0], f[1]))][:CANDIDATES]
 
 
-def judge_candidates(candidates: Sequence[tuple[int, int]], per_rank: Sequence[Sequence[float] | None],
-                 host_of: Callable[[int], str], named: dict[int, LiveSlowdown]) -> None:
+def judge_candidates(candidates: Sequence[Candidate], per_rank: Sequence[Sequence[float] | None],
+                     host_of: Callable[[int], str], named: dict[int, LiveSlowdown]) -> None:
     """Rank 0: name each candidate of the previous log interval that still has its slowdown and whose
     slowdown is its own against the other ranks' changes at its onset, sent in this log interval;
     ``named`` holds the ranks named now: one whose own slowdown is gone (a burst that ended)
