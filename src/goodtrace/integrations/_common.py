@@ -23,6 +23,16 @@ def warn(message: str) -> None:
     _warn(message, stacklevel=3)
 
 
+def check_cadence(log_every: object, clock_sync_every: object, clock_sync_rounds: object) -> None:
+    """``instrument()``'s cadence arguments, as every framework integration takes them."""
+    for label, number in (("log_every", log_every), ("clock_sync_every", clock_sync_every),
+                          ("clock_sync_rounds", clock_sync_rounds)):
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            raise ValueError(f"{label} must be a non-negative int, got {number!r}")
+    if log_every == 0 or clock_sync_rounds == 0:
+        raise ValueError("log_every and clock_sync_rounds must be at least 1")
+
+
 def announce_model(
     recorder: Any, tokens_per_step: float | None, flops_per_step: float | None, peak_flops: float | None
 ) -> None:

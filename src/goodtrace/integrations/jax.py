@@ -40,7 +40,7 @@ import numpy as np
 
 import goodtrace
 from goodtrace import schema
-from goodtrace.integrations._common import Disabled, Integration, announce_model
+from goodtrace.integrations._common import Disabled, Integration, announce_model, check_cadence
 from goodtrace.integrations._common import warn as _warn
 from goodtrace.record.clocksync import OffsetSample, measure_offset
 from goodtrace.record.recorder import Recorder
@@ -314,12 +314,7 @@ def instrument(
     """
     import goodtrace
 
-    for label, number in (("log_every", log_every), ("clock_sync_every", clock_sync_every),
-                          ("clock_sync_rounds", clock_sync_rounds)):
-        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-            raise ValueError(f"{label} must be a non-negative int, got {number!r}")
-    if log_every < 1 or clock_sync_rounds < 1:
-        raise ValueError("log_every and clock_sync_rounds must be at least 1")
+    check_cadence(log_every, clock_sync_every, clock_sync_rounds)
     install()
     rec = goodtrace.recorder()
     if not isinstance(rec, Recorder):

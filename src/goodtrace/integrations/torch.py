@@ -46,7 +46,7 @@ import torch
 
 from goodtrace import schema
 from goodtrace.accelerators import peak_flops_for_device
-from goodtrace.integrations._common import Disabled, Integration, announce_model
+from goodtrace.integrations._common import Disabled, Integration, announce_model, check_cadence
 from goodtrace.integrations._common import warn as _warn
 from goodtrace.integrations.torch_collectives import GlooTransport, _ClockRounds, sync_clocks
 from goodtrace.record.clocksync import (
@@ -416,12 +416,7 @@ def instrument(
     """
     import goodtrace
 
-    for label, number in (("log_every", log_every), ("clock_sync_every", clock_sync_every),
-                          ("clock_sync_rounds", clock_sync_rounds)):
-        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-            raise ValueError(f"{label} must be a non-negative int, got {number!r}")
-    if log_every < 1 or clock_sync_rounds < 1:
-        raise ValueError("log_every and clock_sync_rounds must be at least 1")
+    check_cadence(log_every, clock_sync_every, clock_sync_rounds)
     for label, value in (("tokens_per_step", tokens_per_step), ("flops_per_step", flops_per_step),
                          ("peak_flops", peak_flops)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0):
