@@ -4,6 +4,9 @@
   ``complete_on`` of a host value) with one part's recorder hooks attached or detached;
 - :func:`interleaved_medians` — variants run in alternating rounds on a shared machine, medians;
 - :func:`instrumented_call_us` — goodtrace's calls of one instrumented step on a ready value;
+- :func:`timeit_ns` — nanoseconds per iteration of a loop body, the cyclic GC paused;
+- :func:`text_batches` — the demo model's batches from its text blocks (PyTorch);
+- :func:`free_port` — a free TCP port on this host, for a process group's rendezvous;
 - :data:`CALL_TIMER` — the source of ``timed(module, name, key)`` for child processes that
   add up the time spent in a library function (``python -c`` code strings);
 - :func:`load_file` — a module of the repository outside the package (tests/helpers,
@@ -17,11 +20,12 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import socket
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -59,6 +63,38 @@ def live_loop_ns(n: int, detach: Callable[[Any], Iterable[tuple[str, Callable[..
             gc.enable()
             aggregator.close()
             gt.finish()
+
+
+def timeit_ns(body: Callable[[int], None], n: int) -> float:
+    """Nanoseconds per iteration of ``body(n)``, with the cyclic GC paused (as timeit does): a
+    loop that allocates a tuple per span would otherwise time the collections it triggers."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter_ns()
+        body(n)
+        return (time.perf_counter_ns() - start) / n
+    finally:
+        gc.enable()
+
+
+def text_batches(data: Any, batch: int) -> Iterator[tuple[Any, Any]]:
+    """Endless ``(inputs, targets)`` batches of ``batch`` consecutive items of the demo's
+    ``TextBlocks``, stacked into tensors."""
+    import torch
+
+    index = 0
+    while True:
+        xs, ys = zip(*(data[index + j] for j in range(batch)), strict=True)
+        index += batch
+        yield torch.stack(xs), torch.stack(ys)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def interleaved_medians(rounds: int, variants: Mapping[str, Callable[[], float]]) -> dict[str, float]:

@@ -25,18 +25,10 @@ from pathlib import Path
 import torch
 
 import goodtrace as gt
-from _timing import instrumented_call_us
+from _timing import instrumented_call_us, text_batches
 from goodtrace.demo.model import GPT, GPTConfig
 from goodtrace.demo.train import CORPUS, CharCorpus, TextBlocks
 from goodtrace.integrations.torch import instrument
-
-
-def batches(data: TextBlocks, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    index = 0
-    while True:
-        xs, ys = zip(*(data[index + j] for j in range(batch)), strict=True)
-        index += batch
-        yield torch.stack(xs), torch.stack(ys)
 
 
 def plain_block(model: GPT, optimizer: torch.optim.Optimizer, data: Iterator[tuple[torch.Tensor, torch.Tensor]],
@@ -106,7 +98,7 @@ def main() -> None:
     corpus = CharCorpus(CORPUS.read_text(encoding="utf-8"))
     model = GPT(GPTConfig(vocab_size=len(corpus.alphabet)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = batches(TextBlocks(corpus.train, model.config.block_size), 8)
+    data = text_batches(TextBlocks(corpus.train, model.config.block_size), 8)
     plain_block(model, optimizer, data, args.warmup)
     plain: list[float] = []
     traced: list[float] = []
