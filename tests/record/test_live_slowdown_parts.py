@@ -71,7 +71,7 @@ def test_rank_0_names_a_candidate_whose_slowdown_is_its_own_then_no_longer_when_
     assert named == {}
 
 
-def test_every_rank_chooses_the_same_candidates_from_a_gathered_window() -> None:
+def test_every_rank_chooses_the_same_candidates_from_a_gathered_log_interval() -> None:
     nan = math.nan
     interval = [_fields(nan, nan, nan), _fields(20, 0.04, 0.05), _fields(15, 0.04, 0.06), _fields(nan, nan, nan)]
     first, second = SlowdownTracker(), SlowdownTracker()

@@ -84,7 +84,7 @@ def test_step_intervals_split_overhead_and_start_at_previous_sync(small_run: Pat
     assert list(cut.exec_compute) == [50 * MS] * 4  # outermost main-thread compute per execution
 
 
-def test_sparse_sync_points_make_one_shared_window(small_run: Path, tmp_path: Path) -> None:
+def test_sparse_sync_points_make_one_shared_interval(small_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "sparse"
     shutil.copytree(small_run, run_dir)
     path = next((run_dir / "rank-00000").glob("a0-*.jsonl"))
