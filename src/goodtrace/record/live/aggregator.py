@@ -304,8 +304,7 @@ class LiveAggregator:
     def _report(self, interval: LogInterval, vectors: Sequence[Sequence[float]]) -> None:
         size = len(interval.vector)
         merged = live_vector.merge(vectors, size, self.max_metrics, self._metric_names.names, self._warn)
-        tokens, flops, peak, metrics, per_rank = merged.tokens, merged.flops, merged.peak_flops, merged.metrics, \
-            merged.per_rank
+        tokens, flops, peak, per_rank = merged.tokens, merged.flops, merged.peak_flops, merged.per_rank
         interval_ns = interval.end_ns - interval.start_ns
         seconds = interval_ns / 1e9 if interval_ns > 0 else None
         overhead_total = sum(interval.overhead_ns.values())
@@ -326,10 +325,10 @@ class LiveAggregator:
         goodput, productive_ns = self._goodput_at(interval.end_ns)
         hosts = [v[live_vector.H_HOST_SLOT] if live_vector.valid(v, size) else None for v in vectors]
         judge_candidates(self.slowdown.candidates, live_vector.slow_fields(vectors, size),
-                     lambda r: self._metric_names.names.get(int(hosts[r] or 0), "?"), self.slowdowns)
+                         lambda r: self._metric_names.names.get(int(hosts[r] or 0), "?"), self.slowdowns)
         line = LiveLine(
             step=interval.step, steps=interval.steps, ranks=merged.ranks, step_time_s=step_time, train_s=train,
-            overhead_s=overhead, metrics=metrics, tokens_per_s=tokens_per_s, tflops_per_s=tflops, mfu=mfu,
+            overhead_s=overhead, metrics=merged.metrics, tokens_per_s=tokens_per_s, tflops_per_s=tflops, mfu=mfu,
             goodput=goodput, timing=interval.timing, text="",
             elapsed_s=elapsed / 1e9 if elapsed > 0 else None,
             productive_s=productive_ns / 1e9,
