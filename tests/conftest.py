@@ -71,7 +71,7 @@ MODULE_MARKS: dict[str, tuple[str, ...]] = {
     "integrations/test_hangs.py": ("processes",),
     "integrations/test_jax_distributed.py": ("processes",),
     "integrations/test_jax_examples.py": ("processes",),
-    "integrations/test_live_slowdown.py": ("processes",),
+    "integrations/test_live_slowdown.py": ("processes",),  # gloo ranks in spawned processes
     "integrations/test_no_false_alarms.py": ("processes",),
     "integrations/test_stragglers.py": ("processes",),
     "integrations/test_torch_dataloader.py": ("processes",),
