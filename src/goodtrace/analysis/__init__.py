@@ -71,14 +71,16 @@ from goodtrace.analysis.partition import (
 from goodtrace.analysis.program import ProgramGoodput, program_goodput
 from goodtrace.analysis.ranks import (
     RankFigure,
+    RankSample,
     RankSpread,
     Straggler,
+    figures_of,
     find_stragglers,
-    rank_figures,
+    sample_rank,
     spread_of,
 )
 from goodtrace.analysis.rewinds import RewindRow, rewind_rows, rewind_warning
-from goodtrace.analysis.slowdown import Slowdown, find_slowdowns
+from goodtrace.analysis.slowdown import Series, Slowdown, slowdown_series, slowdowns_of
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
 from goodtrace.analysis.time_range import RangeEdge, resolve_range, restrict_to_range
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
@@ -226,28 +228,79 @@ def _tail_label(attempt: Attempt) -> str:
     return TEARDOWN if attempt.normal else DISRUPTION
 
 
-def _cut_all(
-    run: LoadedRun, attempts: Sequence[Attempt], data_rule: str | None, release: bool
-) -> dict[int, SessionCut]:
-    """Every session of the job, cut once (an empty record set when none was loaded). With
-    ``release``, each session's step, sync, span and compute columns are dropped from ``run``
-    as soon as it is cut (nothing after the cut reads them): at 10,240 ranks x 1,000 steps they
-    are 1.6 GB that would otherwise sit beside the cuts."""
+@dataclasses.dataclass
+class _Reduced:
+    """What the analysis keeps of the job's sessions once each rank is cut and reduced."""
+
+    cuts: dict[int, SessionCut]  # the kept cuts: every session's (views), or the reference sessions'
+    samples: list[RankSample]  # per rank, in the job's order of ranks
+    name_codes: dict[str, int]
+    goodput_by_rank: dict[int, float]
+    relabels: dict[int, Relabels]
+    series: dict[int, Series]  # per session, what the slowdown rule compares
+    ignored_syncs: int
+
+
+def _cut_and_reduce(
+    run: LoadedRun, attempts: Sequence[Attempt], data_rule: str | None, release: bool, keep_cuts: bool, *,
+    ideal_override_ns: float | None, submit_wall: int | None,
+) -> _Reduced:
+    """Every session of the job, cut once (an empty record set when none was loaded), in the
+    loader's order (it fetches a block of sessions at a time). As soon as a rank's last session
+    is cut, its figures are reduced (its goodput, its :class:`RankSample`, each session's
+    slowdown series) and, unless ``keep_cuts``, the cuts of its sessions other than the
+    reference ones are dropped: what stays per session is O(sampled steps), not O(steps).
+    With ``release``, each session's step, sync, span and compute columns are dropped from
+    ``run`` as soon as it is cut (nothing after the cut reads them)."""
     cuts: dict[int, SessionCut] = {}
-    attempt_of = {index: a for a in attempts for index in a.sessions}
-    for index in sorted(attempt_of):  # in the loader's order: it fetches a block of sessions at a time
-        a = attempt_of[index]
+    attempt_for = {index: a for a in attempts for index in a.sessions}
+    attempt_of = {index: a.index for index, a in attempt_for.items()}
+    reference = {a.reference_session for a in attempts}
+    sessions_of: dict[int, list[int]] = {}
+    for index in (i for a in attempts for i in a.sessions):
+        sessions_of.setdefault(run.sessions[index].rank, []).append(index)
+    last_of = {max(members): rank for rank, members in sessions_of.items()}
+    reduced = _Reduced({}, [], {}, {}, {}, {}, 0)
+    samples: dict[int, RankSample] = {}
+    for index in sorted(attempt_for):
+        a = attempt_for[index]
         records = run.session_records.get(index) or SessionRecords()
-        cuts[index] = cut_session(run.sessions[index], records, tail_label=_tail_label(a),
-                                  close_trailing=a.normal, data_rule=data_rule)
+        cut = cuts[index] = cut_session(run.sessions[index], records, tail_label=_tail_label(a),
+                                        close_trailing=a.normal, data_rule=data_rule)
+        reduced.ignored_syncs += cut.ignored_syncs
+        found = slowdown_series(cut)
+        if found is not None:
+            reduced.series[index] = found
         if release and index in run.session_records:
             run.session_records[index] = SessionRecords(
                 device=records.device, clock=records.clock, starts_step=records.starts_step,
                 starts_name=records.starts_name, starts_t0=records.starts_t0, events=records.events)
+        del records
+        if index not in last_of:
+            continue
+        rank = last_of[index]
+        members = sessions_of[rank]
+        other = _rank_timeline(run, attempt_of, cuts, members, ideal_override_ns=ideal_override_ns,
+                               submit_wall=submit_wall, pieces=False)
+        if other is not None:
+            reduced.relabels.update(other[0].relabels)
+            if other[0].end > other[0].start:
+                reduced.goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
+        samples[rank] = sample_rank(rank, [run.sessions[i] for i in members], cuts, run.session_records, attempt_of,
+                                    reduced.name_codes)
+        for i in members:
+            if keep_cuts or i in reference:
+                reduced.cuts[i] = cuts[i]
+        for i in members:
+            del cuts[i]
     if release:
         run.released = True
         run.close()
-    return {index: cuts[index] for a in attempts for index in a.sessions}
+    reduced.samples = [samples[rank] for rank in sessions_of]
+    reduced.cuts = {index: reduced.cuts[index] for a in attempts for index in a.sessions if index in reduced.cuts}
+    if not keep_cuts:
+        reduced.relabels = {i: r for i, r in reduced.relabels.items() if i in reduced.cuts}
+    return reduced
 
 
 def _rank_timeline(
@@ -301,6 +354,7 @@ def analyze(
     now_wall_ns: int | None = None,
     alive: Liveness | None = None,
     release_records: bool = False,
+    keep_cuts: bool = True,
     since: RangeEdge | None = None,
     until: RangeEdge | None = None,
     every_s: float | None = None,
@@ -317,7 +371,10 @@ def analyze(
     ``alive(host, pid)`` (a process probe) tell a last attempt that still runs (its time after
     the last sync point is ``in_progress``) from one that was lost. ``release_records`` frees
     the loaded records the cut has consumed as it goes (for a caller that analyses ``run``
-    once: a released run cannot be analysed again). ``since``/``until`` select a time range
+    once: a released run cannot be analysed again). ``keep_cuts=False`` keeps the cuts of the
+    reference sessions only (``RunAnalysis.cuts``): every other rank's cut is dropped once its
+    figures are reduced, for a caller that needs no per-rank view (the gantt chart, the trace);
+    the numbers are the same. ``since``/``until`` select a time range
     (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table,
     its statistics, the anomalies and goodput over time (per ``every_s`` seconds; whole UTC
     hours by default) keep to it.
@@ -339,7 +396,9 @@ def analyze(
     reference_rank = min(by_index[a.reference_session].rank for a in attempts)
     submit_wall = by_index[attempts[0].reference_session].submit_wall
     ideal_override = None if ideal_step_s is None else ideal_step_s * NS
-    cuts = _cut_all(run, attempts, data_rule, release_records)
+    reduced = _cut_and_reduce(run, attempts, data_rule, release_records, keep_cuts,
+                              ideal_override_ns=ideal_override, submit_wall=submit_wall)
+    cuts = reduced.cuts
     attempt_of = {i: a.index for a in attempts for i in a.sessions}
     built = _rank_timeline(run, attempt_of, cuts, [a.reference_session for a in attempts],
                            ideal_override_ns=ideal_override, submit_wall=submit_wall, pieces=True)
@@ -376,20 +435,9 @@ def analyze(
     # every rank: its own partition (totals), step times, compute, lateness on the aligned clock
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
     clocks = loaded_clocks(run, [a.sessions for a in attempts])
-    goodput_by_rank: dict[int, float] = {}
-    relabels: dict[int, Relabels] = {}
-    sessions_of: dict[int, list[int]] = {}
-    for s in job_sessions:
-        sessions_of.setdefault(s.rank, []).append(s.index)
-    for rank in sorted(sessions_of):
-        other = _rank_timeline(run, attempt_of, cuts, sessions_of[rank], ideal_override_ns=ideal_override,
-                               submit_wall=submit_wall, pieces=False)
-        if other is not None:
-            relabels.update(other[0].relabels)
-            if other[0].end > other[0].start:
-                goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
+    relabels = reduced.relabels
     relabels.update(timeline.relabels)  # the reference timeline's, as its step table shows them
-    figures = rank_figures(job_sessions, cuts, run.session_records, attempt_of, clocks, goodput_by_rank)
+    figures = figures_of(reduced.samples, clocks, reduced.goodput_by_rank, reduced.name_codes)
     spread = spread_of(figures)
     stragglers = find_stragglers(figures, ideal_s)
     for a in attempts:
@@ -399,11 +447,11 @@ def analyze(
         run, attempts, timeline, partition, flops_per_step, peak_flops, accelerator, devices_per_rank, submit_wall,
         warnings,
     )
-    _explain(rows, timeline, cuts, warnings)
+    _explain(rows, timeline, reduced.ignored_syncs, warnings)
     events, events_total = _events(run, attempts, job_start)
     hangs = find_hangs(job_sessions, run.hang_events, attempt_of, clocks, job_start)
     warnings.extend(f"hang: {line}" for line in describe_hangs(hangs))
-    slowdowns = find_slowdowns(job_sessions, cuts, attempt_of)
+    slowdowns = slowdowns_of(job_sessions, reduced.series, attempt_of)
     rewinds = rewind_rows(timeline.cuts, timeline.relabels, attempt_of, run.sessions, job_start)
     if rewinds:
         warnings.append(rewind_warning(rewinds))
@@ -445,7 +493,7 @@ def analyze(
     )
 
 
-def _explain(rows: StepTable, timeline: Timeline, cuts: dict[int, SessionCut], warnings: list[str]) -> None:
+def _explain(rows: StepTable, timeline: Timeline, ignored: int, warnings: list[str]) -> None:
     """Warnings for step tables that are not per-step truth, or that had to drop records."""
     if (rows.shared > 1).any():
         warnings.append("some steps have no sync point of their own: their time is the average of the "
@@ -458,7 +506,6 @@ def _explain(rows: StepTable, timeline: Timeline, cuts: dict[int, SessionCut], w
     if repeated or decreasing:
         warnings.append(f"step numbers repeat ({repeated} executions) or go back ({decreasing}) within a session: "
                         "each execution is timed on its own (see the seq column)")
-    ignored = sum(c.ignored_syncs for c in cuts.values())
     if ignored:
         warnings.append(f"{ignored} sync point(s) were ignored: they named no execution of their step, came before "
                         "its entry, or came before an earlier execution's")

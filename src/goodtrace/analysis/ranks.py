@@ -268,6 +268,147 @@ def _latest_span(effects: dict[tuple[int, int], Evidence], names: dict[int, str]
     return {r: (e, name) for r, (_, _, name, e) in best.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class RankSample:
+    """What the rank figures keep of one rank once its sessions are cut (:func:`sample_rank`):
+    its own step-time and compute figures, and per session the columns of its sampled steps
+    (about :data:`SAMPLE_STEPS` rows each), so that its cuts can be released before the next
+    rank is cut. Arrival times are on the session's own clock (:func:`figures_of` aligns them)."""
+
+    rank: int
+    host: str
+    step_time_median_s: float | None
+    step_time_p90_s: float | None
+    step_noise_s: float  # robust noise of its step times (:func:`robust_noise`)
+    compute_ns: float | None  # median compute time per execution
+    arrivals: tuple[tuple[Any, ...], ...] = ()  # (session, attempt, step, rank, end on its own clock)
+    computes: tuple[tuple[Any, ...], ...] = ()  # (attempt, step, 0, rank, ns)
+    starts: tuple[tuple[Any, ...], ...] = ()  # (attempt, step, span name code, rank, ns after the step's entry)
+
+
+def sample_rank(
+    rank: int,
+    members: Sequence[SessionInfo],
+    cuts: Mapping[int, SessionCut],
+    records: Mapping[int, SessionRecords],
+    attempt_of: Mapping[int, int],
+    name_codes: dict[str, int],
+) -> RankSample:
+    """One rank's part of the rank figures, from its sessions' cuts (``members``, in the job's
+    order; span names coded in ``name_codes``, shared by every rank)."""
+    import numpy as np
+
+    times: list[Any] = []
+    per_execution: list[Any] = []
+    arrivals: list[tuple[Any, ...]] = []
+    starts: list[tuple[Any, ...]] = []
+    computes: list[tuple[Any, ...]] = []
+    for s in members:
+        cut = cuts.get(s.index)
+        if cut is None:
+            continue
+        attempt = attempt_of[s.index]
+        ends_w, counts_w, firsts_w, steps_e = cut.interval_end, cut.interval_count, cut.interval_first, cut.exec_step
+        counts = np.frombuffer(counts_w, dtype=np.int64)
+        if len(counts):
+            times.append(np.repeat(cut.step_ns() / NS, counts))
+        lo, stride = _stride(cut)
+        if len(counts):
+            w_step = np.frombuffer(steps_e, dtype=np.int64)[np.frombuffer(firsts_w, dtype=np.int64)]
+            sampled = np.flatnonzero((counts == 1) & ((w_step - lo) % stride == 0))
+            ends = np.frombuffer(ends_w, dtype=np.int64)[sampled]
+            arrivals.append((s.index, np.full(len(sampled), attempt, dtype=np.int64), w_step[sampled],
+                             np.full(len(sampled), rank, dtype=np.int64), ends))
+        if len(cut.exec_compute):
+            ns = np.frombuffer(cut.exec_compute, dtype=np.int64)
+            per_execution.append(ns[ns > 0])
+            numbers = np.frombuffer(steps_e, dtype=np.int64)
+            chosen = np.flatnonzero((ns > 0) & ((numbers - lo) % stride == 0))
+            computes.append((np.full(len(chosen), attempt, dtype=np.int64), numbers[chosen],
+                             np.zeros(len(chosen), dtype=np.int64), np.full(len(chosen), rank, dtype=np.int64),
+                             ns[chosen]))
+        rec = records.get(s.index)
+        if rec is not None and len(rec.starts_step) and len(steps_e):
+            # each sampled step's entry: its first execution's (np.unique keeps the first index)
+            numbers, first = np.unique(np.frombuffer(steps_e, dtype=np.int64), return_index=True)
+            entered = np.frombuffer(cut.exec_t0, dtype=np.int64)[first]
+            wanted = np.frombuffer(rec.starts_step, dtype=np.int64)
+            at = np.minimum(np.searchsorted(numbers, wanted), len(numbers) - 1)
+            found = numbers[at] == wanted
+            codes = np.zeros(len(rec.starts_name), dtype=np.int64)
+            spans = np.array(rec.starts_name, dtype=object)
+            for n in set(rec.starts_name):  # a few span names: one comparison each
+                codes[spans == n] = name_codes.setdefault(n, len(name_codes))
+            late_ns = np.frombuffer(rec.starts_t0, dtype=np.int64) - entered[at]
+            starts.append((np.full(int(found.sum()), attempt, dtype=np.int64), wanted[found], codes[found],
+                           np.full(int(found.sum()), rank, dtype=np.int64), late_ns[found]))
+    step_times = np.concatenate(times) if times else np.zeros(0)
+    joined = np.concatenate(per_execution) if per_execution else np.zeros(0, dtype=np.int64)
+    return RankSample(
+        rank=rank,
+        host=members[-1].host,
+        step_time_median_s=float(np.median(step_times)) if len(step_times) else None,
+        step_time_p90_s=float(np.quantile(step_times, 0.9)) if len(step_times) else None,
+        step_noise_s=robust_noise(step_times),
+        compute_ns=float(np.median(joined)) if len(joined) else None,
+        arrivals=tuple(arrivals),
+        computes=tuple(computes),
+        starts=tuple(starts),
+    )
+
+
+def figures_of(
+    samples: Sequence[RankSample],
+    clocks: Mapping[int, SessionClock],
+    goodput_by_rank: Mapping[int, float],
+    name_codes: Mapping[str, int],
+) -> list[RankFigure]:
+    """Every rank's figure from the ranks' samples (in the job's order of ranks): the cross-rank
+    parts (relative speed, lateness, the evidence) over the sampled steps only."""
+    import numpy as np
+
+    arrivals: list[tuple[Any, ...]] = []
+    for sample in samples:
+        for session, attempt, step, rank, ends in sample.arrivals:
+            clock = clocks.get(session)
+            if clock is not None:
+                ends = np.fromiter((clock.to_reference(t) for t in ends.tolist()), dtype=np.int64, count=len(ends))
+            arrivals.append((attempt, step, rank, ends))
+    compute = {s.rank: s.compute_ns for s in samples if s.compute_ns is not None}
+    others_compute = _leave_one_out(compute)
+    late, last_fraction = _arrival_lateness(arrivals)
+    arrival_effects = _effects([(a, st, np.zeros(len(st), dtype=np.int64), r, t) for a, st, r, t in arrivals])
+    compute_effects = _effects([part for s in samples for part in s.computes])
+    worst_start = _latest_span(_effects([part for s in samples for part in s.starts]),
+                               {code: name for name, code in name_codes.items()})
+    by_rank = {s.rank: s for s in samples}
+    figures = []
+    for rank in sorted(by_rank):
+        sample = by_rank[rank]
+        c = compute.get(rank)
+        reference = others_compute.get(rank)
+        worst = worst_start.get(rank)
+        figures.append(
+            RankFigure(
+                rank=rank,
+                host=sample.host,
+                goodput=goodput_by_rank.get(rank),
+                step_time_median_s=sample.step_time_median_s,
+                step_time_p90_s=sample.step_time_p90_s,
+                compute_median_s=None if c is None else c / NS,
+                relative_speed=None if c is None or reference is None or c <= 0 else reference / c,
+                lateness_median_s=late.get(rank),
+                late_fraction=last_fraction.get(rank),
+                start_lateness_s=None if worst is None else worst[0].effect_s,
+                late_span=None if worst is None else worst[1],
+                compute_evidence=compute_effects.get((rank, 0)),
+                arrival_evidence=_with_noise(arrival_effects.get((rank, 0)), sample.step_noise_s),
+                start_evidence=None if worst is None else worst[0],
+            )
+        )
+    return figures
+
+
 def rank_figures(
     sessions: Sequence[SessionInfo],
     cuts: dict[int, SessionCut],
@@ -276,98 +417,14 @@ def rank_figures(
     clocks: dict[int, SessionClock],
     goodput_by_rank: dict[int, float],
 ) -> list[RankFigure]:
-    """One figure per rank over the given sessions (a rank's sessions combined)."""
+    """One figure per rank over the given sessions (a rank's sessions combined): every rank
+    sampled (:func:`sample_rank`), then compared (:func:`figures_of`)."""
     by_rank: dict[int, list[SessionInfo]] = {}
     for s in sessions:
         by_rank.setdefault(s.rank, []).append(s)
-    import numpy as np
-
-    step_times: dict[int, Any] = {}
-    compute: dict[int, float] = {}
-    # sampled sync points (attempt, step, rank, aligned time) and span starts (attempt, step,
-    # span name code, rank, ns after the step's entry), as columns gathered per session
-    arrivals: list[tuple[Any, ...]] = []
-    starts: list[tuple[Any, ...]] = []
-    computes: list[tuple[Any, ...]] = []  # sampled executions' compute: (attempt, step, 0, rank, ns)
     name_codes: dict[str, int] = {}
-    for rank, members in by_rank.items():
-        times: list[Any] = []
-        per_execution: list[Any] = []
-        for s in members:
-            cut = cuts.get(s.index)
-            if cut is None:
-                continue
-            clock = clocks.get(s.index)
-            attempt = attempt_of[s.index]
-            ends_w, counts_w, firsts_w, steps_e = cut.interval_end, cut.interval_count, cut.interval_first, cut.exec_step
-            counts = np.frombuffer(counts_w, dtype=np.int64)
-            if len(counts):
-                times.append(np.repeat(cut.step_ns() / NS, counts))
-            lo, stride = _stride(cut)
-            if len(counts):
-                w_step = np.frombuffer(steps_e, dtype=np.int64)[np.frombuffer(firsts_w, dtype=np.int64)]
-                sampled = np.flatnonzero((counts == 1) & ((w_step - lo) % stride == 0))
-                ends = np.frombuffer(ends_w, dtype=np.int64)[sampled]
-                if clock is not None:
-                    ends = np.fromiter((clock.to_reference(t) for t in ends.tolist()), dtype=np.int64, count=len(ends))
-                arrivals.append((np.full(len(sampled), attempt, dtype=np.int64), w_step[sampled],
-                                 np.full(len(sampled), rank, dtype=np.int64), ends))
-            if len(cut.exec_compute):
-                ns = np.frombuffer(cut.exec_compute, dtype=np.int64)
-                per_execution.append(ns[ns > 0])
-                numbers = np.frombuffer(steps_e, dtype=np.int64)
-                chosen = np.flatnonzero((ns > 0) & ((numbers - lo) % stride == 0))
-                computes.append((np.full(len(chosen), attempt, dtype=np.int64), numbers[chosen],
-                                 np.zeros(len(chosen), dtype=np.int64), np.full(len(chosen), rank, dtype=np.int64),
-                                 ns[chosen]))
-            rec = records.get(s.index)
-            if rec is not None and len(rec.starts_step) and len(steps_e):
-                # each sampled step's entry: its first execution's (np.unique keeps the first index)
-                numbers, first = np.unique(np.frombuffer(steps_e, dtype=np.int64), return_index=True)
-                entered = np.frombuffer(cut.exec_t0, dtype=np.int64)[first]
-                wanted = np.frombuffer(rec.starts_step, dtype=np.int64)
-                at = np.minimum(np.searchsorted(numbers, wanted), len(numbers) - 1)
-                found = numbers[at] == wanted
-                codes = np.zeros(len(rec.starts_name), dtype=np.int64)
-                spans = np.array(rec.starts_name, dtype=object)
-                for n in set(rec.starts_name):  # a few span names: one comparison each
-                    codes[spans == n] = name_codes.setdefault(n, len(name_codes))
-                late_ns = np.frombuffer(rec.starts_t0, dtype=np.int64) - entered[at]
-                starts.append((np.full(int(found.sum()), attempt, dtype=np.int64), wanted[found], codes[found],
-                               np.full(int(found.sum()), rank, dtype=np.int64), late_ns[found]))
-        step_times[rank] = np.concatenate(times) if times else np.zeros(0)
-        joined = np.concatenate(per_execution) if per_execution else np.zeros(0, dtype=np.int64)
-        if len(joined):
-            compute[rank] = float(np.median(joined))
-    others_compute = _leave_one_out(compute)
-    late, last_fraction = _arrival_lateness(arrivals)
-    arrival_effects = _effects([(a, st, np.zeros(len(st), dtype=np.int64), r, t) for a, st, r, t in arrivals])
-    compute_effects = _effects(computes)
-    worst_start = _latest_span(_effects(starts), {code: name for name, code in name_codes.items()})
-    figures = []
-    for rank in sorted(by_rank):
-        c = compute.get(rank)
-        reference = others_compute.get(rank)
-        worst = worst_start.get(rank)
-        figures.append(
-            RankFigure(
-                rank=rank,
-                host=by_rank[rank][-1].host,
-                goodput=goodput_by_rank.get(rank),
-                step_time_median_s=float(np.median(step_times[rank])) if len(step_times[rank]) else None,
-                step_time_p90_s=float(np.quantile(step_times[rank], 0.9)) if len(step_times[rank]) else None,
-                compute_median_s=None if c is None else c / NS,
-                relative_speed=None if c is None or reference is None or c <= 0 else reference / c,
-                lateness_median_s=late.get(rank),
-                late_fraction=last_fraction.get(rank),
-                start_lateness_s=None if worst is None else worst[0].effect_s,
-                late_span=None if worst is None else worst[1],
-                compute_evidence=compute_effects.get((rank, 0)),
-                arrival_evidence=_with_noise(arrival_effects.get((rank, 0)), robust_noise(step_times[rank])),
-                start_evidence=None if worst is None else worst[0],
-            )
-        )
-    return figures
+    samples = [sample_rank(rank, members, cuts, records, attempt_of, name_codes) for rank, members in by_rank.items()]
+    return figures_of(samples, clocks, goodput_by_rank, name_codes)
 
 
 def _with_noise(evidence: Evidence | None, noise_s: float) -> Evidence | None:

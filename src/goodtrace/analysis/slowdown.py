@@ -26,7 +26,9 @@ from goodtrace.record.live.change_point import (
     slower_since,
 )
 
-__all__ = ["Slowdown", "find_slowdowns", "slowdown_of"]
+__all__ = ["Series", "Slowdown", "find_slowdowns", "slowdown_of", "slowdown_series", "slowdowns_of"]
+
+Series = tuple[str, Any, Any]  # (measure, steps, seconds per execution): numpy arrays
 
 NS = 1e9
 
@@ -52,7 +54,7 @@ class Slowdown:
         return dataclasses.asdict(self) | {"reason": self.reason}
 
 
-def _series(cut: SessionCut) -> tuple[str, Any, Any] | None:
+def _series(cut: SessionCut) -> Series | None:
     """(measure, steps, seconds) per steady-state execution in entry order: compute time where
     the session has compute spans, else the step time (:meth:`SessionCut.step_ns`)."""
     import numpy as np
@@ -81,29 +83,40 @@ def _list(values: Any) -> list[Any]:
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
+def slowdown_series(cut: SessionCut) -> Series | None:
+    """What the slowdown rule keeps of a session once cut: its measure and its steady-state
+    executions' steps and times (numpy arrays, 16 bytes an execution), or None (too few)."""
+    return _series(cut)
+
+
 def find_slowdowns(
     sessions: Sequence[SessionInfo], cuts: Mapping[int, SessionCut], attempt_of: Mapping[int, int],
 ) -> list[Slowdown]:
     """The sessions whose own time per execution rose by a sustained margin, with the onset."""
-    series: dict[int, tuple[str, Any, Any]] = {}
-    for info in sessions:
-        cut = cuts.get(info.index)
-        found = _series(cut) if cut is not None else None
-        if found is not None:
-            series[info.index] = (found[0], _list(found[1]), _list(found[2]))
+    series = {info.index: found for info in sessions
+              if (cut := cuts.get(info.index)) is not None and (found := _series(cut)) is not None}
+    return slowdowns_of(sessions, series, attempt_of)
+
+
+def slowdowns_of(
+    sessions: Sequence[SessionInfo], series: Mapping[int, Series], attempt_of: Mapping[int, int],
+) -> list[Slowdown]:
+    """:func:`find_slowdowns` over the sessions' series (:func:`slowdown_series`), their cuts
+    released: another session's series is made a list only where a slowdown is compared with it."""
+    ordered = [(info.index, series[info.index]) for info in sessions if info.index in series]
     slowdowns = []
     for info in sessions:
         if info.index not in series:
             continue
         measure, steps, x = series[info.index]
-        own = own_slowdown(steps, x)
+        own = own_slowdown(_list(steps), _list(x))
         if own is None:
             continue
         onset = own.onset_step
         attempt = attempt_of.get(info.index, 0)
-        others = [c for i, (m, s, y) in series.items()
+        others = [c for i, (m, s, y) in ordered
                   if i != info.index and attempt_of.get(i, 0) == attempt and m == measure
-                  and (c := change_at(s, y, onset)) is not None]
+                  and (c := change_at(_list(s), _list(y), onset)) is not None]
         increase = own.after / own.before - 1
         named, others_increase = its_own(increase, others)
         if not named:
