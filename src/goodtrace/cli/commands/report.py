@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         accelerator=args.accelerator,
         devices_per_rank=args.devices_per_rank,
         every_s=every,
+        keep_cuts=bool(args.html),  # the gantt chart draws every rank's cut; the numbers need none kept
         **time_range,
     )
     if args.html:
