@@ -1,0 +1,67 @@
+"""Each rank is reduced as its last session is cut (analysis._cut_and_reduce): with
+``keep_cuts=False`` the cuts of every rank but the reference are dropped before the next rank
+is cut, and every number of the report must stay the same to the byte. A run with two
+attempts (a rank's sessions far apart in the loader's order), a rank that computes slower, a
+rank that slows down mid-attempt and one that enters its data span late."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from goodtrace.analysis import analyze
+from goodtrace.analysis.ranks import rank_figures
+from goodtrace.analysis.slowdown import find_slowdowns
+from helpers.builders import Proc, load
+
+RANKS = 4
+
+
+def _attempt(run: Path, restart: int, start: float, steps: range, *, crash: bool) -> None:
+    for rank in range(RANKS):
+        p = Proc(run, rank=rank, world=RANKS, restart=restart, start=start, host=f"node{rank // 2}")
+        p.clock(2_000 * rank, start + 0.1)
+        t = start + 1.0
+        for k in steps:
+            compute = 0.5 * (1.3 if rank == 2 else 1.0) * (1.4 if rank == 3 and restart == 1 and k >= 60 else 1.0)
+            compute *= 1 + 0.01 * ((k * 7 + rank * 3) % 5)  # a little noise, different per rank
+            late = 0.05 if rank == 1 else 0.0
+            p.step(k, t, t + 0.01)
+            p.span("data", t + late, t + late + 0.02, step=k)
+            p.span("forward_backward", t + 0.05, t + 0.05 + compute, cat="compute", step=k)
+            t += 0.1 + compute
+            p.sync(k, t, "lag")
+        if crash:
+            p.heartbeat(t + 0.5)
+        else:
+            p.finish(t + 0.5)
+        p.write()
+
+
+def _run(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    _attempt(run, 0, 0.0, range(40), crash=True)
+    _attempt(run, 1, 60.0, range(30, 110), crash=False)
+    return run
+
+
+def test_dropping_other_ranks_cuts_changes_no_number(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    loaded = load(run)
+    kept = analyze(loaded, now_wall_ns=None, release_records=True)
+    reduced = analyze(load(run), now_wall_ns=None, release_records=True, keep_cuts=False)
+    assert json.dumps(reduced.to_dict(), sort_keys=True) == json.dumps(kept.to_dict(), sort_keys=True)
+    # the run exercises every cross-rank figure: two attempts, a slow rank, a slowdown, a late span
+    assert len(kept.attempts) == 2 and len(kept.cuts) == 2 * RANKS
+    assert [s.rank for s in kept.stragglers] == [1, 2]
+    assert [(s.rank, s.attempt) for s in kept.slowdowns] == [(3, 1)]
+    assert all(f.goodput is not None and f.lateness_median_s is not None for f in kept.spread.per_rank)
+    # what stays is the reference rank's cuts (the step table's timeline), not every rank's
+    assert sorted(reduced.cuts) == sorted(a.reference_session for a in reduced.attempts)
+    assert set(reduced.relabels) <= set(reduced.cuts)
+    # ... and the rank-by-rank reduction is the all-at-once definition over every cut
+    sessions = [kept.sessions[i] for i in kept.cuts]
+    goodputs = {f.rank: f.goodput for f in kept.spread.per_rank if f.goodput is not None}
+    assert rank_figures(sessions, kept.cuts, loaded.session_records, kept.attempt_of, kept.clocks,
+                        goodputs) == list(kept.spread.per_rank)
+    assert find_slowdowns(sessions, kept.cuts, kept.attempt_of) == list(kept.slowdowns)
