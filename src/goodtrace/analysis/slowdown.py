@@ -28,7 +28,7 @@ from goodtrace.record.live.change_point import (
 
 __all__ = ["Series", "Slowdown", "find_slowdowns", "slowdown_of", "slowdown_series", "slowdowns_of"]
 
-Series = tuple[str, Any, Any]  # (measure, steps, seconds per execution): numpy arrays
+Series = tuple[str, Any, Any]  # (measure, steps, seconds per execution): numpy arrays (steps: or a range)
 
 NS = 1e9
 
@@ -80,13 +80,22 @@ def slowdown_of(steps: Any, seconds: Any) -> tuple[int, float, float] | None:
 
 
 def _list(values: Any) -> list[Any]:
-    return values.tolist() if hasattr(values, "tolist") else list(values)
+    return values.tolist() if hasattr(values, "tolist") else list(values)  # numpy arrays, ranges, sequences
 
 
 def slowdown_series(cut: SessionCut) -> Series | None:
     """What the slowdown rule keeps of a session once cut: its measure and its steady-state
-    executions' steps and times (numpy arrays, 16 bytes an execution), or None (too few)."""
-    return _series(cut)
+    executions' steps and times (8 bytes an execution: consecutive steps, as most are, kept as
+    a range), or None (too few)."""
+    import numpy as np
+
+    found = _series(cut)
+    if found is None:
+        return None
+    measure, steps, seconds = found
+    if len(steps) and int(steps[-1]) - int(steps[0]) == len(steps) - 1 and bool((np.diff(steps) == 1).all()):
+        return measure, range(int(steps[0]), int(steps[-1]) + 1), seconds
+    return found
 
 
 def find_slowdowns(
