@@ -15,7 +15,9 @@ load:
 Two modes in the same run: ``views`` (every session's cut kept for the HTML report's gantt and
 the trace: the baseline, as every report did before) and ``report`` (``analyze(keep_cuts=False)``,
 what ``report`` without ``--html`` runs: a rank's figures computed as its sessions are cut, its cut
-released). ``--quick``: S = 1,000 on 8 and 80 ranks; ``--json``: the last line is one JSON object.
+released). The loaded records are fetched a block of sessions at a time (at most
+``BLOCK_ROWS`` executions, a bound that does not grow with the run): ``--block-rows`` (20,000)
+lowers it so that what grows beyond one block shows at these sizes. ``--quick``: S = 1,000 on 8 and 80 ranks; ``--json``: the last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ _MEASURE = r"""
 import json, sys, tracemalloc
 from array import array
 from goodtrace.analysis import analyze
-from goodtrace.read import load
+from goodtrace.read import load, model_fetch
 from goodtrace.read.engine import Engine
 
 def size(x):
@@ -51,6 +53,7 @@ def size(x):
 def cut_bytes(cut):
     return sum(size(getattr(cut, f)) for f in cut.__dataclass_fields__)
 
+model_fetch.BLOCK_ROWS = int(sys.argv[3])  # the executions whose columns the analysis fetches at once
 loaded = load.load_run(sys.argv[1], engine=Engine(workers=1))
 keep = sys.argv[2] == "views"
 tracemalloc.start()
@@ -71,10 +74,10 @@ print(json.dumps({
 """
 
 
-def _measure(run: Path, mode: str) -> dict[str, Any]:
+def _measure(run: Path, mode: str, block_rows: int) -> dict[str, Any]:
     env = dict(os.environ, GOODTRACE_PROGRESS="0")
     env.pop("GOODTRACE_WORKERS", None)
-    done = subprocess.run([sys.executable, "-c", _MEASURE, str(run), mode], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-c", _MEASURE, str(run), mode, str(block_rows)], capture_output=True, text=True, env=env,
                           check=False)
     if done.returncode != 0:
         raise SystemExit(f"a measurement failed: {done.stderr[-2000:]}")
@@ -82,13 +85,13 @@ def _measure(run: Path, mode: str) -> dict[str, Any]:
     return figures
 
 
-def measure(root: Path, ranks: int, steps: int) -> dict[str, Any]:
+def measure(root: Path, ranks: int, steps: int, block_rows: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for label, r in (("small", ranks), ("wide", 10 * ranks)):
         run = root / label
         for rank in range(r):
             write_rank(run, rank, r, steps)
-        rows = {mode: _measure(run, mode) for mode in ("views", "report")}
+        rows = {mode: _measure(run, mode, block_rows) for mode in ("views", "report")}
         same = rows["views"].pop("report") == rows["report"].pop("report")
         out[label] = {"ranks": r, "steps": steps, "identical_report": same, **rows}
         shutil.rmtree(run)
@@ -105,12 +108,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=16)
     parser.add_argument("--steps", type=int, default=2_000)
+    parser.add_argument("--block-rows", type=int, default=20_000,
+                        help="step executions the analysis fetches at once (the reader's BLOCK_ROWS, 500,000; "
+                             "smaller here so that runs this small show what grows beyond one block)")
     parser.add_argument("--quick", action="store_true", help="8 and 80 ranks x 1,000 steps")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     ranks, steps = (8, 1_000) if args.quick else (args.ranks, args.steps)
     with tempfile.TemporaryDirectory() as tmp:
-        out = measure(Path(tmp), ranks, steps)
+        out = measure(Path(tmp), ranks, steps, args.block_rows)
     for label in ("small", "wide"):
         row = out[label]
         print(f"{row['ranks']} ranks x {row['steps']:,} steps (report identical: {row['identical_report']})")
