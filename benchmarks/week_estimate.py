@@ -8,7 +8,8 @@ per rank), then measures, each in a fresh process:
 * a task (:func:`goodtrace.read.engine.run_task`, what a pool worker or a Ray task runs, one
   DuckDB thread) folding one session, and one folding every rank's session: its wall time,
   the bytes of its reduction (the zstd Parquet tables a Ray task returns) and its peak RSS;
-* the driver reading the run on 2 local workers as ``report --json`` does, split into the
+* the driver reading the run on 2 local workers as ``report --json`` does (each rank's cut
+  dropped once its figures are reduced, ``keep_cuts=False``), split into the
   fold, the driver's reduction of the tasks' tables, the rest of the reading, the analysis
   and the JSON (the last four serial on the driver), with its peak RSS; and the same at
   4x the ranks, so that what grows with the ranks and what with the steps can be told apart.
@@ -71,7 +72,7 @@ timed(engine, "_reduce", "reduce_s")
 start = time.perf_counter()
 loaded = load.load_run(sys.argv[1], engine=Engine(workers=2))
 loaded_at = time.perf_counter()
-analysis = analyze(loaded, now_wall_ns=1_800_000_000 * 10**9, release_records=True)
+analysis = analyze(loaded, now_wall_ns=1_800_000_000 * 10**9, release_records=True, keep_cuts=False)
 analysed_at = time.perf_counter()
 render_json(analysis, include_steps=False)
 end = time.perf_counter()
