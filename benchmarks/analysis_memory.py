@@ -1,7 +1,8 @@
 """Benchmark: what the analysis holds per step and rank on the driver, after the fold.
 
-Writes runs with ``report_steps.py``'s generator at ``--ranks`` R x ``--steps`` S and at 10 R x S
-(the ranks an order of magnitude apart: what grows with step-rank pairs shows there), loads each
+Writes runs with ``report_steps.py``'s generator at ``--ranks`` R x ``--steps`` S, at 10 R x S and
+at R x 10 S (what grows with step-rank pairs shows on both axes; what grows with the ranks alone,
+or the steps alone, on one), loads each
 (one worker: the read is not what is measured) and, in a fresh process per run and mode, analyses
 it as ``report --json`` does (``release_records``), tracing Python's allocations from the end of the
 load:
@@ -17,7 +18,7 @@ the trace: the baseline, as every report did before) and ``report`` (``analyze(k
 what ``report`` without ``--html`` runs: a rank's figures computed as its sessions are cut, its cut
 released). The loaded records are fetched a block of sessions at a time (at most
 ``BLOCK_ROWS`` executions, a bound that does not grow with the run): ``--block-rows`` (20,000)
-lowers it so that what grows beyond one block shows at these sizes. ``--quick``: S = 1,000 on 8 and 80 ranks; ``--json``: the last line is one JSON object.
+lowers it so that what grows beyond one block shows at these sizes. ``--quick``: S = 1,000 on 8 and 80 ranks and 10 S on 8; ``--json``: the last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -87,19 +88,20 @@ def _measure(run: Path, mode: str, block_rows: int) -> dict[str, Any]:
 
 def measure(root: Path, ranks: int, steps: int, block_rows: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for label, r in (("small", ranks), ("wide", 10 * ranks)):
+    for label, r, n in (("small", ranks, steps), ("wide", 10 * ranks, steps), ("long", ranks, 10 * steps)):
         run = root / label
         for rank in range(r):
-            write_rank(run, rank, r, steps)
+            write_rank(run, rank, r, n)
         rows = {mode: _measure(run, mode, block_rows) for mode in ("views", "report")}
         same = rows["views"].pop("report") == rows["report"].pop("report")
-        out[label] = {"ranks": r, "steps": steps, "identical_report": same, **rows}
+        out[label] = {"ranks": r, "steps": n, "identical_report": same, **rows}
         shutil.rmtree(run)
-    pairs = (out["wide"]["ranks"] - out["small"]["ranks"]) * steps
-    for mode in ("views", "report"):
-        for figure in ("peak_mib", "kept_mib"):
-            grew = out["wide"][mode][figure] - out["small"][mode][figure]
-            out[f"{mode}_{figure[:-4]}_b_per_pair"] = grew * 2**20 / pairs
+    for axis in ("wide", "long"):  # what one more step-rank pair adds, along the ranks and along the steps
+        pairs = out[axis]["ranks"] * out[axis]["steps"] - ranks * steps
+        for mode in ("views", "report"):
+            for figure in ("peak_mib", "kept_mib"):
+                grew = out[axis][mode][figure] - out["small"][mode][figure]
+                out[f"{mode}_{figure[:-4]}_b_per_pair_{axis}"] = grew * 2**20 / pairs
     out["peak_ratio"] = out["wide"]["report"]["peak_mib"] / out["wide"]["views"]["peak_mib"]
     return out
 
@@ -111,13 +113,13 @@ def main() -> None:
     parser.add_argument("--block-rows", type=int, default=20_000,
                         help="step executions the analysis fetches at once (the reader's BLOCK_ROWS, 500,000; "
                              "smaller here so that runs this small show what grows beyond one block)")
-    parser.add_argument("--quick", action="store_true", help="8 and 80 ranks x 1,000 steps")
+    parser.add_argument("--quick", action="store_true", help="8 and 80 ranks x 1,000 steps, 8 x 10,000")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     ranks, steps = (8, 1_000) if args.quick else (args.ranks, args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         out = measure(Path(tmp), ranks, steps, args.block_rows)
-    for label in ("small", "wide"):
+    for label in ("small", "wide", "long"):
         row = out[label]
         print(f"{row['ranks']} ranks x {row['steps']:,} steps (report identical: {row['identical_report']})")
         for mode in ("views", "report"):
@@ -125,9 +127,10 @@ def main() -> None:
             print(f"  {mode:7s} peak {m['peak_mib']:8.1f} MiB, kept {m['kept_mib']:8.1f} MiB; cuts: reference "
                   f"{m['reference_cuts_mib']:.1f} MiB, others {m['other_cuts_mib']:.1f} MiB; records kept "
                   f"{m['records_kept_mib']:.1f} MiB")
-    for mode in ("views", "report"):
-        print(f"{mode}: peak grows {out[f'{mode}_peak_b_per_pair']:.1f} B, kept "
-              f"{out[f'{mode}_kept_b_per_pair']:.1f} B a step and rank")
+    for axis, words in (("wide", "10x the ranks"), ("long", "10x the steps")):
+        for mode in ("views", "report"):
+            print(f"{words}, {mode}: peak grows {out[f'{mode}_peak_b_per_pair_{axis}']:.1f} B, kept "
+                  f"{out[f'{mode}_kept_b_per_pair_{axis}']:.1f} B a step and rank")
     print(f"peak at {out['wide']['ranks']} ranks, report / views: {out['peak_ratio']:.2f}")
     if args.json:
         print(json.dumps(out))
