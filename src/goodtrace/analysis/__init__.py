@@ -12,7 +12,9 @@ Entry point for renderers and tools::
 One run model: every session of the job is cut once (:mod:`goodtrace.analysis.cut`:
 its step executions, intervals and overhead, ``RunAnalysis.cuts``), and every number and view
 (the console, ``--json``, the HTML report, the Perfetto trace) draws from those cuts and from
-one mapping of each session's clock (``RunAnalysis.clocks``).
+one mapping of each session's clock (``RunAnalysis.clocks``). A rank is reduced to its figures
+as soon as its last session is cut; ``analyze(keep_cuts=False)`` then drops its cuts, keeping
+the reference rank's only (what the numbers need; the views of every rank need them all).
 
 ``RunAnalysis`` holds: ``attempts`` (launches of the reported job, how each ended), ``jobs``
 (more than one when an unrelated job reused the run directory), ``partition`` (on the
@@ -262,12 +264,16 @@ def _cut_and_reduce(
     last_of = {max(members): rank for rank, members in sessions_of.items()}
     reduced = _Reduced({}, [], {}, {}, {}, {}, 0)
     samples: dict[int, RankSample] = {}
+    starts: dict[int, SessionRecords] = {}
     for index in sorted(attempt_for):
         a = attempt_for[index]
         records = run.session_records.get(index) or SessionRecords()
         cut = cuts[index] = cut_session(run.sessions[index], records, tail_label=_tail_label(a),
                                         close_trailing=a.normal, data_rule=data_rule)
         reduced.ignored_syncs += cut.ignored_syncs
+        # the span-start sample the rank figures read (a rank's earlier session is not fetched again)
+        starts[index] = SessionRecords(starts_step=records.starts_step, starts_name=records.starts_name,
+                                       starts_t0=records.starts_t0)
         found = slowdown_series(cut)
         if found is not None:
             reduced.series[index] = found
@@ -286,13 +292,12 @@ def _cut_and_reduce(
             reduced.relabels.update(other[0].relabels)
             if other[0].end > other[0].start:
                 reduced.goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
-        samples[rank] = sample_rank(rank, [run.sessions[i] for i in members], cuts, run.session_records, attempt_of,
+        samples[rank] = sample_rank(rank, [run.sessions[i] for i in members], cuts, starts, attempt_of,
                                     reduced.name_codes)
         for i in members:
             if keep_cuts or i in reference:
                 reduced.cuts[i] = cuts[i]
-        for i in members:
-            del cuts[i]
+            del cuts[i], starts[i]
     if release:
         run.released = True
         run.close()
