@@ -11,7 +11,8 @@ per rank), then measures, each in a fresh process:
 * the driver reading the run on 2 local workers as ``report --json`` does (each rank's cut
   dropped once its figures are reduced, ``keep_cuts=False``), split into the
   fold, the driver's reduction of the tasks' tables, the rest of the reading, the analysis
-  and the JSON (the last four serial on the driver), with its peak RSS; and the same at
+  and the JSON (the last four serial on the driver), with its peak RSS (and the peak by the end
+  of the reading, before the analysis: what grows there is the reader's); and the same at
   4x the ranks, so that what grows with the ranks and what with the steps can be told apart.
 
 From these (a task's time and peak fitted against the session-steps it folds, a session's
@@ -72,6 +73,7 @@ timed(engine, "_reduce", "reduce_s")
 start = time.perf_counter()
 loaded = load.load_run(sys.argv[1], engine=Engine(workers=2))
 loaded_at = time.perf_counter()
+rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the peak of the reading alone
 analysis = analyze(loaded, now_wall_ns=1_800_000_000 * 10**9, release_records=True, keep_cuts=False)
 analysed_at = time.perf_counter()
 render_json(analysis, include_steps=False)
@@ -79,7 +81,7 @@ end = time.perf_counter()
 spent["fold_s"] -= spent["reduce_s"]
 print(json.dumps({**spent, "load_other_s": loaded_at - start - spent["fold_s"] - spent["reduce_s"],
                   "analysis_s": analysed_at - loaded_at, "render_s": end - analysed_at,
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "rss_loaded_mib": rss_loaded, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 SEGMENT_BYTES = 64 * 2**20  # the recorder's default segment size on a local disk or a share
@@ -160,6 +162,7 @@ def extrapolate(sizes: dict[str, Any], ranks: int, days: float, workers: list[in
     per_batch = max(1, FOLD_BATCH_FILES // segments)  # sessions a worker parses at once
     serial = _plane(small, wide, large, lambda row: _serial(row["driver"]))
     memory = _plane(small, wide, large, lambda row: row["driver"]["rss_mib"])
+    reading = _plane(small, wide, large, lambda row: row["driver"]["rss_loaded_mib"])
     serial_s = serial[0] + serial[1] * steps + serial[2] * pairs
     out: dict[str, Any] = {
         "ranks": ranks, "days": days, "steps": steps,
@@ -178,6 +181,9 @@ def extrapolate(sizes: dict[str, Any], ranks: int, days: float, workers: list[in
             "reduction_in_gb": round(session_reduction * ranks / 1e9, 1),
             "rss_kib_per_step": round(memory[1] * 1024, 3), "rss_kib_per_step_rank": round(memory[2] * 1024, 4),
             "rss_gib": round((memory[0] + memory[1] * steps + memory[2] * pairs) / 1024, 1),
+            # the same fitted on the peak reached by the end of the reading (before the analysis)
+            "reading_rss_kib_per_step_rank": round(reading[2] * 1024, 4),
+            "reading_rss_gib": round((reading[0] + reading[1] * steps + reading[2] * pairs) / 1024, 1),
         },
         "workers": {},
     }
@@ -241,7 +247,8 @@ def _print(r: dict[str, Any]) -> None:
                 f"{every['fold_s']:.2f} s, worker peak {every['rss_mib']:.0f} MiB; ") if one and every else ""
         print(f"  {row['ranks']:>3} x {row['steps']:>7,}: {task}driver on 2 workers: reduce {drv['reduce_s']:.2f} s, "
               f"rest of the reading {drv['load_other_s']:.2f} s, analysis {drv['analysis_s']:.2f} s, "
-              f"JSON {drv['render_s']:.2f} s, peak {drv['rss_mib']:.0f} MiB")
+              f"JSON {drv['render_s']:.2f} s, peak {drv['rss_mib']:.0f} MiB ({drv['rss_loaded_mib']:.0f} by the end of "
+              "the reading)")
     print(f"{r['ranks']:,} ranks x {r['steps']:,} steps ({r['days']:g} days at 1 step/s, {r['records_per_step']} "
           "records a step):")
     print(f"  per session: {s['jsonl_gb']} GB of JSON lines ({s['segments']} segments; {s['sessions_per_batch']} "
@@ -250,7 +257,9 @@ def _print(r: dict[str, Any]) -> None:
           f"step); a task's peak {s['task_rss_fixed_mib']} MiB + {s['task_rss_kib_per_step']} KiB a session-step")
     print(f"  driver: receives {d['reduction_in_gb']:,} GB; serial part {d['serial_h']:,} h ({d['serial_fixed_s']} s + "
           f"{d['serial_us_per_step']} us a step + {d['serial_us_per_step_rank']} us a step and rank); peak "
-          f"{d['rss_gib']:,} GiB ({d['rss_kib_per_step']} KiB a step + {d['rss_kib_per_step_rank']} KiB a step and rank)")
+          f"{d['rss_gib']:,} GiB ({d['rss_kib_per_step']} KiB a step + {d['rss_kib_per_step_rank']} KiB a step and rank), "
+          f"{d['reading_rss_gib']:,} GiB of it reached by the end of the reading "
+          f"({d['reading_rss_kib_per_step_rank']} KiB a step and rank)")
     for count, w in r["workers"].items():
         print(f"  {count:>4} worker(s): {w['tasks']:,} tasks of {w['sessions_per_task']:,} sessions, map "
               f"{w['map_h']:,} h, wall {w['wall_h']:,} h ({w['speedup']}x), worker peak {w['worker_rss_gib']:,} GiB")
