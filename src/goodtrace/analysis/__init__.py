@@ -252,8 +252,8 @@ def _cut_and_reduce(
     is cut, its figures are reduced (its goodput, its :class:`RankSample`, each session's
     slowdown series) and, unless ``keep_cuts``, the cuts of its sessions other than the
     reference ones are dropped: what stays per session is O(sampled steps), not O(steps).
-    With ``release``, each session's step, sync, span and compute columns are dropped from
-    ``run`` as soon as it is cut (nothing after the cut reads them)."""
+    With ``release``, each session's step, sync, span and compute columns and its device
+    metrics are dropped from ``run`` as soon as it is cut (nothing after the cut reads them)."""
     cuts: dict[int, SessionCut] = {}
     attempt_for = {index: a for a in attempts for index in a.sessions}
     attempt_of = {index: a.index for index, a in attempt_for.items()}
@@ -278,9 +278,9 @@ def _cut_and_reduce(
         if found is not None:
             reduced.series[index] = found
         if release and index in run.session_records:
-            run.session_records[index] = SessionRecords(
-                device=records.device, clock=records.clock, starts_step=records.starts_step,
-                starts_name=records.starts_name, starts_t0=records.starts_t0, events=records.events)
+            run.session_records[index] = SessionRecords(  # device metrics by step: read by the cut alone
+                clock=records.clock, starts_step=records.starts_step, starts_name=records.starts_name,
+                starts_t0=records.starts_t0, events=records.events)
         del records
         if index not in last_of:
             continue
