@@ -20,7 +20,7 @@ from goodtrace.analysis import analyze
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
 from goodtrace.read.load import compact_run, load_run
-from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
+from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE, MAX_CHUNKS
 from goodtrace.renderers.json_report import render_json
 from helpers.many_ranks import NOW, write_many_ranks
 
@@ -207,3 +207,55 @@ def test_compact_is_the_cache_of_every_segment(many_ranks: Path, tmp_path: Path)
     assert _report(run, cache=True, labels=read) == cold
     # segments with a long line are read again (their records are needed from a copy)
     assert len(read) <= 1
+
+
+def test_chunks_of_many_reports_are_merged_into_one(many_ranks: Path, tmp_path: Path) -> None:
+    """Each report that finds new closed segments keeps a chunk; past MAX_CHUNKS of a kind, the
+    next one holds the files of all of them and replaces them."""
+    run = tmp_path / "run"
+    ranks = sorted(many_ranks.glob("rank-*"))
+    run.mkdir()
+    for rank in ranks[:2]:
+        shutil.copytree(rank, run / rank.name)
+    for rank in ranks[2:2 + MAX_CHUNKS + 1]:  # the run gains a rank's finished sessions each time
+        shutil.copytree(rank, run / rank.name)
+        assert _report(run, cache=True) == _report(run, cache=False)
+    kinds = [json.loads(p.read_text())["kind"] for p in _chunks(run)]
+    assert 1 <= kinds.count("model") < MAX_CHUNKS
+    read: list[tuple[str, int]] = []
+    assert _report(run, cache=True, labels=read) == _report(run, cache=False)
+    # parsed: only the segments never closed (each rank's first attempt crashed, without a
+    # finish) and rank 1's file with a line too long for DuckDB (never kept)
+    assert {total for _, total in read} == {len(list(run.glob("rank-*"))) + 1}
+
+
+def test_a_run_directory_it_cannot_write_keeps_its_cache_in_the_cache_dir(
+    many_ranks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(many_ranks, run)
+    (run / COMPACT_DIR).write_text("not a folder")  # RUN/compact/cache/ cannot be made
+    monkeypatch.setenv("GOODTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    cold = _report(run, cache=False)
+    assert _report(run, cache=True) == cold
+    kept = list((tmp_path / "cache" / "segments").glob("*/*.json"))
+    assert kept
+    assert _report(run, cache=True) == cold
+    assert sorted((tmp_path / "cache" / "segments").glob("*/*.json")) == sorted(kept)  # nothing new to keep
+
+
+def test_a_damaged_table_of_span_starts_is_read_again_without_counting_twice(
+    many_ranks: Path, tmp_path: Path,
+) -> None:
+    """The span starts of a cached segment are read last (their sample needs every file's
+    summary): a chunk that fails there has its files read again whole, their skipped lines
+    counted once."""
+    run, cold = _finished_run(many_ranks, tmp_path)
+    [index] = [p for p in _chunks(run) if json.loads(p.read_text())["kind"] == "model"]
+    table = run / COMPACT_DIR / CACHE_DIR / json.loads(index.read_text())["tables"]["seg_starts"]
+    table.write_bytes(b"PAR1" + b"\0" * 64 + b"PAR1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _report(run, cache=True) == cold
+    assert len([w for w in caught if "segment cache" in str(w.message)]) == 1
+    assert _report(run, cache=True) == cold

@@ -1,4 +1,5 @@
-"""``goodtrace compact``: every record of a run as one Parquet file, for fast reports."""
+"""``goodtrace compact``: every segment of a run reduced once (a chunk of the segment cache,
+:mod:`goodtrace.read.segment_cache`) and every record as one Parquet file, for fast reports."""
 
 from __future__ import annotations
 
@@ -46,8 +47,7 @@ MODEL_PREFIX = "model-"  # RUN/compact/model-<chunk>-<table>.parquet: the run's 
 
 
 def _store_reduction(
-    con: Any, root: str, entries: list[dict[str, Any]], segments: list[str], out_dir: str,
-    skips: duckdb_sql.FileSkips,
+    con: Any, entries: list[dict[str, Any]], segments: list[str], out_dir: str, skips: duckdb_sql.FileSkips,
 ) -> dict[str, Any]:
     """The fold's reduction of every segment, extracted once here and stored beside the
     Parquet copy as one chunk of the segment cache (:mod:`goodtrace.read.segment_cache`,
@@ -134,8 +134,10 @@ def _alive(pid: int) -> bool:
 
 def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = None) -> CompactResult:
     """Write RUN/compact/records.parquet (every line of every segment, with its file id and why
-    it is no valid record, NULL for a record) and a manifest of the segments it covers (path,
-    size, header, skipped lines by reason; the line count of a file whose header is unusable).
+    it is no valid record, NULL for a record), the reduction of every segment (one chunk of the
+    segment cache, ``model-*.parquet``; the chunks reports kept are dropped) and a manifest of
+    the segments it covers (path, size, mtime_ns, inode, header, skipped lines by reason; the
+    line count of a file whose header is unusable; the chunk's index).
     The JSON files are left as they are; segments that grow after compaction are read from
     JSON again."""
     path = os.fspath(run_dir)
@@ -185,7 +187,7 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
             records = int(con.execute("SELECT count(*) FROM records WHERE bad IS NULL").fetchone()[0])
             if progress is not None:
                 progress("summarising sessions", len(segments), len(segments))
-            model = _store_reduction(con, root, entries, segments, out_dir, skips)
+            model = _store_reduction(con, entries, segments, out_dir, skips)
             if progress is not None:
                 progress("writing Parquet", len(segments), len(segments))
             con.execute(

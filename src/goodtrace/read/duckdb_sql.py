@@ -18,7 +18,7 @@ without those lines (:mod:`goodtrace.read.long_lines`), which are counted too.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from goodtrace import schema
@@ -389,6 +389,23 @@ def extract_segments(con: Any, source: str) -> None:
            OR (kind = '{k.EVENT}' AND name = 'model')
         """
     )
+
+
+# The span starts finish_model keeps (the sample of each session's step range), as a filter of
+# rows ``p`` of seg_starts with their session in ``m``: the cache reads only those of a closed
+# segment, once every file's summary is in seg_summ.
+SAMPLED_STARTS = (
+    "JOIN (SELECT sid, min(first_step) AS lo, max(last_step) AS hi FROM seg_summ GROUP BY sid) r ON r.sid = m.sid "
+    f"WHERE r.lo IS NOT NULL AND (p.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0"
+)
+
+
+def delete_files(con: Any, fids: Iterable[int]) -> None:
+    """Every row of some files from the segment tables."""
+    listed = ", ".join(str(int(fid)) for fid in fids)
+    if listed:
+        for table in SEGMENT_NAMES:
+            con.execute(f"DELETE FROM {table} WHERE fid IN ({listed})")
 
 
 def finish_model(con: Any) -> None:

@@ -183,11 +183,16 @@ def _closed_files(con: Any, drafts: dict[str, Any], files: list[tuple[str, objec
 
 
 def _store(
-    cache: SegmentCache, con: Any, root: str, kind: str, tables: Sequence[str], files: dict[int, FileIdentity],
-    skips: duckdb_sql.FileSkips, path_of: dict[int, str],
+    cache: SegmentCache, con: Any, root: str, kind: str, tables: Sequence[str], closed: dict[int, FileIdentity],
+    hits: dict[int, Hit], skips: duckdb_sql.FileSkips, path_of: dict[int, str],
 ) -> None:
-    """Keep the rows of the closed files just read, unless a file changed while it was read or
-    had lines too long to read (the views that read its records again need the copy)."""
+    """Keep the rows of the closed files just read (``closed``: every closed file, ``hits``: those
+    read from the cache), unless a file changed while it was read or had lines too long to read
+    (the views that read its records again need the copy). When the folder holds many chunks,
+    the new one holds its hits too, and replaces them."""
+    replace = cache.crowded(kind)
+    files = {fid: ident for fid, ident in closed.items()
+             if fid not in hits or (replace and cache.own(hits[fid]))}
     keep: dict[int, FileIdentity] = {}
     for fid, ident in files.items():
         path = path_of[fid]
@@ -198,7 +203,7 @@ def _store(
             if now != ident:
                 continue
         keep[fid] = ident
-    cache.store(con, kind, tables, keep, {fid: skips.by_file.get(path_of[fid], {}) for fid in keep})
+    cache.store(con, kind, tables, keep, {fid: skips.by_file.get(path_of[fid], {}) for fid in keep}, replace=replace)
 
 
 def _read_details(
@@ -227,8 +232,8 @@ def _read_details(
     model_fetch.extract_details(con, json_rows, parquet_rows)
     if cache is not None:
         _store(cache, con, root, "detail", model_fetch.DETAIL_NAMES,
-               {fid: identities[p] for fid, (_, p) in wanted.items()
-                if fid not in hits and p in closed and p in identities}, skips, path_of)
+               {fid: identities[p] for fid, (_, p) in wanted.items() if p in closed and p in identities}, hits, skips,
+               path_of)
 
 
 def load_run(
@@ -380,7 +385,8 @@ def _load_run(
         hits: dict[int, Hit] = {}
         if cache is not None:
             hits = cache.find("model", {fid_of[p]: ident for p, ident in identities.items()})
-            for fid in cache.load(con, "model", hits, sid_of_fid):
+            # every table but the span starts, of which only a sample is kept (below)
+            for fid in cache.load(con, "model", hits, sid_of_fid, tables=lambda table: table != "seg_starts"):
                 del hits[fid]
         path_of = {fid: p for p, fid in fid_of.items()}
         for fid, hit in hits.items():
@@ -406,13 +412,37 @@ def _load_run(
                 progress("reading compacted records", done, total)
         done = fold_sessions(con, fold_json_by_sid, fid_of, main_tids, tmpdir, engine, progress, done, total, skips,
                              remote)
+        if hits and cache is not None:
+            # the span starts: only the sample finish_model keeps, now that every file's summary
+            # is in (all of them when this load's chunk will replace the others: it keeps them)
+            failed = cache.load(con, "model", hits, sid_of_fid, tables=lambda table: table == "seg_starts",
+                                filters=None if cache.crowded("model") else {"seg_starts": duckdb_sql.SAMPLED_STARTS})
+            if failed:  # read again, whole
+                duckdb_sql.delete_files(con, failed)
+                again: dict[int, list[str]] = {}
+                again_parquet: list[tuple[int, int, int]] = []
+                for fid in sorted(failed):
+                    del hits[fid]
+                    skips.by_file.pop(path_of[fid], None)  # counted again as it is read
+                    entry = parquet_ok.get(path_of[fid])
+                    if entry is not None:
+                        again_parquet.append((int(entry["fid"]), sid_of_fid[fid], fid))
+                        for reason, count in (entry.get("skipped") or {}).items():
+                            if reason in SKIP_REASONS and isinstance(count, int):
+                                skips.add(path_of[fid], reason, count)
+                    else:
+                        again.setdefault(sid_of_fid[fid], []).append(path_of[fid])
+                if again_parquet:
+                    con.execute("DELETE FROM foldmap")
+                    duckdb_sql.insert_rows(con, "foldmap", again_parquet)
+                    duckdb_sql.fold_parquet(con)
+                fold_sessions(con, again, fid_of, main_tids, tmpdir, Engine(workers=1), None, 0, 0, skips, remote)
         for paths in json_by_sid.values():  # files read from copies without their long lines
             paths[:] = [skips.substitutes.get(p, p) for p in paths]
         if cache is not None:
             closed = _closed_files(con, drafts, files, fid_of)
             _store(cache, con, root, "model", duckdb_sql.SEGMENT_NAMES,
-                   {fid_of[p]: identities[p] for p in closed if p in identities and fid_of[p] not in hits}, skips,
-                   path_of)
+                   {fid_of[p]: identities[p] for p in closed if p in identities}, hits, skips, path_of)
             cache.prune({ident.path: ident for ident in identities.values()})
         else:
             closed = set()

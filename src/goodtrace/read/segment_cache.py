@@ -27,7 +27,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from goodtrace.read import duckdb_sql
@@ -39,6 +39,9 @@ CACHE_DIR = "cache"  # RUN/compact/cache/
 ENV_SEGMENT_CACHE = "GOODTRACE_SEGMENT_CACHE"
 CACHE_FORMAT = 1  # the index's layout; the tables' is duckdb_sql.RUN_MODEL_VERSION
 _INDEX = ".json"
+# Chunks of a kind a folder holds before a report merges them into one (each report of a
+# growing run adds one; reading a chunk costs a query per table)
+MAX_CHUNKS = 8
 _CHUNK_NAME = re.compile(r"(?:model-)?(c([0-9]+)-[0-9a-f]{12})")
 
 
@@ -140,9 +143,10 @@ class SegmentCache:
         self._read_indexes()
 
     # ------------------------------------------------------------------ reading
-    def _warn(self, what: str) -> None:
+    def _warn(self, what: str, folder: str | None = None) -> None:
         if not self._warned:
-            warn(f"the segment cache in {self.folder} {what}; ignored (the files are read again and it is rebuilt)")
+            warn(f"the segment cache in {folder or self.folder} {what}; ignored (the files are read again and it "
+                 "is rebuilt)")
             self._warned = True
 
     def _read_indexes(self) -> None:
@@ -201,10 +205,15 @@ class SegmentCache:
                     break
         return hits
 
-    def load(self, con: Any, kind: str, hits: Mapping[int, Hit], sid_of: Mapping[int, int]) -> set[int]:
+    def load(
+        self, con: Any, kind: str, hits: Mapping[int, Hit], sid_of: Mapping[int, int], *,
+        tables: Callable[[str], bool] = lambda _: True, filters: Mapping[str, str] | None = None,
+    ) -> set[int]:
         """The hits' rows into ``con``'s tables of ``kind`` (under this load's session and file
-        numbers); returns the files whose chunk could not be read (their rows are left out:
-        read them again)."""
+        numbers; only the ``tables`` it accepts; ``filters``: SQL joined after a table's rows
+        ``p`` and their map ``m`` (sid, fid), to keep only some); returns the files whose
+        chunk could not be read (their rows in the tables loaded here are left out: read them
+        again)."""
         import duckdb
 
         by_chunk: dict[str, list[tuple[int, int, int]]] = {}
@@ -219,29 +228,43 @@ class SegmentCache:
             done: list[str] = []
             try:
                 for table, name in index["tables"].items():
+                    if not tables(table):
+                        continue
                     path = duckdb_sql.sql_str(os.path.join(folder, name))
                     con.execute(f"INSERT INTO {table} SELECT m.sid, m.fid, p.* EXCLUDE (fid) FROM read_parquet({path}) p "
-                                "JOIN cachemap m ON p.fid = m.number")
+                                f"JOIN cachemap m ON p.fid = m.number {(filters or {}).get(table, '')}")
                     done.append(table)
             except (duckdb.Error, KeyError) as exc:
                 fids = ", ".join(str(fid) for _, _, fid in rows)
                 for table in done:
                     con.execute(f"DELETE FROM {table} WHERE fid IN ({fids})")
                 failed.update(fid for _, _, fid in rows)
-                self._warn(f"has a chunk that cannot be read ({chunk}: {str(exc).splitlines()[0]})")
+                self._warn(f"has a chunk that cannot be read ({chunk}: {str(exc).splitlines()[0]})", folder)
                 if folder == self.folder:
                     self._remove(chunk, index)
         con.execute("DROP TABLE cachemap")
         return failed
 
     # ------------------------------------------------------------------ writing
+    def own(self, hit: Hit) -> bool:
+        """Whether ``hit`` is in a chunk of this folder (not in one kept elsewhere)."""
+        return hit.chunk in self._chunks and self._chunks[hit.chunk][0] == self.folder
+
+    def crowded(self, kind: str) -> bool:
+        """Whether this folder holds :data:`MAX_CHUNKS` chunks of ``kind`` or more: the next
+        store should hold every file of theirs, and replace them."""
+        return self.folder is not None and sum(
+            1 for folder, index in self._chunks.values() if folder == self.folder and index.get("kind") == kind
+        ) >= MAX_CHUNKS
+
     def store(
         self, con: Any, kind: str, tables: Iterable[str], files: Mapping[int, FileIdentity],
-        skipped: Mapping[int, dict[str, int]],
+        skipped: Mapping[int, dict[str, int]], *, replace: bool = False,
     ) -> dict[str, Any] | None:
         """A new chunk of the rows of ``files`` (this load's file number -> identity) in
         ``con``'s ``tables``; returns its index, None when it could not be written (the cache
-        is then left as it was)."""
+        is then left as it was). ``replace``: the other chunks of ``kind`` in this folder go
+        (the new one holds their files)."""
         import duckdb
 
         if not files or self.folder is None:
@@ -252,6 +275,8 @@ class SegmentCache:
         except (OSError, duckdb.Error) as exc:
             self._warn(f"cannot be written ({exc})")
             return None
+        if replace:
+            self.clear(kind)
         self._chunks[index["chunk"]] = (self.folder, index)
         return index
 
