@@ -1,7 +1,8 @@
 """Benchmark: re-reporting a growing run with the segment cache, against a cold report.
 
 Writes a run of 2 ranks (``--ranks``) with 100,000 and 1,000,000 steps each (``--quick``:
-10,000 and 100,000) in segments of 64 MiB (the writer's default; ``--segment-mib``), the
+10,000 and 100,000, in 4 MiB segments) in segments of 64 MiB (the writer's default;
+``--segment-mib``), the
 last one of each rank still open, the step content of ``report_steps.py`` (three spans, the
 step, its sync point, a loss metric; a tag every 100 steps, a checkpoint every 1,000,
 heartbeats each second). Then, each in a fresh process (the reader, then the analysis and
@@ -179,14 +180,16 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, nargs="+", help="the sizes (steps per rank)")
     parser.add_argument("--grow", type=float, default=0.01, help="steps appended, as a share of the run (0.01)")
-    parser.add_argument("--segment-mib", type=float, default=64.0, help="segment size (the writer's default: 64)")
+    parser.add_argument("--segment-mib", type=float,
+                        help="segment size in MiB (default: the writer's 64; --quick: 4, so that segments close)")
     args = parser.parse_args()
     sizes = args.steps or ([10_000, 100_000] if args.quick else [100_000, 1_000_000])
     rows = []
     for steps in sizes:
         base = Path(tempfile.mkdtemp(prefix="goodtrace-incr-"))
         try:
-            row = measure(base / "run", steps, args.ranks, args.grow, int(args.segment_mib * 2**20))
+            segment_mib = args.segment_mib or (4.0 if args.quick else 64.0)
+            row = measure(base / "run", steps, args.ranks, args.grow, int(segment_mib * 2**20))
         finally:
             shutil.rmtree(base, ignore_errors=True)
         rows.append(row)

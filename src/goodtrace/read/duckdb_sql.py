@@ -2,11 +2,11 @@
 
 DuckDB parses every rank's JSON-lines segments (a batch of whole sessions at a time,
 materialised once and queried several times) or reads the compacted Parquet copy, and keeps
-only what the run model needs of every session: a summary (last sign of life, finish, counts),
-step and sync records, main-thread overhead spans, the outermost compute time of each
-execution, device metrics, clock samples, a sample of span starts and events. Memory stays
-bounded for any number of ranks and steps; :func:`load_timelines` reads every record of the
-few sessions the analysis needs in full.
+only what the run model needs of every segment file (:func:`extract_segments`: what the
+segment cache keeps of a closed one), from which :func:`finish_model` makes each session's:
+a summary (last sign of life, finish, counts), step and sync records, main-thread overhead
+spans, the outermost compute time of each execution, device metrics, clock samples, a sample
+of span starts and events. Memory stays bounded for any number of ranks and steps.
 
 Every line is checked where it enters (:func:`goodtrace.read.validate.invalid_sql`: a line
 that is not a record reads as a row whose kind is NULL): only valid records reach the run

@@ -2,13 +2,14 @@
 as Ray tasks; the driver reduces.
 
 The map is :func:`goodtrace.read.duckdb_sql.fold_json`: whole sessions parsed and reduced to
-the segment tables (``SEGMENT_NAMES``: each file's rows under its number in the load). A task is a run of consecutive fold batches (so a
-worker parses exactly the batches one process would), folded in its own DuckDB connection
-(one thread: a worker per core); it writes each segment table as a Parquet file (local
-pool: into the driver's temporary directory; Ray: returned as bytes, the only thing that
-travels) and returns the lines it skipped, by file. The driver reads the tables into its own,
-task after task in session order (as the segment cache's chunks are read), and merges the skipped-line counts: the run model, and every number drawn
-from it, is the one-process one.
+the segment tables (``SEGMENT_NAMES``: each file's rows under its number in the load; the
+files the segment cache holds are not sent). A task is a run of consecutive fold batches (so
+a worker parses exactly the batches one process would), folded in its own DuckDB connection
+(one thread: a worker per core); it writes each segment table as a Parquet file (local pool:
+into the driver's temporary directory; Ray: returned as bytes, the only thing that travels)
+and returns the lines it skipped, by file. The driver reads the tables into its own, task
+after task in session order (as it reads the cache's chunks), and merges the skipped-line
+counts: the run model, and every number drawn from it, is the one-process one.
 """
 
 from __future__ import annotations
