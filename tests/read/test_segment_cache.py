@@ -6,6 +6,7 @@ a pool), and after the cache or a segment was damaged or rewritten."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +24,7 @@ from goodtrace.read.engine import Engine
 from goodtrace.read.load import compact_run, load_run
 from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE, MAX_CHUNKS
 from goodtrace.renderers.json_report import render_json
+from helpers.builders import Proc
 from helpers.many_ranks import NOW, write_many_ranks
 
 # One rank of a training loop through the public API, in segments of 4 KiB; it writes STEPS
@@ -259,3 +262,56 @@ def test_a_damaged_table_of_span_starts_is_read_again_without_counting_twice(
         assert _report(run, cache=True) == cold
     assert len([w for w in caught if "segment cache" in str(w.message)]) == 1
     assert _report(run, cache=True) == cold
+
+
+def _split(proc: Proc, run: Path, cuts: list[int]) -> None:
+    """``proc``'s records as segments cut before the record at each index of ``cuts`` (the
+    header again at the top of each, its segment number counted up), the last one finished."""
+    folder = run / f"rank-{proc.rank:05d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    bounds = [0, *cuts, len(proc.lines)]
+    for number, (a, b) in enumerate(itertools.pairwise(bounds)):
+        lines = [dict(proc.header, segment=number), *proc.lines[a:b]]
+        (folder / f"{proc.session}.{number:05d}.jsonl").write_text(
+            "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
+
+
+def _without_path(report: str) -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(report)
+    parsed.pop("path", None)
+    return parsed
+
+
+@pytest.mark.parametrize("seq", [True, False], ids=["numbered", "older files without seq"])
+def test_records_that_reach_across_segments_count_as_in_one_file(tmp_path: Path, seq: bool) -> None:
+    """An outer compute span is written when it ends, in a later segment than the spans it
+    holds; steps and spans of one execution sit in two segments; older files number their
+    executions by entry order across files. One file, the same records in three segments read
+    cold, and the three segments read from the cache give the same report."""
+    def proc(run: Path) -> Proc:
+        p = Proc(run, seq=seq)
+        p.span("init", 0.0, 1.0, cat="init")
+        t = 1.0
+        for k in range(8):
+            p.span("data", t, t + 0.1, cat="data", step=k)
+            p.span("forward", t + 0.1, t + 0.6, cat="compute", step=k)
+            p.step(k, t, t + 1.0)
+            p.sync(k, t + 1.0)
+            t += 1.0
+        p.span("graph", 2.05, 6.9, cat="compute", step=1)  # outer: began in step 1, ends in step 5
+        p.span("tail", 8.5, 9.5, cat="compute")  # no step: the execution entered last
+        p.finish(t + 0.5)
+        return p
+
+    one = proc(tmp_path / "one" / "run")
+    one.write()
+    split = tmp_path / "split" / "run"
+    three = proc(split)
+    _split(three, split, [12, 24])
+    assert len(list(split.glob("rank-*/*.jsonl"))) == 3
+    cold = _report(one.run_dir, cache=False)
+    assert _without_path(_report(split, cache=False)) == _without_path(cold)
+    assert _report(split, cache=True) == _report(split, cache=False)  # fills the cache
+    read: list[tuple[str, int]] = []
+    assert _report(split, cache=True, labels=read) == _report(split, cache=False)
+    assert not read  # every segment from the cache: the session finished
