@@ -25,13 +25,14 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _timing import free_port
 
 WORLD, FORWARD_S, BACKWARD_S = 4, 0.040, 0.010
 CHECKPOINT_EVERY, EVAL_EVERY = 50, 75
@@ -91,10 +92,6 @@ def _worker(rank: int, port: int, run_dir: str, seconds: float) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run(seconds: float) -> dict[str, Any]:
@@ -104,7 +101,7 @@ def run(seconds: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
-        port = _free_port()
+        port = free_port()
         errs = [Path(tmp) / f"stderr-{r}.txt" for r in range(WORLD)]
         procs = []
         for r in range(WORLD):

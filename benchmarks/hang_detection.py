@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from _timing import free_port
 
 WORLD, HUNG, HANG_AT, STEP_S, STEPS = 4, 2, 20, 0.05, 40
 
@@ -59,10 +60,6 @@ def _worker(rank: int, port: int, run_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _hang_events(rank_dir: Path) -> list[dict[str, Any]]:
@@ -79,7 +76,7 @@ def _hang_events(rank_dir: Path) -> list[dict[str, Any]]:
 
 def trial() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as run_dir:
-        port = _free_port()
+        port = free_port()
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(port), run_dir],
                                   stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)

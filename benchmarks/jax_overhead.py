@@ -29,23 +29,23 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-
 import jax
 import jax.numpy as jnp
-from jax_common import TrainState, batches, make_state, train_step
 
 import goodtrace as gt
+from _timing import instrumented_call_us, load_file
 from goodtrace.integrations import jax as gt_jax
+
+_example = load_file("jax_common", "examples/jax_common.py")  # the examples' model and step
+TrainState, batches, make_state, train_step = (_example.TrainState, _example.batches, _example.make_state,
+                                              _example.train_step)
 
 Data = Iterator[Any]
 
@@ -91,19 +91,8 @@ def traced_block(state: TrainState, data: Data, steps: int, log_every: int, run_
 def call_cost_us(run_dir: Path, steps: int) -> float:
     """goodtrace's calls of one instrumented step on a ready JAX scalar: microseconds per step
     (includes the JAX adapter's readiness probe, wait and the metric's device-to-host read)."""
-    gt.init(run_dir)
-    gt_jax.instrument(log_every=10, printer=lambda line: None)
-    loss = jnp.zeros(()).block_until_ready()
-    t0 = time.perf_counter()
-    for step in range(steps):
-        with gt.step(step) as s:
-            with gt.span("data"):
-                pass
-            s.complete_on(loss)
-            gt.metric("loss", loss, "mean")
-    elapsed = time.perf_counter() - t0
-    gt.finish()
-    return elapsed / steps * 1e6
+    return instrumented_call_us(run_dir, steps, lambda: gt_jax.instrument(log_every=10, printer=lambda line: None),
+                                jnp.zeros(()).block_until_ready(), ("data",))
 
 
 def main() -> None:

@@ -9,40 +9,9 @@ Usage: python benchmarks/live_goodput_overhead.py [--quick] [--json]
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import statistics
-import tempfile
-import time
 
-import goodtrace as gt
-from goodtrace.record.live.aggregator import LiveAggregator, LocalTransport
-
-
-def per_step(n: int, with_goodput: bool) -> float:
-    with tempfile.TemporaryDirectory() as run_dir:
-        recorder = gt.init(run_dir, record_gc=False)
-        aggregator = LiveAggregator(recorder, LocalTransport(), log_every=10, printer=lambda line: None)
-        if not with_goodput:
-            for attr, hook in aggregator.attempt_goodput.hooks():
-                getattr(recorder, attr).remove(hook)
-        step, span = gt.step, gt.span
-        gc.collect()
-        gc.disable()
-        try:
-            start = time.perf_counter_ns()
-            for k in range(n):
-                with step(k) as s:
-                    with span("data"):
-                        pass
-                    with span("forward"):
-                        pass
-                    s.complete_on(1.0)
-            return (time.perf_counter_ns() - start) / n
-        finally:
-            gc.enable()
-            aggregator.close()
-            gt.finish()
+from _timing import interleaved_medians, live_loop_ns
 
 
 def main() -> None:
@@ -51,11 +20,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args()
     rounds, n = (5, 10_000) if args.quick else (15, 50_000)
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(rounds):
-        for with_goodput in (False, True):
-            times[with_goodput].append(per_step(n, with_goodput))
-    result = {"step_ns": statistics.median(times[False]), "step_with_goodput_ns": statistics.median(times[True])}
+    medians = interleaved_medians(rounds, {
+        "step_ns": lambda: live_loop_ns(n, lambda aggregator: aggregator.attempt_goodput.hooks()),
+        "step_with_goodput_ns": lambda: live_loop_ns(n, None),
+    })
+    result = dict(medians)
     result["added_ns"] = result["step_with_goodput_ns"] - result["step_ns"]
     for key, value in result.items():
         print(f"{key:24s} {value:.0f}")

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from goodtrace.analysis.executions import Piece
+from goodtrace.analysis.cut import Piece
 from goodtrace.analysis.goodput import interval_partition, rolling_goodput
 from goodtrace.analysis.over_time import goodput_over_time
 from goodtrace.analysis.partition import Timeline

@@ -44,12 +44,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _timing import load_file
+from report_scale import write_rank
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The servers are the test suite's (tests/helpers/storage_servers.py): one implementation of each.
-sys.path.insert(0, os.path.join(_ROOT, "tests"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable  # noqa: E402
-from report_scale import write_rank  # noqa: E402
+_servers = load_file("storage_servers", "tests/helpers/storage_servers.py")
+EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable = (_servers.EmulatedNFS, _servers.S3Server,
+                                                          _servers.fuse_unavailable, _servers.s3_unavailable)
 
 MIRROR_NOTE = "read from a local mirror of "
 

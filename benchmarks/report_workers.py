@@ -27,8 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+from _timing import CALL_TIMER
 from report_scale import generate  # the sibling benchmark's run
 
 _CASE = r"""
@@ -49,16 +48,7 @@ if threads:  # this process's DuckDB on that many threads (a worker's: 1)
 from goodtrace.read import engine, load
 marks = {}
 spent = {"fold_s": 0.0, "reduce_s": 0.0}
-def timed(module, name, key):
-    inner = getattr(module, name)
-    def call(*args, **kwargs):
-        began = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spent[key] += time.perf_counter() - began
-    setattr(module, name, call)
-timed(load, "fold_sessions", "fold_s")  # the map, the driver's reduction included
+""" + CALL_TIMER + r"""timed(load, "fold_sessions", "fold_s")  # the map, the driver's reduction included
 timed(engine, "_reduce", "reduce_s")  # the driver's reduction (pool and Ray)
 def progress(label, done, total):
     if label == "summarising":

@@ -38,20 +38,15 @@ from typing import Any
 import torch
 
 import goodtrace as gt
+from _timing import text_batches
 from goodtrace.demo.model import GPT, GPTConfig
-from goodtrace.demo.train import CORPUS, CharCorpus, Windows
+from goodtrace.demo.train import CORPUS, CharCorpus, TextBlocks
 from goodtrace.integrations.torch import instrument
 
 SINKS = ("tensorboard", "wandb", "mlflow", "prometheus")
 BACKENDS = {"tensorboard": "tensorboardX", "wandb": "wandb", "mlflow": "mlflow", "prometheus": "prometheus_client"}
 
 
-def batches(data: Windows, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    index = 0
-    while True:
-        xs, ys = zip(*(data[index + j] for j in range(batch)), strict=True)
-        index += batch
-        yield torch.stack(xs), torch.stack(ys)
 
 
 def make_sink(kind: str, where: Path) -> Any:
@@ -148,7 +143,7 @@ def main() -> None:
     corpus = CharCorpus(CORPUS.read_text(encoding="utf-8"))
     model = GPT(GPTConfig(vocab_size=len(corpus.alphabet)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    data = batches(Windows(corpus.train, model.config.block_size), 8)
+    data = text_batches(TextBlocks(corpus.train, model.config.block_size), 8)
     medians: dict[str, list[float]] = {kind: [] for kind in kinds}
     baselines: dict[str, list[float]] = {kind: [] for kind in kinds}
     opening: dict[str, list[float]] = {kind: [] for kind in kinds}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import statistics
@@ -29,20 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 import goodtrace as gt
+from _timing import timeit_ns
 from goodtrace.record import spans as _recorder
-
-
-def _timeit(body: Callable[[int], None], n: int) -> float:
-    """ns per iteration, with the cyclic GC paused (as timeit does): every variant allocates
-    one tuple per span, and collections triggered by that would dominate the noise."""
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter_ns()
-        body(n)
-        return (time.perf_counter_ns() - start) / n
-    finally:
-        gc.enable()
 
 
 def floor(n: int) -> None:
@@ -136,23 +123,23 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as run_dir:
         for _ in range(rounds):
-            add("floor", _timeit(floor, n))
-            add("plain_cm", _timeit(plain_cm, n))
-            add("nullcontext", _timeit(nullcontext, n))
+            add("floor", timeit_ns(floor, n))
+            add("plain_cm", timeit_ns(plain_cm, n))
+            add("nullcontext", timeit_ns(nullcontext, n))
             for name, body in optional.items():
-                add(name, _timeit(body, slow_n))
+                add(name, timeit_ns(body, slow_n))
             # hot path: writer parked (huge flush interval; it still takes whole chunks as they
             # fill); finish() writes the rest after the timing. The buffer has one consumer, the
             # writer: emptying it from here raced with a chunk being drained (IndexError).
             gt.init(run_dir, flush_interval_s=3600, max_buffer_records=10**8, record_gc=False)
-            add("goodtrace_hot_path", _timeit(goodtrace_span, n))
+            add("goodtrace_hot_path", timeit_ns(goodtrace_span, n))
             gt.finish()
             # end to end: the writer encodes and writes every 10 ms while we record
             gt.init(run_dir, flush_interval_s=0.01, record_gc=False)
-            add("goodtrace_end_to_end", _timeit(goodtrace_span, n))
+            add("goodtrace_end_to_end", timeit_ns(goodtrace_span, n))
             gt.finish()
             gt.init(run_dir, enabled=False)
-            add("goodtrace_disabled", _timeit(goodtrace_span, n))
+            add("goodtrace_disabled", timeit_ns(goodtrace_span, n))
             gt.finish()
 
     ns = {name: statistics.median(values) for name, values in samples.items()}

@@ -42,8 +42,11 @@ from collections.abc import Callable
 from typing import Any
 
 # The servers are the test suite's (tests/helpers/storage_servers.py): one implementation of each.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable
+from _timing import load_file
+
+_servers = load_file("storage_servers", "tests/helpers/storage_servers.py")
+EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable = (_servers.EmulatedNFS, _servers.S3Server,
+                                                          _servers.fuse_unavailable, _servers.s3_unavailable)
 
 FLUSH_INTERVAL_S = 1.0
 
@@ -177,15 +180,15 @@ def summarise(backend: str, ranks: int, results: list[dict[str, Any]], server: d
         row["ops_detail_per_rank_per_flush"] = {k: round(v / per, 2) for k, v in sorted(ops.items())}
         row["server_ops_per_s"] = round(total / server["seconds"], 1)
     if steady is not None and "ops" in steady[0]:
-        (a, b), window = steady, steady[1]["seconds"] - steady[0]["seconds"]
+        (a, b), span_s = steady, steady[1]["seconds"] - steady[0]["seconds"]
         delta = {k: v - a["ops"].get(k, 0) for k, v in b["ops"].items()}
-        per = ranks * window / FLUSH_INTERVAL_S
+        per = ranks * span_s / FLUSH_INTERVAL_S
         row["steady_ops_per_rank_per_flush"] = round(sum(delta.values()) / per, 2)
         row["steady_ops_detail"] = {k: round(v / per, 2) for k, v in sorted(delta.items()) if v}
     if steady is not None and "requests" in steady[0]:
-        (a, b), window = steady, steady[1]["seconds"] - steady[0]["seconds"]
+        (a, b), span_s = steady, steady[1]["seconds"] - steady[0]["seconds"]
         total = sum(b["requests"].values()) - sum(a["requests"].values())
-        row["steady_requests_per_rank_per_min"] = round(total / ranks / (window / 60), 1)
+        row["steady_requests_per_rank_per_min"] = round(total / ranks / (span_s / 60), 1)
     if server is not None and "requests" in server:
         total = sum(server["requests"].values())
         row["requests_per_rank_per_min"] = round(total / ranks / (seconds / 60), 1)

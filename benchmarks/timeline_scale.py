@@ -18,7 +18,7 @@ million records, 1.5 GB of JSON lines). Timed, each in a fresh process with its 
   4. Chromium (Debian's, via Playwright): open the file, time until every chart has drawn
      (ECharts 'finished'), the gantt's own time, and the time from a hover to its tooltip.
 
-Both renderers draw the steps from the analysis and read raw spans for the windows they show,
+Both renderers draw the steps from the analysis and read raw spans for the step intervals they show,
 one batch of sessions at a time: peak memory is the analysis plus what is kept (the gantt's
 spans), whatever the number of steps. ``--ranks``
 and ``--steps`` change the size; ``--quick`` runs 128 ranks x 30 steps
@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_scale import goodtrace_cmd, write_rank  # the sibling benchmark: same run
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

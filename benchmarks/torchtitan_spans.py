@@ -16,28 +16,15 @@ Usage: python benchmarks/torchtitan_spans.py [--quick] [--json]
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 
 import goodtrace as gt
-
-
-def _timeit(body: Callable[[int], None], n: int) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter_ns()
-        body(n)
-        return (time.perf_counter_ns() - start) / n
-    finally:
-        gc.enable()
+from _timing import timeit_ns
 
 
 def main() -> int:
@@ -86,7 +73,7 @@ def main() -> int:
         results: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(rounds):
             for name, body in variants.items():
-                results[name].append(_timeit(body, spans))
+                results[name].append(timeit_ns(body, spans))
         gt.finish()
         assert any(isinstance(h, jsonl_handler.TraceJsonlHandler) for h in logger.handlers)
 

@@ -34,8 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+from _timing import CALL_TIMER
 from goodtrace.read.duckdb_sql import FOLD_BATCH_FILES  # files a worker parses at once (whole sessions)
 from goodtrace.read.engine import TASK_BYTES, TASK_MAX_BYTES, TASKS_PER_WORKER  # how a read is cut in tasks
 from report_steps import write_rank
@@ -67,16 +66,7 @@ from goodtrace.read import engine, load
 from goodtrace.read.engine import Engine
 from goodtrace.renderers.json_report import render_json
 spent = {"fold_s": 0.0, "reduce_s": 0.0}
-def timed(module, name, key):
-    inner = getattr(module, name)
-    def call(*args, **kwargs):
-        began = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spent[key] += time.perf_counter() - began
-    setattr(module, name, call)
-timed(load, "fold_sessions", "fold_s")
+""" + CALL_TIMER + r"""timed(load, "fold_sessions", "fold_s")
 timed(engine, "_reduce", "reduce_s")
 start = time.perf_counter()
 loaded = load.load_run(sys.argv[1], engine=Engine(workers=2))

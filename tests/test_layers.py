@@ -51,10 +51,10 @@ MAY_IMPORT = {
 # Modules a layer loads by name (a "module:attribute" string resolved at run time) are imports
 # like any other: the static check reads those strings too. Where one goes up the layers it must
 # be declared here, with the module that loads it. The recording layer's sink table names the
-# built-in sinks (record/live/sinks.py BUILTIN_SINKS): when a job names one, its module is
+# built-in sinks (record/live/sink_hub.py BUILTIN_SINKS): when a job names one, its module is
 # imported on first use, and at finish() it reads the run back with read/ and analysis/ on the
 # sink's own thread, inside the job. Nothing else in the recording layer may load a higher layer.
-LOADED_BY_NAME = {"goodtrace.record.live.sinks": {"sinks"}}
+LOADED_BY_NAME = {"goodtrace.record.live.sink_hub": {"sinks"}}
 # What each layer, imported alone, must not load (its own lazy imports run only when used).
 HEAVY = ("torch", "jax", "numpy", "duckdb", "rich", "fsspec", "tensorboard", "tensorboardX", "wandb", "mlflow",
          "prometheus_client", "transformers", "lightning")
@@ -149,9 +149,9 @@ def test_the_recording_layer_imports_nothing_outside_itself_and_the_schema() -> 
 def test_the_sinks_the_recording_layer_loads_by_name_are_seen_and_exist() -> None:
     """The sink table's strings are what the static check reads as the recording layer's loads
     of the sinks layer (the declared exception), and each names a module and class that exist."""
-    from goodtrace.record.live.sinks import BUILTIN_SINKS
+    from goodtrace.record.live.sink_hub import BUILTIN_SINKS
 
-    loads = {target for _, target in _imports(PACKAGE / "record" / "live" / "sinks.py")}
+    loads = {target for _, target in _imports(PACKAGE / "record" / "live" / "sink_hub.py")}
     for name, target in BUILTIN_SINKS.items():
         module, _, attribute = target.partition(":")
         assert module in loads, f"the layer test does not see sink {name!r} ({target})"

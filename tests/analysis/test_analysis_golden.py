@@ -56,7 +56,7 @@ def test_explicit_compile_spans_count_once(tmp_path: Path) -> None:
     p.finish(8.0)
     p.write()
     result = analyze(load(tmp_path))
-    # window 0 = 3 s of compile span + 2 s productive, of which 1 s above the ideal step time:
+    # interval 0 = 3 s of compile span + 2 s productive, of which 1 s above the ideal step time:
     # compile is what the span measured, the rest of the excess is warm-up (inferred)
     assert buckets_s(result.partition) == {"productive": 4.0, "compile": 3.0, "warmup": 1.0}
 
@@ -239,7 +239,7 @@ def test_user_overhead_category_and_user_data_rule(tmp_path: Path) -> None:
     assert buckets_s(result.partition) == {"productive": 4.0, "sync_weights": 1.0}
 
 
-def test_interval_goodput_and_rolling_windows(tmp_path: Path) -> None:
+def test_interval_goodput_and_rolling_periods(tmp_path: Path) -> None:
     p = Proc(tmp_path)
     p.span("init", 0, 2)
     p.loop(range(5), 2.0)

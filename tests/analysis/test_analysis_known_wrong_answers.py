@@ -196,7 +196,7 @@ def test_per_rank_durations_do_not_hide_a_rank_late_at_every_collective() -> Non
     # each rank's own cut: rank 1's steps take as long as rank 0's, only later
     cuts = {result.sessions[i].rank: c for i, c in result.cuts.items() if result.attempt_of[i] == 0}
     assert list(cuts[1].exec_step) == list(cuts[0].exec_step)
-    assert {cuts[1].win_end[w] - cuts[1].win_start[w] for w in (1, 2)} == {1_000_000_000}
+    assert {cuts[1].interval_end[w] - cuts[1].interval_start[w] for w in (1, 2)} == {1_000_000_000}
 
 
 @pytest.mark.parametrize("measured", [True, False])

@@ -1,7 +1,7 @@
 """Property tests: for random valid timelines (attempts, sparse or missing sync points,
 nested and overlapping spans, crashes, restarts from any step, rollbacks inside a process, said
 or seen in the step numbers), the buckets are non-negative and add up to the job time exactly,
-the labelled pieces tile the job, interval goodput over windows that tile the job adds up to the
+the labelled pieces tile the job, interval goodput over periods that tile the job adds up to the
 whole, and the step table's columns agree with its rows."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goodtrace.analysis import analyze, interval_partition
-from goodtrace.analysis.executions import FLAG_REWOUND
+from goodtrace.analysis.cut import FLAG_REWOUND
 from goodtrace.read.load import LoadedRun, SessionInfo, SessionRecords
 from goodtrace.read.loaded import NO_TIME
 
@@ -130,7 +130,7 @@ def test_buckets_are_non_negative_and_sum_to_the_job_time(run: LoadedRun) -> Non
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(loaded_runs(), st.lists(st.floats(0.0, 1.0), max_size=6))
-def test_interval_goodput_over_tiling_windows_adds_up_to_the_whole(run: LoadedRun, cuts: list[float]) -> None:
+def test_interval_goodput_over_tiling_periods_adds_up_to_the_whole(run: LoadedRun, cuts: list[float]) -> None:
     result = analyze(run)
     timeline = result.timeline
     total = timeline.end - timeline.start

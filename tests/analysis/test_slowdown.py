@@ -8,7 +8,7 @@ from array import array
 
 import pytest
 
-from goodtrace.analysis.executions import SessionSteps
+from goodtrace.analysis.cut import SessionCut
 from goodtrace.analysis.slowdown import find_slowdowns
 from goodtrace.read.loaded import SessionInfo
 
@@ -20,10 +20,10 @@ def _session(index: int, rank: int) -> SessionInfo:
                        proc_start=0, init=0, submit_wall=None, wall_anchor=0, mono_anchor=0, last_seen=0)
 
 
-def _cut(index: int, compute_ms: list[float]) -> SessionSteps:
+def _cut(index: int, compute_ms: list[float]) -> SessionCut:
     n = len(compute_ms)
-    return SessionSteps(session=index, start=0, end=1, data_rule="async", host_timed=False, tail_label="teardown",
-                        exec_step=array("q", range(n)), exec_window=array("q", range(n)),
+    return SessionCut(session=index, start=0, end=1, data_rule="async", host_timed=False, tail_label="teardown",
+                        exec_step=array("q", range(n)), exec_interval=array("q", range(n)),
                         exec_compute=array("q", (round(c * MS) for c in compute_ms)))
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import goodtrace as gt
 from goodtrace.record.live.line import LiveLine
-from goodtrace.record.live.sinks import SinkRun
+from goodtrace.record.live.sink_hub import SinkRun
 
-STEPS = 25  # the stand-in aggregator logs every 10 steps: lines at 10, 20 and 25 (the last window)
+STEPS = 25  # the stand-in aggregator logs every 10 steps: lines at 10, 20 and 25 (the last log interval)
 
 
 class CaptureSink:

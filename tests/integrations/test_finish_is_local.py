@@ -146,7 +146,7 @@ def test_finish_completed_gathers_and_is_bounded_by_finish_timeout() -> None:
             _run_steps()
             started = time.monotonic()
         took = time.monotonic() - started
-    assert transport.gathers == 1  # the last window's gather, at a normal finish
+    assert transport.gathers == 1  # the last log interval's gather, at a normal finish
     assert any("abandoned" in str(w.message) for w in caught)
     assert cap.recorder_ok
     # finish waited for the gather up to finish_timeout_s, then went on (the writer's own close

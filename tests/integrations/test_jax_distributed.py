@@ -110,8 +110,8 @@ def test_two_processes_aggregate_metrics_and_measure_clock_offsets(tmp_path: Pat
     assert [line["step"] for line in lines] == [0, 2, 4, 6]
     previous = None
     for line in lines:
-        window = range(0 if previous is None else previous + 1, line["step"] + 1)
-        expected = [10.0 * k + rank for k in window for rank in (0, 1)]
+        interval = range(0 if previous is None else previous + 1, line["step"] + 1)
+        expected = [10.0 * k + rank for k in interval for rank in (0, 1)]
         assert line["ranks"] == 2
         assert line["metrics"]["loss"]["value"] == pytest.approx(sum(expected) / len(expected))
         assert line["metrics"]["loss"]["count"] == len(expected)

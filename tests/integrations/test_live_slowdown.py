@@ -87,7 +87,7 @@ def test_the_live_line_names_a_rank_whose_compute_grows_30_percent_from_step_15(
     # the size is the busy time's (30% on a quiet machine; 17% was seen with the first steps
     # slowed by the load of other suites): at least the rule's 10%
     assert rank == slow and abs(onset - ONSET) <= 3 and 10 <= percent <= 45, lines
-    # a few log steps after the onset: 10 steps at the new level, then one window for the others' change
+    # a few log steps after the onset: 10 steps at the new level, then one log interval for the others' change
     assert step <= ONSET + 10 + 3 * LOG_EVERY, lines
     assert host != "?"  # the rank's host name travelled with its vectors
     assert all(len(LINE.findall(line)) == (m is not None) for (_, m), line in zip(

@@ -12,6 +12,7 @@ import itertools
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,9 @@ torch = pytest.importorskip("torch")
 STEPS = 16
 SPIKE = 11  # the step whose batch is poisoned (once)
 EVERY = 4  # checkpoint after steps 0, 4, 8, 12
+# Each step also waits this long (a stand-in for real compute): the time a rollback throws away
+# is then large against how much two live estimates of one window differ on a loaded machine.
+COMPUTE_S = 0.03
 
 
 def _batch(step: int) -> tuple[Any, Any]:
@@ -53,6 +57,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, out_dir: str, said: 
     while step < STEPS:
         with gt.step(step) as s:
             x, y = _batch(step)
+            time.sleep(COMPUTE_S)
             loss = torch.nn.functional.mse_loss(model(x), y)
             if step == SPIKE and not poisoned:
                 poisoned = True
@@ -83,7 +88,10 @@ def _worker(rank: int, world: int, port: int, run_dir: str, out_dir: str, said: 
     result = {
         "weights": [p.detach().flatten().tolist() for p in model.parameters()],
         "productive_s": [line.productive_s for line in aggregator.lines],
+        "window_productive_s": [(line.train_s or 0.0) * line.steps for line in aggregator.lines],
+        "line_steps": [line.step for line in aggregator.lines],
         "goodput": [line.goodput for line in aggregator.lines],
+        "final_goodput": aggregator.final_goodput,
         "printed": lines,
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -126,9 +134,21 @@ def test_a_loss_check_that_reloads_the_last_checkpoint(tmp_path: Path, said: boo
     assert "rewinds" not in clean_report and "wasted_progress" not in {
         k for k, v in clean_report["partition"]["buckets"].items() if v["ns"]}
 
-    # the live line: productive time goes down once, at the rollback (never on the clean run)
-    productive = rank0["productive_s"]
+    # The live line takes the thrown-away time back, once, when the rollback happens: at finish
+    # its goodput is the report's (which counts the first pass of 9-11 as wasted; without the
+    # take-back the live figure would be higher by that time over the attempt's), and its
+    # productive time goes down at most once, around the rollback (never on the
+    # clean run). Whether it goes down there depends on how long the redone window took.
+    elapsed_s = report["partition"]["total_s"]
+    assert wasted / elapsed_s > 0.002  # the take-back is larger than the tolerance below
+    assert abs(rank0["final_goodput"] - report["partition"]["goodput"]) < 0.001, (
+        rank0["final_goodput"], report["partition"]["goodput"], wasted / elapsed_s)
+    # (a line is completed a gather later than its step: the lines of the first pass of 9-11
+    # and the first line after the rollback are the ones completed around it)
+    productive, at = rank0["productive_s"], rank0["line_steps"]
+    assert at == [*range(SPIKE + 1), *range(9, STEPS)]
+    around = {9, 10, SPIKE, SPIKE + 1}  # line indices
     drops = [i for i in range(1, len(productive)) if productive[i] < productive[i - 1]]
-    assert len(drops) == 1, productive
+    assert len(drops) <= 1 and set(drops) <= around, (drops, productive)
     clean_productive = json.loads((clean / "rank0.json").read_text())["productive_s"]
     assert all(b >= a for a, b in itertools.pairwise(clean_productive))

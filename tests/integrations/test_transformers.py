@@ -112,8 +112,8 @@ def test_goodtrace_s_figures_reach_the_log_history_and_the_reporting_integration
     try:
         lines = {line.step: line_scalars(line) for line in capture.lines}
         logged = [entry for entry in trainer.state.log_history if "goodtrace/step" in entry]
-        # a window's line is ready a step after it (lag 1): each training log carries the
-        # previous window's (none yet at step 2), never an evaluation's log
+        # a log interval's line is ready a step after it (lag 1): each training log carries the
+        # previous log interval's (none yet at step 2), never an evaluation's log
         assert [(entry["step"], entry["goodtrace/step"]) for entry in logged] == [(4, 2), (6, 4)]
         assert all("loss" in entry for entry in logged)
         for entry in logged:

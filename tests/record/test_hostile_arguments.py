@@ -143,8 +143,8 @@ def test_any_argument_under_warnings_as_errors_never_raises(tmp_path: Path) -> N
     assert "['list', 'name']" not in by_name  # a value that is no number is not recorded
     if with_torch:
         assert [r["value"] for r in by_name["tensor"]] == [4.0] * 8
-        # the windows of log steps 2 and 4 (the step numbers ran 1, 1, 2, 3, 4, 5, 7, 7); no
-        # last window: finish(completed="yes") is not a normal end, so nothing collective runs
+        # the log intervals of log steps 2 and 4 (the step numbers ran 1, 1, 2, 3, 4, 5, 7, 7); no
+        # last log interval: finish(completed="yes") is not a normal end, so nothing collective runs
         assert result["live_lines"] == 2 and result["sink_lines"] == 2
     assert out.stderr.count("sink 'failing' dropped") == 1
     events = [record for _, record in run.records("event") if record["name"] == "123"]

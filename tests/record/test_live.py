@@ -89,11 +89,11 @@ def test_two_gloo_ranks_reduce_by_hand_values_and_never_wait(tmp_path: Path) -> 
     assert len(rank0["printed"]) == 4 and rank0["printed"][0].startswith("step 4 | loss ")
     assert rank0["printed"][-1].startswith("goodtrace: finished: goodput ")  # the figure at finish
     for line in rank0["lines"]:
-        window = range(line["step"] - LOG_EVERY + 1, line["step"] + 1)
+        interval = range(line["step"] - LOG_EVERY + 1, line["step"] + 1)
         assert line["ranks"] == 2
         for name, reduce in (("a", "mean"), ("b", "sum"), ("c", "min"), ("d", "max"), ("e", "std"),
                              ("loss", "mean")):
-            inputs = [_value(name, rank, step) for rank in (0, 1) for step in window]
+            inputs = [_value(name, rank, step) for rank in (0, 1) for step in interval]
             expected = {
                 "mean": statistics.fmean(inputs), "sum": math.fsum(inputs), "min": min(inputs),
                 "max": max(inputs), "std": statistics.pstdev(inputs),
@@ -102,8 +102,8 @@ def test_two_gloo_ranks_reduce_by_hand_values_and_never_wait(tmp_path: Path) -> 
             assert got["reduce"] == reduce
             assert got["count"] == len(inputs)
             assert got["value"] == pytest.approx(expected, rel=1e-9, abs=1e-9), (name, line["step"])
-    # Per rank: both on this host; rank 1 slept 0.08 s more in step 5, so in the window of steps
-    # 5-8 its steps were slower and it reached the window's last sync point later.
+    # Per rank: both on this host; rank 1 slept 0.08 s more in step 5, so in the log interval of steps
+    # 5-8 its steps were slower and it reached the log interval's last sync point later.
     for line in rank0["lines"]:
         assert len(line["rank_step_s"]) == 2 and line["host_ranks"] == [0, 1]
         assert min(line["rank_lateness_s"]) == 0.0
@@ -147,11 +147,27 @@ def test_single_process_line_has_step_time_split_and_throughput() -> None:
     assert "checkpoint_save" in printed[1] and "MFU 50.0%" in printed[1]
 
 
+def test_peak_flops_is_one_device_s_and_the_mfu_counts_the_devices_of_the_rank() -> None:
+    clock = FakeClock()
+    with capture(clock=clock, lag=0):
+        agg = LiveAggregator(gt.recorder(), LocalTransport(), log_every=2, flops_per_step=2e12, peak_flops=4e12,
+                             devices=4, printer=lambda text: None)
+        for step in (1, 2):
+            with gt.step(step) as s:
+                clock.advance(0.5)
+                s.complete_on(1.0)
+        agg.close()
+    # 2 TFLOP per 0.5 s step = 4 TFLOP/s, on four devices of 4 TFLOP/s each
+    assert agg.lines[0].mfu == pytest.approx(0.25)
+
+
 def test_bad_options_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="log_every"):
         LiveAggregator(gt.recorder(), LocalTransport(), log_every=0)
     with pytest.raises(ValueError, match="peak_flops"):
         LiveAggregator(gt.recorder(), LocalTransport(), peak_flops=-1)
+    with pytest.raises(ValueError, match="devices"):
+        LiveAggregator(gt.recorder(), LocalTransport(), devices=0)
 
 
 
@@ -165,7 +181,7 @@ def test_first_line_divides_by_its_own_steps_whatever_the_lag() -> None:
                 s.complete_on(1.0)
         agg.close()
     first = agg.lines[0]
-    # the first window holds steps 0..first.step, each 0.5 s; it is launched lag steps later
+    # the first log interval holds steps 0..first.step, each 0.5 s; it is launched lag steps later
     assert first.step_time_s == pytest.approx(0.5)
 
 
@@ -180,7 +196,7 @@ def _pipeline_value(name: str, rank: int, step: int) -> float:
 def _pipeline_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -> None:
     """Ranks record different metrics, as a pipeline does: ``lr`` on rank 0 only, ``loss`` on the
     last stage only, ``late_start`` from step 6 on rank 1 only, and on rank 0 a device time of
-    step k that resolves during step k+3 (after its window was sent)."""
+    step k that resolves during step k+3 (after its log interval was sent)."""
     import torch.distributed as dist
 
     from goodtrace.integrations.torch import instrument
@@ -226,33 +242,33 @@ def _pipeline_worker(rank: int, world: int, port: int, run_dir: str, out_dir: st
 def test_ranks_with_different_metric_names_all_count(tmp_path: Path) -> None:
     """No rank is left out of the live line because its metric names differ from rank 0's: a
     rank without a value for a metric contributes a count of zero, tokens/s counts every rank,
-    and a value that arrives after its window was sent counts in the next window."""
+    and a value that arrives after its log interval was sent counts in the next interval."""
     run_dir, out_dir = tmp_path / "run", tmp_path / "out"
     out_dir.mkdir()
     _spawn(_pipeline_worker, 2, str(run_dir), str(out_dir))
     rank0 = json.loads((out_dir / "rank0.json").read_text())
     lines = rank0["lines"]
     assert [line["step"] for line in lines] == [4, 8, 12]
-    # The device time of step k is recorded during step k + 3. The window of a log step L is
+    # The device time of step k is recorded during step k + 3. The log interval of a log step L is
     # sent at the end of step L + 1 (lag 1), so it carries the device times recorded since the
-    # previous window was sent, those of steps up to L - 2, some of which belong to the
-    # previous window's steps; the last window is sent at finish().
+    # previous log interval was sent, those of steps up to L - 2, some of which belong to the
+    # previous log interval's steps; the last log interval is sent at finish().
     device_steps = {4: [1, 2], 8: [3, 4, 5, 6], 12: [7, 8, 9]}
     for line in lines:
-        window = list(range(line["step"] - LOG_EVERY + 1, line["step"] + 1))
+        interval = list(range(line["step"] - LOG_EVERY + 1, line["step"] + 1))
         assert line["ranks"] == 2
         metrics = line["metrics"]
         expected: dict[str, tuple[str, float, int, int]] = {
             # name: (reduce, value, count, ranks with a value)
-            "lr": ("last", _pipeline_value("lr", 0, window[-1]), len(window), 1),
-            "loss": ("mean", statistics.fmean(_pipeline_value("loss", 1, s) for s in window), len(window), 1),
-            "a": ("std", statistics.pstdev(_pipeline_value("a", r, s) for r in (0, 1) for s in window),
-                  2 * len(window), 2),
-            "last": ("last", _pipeline_value("last", 1, window[-1]), 2 * len(window), 2),
+            "lr": ("last", _pipeline_value("lr", 0, interval[-1]), len(interval), 1),
+            "loss": ("mean", statistics.fmean(_pipeline_value("loss", 1, s) for s in interval), len(interval), 1),
+            "a": ("std", statistics.pstdev(_pipeline_value("a", r, s) for r in (0, 1) for s in interval),
+                  2 * len(interval), 2),
+            "last": ("last", _pipeline_value("last", 1, interval[-1]), 2 * len(interval), 2),
             "device": ("max", max(_pipeline_value("device", 0, s) for s in device_steps[line["step"]]),
                        len(device_steps[line["step"]]), 1),
         }
-        late = [s for s in window if s >= 6]
+        late = [s for s in interval if s >= 6]
         if late:
             expected["late_start"] = ("sum", math.fsum(_pipeline_value("late_start", 1, s) for s in late),
                                       len(late), 1)

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from goodtrace.analysis.slowdown import slowdown_of
-from goodtrace.record.live.slowdown import FIELDS, LiveSlowdown, SlowdownTracker, judge_window
+from goodtrace.record.live.slowdown import FIELDS, LiveSlowdown, SlowdownTracker, judge_candidates
 
 MS = 1_000_000
 
@@ -59,22 +59,22 @@ def test_rank_0_names_a_candidate_whose_slowdown_is_its_own_then_no_longer_when_
     named: dict[int, LiveSlowdown] = {}
     candidates = [(2, 15)]
     quiet = _fields(nan, nan, nan, 0.01)
-    judge_window(candidates, [quiet, quiet, _fields(15, 0.040, 0.052, 0.3)], lambda r: f"h{r}", named)
+    judge_candidates(candidates, [quiet, quiet, _fields(15, 0.040, 0.052, 0.3)], lambda r: f"h{r}", named)
     assert [s.text for s in named.values()] == ["rank 2 computes 30% slower since step 15 (host h2)"]
     # every rank changed as much at step 15: a job-wide slowdown, not rank 2's own
-    judge_window(candidates, [_fields(nan, nan, nan, 0.28), _fields(nan, nan, nan, 0.3),
+    judge_candidates(candidates, [_fields(nan, nan, nan, 0.28), _fields(nan, nan, nan, 0.3),
                               _fields(15, 0.040, 0.052, 0.3)], lambda r: f"h{r}", named)
     assert named == {}
-    judge_window(candidates, [quiet, quiet, _fields(15, 0.040, 0.052, 0.3)], lambda r: f"h{r}", named)
+    judge_candidates(candidates, [quiet, quiet, _fields(15, 0.040, 0.052, 0.3)], lambda r: f"h{r}", named)
     assert list(named) == [2]
-    judge_window([], [quiet, quiet, _fields(nan, nan, nan)], lambda r: f"h{r}", named)  # the burst ended
+    judge_candidates([], [quiet, quiet, _fields(nan, nan, nan)], lambda r: f"h{r}", named)  # the burst ended
     assert named == {}
 
 
-def test_every_rank_chooses_the_same_candidates_from_a_gathered_window() -> None:
+def test_every_rank_chooses_the_same_candidates_from_a_gathered_log_interval() -> None:
     nan = math.nan
-    window = [_fields(nan, nan, nan), _fields(20, 0.04, 0.05), _fields(15, 0.04, 0.06), _fields(nan, nan, nan)]
+    interval = [_fields(nan, nan, nan), _fields(20, 0.04, 0.05), _fields(15, 0.04, 0.06), _fields(nan, nan, nan)]
     first, second = SlowdownTracker(), SlowdownTracker()
-    first.choose(window)
-    second.choose(list(reversed(list(reversed(window)))))
+    first.choose(interval)
+    second.choose(list(reversed(list(reversed(interval)))))
     assert first.candidates == second.candidates == [(2, 15), (1, 20)]  # the largest first

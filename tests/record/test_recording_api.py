@@ -26,7 +26,7 @@ def test_import_loads_the_standard_library_only() -> None:
     code = (
         "import sys, goodtrace; "
         "print([m for m in ('torch','jax','duckdb','rich','numpy','fsspec','goodtrace.analysis',"
-        "'goodtrace.renderers','goodtrace.sinks','goodtrace.record.live.sinks','tensorboardX','tensorboard',"
+        "'goodtrace.renderers','goodtrace.sinks','goodtrace.record.live.sink_hub','tensorboardX','tensorboard',"
         "'wandb','mlflow','prometheus_client','transformers','lightning') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

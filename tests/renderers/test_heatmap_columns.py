@@ -25,12 +25,12 @@ def _plain(analysis: RunAnalysis, width_limit: int) -> dict[str, Any]:
         seen: dict[int, int] = {}
         rows = []
         for e in range(len(cut.exec_step)):
-            w, step = cut.exec_window[e], cut.exec_step[e]
+            w, step = cut.exec_interval[e], cut.exec_step[e]
             k = seen.get(step, 0)
             seen[step] = k + 1
             if w >= 0:
                 rows.append(((analysis.attempt_of.get(i, -1), step, k),
-                             (cut.win_end[w] - cut.win_start[w]) // cut.win_count[w], cut.exec_compute[e]))
+                             (cut.interval_end[w] - cut.interval_start[w]) // cut.interval_count[w], cut.exec_compute[e]))
         executions[i] = rows
     keys = sorted({key for rows in executions.values() for key, _, _ in rows})
     ranks = sorted({analysis.sessions[i].rank for i in sessions})

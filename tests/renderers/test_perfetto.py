@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from goodtrace.analysis import RunAnalysis, analyze
-from goodtrace.analysis.intervals import session_windows
+from goodtrace.analysis.intervals import session_intervals
 from goodtrace.cli.ranges import format_ranks, parse_ranks, parse_steps
 from goodtrace.read.load import load_run
 from goodtrace.read.loaded import LoadedRun
@@ -71,7 +71,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_step_intervals_split_overhead_and_start_at_previous_sync(small_run: Path) -> None:
     analysis, _ = _analysed(small_run)
     session = _session(analysis, 0, 1)
-    intervals = {iv.step: iv for iv in session_windows(analysis, session)}
+    intervals = {iv.step: iv for iv in session_intervals(analysis, session)}
     assert sorted(intervals) == [3, 4, 5, 6]
     # Step 3 (first of the attempt) starts when it was entered; step 4's interval holds the
     # checkpoint saved after step 3 (a blocking span settles step 3 first).
@@ -84,7 +84,7 @@ def test_step_intervals_split_overhead_and_start_at_previous_sync(small_run: Pat
     assert list(cut.exec_compute) == [50 * MS] * 4  # outermost main-thread compute per execution
 
 
-def test_sparse_sync_points_make_one_shared_window(small_run: Path, tmp_path: Path) -> None:
+def test_sparse_sync_points_make_one_shared_interval(small_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "sparse"
     shutil.copytree(small_run, run_dir)
     path = next((run_dir / "rank-00000").glob("a0-*.jsonl"))
@@ -92,9 +92,9 @@ def test_sparse_sync_points_make_one_shared_window(small_run: Path, tmp_path: Pa
              if not (json.loads(line)["kind"] == "sync" and json.loads(line)["step"] in (1, 2))]
     path.write_text("\n".join(lines) + "\n")
     analysis, _ = _analysed(run_dir)
-    intervals = session_windows(analysis, _session(analysis, 0, 0))
+    intervals = session_intervals(analysis, _session(analysis, 0, 0))
     assert [(iv.first_step, iv.step) for iv in intervals] == [(0, 0), (1, 3)]
-    assert intervals[1].duration_ns == 300 * MS and intervals[1].is_window
+    assert intervals[1].duration_ns == 300 * MS and intervals[1].is_shared
 
 
 def test_format_ranks_is_what_parse_ranks_reads() -> None:
@@ -239,7 +239,7 @@ def test_a_real_directory_renders_every_slice(small_run: Path, tmp_path: Path, s
     steps = {(e["pid"], e["args"]["attempt"], e["args"]["step"]) for e in _slices(events, cat="step")}
     expected = {
         (analysis.sessions[i].rank + 1, analysis.attempt_of[i], w.step)
-        for i in PerfettoRenderer(selection).sessions(analysis) for w in session_windows(analysis, i, selection.steps)
+        for i in PerfettoRenderer(selection).sessions(analysis) for w in session_intervals(analysis, i, selection.steps)
     }
     assert steps == expected
     if selection.steps is not None:

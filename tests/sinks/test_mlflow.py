@@ -47,6 +47,9 @@ def test_the_programs_active_run_receives_the_numbers(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     try:
+        # the program picks its experiment (MLflow keeps the last one set in this process, e.g.
+        # by transformers' MLflowCallback in an earlier test, and that id is not in this store)
+        mlflow.set_experiment("mine")
         with mlflow.start_run(run_name="mine") as active:
             train(tmp_path / "run", ["mlflow"])
             client = mlflow.MlflowClient(tracking_uri=uri)

@@ -132,7 +132,7 @@ def test_prometheus_scrapes_the_latest_live_line(prometheus_server: Any, tmp_pat
         for absent in ("goodtrace_mfu_ratio", "goodtrace_tflops_per_second", "goodtrace_summary_goodput_ratio"):
             assert query(server, absent) == [], absent
 
-        for step in range(12, 22):  # the window of step 20 has no checkpoint
+        for step in range(12, 22):  # the log interval of step 20 has no checkpoint
             with gt.step(step):
                 time.sleep(0.002)
         _wait_for(lambda: _scraped_step(server) == 20, "Prometheus to scrape step 20")

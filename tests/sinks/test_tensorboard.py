@@ -38,8 +38,8 @@ def test_live_lines_and_the_summary_read_back_from_the_event_files(tmp_path: Pat
             assert scalars[name][step] == pytest.approx(value, rel=1e-6), (name, step)
         # a run with no earlier attempt: the job so far is this attempt
         assert scalars[JOB_GOODPUT][step] == pytest.approx(values["goodtrace/goodput/attempt"], rel=1e-6)
-    window = range(21, STEPS + 1)  # the last line's window; loss is reduced with "mean"
-    assert scalars["goodtrace/metric/loss"][STEPS] == pytest.approx(sum(1 / s for s in window) / len(window), rel=1e-6)
+    interval = range(21, STEPS + 1)  # the last line's log interval; loss is reduced with "mean"
+    assert scalars["goodtrace/metric/loss"][STEPS] == pytest.approx(sum(1 / s for s in interval) / len(interval), rel=1e-6)
     numbers, attempts = expected_summary(tmp_path / "run")
     assert "goodtrace/summary/checkpoint_save_s" in numbers and numbers["goodtrace/summary/checkpoint_save_s"] > 0
     for name, value in numbers.items():

@@ -9,7 +9,7 @@ Entry point for renderers and tools::
     result.partition.buckets_ns         # every bucket, integer ns, summing to total_ns exactly
     result.to_dict()                    # the JSON form (``goodtrace report --json``)
 
-One run model: every session of the job is cut once (:mod:`goodtrace.analysis.executions`:
+One run model: every session of the job is cut once (:mod:`goodtrace.analysis.cut`:
 its step executions, intervals and overhead, ``RunAnalysis.cuts``), and every number and view
 (the console, ``--json``, the HTML report, the Perfetto trace) draws from those cuts and from
 one mapping of each session's clock (``RunAnalysis.clocks``).
@@ -35,7 +35,7 @@ from typing import Any
 
 from goodtrace.analysis.attempts import Attempt, Liveness, discover_attempts
 from goodtrace.analysis.clock import SessionClock, loaded_clocks
-from goodtrace.analysis.executions import (
+from goodtrace.analysis.cut import (
     DATA_RULE_TEXT,
     FLAG_DECREASING,
     FLAG_REPEATED,
@@ -44,14 +44,14 @@ from goodtrace.analysis.executions import (
     RULE_SYNC,
     RULE_UNKNOWN,
     Relabels,
-    SessionSteps,
+    SessionCut,
     cut_session,
 )
 from goodtrace.analysis.goodput import (
     NS,
     AnalysisError,
     Partition,
-    WindowGoodput,
+    PeriodGoodput,
     interval_partition,
     rolling_goodput,
 )
@@ -91,6 +91,7 @@ __all__ = [
     "GoodputOverTime",
     "Partition",
     "Period",
+    "PeriodGoodput",
     "ProgramGoodput",
     "RangeEdge",
     "RankFigure",
@@ -101,7 +102,6 @@ __all__ = [
     "StepStats",
     "Straggler",
     "Timeline",
-    "WindowGoodput",
     "analyze",
     "interval_partition",
     "rolling_goodput",
@@ -134,7 +134,7 @@ class RunAnalysis:
     reference_rank: int
     partition: Partition
     window: Partition | None
-    rolling: tuple[WindowGoodput, ...]
+    rolling: tuple[PeriodGoodput, ...]
     steps: StepTable
     step_stats: StepStats
     ideal_step_s: float | None
@@ -153,7 +153,7 @@ class RunAnalysis:
     events_total: int = 0
     # the run model every view draws from: each session of the job cut once, its clock mapping
     sessions: tuple[SessionInfo, ...] = ()
-    cuts: dict[int, SessionSteps] = dataclasses.field(default_factory=dict)
+    cuts: dict[int, SessionCut] = dataclasses.field(default_factory=dict)
     clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
     relabels: dict[int, Relabels] = dataclasses.field(default_factory=dict)
@@ -228,12 +228,12 @@ def _tail_label(attempt: Attempt) -> str:
 
 def _cut_all(
     run: LoadedRun, attempts: Sequence[Attempt], data_rule: str | None, release: bool
-) -> dict[int, SessionSteps]:
+) -> dict[int, SessionCut]:
     """Every session of the job, cut once (an empty record set when none was loaded). With
     ``release``, each session's step, sync, span and compute columns are dropped from ``run``
     as soon as it is cut (nothing after the cut reads them): at 10,240 ranks x 1,000 steps they
     are 1.6 GB that would otherwise sit beside the cuts."""
-    cuts: dict[int, SessionSteps] = {}
+    cuts: dict[int, SessionCut] = {}
     attempt_of = {index: a for a in attempts for index in a.sessions}
     for index in sorted(attempt_of):  # in the loader's order: it fetches a block of sessions at a time
         a = attempt_of[index]
@@ -251,7 +251,7 @@ def _cut_all(
 
 
 def _rank_timeline(
-    run: LoadedRun, attempt_of: dict[int, int], cuts: dict[int, SessionSteps], sessions: Sequence[int], *,
+    run: LoadedRun, attempt_of: dict[int, int], cuts: dict[int, SessionCut], sessions: Sequence[int], *,
     ideal_override_ns: float | None, submit_wall: int | None, pieces: bool,
 ) -> tuple[Timeline, float | None] | None:
     """The job timeline of one rank (``sessions``: its sessions in the job) across the job's
@@ -308,7 +308,7 @@ def analyze(
     """Analyse one job of a loaded run (the last one by default).
 
     ``window`` = (a, b) in seconds from the job start (negative values count from its end);
-    ``rolling_s`` adds interval goodput over consecutive windows of that width. ``data_rule``
+    ``rolling_s`` adds interval goodput over consecutive periods of that width. ``data_rule``
     ("asynchronous"/"synchronous") overrides the detected loop kind. MFU needs
     ``flops_per_step`` (model FLOPs of one optimizer step, all devices together; else the
     framework integration's per-rank ``flops_per_step`` metric times the world size) and a
@@ -361,7 +361,7 @@ def analyze(
             raise AnalysisError(f"empty window {lo_s}:{hi_s}")
         window_partition = interval_partition(timeline, a_ns, b_ns)
     rolling = tuple(rolling_goodput(timeline, rolling_s)) if rolling_s else ()
-    rows = StepTable(timeline.windows, run.timelines, job_start)
+    rows = StepTable(timeline.intervals, run.timelines, job_start)
     ideal_s = None if ideal_ns is None else ideal_ns / NS
     anomalies, threshold = find_anomalies(rows, k=anomaly_k)
     time_range = None
@@ -445,7 +445,7 @@ def analyze(
     )
 
 
-def _explain(rows: StepTable, timeline: Timeline, cuts: dict[int, SessionSteps], warnings: list[str]) -> None:
+def _explain(rows: StepTable, timeline: Timeline, cuts: dict[int, SessionCut], warnings: list[str]) -> None:
     """Warnings for step tables that are not per-step truth, or that had to drop records."""
     if (rows.shared > 1).any():
         warnings.append("some steps have no sync point of their own: their time is the average of the "
@@ -462,7 +462,7 @@ def _explain(rows: StepTable, timeline: Timeline, cuts: dict[int, SessionSteps],
     if ignored:
         warnings.append(f"{ignored} sync point(s) were ignored: they named no execution of their step, came before "
                         "its entry, or came before an earlier execution's")
-    if timeline.windows.any_warmup():
+    if timeline.intervals.any_warmup():
         warnings.append("warm-up is inferred: the first step of an attempt took longer than the ideal step beyond "
                         "noise with no compile span to explain it")
 

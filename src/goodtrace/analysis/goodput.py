@@ -1,4 +1,4 @@
-"""Goodput from a timeline: the partition of a window of time into buckets, and rolling goodput."""
+"""Goodput from a timeline: the partition of a range of time into buckets, and rolling goodput."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from goodtrace import schema
 from goodtrace.analysis.partition import PRODUCTIVE, Timeline
 
-__all__ = ["NS", "STARTUP_PARTS", "AnalysisError", "Partition", "WindowGoodput", "interval_partition", "rolling_goodput"]
+__all__ = ["NS", "STARTUP_PARTS", "AnalysisError", "Partition", "PeriodGoodput", "interval_partition", "rolling_goodput"]
 
 NS = 1e9
 STARTUP_PARTS = (schema.INIT, schema.CHECKPOINT_RESTORE, schema.DATA, schema.COMPILE, "other")
@@ -64,7 +64,7 @@ def _ordered(buckets: dict[str, int]) -> dict[str, int]:
 
 
 def interval_partition(timeline: Timeline, a_ns: int | None = None, b_ns: int | None = None) -> Partition:
-    """The partition clipped to the wall-clock window [a, b) (the whole job by default)."""
+    """The partition clipped to the wall-clock range [a, b) (the whole job by default)."""
     lo = timeline.start if a_ns is None else max(a_ns, timeline.start)
     hi = timeline.end if b_ns is None else min(b_ns, timeline.end)
     hi = max(hi, lo)
@@ -73,7 +73,7 @@ def interval_partition(timeline: Timeline, a_ns: int | None = None, b_ns: int | 
 
 
 @dataclasses.dataclass(frozen=True)
-class WindowGoodput:
+class PeriodGoodput:
     start_s: float  # relative to the job start
     end_s: float
     goodput: float
@@ -83,17 +83,17 @@ class WindowGoodput:
         return dataclasses.asdict(self)
 
 
-def rolling_goodput(timeline: Timeline, width_s: float) -> list[WindowGoodput]:
-    """Interval goodput over consecutive windows of ``width_s`` tiling the job (the last one
+def rolling_goodput(timeline: Timeline, width_s: float) -> list[PeriodGoodput]:
+    """Interval goodput over consecutive periods of ``width_s`` tiling the job (the last one
     may be shorter): the periods of :func:`goodtrace.analysis.over_time.periodic_partitions`
     aligned to the job start, in one pass over the timeline."""
     from goodtrace.analysis.over_time import periodic_partitions, width_ns
 
     if not width_s > 0:
-        raise AnalysisError("the rolling window width must be positive")
+        raise AnalysisError("the rolling period must be positive")
     width = width_ns(width_s)
     return [
-        WindowGoodput((p.start_wall_ns - timeline.start) / NS, (p.end_wall_ns - timeline.start) / NS, p.goodput,
+        PeriodGoodput((p.start_wall_ns - timeline.start) / NS, (p.end_wall_ns - timeline.start) / NS, p.goodput,
                       p.buckets_ns.get(PRODUCTIVE, 0) / NS)
         for p in periodic_partitions(timeline, width, origin=timeline.start)
     ]

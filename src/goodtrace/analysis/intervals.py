@@ -1,10 +1,10 @@
 """The step intervals the timelines draw, from the run model (never cut again by a view).
 
-:func:`session_windows` gives a session's intervals exactly as the analysis cut them (with
+:func:`session_intervals` gives a session's intervals exactly as the analysis cut them (with
 the attempt-level relabels: warm-up, wasted progress), optionally only those holding a step of
-a range; :func:`slice_window` the part of the session's clock a slice of steps covers. The
+a range; :func:`slice_clock_range` the part of the session's clock a slice of steps covers. The
 trace's steps track, the HTML heat map and gantt chart, and the report's step table all come
-from the same :class:`goodtrace.analysis.executions.SessionSteps`.
+from the same :class:`goodtrace.analysis.cut.SessionCut`.
 """
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from goodtrace.analysis.executions import NO_RELABELS, Piece, label_totals
-from goodtrace.analysis.partition import PRODUCTIVE, window_pieces
+from goodtrace.analysis.cut import NO_RELABELS, Piece, label_totals
+from goodtrace.analysis.partition import PRODUCTIVE, interval_pieces
 from goodtrace.analysis.selection import StepRange
 
 if TYPE_CHECKING:
     from goodtrace.analysis import RunAnalysis
 
-__all__ = ["WindowView", "session_windows", "slice_window"]
+__all__ = ["IntervalView", "session_intervals", "slice_clock_range"]
 
 
 @dataclasses.dataclass(frozen=True)
-class WindowView:
+class IntervalView:
     """One step interval (start, end] of one session, on that session's monotonic clock."""
 
     session: int
@@ -58,17 +58,17 @@ class WindowView:
         return self.steps[-1]
 
     @property
-    def is_window(self) -> bool:
+    def is_shared(self) -> bool:
         return len(self.steps) > 1
 
 
-def _windows_in_range(cut: Any, selected: StepRange | None) -> list[int]:
-    """The windows of a cut holding an execution of a step in ``selected`` (every window when
-    None), found on columns: a gantt of 20 steps looks at 20 windows of each session, not all."""
+def _intervals_in_range(cut: Any, selected: StepRange | None) -> list[int]:
+    """The intervals of a cut holding an execution of a step in ``selected`` (every interval when
+    None), found on columns: a gantt of 20 steps looks at 20 intervals of each session, not all."""
     import numpy as np
 
-    if selected is None or not cut.windows:
-        return list(range(cut.windows))
+    if selected is None or not cut.intervals:
+        return list(range(cut.intervals))
     lo, hi = selected
     steps = np.frombuffer(cut.exec_step, dtype=np.int64)
     ok = np.ones(len(steps), dtype=bool)
@@ -77,12 +77,12 @@ def _windows_in_range(cut: Any, selected: StepRange | None) -> list[int]:
     if hi is not None:
         ok &= steps <= hi
     cum = np.concatenate(([0], np.cumsum(ok)))
-    first = np.frombuffer(cut.win_first, dtype=np.int64)
-    count = np.frombuffer(cut.win_count, dtype=np.int64)
+    first = np.frombuffer(cut.interval_first, dtype=np.int64)
+    count = np.frombuffer(cut.interval_count, dtype=np.int64)
     return np.flatnonzero(cum[first + count] > cum[first]).tolist()  # type: ignore[no-any-return]
 
 
-def session_windows(analysis: RunAnalysis, session: int, selected: StepRange | None = None) -> list[WindowView]:
+def session_intervals(analysis: RunAnalysis, session: int, selected: StepRange | None = None) -> list[IntervalView]:
     """The session's intervals (those holding a step of ``selected``), from the run model."""
     cut = analysis.cuts.get(session)
     if cut is None:
@@ -90,16 +90,16 @@ def session_windows(analysis: RunAnalysis, session: int, selected: StepRange | N
     relabels = analysis.relabels.get(session, NO_RELABELS)
     attempt = analysis.attempt_of.get(session, -1)
     out = []
-    for w in _windows_in_range(cut, selected):
+    for w in _intervals_in_range(cut, selected):
         executions = cut.executions_of(w)
         steps = tuple(cut.exec_step[i] for i in executions)
-        pieces, lost = window_pieces(cut, w, relabels)
-        out.append(WindowView(session, w, attempt, cut.win_start[w], cut.win_end[w], cut.win_how[w], steps,
+        pieces, lost = interval_pieces(cut, w, relabels)
+        out.append(IntervalView(session, w, attempt, cut.interval_start[w], cut.interval_end[w], cut.interval_how[w], steps,
                               tuple(cut.exec_seq[i] for i in executions), tuple(pieces), lost))
     return out
 
 
-def slice_window(analysis: RunAnalysis, session: int, selected: StepRange | None) -> tuple[int, int] | None:
+def slice_clock_range(analysis: RunAnalysis, session: int, selected: StepRange | None) -> tuple[int, int] | None:
     """The part of a session's clock that a slice of steps covers (from its first interval in
     the range to its last); the whole session when ``selected`` is None; None when no interval
     of the session holds a step of the range."""
@@ -108,5 +108,5 @@ def slice_window(analysis: RunAnalysis, session: int, selected: StepRange | None
         return None
     if selected is None:
         return (cut.start, max(cut.end, cut.last_end))
-    windows = session_windows(analysis, session, selected)
-    return (windows[0].start, windows[-1].end) if windows else None
+    intervals = session_intervals(analysis, session, selected)
+    return (intervals[0].start, intervals[-1].end) if intervals else None

@@ -1,7 +1,7 @@
 """Main-thread overhead inside one session, on numpy columns: the disjoint intervals of the
 overhead and data spans (outermost wins; a blocking span counts from its step's device-dated
 sync point; data loading where no overhead is) and, per step interval, the time each category
-covers and the productive rest. :mod:`goodtrace.analysis.executions` cuts the session with them.
+covers and the productive rest. :mod:`goodtrace.analysis.cut` cuts the session with them.
 """
 
 from __future__ import annotations
@@ -122,14 +122,14 @@ def flatten_overhead(
     return all0[order], all1[order], [all_labels[k] for k in order.tolist()]
 
 
-def window_overhead(
-    skip_data: bool, win_start: Array, win_end: Array, starts: Array, ends: Array, labels: list[str]
+def overhead_per_interval(
+    skip_data: bool, interval_start: Array, interval_end: Array, starts: Array, ends: Array, labels: list[str]
 ) -> tuple[array[int], dict[str, array[int]]]:
-    """Per window: the productive rest and the overhead per category (``skip_data``: an
+    """Per interval: the productive rest and the overhead per category (``skip_data``: an
     asynchronous loop, where in-step data loading is productive)."""
     import numpy as np
 
-    used = np.zeros(len(win_start), dtype=np.int64)
+    used = np.zeros(len(interval_start), dtype=np.int64)
     overhead: dict[str, array[int]] = {}
     label_array = np.array(labels, dtype=object) if labels else np.zeros(0, dtype=object)
     for label in sorted(set(labels)):
@@ -137,8 +137,8 @@ def window_overhead(
             continue
         mask = label_array == label
         s, e = starts[mask], ends[mask]
-        covered = covered_at(win_end, s, e) - covered_at(win_start, s, e)
+        covered = covered_at(interval_end, s, e) - covered_at(interval_start, s, e)
         if covered.any():
             overhead[label] = _out(covered)
             used += covered
-    return _out(win_end - win_start - used), overhead
+    return _out(interval_end - interval_start - used), overhead

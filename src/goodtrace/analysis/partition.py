@@ -1,13 +1,13 @@
 """The partition of time (docs/semantics.md): one rank's sessions strung across a job's attempts.
 
-:func:`assemble` places each session's cut (:mod:`goodtrace.analysis.executions`) on the wall
+:func:`assemble` places each session's cut (:mod:`goodtrace.analysis.cut`) on the wall
 clock in start order: ``scheduling`` before the first process start (when the submit time is
 known), ``disruption`` between an attempt's end and the next one's process start, each
 attempt's first interval's productive time above the ideal step time as ``warmup`` (inferred,
 only when beyond noise; compile spans are ``compile`` already), and the productive time of
 executions that a later attempt ran again, or a later rewind in their own session threw away
 (:mod:`goodtrace.analysis.rewinds`), as ``wasted_progress``. The result tiles the job's
-time exactly, in integer nanoseconds, so buckets always add up to 100% and clip to any window.
+time exactly, in integer nanoseconds, so buckets always add up to 100% and clip to any range of time.
 
 With ``pieces=False`` the same walk adds up bucket totals only (what every rank's spread
 needs), cutting pieces just for the rare interval that crosses the next attempt's start.
@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 from goodtrace import schema
-from goodtrace.analysis.executions import FLAG_REWOUND, Piece, Relabels, SessionSteps, label_totals, relabel
+from goodtrace.analysis.cut import FLAG_REWOUND, Piece, Relabels, SessionCut, label_totals, relabel
 from goodtrace.read.loaded import SessionInfo
 
 __all__ = [
@@ -31,13 +31,13 @@ __all__ = [
     "TEARDOWN",
     "WARMUP",
     "WASTED",
+    "IntervalList",
+    "StepInterval",
     "Timeline",
-    "Window",
-    "WindowList",
     "assemble",
     "ideal_step_ns",
+    "interval_pieces",
     "noise_threshold_ns",
-    "window_pieces",
 ]
 
 PRODUCTIVE = schema.BUCKET_PRODUCTIVE
@@ -50,12 +50,12 @@ IN_PROGRESS = "in_progress"  # a running attempt's time after its last sync poin
 
 
 @dataclasses.dataclass
-class Window:
+class StepInterval:
     """One step interval of the timeline, on the wall clock, with its pieces after the
     attempt-level relabels (warm-up, wasted progress)."""
 
-    cut: SessionSteps
-    index: int  # window index in the cut
+    cut: SessionCut
+    index: int  # interval index in the cut
     attempt: int
     start: int
     end: int
@@ -85,41 +85,41 @@ class Window:
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    """The windows of one session on a timeline: where they sit on the wall clock (``delta``),
+    """The intervals of one session on a timeline: where they sit on the wall clock (``delta``),
     its attempt, and the attempt-level relabels (warm-up, the restore point after it)."""
 
-    first: int  # index of its first window in the timeline
-    cut: SessionSteps
+    first: int  # index of its first interval in the timeline
+    cut: SessionCut
     attempt: int
     delta: int
     relabels: Relabels
 
 
-class WindowList(Sequence[Window]):
+class IntervalList(Sequence[StepInterval]):
     """The step intervals of a timeline in order, made on demand: a long run has millions of
-    them, so each :class:`Window` (with its pieces) is built when it is read, from its cut."""
+    them, so each :class:`StepInterval` (with its pieces) is built when it is read, from its cut."""
 
     def __init__(self) -> None:
         self.segments: list[Segment] = []
         self._firsts: list[int] = []
         self._count = 0
 
-    def add(self, cut: SessionSteps, attempt: int, delta: int, relabels: Relabels) -> None:
-        if cut.windows:
+    def add(self, cut: SessionCut, attempt: int, delta: int, relabels: Relabels) -> None:
+        if cut.intervals:
             self.segments.append(Segment(self._count, cut, attempt, delta, relabels))
             self._firsts.append(self._count)
-            self._count += cut.windows
+            self._count += cut.intervals
 
     def __len__(self) -> int:
         return self._count
 
     @overload
-    def __getitem__(self, index: int) -> Window: ...
+    def __getitem__(self, index: int) -> StepInterval: ...
 
     @overload
-    def __getitem__(self, index: slice) -> list[Window]: ...
+    def __getitem__(self, index: slice) -> list[StepInterval]: ...
 
-    def __getitem__(self, index: int | slice) -> Window | list[Window]:
+    def __getitem__(self, index: int | slice) -> StepInterval | list[StepInterval]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._count))]
         if index < 0:
@@ -127,22 +127,22 @@ class WindowList(Sequence[Window]):
         if not 0 <= index < self._count:
             raise IndexError(index)
         segment = self.segments[bisect.bisect_right(self._firsts, index) - 1]
-        return segment_window(segment, index - segment.first)
+        return segment_interval(segment, index - segment.first)
 
-    def __iter__(self) -> Iterator[Window]:
+    def __iter__(self) -> Iterator[StepInterval]:
         for segment in self.segments:
-            for w in range(segment.cut.windows):
-                yield segment_window(segment, w)
+            for w in range(segment.cut.intervals):
+                yield segment_interval(segment, w)
 
     def counted_steps(self) -> int:
-        """Executions in the windows that count toward the final progress (not re-done later)."""
+        """Executions in the intervals that count toward the final progress (not re-done later)."""
         import numpy as np
 
         counted = 0
         for segment in self.segments:
             cut, limit = segment.cut, segment.relabels.redone_from
-            window = np.frombuffer(cut.exec_window, dtype=np.int64)
-            kept = (window >= 0) & ((np.frombuffer(cut.exec_flags, dtype=np.int64) & FLAG_REWOUND) == 0)
+            interval = np.frombuffer(cut.exec_interval, dtype=np.int64)
+            kept = (interval >= 0) & ((np.frombuffer(cut.exec_flags, dtype=np.int64) & FLAG_REWOUND) == 0)
             if limit is not None:  # the same rule as _lost: re-done by a later attempt or rewound
                 kept &= np.frombuffer(cut.exec_step, dtype=np.int64) < limit
             counted += int(kept.sum())
@@ -152,13 +152,13 @@ class WindowList(Sequence[Window]):
         return any(segment.relabels.warmup_ns for segment in self.segments)
 
 
-def segment_window(segment: Segment, w: int) -> Window:
-    """Window ``w`` of a segment's cut, on the wall clock, with its pieces."""
+def segment_interval(segment: Segment, w: int) -> StepInterval:
+    """StepInterval ``w`` of a segment's cut, on the wall clock, with its pieces."""
     cut, delta = segment.cut, segment.delta
-    own, lost = window_pieces(cut, w, segment.relabels)
+    own, lost = interval_pieces(cut, w, segment.relabels)
     wall = [Piece(p.start + delta, p.end + delta, p.label) for p in own]
     warm = segment.relabels.warmup_ns if w == 0 else 0
-    return Window(cut, w, segment.attempt, cut.win_start[w] + delta, cut.win_end[w] + delta, wall, lost, w == 0, warm)
+    return StepInterval(cut, w, segment.attempt, cut.interval_start[w] + delta, cut.interval_end[w] + delta, wall, lost, w == 0, warm)
 
 
 @dataclasses.dataclass
@@ -169,8 +169,8 @@ class Timeline:
     start: int
     end: int
     pieces: list[Piece]
-    windows: WindowList
-    cuts: list[SessionSteps]
+    intervals: IntervalList
+    cuts: list[SessionCut]
     buckets: dict[str, int] = dataclasses.field(default_factory=dict)
     parts: dict[str, int] = dataclasses.field(default_factory=dict)
     # per session: (warm-up ns moved out of its first interval, the restore point after it)
@@ -201,7 +201,7 @@ class Timeline:
 
 
 def weighted_median(values: Sequence[tuple[float, int]]) -> float | None:
-    """Median of values with integer weights (a shared window counts once per step)."""
+    """Median of values with integer weights (a shared interval counts once per step)."""
     items = sorted((v, w) for v, w in values if w > 0)
     total = sum(w for _, w in items)
     if total == 0:
@@ -229,14 +229,14 @@ class Steady:
     steps: Any  # numpy int64 array
 
 
-def steady_steps(cuts: Sequence[SessionSteps]) -> Steady:
+def steady_steps(cuts: Sequence[SessionCut]) -> Steady:
     import numpy as np
 
     values, weights = [], []
     for cut in cuts:
-        if cut.windows > 1:
-            productive = np.frombuffer(cut.win_productive, dtype=np.int64)[1:]
-            count = np.frombuffer(cut.win_count, dtype=np.int64)[1:]
+        if cut.intervals > 1:
+            productive = np.frombuffer(cut.interval_productive, dtype=np.int64)[1:]
+            count = np.frombuffer(cut.interval_count, dtype=np.int64)[1:]
             keep = productive > 0
             values.append(productive[keep] / count[keep])
             weights.append(count[keep])
@@ -245,7 +245,7 @@ def steady_steps(cuts: Sequence[SessionSteps]) -> Steady:
     return Steady(np.concatenate(values), np.concatenate(weights))
 
 
-def ideal_step_ns(cuts: Sequence[SessionSteps], steady: Steady | None = None) -> float | None:
+def ideal_step_ns(cuts: Sequence[SessionCut], steady: Steady | None = None) -> float | None:
     """Median productive time per step over steady-state intervals (each attempt's first
     excluded, and intervals that overhead fills entirely), weighted by steps; the first ones
     when nothing else."""
@@ -253,12 +253,12 @@ def ideal_step_ns(cuts: Sequence[SessionSteps], steady: Steady | None = None) ->
 
     steady = steady_steps(cuts) if steady is None else steady
     if not len(steady.per_step):
-        return weighted_median([(cut.win_productive[0] / cut.win_count[0], cut.win_count[0])
-                                for cut in cuts if cut.windows])
+        return weighted_median([(cut.interval_productive[0] / cut.interval_count[0], cut.interval_count[0])
+                                for cut in cuts if cut.intervals])
     return float(np.median(np.repeat(steady.per_step, steady.steps)))
 
 
-def noise_threshold_ns(cuts: Sequence[SessionSteps], steady: Steady | None = None) -> float:
+def noise_threshold_ns(cuts: Sequence[SessionCut], steady: Steady | None = None) -> float:
     """How far above the ideal a step must be to be more than noise: max(5 x 1.4826 x MAD,
     5% of the median) of the steady productive step times (the anomaly rule)."""
     import numpy as np
@@ -271,19 +271,19 @@ def noise_threshold_ns(cuts: Sequence[SessionSteps], steady: Steady | None = Non
     return max(5 * 1.4826 * mad, 0.05 * median)
 
 
-def _warmup(cut: SessionSteps, ideal: float | None, noise: float) -> int:
+def _warmup(cut: SessionCut, ideal: float | None, noise: float) -> int:
     """The first interval's productive time above the ideal, when beyond noise (else 0)."""
-    if ideal is None or not cut.windows:
+    if ideal is None or not cut.intervals:
         return 0
-    excess = cut.win_productive[0] - round(ideal * cut.win_count[0])
-    return excess if excess > noise * cut.win_count[0] and excess > 0 else 0
+    excess = cut.interval_productive[0] - round(ideal * cut.interval_count[0])
+    return excess if excess > noise * cut.interval_count[0] and excess > 0 else 0
 
 
 _NONE: frozenset[int] = frozenset()
 
 
-def _lost(cut: SessionSteps, w: int, limit: int | None) -> frozenset[int]:
-    """The executions of window ``w`` thrown away: a later attempt started at or below their
+def _lost(cut: SessionCut, w: int, limit: int | None) -> frozenset[int]:
+    """The executions of interval ``w`` thrown away: a later attempt started at or below their
     step number (``limit``), or a later rewind in the same session threw them away."""
     if limit is None and not cut.rewinds:
         return _NONE
@@ -300,7 +300,7 @@ def _thrown(step: int, flags: int, limit: int | None) -> bool:
 
 
 def assemble(
-    cuts: Sequence[tuple[int, SessionInfo, SessionSteps]],
+    cuts: Sequence[tuple[int, SessionInfo, SessionCut]],
     *,
     ideal: float | None,
     noise: float = 0.0,
@@ -314,7 +314,7 @@ def assemble(
 
     ordered = sorted(cuts, key=lambda c: (c[1].start_wall, c[0]))
     out_pieces: list[Piece] = []
-    windows = WindowList()
+    intervals = IntervalList()
     buckets: dict[str, int] = {}
     parts: dict[str, int] = {}
 
@@ -340,7 +340,7 @@ def assemble(
     for k in range(len(ordered) - 1, -1, -1):
         restore_after[k] = lowest
         cut = ordered[k][2]
-        done = np.frombuffer(cut.exec_step, dtype=np.int64)[np.frombuffer(cut.exec_window, dtype=np.int64) >= 0]
+        done = np.frombuffer(cut.exec_step, dtype=np.int64)[np.frombuffer(cut.exec_interval, dtype=np.int64) >= 0]
         # a rollback the program named restored its step: every step above it ran again
         starts = [int(done.min())] if len(done) else []
         starts += [r.to_step + 1 for r in cut.rewinds if r.explicit]
@@ -364,22 +364,22 @@ def assemble(
         warmup = _warmup(cut, ideal, noise)
         relabels[cut.session] = Relabels(warmup, restore_after[k])
         if pieces:
-            windows.add(cut, attempt, delta, relabels[cut.session])
-        if (not pieces and cut.windows and (limit is None or cut.win_end[-1] + delta <= limit)
-                and cut.win_start[0] + delta >= cursor):
-            cursor = _add_window_totals(cut, warmup, restore_after[k], buckets) + delta
+            intervals.add(cut, attempt, delta, relabels[cut.session])
+        if (not pieces and cut.intervals and (limit is None or cut.interval_end[-1] + delta <= limit)
+                and cut.interval_start[0] + delta >= cursor):
+            cursor = _add_interval_totals(cut, warmup, restore_after[k], buckets) + delta
             for p in cut.tail_pieces():
                 cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
             continue
-        for w in range(cut.windows):
-            a, b = cut.win_start[w] + delta, cut.win_end[w] + delta
+        for w in range(cut.intervals):
+            a, b = cut.interval_start[w] + delta, cut.interval_end[w] + delta
             lost = _lost(cut, w, restore_after[k])
             amount_warm = warmup if w == 0 else 0
             if not pieces and (limit is None or b <= limit) and a >= cursor:
-                # totals only: the whole window, without cutting pieces
-                productive = cut.win_productive[w] - amount_warm
-                wasted = _wasted(productive, len(lost), cut.win_count[w])
-                for label, column in cut.win_overhead.items():
+                # totals only: the whole interval, without cutting pieces
+                productive = cut.interval_productive[w] - amount_warm
+                wasted = _wasted(productive, len(lost), cut.interval_count[w])
+                for label, column in cut.interval_overhead.items():
                     if column[w]:
                         buckets[label] = buckets.get(label, 0) + column[w]
                 for label, ns in ((PRODUCTIVE, productive - wasted), (WARMUP, amount_warm), (WASTED, wasted)):
@@ -387,56 +387,56 @@ def assemble(
                         buckets[label] = buckets.get(label, 0) + ns
                 cursor = b
                 continue
-            own, _ = window_pieces(cut, w, relabels[cut.session])
+            own, _ = interval_pieces(cut, w, relabels[cut.session])
             for p in own:
                 cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
         for p in cut.tail_pieces():
             cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
-    return Timeline(start, cursor, out_pieces, windows, [c for _, _, c in ordered], buckets, parts, relabels)
+    return Timeline(start, cursor, out_pieces, intervals, [c for _, _, c in ordered], buckets, parts, relabels)
 
 
-def window_pieces(cut: SessionSteps, w: int, relabels: Relabels) -> tuple[list[Piece], frozenset[int]]:
-    """Window ``w`` of ``cut`` with the attempt-level relabels :func:`assemble` applied (on the
+def interval_pieces(cut: SessionCut, w: int, relabels: Relabels) -> tuple[list[Piece], frozenset[int]]:
+    """StepInterval ``w`` of ``cut`` with the attempt-level relabels :func:`assemble` applied (on the
     session's own clock), and the executions in it that a later attempt redid."""
     warmup, limit = relabels
-    pieces = cut.window_pieces(w)
+    pieces = cut.interval_pieces(w)
     if warmup and w == 0:
         pieces = relabel(pieces, warmup, WARMUP, from_end=False)
     lost = _lost(cut, w, limit)
     if lost:
         productive = sum(p.length for p in pieces if p.label == PRODUCTIVE)
-        pieces = relabel(pieces, _wasted(productive, len(lost), cut.win_count[w]), WASTED, from_end=True)
+        pieces = relabel(pieces, _wasted(productive, len(lost), cut.interval_count[w]), WASTED, from_end=True)
     return pieces, lost
 
 
-def _add_window_totals(cut: SessionSteps, warmup: int, limit: int | None, buckets: dict[str, int]) -> int:
-    """Every window of ``cut`` into ``buckets`` at once (totals mode, no window clipped): the
+def _add_interval_totals(cut: SessionCut, warmup: int, limit: int | None, buckets: dict[str, int]) -> int:
+    """Every interval of ``cut`` into ``buckets`` at once (totals mode, no interval clipped): the
     same warm-up and wasted-progress rules as the piece-by-piece walk. Returns the last end."""
     import numpy as np
 
-    productive = np.frombuffer(cut.win_productive, dtype=np.int64).copy()
+    productive = np.frombuffer(cut.interval_productive, dtype=np.int64).copy()
     productive[0] -= warmup
     wasted = np.zeros_like(productive)
     if limit is not None or cut.rewinds:
-        count = np.frombuffer(cut.win_count, dtype=np.int64)
-        first = np.frombuffer(cut.win_first, dtype=np.int64)
-        window = np.frombuffer(cut.exec_window, dtype=np.int64)
+        count = np.frombuffer(cut.interval_count, dtype=np.int64)
+        first = np.frombuffer(cut.interval_first, dtype=np.int64)
+        interval = np.frombuffer(cut.exec_interval, dtype=np.int64)
         steps = np.frombuffer(cut.exec_step, dtype=np.int64)
         thrown = (np.frombuffer(cut.exec_flags, dtype=np.int64) & FLAG_REWOUND) != 0
         if limit is not None:
             thrown |= steps >= limit
-        in_window = window >= 0
-        lost = np.bincount(window[in_window], weights=thrown[in_window], minlength=len(count)).astype(np.int64)
+        in_interval = interval >= 0
+        lost = np.bincount(interval[in_interval], weights=thrown[in_interval], minlength=len(count)).astype(np.int64)
         lost = np.where(first >= 0, lost, 0)
         wasted = np.where(lost == count, productive, productive * lost // np.maximum(count, 1))
-    for label, column in cut.win_overhead.items():
+    for label, column in cut.interval_overhead.items():
         total = int(np.frombuffer(column, dtype=np.int64).sum())
         if total:
             buckets[label] = buckets.get(label, 0) + total
     for label, ns in ((PRODUCTIVE, int(productive.sum() - wasted.sum())), (WARMUP, warmup), (WASTED, int(wasted.sum()))):
         if ns:
             buckets[label] = buckets.get(label, 0) + ns
-    return int(cut.win_end[-1])
+    return int(cut.interval_end[-1])
 
 
 def _wasted(productive: int, lost: int, count: int) -> int:

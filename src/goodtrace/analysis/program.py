@@ -37,8 +37,8 @@ class ProgramGoodput:
 
 
 def model_figures(run: LoadedRun, sessions: Sequence[int]) -> tuple[float | None, float | None]:
-    """(FLOPs per step of one rank, peak FLOP/s of its device) as the framework integration
-    recorded them: a ``flops_per_step`` metric and a ``model`` event (goodtrace.integrations)."""
+    """(FLOPs per step of one rank, peak FLOP/s of one of its devices) as the framework
+    integration recorded them: a ``flops_per_step`` metric and a ``model`` event (goodtrace.integrations)."""
     values = [value for index in sessions if index in run.timelines for value in run.timelines[index].flops]
     peaks = [
         float(peak) for index in sessions if index in run.timelines
@@ -72,7 +72,7 @@ def program_goodput(
         flops_per_step = rank_flops * max(1, attempts[-1].world)
         source = "flops_per_step metric of rank 0 x world size"
     if peak_flops is None and accelerator is None and recorded_peak is not None:
-        peak_flops = recorded_peak / max(1, devices_per_rank)
+        peak_flops = recorded_peak  # per device, like every peak_flops
     if peak_flops is None and accelerator is not None:
         from goodtrace.accelerators import peak_flops as lookup
 
@@ -80,7 +80,7 @@ def program_goodput(
             peak_flops = lookup(accelerator)
         except KeyError as exc:
             raise AnalysisError(str(exc.args[0])) from None
-    counted = timeline.windows.counted_steps()
+    counted = timeline.intervals.counted_steps()
     productive_s = partition.seconds(PRODUCTIVE)
     mfu = None
     if flops_per_step is not None and peak_flops and productive_s > 0:

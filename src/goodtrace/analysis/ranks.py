@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from goodtrace.analysis.clock import SessionClock
+from goodtrace.analysis.cut import SessionCut
 from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence, robust_noise
-from goodtrace.analysis.executions import SessionSteps
 from goodtrace.read.loaded import SessionInfo, SessionRecords
 
 NS = 1e9
@@ -116,7 +116,7 @@ def _leave_one_out(values: dict[int, float]) -> dict[int, float]:
 SAMPLE_STEPS = 32  # sync points sampled per session for lateness (the loader samples span starts so)
 
 
-def _stride(cut: SessionSteps) -> tuple[int, int]:
+def _stride(cut: SessionCut) -> tuple[int, int]:
     """(first step, stride) of a session's sample: about SAMPLE_STEPS steps of its range."""
     import numpy as np
 
@@ -270,7 +270,7 @@ def _latest_span(effects: dict[tuple[int, int], Evidence], names: dict[int, str]
 
 def rank_figures(
     sessions: Sequence[SessionInfo],
-    cuts: dict[int, SessionSteps],
+    cuts: dict[int, SessionCut],
     records: Mapping[int, SessionRecords],
     attempt_of: dict[int, int],
     clocks: dict[int, SessionClock],
@@ -299,7 +299,7 @@ def rank_figures(
                 continue
             clock = clocks.get(s.index)
             attempt = attempt_of[s.index]
-            ends_w, counts_w, firsts_w, steps_e = cut.win_end, cut.win_count, cut.win_first, cut.exec_step
+            ends_w, counts_w, firsts_w, steps_e = cut.interval_end, cut.interval_count, cut.interval_first, cut.exec_step
             counts = np.frombuffer(counts_w, dtype=np.int64)
             if len(counts):
                 times.append(np.repeat(cut.step_ns() / NS, counts))

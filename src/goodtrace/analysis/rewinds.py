@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from goodtrace import schema
 
 if TYPE_CHECKING:
-    from goodtrace.analysis.executions import Relabels
+    from goodtrace.analysis.cut import Relabels
 
 __all__ = [
     "ROLLBACK_EVENT",
@@ -121,23 +121,23 @@ def find_rewinds(numbers: Any, t0s: Any, events: Sequence[tuple[str, int, int | 
 
 def charge_recovery(cut: Any) -> None:
     """Move each rewind's recovery out of the productive time of the interval that holds it
-    (``SessionSteps.recovered``, ``win_overhead["disruption"]``): the productive part of
+    (``SessionCut.recovered``, ``interval_overhead["disruption"]``): the productive part of
     (interval start, rewind] when the interval begins with the first execution after the
     rewind (an interval that also holds earlier executions is theirs: left alone)."""
     from array import array
 
     for r in cut.rewinds:
-        if r.resume >= len(cut.exec_window) or (w := cut.exec_window[r.resume]) < 0 or cut.win_first[w] != r.resume:
+        if r.resume >= len(cut.exec_interval) or (w := cut.exec_interval[r.resume]) < 0 or cut.interval_first[w] != r.resume:
             continue
-        until = min(r.t, cut.win_end[w])
-        amount = sum(min(p.end, until) - p.start for p in cut.window_pieces(w)
+        until = min(r.t, cut.interval_end[w])
+        amount = sum(min(p.end, until) - p.start for p in cut.interval_pieces(w)
                      if p.label == schema.BUCKET_PRODUCTIVE and p.start < until)
         if amount > 0:
             cut.recovered[w] = cut.recovered.get(w, 0) + amount
-            cut.win_productive[w] -= amount
-            column = cut.win_overhead.get(schema.BUCKET_DISRUPTION)
+            cut.interval_productive[w] -= amount
+            column = cut.interval_overhead.get(schema.BUCKET_DISRUPTION)
             if column is None:
-                column = cut.win_overhead[schema.BUCKET_DISRUPTION] = array("q", bytes(8 * len(cut.win_start)))
+                column = cut.interval_overhead[schema.BUCKET_DISRUPTION] = array("q", bytes(8 * len(cut.interval_start)))
             column[w] += amount
 
 
@@ -179,7 +179,7 @@ def rewind_rows(
     cuts: Sequence[Any], relabels: dict[int, Relabels], attempt_of: dict[int, int],
     sessions: Sequence[Any], job_start: int,
 ) -> list[RewindRow]:
-    """The rewinds of the reference timeline's cuts (``SessionSteps``), each with the productive
+    """The rewinds of the reference timeline's cuts (``SessionCut``), each with the productive
     time of the executions it threw away: their share of their interval's productive time (after
     the warm-up relabel, as the step table shows it)."""
     rows: list[RewindRow] = []
@@ -191,9 +191,9 @@ def rewind_rows(
         for r in cut.rewinds:
             wasted = 0.0
             for i in r.thrown:
-                w = cut.exec_window[i]
+                w = cut.exec_interval[i]
                 if w >= 0:
-                    wasted += (cut.win_productive[w] - (warmup if w == 0 else 0)) / cut.win_count[w] / 1e9
+                    wasted += (cut.interval_productive[w] - (warmup if w == 0 else 0)) / cut.interval_count[w] / 1e9
             rows.append(RewindRow(info.rank, attempt, cut.session, r.t, (info.wall(r.t) - job_start) / 1e9,
                                   r.from_step, r.to_step, r.resume_step, r.redone, r.skipped, r.explicit, wasted))
     return rows

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from goodtrace.analysis.executions import SessionSteps
+from goodtrace.analysis.cut import SessionCut
 from goodtrace.read.loaded import SessionInfo
 from goodtrace.record.live.change_point import (
     MIN_SIDE,
@@ -52,13 +52,13 @@ class Slowdown:
         return dataclasses.asdict(self) | {"reason": self.reason}
 
 
-def _series(cut: SessionSteps) -> tuple[str, Any, Any] | None:
+def _series(cut: SessionCut) -> tuple[str, Any, Any] | None:
     """(measure, steps, seconds) per steady-state execution in entry order: compute time where
-    the session has compute spans, else the step time (:meth:`SessionSteps.step_ns`)."""
+    the session has compute spans, else the step time (:meth:`SessionCut.step_ns`)."""
     import numpy as np
 
     steps = np.frombuffer(cut.exec_step, dtype=np.int64)
-    window = np.frombuffer(cut.exec_window, dtype=np.int64)
+    interval = np.frombuffer(cut.exec_interval, dtype=np.int64)
     if len(steps) < 2 * MIN_SIDE + 1:
         return None
     compute = np.frombuffer(cut.exec_compute, dtype=np.int64) if len(cut.exec_compute) == len(steps) else None
@@ -66,8 +66,8 @@ def _series(cut: SessionSteps) -> tuple[str, Any, Any] | None:
     if compute is not None and (compute[keep] > 0).mean() > 0.9:
         keep &= compute > 0
         return "compute", steps[keep], compute[keep] / NS
-    keep &= window >= 0
-    return "step", steps[keep], cut.step_ns()[window[keep]] / NS
+    keep &= interval >= 0
+    return "step", steps[keep], cut.step_ns()[interval[keep]] / NS
 
 
 def slowdown_of(steps: Any, seconds: Any) -> tuple[int, float, float] | None:
@@ -82,7 +82,7 @@ def _list(values: Any) -> list[Any]:
 
 
 def find_slowdowns(
-    sessions: Sequence[SessionInfo], cuts: Mapping[int, SessionSteps], attempt_of: Mapping[int, int],
+    sessions: Sequence[SessionInfo], cuts: Mapping[int, SessionCut], attempt_of: Mapping[int, int],
 ) -> list[Slowdown]:
     """The sessions whose own time per execution rose by a sustained margin, with the onset."""
     series: dict[int, tuple[str, Any, Any]] = {}
@@ -99,15 +99,15 @@ def find_slowdowns(
         own = own_slowdown(steps, x)
         if own is None:
             continue
-        onset, levels = own[0], own[1:]
+        onset = own.onset_step
         attempt = attempt_of.get(info.index, 0)
         others = [c for i, (m, s, y) in series.items()
                   if i != info.index and attempt_of.get(i, 0) == attempt and m == measure
                   and (c := change_at(s, y, onset)) is not None]
-        increase = levels[1] / levels[0] - 1
+        increase = own.after / own.before - 1
         named, others_increase = its_own(increase, others)
         if not named:
             continue
-        slowdowns.append(Slowdown(info.rank, info.host, attempt, measure, onset, levels[0], levels[1], increase,
+        slowdowns.append(Slowdown(info.rank, info.host, attempt, measure, onset, own.before, own.after, increase,
                                   others_increase))
     return sorted(slowdowns, key=lambda s: (s.attempt, s.onset_step, s.rank))

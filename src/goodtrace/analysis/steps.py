@@ -3,7 +3,7 @@
 One row per step execution of the reference rank, in time order (``seq`` numbers executions
 within a session; a repeated or decreasing step number is flagged, never merged). Step time is
 the whole interval T_k - T_{k-1}; when several executions share an interval (sparse
-completion) each gets the window average and ``shared`` is set; ``host_timed`` marks intervals
+completion) each gets the interval average and ``shared`` is set; ``host_timed`` marks intervals
 closed by a host exit rather than an observed sync point. Anomalies: productive time above
 median + k * 1.4826 * MAD (floored at 5% of the median), each with what overlapped it.
 """
@@ -13,18 +13,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 from goodtrace import schema
-from goodtrace.analysis.executions import FLAG_DECREASING, FLAG_REPEATED, HOST_EXIT
+from goodtrace.analysis.cut import FLAG_DECREASING, FLAG_REPEATED, HOST_EXIT
 from goodtrace.analysis.partition import (
     PRODUCTIVE,
     WARMUP,
     WASTED,
+    IntervalList,
     Segment,
-    Window,
-    WindowList,
-    segment_window,
+    StepInterval,
+    segment_interval,
 )
 from goodtrace.read.loaded import SessionTimeline
 
@@ -80,80 +80,89 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds * 1e6:.2f} us"
 
 
+class RowIntervals(NamedTuple):
+    """The step table's rows as columns: each row's step number, and its interval's start and
+    end on the wall clock (ns)."""
+
+    steps: Any
+    starts: Any
+    ends: Any
+
+
 class StepTable(Sequence[StepRow]):
     """The step table: one row per execution of the reference rank, in time order, held as
     columns (a week-long run has hundreds of thousands of rows); a :class:`StepRow` is made
-    when a row is read, from its window and the session's per-step marks. The columns that
+    when a row is read, from its interval and the session's per-step marks. The columns that
     statistics, anomalies and the slowest steps need are numpy arrays."""
 
-    def __init__(self, windows: WindowList, marks: dict[int, SessionTimeline], job_start: int) -> None:
+    def __init__(self, intervals: IntervalList, marks: dict[int, SessionTimeline], job_start: int) -> None:
         import numpy as np
 
-        self._windows = windows
+        self._intervals = intervals
         self._marks = {session: _StepMarks(tl) for session, tl in marks.items()}
         self._job_start = job_start
-        segment_of, window_of, position, step_time, productive = [], [], [], [], []
-        for k, segment in enumerate(windows.segments):
+        segment_of, interval_of, position, step_time, productive = [], [], [], [], []
+        for k, segment in enumerate(intervals.segments):
             cut = segment.cut
-            count = np.frombuffer(cut.win_count, dtype=np.int64)
-            win_productive = np.frombuffer(cut.win_productive, dtype=np.int64).copy()
-            win_productive[0] -= segment.relabels.warmup_ns
+            count = np.frombuffer(cut.interval_count, dtype=np.int64)
+            interval_productive = np.frombuffer(cut.interval_productive, dtype=np.int64).copy()
+            interval_productive[0] -= segment.relabels.warmup_ns
             w = np.repeat(np.arange(len(count), dtype=np.int32), count)
             segment_of.append(np.full(len(w), k, dtype=np.int32))
-            window_of.append(w)
-            position.append((np.arange(len(w)) - np.frombuffer(cut.win_first, dtype=np.int64)[w]).astype(np.int32))
+            interval_of.append(w)
+            position.append((np.arange(len(w)) - np.frombuffer(cut.interval_first, dtype=np.int64)[w]).astype(np.int32))
             step_time.append((cut.step_ns() / NS)[w])
-            productive.append((win_productive / count / NS)[w])
+            productive.append((interval_productive / count / NS)[w])
 
         def joined(parts: list[Any], dtype: Any) -> Any:
             return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
-        # per row: its session (segment), window and place in the window; the step time and
-        # productive time (the window's, shared equally); the rest is gathered from the cuts
+        # per row: its session (segment), interval and place in the interval; the step time and
+        # productive time (the interval's, shared equally); the rest is gathered from the cuts
         self._segment = joined(segment_of, np.int32)
-        self._window = joined(window_of, np.int32)
+        self._interval = joined(interval_of, np.int32)
         self._position = joined(position, np.int32)
         self.step_time_s = joined(step_time, np.float64)
         self.productive_s = joined(productive, np.float64)
-        self.first_of_attempt = (self._window == 0) & (self._position == 0)
+        self.first_of_attempt = (self._interval == 0) & (self._position == 0)
 
-    def _gather(self, column: Callable[[Segment], Any], by_window: bool) -> Any:
-        """A per-row column from each segment's per-window (or per-execution) column."""
+    def _gather(self, column: Callable[[Segment], Any], by_interval: bool) -> Any:
+        """A per-row column from each segment's per-interval (or per-execution) column."""
         import numpy as np
 
         out = []
-        for k, segment in enumerate(self._windows.segments):
+        for k, segment in enumerate(self._intervals.segments):
             rows = self._segment == k
             values = column(segment)
-            if by_window:
-                out.append(values[self._window[rows]])
+            if by_interval:
+                out.append(values[self._interval[rows]])
             else:
-                first = np.frombuffer(segment.cut.win_first, dtype=np.int64)[self._window[rows]]
+                first = np.frombuffer(segment.cut.interval_first, dtype=np.int64)[self._interval[rows]]
                 out.append(values[first + self._position[rows]])
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
     @property
     def attempt(self) -> Any:
-        return self._gather(lambda s: _np_full(s.cut.windows, s.attempt), by_window=True)
+        return self._gather(lambda s: _np_full(s.cut.intervals, s.attempt), by_interval=True)
 
     @property
     def seq(self) -> Any:
-        return self._gather(lambda s: _np_ints(s.cut.exec_seq), by_window=False)
+        return self._gather(lambda s: _np_ints(s.cut.exec_seq), by_interval=False)
 
     @property
     def flags(self) -> Any:
-        return self._gather(lambda s: _np_ints(s.cut.exec_flags), by_window=False)
+        return self._gather(lambda s: _np_ints(s.cut.exec_flags), by_interval=False)
 
     @property
     def shared(self) -> Any:
-        return self._gather(lambda s: _np_ints(s.cut.win_count), by_window=True)
+        return self._gather(lambda s: _np_ints(s.cut.interval_count), by_interval=True)
 
     @property
     def host_timed(self) -> Any:
         import numpy as np
 
-        return self._gather(lambda s: np.array([s.cut.host_timed or how == HOST_EXIT for how in s.cut.win_how],
-                                               dtype=bool), by_window=True)
+        return self._gather(lambda s: np.array([s.cut.host_timed or how == HOST_EXIT for how in s.cut.interval_how],
+                                               dtype=bool), by_interval=True)
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -171,38 +180,38 @@ class StepTable(Sequence[StepRow]):
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(index)
-        return self._row(self.window_at(index), int(self._position[index]), float(self.step_time_s[index]))
+        return self._row(self.interval_at(index), int(self._position[index]), float(self.step_time_s[index]))
 
     def __iter__(self) -> Iterator[StepRow]:
         last: tuple[int, int] | None = None
-        window: Window | None = None
-        rows = zip(self._segment.tolist(), self._window.tolist(), self._position.tolist(), self.step_time_s.tolist(),
+        interval: StepInterval | None = None
+        rows = zip(self._segment.tolist(), self._interval.tolist(), self._position.tolist(), self.step_time_s.tolist(),
                    strict=True)
         for k, w, position, step_time_s in rows:
-            if (k, w) != last or window is None:
-                window, last = segment_window(self._windows.segments[k], w), (k, w)
-            yield self._row(window, position, step_time_s)
+            if (k, w) != last or interval is None:
+                interval, last = segment_interval(self._intervals.segments[k], w), (k, w)
+            yield self._row(interval, position, step_time_s)
 
-    def window_at(self, index: int) -> Window:
+    def interval_at(self, index: int) -> StepInterval:
         """The step interval of row ``index``."""
-        return segment_window(self._windows.segments[int(self._segment[index])], int(self._window[index]))
+        return segment_interval(self._intervals.segments[int(self._segment[index])], int(self._interval[index]))
 
     def take(self, keep: Any) -> StepTable:
-        """The rows where the boolean column ``keep`` is true, as a table over the same windows
+        """The rows where the boolean column ``keep`` is true, as a table over the same intervals
         (``--since``/``--until``)."""
         out = object.__new__(StepTable)
-        out._windows, out._marks, out._job_start = self._windows, self._marks, self._job_start
-        for name in ("_segment", "_window", "_position", "step_time_s", "productive_s", "first_of_attempt"):
+        out._intervals, out._marks, out._job_start = self._intervals, self._marks, self._job_start
+        for name in ("_segment", "_interval", "_position", "step_time_s", "productive_s", "first_of_attempt"):
             setattr(out, name, getattr(self, name)[keep])
         return out
 
-    def intervals(self) -> tuple[Any, Any, Any]:
+    def intervals(self) -> RowIntervals:
         """Each row's step number and its interval's start and end (ns, on the wall clock), as
         columns: made when asked (what a ``--since``/``--until`` time range is resolved on)."""
-        steps = self._gather(lambda s: _np_ints(s.cut.exec_step), by_window=False)
-        starts = self._gather(lambda s: _np_ints(s.cut.win_start) + s.delta, by_window=True)
-        ends = self._gather(lambda s: _np_ints(s.cut.win_end) + s.delta, by_window=True)
-        return steps, starts, ends
+        steps = self._gather(lambda s: _np_ints(s.cut.exec_step), by_interval=False)
+        starts = self._gather(lambda s: _np_ints(s.cut.interval_start) + s.delta, by_interval=True)
+        ends = self._gather(lambda s: _np_ints(s.cut.interval_end) + s.delta, by_interval=True)
+        return RowIntervals(steps, starts, ends)
 
     def slowest(self, n: int) -> list[StepRow]:
         """The ``n`` rows with the longest step time (earlier rows first on a tie)."""
@@ -211,7 +220,7 @@ class StepTable(Sequence[StepRow]):
         order = np.argsort(-self.step_time_s, kind="stable")[:n]
         return [self[int(i)] for i in order]
 
-    def _row(self, w: Window, position: int, step_time_s: float) -> StepRow:
+    def _row(self, w: StepInterval, position: int, step_time_s: float) -> StepRow:
         cut = w.cut
         executions = w.executions
         i = executions[position]
@@ -219,7 +228,7 @@ class StepTable(Sequence[StepRow]):
         overhead = w.overhead()
         wasted = overhead.pop(WASTED, 0)
         productive = w.total(PRODUCTIVE) + wasted
-        how = cut.win_how[w.index]
+        how = cut.interval_how[w.index]
         step = cut.exec_step[i]
         flags = cut.exec_flags[i]
         marks = self._marks.get(cut.session)
@@ -413,7 +422,7 @@ def find_anomalies(table: StepTable, *, k: float = 5.0) -> tuple[list[Anomaly], 
         r = table[i]
         found.append(
             Anomaly(r.step, r.attempt, r.productive_s, threshold, r.step_time_s,
-                    _overlapping(table.window_at(i), table, r.tags), r.seq)
+                    _overlapping(table.interval_at(i), table, r.tags), r.seq)
         )
     return found, threshold
 
@@ -430,7 +439,7 @@ def _unusual(marks: _StepMarks, steps: Sequence[int]) -> list[str]:
     return [label for _, label in sorted(found, key=lambda x: -x[0])[:5]]
 
 
-def _overlapping(w: Window, table: StepTable, tags: tuple[str, ...]) -> tuple[str, ...]:
+def _overlapping(w: StepInterval, table: StepTable, tags: tuple[str, ...]) -> tuple[str, ...]:
     found = [f"tag:{t}" for t in tags]
     marks = table._marks.get(w.cut.session)
     if marks is None:

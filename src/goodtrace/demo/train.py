@@ -41,12 +41,12 @@ class CharCorpus:
         self.train, self.validation = ids[:cut], ids[cut:]
 
 
-class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Item ``i``: a window of ``block + 1`` characters at a pseudo-random, reproducible offset."""
+class TextBlocks(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Item ``i``: a block of ``block + 1`` characters at a pseudo-random, reproducible offset."""
 
     def __init__(self, ids: torch.Tensor, block: int) -> None:
         if len(ids) <= block + 1:
-            raise ValueError(f"text of {len(ids)} characters is too short for windows of {block}")
+            raise ValueError(f"text of {len(ids)} characters is too short for blocks of {block}")
         self.ids, self.block = ids, block
         self.span = len(ids) - block - 1
 
@@ -92,7 +92,7 @@ def _latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _evaluate(model: torch.nn.Module, data: Windows, batch: int, batches: int = 4) -> float:
+def _evaluate(model: torch.nn.Module, data: TextBlocks, batch: int, batches: int = 4) -> float:
     model.eval()
     total = torch.zeros(())
     with torch.no_grad():
@@ -124,9 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         corpus = CharCorpus(CORPUS.read_text(encoding="utf-8"))
         config = GPTConfig(vocab_size=len(corpus.alphabet))
         model = GPT(config)
-        train_windows = Windows(corpus.train, config.block_size)
-        validation_windows = Windows(corpus.validation, config.block_size)
-        sample_x, sample_y = (torch.stack(t) for t in zip(*(train_windows[i] for i in range(args.batch)), strict=True))
+        train_blocks = TextBlocks(corpus.train, config.block_size)
+        validation_blocks = TextBlocks(corpus.validation, config.block_size)
+        sample_x, sample_y = (torch.stack(t) for t in zip(*(train_blocks[i] for i in range(args.batch)), strict=True))
         flops = measure_flops(model, sample_x, sample_y)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     start = 0
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"model: {model.parameter_count():,} parameters, {flops / 1e9:.2f} GFLOP per step per rank, "
               f"{world} ranks", flush=True)
     loader = DataLoader(
-        train_windows, batch_sampler=StepBatches(start + 1, args.steps, rank, world, args.batch),
+        train_blocks, batch_sampler=StepBatches(start + 1, args.steps, rank, world, args.batch),
         num_workers=args.workers,
         multiprocessing_context="fork" if args.workers and sys.platform.startswith("linux") else None,
     )
@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 dist.barrier()
         if step % args.eval_every == 0:
             with gt.span("eval"):
-                validation_loss = _evaluate(model, validation_windows, args.batch)
+                validation_loss = _evaluate(model, validation_blocks, args.batch)
             gt.metric("validation_loss", validation_loss, "mean", step=step)
             if rank == 0:
                 print(f"eval after step {step}: validation loss {validation_loss:.4f}", flush=True)

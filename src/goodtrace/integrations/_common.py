@@ -3,7 +3,7 @@ the hooks ``instrument()`` installs (recorder listeners and the live aggregator)
 
 Collectives at the end only when every rank ends normally: ``finish(completed=True)``, called
 outside an exception handler, closes an integration collectively (the live aggregator's last
-window is a gather, bounded by ``finish_timeout_s``). Any other end only unhooks, locally:
+log interval is a gather, bounded by ``finish_timeout_s``). Any other end only unhooks, locally:
 ``finish(completed=False)`` (a rank stopping early, or crashing from an ``except`` block), a
 ``finish()`` while an exception is being handled, a signal, interpreter exit. A crashing rank
 must never enter a collective: its peers are not in it, and it would wait for them until the
@@ -21,6 +21,16 @@ from goodtrace.record.errors import warn as _warn
 
 def warn(message: str) -> None:
     _warn(message, stacklevel=3)
+
+
+def check_cadence(log_every: object, clock_sync_every: object, clock_sync_rounds: object) -> None:
+    """``instrument()``'s cadence arguments, as every framework integration takes them."""
+    for label, number in (("log_every", log_every), ("clock_sync_every", clock_sync_every),
+                          ("clock_sync_rounds", clock_sync_rounds)):
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            raise ValueError(f"{label} must be a non-negative int, got {number!r}")
+    if log_every == 0 or clock_sync_rounds == 0:
+        raise ValueError("log_every and clock_sync_rounds must be at least 1")
 
 
 def announce_model(
@@ -69,7 +79,7 @@ class Integration:
             self._unhook()
 
     def close(self) -> None:
-        """Complete the last live windows (collective), then remove the hooks."""
+        """Complete the last log intervals (collective), then remove the hooks."""
         if self._closed:
             return
         try:
@@ -80,7 +90,7 @@ class Integration:
             self._unhook()
 
     def _before_close(self) -> None:
-        """What must happen before the last live window closes (subclasses)."""
+        """What must happen before the last log interval closes (subclasses)."""
 
     def _unhook(self) -> None:
         if self._closed:

@@ -19,7 +19,7 @@ Contract:
 - :func:`measure_clock_offset` (collective) measures this process's monotonic-clock offset to
   process 0 by ping-pong (``goodtrace.record.clocksync``) through the ``jax.distributed`` key-value
   store, between two global barriers (``reference = local + offset_ns``, error <= rtt/2).
-- :class:`JaxTransport` carries ``goodtrace.record.live.aggregator`` windows: one all-gather per log step, built
+- :class:`JaxTransport` carries ``goodtrace.record.live.aggregator`` log intervals: one all-gather per log step, built
   from ``jax.experimental.multihost_utils``, dispatched asynchronously, read when done.
 
 :func:`instrument` sets all of this up for the active recorder. Importing this module imports
@@ -40,7 +40,7 @@ import numpy as np
 
 import goodtrace
 from goodtrace import schema
-from goodtrace.integrations._common import Disabled, Integration, announce_model
+from goodtrace.integrations._common import Disabled, Integration, announce_model, check_cadence
 from goodtrace.integrations._common import warn as _warn
 from goodtrace.record.clocksync import OffsetSample, measure_offset
 from goodtrace.record.recorder import Recorder
@@ -255,7 +255,8 @@ class JaxIntegration(Integration):
         if live:
             self.aggregator = LiveAggregator(
                 recorder, transport, log_every=log_every, tokens_per_step=tokens_per_step,
-                flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
+                flops_per_step=flops_per_step, peak_flops=peak_flops, devices=jax.local_device_count(),
+                printer=printer,
             )
         self._listen(recorder.finish_listeners, self._on_finish)
         self._listen(recorder.step_listeners, self._on_step_end, first=True)
@@ -307,17 +308,13 @@ def instrument(
     Installs the compile listeners; with ``jax.distributed`` initialised, measures the clock
     offset to process 0 now and every ``clock_sync_every`` steps (0: only now); with ``live``,
     reduces metrics across processes every ``log_every`` steps (``goodtrace.record.live.aggregator``; process 0
-    prints one line per log step through ``printer``, default stdout). Rank and world size
+    prints one line per log step through ``printer``, default stdout). ``peak_flops`` is the
+    peak FLOP/s of one device (the live MFU counts every device of this process). Rank and world size
     were already taken from ``jax.distributed`` by ``init``. ``finish()`` closes it.
     """
     import goodtrace
 
-    for label, number in (("log_every", log_every), ("clock_sync_every", clock_sync_every),
-                          ("clock_sync_rounds", clock_sync_rounds)):
-        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-            raise ValueError(f"{label} must be a non-negative int, got {number!r}")
-    if log_every < 1 or clock_sync_rounds < 1:
-        raise ValueError("log_every and clock_sync_rounds must be at least 1")
+    check_cadence(log_every, clock_sync_every, clock_sync_rounds)
     install()
     rec = goodtrace.recorder()
     if not isinstance(rec, Recorder):

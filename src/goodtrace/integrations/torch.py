@@ -46,7 +46,7 @@ import torch
 
 from goodtrace import schema
 from goodtrace.accelerators import peak_flops_for_device
-from goodtrace.integrations._common import Disabled, Integration, announce_model
+from goodtrace.integrations._common import Disabled, Integration, announce_model, check_cadence
 from goodtrace.integrations._common import warn as _warn
 from goodtrace.integrations.torch_collectives import GlooTransport, _ClockRounds, sync_clocks
 from goodtrace.record.clocksync import (
@@ -346,7 +346,7 @@ class TorchIntegration(Integration):
     # -------------------------------------------------------------- lifecycle
     def _before_close(self) -> None:
         """Let requested clock rounds finish (bounded); resolve outstanding CUDA events before
-        the last live window."""
+        the last interval."""
         if self._clock_sync is not None:
             self._clock_sync.close(timeout=min(30.0, self._group_timeout_s))
         if self.cuda_timer is not None:
@@ -399,8 +399,8 @@ def instrument(
     * ``log_every`` (10): a live line every that many steps, gathered across ranks;
     * ``tokens_per_step`` / ``flops_per_step``: this rank's tokens and model FLOPs per
       optimizer step (see :func:`measure_flops`), for tokens/s, TFLOP/s and MFU;
-    * ``peak_flops``: this rank's device peak FLOP/s (default: a table of known accelerators;
-      none on CPU, so no MFU);
+    * ``peak_flops``: the peak FLOP/s of one device, the device this rank drives (default: a
+      table of known accelerators; none on CPU, so no MFU);
     * ``live`` (True): print rank 0's live line; False keeps the aggregation for the sinks only;
     * ``cuda_events`` (True): time each step on the device with CUDA events (device/busy_s,
       device/idle_s);
@@ -412,16 +412,11 @@ def instrument(
     * ``group_timeout_s`` (120): timeout of the gloo group the live gather and clock
       measurement use.
 
-    ``finish()`` completes the live windows and removes the hooks.
+    ``finish()`` completes the log intervals and removes the hooks.
     """
     import goodtrace
 
-    for label, number in (("log_every", log_every), ("clock_sync_every", clock_sync_every),
-                          ("clock_sync_rounds", clock_sync_rounds)):
-        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-            raise ValueError(f"{label} must be a non-negative int, got {number!r}")
-    if log_every < 1 or clock_sync_rounds < 1:
-        raise ValueError("log_every and clock_sync_rounds must be at least 1")
+    check_cadence(log_every, clock_sync_every, clock_sync_rounds)
     for label, value in (("tokens_per_step", tokens_per_step), ("flops_per_step", flops_per_step),
                          ("peak_flops", peak_flops)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0):

@@ -24,31 +24,19 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from contextlib import ExitStack
 from typing import Any
 
 import goodtrace as gt
-from goodtrace import schema
+from goodtrace.record.start_end_spans import STEP_SPAN, TEARDOWN_SPAN, OpenSpans, category_of, edge_of
 
 __all__ = ["GoodtraceHandler", "register_handler"]
 
-CATEGORIES = {
-    "fwd_bwd": schema.COMPUTE,
-    "optim": schema.COMPUTE,
-    "fetching_batch": schema.DATA,
-    "post_dataloading_process": schema.DATA,
-    "collect_dist_metrics": schema.LOG,
-    "gc_collect": schema.GC,
-    "checkpoint_save": schema.CHECKPOINT_SAVE,
-    "checkpoint_load": schema.CHECKPOINT_RESTORE,
-    "eval": schema.EVAL,
-    "model_parallelism_init": schema.INIT,
-    "torch_distributed_init": schema.INIT,
-    "kineto_profiler_step_call": schema.PROFILE,
-    "memory_profiler_step_call": schema.PROFILE,
-}
-STEP_SPAN = "step"
-TEARDOWN_SPAN = "torch_distributed_teardown"
 _FRAMES = 24  # how far up the stack the trainer's train_step is looked for
+
+
+class _SpanRaised(Exception):
+    """Raised inside a span torchtitan marked ``_error``, so that it ends as raised."""
 
 
 def register_handler(*, structured_logger: logging.Logger, rank: int, source: str, output_dir: str,
@@ -68,8 +56,9 @@ class GoodtraceHandler(logging.Handler):
     def __init__(self, *, finish_at_teardown: bool = False) -> None:
         super().__init__(level=logging.INFO)
         self.finish_at_teardown = finish_at_teardown
-        self._step: Any = None
-        self._spans: dict[str | None, list[tuple[str, Any, bool]]] = {}  # per asyncio task
+        self._step: Any = None  # the open step (None between steps)
+        self._step_scope = ExitStack()
+        self._spans: OpenSpans[ExitStack] = OpenSpans()  # each open span in a scope of its own
         self._tagged: set[tuple[int, str]] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -84,23 +73,20 @@ class GoodtraceHandler(logging.Handler):
         name = str(getattr(record, "log_type_name", "") or "")
         kind = getattr(record, "log_type", None)
         step = getattr(record, "step", None)
+        task = getattr(record, "task_name", None)
         self._tags(step)
-        if kind == "event" and name.endswith("_start"):
-            base = name[: -len("_start")]
-            if base == STEP_SPAN and isinstance(step, int):
-                self._step = gt.step(step).__enter__()
+        edge = edge_of(kind, name)
+        if edge is not None and edge.edge == "start":
+            if edge.name == STEP_SPAN and isinstance(step, int):
+                self._step = self._step_scope.enter_context(gt.step(step))
                 return
-            span = gt.span(base, CATEGORIES.get(base) or schema.category_for_name(base)).__enter__()
-            self._spans.setdefault(getattr(record, "task_name", None), []).append((base, span, False))
-        elif kind == "event" and name.endswith("_error"):
-            stack = self._spans.get(getattr(record, "task_name", None), [])
-            base = name[: -len("_error")]
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i][0] == base:
-                    stack[i] = (base, stack[i][1], True)
-                    break
-        elif kind == "event" and name.endswith("_end"):
-            self._end(name[: -len("_end")], getattr(record, "task_name", None))
+            scope = ExitStack()
+            scope.enter_context(gt.span(edge.name, category_of(edge.name)))
+            self._spans.start(task, edge.name, scope)
+        elif edge is not None and edge.edge == "error":
+            self._spans.raised(task, edge.name)
+        elif edge is not None:
+            self._end(edge.name, task)
         elif name == "metric_value":
             value = getattr(record, "value", None)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -112,18 +98,21 @@ class GoodtraceHandler(logging.Handler):
     def _end(self, base: str, task: str | None) -> None:
         if base == STEP_SPAN:
             if self._step is not None:
-                step, self._step = self._step, None
-                step.__exit__(None, None, None)
+                self._step = None
+                self._step_scope.close()
             return
-        stack = self._spans.get(task, [])
-        index = next((i for i in range(len(stack) - 1, -1, -1) if stack[i][0] == base), None)
-        if index is None:
+        ended = self._spans.end(task, base)
+        if ended is None:
             return
-        _, span, raised = stack.pop(index)
+        scope, raised = ended
         if raised:
-            span.__exit__(RuntimeError, None, None)
+            try:
+                with scope:
+                    raise _SpanRaised(base)
+            except _SpanRaised:
+                pass
         else:
-            span.__exit__(None, None, None)
+            scope.close()
         if base == "optim" and self._step is not None:
             marker = _trainer_value("model_parts")
             parameter = _first_parameter(marker)

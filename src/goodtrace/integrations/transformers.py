@@ -15,8 +15,8 @@
 
 goodtrace's own figures (the latest live line: step time and its overhead split, goodput,
 throughput, MFU; ``goodtrace/...`` as the sinks name them, and ``goodtrace/step``, the last
-step of the line's window: a window's line is ready ``lag`` steps after it, so a logging step
-carries the previous window's figures) go into the Trainer's training logs in ``on_log``, so its ``log_history`` and its reporting integrations (``report_to``: TensorBoard,
+step of the line's log interval: a log interval's line is ready ``lag`` steps after it, so a logging step
+carries the previous log interval's figures) go into the Trainer's training logs in ``on_log``, so its ``log_history`` and its reporting integrations (``report_to``: TensorBoard,
 W&B, MLflow, ...) get them; the Trainer's own values are not logged a second time
 (``report_figures=False`` turns this off). For that the callback runs its ``on_log`` before
 the reporting integrations' (it moves itself ahead of them in the Trainer's callback list).
@@ -143,7 +143,7 @@ class GoodtraceCallback(TrainerRecording, TrainerCallback):
             self._line = None
             figures = {k: v for k, v in line_scalars(line).items()
                        if not k.startswith(f"{PREFIX}/metric/")}  # the Trainer's own values: not again
-            figures[f"{PREFIX}/step"] = float(line.step)  # the last step of the line's window
+            figures[f"{PREFIX}/step"] = float(line.step)  # the last step of the line's log interval
             logs.update(figures)  # the reporting integrations after this callback read these
             last = state.log_history[-1] if state.log_history else None
             if isinstance(last, dict) and all(last.get(k) == v for k, v in own):

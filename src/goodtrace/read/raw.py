@@ -1,9 +1,9 @@
 """Raw records of chosen sessions, for the timelines: spans, tags, events and metrics.
 
 The run model (:mod:`goodtrace.analysis`) says which sessions a view shows and which part of
-each (a window of its own clock, or all of it); :func:`session_records` then has DuckDB read
-just those sessions' files (or their rows of the Parquet copy), keep the records inside the
-windows, and hand them over one session at a time, sorted by time, as plain tuples. Memory
+each (a range of its own clock, or all of it); :func:`session_records` then has DuckDB read
+just those sessions' files (or their rows of the Parquet copy), keep the records inside those
+ranges, and hand them over one session at a time, sorted by time, as plain tuples. Memory
 holds one batch of sessions' kept records; a 20-step slice of 10,000 ranks is a small read.
 """
 
@@ -20,10 +20,10 @@ from goodtrace.read import duckdb_sql
 from goodtrace.read.loaded import LoadedRun, Progress
 from goodtrace.read.validate import json_object
 
-__all__ = ["RawRecord", "Window", "session_records"]
+__all__ = ["ClockRange", "RawRecord", "session_records"]
 
 # (t0, t1) of a session's own clock; None: all of it
-Window = tuple[int, int] | None
+ClockRange = tuple[int, int] | None
 
 _BATCH_FILES = 64
 _PARQUET_SHARE = 8  # compacted sessions read per query for each JSON file
@@ -54,28 +54,28 @@ def _attrs(text: object) -> dict[str, Any] | None:
     return json_object(text, 65536)
 
 
-def _bounds(window: Window) -> tuple[int, int]:
-    return window if window is not None else (-(2**62), 2**62)
+def _bounds(clock_range: ClockRange) -> tuple[int, int]:
+    return clock_range if clock_range is not None else (-(2**62), 2**62)
 
 
 def session_records(
     run: LoadedRun,
-    windows: Mapping[int, Window],
+    clock_ranges: Mapping[int, ClockRange],
     *,
     steps: tuple[int | None, int | None] | None = None,
     progress: Progress | None = None,
 ) -> Iterator[tuple[int, list[RawRecord]]]:
-    """``(session index, its records)`` for each session of ``windows``, in index order: spans
-    that touch its window, and tags, events and metrics whose step is in ``steps`` (inclusive;
-    None: any) or, without a step, whose time is inside the window; device metrics always."""
-    wanted = sorted(windows)
+    """``(session index, its records)`` for each session of ``clock_ranges``, in index order: spans
+    that touch its range, and tags, events and metrics whose step is in ``steps`` (inclusive;
+    None: any) or, without a step, whose time is inside the range; device metrics always."""
+    wanted = sorted(clock_ranges)
     if not wanted:
         return
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-raw-")
     try:
         con = duckdb_sql.connect(tmpdir)
         try:
-            yield from _stream(con, run, wanted, windows, steps, progress)
+            yield from _stream(con, run, wanted, clock_ranges, steps, progress)
         finally:
             con.close()
     finally:
@@ -83,11 +83,11 @@ def session_records(
 
 
 def _stream(
-    con: Any, run: LoadedRun, wanted: list[int], windows: Mapping[int, Window],
+    con: Any, run: LoadedRun, wanted: list[int], clock_ranges: Mapping[int, ClockRange],
     steps: tuple[int | None, int | None] | None, progress: Progress | None,
 ) -> Iterator[tuple[int, list[RawRecord]]]:
     con.execute("CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)")
-    con.execute("CREATE TEMP TABLE wins (sid INTEGER, w0 BIGINT, w1 BIGINT)")
+    con.execute("CREATE TEMP TABLE clock_ranges (sid INTEGER, w0 BIGINT, w1 BIGINT)")
     con.execute("CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)")
     if run.parquet_path is not None and run.parquet_fids:
         con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(run.parquet_path)})")
@@ -118,17 +118,17 @@ def _stream(
         size += files
     done = 0
     for batch in batches:
-        con.execute("DELETE FROM wins")
+        con.execute("DELETE FROM clock_ranges")
         con.execute("DELETE FROM files_batch")
         con.execute("DELETE FROM fidmap")
-        duckdb_sql.insert_rows(con, "wins", [(sid, *_bounds(windows[sid])) for sid in batch])
+        duckdb_sql.insert_rows(con, "clock_ranges", [(sid, *_bounds(clock_ranges[sid])) for sid in batch])
         parts = []
         paths = [(p, sid) for sid in batch for p in run.files.get(sid, ())]
         if paths:
             duckdb_sql.insert_rows(con, "files_batch", paths)
             parts.append(
                 f"SELECT f.sid, {columns} FROM {duckdb_sql.read_json_sql([p for p, _ in paths])} r "
-                "JOIN files_batch f ON r.filename = f.path JOIN wins w ON w.sid = f.sid "
+                "JOIN files_batch f ON r.filename = f.path JOIN clock_ranges w ON w.sid = f.sid "
                 f"WHERE ({where}) AND {duckdb_sql.VALID_JSON}"
             )
         fids = [(fid, sid) for sid in batch for fid in run.parquet_fids.get(sid, ())]
@@ -137,7 +137,7 @@ def _stream(
             fid_list = ", ".join(str(f) for f, _ in fids)
             parts.append(
                 f"SELECT m.sid, {columns} FROM parquet_records r JOIN fidmap m ON r.fid = m.fid "
-                f"JOIN wins w ON w.sid = m.sid WHERE r.fid IN ({fid_list}) AND ({where}) AND r.bad IS NULL"
+                f"JOIN clock_ranges w ON w.sid = m.sid WHERE r.fid IN ({fid_list}) AND ({where}) AND r.bad IS NULL"
             )
         if not parts:
             for sid in batch:
@@ -166,7 +166,7 @@ def _stream(
         if current is not None:
             seen.add(current)
             yield current, records
-        for sid in batch:  # a session with nothing in its window still has its steps to show
+        for sid in batch:  # a session with nothing in its range still has its steps to show
             if sid not in seen:
                 yield sid, []
         done += len(batch)

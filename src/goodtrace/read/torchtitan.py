@@ -25,30 +25,14 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.read.mirror import mirror_cache_dir
+from goodtrace.record.start_end_spans import STEP_SPAN, TEARDOWN_SPAN, OpenSpans, category_of, edge_of
 
 __all__ = ["CAVEAT", "converted_run", "is_torchtitan_logs", "log_files"]
 
 CONVERTER_VERSION = 1
 STATE_FILE = "TORCHTITAN.json"
 FILE_NAME = re.compile(r"^(?P<source>.+)\.global_rank_(?P<rank>\d+)\.(?P<stamp>[^.]+)\.jsonl$")
-STEP_SPAN = "step"
-TEARDOWN_SPAN = "torch_distributed_teardown"  # train.py's last span: the process ended normally
 METRIC_RECORD = "metric_value"
-SPAN_CATEGORIES = {
-    "fwd_bwd": schema.COMPUTE,
-    "optim": schema.COMPUTE,
-    "fetching_batch": schema.DATA,
-    "post_dataloading_process": schema.DATA,
-    "collect_dist_metrics": schema.LOG,
-    "gc_collect": schema.GC,
-    "checkpoint_save": schema.CHECKPOINT_SAVE,
-    "checkpoint_load": schema.CHECKPOINT_RESTORE,
-    "eval": schema.EVAL,
-    "model_parallelism_init": schema.INIT,
-    "torch_distributed_init": schema.INIT,
-    "kineto_profiler_step_call": schema.PROFILE,
-    "memory_profiler_step_call": schema.PROFILE,
-}
 CAVEAT = (
     "read from torchtitan's structured logs: every time in them is the host's (torchtitan times its spans on "
     "the host and stamps each record with time.time()), and a step is its `step` span, so under asynchronous "
@@ -151,7 +135,7 @@ class _Session:
         yield {schema.F_KIND: schema.HEARTBEAT, schema.F_WALL: end, schema.F_MONO: end, schema.F_DROPPED: 0}
 
     def _body(self) -> Iterator[dict[str, Any]]:
-        open_spans: dict[str | None, list[tuple[str, int, bool]]] = {}  # per task: (name, t0, raised)
+        open_spans: OpenSpans[int] = OpenSpans()  # per task: each open span's t0
         tags: set[tuple[int, str]] = set()
         seq = 0
         for line in self.lines:
@@ -162,28 +146,24 @@ class _Session:
                 if step is not None and (step, str(tag)) not in tags:
                     tags.add((step, str(tag)))
                     yield {schema.F_KIND: schema.TAG, schema.F_STEP: step, schema.F_NAME: str(tag), schema.F_T: t}
-            stack = open_spans.setdefault(line.get("task_name"), [])
-            if line.get("log_type") == "event" and name.endswith("_start"):
-                stack.append((name[:-len("_start")], t, False))
-            elif line.get("log_type") == "event" and name.endswith("_error"):
-                base = name[:-len("_error")]
-                for i in range(len(stack) - 1, -1, -1):
-                    if stack[i][0] == base:
-                        stack[i] = (base, stack[i][1], True)
-                        break
-            elif line.get("log_type") == "event" and name.endswith("_end"):
-                base = name[:-len("_end")]
-                index = next((i for i in range(len(stack) - 1, -1, -1) if stack[i][0] == base), None)
-                if index is None:
+            task = line.get("task_name")
+            edge = edge_of(line.get("log_type"), name)
+            if edge is not None and edge.edge == "start":
+                open_spans.start(task, edge.name, t)
+            elif edge is not None and edge.edge == "error":
+                open_spans.raised(task, edge.name)
+            elif edge is not None:
+                base = edge.name
+                ended = open_spans.end(task, base)
+                if ended is None:
                     continue  # its start is not in the file (a torn or rotated log): nothing to time
-                _, t0, raised = stack.pop(index)
+                t0, raised = ended
                 if base == STEP_SPAN and step is not None:
                     yield {schema.F_KIND: schema.STEP, schema.F_STEP: step, schema.F_T0: t0, schema.F_T1: t,
                            schema.F_SEQ: seq}
                     seq += 1
                     continue
-                category = SPAN_CATEGORIES.get(base) or schema.category_for_name(base)
-                yield {schema.F_KIND: schema.SPAN, schema.F_NAME: base, schema.F_CATEGORY: category,
+                yield {schema.F_KIND: schema.SPAN, schema.F_NAME: base, schema.F_CATEGORY: category_of(base),
                        schema.F_T0: t0, schema.F_T1: max(t0, t), schema.F_STEP: step,
                        schema.F_THREAD: line.get("tid"), schema.F_ERROR: raised, schema.F_ATTRS: None}
                 if base == TEARDOWN_SPAN:

@@ -61,7 +61,7 @@ def init(
     Other keyword options are :class:`Config` fields (e.g. ``lag=2``, ``flush_interval_s=5``).
     ``sinks`` (names such as ``"tensorboard:runs/tb"`` or sink objects; default: the
     comma-separated ``GOODTRACE_SINKS``) receive the live lines and the run's summary
-    (``goodtrace.record.live.sinks``); an unknown name is a :class:`ConfigError`.
+    (``goodtrace.record.live.sink_hub``); an unknown name is a :class:`ConfigError`.
     """
     resolved = _resolve_sinks(sinks)
     if config is None:
@@ -87,7 +87,7 @@ def init(
         _install_sigterm_handler(rec)
         _install_exception_hooks(rec)
         if resolved:
-            from goodtrace.record.live.sinks import attach_sinks
+            from goodtrace.record.live.sink_hub import attach_sinks
 
             try:
                 attach_sinks(rec, resolved)
@@ -109,14 +109,14 @@ def _resolve_sinks(sinks: Sequence[Any] | None) -> list[Any]:
         text = os.environ.get("GOODTRACE_SINKS", "")
         if not text.strip():
             return []
-        from goodtrace.record.live.sinks import parse_specs
+        from goodtrace.record.live.sink_hub import parse_specs
 
         sinks = parse_specs(text)
     if isinstance(sinks, (str, bytes)):
         raise ConfigError(f"sinks must be a list of sink names or objects, got the string {sinks!r}")
     if not sinks:
         return []
-    from goodtrace.record.live.sinks import resolve
+    from goodtrace.record.live.sink_hub import resolve
 
     return [resolve(sink) for sink in sinks]
 

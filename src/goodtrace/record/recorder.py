@@ -126,7 +126,7 @@ class Recorder:
         # Called after the files are closed (sinks read the finished run back for a summary).
         self.after_finish_listeners: list[Callable[[bool | None, str], None]] = []
         self.live_aggregator: Any = None  # the LiveAggregator attached to this recorder, if any
-        self.sink_hub: Any = None  # goodtrace.record.live.sinks.SinkHub, when gt.init was given sinks
+        self.sink_hub: Any = None  # goodtrace.record.live.sink_hub.SinkHub, when gt.init was given sinks
         self.clock_offset_ns: int | None = None  # reference (rank 0) clock - this clock, when measured
         real_clock = clock is time.perf_counter_ns
         proc_start, proc_source = process_start_mono_ns() if real_clock else (clock(), "clock")

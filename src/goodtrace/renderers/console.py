@@ -8,7 +8,10 @@ goodput (MFU) when FLOPs are known, and warnings. ``rich`` is imported here only
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import io
+import os
 from typing import Any
 
 from rich.console import Console
@@ -19,6 +22,8 @@ from rich.text import Text
 from goodtrace.analysis import Partition, RunAnalysis
 from goodtrace.analysis.over_time import iso
 from goodtrace.analysis.steps import seconds_text
+from goodtrace.read.loaded import LoadedRun
+from goodtrace.renderers import write_text
 from goodtrace.renderers.text import printable
 
 BUCKET_LABELS = {
@@ -219,7 +224,7 @@ def _steps(console: Console, analysis: RunAnalysis, top: int) -> None:
         highlight=False,
     )
     if s.shared_steps or s.host_timed_steps or s.repeated_steps or s.decreasing_steps:
-        console.print(f"[dim]{s.shared_steps} step(s) are window averages (sparse completion), "
+        console.print(f"[dim]{s.shared_steps} step(s) are interval averages (sparse completion), "
                       f"{s.host_timed_steps} host-timed, {s.repeated_steps} repeated, "
                       f"{s.decreasing_steps} going back[/dim]")
     table = Table(title=f"Slowest steps (top {top})", title_justify="left", show_edge=False)
@@ -288,5 +293,26 @@ def _program(console: Console, analysis: RunAnalysis) -> None:
         parts.append(f"program goodput (MFU) {_pct(g.mfu)} on {g.devices} device(s)")
         parts.append(f"ML productivity goodput {_pct(g.ml_productivity_goodput)}")
     else:
-        parts.append("MFU: pass --flops-per-step and --accelerator or --peak-tflops")
+        missing = [] if g.flops_per_step is not None else ["--flops-per-step"]
+        if g.peak_flops_per_device is None:
+            missing.append("--accelerator or --peak-tflops")
+        parts.append(f"MFU: pass {' and '.join(missing)}" if missing else "MFU: unknown")
     console.print("[bold]Goodput product[/bold]: " + "; ".join(parts), highlight=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsoleRenderer:
+    """``ConsoleRenderer(top=10, width=120).render(analysis, run)``: the console report as plain
+    text (no colour codes), the renderer-object form of :func:`render_console`."""
+
+    top: int = 10
+    width: int = 120
+
+    def render(self, analysis: RunAnalysis, run: LoadedRun | None = None) -> str:
+        out = io.StringIO()
+        render_console(analysis, Console(file=out, width=self.width, highlight=False, color_system=None),
+                       top=self.top)
+        return out.getvalue()
+
+    def write(self, analysis: RunAnalysis, run: LoadedRun | None, path: str | os.PathLike[str]) -> None:
+        write_text(path, self.render(analysis, run))

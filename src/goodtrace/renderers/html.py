@@ -9,7 +9,7 @@ chart of every rank's spans for a step range, drawn with the Apache ECharts buil
 
 Everything drawn comes from the run model: the step chart is the analysis's step table, the
 heat map every rank's step executions as the analysis cut them, the gantt chart the spans of
-the chosen steps' intervals, read from the rank files for those windows only (DuckDB). Memory
+the chosen steps' intervals, read from the rank files for those intervals only (DuckDB). Memory
 holds the heat map (ranks x at most 240 columns) and the gantt range's spans.
 
 Safety: run text (span names, tags, attributes, hosts) reaches the page only as JSON inside a
@@ -27,15 +27,15 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
 from goodtrace.analysis import RunAnalysis
 from goodtrace.analysis.over_time import iso
 from goodtrace.analysis.selection import StepRange
-from goodtrace.read.loaded import LoadedRun
+from goodtrace.read.loaded import LoadedRun, Progress
 from goodtrace.read.raw import session_records
+from goodtrace.renderers import write_text
 from goodtrace.renderers.html_charts import Gantt, Heatmap, choose_gantt_range, rounded
 from goodtrace.renderers.json_report import finite
 
@@ -183,7 +183,7 @@ def _over_time(analysis: RunAnalysis) -> dict[str, Any] | None:
 
 def report_data(
     analysis: RunAnalysis, run: LoadedRun, *, gantt_steps: StepRange | None = None,
-    gantt_attempt: int | None = None, progress: Callable[[str, int, int], None] | None = None,
+    gantt_attempt: int | None = None, progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Everything the page draws, as one JSON-ready dict (also what the golden tests compare)."""
     chosen = choose_gantt_range(analysis, gantt_steps, gantt_attempt)
@@ -210,7 +210,7 @@ def _script_hash(source: str) -> str:
 
 def render_html(
     analysis: RunAnalysis, run: LoadedRun, *, gantt_steps: StepRange | None = None,
-    gantt_attempt: int | None = None, progress: Callable[[str, int, int], None] | None = None,
+    gantt_attempt: int | None = None, progress: Progress | None = None,
 ) -> str:
     """The report page: one self-contained HTML string (no network requests when opened)."""
     return html_page(report_data(analysis, run, gantt_steps=gantt_steps, gantt_attempt=gantt_attempt,
@@ -254,4 +254,7 @@ class HtmlRenderer:
 
     def render(self, analysis: RunAnalysis, run: LoadedRun) -> str:
         return render_html(analysis, run, gantt_steps=self.gantt_steps, gantt_attempt=self.gantt_attempt)
+
+    def write(self, analysis: RunAnalysis, run: LoadedRun, path: str | os.PathLike[str]) -> None:
+        write_text(path, self.render(analysis, run))
 

@@ -2,7 +2,7 @@
 
 Both draw from the run model: the heat map's cells are every rank's step executions as the
 analysis cut them (step time and outermost compute time per execution), the gantt chart's
-rows are every rank's spans inside the chosen steps' intervals, read for those windows only.
+rows are every rank's spans inside the chosen steps' intervals, read for those intervals only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.analysis import RunAnalysis
-from goodtrace.analysis.intervals import session_windows
+from goodtrace.analysis.intervals import session_intervals
 from goodtrace.analysis.selection import StepRange
 from goodtrace.read.raw import RawRecord
 
@@ -31,17 +31,17 @@ def rounded(value: float, digits: int = 3) -> float:
 
 def _execution_columns(analysis: RunAnalysis, session: int) -> tuple[Any, ...]:
     """Each completed execution of a session, as columns: attempt, step, k (the k-th run of that
-    step in the session), step time ns (the analysis's :meth:`SessionSteps.step_ns`, in whole
+    step in the session), step time ns (the analysis's :meth:`SessionCut.step_ns`, in whole
     ns) and outermost compute ns."""
     import numpy as np
 
     cut = analysis.cuts[session]
     steps = np.frombuffer(cut.exec_step, dtype=np.int64)
     k = cut.repeat_index()  # the k-th run of its step in the session
-    window = np.frombuffer(cut.exec_window, dtype=np.int64)
-    done = window >= 0
-    # whole nanoseconds: the floor of the analysis's step time is exact (a window under 2**53 ns)
-    step_ns = np.floor(cut.step_ns()[window[done]])
+    interval = np.frombuffer(cut.exec_interval, dtype=np.int64)
+    done = interval >= 0
+    # whole nanoseconds: the floor of the analysis's step time is exact (an interval under 2**53 ns)
+    step_ns = np.floor(cut.step_ns()[interval[done]])
     attempt = np.full(int(done.sum()), analysis.attempt_of.get(session, -1), dtype=np.int64)
     return attempt, steps[done], k[done], step_ns, np.frombuffer(cut.exec_compute, dtype=np.int64)[done]
 
@@ -124,7 +124,7 @@ def choose_gantt_range(
     for i, cut in analysis.cuts.items():
         attempt = analysis.attempt_of.get(i, -1)
         executed.setdefault(attempt, set()).update(
-            cut.exec_step[e] for e in range(len(cut.exec_step)) if cut.exec_window[e] >= 0
+            cut.exec_step[e] for e in range(len(cut.exec_step)) if cut.exec_interval[e] >= 0
         )
     executed = {a: s for a, s in executed.items() if s}
     if not executed:
@@ -173,7 +173,7 @@ class Gantt:
         self.analysis = analysis
         self.chosen = chosen
         self.rows: dict[int, _GanttRow] = {}
-        self.windows: dict[int, tuple[int, int]] = {}
+        self.clock_ranges: dict[int, tuple[int, int]] = {}
         self.order: list[int] = []
         self._strings: dict[str, str] = {}
         if chosen is None:
@@ -182,9 +182,9 @@ class Gantt:
         for i in analysis.cuts:
             if analysis.attempt_of.get(i) != attempt:
                 continue
-            intervals = session_windows(analysis, i, (first, last))
+            intervals = session_intervals(analysis, i, (first, last))
             if intervals:
-                self.windows[i] = (intervals[0].start, intervals[-1].end)
+                self.clock_ranges[i] = (intervals[0].start, intervals[-1].end)
                 self.rows[i] = _GanttRow(i, [(iv.start, iv.step) for iv in intervals], [])
         # rows in rank order; the rows past MAX_GANTT_ITEMS are not read at all once known
         self.order = sorted(self.rows, key=lambda i: analysis.sessions[i].rank)
@@ -193,7 +193,7 @@ class Gantt:
         row = self.rows.get(session)
         if row is None:
             return
-        w0, w1 = self.windows[session]
+        w0, w1 = self.clock_ranges[session]
         intern = self._strings.setdefault
         for r in records:
             if r.kind != schema.SPAN or r.t0 is None or r.t1 is None or not (r.t1 > w0 and r.t0 < w1):
@@ -207,7 +207,7 @@ class Gantt:
         attempt, first, last = self.chosen
         analysis = self.analysis
         to_wall = analysis.to_wall
-        origin = min(to_wall(i, self.windows[i][0]) for i in self.order)
+        origin = min(to_wall(i, self.clock_ranges[i][0]) for i in self.order)
         names: dict[str, int] = {}
         categories: dict[str, int] = {}
         items: list[list[float | int]] = []
@@ -241,5 +241,5 @@ class Gantt:
                 "categories": list(categories), "items": items, "marks": marks, "truncated": truncated}
 
     def wanted(self) -> Mapping[int, tuple[int, int] | None]:
-        """The sessions and windows whose spans the chart needs (the rows that fit)."""
-        return {i: self.windows[i] for i in self.order}
+        """The sessions and intervals whose spans the chart needs (the rows that fit)."""
+        return {i: self.clock_ranges[i] for i in self.order}

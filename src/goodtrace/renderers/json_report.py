@@ -6,11 +6,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 from typing import Any
 
 from goodtrace.analysis import RunAnalysis
+from goodtrace.read.loaded import LoadedRun
+from goodtrace.renderers import write_text
 
 
 def report_object(analysis: RunAnalysis, *, include_steps: bool = True) -> dict[str, Any]:
@@ -35,3 +39,18 @@ def render_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: in
         return json.dumps(report, indent=indent, allow_nan=False)
     except ValueError:  # a non-finite float somewhere: written as null
         return json.dumps(finite(report), indent=indent, allow_nan=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class JsonRenderer:
+    """``JsonRenderer(include_steps=False).render(analysis, run)``: the renderer-object form
+    (the JSON draws from the analysis alone; ``run`` is the contract's)."""
+
+    include_steps: bool = True
+    indent: int | None = 2
+
+    def render(self, analysis: RunAnalysis, run: LoadedRun | None = None) -> str:
+        return render_json(analysis, include_steps=self.include_steps, indent=self.indent)
+
+    def write(self, analysis: RunAnalysis, run: LoadedRun | None, path: str | os.PathLike[str]) -> None:
+        write_text(path, self.render(analysis, run))

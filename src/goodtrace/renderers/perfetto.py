@@ -11,7 +11,7 @@ time is in the trace's ``otherData``).
 
 ``run`` is the :class:`goodtrace.read.loaded.LoadedRun` the analysis came from: the raw spans,
 marks and metrics of the selected sessions are read from its files by DuckDB
-(:func:`goodtrace.read.raw.session_records`), only the window a slice covers, one batch of
+(:func:`goodtrace.read.raw.session_records`), only the part of its clock a slice covers, one batch of
 sessions at a time, and their events go straight to the (gzip) file.
 """
 
@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from goodtrace import schema
 from goodtrace.analysis import RunAnalysis
-from goodtrace.analysis.intervals import WindowView, session_windows, slice_window
+from goodtrace.analysis.intervals import IntervalView, session_intervals, slice_clock_range
 from goodtrace.analysis.selection import Selection
 from goodtrace.read.loaded import LoadedRun, Progress
 from goodtrace.read.raw import RawRecord, session_records
@@ -82,7 +82,7 @@ class PerfettoRenderer:
     def _too_big(self, analysis: RunAnalysis, json_bytes: int) -> str:
         sessions = self.sessions(analysis)
         steps = sorted({
-            step for i in sessions for w in session_windows(analysis, i, self.selection.steps) for step in w.steps
+            step for i in sessions for w in session_intervals(analysis, i, self.selection.steps) for step in w.steps
             if self.selection.step_in_range(step)
         })
         fraction = COMFORTABLE_TRACE_BYTES / json_bytes * 0.8
@@ -105,18 +105,18 @@ class PerfettoRenderer:
 
     def _write_to(self, analysis: RunAnalysis, run: LoadedRun, out: IO[str], progress: Progress | None = None) -> TraceSummary:
         selection = self.selection
-        windows: dict[int, tuple[int, int] | None] = {}
+        clock_ranges: dict[int, tuple[int, int] | None] = {}
         for i in self.sessions(analysis):
-            window = slice_window(analysis, i, selection.steps)
-            if window is not None:
-                windows[i] = window if selection.steps is not None else None
+            clock_range = slice_clock_range(analysis, i, selection.steps)
+            if clock_range is not None:
+                clock_ranges[i] = clock_range if selection.steps is not None else None
         to_wall = analysis.to_wall
 
         def start_of(i: int) -> int:
-            window = windows[i]
-            return to_wall(i, window[0] if window is not None else analysis.sessions[i].proc_start)
+            clock_range = clock_ranges[i]
+            return to_wall(i, clock_range[0] if clock_range is not None else analysis.sessions[i].proc_start)
 
-        origin = min((start_of(i) for i in windows), default=0)
+        origin = min((start_of(i) for i in clock_ranges), default=0)
         counts = {"events": 0, "spans": 0, "bytes": 0}
         pending: list[str] = []  # written in chunks: one write per event is slow through gzip
 
@@ -141,9 +141,9 @@ class PerfettoRenderer:
         out.write(head)
         counts["bytes"] += len(head)
         by_rank: dict[int, list[int]] = {}
-        for i in windows:  # in the selection's order: by rank, then start
+        for i in clock_ranges:  # in the selection's order: by rank, then start
             by_rank.setdefault(analysis.sessions[i].rank, []).append(i)
-        multiple_attempts = len({analysis.attempt_of.get(i) for i in windows}) > 1
+        multiple_attempts = len({analysis.attempt_of.get(i) for i in clock_ranges}) > 1
         lanes_of: dict[int, tuple[int, dict[Any, Lane]]] = {}
         next_tid = 1
         for rank, items in by_rank.items():
@@ -173,10 +173,10 @@ class PerfettoRenderer:
                 emit(meta("thread_sort_index", pid, found.tid, {"sort_index": found.sort}))
             return found
 
-        for written, (i, records) in enumerate(session_records(run, windows, steps=selection.steps), 1):
-            self._emit_session(analysis, i, windows[i], records, lane, origin, emit, counts)
+        for written, (i, records) in enumerate(session_records(run, clock_ranges, steps=selection.steps), 1):
+            self._emit_session(analysis, i, clock_ranges[i], records, lane, origin, emit, counts)
             if progress is not None:
-                progress("writing", written, len(windows))
+                progress("writing", written, len(clock_ranges))
         flush()
         out.write("\n]}\n")
         counts["bytes"] += 4
@@ -189,7 +189,7 @@ class PerfettoRenderer:
         self,
         analysis: RunAnalysis,
         i: int,
-        window: tuple[int, int] | None,
+        clock_range: tuple[int, int] | None,
         records: list[RawRecord],
         lane: Callable[[int, Any, str], Lane],
         origin: int,
@@ -207,9 +207,9 @@ class PerfettoRenderer:
             return us(to_wall(i, mono) - origin)
 
         steps_lane = lane(i, "steps", "steps")
-        intervals: list[WindowView] = session_windows(analysis, i, selection.steps)
+        intervals: list[IntervalView] = session_intervals(analysis, i, selection.steps)
         for iv in intervals:
-            label = f"step {iv.step}" if not iv.is_window else f"steps {iv.first_step}-{iv.step}"
+            label = f"step {iv.step}" if not iv.is_shared else f"steps {iv.first_step}-{iv.step}"
             args: dict[str, Any] = {
                 "step": iv.step,
                 "seq": iv.seqs[-1],
@@ -219,14 +219,14 @@ class PerfettoRenderer:
                 "overhead_ms": {k: ms(v) for k, v in sorted(iv.overhead_ns.items())},
                 "sync": iv.how,
             }
-            if iv.is_window:
+            if iv.is_shared:
                 args["first_step"] = iv.first_step
-                args["window"] = "steps without their own sync point share this interval"
+                args["interval"] = "steps without their own sync point share this interval"
             emit(complete(label, "step", pid, steps_lane.tid, ts(iv.start), us(iv.end - iv.start), args))
             for p in iv.pieces:
                 if p.label != "productive":
                     emit(complete(p.label, "overhead", pid, steps_lane.tid, ts(p.start), us(p.length), {"step": iv.step}))
-        if window is None:
+        if clock_range is None:
             for p in cut.startup_pieces():
                 emit(complete(p.part if p.part != "other" else "startup", "startup", pid, steps_lane.tid, ts(p.start),
                               us(p.length), {"attempt": attempt}))
@@ -239,7 +239,7 @@ class PerfettoRenderer:
             emit(instant(text, "lifecycle", pid, lane(i, "main", "main thread").tid, ts(end_t),
                          {"attempt": attempt, "finish_record": info.has_finish}))
         for r in cut.rewinds:  # rollbacks inside the attempt (analysis.rewinds)
-            if window is None or window[0] <= r.t <= window[1]:
+            if clock_range is None or clock_range[0] <= r.t <= clock_range[1]:
                 emit(instant(f"rollback to step {r.to_step}", "rollback", pid, steps_lane.tid, ts(r.t), {
                     "attempt": attempt, "from_step": r.from_step, "to_step": r.to_step, "resume_step": r.resume_step,
                     "redone": r.redone, "skipped": r.skipped, "explicit": r.explicit}))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from goodtrace.record.live.line import LiveLine
 from goodtrace.record.live.scalars import PREFIX, line_scalars
-from goodtrace.record.live.sinks import RANK_CHOICES, RANK_ZERO, SinkError, SinkRun
+from goodtrace.record.live.sink_hub import RANK_CHOICES, RANK_ZERO, SinkError, SinkRun
 
 __all__ = ["PREFIX", "ScalarSink", "line_scalars", "replay", "row_scalars", "summary_values"]
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from goodtrace.record.live.sinks import SinkError, SinkRun
+from goodtrace.record.live.sink_hub import SinkError, SinkRun
 from goodtrace.sinks._base import ScalarSink, rank_suffix
 
 _BATCH = 1000  # MLflow's limit of metrics per log_batch call

@@ -4,9 +4,9 @@ One HTTP endpoint per host by default (local rank 0), bound to 127.0.0.1 unless 
 (``address=``, ``prometheus:ADDRESS:PORT``, or ``GOODTRACE_PROMETHEUS_ADDRESS``), serving the
 latest live line as gauges: step time and its overhead split, goodput (``scope="attempt"`` /
 ``"job"``), the attempt's time so far per bucket, throughput, the cross-rank metric
-aggregates, and per rank of this host its step time and its lateness at the window's last
+aggregates, and per rank of this host its step time and its lateness at the log interval's last
 sync point. Each line replaces the previous one's values: a figure the line does not know
-(no FLOPs: no MFU) is absent, not 0; an overhead category of an earlier window with no time in
+(no FLOPs: no MFU) is absent, not 0; an overhead category of an earlier log interval with no time in
 this one reads 0. A busy port is replaced by the next free one (named in a warning and in
 ``bound_port``). At ``finish()`` the run's summary (goodput, every bucket) is set and, when the
 endpoint has been scraped during the run, it stays up until the next scrape has read the
@@ -24,7 +24,7 @@ from typing import Any
 
 from goodtrace.record.errors import warn
 from goodtrace.record.live.line import LiveLine
-from goodtrace.record.live.sinks import FIRST_ON_HOST, SinkError, SinkRun
+from goodtrace.record.live.sink_hub import FIRST_ON_HOST, SinkError, SinkRun
 from goodtrace.sinks._base import ScalarSink, analyse_run
 
 DEFAULT_PORT = 9464
@@ -37,19 +37,19 @@ Labels = tuple[tuple[str, str], ...]
 # name -> (help, label names)
 GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "goodtrace_step": ("the step of the latest live line", ()),
-    "goodtrace_step_seconds": ("step time (sync point to sync point), mean over the log window", ()),
+    "goodtrace_step_seconds": ("step time (sync point to sync point), mean over the log interval", ()),
     "goodtrace_train_seconds": ("productive part of the step time", ()),
-    "goodtrace_overhead_seconds": ("overhead per step in the log window, by category", ("category",)),
+    "goodtrace_overhead_seconds": ("overhead per step in the interval, by category", ("category",)),
     "goodtrace_goodput_ratio": ("goodput so far: this attempt, or the whole job", ("scope",)),
     "goodtrace_attempt_seconds": ("this attempt's time so far: elapsed, productive, each overhead", ("bucket",)),
-    "goodtrace_tokens_per_second": ("tokens per second over the log window (all ranks)", ()),
-    "goodtrace_tflops_per_second": ("model TFLOP/s over the log window (all ranks)", ()),
-    "goodtrace_mfu_ratio": ("model FLOPs utilisation over the log window", ()),
+    "goodtrace_tokens_per_second": ("tokens per second over the log interval (all ranks)", ()),
+    "goodtrace_tflops_per_second": ("model TFLOP/s over the log interval (all ranks)", ()),
+    "goodtrace_mfu_ratio": ("model FLOPs utilisation over the log interval", ()),
     "goodtrace_metric": ("metrics recorded with gt.metric, across ranks", ("name", "stat")),
     "goodtrace_ranks": ("ranks whose values the latest live line reduced", ()),
-    "goodtrace_slowest_rank": ("the rank latest at the log window's last sync point", ()),
-    "goodtrace_rank_step_seconds": ("each rank's step time over the log window", ("rank",)),
-    "goodtrace_rank_lateness_seconds": ("how late each rank reached the window's last sync point", ("rank",)),
+    "goodtrace_slowest_rank": ("the rank latest at the log interval's last sync point", ()),
+    "goodtrace_rank_step_seconds": ("each rank's step time over the log interval", ("rank",)),
+    "goodtrace_rank_lateness_seconds": ("how late each rank reached the log interval's last sync point", ("rank",)),
     "goodtrace_summary_goodput_ratio": ("the finished run's goodput (goodtrace report)", ()),
     "goodtrace_summary_bucket_seconds": ("the finished run's time per bucket (goodtrace report)", ("bucket",)),
 }
@@ -57,7 +57,7 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 def line_samples(line: LiveLine, categories: set[str]) -> dict[str, dict[Labels, float]]:
     """The gauges' samples for one live line; ``categories``: overhead categories seen so far
-    (updated), which read 0 in a window without them."""
+    (updated), which read 0 in a log interval without them."""
     out: dict[str, dict[Labels, float]] = {name: {} for name in GAUGES}
 
     def put(gauge: str, value: float | None, **labels: str) -> None:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from goodtrace.record.live.sinks import SinkError, SinkRun
+from goodtrace.record.live.sink_hub import SinkError, SinkRun
 from goodtrace.sinks._base import ScalarSink
 
 

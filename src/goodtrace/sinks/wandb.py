@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from goodtrace.record.live.sinks import SinkError, SinkRun
+from goodtrace.record.live.sink_hub import SinkError, SinkRun
 from goodtrace.sinks._base import PREFIX, ScalarSink, rank_suffix
 
 STEP_KEY = f"{PREFIX}/step"

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", metavar="A:B|D",
                         help="interval goodput for seconds A to B from the job start (negative: from "
                              "the end), or the last duration D (e.g. 1h)")
-    parser.add_argument("--rolling", metavar="D", help="goodput over consecutive windows of duration D")
+    parser.add_argument("--rolling", metavar="D", help="goodput over consecutive periods of duration D")
     add_range_arguments(parser)
     parser.add_argument("--every", metavar="D",
                         help="goodput over time per period D, aligned to the UTC clock (default: whole hours)")
@@ -124,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         _write_html(loaded, analysis, args.html, gantt_steps)
     if args.json:
-        from goodtrace.renderers.json_report import render_json
+        from goodtrace.renderers.json_report import JsonRenderer
 
-        print(render_json(analysis, include_steps=not args.no_steps))
+        print(JsonRenderer(include_steps=not args.no_steps).render(analysis, loaded))
         return 0
     from rich.console import Console
 

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     loaded, analysis = load_and_analyse(args.run, job=args.job, **time_range)
     output = args.output or default_output(args.run)
     if time_range:  # the steps whose executions overlap the time range, on every rank
-        steps = analysis.steps.intervals()[0]
+        steps = analysis.steps.intervals().steps
         if not len(steps):
             raise CommandError("no step execution overlaps --since/--until: the trace would be empty")
         selection = dataclasses.replace(selection, steps=(int(steps.min()), int(steps.max())))

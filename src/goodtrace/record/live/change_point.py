@@ -26,8 +26,10 @@ import itertools
 import math
 import statistics
 from collections.abc import Sequence
+from typing import NamedTuple
 
-__all__ = ["MIN_INCREASE", "MIN_SIDE", "change_at", "change_point", "its_own", "judge", "own_slowdown",
+__all__ = ["MIN_INCREASE", "MIN_SIDE", "Levels", "OwnSlowdown", "Verdict", "change_at", "change_point", "its_own",
+           "judge", "own_slowdown",
            "slower_since"]
 
 MIN_SIDE = 10  # executions on each side of a change point: a level held for 10 steps
@@ -78,7 +80,29 @@ def change_point(x: Sequence[float]) -> int | None:
     return best + MIN_SIDE if scores[best] > 0 else None
 
 
-def judge(x: Sequence[float], k: int) -> tuple[float, float] | None:
+class Levels(NamedTuple):
+    """The medians on each side of a change point."""
+
+    before: float
+    after: float
+
+
+class OwnSlowdown(NamedTuple):
+    """One process's slowdown: the first step at the higher level and the two levels."""
+
+    onset_step: int
+    before: float
+    after: float
+
+
+class Verdict(NamedTuple):
+    """Whether a slowdown is a rank's own, and the other ranks' median change (None without others)."""
+
+    own: bool
+    others_median: float | None
+
+
+def judge(x: Sequence[float], k: int) -> Levels | None:
     """(median before, median after) when the split at ``k`` is a sustained, large shift."""
     before, after = x[:k], x[k:]
     low, high = statistics.median(before), statistics.median(after)
@@ -90,10 +114,10 @@ def judge(x: Sequence[float], k: int) -> tuple[float, float] | None:
     midpoint = (low + high) / 2
     if sum(1 for v in after if v > midpoint) < SUSTAINED * len(after):
         return None
-    return float(low), float(high)
+    return Levels(float(low), float(high))
 
 
-def own_slowdown(steps: Sequence[int], x: Sequence[float]) -> tuple[int, float, float] | None:
+def own_slowdown(steps: Sequence[int], x: Sequence[float]) -> OwnSlowdown | None:
     """One process's own slowdown in its times per execution ``x`` (steps alongside, in
     order): (onset step, median before, median after), or None. Without the comparison with
     other ranks (:func:`its_own`)."""
@@ -101,7 +125,7 @@ def own_slowdown(steps: Sequence[int], x: Sequence[float]) -> tuple[int, float, 
     levels = None if k is None else judge(x, k)
     if k is None or levels is None:
         return None
-    return int(steps[k]), levels[0], levels[1]
+    return OwnSlowdown(int(steps[k]), levels.before, levels.after)
 
 
 def change_at(steps: Sequence[int], x: Sequence[float], onset_step: int) -> float | None:
@@ -117,13 +141,13 @@ def change_at(steps: Sequence[int], x: Sequence[float], onset_step: int) -> floa
     return float(statistics.median(x[k:])) / low - 1 if low > 0 else None
 
 
-def its_own(increase: float, others: Sequence[float]) -> tuple[bool, float | None]:
+def its_own(increase: float, others: Sequence[float]) -> Verdict:
     """Whether a rank's ``increase`` is its own against the other ranks' changes at its onset
     (all of them, whatever their own verdict), and their median (None without others)."""
     if not others:
-        return True, None
+        return Verdict(True, None)
     median = float(statistics.median(others))
-    return increase - median >= MIN_INCREASE, median
+    return Verdict(increase - median >= MIN_INCREASE, median)
 
 
 def slower_since(measure: str, increase: float, onset_step: int) -> str:

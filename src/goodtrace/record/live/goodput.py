@@ -49,7 +49,7 @@ class AttemptGoodput:
         self.training_thread: int | None = None
         self._lock = threading.RLock()  # re-entered: a gc pause inside it is a span that comes back here
         self.first_entry: int | None = None
-        self.window_end: int | None = None  # the latest interval's end (a sync point, or an exit)
+        self.last_interval_end: int | None = None  # the latest interval's end (a sync point, or an exit)
         self._has_syncs = False
         self._last_exit: int | None = None
         self._spans: list[tuple[str, int, int]] = []  # training-thread overhead and data spans
@@ -110,7 +110,7 @@ class AttemptGoodput:
                     self._count(entry, t)
                 elif step == self._last_step:  # ready before the next step began
                     self._syncs[step] = t
-            if self.window_end is None or t > self.window_end:
+            if self.last_interval_end is None or t > self.last_interval_end:
                 self._close_interval(t)
 
     def _count(self, next_entry: int, ready: int) -> None:
@@ -130,7 +130,7 @@ class AttemptGoodput:
     # ------------------------------------------------------------------ intervals
     def _reset_intervals(self) -> None:
         self._frozen_warmup = None
-        self.window_end = None
+        self.last_interval_end = None
         self._open.clear()
         self.productive_ns = self.data_ns = 0
         self.overhead_ns = {}
@@ -139,12 +139,12 @@ class AttemptGoodput:
             del column[:]
 
     def _close_interval(self, end: int) -> None:
-        start = self.window_end if self.window_end is not None else self.first_entry
+        start = self.last_interval_end if self.last_interval_end is not None else self.first_entry
         if start is None or end <= start:
             return
         self._open.append((start, end, max(1, self._steps_since)))
         self._steps_since = 0
-        self.window_end = end
+        self.last_interval_end = end
         # an interval is final once a later one closed: the spans in it have ended by then
         while len(self._open) > 1:
             self._finish(self._open.pop(0))
@@ -184,7 +184,7 @@ class AttemptGoodput:
         """Productive ns of this attempt up to ``now`` (the report's rules)."""
         with self._lock:
             if not self._has_syncs and self._last_exit is not None and (
-                    self.window_end is None or self._last_exit > self.window_end):
+                    self.last_interval_end is None or self._last_exit > self.last_interval_end):
                 self._close_interval(self._last_exit)
             productive, data = self.productive_ns, self.data_ns
             first = self._first

@@ -18,7 +18,7 @@ __all__ = ["LiveLine", "MetricSummary", "format_bytes", "format_line"]
 
 @dataclasses.dataclass(frozen=True)
 class MetricSummary:
-    """A metric over all ranks and all its values in the window."""
+    """A metric over all ranks and all its values in the interval."""
 
     name: str
     reduce: str
@@ -29,7 +29,7 @@ class MetricSummary:
     max: float
     std: float
     last: float  # the last value of the highest-numbered rank that has one
-    ranks: int = 0  # ranks that had a value in the window (the others count zero values)
+    ranks: int = 0  # ranks that had a value in the log interval (the others count zero values)
 
     @property
     def value(self) -> float:
@@ -42,9 +42,9 @@ class LiveLine:
     """What rank 0 knows at a log step. Times are rank 0's (job-level numbers are rank 0's)."""
 
     step: int
-    steps: int  # steps in the window since the previous line
+    steps: int  # steps in the log interval since the previous line
     ranks: int  # ranks whose vectors were reduced (every rank, whatever metrics it recorded)
-    step_time_s: float | None  # window time / steps
+    step_time_s: float | None  # log interval time / steps
     train_s: float | None  # productive part of step_time_s
     overhead_s: dict[str, float]  # per overhead category, per step
     metrics: dict[str, MetricSummary]
@@ -59,11 +59,11 @@ class LiveLine:
     elapsed_s: float | None = None
     productive_s: float | None = None
     overhead_total_s: dict[str, float] = dataclasses.field(default_factory=dict)
-    wall_ns: int | None = None  # the window's end on this host's wall clock
+    wall_ns: int | None = None  # the log interval's end on this host's wall clock
     first_step: int | None = None  # the first step this attempt executed
     rank: int = 0  # the rank that computed the line (rank 0 unless a sink runs on others)
-    # Per rank, indexed by rank: step time over the window, and how late the rank reached the
-    # window's last sync point (aligned clocks when measured, else host wall clocks).
+    # Per rank, indexed by rank: step time over the interval, and how late the rank reached the
+    # log interval's last sync point (aligned clocks when measured, else host wall clocks).
     rank_step_s: tuple[float, ...] = ()
     rank_lateness_s: tuple[float, ...] = ()
     slowest_rank: int | None = None  # the latest rank at that sync point (None with one rank)

@@ -1,5 +1,5 @@
 """Metric names in the live line's gathered vectors: each metric has a slot (a 48-bit hash of
-its name, the same on every rank), and a window announces, in a region of its vector, the
+its name, the same on every rank), and a log interval announces, in a region of its vector, the
 names no gather has carried yet, so that every rank learns every other rank's names without
 a second collective."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 
-NAME_FLOATS = 128  # names announced in a window: (slot, byte count, bytes 6 per float)...
+NAME_FLOATS = 128  # names announced in a log interval: (slot, byte count, bytes 6 per float)...
 NAME_CHARS = 100  # names learned from other ranks are cut to this
 NAME_BYTES_PER_FLOAT = 6
 MAX_KNOWN_NAMES = 100_000
@@ -42,7 +42,7 @@ class MetricNames:
             data = name[:NAME_CHARS].encode("utf-8", "surrogatepass")
             words = -(-len(data) // NAME_BYTES_PER_FLOAT)
             if len(region) + 2 + words > NAME_FLOATS:
-                continue  # announced in a later window; until then other ranks show its slot
+                continue  # announced in a later log interval; until then other ranks show its slot
             region.append(float(slot))
             region.append(float(len(data)))
             padded = data.ljust(words * NAME_BYTES_PER_FLOAT, b"\0")
@@ -53,8 +53,8 @@ class MetricNames:
         return region
 
     def learn(self, vectors: Sequence[Sequence[float]], start: int, count_at: int) -> None:
-        """Read the names other ranks announced in a gathered window (``vectors`` of this
-        window's layout; the region starts at ``start``, its length is at ``count_at``)."""
+        """Read the names other ranks announced in a gathered log interval (``vectors`` of this
+        log interval's layout; the region starts at ``start``, its length is at ``count_at``)."""
         for vector in vectors:
             used = min(int(vector[count_at]), NAME_FLOATS)
             region = vector[start: start + used]

@@ -5,10 +5,10 @@ docs/semantics.md section 1.8; this is its running estimate on one rank).
 A rewind is ``gt.event("rollback", to_step=N)``, or a step number lower than the one before
 (unless such an event explains it: the step right after the event runs above N). The work
 thrown away is the time from step N's completion to the last step completed before the rewind;
-every live window is kept in proportion to the part of it outside such times, windows reported
+every log interval is kept in proportion to the part of it outside such times, log intervals reported
 before the rewind and after it alike, and overlapping rewinds count the same time once. The
 recovery (from that last completion to the rewind, outside overhead spans) is no step's work
-either: it is taken from the windows reported next.
+either: it is taken from the log intervals reported next.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ __all__ = ["RewoundTime"]
 
 
 class RewoundTime:
-    """Thrown-away time of one process, and how much of each live window it takes back."""
+    """Thrown-away time of one process, and how much of each log interval it takes back."""
 
     def __init__(self, overhead_in: Callable[[int, int], int], max_steps: int = 100_000,
-                 max_windows: int = 100_000) -> None:
+                 max_intervals: int = 100_000) -> None:
         self._overhead_in = overhead_in  # overhead ns inside (a, b]: the rest of a recovery is no work
-        self._debt = 0  # recovery ns still to take from the windows reported next
+        self._debt = 0  # recovery ns still to take from the log intervals reported next
         self._done: collections.OrderedDict[int, int] = collections.OrderedDict()  # step -> its latest end
         self._max_steps = max_steps
         self._last_end: int | None = None  # the latest step completion seen
@@ -34,7 +34,7 @@ class RewoundTime:
         self._said: int | None = None  # a rollback event's to_step: the next step above it is no rewind
         self.dead: list[tuple[int, int]] = []  # thrown-away times, disjoint, in order
         # start, end, productive, kept, recovery taken from it
-        self._windows: collections.deque[list[int]] = collections.deque(maxlen=max_windows)
+        self._intervals: collections.deque[list[int]] = collections.deque(maxlen=max_intervals)
         self.rewinds = 0
         self.resumed_at: int | None = None  # the first step run after the latest rewind
 
@@ -69,11 +69,11 @@ class RewoundTime:
         return change
 
     def kept(self, start: int, end: int, productive: int) -> int:
-        """The part of a new window's productive time that counts (the rest was thrown away)."""
+        """The part of a new log interval's productive time that counts (the rest was thrown away)."""
         kept = self._keep(start, end, productive)
         taken = min(kept, self._debt)
         self._debt -= taken
-        self._windows.append([start, end, productive, kept - taken, taken])
+        self._intervals.append([start, end, productive, kept - taken, taken])
         return kept - taken
 
     # ------------------------------------------------------------------ internals
@@ -103,11 +103,11 @@ class RewoundTime:
             return 0
         self.dead = _union(self.dead, (start, end))
         change = 0
-        for window in self._windows:
-            if window[1] > start and window[0] < end:
-                kept = max(0, self._keep(window[0], window[1], window[2]) - window[4])
-                change += kept - window[3]
-                window[3] = kept
+        for interval in self._intervals:
+            if interval[1] > start and interval[0] < end:
+                kept = max(0, self._keep(interval[0], interval[1], interval[2]) - interval[4])
+                change += kept - interval[3]
+                interval[3] = kept
         return change
 
     def _keep(self, start: int, end: int, productive: int) -> int:

@@ -11,7 +11,7 @@ PREFIX = "goodtrace"
 
 
 def line_scalars(line: LiveLine) -> dict[str, float]:
-    """The scalars of one live line (rank 0's window; cross-rank metric aggregates)."""
+    """The scalars of one live line (rank 0's log interval; cross-rank metric aggregates)."""
     out: dict[str, float] = {}
 
     def put(name: str, value: float | None) -> None:

@@ -7,10 +7,10 @@ host clock) less the overhead spans inside it (in-step data loading, checkpoints
 compute the step did. At each log step it looks for its own slowdown in them (a fixed cost:
 the history is bounded; at most every 5 steps) and keeps the last one found. Its vector carries that slowdown (onset,
 level before, level after) and its own change at the onsets other ranks announced in the
-previous window (``CANDIDATES`` of them, chosen alike on every rank from the same gathered
+previous log interval (``CANDIDATES`` of them, chosen alike on every rank from the same gathered
 vectors), so that rank 0 judges whether a slowdown is the rank's own with the report's rule:
 larger by 10% than the other ranks' median change at the same step. A rank is named while its
-own slowdown holds in its recent steps, from the second window that shows it on: a burst that
+own slowdown holds in its recent steps, from the second log interval that shows it on: a burst that
 ends (which the report, seeing the whole run, does not name) is named no longer.
 """
 
@@ -20,16 +20,24 @@ import collections
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from goodtrace.record.live.change_point import change_at, its_own, own_slowdown, slower_since
 
-__all__ = ["CANDIDATES", "FIELDS", "LiveSlowdown", "SlowdownTracker", "judge_window"]
+__all__ = ["CANDIDATES", "FIELDS", "Candidate", "LiveSlowdown", "SlowdownTracker", "judge_candidates"]
 
 HISTORY = 240  # steps of each rank kept for its live slowdown
 SEARCH_EVERY = 5  # new steps between two searches at most (a line every step need not search each)
-CANDIDATES = 4  # onsets per window at which every rank sends its own change
+CANDIDATES = 4  # onsets per log interval at which every rank sends its own change
 FIELDS = 3 + CANDIDATES  # onset, before, after, then the change at each candidate's onset
 NONE = math.nan
+
+
+class Candidate(NamedTuple):
+    """A rank with a slowdown of its own, and the onset at which every rank sends its change."""
+
+    rank: int
+    onset_step: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +68,7 @@ class SlowdownTracker:
         self.steps: collections.deque[int] = collections.deque(maxlen=history)
         self.busy_s: collections.deque[float] = collections.deque(maxlen=history)
         self.found: tuple[int, float, float] | None = None  # the own slowdown of the last search
-        self.candidates: list[tuple[int, int]] = []  # (rank, onset) from the last gathered window
+        self.candidates: list[Candidate] = []  # from the last gathered log interval
         self._step_t0: int | None = None
         self._spans: list[tuple[int, int]] = []
         self._first = True
@@ -95,29 +103,30 @@ class SlowdownTracker:
         self._unsearched += 1
 
     def fields(self) -> list[float]:
-        """This rank's part of its window's vector (``FIELDS`` floats)."""
+        """This rank's part of its log interval's vector (``FIELDS`` floats)."""
         steps, busy = list(self.steps), list(self.busy_s)
         if self._unsearched >= SEARCH_EVERY:
             self._unsearched = 0
             self.found = own_slowdown(steps, busy)
         values = list(self.found) if self.found is not None else [NONE, NONE, NONE]
-        for _, onset in self.candidates:
-            change = change_at(steps, busy, onset)
+        for candidate in self.candidates:
+            change = change_at(steps, busy, candidate.onset_step)
             values.append(NONE if change is None else change)
         return [float(v) for v in values] + [NONE] * (FIELDS - len(values))
 
     def choose(self, per_rank: Sequence[Sequence[float] | None]) -> None:
-        """The candidates of the next window, from a gathered window's fields (the same on
+        """The candidates of the next interval, from a gathered log interval's fields (the same on
         every rank): the ranks with a slowdown of their own, the largest first."""
         found = [(fields[2] / fields[1] - 1, rank, int(fields[0])) for rank, fields in enumerate(per_rank)
                  if fields is not None and not math.isnan(fields[0]) and fields[1] > 0]
-        self.candidates = [(rank, onset) for _, rank, onset in sorted(found, key=lambda f: (-f[0], f[1]))][:CANDIDATES]
+        self.candidates = [Candidate(rank, onset)
+                           for _, rank, onset in sorted(found, key=lambda f: (-f[0], f[1]))][:CANDIDATES]
 
 
-def judge_window(candidates: Sequence[tuple[int, int]], per_rank: Sequence[Sequence[float] | None],
-                 host_of: Callable[[int], str], named: dict[int, LiveSlowdown]) -> None:
-    """Rank 0: name each candidate of the previous window that still has its slowdown and whose
-    slowdown is its own against the other ranks' changes at its onset, sent in this window;
+def judge_candidates(candidates: Sequence[Candidate], per_rank: Sequence[Sequence[float] | None],
+                     host_of: Callable[[int], str], named: dict[int, LiveSlowdown]) -> None:
+    """Rank 0: name each candidate of the previous log interval that still has its slowdown and whose
+    slowdown is its own against the other ranks' changes at its onset, sent in this log interval;
     ``named`` holds the ranks named now: one whose own slowdown is gone (a burst that ended)
     is no longer named."""
     for rank in list(named):

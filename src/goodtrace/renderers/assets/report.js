@@ -246,7 +246,7 @@
       var lines = ['<b>step ' + esc(steps.steps[idx]) + '</b> (attempt ' + esc(steps.attempts[idx]) +
                    ', execution ' + esc(steps.seq[idx]) + ')',
                    'step time ' + esc(seconds(totals[idx]))];
-      if (steps.shared[idx] > 1) lines.push('window of ' + esc(steps.shared[idx]) + ' steps: an average, not per-step truth');
+      if (steps.shared[idx] > 1) lines.push('interval of ' + esc(steps.shared[idx]) + ' steps: an average, not per-step truth');
       names.forEach(function (name) {
         var v = steps.series[name][idx];
         if (v > 0) lines.push(esc(name) + ': ' + esc(seconds(v)));

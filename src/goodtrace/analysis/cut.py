@@ -1,7 +1,9 @@
-"""Step executions of one session and their intervals: the one derivation every view draws.
+"""A session's cut: its step executions and the intervals they close, the one derivation every
+view draws. "Cut" names this one concept everywhere (``SessionCut``, ``cut_session``,
+``RunAnalysis.cuts``, a variable ``cut``); an *execution* is one row of it (one run of a step).
 
 :func:`cut_session` turns a session's records (executions, sync points, main-thread overhead
-spans) into a :class:`SessionSteps`: its startup, its step intervals (T_{k-1}, T_k] closed by
+spans) into a :class:`SessionCut`: its startup, its step intervals (T_{k-1}, T_k] closed by
 sync points (several executions share one when completion was sparse), the overhead of each,
 and its tail. Every execution is its own row, numbered by ``seq`` (entry order), so repeated
 and decreasing step numbers are timed right and flagged; a rewind (:mod:`goodtrace.analysis.rewinds`)
@@ -30,7 +32,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from goodtrace import schema
-from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, window_overhead
+from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, overhead_per_interval
 from goodtrace.analysis.rewinds import Rewind, charge_recovery, find_rewinds
 from goodtrace.read.loaded import NO_TIME, SessionInfo, SessionRecords
 
@@ -48,7 +50,7 @@ __all__ = [
     "RULE_UNKNOWN",
     "Piece",
     "Relabels",
-    "SessionSteps",
+    "SessionCut",
     "cut_session",
     "label_totals",
 ]
@@ -57,7 +59,7 @@ PRODUCTIVE = schema.BUCKET_PRODUCTIVE
 STARTUP = schema.BUCKET_STARTUP
 DATA = schema.DATA
 STARTUP_OTHER = "other"
-HOST_EXIT = "exit"  # a window closed at an execution's host exit (no sync point of its own)
+HOST_EXIT = "exit"  # an interval closed at an execution's host exit (no sync point of its own)
 
 RULE_ASYNC = "asynchronous"
 RULE_SYNC = "synchronous"
@@ -97,7 +99,7 @@ class Piece:
 
 def label_totals(pieces: Iterable[Piece], *, skip: str | None = None) -> dict[str, int]:
     """The pieces' length by label, in first-seen order (``skip``: a label left out): what a
-    window's overhead by label is, for every view."""
+    interval's overhead by label is, for every view."""
     out: dict[str, int] = {}
     for p in pieces:
         if p.label != skip:
@@ -106,8 +108,8 @@ def label_totals(pieces: Iterable[Piece], *, skip: str | None = None) -> dict[st
 
 
 class Relabels(NamedTuple):
-    """What the attempt level relabels in a session's windows (:func:`goodtrace.analysis.partition.assemble`):
-    ``warmup_ns`` of its first window is warm-up, and its executions of a step at or above
+    """What the attempt level relabels in a session's intervals (:func:`goodtrace.analysis.partition.assemble`):
+    ``warmup_ns`` of its first interval is warm-up, and its executions of a step at or above
     ``redone_from`` (a later attempt, or a rollback the program named, started again there; None:
     nothing was redone) are wasted progress."""
 
@@ -123,15 +125,15 @@ def _ints() -> array[int]:
 
 
 @dataclasses.dataclass
-class SessionSteps:
+class SessionCut:
     """One session cut into startup, step intervals and a tail, on its own monotonic clock.
 
-    Windows (step intervals) ``(win_start[w], win_end[w]]`` hold ``win_count[w]`` executions
-    from ``win_first[w]`` on (more than one: sparse completion, each gets the average);
-    ``win_how[w]`` is how its closing sync point was taken (``exit``: a host exit).
-    Executions ``exec_*`` are in entry order; ``exec_window`` is -1 for one that never
+    Step intervals ``(interval_start[w], interval_end[w]]`` hold ``interval_count[w]`` executions
+    from ``interval_first[w]`` on (more than one: sparse completion, each gets the average);
+    ``interval_how[w]`` is how its closing sync point was taken (``exit``: a host exit).
+    Executions ``exec_*`` are in entry order; ``exec_interval`` is -1 for one that never
     completed (dispatched before a crash). ``overhead`` holds the disjoint main-thread overhead
-    intervals the pieces of every window, the startup and the tail are cut from.
+    intervals the pieces of every interval, the startup and the tail are cut from.
     """
 
     session: int
@@ -143,51 +145,51 @@ class SessionSteps:
     exec_seq: array[int] = dataclasses.field(default_factory=_ints)
     exec_step: array[int] = dataclasses.field(default_factory=_ints)
     exec_t0: array[int] = dataclasses.field(default_factory=_ints)
-    exec_window: array[int] = dataclasses.field(default_factory=_ints)
+    exec_interval: array[int] = dataclasses.field(default_factory=_ints)
     exec_flags: array[int] = dataclasses.field(default_factory=_ints)
     exec_compute: array[int] = dataclasses.field(default_factory=_ints)  # outermost compute ns
-    win_start: array[int] = dataclasses.field(default_factory=_ints)
-    win_end: array[int] = dataclasses.field(default_factory=_ints)
-    win_first: array[int] = dataclasses.field(default_factory=_ints)
-    win_count: array[int] = dataclasses.field(default_factory=_ints)
-    win_how: list[str] = dataclasses.field(default_factory=list)
-    win_productive: array[int] = dataclasses.field(default_factory=_ints)  # ns, before attempt relabels
-    win_overhead: dict[str, array[int]] = dataclasses.field(default_factory=dict)  # category -> ns per window
+    interval_start: array[int] = dataclasses.field(default_factory=_ints)
+    interval_end: array[int] = dataclasses.field(default_factory=_ints)
+    interval_first: array[int] = dataclasses.field(default_factory=_ints)
+    interval_count: array[int] = dataclasses.field(default_factory=_ints)
+    interval_how: list[str] = dataclasses.field(default_factory=list)
+    interval_productive: array[int] = dataclasses.field(default_factory=_ints)  # ns, before attempt relabels
+    interval_overhead: dict[str, array[int]] = dataclasses.field(default_factory=dict)  # category -> ns per interval
     over_start: array[int] = dataclasses.field(default_factory=_ints)
     over_end: array[int] = dataclasses.field(default_factory=_ints)
     over_label: list[str] = dataclasses.field(default_factory=list)
-    data_moved: dict[int, int] = dataclasses.field(default_factory=dict)  # window -> device-idle data ns
-    recovered: dict[int, int] = dataclasses.field(default_factory=dict)  # window -> a rewind's recovery ns
+    data_moved: dict[int, int] = dataclasses.field(default_factory=dict)  # interval -> device-idle data ns
+    recovered: dict[int, int] = dataclasses.field(default_factory=dict)  # interval -> a rewind's recovery ns
     ignored_syncs: int = 0
     rewinds: list[Rewind] = dataclasses.field(default_factory=list)  # rollbacks inside the session
 
     @property
-    def windows(self) -> int:
-        return len(self.win_start)
+    def intervals(self) -> int:
+        return len(self.interval_start)
 
     @property
     def last_end(self) -> int:
-        """Where the tail begins: the last window's end (the first step's entry without one)."""
-        if self.win_end:
-            return self.win_end[-1]
+        """Where the tail begins: the last interval's end (the first step's entry without one)."""
+        if self.interval_end:
+            return self.interval_end[-1]
         return self.exec_t0[0] if self.exec_t0 else self.end
 
     def executions_of(self, w: int) -> range:
-        """The executions (indexes in ``exec_*``) that window ``w`` holds, in entry order."""
-        first = self.win_first[w]
-        return range(first, first + self.win_count[w])
+        """The executions (indexes in ``exec_*``) that interval ``w`` holds, in entry order."""
+        first = self.interval_first[w]
+        return range(first, first + self.interval_count[w])
 
     def step_ns(self) -> Array:
-        """Each window's step time in ns (float): its length shared equally by its executions
-        (the one derivation of an execution's step time; index it by ``exec_window``)."""
-        return (_np(self.win_end) - _np(self.win_start)) / _np(self.win_count)
+        """Each interval's step time in ns (float): its length shared equally by its executions
+        (the one derivation of an execution's step time; index it by ``exec_interval``)."""
+        return (_np(self.interval_end) - _np(self.interval_start)) / _np(self.interval_count)
 
     def repeat_index(self) -> Array:
         """Each execution's run of its step in the session: 0 the first, 1 the second, ..."""
         return _occurrence(_np(self.exec_step))
 
     def overhead_of(self, w: int) -> dict[str, int]:
-        return {c: v[w] for c, v in self.win_overhead.items() if v[w]}
+        return {c: v[w] for c, v in self.interval_overhead.items() if v[w]}
 
     def _carve(self, a: int, b: int, default: str, *, skip_data: bool = False) -> list[Piece]:
         out: list[Piece] = []
@@ -209,13 +211,13 @@ class SessionSteps:
             _add(out, cursor, b, default)
         return out
 
-    def window_pieces(self, w: int) -> list[Piece]:
-        """The pieces of window ``w`` (productive and overhead), in time order."""
-        pieces = self._carve(self.win_start[w], self.win_end[w], PRODUCTIVE,
+    def interval_pieces(self, w: int) -> list[Piece]:
+        """The pieces of interval ``w`` (productive and overhead), in time order."""
+        pieces = self._carve(self.interval_start[w], self.interval_end[w], PRODUCTIVE,
                              skip_data=self.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE))
         moved = self.data_moved.get(w)
         pieces = relabel(pieces, moved, DATA, from_end=False) if moved else pieces
-        recovered = self.recovered.get(w)  # before the rewind that this window's first execution follows
+        recovered = self.recovered.get(w)  # before the rewind that this interval's first execution follows
         return relabel(pieces, recovered, schema.BUCKET_DISRUPTION, from_end=False) if recovered else pieces
 
     def startup_pieces(self) -> list[Piece]:
@@ -345,7 +347,7 @@ def cut_session(
     close_trailing: bool,
     data_rule: str | None = None,
     overhead: frozenset[str] | None = None,
-) -> SessionSteps:
+) -> SessionCut:
     """Cut one session (see the module docstring). ``tail_label`` names the time after the
     last interval (``teardown``, ``disruption`` or ``in_progress``, by how the attempt ended);
     ``close_trailing``: executions after the last sync point are closed at their host exit
@@ -364,14 +366,14 @@ def cut_session(
     host_timed = n > 0 and bool((times == NO_TIME).all())
     if host_timed:
         times, hows = t1s.copy(), [schema.SYNC_HOST] * n
-    out = SessionSteps(info.index, start, end, RULE_UNKNOWN, host_timed, tail_label)
+    out = SessionCut(info.index, start, end, RULE_UNKNOWN, host_timed, tail_label)
     flags = np.zeros(n, dtype=np.int64)
     flags[_occurrence(numbers) > 0] |= FLAG_REPEATED
     if n > 1:
         flags[1:][numbers[1:] < numbers[:-1]] |= FLAG_DECREASING
     thrown, out.rewinds = find_rewinds(numbers, t0s, rec.events)
     flags[thrown] |= FLAG_REWOUND
-    # Windows: each execution whose sync point comes after every earlier one closes one.
+    # Intervals: each execution whose sync point comes after every earlier one closes one.
     has = np.flatnonzero(times != NO_TIME)
     first_start = int(t0s[0]) if n else start
     cursor_before = np.maximum.accumulate(np.r_[np.int64(first_start), times[has][:-1]]) if len(has) else has
@@ -379,37 +381,37 @@ def cut_session(
     accepted = has[in_order]
     flags[has[~in_order]] |= FLAG_UNORDERED_SYNC
     ignored += len(has) - len(accepted)
-    win_end = times[accepted]
-    win_start = np.r_[np.int64(first_start), win_end[:-1]] if len(accepted) else win_end
-    win_first = np.r_[np.int64(0), accepted[:-1] + 1] if len(accepted) else accepted
-    win_count = accepted - win_first + 1
-    win_how = [hows[i] for i in accepted.tolist()]
-    window_of = np.full(n, -1, dtype=np.int64)
+    interval_end = times[accepted]
+    interval_start = np.r_[np.int64(first_start), interval_end[:-1]] if len(accepted) else interval_end
+    interval_first = np.r_[np.int64(0), accepted[:-1] + 1] if len(accepted) else accepted
+    interval_count = accepted - interval_first + 1
+    interval_how = [hows[i] for i in accepted.tolist()]
+    interval_of = np.full(n, -1, dtype=np.int64)
     position = np.arange(n)
     if len(accepted):
         w = np.searchsorted(accepted, position, side="left")
-        in_window = w < len(accepted)
-        window_of[in_window] = w[in_window]
+        in_interval = w < len(accepted)
+        interval_of[in_interval] = w[in_interval]
     trailing = int(accepted[-1]) + 1 if len(accepted) else 0
-    cursor = int(win_end[-1]) if len(accepted) else first_start
+    cursor = int(interval_end[-1]) if len(accepted) else first_start
     if trailing < n and close_trailing:  # executions after the last sync point, at a normal end
         exit_t = int(t1s[trailing:].max())
         if exit_t > cursor:
-            window_of[trailing:] = len(win_end)
+            interval_of[trailing:] = len(interval_end)
             flags[trailing:] |= FLAG_HOST_TIMED
-            win_start = np.r_[win_start, cursor]
-            win_end = np.r_[win_end, exit_t]
-            win_first = np.r_[win_first, trailing]
-            win_count = np.r_[win_count, n - trailing]
-            win_how.append(HOST_EXIT)
-        elif len(win_end):
-            window_of[trailing:] = len(win_end) - 1
-            win_count = win_count.copy()
-            win_count[-1] += n - trailing
+            interval_start = np.r_[interval_start, cursor]
+            interval_end = np.r_[interval_end, exit_t]
+            interval_first = np.r_[interval_first, trailing]
+            interval_count = np.r_[interval_count, n - trailing]
+            interval_how.append(HOST_EXIT)
+        elif len(interval_end):
+            interval_of[trailing:] = len(interval_end) - 1
+            interval_count = interval_count.copy()
+            interval_count[-1] += n - trailing
     if host_timed:
         flags |= FLAG_HOST_TIMED
     out.exec_seq, out.exec_step, out.exec_t0 = _out(seqs), _out(numbers), _out(t0s)
-    out.exec_window, out.exec_flags, out.ignored_syncs = _out(window_of), _out(flags), int(ignored)
+    out.exec_interval, out.exec_flags, out.ignored_syncs = _out(interval_of), _out(flags), int(ignored)
     compute = np.zeros(n, dtype=np.int64)
     if len(rec.compute_ns) and n:
         keys = np.frombuffer(rec.compute_seq, dtype=np.int64)
@@ -418,24 +420,24 @@ def cut_session(
         at = np.minimum(np.searchsorted(keys[order], seqs), len(keys) - 1)
         compute = np.where(keys[order][at] == seqs, values[order][at], 0)
     out.exec_compute = _out(compute)
-    out.win_start, out.win_end, out.win_first, out.win_count = _out(win_start), _out(win_end), _out(win_first), _out(win_count)
-    out.win_how = win_how
+    out.interval_start, out.interval_end, out.interval_first, out.interval_count = _out(interval_start), _out(interval_end), _out(interval_first), _out(interval_count)
+    out.interval_how = interval_how
     out.data_rule = data_rule or _data_rule(times, hows, t0s, host_timed)
     # the device-dated sync point of each execution (a blocking span may have waited for it)
     dated = _member(hows, _DEVICE_DATED)
     device_dated = np.where(dated & ((flags & FLAG_UNORDERED_SYNC) == 0), times, NO_TIME)
     # In an asynchronous loop in-step data loading is productive: only the data spans in the
-    # startup and the tail matter (the windows skip them).
+    # startup and the tail matter (the intervals skip them).
     data_outside = None
-    if out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE) and len(win_end):
-        data_outside = (int(first_start), int(win_end[-1]))
+    if out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE) and len(interval_end):
+        data_outside = (int(first_start), int(interval_end[-1]))
     starts, ends, labels = flatten_overhead(
         rec, categories, info.blocking_categories or schema.BLOCKING_CATEGORIES, t0s, t1s, device_dated, start, end,
         data_outside,
     )
     out.over_start, out.over_end, out.over_label = _out(starts), _out(ends), labels
-    out.win_productive, out.win_overhead = window_overhead(
-        out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE), win_start, win_end, starts, ends, labels)
+    out.interval_productive, out.interval_overhead = overhead_per_interval(
+        out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE), interval_start, interval_end, starts, ends, labels)
     if out.data_rule == RULE_ASYNC and schema.DEVICE_IDLE_METRIC in rec.device and _charge_device_idle(out, rec):
         out.data_rule = RULE_ASYNC_DEVICE
     if out.rewinds:
@@ -476,7 +478,7 @@ def _data_rule(times: Array, hows: list[str], t0s: Array, host_timed: bool) -> s
     return RULE_ASYNC if ahead > behind else RULE_SYNC
 
 
-def _charge_device_idle(out: SessionSteps, rec: SessionRecords) -> bool:
+def _charge_device_idle(out: SessionCut, rec: SessionRecords) -> bool:
     """Asynchronous loop with CUDA device timing: the device-idle gap before a step, up to that
     step's data-loading time, becomes ``data`` in the step's interval. True when measured."""
     idle = {step: round(v * 1e9) for step, v in rec.device.get(schema.DEVICE_IDLE_METRIC, {}).items() if v > 0}
@@ -484,14 +486,14 @@ def _charge_device_idle(out: SessionSteps, rec: SessionRecords) -> bool:
     for category, t0, t1, step in zip(rec.span_category, rec.span_t0, rec.span_t1, rec.span_step, strict=True):
         if category == DATA and step != NO_TIME:
             loading[step] = loading.get(step, 0) + (t1 - t0)
-    for w in range(len(out.win_start)):
+    for w in range(len(out.interval_start)):
         steps = [out.exec_step[i] for i in out.executions_of(w)]
-        amount = min(sum(min(idle.get(s, 0), loading.get(s, 0)) for s in steps), out.win_productive[w])
+        amount = min(sum(min(idle.get(s, 0), loading.get(s, 0)) for s in steps), out.interval_productive[w])
         if amount > 0:
             out.data_moved[w] = amount
-            out.win_productive[w] -= amount
-            column = out.win_overhead.get(DATA)
+            out.interval_productive[w] -= amount
+            column = out.interval_overhead.get(DATA)
             if column is None:
-                column = out.win_overhead[DATA] = array("q", bytes(8 * len(out.win_start)))
+                column = out.interval_overhead[DATA] = array("q", bytes(8 * len(out.interval_start)))
             column[w] += amount
     return True

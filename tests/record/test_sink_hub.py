@@ -12,7 +12,7 @@ import pytest
 import goodtrace as gt
 from goodtrace.record.config import ConfigError
 from goodtrace.record.live.line import LiveLine
-from goodtrace.record.live.sinks import SinkRun, parse_specs, resolve
+from goodtrace.record.live.sink_hub import SinkRun, parse_specs, resolve
 from helpers.sinks import STEPS, CaptureSink, train
 
 
