@@ -230,10 +230,6 @@ def _wrap(owner: Any, name: str, what: str, describe: Callable[..., str]) -> Non
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # A report keeps the reduction of a run's closed segments in the run directory
-    # (RUN/compact/cache/): the runs under tests/data are read in place, so it is off unless a
-    # test turns it on (tests/read/test_segment_cache.py, which holds it to the cold report).
-    os.environ.setdefault("GOODTRACE_SEGMENT_CACHE", "0")
     _wrap(subprocess.Popen, "__init__", "processes", lambda self, args, *a, **k: f"process {str(args)[:80]}")
     _wrap(multiprocessing.process.BaseProcess, "start", "processes", lambda self: f"process {self.name}")
     _wrap(storage_servers.EmulatedNFS, "__enter__", "fuse", lambda self: "the emulated NFS (FUSE)")

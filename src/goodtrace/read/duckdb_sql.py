@@ -17,6 +17,7 @@ without those lines (:mod:`goodtrace.read.long_lines`), which are counted too.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -288,9 +289,27 @@ MODEL_TABLES = _SCRATCH_TABLES + _SEGMENT_TABLES
 # rows); executions, compute per execution and the sample of span starts need the whole session.
 RUN_MODEL_NAMES = ("summ", "m_steps", "m_syncs", "m_spans", "m_compute", "m_device", "m_clock", "m_starts",
                    "m_events", "m_model")
-# Bumped whenever extract_segments or the segment tables change: a cached segment of another
-# version is not used (its file is read again).
-RUN_MODEL_VERSION = 2
+
+
+def _sources_digest(*names: str) -> str:
+    """A digest of the source files that decide what a segment is reduced to: a cache written by
+    other code (another release, a patched install) is never mistaken for this code's, whether or
+    not somebody remembered to bump a number."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    digest = hashlib.sha256()
+    for name in names:
+        try:
+            with open(os.path.join(here, name), "rb") as handle:
+                digest.update(handle.read())
+        except OSError:  # no sources installed (a frozen build): the number alone keys it
+            digest.update(name.encode())
+    return digest.hexdigest()[:16]
+
+
+# A cached segment of another version is not used (its file is read again): the number is bumped
+# when the segment tables change, and the digest changes with any change of the code that fills
+# them (this module, the line checks, the record format, the cache itself).
+RUN_MODEL_VERSION = f"2-{_sources_digest('duckdb_sql.py', 'validate.py', 'segment_cache.py', '../schema.py')}"
 
 _MAIN = "(m.main_tid IS NULL OR b.tid IS NULL OR b.tid = m.main_tid)"
 
