@@ -267,12 +267,12 @@ def test_where_no_ring_file_can_be_made_the_ring_stays_in_memory_with_one_warnin
 
 def test_a_process_that_exits_without_finish_leaves_its_ring_for_the_reader(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    code = ("import os, goodtrace as gt\n"
-            "gt.init(%r, flush_interval_s=60)\n"
+    code = ("import os, sys, goodtrace as gt\n"
+            "gt.init(sys.argv[1], flush_interval_s=60)\n"
             "for i in range(50):\n"
             "    with gt.step(i): pass\n"
-            "os._exit(3)\n") % run_dir
-    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 3
+            "os._exit(3)\n")
+    assert subprocess.run([sys.executable, "-c", code, run_dir], timeout=120).returncode == 3
     (ring,) = glob.glob(f"{run_dir}/rank-*/*.ring")
     problems: list[str] = []
     assert len(list_segments(run_dir, problems)) == 2 and not os.path.exists(ring)
