@@ -115,9 +115,11 @@ class NativeWriter:
         limit = config.max_buffer_records
         self._ring_bytes = max(1 << 20, min(limit * RING_BYTES_PER_RECORD, config.max_pending_bytes // 2))
         ring_path = os.path.join(storage.root, *(segment_prefix + RING_SUFFIX).split("/"))
+        in_file = os.environ.get("GOODTRACE_RING_FILE", "1") != "0"  # 0: in memory (the benchmarks' baseline)
         made_dir: OSError | None = None
         try:
-            os.makedirs(os.path.dirname(ring_path), exist_ok=True)
+            if in_file:
+                os.makedirs(os.path.dirname(ring_path), exist_ok=True)
         except OSError as exc:
             made_dir = exc
         self.ring = native.NativeRing(
@@ -132,13 +134,13 @@ class NativeWriter:
             span_prefix=encoder.span_prefix,
             encode_line=lambda record: encoder.encode(record).encode("utf-8", "surrogatepass"),
             kinds=(schema.STEP, schema.SYNC, schema.TAG, schema.METRIC),
-            ring_path=None if made_dir is not None else os.fsencode(ring_path),
+            ring_path=os.fsencode(ring_path) if in_file and made_dir is None else None,
             text_bytes=RING_TEXT_BYTES,
         )
         self.ring_file: str | None = None if self.ring.file is None else os.fsdecode(self.ring.file)
         if self.ring_file is not None:
             OPEN_RING_FILES.add(self.ring_file)
-        else:
+        elif in_file:
             error = made_dir.errno if made_dir is not None else int(self.ring.file_errno)
             warn(f"the recorder's ring could not be put in a file beside the segments ({ring_path}: "
                  f"[Errno {error}] {os.strerror(error or 0)}); it stays in this process's memory, where a "
