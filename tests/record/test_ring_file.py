@@ -279,3 +279,41 @@ def test_a_process_that_exits_without_finish_leaves_its_ring_for_the_reader(tmp_
     assert len(problems) == 1 and "recovered from its ring" in problems[0]
     steps = [r["step"] for r in read_run(run_dir).sessions[0].records if r.get("kind") == "step"]
     assert steps == list(range(50))
+
+
+def test_hostile_ring_files_are_named_never_a_traceback_or_a_wait(tmp_path: Path) -> None:
+    """Files named ``*.ring`` that are not a dead writer's ring: random bytes, a truncated or
+    damaged ring, a directory, a FIFO (opening one for reading would wait for a writer)."""
+    live = tmp_path / "live"
+    writer = _writer(live)
+    writer.start()
+    for record in _records() * 10:
+        writer.buffer.append(record)
+    real = Path(writer.ring_file or "").read_bytes()
+    assert writer.close(5.0)
+    rank = tmp_path / "run" / "rank-00000"
+    rank.mkdir(parents=True)
+    header = json.dumps(_header(0, 1, 1)).encode() + b"\n"
+    for name in ("random", "truncated", "damaged", "directory", "fifo", "empty"):
+        (rank / f"{name}.00000.jsonl").write_bytes(header)
+    (rank / "random.ring").write_bytes(random.Random(1).randbytes(10_000))
+    (rank / "truncated.ring").write_bytes(real[:5000])
+    damaged = bytearray(real)
+    damaged[_TAIL_AT:_TAIL_AT + 8] = bytes(8)  # nothing written yet, as if killed at once
+    entry = int.from_bytes(real[24:32], "little")  # the ring's first entry: a nonsense size
+    damaged[entry:entry + 4] = (12345).to_bytes(4, "little")
+    (rank / "damaged.ring").write_bytes(bytes(damaged))
+    (rank / "directory.ring").mkdir()
+    os.mkfifo(rank / "fifo.ring")
+    (rank / "empty.ring").write_bytes(b"")
+    problems: list[str] = []
+    segments = list_segments(str(tmp_path / "run"), problems)
+    assert len(segments) == 6  # nothing recovered, nothing else lost
+    text = "\n".join(problems)
+    assert "random.ring: not a goodtrace ring file" in text
+    assert "truncated.ring: its sizes and offsets do not agree" in text
+    assert "damaged.ring: damaged after 0 records" in text
+    assert "directory.ring: not a regular file" in text and "fifo.ring: not a regular file" in text
+    assert "empty.ring: not a goodtrace ring file" in text
+    assert sorted(p.name for p in rank.glob("*.ring")) == [f"{name}.ring" for name in sorted(
+        ("random", "truncated", "damaged", "directory", "fifo", "empty"))]  # each left as it is

@@ -14,9 +14,9 @@ segment file are counted and not repeated. Standard library only.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fcntl
 import os
+import stat
 import struct
 from collections.abc import Iterator
 
@@ -77,19 +77,27 @@ class RingFile:
 
 
 def read_ring(path: str) -> RingFile:
-    """The ring file at ``path``, checked: magic, version and every size within the file."""
-    with open(path, "rb") as handle:
-        data = handle.read()
-    if len(data) < _SHARED.size or data[:8] != _MAGIC:
-        raise RingError("not a goodtrace ring file (or one cut before it was set up)")
-    (_, version, header_bytes, capacity, ring_offset, text_offset, text_capacity, h0, h1, h2, h3, pid, wall, mono,
-     head, tail, discard, text_used, texts, segment, j_segment, j_offset, j_len, j_header, j_start,
-     j_end) = _SHARED.unpack_from(data)
-    if version != _VERSION:
-        raise RingError(f"ring format version {version}, this goodtrace reads {_VERSION}")
-    if (ring_offset + capacity != len(data) or text_offset + text_capacity > ring_offset or text_used > text_capacity
-            or header_bytes > text_offset or capacity % 8 or tail > head or head - tail > capacity):
-        raise RingError("its sizes and offsets do not agree with the file")
+    """The ring file at ``path``, checked: a regular file, magic, version and every size within
+    the file (read whole only then)."""
+    with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise RingError("not a regular file")
+        data = handle.read(_SHARED.size)
+        if len(data) < _SHARED.size or data[:8] != _MAGIC:
+            raise RingError("not a goodtrace ring file (or one cut before it was set up)")
+        (_, version, header_bytes, capacity, ring_offset, text_offset, text_capacity, h0, h1, h2, h3, pid, wall,
+         mono, head, tail, discard, text_used, texts, segment, j_segment, j_offset, j_len, j_header, j_start,
+         j_end) = _SHARED.unpack_from(data)
+        if version != _VERSION:
+            raise RingError(f"ring format version {version}, this goodtrace reads {_VERSION}")
+        size = os.fstat(handle.fileno()).st_size
+        if (ring_offset + capacity != size or text_offset + text_capacity > ring_offset or text_used > text_capacity
+                or header_bytes > text_offset or text_offset < _SHARED.size or capacity % 8 or tail > head
+                or head - tail > capacity or h0 + h1 + h2 + h3 > text_used):
+            raise RingError("its sizes and offsets do not agree with the file")
+        data += handle.read()
+    if len(data) != size:
+        raise RingError("it changed while it was read")
     parts: list[bytes] = []
     cursor = text_offset
     for length in (h0, h1, h2, h3):
@@ -135,6 +143,8 @@ def _encode(ring: RingFile, position: int) -> tuple[int, bytes | None]:
     if kind == E_PAD:
         return size, None
     if kind == E_BLOB:
+        if size < _BLOB.size:
+            raise RingError(f"a {size}-byte entry of type {kind}")
         _, _, _, length, _ = _BLOB.unpack_from(data, at)
         if _BLOB.size + length > size:
             raise RingError(f"a {length}-byte record in a {size}-byte entry")
@@ -188,7 +198,7 @@ def _lines_written(ring: RingFile) -> int:
         with open(ring.segment_path(ring.j_segment), "rb") as handle:
             handle.seek(ring.j_offset)
             written = handle.read(ring.j_len)
-    except FileNotFoundError:
+    except OSError:  # not there (never created): nothing of the write reached it
         return 0
     lines = written.count(b"\n")
     return max(0, lines - 1) if ring.j_header else lines
@@ -214,16 +224,15 @@ def pending_lines(ring: RingFile) -> tuple[list[bytes], str | None]:
     return lines, None
 
 
-def _live(path: str, fd: int) -> bool:
-    """Whether the process that made the ring still holds its lock (or is this process)."""
-    if path in OPEN_RING_FILES:
-        return True
+def _live(fd: int) -> bool:
+    """Whether the process that made the ring still holds its lock."""
     try:
         fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EAGAIN):
-            return True
-        raise
+    except OSError:
+        # EACCES or EAGAIN: held by a live writer. Any other refusal (ENOLCK: an NFS without a
+        # lock service) tells nothing: left alone, as if live (the writer could not lock it
+        # either, so its ring is in memory)
+        return True
     return False
 
 
@@ -247,12 +256,19 @@ def recover_ring(path: str, problems: list[str] | None = None) -> int | None:
     """Turn a dead process's ring into a segment and delete it: the records recovered, or None
     when the ring is live (or was just recovered by another reader). Problems are named."""
     where = os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+    if os.path.abspath(path) in OPEN_RING_FILES:
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not wait
     except OSError:
         return None  # gone: recovered by another reader, or finished cleanly meanwhile
     try:
-        if _live(os.path.abspath(path), fd) or os.fstat(fd).st_nlink == 0:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            if problems is not None:
+                problems.append(f"{where}: not a regular file, not a ring; skipped")
+            return None
+        if info.st_nlink == 0 or _live(fd):
             return None
         try:
             ring = read_ring(path)
@@ -263,11 +279,13 @@ def recover_ring(path: str, problems: list[str] | None = None) -> int | None:
         lines, damaged = pending_lines(ring)
         segment = ring.segment_path(ring.segment + 1)
         if damaged is not None and problems is not None:
-            problems.append(f"{where}: damaged after {len(lines):,} records ({damaged}); the rest is not recovered")
+            problems.append(f"{where}: damaged after {len(lines):,} records ({damaged}); the rest is not "
+                            "recovered and the file is left as it is")
         try:
             if lines:
                 _write_segment(segment, ring.header_line(ring.segment + 1) + b"".join(lines))
-            os.unlink(path)
+            if damaged is None:
+                os.unlink(path)
         except OSError as exc:
             if problems is not None and lines:
                 problems.append(f"{where}: {len(lines):,} records of a process that ended without finishing are "
