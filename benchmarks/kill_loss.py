@@ -6,7 +6,9 @@ recovered the dead process's ring (``goodtrace.read.ring``, run by ``list_segmen
 
 With the native writer's ring in a file (the default) the promise is at most 50 ms whatever the
 load: every record that reached the ring is recovered. Each kill also checks that no step is
-missing or there twice. The baseline, measured in the same run, is the ring in the process's
+missing or there twice, and, from a note the loop keeps in a mapped file after every step (a
+store, no system call), whether every step it had appended is in the segments, and how long it
+had made no progress before the kill (the scheduler's share of the loss). The baseline, measured in the same run, is the ring in the process's
 memory (``GOODTRACE_RING_FILE=0``: at most one flush interval plus 50 ms, when the writer thread
 gets a core), ``--baseline-kills`` per row; ``--no-ring`` measures only that, ``--writer python``
 the Python writer threads (GOODTRACE_NATIVE_WRITER=0). Each row is killed ``--kills`` times
@@ -29,6 +31,7 @@ import os
 import random
 import re
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -39,9 +42,13 @@ from typing import Any
 
 CHILD = textwrap.dedent(
     """
-    import os, sys, time
+    import mmap, os, struct, sys, time
     import goodtrace as gt
     run_dir, rate, per_step, flush = sys.argv[1], float(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    progress_fd = os.open(sys.argv[5], os.O_RDWR | os.O_CREAT, 0o644)
+    os.ftruncate(progress_fd, 16)
+    progress = mmap.mmap(progress_fd, 16)  # the last step appended and when: a store, no system call
+    pack = struct.Struct("<qq").pack_into
     rec = gt.init(run_dir, flush_interval_s=flush)
     syscall, fsync = per_step == "s", per_step == "f"
     fd = os.open(os.devnull, os.O_WRONLY)
@@ -59,6 +66,7 @@ CHILD = textwrap.dedent(
                 with span("fwd"):
                     pass
         n += 20
+        pack(progress, 0, step, clock())
         step += 1
         if syscall:
             os.write(fd, b"x")
@@ -118,8 +126,9 @@ def newest_record_ns(run_dir: str) -> int:
 def kill_once(rate: int, per_step: str, flush: float, hold: float, env: dict[str, str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        child = subprocess.Popen([sys.executable, "-c", CHILD, run_dir, str(rate), per_step or "-", str(flush)],
-                                 stdout=subprocess.PIPE, text=True, env=env)
+        progress_path = os.path.join(tmp, "progress")
+        child = subprocess.Popen([sys.executable, "-c", CHILD, run_dir, str(rate), per_step or "-", str(flush),
+                                  progress_path], stdout=subprocess.PIPE, text=True, env=env)
         assert child.stdout is not None
         t_start = time.perf_counter_ns()
         child.stdout.readline()
@@ -139,12 +148,18 @@ def kill_once(rate: int, per_step: str, flush: float, hold: float, env: dict[str
         list_segments(run_dir, problems)  # recovers the ring into a segment
         newest = newest_record_ns(run_dir) or t_start
         steps, missing, twice = _steps(run_dir)
+        with open(progress_path, "rb") as handle:
+            last_step, last_step_ns = struct.unpack("<qq", handle.read(16))
         whole = [line.split() for line in reports if line.endswith("\n") and len(line.split()) == 3]
         last = whole[-1] if whole else ["0", "1", "0"]  # the kill may cut the last line
         return {
             "lost_s": (t_kill - newest) / 1e9,
             "on_disk_lost_s": (t_kill - on_disk) / 1e9,
             "steps": steps, "missing": missing, "twice": twice,
+            # steps the loop had appended (its own note) that are not in the segments
+            "appended_not_written": max(0, last_step + 1 - steps),
+            # the time the loop itself made no progress before the kill (the scheduler's, not the recorder's)
+            "idle_before_kill_s": (t_kill - last_step_ns) / 1e9 if last_step_ns else 0.0,
             "recovered": sum(1 for p in problems if "recovered from its ring" in p),
             "rate": int(last[0]) / max(float(last[1]), 1e-9),
             "peak_buffer": max((int(fields[2]) for fields in whole), default=0),
@@ -163,6 +178,10 @@ def measure(rate: int, per_step: str, flush: float, kills: int, env: dict[str, s
         "max_on_disk_lost_s": max(r["on_disk_lost_s"] for r in results),
         "rings_recovered": sum(r["recovered"] for r in results),
         "steps_missing": sum(r["missing"] for r in results), "steps_twice": sum(r["twice"] for r in results),
+        "steps_appended_not_written": sum(r["appended_not_written"] for r in results),
+        "kills_with_steps_lost": sum(1 for r in results if r["appended_not_written"]),
+        "max_idle_before_kill_s": max(r["idle_before_kill_s"] for r in results),
+        "max_lost_beyond_idle_s": max(r["lost_s"] - r["idle_before_kill_s"] for r in results),
         "peak_buffer_records": max(r["peak_buffer"] for r in results),
     }
 
@@ -203,21 +222,25 @@ def main() -> None:
         rows.append(row)
         print(f"{rate:>7}/s {PER_STEP[per_step]:>13} per step: median {row['median_lost_s']:.3f} s, "
               f"max {row['max_lost_s']:.3f} s, {row['over_bound']}/{kills} over {bound:.2f} s, "
-              f"missing {row['steps_missing']}, twice {row['steps_twice']}", file=sys.stderr, flush=True)
+              f"missing {row['steps_missing']}, twice {row['steps_twice']}, appended but not written "
+              f"{row['steps_appended_not_written']}, loop idle before the kill up to "
+              f"{row['max_idle_before_kill_s']:.3f} s", file=sys.stderr, flush=True)
     what = f"{args.writer} writer" + (", ring in a file" if ring else ", ring in memory" if native == "1" else "")
     print(f"{what}; flush interval {interval} s; bound {bound:.2f} s; loss = kill time - newest record in the "
           f"segments after the reader's recovery; {kills} kills per row"
           + (f"; baseline: the ring in memory, {baseline_kills} kills per row" if baseline_kills else ""))
     print("| records/s (achieved) | per step | median lost | worst lost | worst / interval | kills over the bound "
+          "| worst loop idle before the kill | worst lost beyond it | kills with an appended step lost "
           "| worst in the files at the kill | steps missing / twice | baseline median / worst, over its bound |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         base = r.get("baseline")
         base_text = (f"{base['median_lost_s']:.3f} s / {base['max_lost_s']:.3f} s, {base['over_bound']}/{base['kills']}"
                      if base else "")
         print(f"| {r['rate']:,} ({r['achieved_rate']:,}) | {r['per_step']} | {r['median_lost_s']:.3f} s | "
               f"{r['max_lost_s']:.3f} s | {r['max_lost_s'] / interval:.2f}x | {r['over_bound']}/{r['kills']} | "
-              f"{r['max_on_disk_lost_s']:.3f} s | {r['steps_missing']} / {r['steps_twice']} | {base_text} |")
+              f"{r['max_idle_before_kill_s']:.3f} s | {r['max_lost_beyond_idle_s']:.3f} s | "
+              f"{r['kills_with_steps_lost']}/{r['kills']} | {r['max_on_disk_lost_s']:.3f} s | {r['steps_missing']} / {r['steps_twice']} | {base_text} |")
     if args.json:
         print(json.dumps({"writer": args.writer, "ring_file": ring, "flush_interval_s": interval, "bound_s": bound,
                           "baseline_bound_s": baseline_bound, "rows": rows}))
