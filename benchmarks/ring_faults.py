@@ -10,6 +10,11 @@ kernel's own writeback does this every few seconds; ``os.sync()`` does it at onc
 case. Figures: nanoseconds per span over the whole loop and minor page faults of the process
 per 1,000 spans (``getrusage``), and their ratios ring file / memory.
 
+It also times the reader's recovery of a ring (``goodtrace.read.ring``: decode and encode what
+the writer had not written) at two sizes an order of magnitude apart (``--recover`` records and
+ten times as many, capped by the default ring of ~500 k records): seconds per record, and the
+ratio of the two (1.0: linear).
+
 Usage: python benchmarks/ring_faults.py [--quick] [--json] [--seconds S] [--rounds N] [--sync-every S]
 """
 
@@ -73,6 +78,36 @@ def run_once(ring: bool, seconds: float, sync_every: float) -> dict[str, Any]:
     return result
 
 
+def recovery_seconds(records: int) -> float:
+    """Seconds to decode a dead writer's ring holding ``records`` spans (none written yet)."""
+    import shutil
+    import time
+
+    from goodtrace.read.ring import pending_lines, read_ring
+    from goodtrace.record import fastpath
+    from goodtrace.record.config import Config
+    from goodtrace.record.io.native import NativeWriter
+    from goodtrace.record.io.storage import LocalStorage
+    from goodtrace.record.spans import span_key
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("GOODTRACE_BENCH_DIR")) as tmp:
+        writer = NativeWriter(fastpath.native, LocalStorage(tmp), Config(),
+                              lambda segment, wall, mono: {"kind": "header", "segment": segment, "wall": wall,
+                                                           "mono": mono}, "rank-00000/s")
+        key = span_key("fwd", "compute")
+        append = writer.buffer.append
+        for i in range(records):  # never started: every record stays in the ring
+            append((key, i, i + 1, i // 20, 1, None, None))
+        copy = os.path.join(tmp, "copy.ring")
+        shutil.copyfile(writer.ring_file or "", copy)
+        started = time.perf_counter()
+        lines, damaged = pending_lines(read_ring(copy))
+        took = time.perf_counter() - started
+        if len(lines) != records or damaged:
+            raise SystemExit(f"recovered {len(lines)} of {records} records ({damaged})")
+        return took
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 rounds of 5 s each way (under a minute)")
@@ -80,6 +115,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="seconds per loop (default 20)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds, each way (default 3)")
     parser.add_argument("--sync-every", type=float, default=1.0, help="os.sync() period in the child (0: none)")
+    parser.add_argument("--recover", type=int, default=None,
+                        help="records in the smaller ring recovered (default 40,000; 10,000 with --quick)")
     args = parser.parse_args()
     seconds = args.seconds or (5.0 if args.quick else 20.0)
     rounds = args.rounds or (2 if args.quick else 3)
@@ -108,8 +145,18 @@ def main() -> None:
               f"{figure['faults_per_1k_records']:6.2f} faults per 1k records")
     print(f"  file / memory: {ratios['ns_per_record_file_vs_memory']:.2f}x time, "
           f"{ratios['faults_file_minus_memory_per_1k']:+.2f} faults per 1k records")
+    small = args.recover or (10_000 if args.quick else 40_000)
+    sizes = (small, min(10 * small, 480_000))
+    took = [min(recovery_seconds(n) for _ in range(2)) for n in sizes]
+    per_record = [t / n for t, n in zip(took, sizes, strict=True)]
+    ratios["recovery_per_record_large_vs_small"] = per_record[1] / per_record[0]
+    for n, t, p in zip(sizes, took, per_record, strict=True):
+        print(f"  recovering a ring of {n:,} records: {t:.3f} s ({p * 1e6:.2f} us per record)")
+    print(f"  per record, {sizes[1]:,} vs {sizes[0]:,}: {ratios['recovery_per_record_large_vs_small']:.2f}x")
     if args.json:
         print(json.dumps({"seconds": seconds, "rounds": rounds, "sync_every_s": args.sync_every, "figures": figures,
+                          "recovery": {str(n): {"seconds": t, "us_per_record": p * 1e6}
+                                       for n, t, p in zip(sizes, took, per_record, strict=True)},
                           "ratios": ratios}))
 
 
