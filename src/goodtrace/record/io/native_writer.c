@@ -32,8 +32,6 @@ static int64_t now_ns(clockid_t clock)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static int64_t now_ns(clockid_t clock);
-
 static uint64_t round8(uint64_t n)
 {
     return (n + 7) & ~(uint64_t)7;
@@ -54,7 +52,7 @@ static int map_ring_file(NativeWriter *w, const char *path, uint64_t capacity, u
     }
     text_capacity = round8(text_capacity + header_bytes);
     len = RING_HEADER_BYTES + text_capacity + capacity;
-    fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644); /* never another process's ring */
     if (fd < 0) {
         return -1;
     }
