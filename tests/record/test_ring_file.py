@@ -317,3 +317,25 @@ def test_hostile_ring_files_are_named_never_a_traceback_or_a_wait(tmp_path: Path
     assert "empty.ring: not a goodtrace ring file" in text
     assert sorted(p.name for p in rank.glob("*.ring")) == [f"{name}.ring" for name in sorted(
         ("random", "truncated", "damaged", "directory", "fifo", "empty"))]  # each left as it is
+
+
+def test_on_a_fuse_filesystem_the_ring_stays_in_memory_and_the_process_lives(nfs: Any, tmp_path: Path) -> None:
+    """A store into a shared mapping that a FUSE filesystem could not back killed the process
+    with SIGBUS here: the ring goes into a file only on filesystems known to be safe."""
+    run_dir = os.path.join(nfs.mountpoint, tmp_path.name)
+    code = ("import json, sys, warnings\n"
+            "import goodtrace as gt\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    rec = gt.init(sys.argv[1])\n"
+            "    for i in range(20):\n"
+            "        with gt.step(i): pass\n"
+            "    ok = gt.finish()\n"
+            "print(json.dumps({'ok': ok, 'ring_file': rec.writer.ring_file,\n"
+            "                  'warnings': [str(w.message) for w in caught]}))\n")
+    out = subprocess.run([sys.executable, "-c", code, run_dir], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    result = json.loads(out.stdout)
+    assert result["ok"] and result["ring_file"] is None
+    assert [w for w in result["warnings"] if "ring" in w and "not one where a shared file mapping" in w]
+    assert not glob.glob(f"{run_dir}/rank-*/*.ring")

@@ -142,10 +142,12 @@ class NativeWriter:
             OPEN_RING_FILES.add(self.ring_file)
         elif in_file:
             error = made_dir.errno if made_dir is not None else int(self.ring.file_errno)
-            warn(f"the recorder's ring could not be put in a file beside the segments ({ring_path}: "
-                 f"[Errno {error}] {os.strerror(error or 0)}); it stays in this process's memory, where a "
-                 "killed process loses what the writer had not yet written (up to a flush interval)",
-                 stacklevel=2)
+            why = (f"[Errno {error}] {os.strerror(error or 0)}" if error != errno.EOPNOTSUPP else
+                   "its filesystem is not one where a shared file mapping is known to be safe (ext4, xfs, "
+                   "tmpfs, NFS, overlayfs)")
+            warn(f"the recorder's ring could not be put in a file beside the segments ({ring_path}: {why}); "
+                 "it stays in this process's memory, where a killed process loses what the writer had not "
+                 "yet written (up to a flush interval)", stacklevel=2)
         self.buffer = NativeBuffer(self.ring, limit)
         self.stats = NativeStats(self.ring)
         self._warned: set[str] = set()

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,6 +36,50 @@ static int64_t now_ns(clockid_t clock)
 static uint64_t round8(uint64_t n)
 {
     return (n + 7) & ~(uint64_t)7;
+}
+
+/* A store into a shared file mapping that the filesystem cannot back is a SIGBUS in the
+ * training thread, not an error code: the ring goes into a file only on filesystems where
+ * reserved blocks stay reserved and pages are served from the page cache (a FUSE filesystem
+ * killed the process at the first store in a test here). Not btrfs or ZFS: copy-on-write needs
+ * new blocks for every overwrite, so a full disk would be a SIGBUS despite the reservation. */
+static int mapping_is_safe(int fd)
+{
+    struct statfs st;
+    if (fstatfs(fd, &st) != 0) {
+        return 0;
+    }
+    switch ((unsigned long)st.f_type) {
+    case 0xEF53UL:     /* ext2/3/4 */
+    case 0x58465342UL: /* xfs */
+    case 0x01021994UL: /* tmpfs */
+    case 0x6969UL:     /* nfs */
+    case 0x794C7630UL: /* overlayfs (a container's root: the pages are the upper filesystem's) */
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int write_zeros(int fd, uint64_t len)
+{
+    static const char zeros[1 << 16];
+    uint64_t done = 0;
+    while (done < len) {
+        size_t n = len - done < sizeof(zeros) ? (size_t)(len - done) : sizeof(zeros);
+        ssize_t wrote = pwrite(fd, zeros, n, (off_t)done);
+        if (wrote < 0 && errno == EINTR) {
+            continue;
+        }
+        if (wrote <= 0) {
+            if (wrote == 0) {
+                errno = EIO;
+            }
+            return -1;
+        }
+        done += (uint64_t)wrote;
+    }
+    return 0;
 }
 
 /* Make, size, reserve (no SIGBUS on a full disk later), lock and map the ring file, and touch
@@ -56,6 +101,10 @@ static int map_ring_file(NativeWriter *w, const char *path, uint64_t capacity, u
     if (fd < 0) {
         return -1;
     }
+    if (!mapping_is_safe(fd)) {
+        errno = EOPNOTSUPP;
+        goto failed;
+    }
     memset(&lock, 0, sizeof(lock));
     lock.l_type = F_WRLCK; /* held while this process lives: a reader never recovers a live ring */
     lock.l_whence = SEEK_SET;
@@ -63,8 +112,12 @@ static int map_ring_file(NativeWriter *w, const char *path, uint64_t capacity, u
         goto failed;
     }
     if ((err = posix_fallocate(fd, 0, (off_t)len)) != 0) {
-        errno = err;
-        goto failed;
+        /* a filesystem without fallocate (some FUSE ones): write the zeros, which reserves the
+         * blocks as well; no room is no room */
+        if (err == ENOSPC || err == EFBIG || write_zeros(fd, len) != 0) {
+            errno = err == ENOSPC || err == EFBIG ? err : errno;
+            goto failed;
+        }
     }
     map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
