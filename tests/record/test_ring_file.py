@@ -339,3 +339,33 @@ def test_on_a_fuse_filesystem_the_ring_stays_in_memory_and_the_process_lives(nfs
     assert result["ok"] and result["ring_file"] is None
     assert [w for w in result["warnings"] if "ring" in w and "not one where a shared file mapping" in w]
     assert not glob.glob(f"{run_dir}/rank-*/*.ring")
+
+
+def test_a_ring_from_another_host_waits_until_its_heartbeat_is_old(tmp_path: Path) -> None:
+    """On NFS mounted without a lock service a live writer on another host holds no lock that a
+    reader here can see: its ring is recovered only once its last heartbeat is 5 intervals (and
+    10 s) old. Made from a real dead process's ring, its host and heartbeat rewritten."""
+    run_dir = str(tmp_path / "run")
+    code = ("import os, sys, goodtrace as gt\n"
+            "gt.init(sys.argv[1], flush_interval_s=60)\n"
+            "for i in range(30):\n"
+            "    with gt.step(i): pass\n"
+            "os._exit(3)\n")
+    assert subprocess.run([sys.executable, "-c", code, run_dir], timeout=120).returncode == 3
+    (ring_path,) = glob.glob(f"{run_dir}/rank-*/*.ring")
+    assert read_ring(ring_path).host  # this host's name, as the writer saw it
+    beat_at, host_at = 184, 200  # RingShared.beat_wall and .host (native_writer.h)
+    with open(ring_path, "r+b") as handle:
+        handle.seek(host_at)
+        handle.write(b"another-host".ljust(64, b"\0"))
+        handle.seek(beat_at)
+        handle.write(time.time_ns().to_bytes(8, "little"))  # heard from just now
+    assert recover_ring(ring_path) is None and os.path.exists(ring_path)
+    with open(ring_path, "r+b") as handle:
+        handle.seek(beat_at)
+        handle.write((time.time_ns() - 11 * 10**9).to_bytes(8, "little"))  # 11 s ago, interval 60 s
+    assert recover_ring(ring_path) is None and os.path.exists(ring_path)  # 5 intervals: 300 s
+    with open(ring_path, "r+b") as handle:
+        handle.seek(beat_at)
+        handle.write((time.time_ns() - 301 * 10**9).to_bytes(8, "little"))
+    assert recover_ring(ring_path) == 30 and not os.path.exists(ring_path)

@@ -16,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
+import socket
 import stat
 import struct
+import time
 from collections.abc import Iterator
 
 from goodtrace.record.io.native import OPEN_RING_FILES, RING_SUFFIX
@@ -27,7 +29,10 @@ __all__ = ["RING_SUFFIX", "RingError", "RingFile", "decode_lines", "pending_line
 _MAGIC = b"GTRING\0\0"
 _VERSION = 1
 # RingShared in native_writer.h, field by field (little-endian, natural alignment)
-_SHARED = struct.Struct("<8sII4Q4I3q5Qq q5Q".replace(" ", ""))
+_SHARED = struct.Struct("<8sII4Q4I3q5Qq q5Q qq64s".replace(" ", ""))
+# A ring written on another host is recovered only when its writer's last heartbeat is this old
+# (the rule that calls a session lost): a lock on NFS mounted without a lock service says nothing.
+STALE_INTERVALS, STALE_MIN_S = 5, 10.0
 _ENTRY = struct.Struct("<IHHII4qd")  # Entry: size, type, flags, id1, id2, v[4], d
 _BLOB = struct.Struct("<IHHII")  # BlobHeader: size, type, flags, len, pad
 E_PAD, E_SPAN, E_STEP, E_SYNC, E_TAG, E_METRIC, E_BLOB = range(7)
@@ -61,6 +66,9 @@ class RingFile:
     j_header: bool
     j_start: int
     j_end: int
+    beat_wall: int = 0
+    interval_ns: int = 0
+    host: str = ""
 
     @property
     def session(self) -> str:
@@ -87,7 +95,7 @@ def read_ring(path: str) -> RingFile:
             raise RingError("not a goodtrace ring file (or one cut before it was set up)")
         (_, version, header_bytes, capacity, ring_offset, text_offset, text_capacity, h0, h1, h2, h3, pid, wall,
          mono, head, tail, discard, text_used, texts, segment, j_segment, j_offset, j_len, j_header, j_start,
-         j_end) = _SHARED.unpack_from(data)
+         j_end, beat_wall, interval_ns, host) = _SHARED.unpack_from(data)
         if version != _VERSION:
             raise RingError(f"ring format version {version}, this goodtrace reads {_VERSION}")
         size = os.fstat(handle.fileno()).st_size
@@ -115,7 +123,17 @@ def read_ring(path: str) -> RingFile:
     if len(names) != texts:
         raise RingError(f"{texts} interned names announced, {len(names)} found")
     return RingFile(path, data, capacity, ring_offset, parts, names, pid, wall, mono, head, tail, discard, segment,
-                    j_segment, j_offset, j_len, bool(j_header), j_start, j_end)
+                    j_segment, j_offset, j_len, bool(j_header), j_start, j_end, beat_wall, interval_ns,
+                    host.split(b"\0", 1)[0].decode("utf-8", "replace"))
+
+
+def _quiet_long_enough(ring: RingFile) -> bool:
+    """Whether a ring's writer is surely gone where its lock cannot say: written on this host
+    (the lock is this kernel's), or its last heartbeat older than the lost-session rule."""
+    if not ring.host or ring.host == socket.gethostname()[:63]:
+        return True
+    stale_ns = max(STALE_MIN_S * 1e9, STALE_INTERVALS * ring.interval_ns)
+    return time.time_ns() - ring.beat_wall > stale_ns
 
 
 def _step(flags: int, value: int) -> bytes:
@@ -276,6 +294,8 @@ def recover_ring(path: str, problems: list[str] | None = None) -> int | None:
             if problems is not None:
                 problems.append(f"{where}: {exc}; its records are not recovered")
             return None
+        if not _quiet_long_enough(ring):
+            return None  # another host's, heard from recently: maybe live
         lines, damaged = pending_lines(ring)
         segment = ring.segment_path(ring.segment + 1)
         if damaged is not None and problems is not None:

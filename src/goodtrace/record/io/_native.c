@@ -499,6 +499,8 @@ ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     self->w->interval_s = interval;
+    self->w->shared->interval_ns = (int64_t)(interval * 1e9);
+    atomic_store(&self->w->shared->beat_wall, self->w->shared->wall);
     self->w->segment_limit = segment_bytes;
     self->limit = limit;
     Py_INCREF(string_json);

@@ -132,6 +132,7 @@ static int map_ring_file(NativeWriter *w, const char *path, uint64_t capacity, u
     s->text_capacity = text_capacity;
     s->ring_offset = RING_HEADER_BYTES + text_capacity;
     s->pid = (int64_t)getpid();
+    gethostname(s->host, sizeof(s->host) - 1);
     s->wall = now_ns(CLOCK_REALTIME);
     s->mono = now_ns(CLOCK_MONOTONIC);
     cursor = map + RING_HEADER_BYTES;
@@ -730,6 +731,9 @@ static void drain(NativeWriter *w, int heartbeat, int whole_chunks_only)
                 }
                 free(final);
             }
+        }
+        if (last && heartbeat) {
+            atomic_store(&w->shared->beat_wall, now_ns(CLOCK_REALTIME));
         }
         if (last && heartbeat && reserve_out(w, 160) == 0) {
             w->out_len += (size_t)sprintf(w->out + w->out_len,

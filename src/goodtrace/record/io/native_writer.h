@@ -80,6 +80,11 @@ typedef struct {
      * segment j_segment (its header first when j_header); in flight while tail == j_start < j_end */
     _Atomic int64_t j_segment;
     _Atomic uint64_t j_offset, j_len, j_header, j_start, j_end;
+    /* signs of life for a reader on another host, where a lock on NFS mounted without a lock
+     * service says nothing: the wall clock at the writer's last heartbeat, its interval, its host */
+    _Atomic int64_t beat_wall;
+    int64_t interval_ns;
+    char host[64];
 } RingShared;
 
 typedef struct NativeWriter {
