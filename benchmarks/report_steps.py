@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 from goodtrace import schema
 from goodtrace.record.io.encoding import _Encoder
 from goodtrace.record.spans import Span

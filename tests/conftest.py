@@ -78,8 +78,10 @@ MODULE_MARKS: dict[str, tuple[str, ...]] = {
     "integrations/test_torch_rollback.py": ("processes",),
     "integrations/test_torchtitan.py": ("processes",),
     "read/test_ray_engine.py": ("processes",),
+    "read/test_segment_cache.py": ("processes",),
     "read/test_torchtitan_logs.py": ("processes",),
     "record/test_hostile_arguments.py": ("processes",),
+    "record/test_ring_file.py": ("processes",),
     "sinks/test_mlflow.py": ("processes",),  # mlflow runs git
     "record/test_live_goodput.py": ("slow",),
 }

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from goodtrace.read.duckdb_sql import RUN_MODEL_NAMES
+from goodtrace.read.duckdb_sql import SEGMENT_NAMES
 from helpers.storage_servers import EmulatedNFS, S3Server
 
 DATA = Path(__file__).parent.parent / "data"
@@ -92,8 +92,8 @@ def test_compacted_run_on_s3_is_read_from_parquet(s3: S3Server, tmp_path: Path) 
     s3.reset()
     remote = report(url, env)
     assert remote["form"] == "parquet"
-    # the manifest, the Parquet copy and the stored run model's tables; no segment
-    assert s3.stats()["operations"] == {"LIST": 1, "GET": 2 + len(RUN_MODEL_NAMES)}
+    # the manifest, the Parquet copy and the stored segment tables (compact is the cache); no segment
+    assert s3.stats()["operations"] == {"LIST": 1, "GET": 2 + len(SEGMENT_NAMES)}
     assert comparable(remote) == comparable(report(str(run)))
     assert trace(url, tmp_path / "remote.json", env) == trace(str(run), tmp_path / "local.json")
 

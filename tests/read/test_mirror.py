@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from goodtrace.analysis import analyze
-from goodtrace.read.duckdb_sql import RUN_MODEL_NAMES
+from goodtrace.read.duckdb_sql import SEGMENT_NAMES
 from goodtrace.read.load import NotARunError, compact_run, load_run
 from goodtrace.read.mirror import RemoteReadError, mirror_cache_dir, mirror_run
 from helpers.storage_servers import S3Server
@@ -118,8 +118,8 @@ def test_a_compacted_run_is_fetched_as_its_parquet_copy(tmp_path: Path, s3_env: 
     s3_env.reset()
     loaded = load_run(url)
     assert loaded.form == "parquet"
-    # the manifest, the Parquet copy and the stored run model's tables; no segment
-    assert _requests(s3_env) == {"LIST": 1, "GET": 2 + len(RUN_MODEL_NAMES)}
+    # the manifest, the Parquet copy and the reduction compact stored (a table a file); no segment
+    assert _requests(s3_env) == {"LIST": 1, "GET": 2 + len(SEGMENT_NAMES)}
     mirror = Path(mirror_cache_dir(url))
     assert not list(mirror.rglob("*.jsonl"))  # the covered JSON copies went
     expected = analyze(load_run(run))
@@ -163,7 +163,7 @@ def test_a_compacted_copy_of_another_format_does_not_replace_the_segments(tmp_pa
     s3_env.reset()
     loaded = load_run(url)
     assert loaded.form == "jsonl"
-    assert _requests(s3_env) == {"LIST": 1, "GET": 6 + len(RUN_MODEL_NAMES)}  # the segments too
+    assert _requests(s3_env) == {"LIST": 1, "GET": 6 + len(SEGMENT_NAMES)}  # the segments too
     s3_env.reset()
     load_run(url)
     assert _requests(s3_env) == {"LIST": 1}  # and the unused copy is not fetched again

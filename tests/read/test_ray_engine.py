@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
+from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
 from helpers.many_ranks import report_read_by as report
 from helpers.many_ranks import write_many_ranks
 
@@ -52,3 +54,19 @@ def test_report_cli_joins_a_ray_cluster(cluster: str) -> None:
         return done.stdout
 
     assert cli("--ray", cluster) == cli("--workers", "1")
+
+
+def test_ray_with_the_segment_cache_gives_the_cold_report(
+    cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver takes the closed segments from the cache and sends Ray only the others: the
+    first report (which fills the cache) and the next one (which reads it) are the cold one."""
+    run = write_many_ranks(tmp_path / "run", ranks=16, long_line=True)
+    monkeypatch.setenv(ENV_SEGMENT_CACHE, "0")
+    cold = report(run, Engine(workers=1))
+    monkeypatch.setenv(ENV_SEGMENT_CACHE, "1")
+    assert report(run, Engine(ray="local")) == cold
+    assert list((run / COMPACT_DIR / CACHE_DIR).glob("*.json"))
+    labels: list[str] = []
+    assert report(run, Engine(ray="local"), labels) == cold
+    assert "reading rank files on Ray" in labels  # the segments never closed (crashed sessions)

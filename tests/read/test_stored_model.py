@@ -1,6 +1,7 @@
-"""The run model ``goodtrace compact`` stores beside the Parquet copy: a report on the copy reads
-it instead of extracting it again, and must give exactly what extraction gives; a stored model
-it cannot trust (another version, a table missing, a session that grew since) is not used."""
+"""The reduction ``goodtrace compact`` stores beside the Parquet copy (a chunk of the segment
+cache): a report on the copy reads it instead of extracting it again, and must give exactly
+what extraction gives; a stored reduction it cannot trust (another version, a table missing,
+a segment that grew since) is not used."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from goodtrace.analysis import analyze
 from goodtrace.read.compact import COMPACT_DIR, COMPACT_MANIFEST, MODEL_PREFIX
-from goodtrace.read.duckdb_sql import RUN_MODEL_NAMES
+from goodtrace.read.duckdb_sql import SEGMENT_NAMES
 from goodtrace.read.load import compact_run, load_run
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -40,7 +41,7 @@ def test_the_stored_model_gives_what_extraction_gives(source: Path, tmp_path: Pa
     from_json = _figures(run)
     compact_run(run)
     model = _manifest(run)["model"]
-    assert set(model["tables"]) == set(RUN_MODEL_NAMES)
+    assert set(model["tables"]) == set(SEGMENT_NAMES)
     assert all((run / COMPACT_DIR / name).is_file() for name in model["tables"].values())
     assert load_run(run).form == "parquet"
     assert _figures(run) == from_json
@@ -55,7 +56,7 @@ def test_the_stored_model_is_what_the_report_reads(tmp_path: Path) -> None:
     shutil.copytree(RUNS[0], run, ignore=shutil.ignore_patterns(COMPACT_DIR))
     from_json = _figures(run)
     compact_run(run)
-    steps = run / COMPACT_DIR / _manifest(run)["model"]["tables"]["m_steps"]
+    steps = run / COMPACT_DIR / _manifest(run)["model"]["tables"]["seg_steps"]
     duckdb.sql(f"COPY (SELECT * FROM read_parquet('{steps}') WHERE false) TO '{steps}' (FORMAT parquet)")
     assert _figures(run)["steps"] != from_json["steps"]
     manifest = _manifest(run)
@@ -69,7 +70,7 @@ def test_a_missing_stored_table_falls_back_to_extraction(tmp_path: Path) -> None
     shutil.copytree(RUNS[0], run, ignore=shutil.ignore_patterns(COMPACT_DIR))
     from_json = _figures(run)
     compact_run(run)
-    (run / COMPACT_DIR / _manifest(run)["model"]["tables"]["m_spans"]).unlink()
+    (run / COMPACT_DIR / _manifest(run)["model"]["tables"]["seg_spans"]).unlink()
     assert load_run(run).form == "parquet"
     assert _figures(run) == from_json
 

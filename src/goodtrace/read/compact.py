@@ -1,4 +1,5 @@
-"""``goodtrace compact``: every record of a run as one Parquet file, for fast reports."""
+"""``goodtrace compact``: every segment of a run reduced once (a chunk of the segment cache,
+:mod:`goodtrace.read.segment_cache`) and every record as one Parquet file, for fast reports."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import json
 import os
 import shutil
 import tempfile
-import uuid
 from typing import Any
 
 from goodtrace.read import duckdb_sql
 from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
 from goodtrace.read.loaded import LoadError, Progress
+from goodtrace.read.segment_cache import FileIdentity, open_cache, write_chunk
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.validate import check_header
 from goodtrace.record.io.storage import is_url, local_path
@@ -42,48 +43,43 @@ def compact_manifest(root: str) -> dict[str, Any] | None:
     return manifest
 
 
-MODEL_PREFIX = "model-"  # RUN/compact/model-<compaction>-<table>.parquet: the stored run model
+MODEL_PREFIX = "model-"  # RUN/compact/model-<chunk>-<table>.parquet: the run's reduction, a chunk of the segment cache
 
 
-def _store_run_model(con: Any, entries: list[dict[str, Any]], segments: list[str], out_dir: str) -> dict[str, Any]:
-    """Extract the run model of every session once, here, and store it beside the Parquet copy
-    (a report on the copy then reads it instead of extracting it again). Sessions are numbered
-    as the reader groups files (by the header's session id); the manifest lists each one's file
-    ids, so that a reader uses a stored session only when it reads exactly those files."""
+def _store_reduction(
+    con: Any, entries: list[dict[str, Any]], segments: list[str], out_dir: str, skips: duckdb_sql.FileSkips,
+) -> dict[str, Any]:
+    """The fold's reduction of every segment, extracted once here and stored beside the
+    Parquet copy as one chunk of the segment cache (:mod:`goodtrace.read.segment_cache`,
+    files ``model-*.parquet``, its index in the manifest): a report takes each segment's rows
+    from it while the segment is as it was compacted (or gone: the copy is then its record).
+    Sessions are numbered as the reader groups files (by the header's session id)."""
     drafts = collect_sessions([(p, e["header"]) for p, e in zip(segments, entries, strict=True)], [],
                               lambda _: None, {})
-    fid_of = {p: e["fid"] for p, e in zip(segments, entries, strict=True)}
-    sessions = [sorted(fid_of[f] for f in draft.files) for draft in drafts.values()]
+    entry_of = dict(zip(segments, entries, strict=True))
+    main_tids = {i: int_or_none(d.header.get("main_tid")) for i, d in enumerate(drafts.values())}
     con.execute("CREATE TEMP TABLE sessmain (sid INTEGER, main_tid UBIGINT)")
     con.execute("CREATE TEMP TABLE session_files (fid INTEGER, sid INTEGER)")
-    duckdb_sql.insert_rows(con, "sessmain",
-                           [(i, int_or_none(d.header.get("main_tid"))) for i, d in enumerate(drafts.values())])
-    duckdb_sql.insert_rows(con, "session_files", [(fid, i) for i, fids in enumerate(sessions) for fid in fids])
+    duckdb_sql.insert_rows(con, "sessmain", list(main_tids.items()))
+    duckdb_sql.insert_rows(con, "session_files",
+                           [(entry_of[p]["fid"], sid) for sid, d in enumerate(drafts.values()) for p in d.files])
+    duckdb_sql.create_segment_tables(con)
     con.execute(
-        "CREATE TEMP VIEW model_source AS SELECT s.sid, r.* EXCLUDE (fid, bad) "
+        "CREATE TEMP VIEW model_source AS SELECT s.sid, r.* EXCLUDE (bad) "
         "FROM records r JOIN session_files s USING (fid) WHERE r.bad IS NULL"
     )
-    tables = duckdb_sql.write_run_model(con, "model_source", out_dir, uuid.uuid4().hex[:12])
-    return {"version": duckdb_sql.RUN_MODEL_VERSION, "tables": tables, "sessions": sessions}
-
-
-def stored_run_model(root: str, manifest: dict[str, Any]) -> tuple[dict[str, str], list[list[int]]] | None:
-    """The run model a compaction stored (table -> file name, each stored session's file ids),
-    or None when there is none this reader can use (another version, a file missing)."""
-    model = manifest.get("model")
-    if not isinstance(model, dict) or model.get("version") != duckdb_sql.RUN_MODEL_VERSION:
-        return None
-    tables, sessions = model.get("tables"), model.get("sessions")
-    if not isinstance(tables, dict) or set(tables) != set(duckdb_sql.RUN_MODEL_NAMES) or not isinstance(sessions, list):
-        return None
-    for name in tables.values():
-        if not isinstance(name, str) or not name.startswith(MODEL_PREFIX) or os.sep in name or "/" in name:
-            return None
-        if not os.path.isfile(os.path.join(root, COMPACT_DIR, name)):
-            return None
-    if not all(isinstance(fids, list) and all(isinstance(f, int) for f in fids) for fids in sessions):
-        return None
-    return tables, sessions
+    duckdb_sql.extract_segments(con, "model_source")
+    files: dict[int, FileIdentity] = {}
+    for sid, draft in enumerate(drafts.values()):
+        for p in draft.files:
+            entry = entry_of[p]
+            if p in skips.substitutes or "too_long" in skips.by_file.get(p, {}):
+                continue  # its records are read again from JSON, through a copy without the long lines
+            files[entry["fid"]] = FileIdentity(entry["path"], entry["size"], entry["mtime_ns"], entry.get("inode"),
+                                               main_tids[sid])
+    return write_chunk(con, out_dir, "model", duckdb_sql.SEGMENT_NAMES, files,
+                       {entry_of[p]["fid"]: skips.by_file.get(p, {}) for p in segments}, prefix=MODEL_PREFIX,
+                       index_file=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +134,10 @@ def _alive(pid: int) -> bool:
 
 def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = None) -> CompactResult:
     """Write RUN/compact/records.parquet (every line of every segment, with its file id and why
-    it is no valid record, NULL for a record) and a manifest of the segments it covers (path,
-    size, header, skipped lines by reason; the line count of a file whose header is unusable).
+    it is no valid record, NULL for a record), the reduction of every segment (one chunk of the
+    segment cache, ``model-*.parquet``; the chunks reports kept are dropped) and a manifest of
+    the segments it covers (path, size, mtime_ns, inode, header, skipped lines by reason; the
+    line count of a file whose header is unusable; the chunk's index).
     The JSON files are left as they are; segments that grow after compaction are read from
     JSON again."""
     path = os.fspath(run_dir)
@@ -160,8 +158,8 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
         except OSError as exc:
             problems.append(f"{os.path.relpath(p, root)}: cannot be read ({exc.strerror or exc}); skipped")
             continue
-        entry = {"fid": len(readable), "path": os.path.relpath(p, root), "size": info.st_size,
-                 "mtime_ns": info.st_mtime_ns, "header": header}
+        entry = {"fid": len(readable), "path": os.path.relpath(p, root).replace(os.sep, "/"), "size": info.st_size,
+                 "mtime_ns": info.st_mtime_ns, "inode": info.st_ino or None, "header": header}
         if lines is not None:
             entry["lines"] = lines
         entries.append(entry)
@@ -189,7 +187,7 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
             records = int(con.execute("SELECT count(*) FROM records WHERE bad IS NULL").fetchone()[0])
             if progress is not None:
                 progress("summarising sessions", len(segments), len(segments))
-            model = _store_run_model(con, entries, segments, out_dir)
+            model = _store_reduction(con, entries, segments, out_dir, skips)
             if progress is not None:
                 progress("writing Parquet", len(segments), len(segments))
             con.execute(
@@ -217,10 +215,11 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
     with open(os.path.join(out_dir, COMPACT_MANIFEST + ".partial"), "w", encoding="utf-8") as handle:
         json.dump(manifest, handle)
     os.replace(os.path.join(out_dir, COMPACT_MANIFEST + ".partial"), os.path.join(out_dir, COMPACT_MANIFEST))
-    for name in os.listdir(out_dir):  # the run model of an earlier compaction
+    for name in os.listdir(out_dir):  # the reduction of an earlier compaction
         if name.startswith(MODEL_PREFIX) and name not in model["tables"].values():
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(out_dir, name))
+    open_cache(root).clear("model")  # what reports kept of the segments: the chunk above holds it all now
     return CompactResult(
         path=out_dir,
         files=len(segments),

@@ -2,11 +2,11 @@
 
 DuckDB parses every rank's JSON-lines segments (a batch of whole sessions at a time,
 materialised once and queried several times) or reads the compacted Parquet copy, and keeps
-only what the run model needs of every session: a summary (last sign of life, finish, counts),
-step and sync records, main-thread overhead spans, the outermost compute time of each
-execution, device metrics, clock samples, a sample of span starts and events. Memory stays
-bounded for any number of ranks and steps; :func:`load_timelines` reads every record of the
-few sessions the analysis needs in full.
+only what the run model needs of every segment file (:func:`extract_segments`: what the
+segment cache keeps of a closed one), from which :func:`finish_model` makes each session's:
+a summary (last sign of life, finish, counts), step and sync records, main-thread overhead
+spans, the outermost compute time of each execution, device metrics, clock samples, a sample
+of span starts and events. Memory stays bounded for any number of ranks and steps.
 
 Every line is checked where it enters (:func:`goodtrace.read.validate.invalid_sql`: a line
 that is not a record reads as a row whose kind is NULL): only valid records reach the run
@@ -17,8 +17,9 @@ without those lines (:mod:`goodtrace.read.long_lines`), which are counted too.
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from goodtrace import schema
@@ -254,43 +255,74 @@ def insert_json(
 # ---------------------------------------------------------------------------------- the fold
 _SCRATCH_TABLES = (
     "CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER, fid INTEGER)",
-    "CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)",  # every file of the compacted copy read
-    "CREATE TEMP TABLE foldmap (fid INTEGER, sid INTEGER)",  # ... of those, the ones to extract from
-    "CREATE TEMP TABLE csidmap (csid INTEGER, sid INTEGER)",  # sessions taken from the stored model
+    "CREATE TEMP TABLE foldmap (fid INTEGER, sid INTEGER, lfid INTEGER)",  # compacted-copy files to extract from
     "CREATE TEMP TABLE sessmain (sid INTEGER, main_tid UBIGINT)",
 )
-# What the run model keeps of every session (see _extract); ``goodtrace compact`` stores these
-# tables beside the Parquet copy, so that a report on it skips the extraction.
-_RUN_MODEL_TABLES = (
-    "CREATE TABLE summ (sid INTEGER, last_seen BIGINT, dropped BIGINT, first_step BIGINT, last_step BIGINT, "
-    "step_count BIGINT, sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, finish_t BIGINT, "
-    "finish_reason VARCHAR, finish_exception VARCHAR, preempt_events BIGINT, records BIGINT, heartbeat BIGINT)",
-    "CREATE TABLE m_steps (sid INTEGER, seq BIGINT, step BIGINT, t0 BIGINT, t1 BIGINT)",
-    "CREATE TABLE m_syncs (sid INTEGER, seq BIGINT, step BIGINT, t BIGINT, how VARCHAR, after BIGINT)",
-    "CREATE TABLE m_spans (sid INTEGER, cat VARCHAR, t0 BIGINT, t1 BIGINT, step BIGINT)",
-    "CREATE TABLE m_compute (sid INTEGER, seq BIGINT, ns BIGINT)",
-    "CREATE TABLE m_device (sid INTEGER, name VARCHAR, step BIGINT, value DOUBLE)",
-    "CREATE TABLE m_clock (sid INTEGER, t BIGINT, offset_ns BIGINT, rtt_ns BIGINT)",
-    "CREATE TABLE m_starts (sid INTEGER, step BIGINT, name VARCHAR, t0 BIGINT)",
-    "CREATE TABLE m_events (sid INTEGER, name VARCHAR, t BIGINT, step BIGINT)",
-    "CREATE TABLE m_model (sid INTEGER, name VARCHAR, value DOUBLE, attrs VARCHAR, t BIGINT)",
+# The fold's map: what the run model needs of every *segment file* (``fid``: the file's number
+# in this load), row by row or as partials that merge across a session's files. They are
+# what the segment cache (goodtrace.read.segment_cache) keeps of a closed segment, and what a
+# task of the engine returns; :func:`finish_model` turns them into the run model's tables.
+_SEGMENT_TABLES = (
+    "CREATE TABLE seg_summ (sid INTEGER, fid INTEGER, last_seen BIGINT, dropped BIGINT, first_step BIGINT, "
+    "last_step BIGINT, step_count BIGINT, sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, "
+    "finish_t BIGINT, finish_reason VARCHAR, finish_exception VARCHAR, preempt_events BIGINT, records BIGINT, "
+    "heartbeat BIGINT)",
+    "CREATE TABLE seg_steps (sid INTEGER, fid INTEGER, seq BIGINT, step BIGINT, t0 BIGINT, t1 BIGINT)",
+    "CREATE TABLE seg_syncs (sid INTEGER, fid INTEGER, seq BIGINT, step BIGINT, t BIGINT, how VARCHAR, after BIGINT)",
+    "CREATE TABLE seg_spans (sid INTEGER, fid INTEGER, cat VARCHAR, t0 BIGINT, t1 BIGINT, step BIGINT)",
+    "CREATE TABLE seg_compute (sid INTEGER, fid INTEGER, t0 BIGINT, t1 BIGINT, step BIGINT)",
+    "CREATE TABLE seg_device (sid INTEGER, fid INTEGER, name VARCHAR, step BIGINT, value DOUBLE)",
+    "CREATE TABLE seg_clock (sid INTEGER, fid INTEGER, t BIGINT, offset_ns BIGINT, rtt_ns BIGINT)",
+    "CREATE TABLE seg_starts (sid INTEGER, fid INTEGER, step BIGINT, name VARCHAR, t0 BIGINT)",
+    "CREATE TABLE seg_events (sid INTEGER, fid INTEGER, name VARCHAR, t BIGINT, step BIGINT)",
+    "CREATE TABLE seg_model (sid INTEGER, fid INTEGER, name VARCHAR, value DOUBLE, attrs VARCHAR, t BIGINT)",
 )
-MODEL_TABLES = _SCRATCH_TABLES + _RUN_MODEL_TABLES
-RUN_MODEL_NAMES = tuple(statement.split()[2] for statement in _RUN_MODEL_TABLES)
-# Bumped whenever _extract or the tables above change: a stored model of another version is
-# not used (the records are extracted again from the Parquet copy).
-RUN_MODEL_VERSION = 1
+SEGMENT_NAMES = tuple(statement.split()[2] for statement in _SEGMENT_TABLES)
+
+
+def create_segment_tables(con: Any) -> None:
+    for statement in _SEGMENT_TABLES:
+        con.execute(statement)
+MODEL_TABLES = _SCRATCH_TABLES + _SEGMENT_TABLES
+# What the run model keeps of every session, made from the segment tables by finish_model.
+# summ and the row-wise tables are views over them (session_summaries combines a session's
+# rows); executions, compute per execution and the sample of span starts need the whole session.
+RUN_MODEL_NAMES = ("summ", "m_steps", "m_syncs", "m_spans", "m_compute", "m_device", "m_clock", "m_starts",
+                   "m_events", "m_model")
+
+
+def _sources_digest(*names: str) -> str:
+    """A digest of the source files that decide what a segment is reduced to: a cache written by
+    other code (another release, a patched install) is never mistaken for this code's, whether or
+    not somebody remembered to bump a number."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    digest = hashlib.sha256()
+    for name in names:
+        try:
+            with open(os.path.join(here, name), "rb") as handle:
+                digest.update(handle.read())
+        except OSError:  # no sources installed (a frozen build): the number alone keys it
+            digest.update(name.encode())
+    return digest.hexdigest()[:16]
+
+
+# A cached segment of another version is not used (its file is read again): the number is bumped
+# when the segment tables change, and the digest changes with any change of the code that fills
+# them (this module, the line checks, the record format, the cache itself).
+RUN_MODEL_VERSION = f"2-{_sources_digest('duckdb_sql.py', 'validate.py', 'segment_cache.py', '../schema.py')}"
 
 _MAIN = "(m.main_tid IS NULL OR b.tid IS NULL OR b.tid = m.main_tid)"
 
 
-def _extract(con: Any, source: str) -> None:
-    """What the run model needs of the records in ``source`` (a relation with a ``sid`` column
-    holding whole sessions), into the ``summ`` and ``m_*`` tables."""
+def extract_segments(con: Any, source: str) -> None:
+    """What the run model needs of the records in ``source`` (a relation of valid records with
+    ``sid`` and ``fid`` columns), per segment file, into the ``seg_*`` tables. Nothing here
+    depends on another file of the session (but its main thread, from its header): a file's
+    rows are the same whichever files share its batch, and can be kept once it is closed."""
     k = schema
     con.execute(
         f"""
-        INSERT INTO summ SELECT sid,
+        INSERT INTO seg_summ SELECT sid, fid,
                max(greatest(coalesce(t, 0), coalesce(t1, 0), coalesce(mono, 0))),
                max(dropped),
                min(step) FILTER (WHERE kind = '{k.STEP}'),
@@ -305,88 +337,70 @@ def _extract(con: Any, source: str) -> None:
                count(*) FILTER (WHERE kind = '{k.EVENT}' AND lower(name) LIKE '%preempt%'),
                count(*),
                max(mono) FILTER (WHERE kind = '{k.HEARTBEAT}')
-        FROM {source} WHERE kind IS NOT NULL GROUP BY sid
+        FROM {source} WHERE kind IS NOT NULL GROUP BY sid, fid
         """
     )
-    # Executions: the recorder numbers them (seq); older files are numbered by entry order.
+    # Executions as recorded; finish_model numbers those of older files (no seq) by entry order.
     con.execute(
         f"""
-        INSERT INTO m_steps SELECT sid, coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0) - 1),
-               step, t0, greatest(t0, t1)
+        INSERT INTO seg_steps SELECT sid, fid, seq, step, t0, greatest(t0, t1)
         FROM {source} WHERE kind = '{k.STEP}' AND step IS NOT NULL AND t0 IS NOT NULL AND t1 IS NOT NULL
         """
     )
     con.execute(
         f"""
-        INSERT INTO m_syncs SELECT sid, coalesce(seq, -1), step, t, coalesce(how, ''), after
+        INSERT INTO seg_syncs SELECT sid, fid, coalesce(seq, -1), step, t, coalesce(how, ''), after
         FROM {source} WHERE kind = '{k.SYNC}' AND step IS NOT NULL AND t IS NOT NULL
         """
     )
     con.execute(
         f"""
-        INSERT INTO m_spans SELECT b.sid, b.cat, b.t0, b.t1, b.step
+        INSERT INTO seg_spans SELECT b.sid, b.fid, b.cat, b.t0, b.t1, b.step
         FROM {source} b JOIN sessmain m USING (sid)
         WHERE b.kind = '{k.SPAN}' AND b.cat IS NOT NULL AND b.cat <> '{k.COMPUTE}' AND b.t0 IS NOT NULL
           AND b.t1 > b.t0 AND {_MAIN}
         """
     )
-    # Outermost main-thread compute time per execution: a span nested in an earlier one adds
-    # nothing, a partial overlap adds its uncovered tail; each part belongs to the execution of
-    # its step (the span's ambient step) entered last before it began (without a step: to the
-    # execution entered last); a part of a step that never finished belongs to none.
+    # Main-thread compute spans as they are: which part of one is outermost depends on the
+    # spans of the whole session (an outer span is written when it ends, maybe in a later file).
     con.execute(
         f"""
-        INSERT INTO m_compute
-        WITH c AS (
-            SELECT b.sid, b.t0, b.t1, b.step,
-                   max(b.t1) OVER (PARTITION BY b.sid ORDER BY b.t0, b.t1 DESC
-                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
-            FROM {source} b JOIN sessmain m USING (sid)
-            WHERE b.kind = '{k.SPAN}' AND b.cat = '{k.COMPUTE}' AND b.t0 IS NOT NULL AND b.t1 > b.t0 AND {_MAIN}),
-        o AS (SELECT sid, step, greatest(t0, coalesce(reach, t0)) AS a, t1 AS z FROM c
-              WHERE reach IS NULL OR t1 > reach),
-        e AS (SELECT sid, step, coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0) - 1) AS seq, t0
-              FROM {source} WHERE kind = '{k.STEP}' AND step IS NOT NULL AND t0 IS NOT NULL AND t1 IS NOT NULL)
-        SELECT o.sid, e.seq, sum(o.z - o.a) FROM o ASOF JOIN e ON o.sid = e.sid AND o.step = e.step AND o.a >= e.t0
-        WHERE o.step IS NOT NULL GROUP BY ALL
-        UNION ALL
-        SELECT o.sid, e.seq, sum(o.z - o.a) FROM o ASOF JOIN e ON o.sid = e.sid AND o.a >= e.t0
-        WHERE o.step IS NULL GROUP BY ALL
+        INSERT INTO seg_compute SELECT b.sid, b.fid, b.t0, b.t1, b.step
+        FROM {source} b JOIN sessmain m USING (sid)
+        WHERE b.kind = '{k.SPAN}' AND b.cat = '{k.COMPUTE}' AND b.t0 IS NOT NULL AND b.t1 > b.t0 AND {_MAIN}
         """
     )
     con.execute(
         f"""
-        INSERT INTO m_device SELECT sid, name, step, value FROM {source}
+        INSERT INTO seg_device SELECT sid, fid, name, step, value FROM {source}
         WHERE kind = '{k.METRIC}' AND name IN ({_DEVICE_METRICS}) AND step IS NOT NULL AND value IS NOT NULL
         """
     )
     con.execute(
         f"""
-        INSERT INTO m_clock SELECT sid, t, offset_ns, coalesce(rtt_ns, 0) FROM {source}
+        INSERT INTO seg_clock SELECT sid, fid, t, offset_ns, coalesce(rtt_ns, 0) FROM {source}
         WHERE kind = '{k.CLOCK}' AND t IS NOT NULL AND offset_ns IS NOT NULL
         """
     )
+    # The first start of each span name in each step (finish_model samples the steps: the
+    # sample depends on the session's step range)
     con.execute(
         f"""
-        INSERT INTO m_starts
-        WITH r AS (SELECT sid, min(step) AS lo, max(step) AS hi FROM {source}
-                   WHERE kind = '{k.STEP}' AND step IS NOT NULL GROUP BY sid)
-        SELECT b.sid, b.step, b.name, min(b.t0)
-        FROM {source} b JOIN sessmain m USING (sid) JOIN r USING (sid)
-        WHERE b.kind = '{k.SPAN}' AND b.step IS NOT NULL AND b.name IS NOT NULL AND b.t0 IS NOT NULL
-          AND (b.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0 AND {_MAIN}
+        INSERT INTO seg_starts SELECT b.sid, b.fid, b.step, b.name, min(b.t0)
+        FROM {source} b JOIN sessmain m USING (sid)
+        WHERE b.kind = '{k.SPAN}' AND b.step IS NOT NULL AND b.name IS NOT NULL AND b.t0 IS NOT NULL AND {_MAIN}
         GROUP BY ALL
         """
     )
     con.execute(
         f"""
-        INSERT INTO m_events SELECT sid, coalesce(name, '?'), t, step FROM {source}
+        INSERT INTO seg_events SELECT sid, fid, coalesce(name, '?'), t, step FROM {source}
         WHERE kind = '{k.EVENT}' AND t IS NOT NULL
         """
     )
     con.execute(
         f"""
-        INSERT INTO m_model SELECT sid, name, value,
+        INSERT INTO seg_model SELECT sid, fid, name, value,
                CASE WHEN kind = '{k.EVENT}' AND length(CAST(attrs AS VARCHAR)) <= {MAX_EVENT_ATTRS}
                     THEN CAST(attrs AS VARCHAR) END, t
         FROM {source}
@@ -394,6 +408,73 @@ def _extract(con: Any, source: str) -> None:
            OR (kind = '{k.EVENT}' AND name = 'model')
         """
     )
+
+
+# The span starts finish_model keeps (the sample of each session's step range), as a filter of
+# rows ``p`` of seg_starts with their session in ``m``: the cache reads only those of a closed
+# segment, once every file's summary is in seg_summ.
+SAMPLED_STARTS = (
+    "JOIN (SELECT sid, min(first_step) AS lo, max(last_step) AS hi FROM seg_summ GROUP BY sid) r ON r.sid = m.sid "
+    f"WHERE r.lo IS NOT NULL AND (p.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0"
+)
+
+
+def delete_files(con: Any, fids: Iterable[int]) -> None:
+    """Every row of some files from the segment tables."""
+    listed = ", ".join(str(int(fid)) for fid in fids)
+    if listed:
+        for table in SEGMENT_NAMES:
+            con.execute(f"DELETE FROM {table} WHERE fid IN ({listed})")
+
+
+def finish_model(con: Any) -> None:
+    """The run model's tables from the segment tables (every file of every session folded,
+    read from the cache or from the compacted copy): views over the row-wise ones, and the
+    three parts that need a whole session computed here."""
+    for table, segment in (("summ", "seg_summ"), ("m_syncs", "seg_syncs"), ("m_spans", "seg_spans"),
+                           ("m_device", "seg_device"), ("m_clock", "seg_clock"), ("m_events", "seg_events"),
+                           ("m_model", "seg_model")):
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * EXCLUDE (fid) FROM {segment}")
+    # Executions: the recorder numbers them (seq); older files are numbered by entry order.
+    con.execute(
+        "CREATE OR REPLACE TABLE m_steps AS SELECT sid, "
+        "coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0) - 1) AS seq, step, t0, t1 FROM seg_steps"
+    )
+    # Outermost main-thread compute time per execution: a span nested in an earlier one adds
+    # nothing, a partial overlap adds its uncovered tail; each part belongs to the execution of
+    # its step (the span's ambient step) entered last before it began (without a step: to the
+    # execution entered last); a part of a step that never finished belongs to none.
+    con.execute(
+        """
+        CREATE OR REPLACE TABLE m_compute AS
+        WITH c AS (
+            SELECT sid, t0, t1, step,
+                   max(t1) OVER (PARTITION BY sid ORDER BY t0, t1 DESC
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+            FROM seg_compute),
+        o AS (SELECT sid, step, greatest(t0, coalesce(reach, t0)) AS a, t1 AS z FROM c
+              WHERE reach IS NULL OR t1 > reach),
+        e AS (SELECT sid, step, seq, t0 FROM m_steps)
+        SELECT o.sid, e.seq, sum(o.z - o.a) AS ns FROM o ASOF JOIN e ON o.sid = e.sid AND o.step = e.step AND o.a >= e.t0
+        WHERE o.step IS NOT NULL GROUP BY ALL
+        UNION ALL
+        SELECT o.sid, e.seq, sum(o.z - o.a) FROM o ASOF JOIN e ON o.sid = e.sid AND o.a >= e.t0
+        WHERE o.step IS NULL GROUP BY ALL
+        """
+    )
+    # Span starts of about SAMPLE_STEPS steps of each session's step range
+    con.execute(
+        f"""
+        CREATE OR REPLACE TABLE m_starts AS
+        WITH r AS (SELECT sid, min(first_step) AS lo, max(last_step) AS hi FROM seg_summ GROUP BY sid)
+        SELECT s.sid, s.step, s.name, min(s.t0) AS t0 FROM seg_starts s JOIN r USING (sid)
+        WHERE r.lo IS NOT NULL AND (s.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0
+        GROUP BY ALL
+        """
+    )
+    con.execute("DROP TABLE seg_compute")
+    con.execute("DROP TABLE seg_starts")
+    con.execute("DROP TABLE seg_steps")
 
 
 FOLD_BATCH_FILES = 32  # files parsed into one batch table (whole sessions: a longer session is one batch)
@@ -415,21 +496,17 @@ def session_batches(files_by_sid: Mapping[int, Sequence[str]]) -> list[list[int]
 
 
 def fold_json(
-    con: Any, files_by_sid: dict[int, list[str]], progress: Progress | None, done: int, total: int,
-    skips: FileSkips,
+    con: Any, files_by_sid: dict[int, list[str]], fid_of: Mapping[str, int], progress: Progress | None, done: int,
+    total: int, skips: FileSkips,
 ) -> int:
     """Parse the JSON files, whole sessions of about 32 files at a time: each batch is parsed
     once into a table (every line, with why it is no valid record) that the extraction queries
-    then read for its valid records. Skipped lines are counted in ``skips``; a file read from a
+    then read for its valid records, into the segment tables (each file's rows under its
+    number in ``fid_of``). Skipped lines are counted in ``skips``; a file read from a
     copy without its long lines is replaced by the copy in ``files_by_sid``."""
     batches: list[list[tuple[str, int, int]]] = []
-    fid = 0
     for sids in session_batches(files_by_sid):
-        batches.append([])
-        for sid in sids:
-            for p in files_by_sid[sid]:
-                batches[-1].append((p, sid, fid))
-                fid += 1
+        batches.append([(p, sid, fid_of[p]) for sid in sids for p in files_by_sid[sid]])
     names = ", ".join(f"r.{name}" for name in _COLUMNS)
     for batch in batches:
         if not batch:
@@ -448,7 +525,7 @@ def fold_json(
                     "AS bad FROM batch) WHERE bad IS NOT NULL")
         count_skips(con, "batch_bad", [(p, f) for p, _, f in read], skips)
         con.execute("DELETE FROM batch WHERE rowid IN (SELECT row FROM batch_bad)")
-        _extract(con, "batch")
+        extract_segments(con, "batch")
         con.execute("DROP TABLE batch_bad")
         con.execute("DROP TABLE batch")
         done += len(batch)
@@ -458,38 +535,11 @@ def fold_json(
 
 
 def fold_parquet(con: Any) -> None:
-    """The compacted copy (``parquet_records``, sessions mapped through ``foldmap``): its valid
-    records (the lines it holds that are none were counted when it was written)."""
+    """The compacted copy (``parquet_records``, its files mapped through ``foldmap`` to this
+    load's sessions and file numbers): its valid records (the lines it holds that are none were
+    counted when it was written) into the segment tables."""
     con.execute(
-        "CREATE OR REPLACE TEMP VIEW parquet_sid AS SELECT m.sid, p.* EXCLUDE (fid, bad) "
+        "CREATE OR REPLACE TEMP VIEW parquet_sid AS SELECT m.sid, m.lfid AS fid, p.* EXCLUDE (fid, bad) "
         "FROM parquet_records p JOIN foldmap m USING (fid) WHERE p.bad IS NULL"
     )
-    _extract(con, "parquet_sid")
-
-
-def write_run_model(con: Any, records: str, out_dir: str, tag: str) -> dict[str, str]:
-    """``goodtrace compact``: extract the run model from ``records`` (a table of valid records
-    with a ``sid`` column: the compacted copy's session numbers, ``sessmain`` filled) and store
-    each of its tables as ``out_dir/model-<tag>-<table>.parquet``; returns table -> file name."""
-    for statement in _RUN_MODEL_TABLES:
-        con.execute(statement)
-    _extract(con, records)
-    names = {}
-    for table in RUN_MODEL_NAMES:
-        names[table] = f"model-{tag}-{table}.parquet"
-        con.execute(
-            f"COPY (SELECT * FROM {table} ORDER BY sid) TO {sql_str(os.path.join(out_dir, names[table]))} "
-            "(FORMAT parquet, COMPRESSION zstd)"
-        )
-    return names
-
-
-def read_run_model(con: Any, out_dir: str, names: dict[str, str]) -> None:
-    """The stored run model of the sessions in ``csidmap`` (stored number -> this load's) into
-    the model tables, as if extracted here."""
-    for table in RUN_MODEL_NAMES:
-        path = sql_str(os.path.join(out_dir, names[table]))
-        con.execute(
-            f"INSERT INTO {table} SELECT c.sid, p.* EXCLUDE (sid) FROM read_parquet({path}) p "
-            "JOIN csidmap c ON p.sid = c.csid"
-        )
+    extract_segments(con, "parquet_sid")

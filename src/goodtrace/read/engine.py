@@ -2,14 +2,14 @@
 as Ray tasks; the driver reduces.
 
 The map is :func:`goodtrace.read.duckdb_sql.fold_json`: whole sessions parsed and reduced to
-the run-model tables (``RUN_MODEL_NAMES``). A task is a run of consecutive fold batches (so a
-worker parses exactly the batches one process would), folded in its own DuckDB connection
-(one thread: a worker per core); it writes each run-model table as a Parquet file (local
-pool: into the driver's temporary directory; Ray: returned as bytes, the only thing that
-travels) and returns the lines it skipped, by file. The driver reads the tables into its own,
-task after task in session order (as :func:`~goodtrace.read.duckdb_sql.read_run_model` reads
-a stored model), and merges the skipped-line counts: the run model, and every number drawn
-from it, is the one-process one.
+the segment tables (``SEGMENT_NAMES``: each file's rows under its number in the load; the
+files the segment cache holds are not sent). A task is a run of consecutive fold batches (so
+a worker parses exactly the batches one process would), folded in its own DuckDB connection
+(one thread: a worker per core); it writes each segment table as a Parquet file (local pool:
+into the driver's temporary directory; Ray: returned as bytes, the only thing that travels)
+and returns the lines it skipped, by file. The driver reads the tables into its own, task
+after task in session order (as it reads the cache's chunks), and merges the skipped-line
+counts: the run model, and every number drawn from it, is the one-process one.
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ class FoldTask:
 
     index: int
     files: dict[int, list[str]]
+    fids: dict[str, int]  # each file's number in the load
     main_tids: list[tuple[int, int | None]]
     out_dir: str | None
     sources: dict[str, tuple[str, int]] | None = None
@@ -117,7 +118,7 @@ class FoldTask:
 
 @dataclasses.dataclass
 class FoldResult:
-    """A task's run-model tables (table -> Parquet file, or its bytes), the lines it skipped
+    """A task's segment tables (table -> Parquet file, or its bytes), the lines it skipped
     (as :class:`~goodtrace.read.duckdb_sql.FileSkips` holds them), or DuckDB's error."""
 
     index: int
@@ -139,6 +140,7 @@ def run_task(task: FoldTask) -> FoldResult:
     # own, since in the driver's thread task.files are the driver's lists
     files = {sid: list(paths) for sid, paths in task.files.items()}
     driver_path: dict[str, str] = {}  # a fetched file's path here -> the driver's path of it
+    fids = dict(task.fids)
     try:
         if task.sources is not None:  # fetched into this node's temporary directory first
             from goodtrace.read.mirror import fetch_files
@@ -146,6 +148,7 @@ def run_task(task: FoldTask) -> FoldResult:
             fetched = fetch_files(task.sources, os.path.join(tmpdir, "fetched"))
             driver_path = {local: path for path, local in fetched.items()}
             files = {sid: [fetched[p] for p in paths] for sid, paths in task.files.items()}
+            fids = {fetched[p]: fid for p, fid in task.fids.items()}
         con = duckdb_sql.connect(tmpdir, in_memory=True)
         try:
             con.execute("SET threads=1")
@@ -153,14 +156,14 @@ def run_task(task: FoldTask) -> FoldResult:
                 con.execute(statement)
             duckdb_sql.insert_rows(con, "sessmain", task.main_tids)
             try:
-                duckdb_sql.fold_json(con, files, None, 0, 0, skips)
+                duckdb_sql.fold_json(con, files, fids, None, 0, 0, skips)
             except duckdb.Error as exc:
                 result.error = str(exc)
                 return result
             out_dir = task.out_dir or tmpdir
             # compressed only where the bytes travel (Ray): a local file is read back at once
             compression = "zstd" if task.out_dir is None else "uncompressed"
-            for table in duckdb_sql.RUN_MODEL_NAMES:
+            for table in duckdb_sql.SEGMENT_NAMES:
                 path = os.path.join(out_dir, f"task{task.index:06d}-{table}.parquet")
                 con.execute(f"COPY {table} TO {duckdb_sql.sql_str(path)} (FORMAT parquet, COMPRESSION {compression})")
                 if task.out_dir is None:
@@ -219,12 +222,12 @@ def _workers(engine: Engine, sizes: dict[int, int]) -> int:
 
 
 def fold_sessions(
-    con: Any, files_by_sid: dict[int, list[str]], main_tids: dict[int, int | None], tmpdir: str,
+    con: Any, files_by_sid: dict[int, list[str]], fid_of: dict[str, int], main_tids: dict[int, int | None], tmpdir: str,
     engine: Engine, progress: Progress | None, done: int, total: int, skips: duckdb_sql.FileSkips,
     remote: RemoteRun | None = None,
 ) -> int:
-    """:func:`~goodtrace.read.duckdb_sql.fold_json` of ``files_by_sid`` into ``con``'s model
-    tables, where ``engine`` says; same tables, skipped lines (in ``skips``) and substituted
+    """:func:`~goodtrace.read.duckdb_sql.fold_json` of ``files_by_sid`` (``fid_of``: each
+    file's number) into ``con``'s segment tables, where ``engine`` says; same tables, skipped lines (in ``skips``) and substituted
     files (in ``files_by_sid``) as one process gives. Returns ``done`` plus the files folded.
     ``remote``: the files are the mirror of a run on object storage, which Ray tasks on a
     cluster (not a local Ray) fetch from its URL themselves."""
@@ -235,7 +238,7 @@ def fold_sessions(
         from goodtrace.read.ray_engine import RaySession
 
         with RaySession(engine.ray) as session:
-            tasks = _tasks(files_by_sid, main_tids, sizes, session.cpus, None)
+            tasks = _tasks(files_by_sid, fid_of, main_tids, sizes, session.cpus, None)
             if remote is not None and engine.ray != LOCAL_RAY:
                 for task in tasks:
                     task.sources = {p: remote.source(p) for paths in task.files.values() for p in paths}
@@ -243,10 +246,10 @@ def fold_sessions(
     else:
         workers = _workers(engine, sizes)
         if workers <= 1 or len(files_by_sid) <= 1:
-            return duckdb_sql.fold_json(con, files_by_sid, progress, done, total, skips)
+            return duckdb_sql.fold_json(con, files_by_sid, fid_of, progress, done, total, skips)
         out_dir = os.path.join(tmpdir, "tasks")
         os.makedirs(out_dir, exist_ok=True)
-        tasks = _tasks(files_by_sid, main_tids, sizes, workers, out_dir)
+        tasks = _tasks(files_by_sid, fid_of, main_tids, sizes, workers, out_dir)
         workers = min(workers, len(tasks))
         results = _run_pool(tasks, workers, _counter(tasks, f"reading rank files ({workers} workers)", progress,
                                                      done, total))
@@ -255,8 +258,8 @@ def fold_sessions(
 
 
 def _tasks(
-    files_by_sid: dict[int, list[str]], main_tids: dict[int, int | None], sizes: dict[int, int], workers: int,
-    out_dir: str | None,
+    files_by_sid: dict[int, list[str]], fid_of: dict[str, int], main_tids: dict[int, int | None],
+    sizes: dict[int, int], workers: int, out_dir: str | None,
 ) -> list[FoldTask]:
     """Tasks for ``workers`` (a few per worker, and none over :data:`TASK_MAX_BYTES` unless one
     session is): runs of whole fold batches (the batches one process parses) when there are a
@@ -269,7 +272,9 @@ def _tasks(
     count = max(workers, min(workers * TASKS_PER_WORKER, total // TASK_BYTES), capped)
     groups = plan_tasks(units, sizes, min(len(units), count))
     return [
-        FoldTask(i, {sid: files_by_sid[sid] for sid in sids}, [(sid, main_tids.get(sid)) for sid in sids], out_dir)
+        FoldTask(i, {sid: files_by_sid[sid] for sid in sids},
+                 {p: fid_of[p] for sid in sids for p in files_by_sid[sid]},
+                 [(sid, main_tids.get(sid)) for sid in sids], out_dir)
         for i, sids in enumerate(groups)
     ]
 
@@ -369,7 +374,7 @@ def _reduce(
             raise duckdb.Error(result.error)
     con.execute("SET preserve_insertion_order=true")  # the files' rows in the order listed
     try:
-        for table in duckdb_sql.RUN_MODEL_NAMES:
+        for table in duckdb_sql.SEGMENT_NAMES:
             stored = [result.tables[table] for result in ordered]
             tables = [path for path in stored if isinstance(path, str)]
             assert len(tables) == len(stored)  # a Ray task's bytes are written out on arrival

@@ -19,16 +19,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
+from goodtrace import schema
 from goodtrace.read import duckdb_sql, model_fetch
-from goodtrace.read.compact import (
-    COMPACT_DIR,
-    COMPACT_RECORDS,
-    compact_manifest,
-    compact_run,
-    stored_run_model,
-)
+from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
 from goodtrace.read.discovery import (
     collect_sessions,
     count_lines,
@@ -51,6 +47,7 @@ from goodtrace.read.loaded import (
     SessionTimeline,
 )
 from goodtrace.read.mirror import mirror_run
+from goodtrace.read.segment_cache import FileIdentity, Hit, SegmentCache, identity_of, open_cache
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.sessions import number_attempts
 from goodtrace.read.validate import SKIP_REASONS, describe_skipped
@@ -142,12 +139,110 @@ def _warn_skipped(skips: duckdb_sql.FileSkips, skipped: dict[str, int], warnings
         warnings.append(f"in all, {describe_skipped(bad)}; the numbers leave them out")
 
 
+def _file_identities(
+    root: str, drafts: dict[str, Any], main_tids: dict[int, int | None], parquet_ok: dict[str, dict[str, Any]],
+) -> dict[str, FileIdentity]:
+    """Each file's identity for the segment cache: as it is on disk, or (its JSON gone, read
+    from the compacted copy) as the compaction's manifest recorded it."""
+    out: dict[str, FileIdentity] = {}
+    for sid, draft in enumerate(drafts.values()):
+        for p in draft.files:
+            ident = identity_of(root, p, main_tids.get(sid))
+            entry = parquet_ok.get(p)
+            if ident is None and entry is not None and isinstance(entry.get("size"), int) \
+                    and isinstance(entry.get("mtime_ns"), int):
+                ident = FileIdentity(os.path.relpath(p, root).replace(os.sep, "/"), entry["size"], entry["mtime_ns"],
+                                     None, main_tids.get(sid))
+            if ident is not None:
+                out[p] = ident
+    return out
+
+
+def _open_cache(root: str, manifest: dict[str, Any] | None, use_cache: bool) -> SegmentCache | None:
+    """The run's segment cache, with the reduction a compaction stored (one more chunk)."""
+    if not use_cache:
+        return None
+    stored = manifest.get("model") if manifest is not None else None
+    extra = [(os.path.join(root, COMPACT_DIR), stored)] if isinstance(stored, dict) else []
+    return open_cache(root, extra)
+
+
+def _closed_files(con: Any, drafts: dict[str, Any], files: list[tuple[str, object]], fid_of: dict[str, int]) -> set[str]:
+    """The files no writer will append to: every file of a finished session, and every file
+    of a session but its last segment (the writer rotated away from it)."""
+    finished = {int(row[0]) for row in con.execute("SELECT DISTINCT sid FROM seg_summ WHERE has_finish > 0").fetchall()}
+    number: dict[str, int] = {}
+    for p, header in files:
+        value = header.get(schema.H_SEGMENT) if isinstance(header, dict) else None
+        number[p] = value if isinstance(value, int) and not isinstance(value, bool) else 0
+    closed: set[str] = set()
+    for sid, draft in enumerate(drafts.values()):
+        last = max(number.get(p, 0) for p in draft.files)
+        closed.update(p for p in draft.files if sid in finished or number.get(p, 0) < last)
+    return closed
+
+
+def _store(
+    cache: SegmentCache, con: Any, root: str, kind: str, tables: Sequence[str], closed: dict[int, FileIdentity],
+    hits: dict[int, Hit], skips: duckdb_sql.FileSkips, path_of: dict[int, str],
+) -> None:
+    """Keep the rows of the closed files just read (``closed``: every closed file, ``hits``: those
+    read from the cache), unless a file changed while it was read or had lines too long to read
+    (the views that read its records again need the copy). When the folder holds many chunks,
+    the new one holds its hits too, and replaces them."""
+    replace = cache.crowded(kind)
+    files = {fid: ident for fid, ident in closed.items()
+             if fid not in hits or (replace and cache.own(hits[fid]))}
+    keep: dict[int, FileIdentity] = {}
+    for fid, ident in files.items():
+        path = path_of[fid]
+        if path in skips.substitutes or "too_long" in skips.by_file.get(path, {}):
+            continue
+        if os.path.exists(path):
+            now = identity_of(root, path, ident.main_tid)
+            if now != ident:
+                continue
+        keep[fid] = ident
+    cache.store(con, kind, tables, keep, {fid: skips.by_file.get(path_of[fid], {}) for fid in keep}, replace=replace)
+
+
+def _read_details(
+    con: Any, root: str, cache: SegmentCache | None, references: Sequence[int], drafts: Sequence[Any], fid_of: dict[str, int],
+    identities: dict[str, FileIdentity], closed: set[str], skips: duckdb_sql.FileSkips,
+    parquet_ok: dict[str, dict[str, Any]], path_of: dict[int, str],
+) -> None:
+    """The reference sessions' detail into the ``det_*`` tables: from the cache, or read from
+    their files (JSON, or the compacted copy) and kept when closed."""
+    model_fetch.create_detail_tables(con)
+    wanted = {fid_of[p]: (sid, p) for sid in sorted(set(references)) for p in drafts[sid].files}
+    hits: dict[int, Hit] = {}
+    if cache is not None:
+        hits = cache.find("detail", {fid: identities[p] for fid, (_, p) in wanted.items() if p in identities})
+        for fid in cache.load(con, "detail", hits, {fid: sid for fid, (sid, _) in wanted.items()}):
+            del hits[fid]
+    json_rows: list[tuple[str, int, int]] = []
+    parquet_rows: list[tuple[int, int, int]] = []
+    for fid, (sid, p) in sorted(wanted.items()):
+        if fid in hits:
+            continue
+        if p in parquet_ok:
+            parquet_rows.append((int(parquet_ok[p]["fid"]), sid, fid))
+        else:
+            json_rows.append((skips.substitutes.get(p, p), sid, fid))
+    model_fetch.extract_details(con, json_rows, parquet_rows)
+    if cache is not None:
+        _store(cache, con, root, "detail", model_fetch.DETAIL_NAMES,
+               {fid: identities[p] for fid, (_, p) in wanted.items() if p in closed and p in identities}, hits, skips,
+               path_of)
+
+
 def load_run(
     run_dir: str | os.PathLike[str],
     *,
     progress: Progress | None = None,
     use_compact: bool = True,
     engine: Engine | None = None,
+    use_cache: bool = True,
 ) -> LoadedRun:
     """Read a run directory (JSON lines, and its compacted Parquet form when present).
 
@@ -155,7 +250,9 @@ def load_run(
     default a local process per core when the run is large enough, ``GOODTRACE_WORKERS``):
     the result is the same wherever. A caller running inside a script whose module level
     does work (a training script) passes ``Engine(workers=1)``: pool workers are spawned
-    interpreters, which import the main module.
+    interpreters, which import the main module. ``use_cache``: take the reduction of closed
+    segments from the segment cache, and keep the new ones there
+    (:mod:`goodtrace.read.segment_cache`); the result is the same either way.
 
     Raises ``NotARunError`` when the path holds no readable records, ``LoadError`` when DuckDB
     cannot read them (a damaged compacted copy is skipped in favour of the JSON lines first).
@@ -165,7 +262,7 @@ def load_run(
     listed: dict[str, tuple[int, int]] = {}  # the JSON segments as the first try found them
     try:
         return _load_run(run_dir, progress=progress, use_compact=use_compact, engine=engine or Engine(),
-                         listed=listed)
+                         listed=listed, use_cache=use_cache)
     except duckdb.Error as exc:
         changed: list[str] = []
         _warn_changed(listed, _identities(list(listed)), changed)
@@ -173,7 +270,8 @@ def load_run(
             raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
         first = str(exc).splitlines()[0]
     try:  # again, without the compacted copy and with the files as they are now
-        loaded = _load_run(run_dir, progress=progress, use_compact=False, engine=engine or Engine())
+        loaded = _load_run(run_dir, progress=progress, use_compact=False, engine=engine or Engine(),
+                           use_cache=use_cache)
     except duckdb.Error as exc:
         raise LoadError(f"cannot read the records of {os.fspath(run_dir)!r}: {exc}") from None
     if changed:
@@ -190,6 +288,7 @@ def _load_run(
     use_compact: bool,
     engine: Engine,
     listed: dict[str, tuple[int, int]] | None = None,
+    use_cache: bool = True,
 ) -> LoadedRun:
     path = os.fspath(run_dir)
     warnings: list[str] = []
@@ -254,56 +353,100 @@ def _load_run(
     for index, draft in enumerate(drafts.values()):
         for f in draft.files:
             sid_of_file[f] = index
-    for p, entry in parquet_ok.items():  # lines the compacted copy skipped, of the files read
-        if p in sid_of_file:
-            for reason, count in (entry.get("skipped") or {}).items():
-                if reason in SKIP_REASONS and isinstance(count, int):
-                    skips.add(p, reason, count)
+    main_tids = {i: int_or_none(d.header.get("main_tid")) for i, d in enumerate(drafts.values())}
+    # every file of every session numbered in session order: the segment tables' ``fid``
+    fid_of: dict[str, int] = {}
+    sid_of_fid: dict[int, int] = {}
+    for sid, draft in enumerate(drafts.values()):
+        for f in draft.files:
+            sid_of_fid[fid_of.setdefault(f, len(fid_of))] = sid
+    identities = _file_identities(root, drafts, main_tids, parquet_ok)
+    cache = _open_cache(root, manifest, use_cache)
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-load-")
     parquet_fids: dict[int, list[int]] = {}
     json_by_sid: dict[int, list[str]] = {}
     for p in json_paths:
         if p in sid_of_file:
             json_by_sid.setdefault(sid_of_file[p], []).append(p)
+    for p, entry in parquet_ok.items():
+        if p in sid_of_file:
+            parquet_fids.setdefault(sid_of_file[p], []).append(int(entry["fid"]))
     parquet = os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)
     con = None
     try:
         con = duckdb_sql.connect(tmpdir)
         for statement in duckdb_sql.MODEL_TABLES:
             con.execute(statement)
-        main_tids = {i: int_or_none(d.header.get("main_tid")) for i, d in enumerate(drafts.values())}
         duckdb_sql.insert_rows(con, "sessmain", list(main_tids.items()))
-        total = len(json_paths) + (1 if parquet_ok else 0)
-        done = 0
         if parquet_ok:
-            fid_to_sid = {
-                int(entry["fid"]): sid_of_file[p] for p, entry in parquet_ok.items() if p in sid_of_file
-            }
-            for fid, sid in fid_to_sid.items():
-                parquet_fids.setdefault(sid, []).append(fid)
-            duckdb_sql.insert_rows(con, "fidmap", list(fid_to_sid.items()))
             # A view, not a copy: each query reads only the Parquet columns it needs.
             con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(parquet)})")
-            # Sessions read from exactly the files a compaction summarised take its stored run
-            # model; the others (grown since, or merged with newer files) are extracted here.
-            stored = stored_run_model(root, manifest) if manifest is not None else None
-            from_model: dict[int, int] = {}
-            if stored is not None:
-                csid_of = {frozenset(fids): csid for csid, fids in enumerate(stored[1])}
-                for sid, fids in parquet_fids.items():
-                    csid = csid_of.get(frozenset(fids))
-                    if sid not in json_by_sid and csid is not None:
-                        from_model[sid] = csid
-                duckdb_sql.insert_rows(con, "csidmap", [(csid, sid) for sid, csid in from_model.items()])
-                duckdb_sql.read_run_model(con, os.path.join(root, COMPACT_DIR), stored[0])
-            extract = [(fid, sid) for fid, sid in fid_to_sid.items() if sid not in from_model]
-            if extract:
-                duckdb_sql.insert_rows(con, "foldmap", extract)
-                duckdb_sql.fold_parquet(con)
+        # Closed segments the cache holds as they are now are not read again
+        hits: dict[int, Hit] = {}
+        if cache is not None:
+            hits = cache.find("model", {fid_of[p]: ident for p, ident in identities.items()})
+            # every table but the span starts, of which only a sample is kept (below)
+            for fid in cache.load(con, "model", hits, sid_of_fid, tables=lambda table: table != "seg_starts"):
+                del hits[fid]
+        path_of = {fid: p for p, fid in fid_of.items()}
+        for fid, hit in hits.items():
+            for reason, count in hit.skipped.items():
+                if reason in SKIP_REASONS and isinstance(count, int):
+                    skips.add(path_of[fid], reason, count)
+        for p, entry in parquet_ok.items():  # lines the compacted copy skipped, of the files read from it
+            if p in sid_of_file and fid_of[p] not in hits:
+                for reason, count in (entry.get("skipped") or {}).items():
+                    if reason in SKIP_REASONS and isinstance(count, int):
+                        skips.add(p, reason, count)
+        fold_json_by_sid = {sid: [p for p in paths if fid_of[p] not in hits] for sid, paths in json_by_sid.items()}
+        fold_json_by_sid = {sid: paths for sid, paths in fold_json_by_sid.items() if paths}
+        fold_parquet = [(int(entry["fid"]), sid_of_file[p], fid_of[p]) for p, entry in parquet_ok.items()
+                        if p in sid_of_file and fid_of[p] not in hits]
+        total = sum(len(paths) for paths in fold_json_by_sid.values()) + (1 if fold_parquet else 0)
+        done = 0
+        if fold_parquet:
+            duckdb_sql.insert_rows(con, "foldmap", fold_parquet)
+            duckdb_sql.fold_parquet(con)
             done += 1
             if progress is not None:
                 progress("reading compacted records", done, total)
-        done = fold_sessions(con, json_by_sid, main_tids, tmpdir, engine, progress, done, total, skips, remote)
+        done = fold_sessions(con, fold_json_by_sid, fid_of, main_tids, tmpdir, engine, progress, done, total, skips,
+                             remote)
+        if hits and cache is not None:
+            # the span starts: only the sample finish_model keeps, now that every file's summary
+            # is in (all of them when this load's chunk will replace the others: it keeps them)
+            failed = cache.load(con, "model", hits, sid_of_fid, tables=lambda table: table == "seg_starts",
+                                filters=None if cache.crowded("model") else {"seg_starts": duckdb_sql.SAMPLED_STARTS})
+            if failed:  # read again, whole
+                duckdb_sql.delete_files(con, failed)
+                again: dict[int, list[str]] = {}
+                again_parquet: list[tuple[int, int, int]] = []
+                for fid in sorted(failed):
+                    del hits[fid]
+                    skips.by_file.pop(path_of[fid], None)  # counted again as it is read
+                    entry = parquet_ok.get(path_of[fid])
+                    if entry is not None:
+                        again_parquet.append((int(entry["fid"]), sid_of_fid[fid], fid))
+                        for reason, count in (entry.get("skipped") or {}).items():
+                            if reason in SKIP_REASONS and isinstance(count, int):
+                                skips.add(path_of[fid], reason, count)
+                    else:
+                        again.setdefault(sid_of_fid[fid], []).append(path_of[fid])
+                if again_parquet:
+                    con.execute("DELETE FROM foldmap")
+                    duckdb_sql.insert_rows(con, "foldmap", again_parquet)
+                    duckdb_sql.fold_parquet(con)
+                fold_sessions(con, again, fid_of, main_tids, tmpdir, Engine(workers=1), None, 0, 0, skips, remote)
+        for paths in json_by_sid.values():  # files read from copies without their long lines
+            paths[:] = [skips.substitutes.get(p, p) for p in paths]
+        if cache is not None:
+            closed = _closed_files(con, drafts, files, fid_of)
+            _store(cache, con, root, "model", duckdb_sql.SEGMENT_NAMES,
+                   {fid_of[p]: identities[p] for p in closed if p in identities}, hits, skips, path_of)
+            cache.prune({ident.path: ident for ident in identities.values()})
+        else:
+            closed = set()
+        duckdb_sql.finish_model(con)
         if progress is not None:
             progress("summarising", total, total)
         summaries = model_fetch.session_summaries(con)
@@ -312,7 +455,10 @@ def _load_run(
         ]
         record_count = sum(int(s.get("records") or 0) for s in summaries.values())
         attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
-        timelines = model_fetch.load_timelines(con, reference_sessions(sessions, attempts), parquet_fids, json_by_sid)
+        references = reference_sessions(sessions, attempts)
+        _read_details(con, root, cache, references, list(drafts.values()), fid_of, identities, closed, skips, parquet_ok,
+                      path_of)
+        timelines = model_fetch.load_timelines(con, references)
         models = model_fetch.model_events(con)
         for sid, timeline in timelines.items():
             timeline.model = models.get(sid, {})

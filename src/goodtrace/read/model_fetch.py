@@ -236,73 +236,102 @@ def model_events(con: Any) -> dict[int, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------- full timelines
-def load_timelines(
-    con: Any, sids: Iterable[int], parquet_fids: dict[int, list[int]], json_files: dict[int, list[str]]
-) -> dict[int, SessionTimeline]:
+# What the step table needs of each file of the reference sessions (tags, metric values, each
+# span name's time per step, FLOPs metrics, events): rows, or sums and minima that merge
+# across a session's files; the segment cache keeps them for closed files (kind "detail").
+_DETAIL_TABLES = (
+    "CREATE TABLE det_tags (sid INTEGER, fid INTEGER, step BIGINT, name VARCHAR, t BIGINT)",
+    "CREATE TABLE det_metrics (sid INTEGER, fid INTEGER, step BIGINT, name VARCHAR, value DOUBLE, t BIGINT)",
+    "CREATE TABLE det_flops (sid INTEGER, fid INTEGER, value DOUBLE, t BIGINT)",
+    "CREATE TABLE det_spans (sid INTEGER, fid INTEGER, step BIGINT, name VARCHAR, ns BIGINT, first BIGINT)",
+    "CREATE TABLE det_events (sid INTEGER, fid INTEGER, name VARCHAR, t BIGINT, step BIGINT, attrs VARCHAR)",
+)
+DETAIL_NAMES = tuple(statement.split()[2] for statement in _DETAIL_TABLES)
+
+
+def create_detail_tables(con: Any) -> None:
+    for statement in _DETAIL_TABLES:
+        con.execute(statement)
+
+
+def extract_details(con: Any, json_rows: Sequence[tuple[str, int, int]], parquet_rows: Sequence[tuple[int, int, int]]) -> None:
+    """The detail of some files into the ``det_*`` tables: ``json_rows`` (path read, session,
+    file number) read as JSON lines, ``parquet_rows`` (number in the compacted copy, session,
+    file number) from the copy's rows (filtered on ``fid``, so DuckDB skips other row groups)."""
+    columns = "kind, name, t0, t1, t, step, value, attrs"
+    create_records_table(con, "records_none")
+    parts = [f"SELECT sid, 0 AS fid, {columns} FROM records_none WHERE false"]
+    if json_rows:
+        con.execute("DELETE FROM files_batch")
+        insert_rows(con, "files_batch", list(json_rows))
+        parts = [
+            f"SELECT f.sid, f.fid, {', '.join('r.' + c.strip() for c in columns.split(','))} "
+            f"FROM {read_json_sql([p for p, _, _ in json_rows])} r JOIN files_batch f ON r.filename = f.path WHERE {VALID_JSON}"
+        ]
+    if parquet_rows:
+        con.execute("CREATE OR REPLACE TEMP TABLE detailmap (cfid INTEGER, sid INTEGER, fid INTEGER)")
+        insert_rows(con, "detailmap", list(parquet_rows))
+        fid_list = ", ".join(str(f) for f, _, _ in sorted(parquet_rows))
+        parts.append(
+            f"SELECT m.sid, m.fid, {', '.join('p.' + c.strip() for c in columns.split(','))} FROM parquet_records p "
+            f"JOIN detailmap m ON p.fid = m.cfid WHERE p.fid IN ({fid_list}) AND p.bad IS NULL"
+        )
+    con.execute(f"CREATE OR REPLACE TEMP TABLE detail AS {' UNION ALL '.join(parts)}")
+    con.execute(f"INSERT INTO det_tags SELECT sid, fid, step, coalesce(name, '?'), t FROM detail "
+                f"WHERE kind = '{schema.TAG}' AND t IS NOT NULL AND step IS NOT NULL")
+    con.execute(f"INSERT INTO det_metrics SELECT sid, fid, step, coalesce(name, '?'), value, t FROM detail "
+                f"WHERE kind = '{schema.METRIC}' AND step IS NOT NULL AND value IS NOT NULL")
+    con.execute(f"INSERT INTO det_flops SELECT sid, fid, value, t FROM detail WHERE kind = '{schema.METRIC}' "
+                "AND value IS NOT NULL AND name IN ('model_flops_per_step', 'flops_per_step')")
+    con.execute("INSERT INTO det_spans SELECT sid, fid, step, coalesce(name, '?'), sum(greatest(t0, t1) - t0)::BIGINT, "
+                f"min(t0) FROM detail WHERE kind = '{schema.SPAN}' AND t0 IS NOT NULL AND t1 IS NOT NULL "
+                "AND step IS NOT NULL GROUP BY ALL")
+    con.execute(f"INSERT INTO det_events SELECT sid, fid, coalesce(name, '?'), t, step, "
+                f"CASE WHEN length(CAST(attrs AS VARCHAR)) <= {MAX_EVENT_ATTRS} THEN CAST(attrs AS VARCHAR) END "
+                f"FROM detail WHERE kind = '{schema.EVENT}' AND t IS NOT NULL")
+    con.execute("DROP TABLE detail")
+    con.execute("DROP TABLE records_none")
+
+
+def load_timelines(con: Any, sids: Iterable[int]) -> dict[int, SessionTimeline]:
     """What the step table needs of the wanted sessions, per step and as columns (see
-    :class:`SessionTimeline`): their JSON files read again (a few of many), and their rows of
-    the Parquet copy (filtered on ``fid``, so DuckDB skips other row groups)."""
+    :class:`SessionTimeline`), from the ``det_*`` tables (every file of each wanted session
+    extracted or read from the cache)."""
     wanted = sorted(set(sids))
     timelines = {sid: SessionTimeline() for sid in wanted}
     if not wanted:
         return timelines
-    columns = "kind, name, cat, t0, t1, t, step, tid, err, how, value, reduce, attrs"
-    create_records_table(con, "records_none")
-    parts = [f"SELECT sid, {columns} FROM records_none WHERE false"]
-    paths = [f for s in wanted for f in json_files.get(s, [])]
-    if paths:
-        con.execute("DELETE FROM files_batch")
-        insert_rows(con, "files_batch", [(p, s, 0) for s in wanted for p in json_files.get(s, [])])
-        parts = [
-            f"SELECT f.sid, {', '.join('r.' + c.strip() for c in columns.split(','))} FROM {read_json_sql(paths)} r "
-            f"JOIN files_batch f ON r.filename = f.path WHERE {VALID_JSON}"
-        ]
-    fids = [f for s in wanted for f in parquet_fids.get(s, [])]
-    if fids:
-        fid_list = ", ".join(str(f) for f in sorted(fids))
-        parts.append(
-            f"SELECT m.sid, {', '.join('p.' + c.strip() for c in columns.split(','))} FROM parquet_records p "
-            f"JOIN fidmap m ON p.fid = m.fid WHERE p.fid IN ({fid_list}) AND p.bad IS NULL"
-        )
-    con.execute(f"CREATE OR REPLACE TEMP TABLE detail AS {' UNION ALL '.join(parts)}")
 
     import numpy as np
 
     by_sid: dict[int, list[Any]] = {}
-    for row in con.execute(
-        f"SELECT sid, coalesce(name, '?'), t, step, CASE WHEN length(CAST(attrs AS VARCHAR)) <= {MAX_EVENT_ATTRS} "
-        f"THEN CAST(attrs AS VARCHAR) END FROM detail WHERE kind = '{schema.EVENT}' AND t IS NOT NULL ORDER BY sid, t"
-    ).fetchall():
+    for row in con.execute("SELECT sid, name, t, step, attrs FROM det_events ORDER BY sid, t").fetchall():
         by_sid.setdefault(row[0], []).append(row[1:])
     flops: dict[int, list[float]] = {}
-    for sid, value in con.execute(
-        f"SELECT sid, value FROM detail WHERE kind = '{schema.METRIC}' AND value IS NOT NULL "
-        "AND name IN ('model_flops_per_step', 'flops_per_step') ORDER BY sid, t"
-    ).fetchall():
+    for sid, value in con.execute("SELECT sid, value FROM det_flops ORDER BY sid, t").fetchall():
         flops.setdefault(int(sid), []).append(float(value))
-    names = _vocab(con, "(SELECT coalesce(name, '?') AS name FROM detail)", "name", into="vocab_detail")
+    names = _vocab(con, "(SELECT name FROM det_tags UNION ALL SELECT name FROM det_metrics "
+                        "UNION ALL SELECT name FROM det_spans)", "name", into="vocab_detail")
     vocabulary = tuple(names.tolist())
 
     def codes(values: Any) -> array[int]:
         return array("i", np.asarray(values, dtype=np.int32).tobytes())
 
     for sid, c in _by_session(
-        con, f"SELECT d.sid, d.step, v.code AS name FROM detail d JOIN vocab_detail v ON coalesce(d.name, '?') = v.name "
-             f"WHERE d.kind = '{schema.TAG}' AND d.t IS NOT NULL AND d.step IS NOT NULL ORDER BY d.sid, d.t"
+        con, "SELECT d.sid, d.step, v.code AS name FROM det_tags d JOIN vocab_detail v ON d.name = v.name "
+             "ORDER BY d.sid, d.t"
     ):
         timelines[sid].tag_step, timelines[sid].tag_name = _ints(c["step"]), codes(c["name"])
     for sid, c in _by_session(
-        con, f"SELECT d.sid, d.step, v.code AS name, d.value FROM detail d JOIN vocab_detail v "
-             f"ON coalesce(d.name, '?') = v.name WHERE d.kind = '{schema.METRIC}' AND d.step IS NOT NULL "
-             "AND d.value IS NOT NULL ORDER BY d.sid, d.t"
+        con, "SELECT d.sid, d.step, v.code AS name, d.value FROM det_metrics d JOIN vocab_detail v "
+             "ON d.name = v.name ORDER BY d.sid, d.t"
     ):
         tl = timelines[sid]
         tl.metric_step, tl.metric_name = _ints(c["step"]), codes(c["name"])
         tl.metric_value = array("d", np.asarray(c["value"], dtype=np.float64).tobytes())
     for sid, c in _by_session(
-        con, f"SELECT s.sid, s.step, v.code AS name, s.ns, s.first FROM (SELECT sid, step, coalesce(name, '?') AS name, "
-             "sum(greatest(t0, t1) - t0)::BIGINT AS ns, min(t0) AS first FROM detail "
-             f"WHERE kind = '{schema.SPAN}' AND t0 IS NOT NULL AND t1 IS NOT NULL AND step IS NOT NULL GROUP BY ALL) s "
+        con, "SELECT s.sid, s.step, v.code AS name, s.ns, s.first FROM (SELECT sid, step, name, "
+             "sum(ns)::BIGINT AS ns, min(first) AS first FROM det_spans GROUP BY ALL) s "
              "JOIN vocab_detail v ON s.name = v.name ORDER BY s.sid, s.step, s.first"
     ):
         tl = timelines[sid]
@@ -315,8 +344,6 @@ def load_timelines(
         tl.names = vocabulary
         tl.events = [EventRecord(n, t, s, _json_object(a) or None) for n, t, s, a in by_sid.get(sid, [])]
         tl.flops = flops.get(sid, [])
-    con.execute("DROP TABLE detail")
-    con.execute("DROP TABLE records_none")
     return timelines
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.read.ring import RING_SUFFIX, recover_rings
 from goodtrace.read.validate import MAX_LINE_BYTES, SKIP_REASONS, check_record
 from goodtrace.record.io.storage import is_url, local_path
 
@@ -51,7 +52,8 @@ def _file_kind(mode: int) -> str:
 def list_segments(run_dir: str, problems: list[str] | None = None) -> list[tuple[str, str]]:
     """(rank directory name, segment path) pairs, sorted. Entries named ``*.jsonl`` that are
     not regular files (FIFOs, directories, devices, dangling links) are left out and named in
-    ``problems``: opening a FIFO would wait forever for a writer."""
+    ``problems``: opening a FIFO would wait forever for a writer. A local run's rings left by
+    killed processes are first turned into segments (:mod:`goodtrace.read.ring`)."""
     found: list[tuple[str, str]] = []
     if is_url(run_dir):
         import fsspec
@@ -73,6 +75,9 @@ def list_segments(run_dir: str, problems: list[str] | None = None) -> list[tuple
             if problems is not None:
                 problems.append(f"{entry}: cannot be listed ({exc.strerror or exc}); skipped")
             continue
+        if any(name.endswith(RING_SUFFIX) for name in names):  # a killed process's last records
+            recover_rings(rank_dir, names, problems)
+            names = sorted(os.listdir(rank_dir))
         for name in names:
             if not name.endswith(SEGMENT_SUFFIX):
                 continue

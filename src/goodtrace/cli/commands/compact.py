@@ -1,9 +1,10 @@
-"""``goodtrace compact RUN``: write the run's records as one Parquet file for fast reports.
+"""``goodtrace compact RUN``: reduce every segment of the run once, and keep its records as Parquet.
 
-Writes ``RUN/compact/records.parquet``, the run model extracted from it
-(``RUN/compact/model-*.parquet``) and a manifest; the JSON-lines segments stay where they
-are. ``goodtrace report`` then reads the stored model and the Parquet copy, and JSON only for
-segments that changed or appeared since (their sessions are extracted again).
+Writes ``RUN/compact/records.parquet``, the reduction of every segment extracted from it
+(``RUN/compact/model-*.parquet``: one chunk of the segment cache,
+:mod:`goodtrace.read.segment_cache`) and a manifest; the JSON-lines segments stay where they
+are. ``goodtrace report`` then takes each segment's reduction from there while the segment is
+unchanged, and reads JSON only for segments that changed or appeared since.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 
 from goodtrace.record.live.line import format_bytes
 
-HELP = "compact a run's JSON-lines records into Parquet (faster reports on large runs)"
+HELP = "reduce every segment of a run once and keep its records as Parquet (faster reports on large runs)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <unistd.h>
 
 #include "native_writer.h"
 
@@ -30,6 +31,7 @@ typedef struct {
     Py_ssize_t limit;
     struct { PyObject *key; uint32_t id; } cache[KEY_CACHE];
     int closed;
+    int map_errno; /* why the ring is not in a file, when one was asked for */
 } RingObject;
 
 static int64_t
@@ -352,13 +354,18 @@ ring_close(RingObject *self, PyObject *args)
     ok = nw_close(self->w, timeout);
     Py_END_ALLOW_THREADS
     self->closed = 1;
+    if (ok && self->w->map_path != NULL) { /* a clean finish: everything is in the segments */
+        unlink(self->w->map_path);
+        free(self->w->map_path);
+        self->w->map_path = NULL;
+    }
     return PyBool_FromLong(ok);
 }
 
 static PyObject *
 ring_clear(RingObject *self, PyObject *Py_UNUSED(ignored))
 {
-    atomic_store(&self->w->discard_until, atomic_load(&self->w->head));
+    atomic_store(&self->w->shared->discard_until, atomic_load(&self->w->shared->head));
     Py_RETURN_NONE;
 }
 
@@ -388,6 +395,24 @@ ring_get_dropped(RingObject *self, void *Py_UNUSED(closure))
     return PyLong_FromUnsignedLongLong(atomic_load(&self->w->dropped_full));
 }
 
+static PyObject *
+ring_get_file(RingObject *self, void *Py_UNUSED(closure))
+{
+    if (self->w->map == NULL) {
+        Py_RETURN_NONE;
+    }
+    if (self->w->map_path == NULL) { /* removed at a clean close */
+        Py_RETURN_NONE;
+    }
+    return PyBytes_FromString(self->w->map_path);
+}
+
+static PyObject *
+ring_get_file_errno(RingObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(self->map_errno);
+}
+
 static char *
 copy_bytes(PyObject *obj, size_t *len)
 {
@@ -411,17 +436,23 @@ static PyObject *
 ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"root", "prefix", "header", "limit", "ring_bytes", "flush_interval_s", "segment_bytes",
-                             "string_json", "span_prefix", "encode_line", "kinds", NULL};
-    PyObject *root, *prefix, *header, *string_json, *span_prefix, *encode_line, *kinds;
+                             "string_json", "span_prefix", "encode_line", "kinds", "ring_path", "text_bytes", NULL};
+    PyObject *root, *prefix, *header, *string_json, *span_prefix, *encode_line, *kinds, *ring_path = Py_None;
     Py_ssize_t limit;
-    unsigned long long ring_bytes, segment_bytes;
+    unsigned long long ring_bytes, segment_bytes, text_bytes = 4u << 20;
     double interval;
     RingObject *self;
-    size_t ignored;
-    int i;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!nKdKOOOO!", kwlist, &PyBytes_Type, &root, &PyBytes_Type, &prefix,
-                                     &PyTuple_Type, &header, &limit, &ring_bytes, &interval, &segment_bytes,
-                                     &string_json, &span_prefix, &encode_line, &PyTuple_Type, &kinds)) {
+    size_t ignored, header_len[4];
+    char *header_parts[4] = {NULL, NULL, NULL, NULL};
+    int i, mapped;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!nKdKOOOO!|OK", kwlist, &PyBytes_Type, &root, &PyBytes_Type,
+                                     &prefix, &PyTuple_Type, &header, &limit, &ring_bytes, &interval, &segment_bytes,
+                                     &string_json, &span_prefix, &encode_line, &PyTuple_Type, &kinds, &ring_path,
+                                     &text_bytes)) {
+        return NULL;
+    }
+    if (ring_path != Py_None && !PyBytes_Check(ring_path)) {
+        PyErr_SetString(PyExc_TypeError, "NativeRing: ring_path must be bytes or None");
         return NULL;
     }
     if (PyTuple_GET_SIZE(header) != 4 || PyTuple_GET_SIZE(kinds) != 4 || ring_bytes < 4096 || interval <= 0) {
@@ -432,25 +463,44 @@ ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (self == NULL) {
         return NULL;
     }
-    self->w = calloc(1, sizeof(NativeWriter));
-    if (self->w == NULL || nw_init(self->w, (ring_bytes + 7) & ~7ULL) != 0) {
-        Py_DECREF(self);
-        return PyErr_NoMemory();
-    }
-    self->w->root = copy_bytes(root, &ignored);
-    self->w->prefix = copy_bytes(prefix, &ignored);
     for (i = 0; i < 4; i++) {
-        self->w->header[i] = copy_bytes(PyTuple_GET_ITEM(header, i), &self->w->header_len[i]);
-        if (self->w->header[i] == NULL) {
+        header_parts[i] = copy_bytes(PyTuple_GET_ITEM(header, i), &header_len[i]);
+        if (header_parts[i] == NULL) {
+            for (i = 0; i < 4; i++) {
+                free(header_parts[i]);
+            }
             Py_DECREF(self);
             return NULL;
         }
     }
+    self->w = calloc(1, sizeof(NativeWriter));
+    mapped = self->w == NULL ? -1
+                             : nw_init(self->w, (ring_bytes + 7) & ~7ULL,
+                                       ring_path == Py_None ? NULL : PyBytes_AS_STRING(ring_path), text_bytes,
+                                       header_parts, header_len);
+    if (mapped < 0) {
+        for (i = 0; i < 4; i++) {
+            free(header_parts[i]);
+        }
+        free(self->w);
+        self->w = NULL;
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->map_errno = mapped == 1 ? errno : 0;
+    for (i = 0; i < 4; i++) {
+        self->w->header[i] = header_parts[i];
+        self->w->header_len[i] = header_len[i];
+    }
+    self->w->root = copy_bytes(root, &ignored);
+    self->w->prefix = copy_bytes(prefix, &ignored);
     if (self->w->root == NULL || self->w->prefix == NULL || (self->ids = PyDict_New()) == NULL) {
         Py_DECREF(self);
         return NULL;
     }
     self->w->interval_s = interval;
+    self->w->shared->interval_ns = (int64_t)(interval * 1e9);
+    atomic_store(&self->w->shared->beat_wall, self->w->shared->wall);
     self->w->segment_limit = segment_bytes;
     self->limit = limit;
     Py_INCREF(string_json);
@@ -501,7 +551,7 @@ ring_dealloc(RingObject *self)
      * under it. A stopped or never started one is freed. */
     if (self->w != NULL && (!self->w->started || self->w->exited)) {
         uint32_t id, texts = atomic_load(&self->w->texts);
-        for (id = 0; id < texts; id++) {
+        for (id = 0; id < texts && self->w->text_area == NULL; id++) {
             free(self->w->pages[id / TEXT_PAGE][id % TEXT_PAGE].data);
         }
         for (i = 0; i < TEXT_PAGES; i++) {
@@ -511,7 +561,7 @@ ring_dealloc(RingObject *self)
             free(self->w->header[i]);
         }
         free(atomic_load(&self->w->final_line));
-        free(self->w->ring);
+        nw_release(self->w, 0);
         free(self->w->out);
         free(self->w->root);
         free(self->w->prefix);
@@ -532,6 +582,8 @@ static PyMethodDef ring_methods[] = {
 
 static PyGetSetDef ring_getset[] = {
     {"dropped", (getter)ring_get_dropped, NULL, "records refused because the ring was full", NULL},
+    {"file", (getter)ring_get_file, NULL, "the ring's file (bytes), or None when the ring is in memory", NULL},
+    {"file_errno", (getter)ring_get_file_errno, NULL, "why a ring file asked for could not be made (0: it was)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

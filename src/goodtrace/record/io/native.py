@@ -5,7 +5,12 @@ The common records go into a C ring as plain fields and a C thread turns them in
 JSON lines as :mod:`goodtrace.record.io.writer`, writing them with one ``write`` per flush and
 a heartbeat every flush interval, without ever taking the GIL: a training thread that holds
 the GIL (the convoy effect of a loop making a system call every few microseconds) cannot
-starve it, and a SIGKILL loses at most one flush interval plus one write. Rare records
+starve it. The ring lives in a file mapped ``MAP_SHARED`` beside the session's segments
+(``<segment prefix>.ring``, :data:`RING_SUFFIX`): a record whose append returned is in the
+kernel's page cache, so a SIGKILL loses none of it (a machine crash still loses what was not
+written back); :mod:`goodtrace.read.ring` turns what the writer had not written into a segment.
+A clean close deletes the file. Where it cannot be made (a read-only or full directory) the
+ring is in the process's memory, as before, with one warning. Rare records
 (attributes, errors, events, the finish record) are encoded by the Python encoder as they are
 appended and travel through the ring as bytes, in order. Warnings are Python's: a small
 daemon thread reads the writer's counters every flush interval (if it is starved, a warning
@@ -33,8 +38,16 @@ RING_BYTES_PER_RECORD = 64  # one fixed-field record
 # default: a second of records at 500 k/s, while the writer drains a chunk every 65 ms). Every
 # page of the ring is touched as it wraps, so its size is resident memory.
 HEADER_TIMEOUT_S = 2.0
+RING_SUFFIX = ".ring"
+#: The interned texts' area of a ring file (names, a span's constant start): 4 MiB, tens of
+#: thousands of names. A name that no longer fits goes through the Python encoder, as bytes.
+RING_TEXT_BYTES = 4 << 20
 
-__all__ = ["NativeBuffer", "NativeStats", "NativeWriter"]
+#: The ring files of this process's open native writers: a reader in the same process (where
+#: the file lock cannot tell) leaves them alone.
+OPEN_RING_FILES: set[str] = set()
+
+__all__ = ["OPEN_RING_FILES", "RING_SUFFIX", "NativeBuffer", "NativeStats", "NativeWriter"]
 
 
 class NativeBuffer:
@@ -101,6 +114,14 @@ class NativeWriter:
         parts.append(text.encode())
         limit = config.max_buffer_records
         self._ring_bytes = max(1 << 20, min(limit * RING_BYTES_PER_RECORD, config.max_pending_bytes // 2))
+        ring_path = os.path.join(storage.root, *(segment_prefix + RING_SUFFIX).split("/"))
+        in_file = os.environ.get("GOODTRACE_RING_FILE", "1") != "0"  # 0: in memory (the benchmarks' baseline)
+        made_dir: OSError | None = None
+        try:
+            if in_file:
+                os.makedirs(os.path.dirname(ring_path), exist_ok=True)
+        except OSError as exc:
+            made_dir = exc
         self.ring = native.NativeRing(
             root=os.fsencode(storage.root),
             prefix=os.fsencode(segment_prefix),
@@ -113,7 +134,20 @@ class NativeWriter:
             span_prefix=encoder.span_prefix,
             encode_line=lambda record: encoder.encode(record).encode("utf-8", "surrogatepass"),
             kinds=(schema.STEP, schema.SYNC, schema.TAG, schema.METRIC),
+            ring_path=os.fsencode(ring_path) if in_file and made_dir is None else None,
+            text_bytes=RING_TEXT_BYTES,
         )
+        self.ring_file: str | None = None if self.ring.file is None else os.fsdecode(self.ring.file)
+        if self.ring_file is not None:
+            OPEN_RING_FILES.add(self.ring_file)
+        elif in_file:
+            error = made_dir.errno if made_dir is not None else int(self.ring.file_errno)
+            why = (f"[Errno {error}] {os.strerror(error or 0)}" if error != errno.EOPNOTSUPP else
+                   "its filesystem is not one where a shared file mapping is known to be safe (ext4, xfs, "
+                   "tmpfs, NFS, overlayfs)")
+            warn(f"the recorder's ring could not be put in a file beside the segments ({ring_path}: {why}); "
+                 "it stays in this process's memory, where a killed process loses what the writer had not "
+                 "yet written (up to a flush interval)", stacklevel=2)
         self.buffer = NativeBuffer(self.ring, limit)
         self.stats = NativeStats(self.ring)
         self._warned: set[str] = set()
@@ -200,6 +234,8 @@ class NativeWriter:
         only if every record reached storage; otherwise a warning says how many did not."""
         started = time.monotonic()
         done = bool(self.ring.close(timeout))
+        if done and self.ring_file is not None:
+            OPEN_RING_FILES.discard(self.ring_file)  # deleted by the close
         self._stop.set()
         self.check()
         where = self._storage.description

@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,19 +33,183 @@ static int64_t now_ns(clockid_t clock)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-int nw_init(NativeWriter *w, uint64_t capacity)
+static uint64_t round8(uint64_t n)
 {
-    memset(w, 0, sizeof(*w));
-    w->ring = malloc(capacity);
-    if (w->ring == NULL) {
+    return (n + 7) & ~(uint64_t)7;
+}
+
+/* A store into a shared file mapping that the filesystem cannot back is a SIGBUS in the
+ * training thread, not an error code: the ring goes into a file only on filesystems where
+ * reserved blocks stay reserved and pages are served from the page cache (a FUSE filesystem
+ * killed the process at the first store in a test here). Not btrfs or ZFS: copy-on-write needs
+ * new blocks for every overwrite, so a full disk would be a SIGBUS despite the reservation. */
+static int mapping_is_safe(int fd)
+{
+    struct statfs st;
+    if (fstatfs(fd, &st) != 0) {
+        return 0;
+    }
+    switch ((unsigned long)st.f_type) {
+    case 0xEF53UL:     /* ext2/3/4 */
+    case 0x58465342UL: /* xfs */
+    case 0x01021994UL: /* tmpfs */
+    case 0x6969UL:     /* nfs */
+    case 0x794C7630UL: /* overlayfs (a container's root: the pages are the upper filesystem's) */
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int write_zeros(int fd, uint64_t len)
+{
+    static const char zeros[1 << 16];
+    uint64_t done = 0;
+    while (done < len) {
+        size_t n = len - done < sizeof(zeros) ? (size_t)(len - done) : sizeof(zeros);
+        ssize_t wrote = pwrite(fd, zeros, n, (off_t)done);
+        if (wrote < 0 && errno == EINTR) {
+            continue;
+        }
+        if (wrote <= 0) {
+            if (wrote == 0) {
+                errno = EIO;
+            }
+            return -1;
+        }
+        done += (uint64_t)wrote;
+    }
+    return 0;
+}
+
+/* Make, size, reserve (no SIGBUS on a full disk later), lock and map the ring file, and touch
+ * every page (no page fault on the training thread's first pass). 0, or -1 with errno set. */
+static int map_ring_file(NativeWriter *w, const char *path, uint64_t capacity, uint64_t text_capacity,
+                         char *const header[4], const size_t header_len[4])
+{
+    uint64_t header_bytes = 0, len;
+    struct flock lock;
+    RingShared *s;
+    char *map, *cursor;
+    int fd, i, err;
+    for (i = 0; i < 4; i++) {
+        header_bytes += header_len[i];
+    }
+    text_capacity = round8(text_capacity + header_bytes);
+    len = RING_HEADER_BYTES + text_capacity + capacity;
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644); /* never another process's ring */
+    if (fd < 0) {
         return -1;
     }
+    if (!mapping_is_safe(fd)) {
+        errno = EOPNOTSUPP;
+        goto failed;
+    }
+    memset(&lock, 0, sizeof(lock));
+    lock.l_type = F_WRLCK; /* held while this process lives: a reader never recovers a live ring */
+    lock.l_whence = SEEK_SET;
+    if (fcntl(fd, F_SETLK, &lock) != 0 || ftruncate(fd, (off_t)len) != 0) {
+        goto failed;
+    }
+    if ((err = posix_fallocate(fd, 0, (off_t)len)) != 0) {
+        /* a filesystem without fallocate (some FUSE ones): write the zeros, which reserves the
+         * blocks as well; no room is no room */
+        if (err == ENOSPC || err == EFBIG || write_zeros(fd, len) != 0) {
+            errno = err == ENOSPC || err == EFBIG ? err : errno;
+            goto failed;
+        }
+    }
+    map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        goto failed;
+    }
+    memset(map, 0, len); /* fault every page in now */
+    s = (RingShared *)map;
+    s->version = RING_VERSION;
+    s->header_bytes = RING_HEADER_BYTES;
+    s->capacity = capacity;
+    s->text_offset = RING_HEADER_BYTES;
+    s->text_capacity = text_capacity;
+    s->ring_offset = RING_HEADER_BYTES + text_capacity;
+    s->pid = (int64_t)getpid();
+    gethostname(s->host, sizeof(s->host) - 1);
+    s->wall = now_ns(CLOCK_REALTIME);
+    s->mono = now_ns(CLOCK_MONOTONIC);
+    cursor = map + RING_HEADER_BYTES;
+    for (i = 0; i < 4; i++) {
+        s->header_len[i] = (uint32_t)header_len[i];
+        memcpy(cursor, header[i], header_len[i]);
+        cursor += header_len[i];
+    }
+    atomic_store(&s->text_used, round8(header_bytes));
+    atomic_thread_fence(memory_order_seq_cst);
+    memcpy(s->magic, RING_MAGIC, 8); /* last: a file without it is not a ring yet */
+    w->map = map;
+    w->map_len = len;
+    w->map_fd = fd;
+    w->shared = s;
+    w->ring = map + s->ring_offset;
+    w->text_area = map + RING_HEADER_BYTES;
+    return 0;
+failed:
+    err = errno;
+    close(fd);
+    unlink(path);
+    errno = err;
+    return -1;
+}
+
+int nw_init(NativeWriter *w, uint64_t capacity, const char *map_path, uint64_t text_capacity,
+            char *const header[4], const size_t header_len[4])
+{
+    int fallback = 0, err = 0;
+    memset(w, 0, sizeof(*w));
     w->capacity = capacity;
     w->fd = -1;
+    w->map_fd = -1;
+    if (map_path != NULL) {
+        if (map_ring_file(w, map_path, capacity, text_capacity, header, header_len) == 0) {
+            w->map_path = strdup(map_path);
+        } else {
+            err = errno;
+            fallback = 1;
+        }
+    }
+    if (w->map == NULL) {
+        w->ring = malloc(capacity);
+        w->shared = calloc(1, sizeof(RingShared));
+        if (w->ring == NULL || w->shared == NULL) {
+            free(w->ring);
+            free(w->shared);
+            w->ring = NULL;
+            w->shared = NULL;
+            return -1;
+        }
+    }
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->wake, NULL);
     pthread_cond_init(&w->done, NULL);
-    return 0;
+    errno = err;
+    return fallback;
+}
+
+void nw_release(NativeWriter *w, int remove_file)
+{
+    if (w->map != NULL) {
+        if (remove_file && w->map_path != NULL) {
+            unlink(w->map_path); /* before the unlock: a reader never sees it unlocked and whole */
+        }
+        munmap(w->map, w->map_len);
+        close(w->map_fd);
+        w->map = NULL;
+    } else {
+        free(w->ring);
+        free(w->shared);
+    }
+    w->ring = NULL;
+    w->shared = NULL;
+    free(w->map_path);
+    w->map_path = NULL;
 }
 
 int64_t nw_add_text(NativeWriter *w, const char *data, size_t len)
@@ -60,11 +226,25 @@ int64_t nw_add_text(NativeWriter *w, const char *data, size_t len)
             return -1;
         }
     }
-    copy = malloc(len ? len : 1);
-    if (copy == NULL) {
-        return -1;
+    if (w->text_area != NULL) { /* in the file, where a reader finds it: [length][bytes] */
+        uint64_t used = atomic_load_explicit(&w->shared->text_used, memory_order_relaxed);
+        uint64_t need = round8(4 + (uint64_t)len);
+        uint32_t length = (uint32_t)len;
+        if (used + need > w->shared->text_capacity) {
+            return -1; /* full: the record goes through the Python encoder, as bytes in the ring */
+        }
+        memcpy(w->text_area + used, &length, 4);
+        memcpy(w->text_area + used + 4, data, len);
+        copy = w->text_area + used + 4;
+        atomic_store_explicit(&w->shared->text_used, used + need, memory_order_release);
+        atomic_store_explicit(&w->shared->texts, (uint64_t)id + 1, memory_order_release);
+    } else {
+        copy = malloc(len ? len : 1);
+        if (copy == NULL) {
+            return -1;
+        }
+        memcpy(copy, data, len);
     }
-    memcpy(copy, data, len);
     w->pages[page][id % TEXT_PAGE].data = copy;
     w->pages[page][id % TEXT_PAGE].len = (uint32_t)len;
     atomic_store_explicit(&w->texts, id + 1, memory_order_release);
@@ -74,8 +254,8 @@ int64_t nw_add_text(NativeWriter *w, const char *data, size_t len)
 /* ------------------------------------------------------------------ ring, producer side */
 char *nw_reserve(NativeWriter *w, uint32_t size)
 {
-    uint64_t head = atomic_load_explicit(&w->head, memory_order_relaxed);
-    uint64_t tail = atomic_load_explicit(&w->tail, memory_order_acquire);
+    uint64_t head = atomic_load_explicit(&w->shared->head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&w->shared->tail, memory_order_acquire);
     uint64_t pos = head % w->capacity;
     uint64_t room = w->capacity - pos; /* contiguous bytes up to the end */
     if (room < size) { /* pad to the end and start again at 0 */
@@ -84,7 +264,7 @@ char *nw_reserve(NativeWriter *w, uint32_t size)
         }
         ((Entry *)(w->ring + pos))->size = (uint32_t)room;
         ((Entry *)(w->ring + pos))->type = E_PAD;
-        atomic_store_explicit(&w->head, head + room, memory_order_release);
+        atomic_store_explicit(&w->shared->head, head + room, memory_order_release);
         return w->ring;
     }
     if (head + size - tail > w->capacity) {
@@ -95,10 +275,10 @@ char *nw_reserve(NativeWriter *w, uint32_t size)
 
 void nw_commit(NativeWriter *w, uint32_t size)
 {
-    uint64_t head = atomic_load_explicit(&w->head, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&w->shared->head, memory_order_relaxed);
     atomic_store_explicit(&w->produced, atomic_load_explicit(&w->produced, memory_order_relaxed) + 1,
                           memory_order_relaxed);
-    atomic_store_explicit(&w->head, head + size, memory_order_release);
+    atomic_store_explicit(&w->shared->head, head + size, memory_order_release); /* the entry is whole */
 }
 
 uint64_t nw_pending(NativeWriter *w)
@@ -473,6 +653,16 @@ static void write_out(NativeWriter *w, uint64_t count, int heartbeat)
         w->out_len += header_len;
     }
     atomic_fetch_add(&w->writes, 1);
+    { /* what a reader needs to tell, after a kill, which of these lines reached the file */
+        RingShared *s = w->shared;
+        atomic_store(&s->j_segment, w->segment);
+        atomic_store(&s->segment, w->segment);
+        atomic_store(&s->j_offset, w->has_header ? w->segment_bytes : 0);
+        atomic_store(&s->j_len, w->out_len);
+        atomic_store(&s->j_header, w->has_header ? 0 : 1);
+        atomic_store(&s->j_start, w->chunk_start);
+        atomic_store(&s->j_end, w->chunk_end);
+    }
     if (write_all(w, w->out, w->out_len) != 0) {
         goto failed;
     }
@@ -490,9 +680,9 @@ failed:
 /* Take what is in the ring now, in chunks; the last chunk ends with a heartbeat if asked. */
 static void drain(NativeWriter *w, int heartbeat, int whole_chunks_only)
 {
-    uint64_t head = atomic_load_explicit(&w->head, memory_order_acquire);
-    uint64_t tail = atomic_load_explicit(&w->tail, memory_order_relaxed);
-    uint64_t discard = atomic_load(&w->discard_until);
+    uint64_t head = atomic_load_explicit(&w->shared->head, memory_order_acquire);
+    uint64_t tail = atomic_load_explicit(&w->shared->tail, memory_order_relaxed);
+    uint64_t discard = atomic_load(&w->shared->discard_until);
     for (;;) {
         uint64_t count = 0, taken = 0;
         int64_t started = now_ns(CLOCK_MONOTONIC), took;
@@ -501,6 +691,7 @@ static void drain(NativeWriter *w, int heartbeat, int whole_chunks_only)
             return;
         }
         w->out_len = 0;
+        w->chunk_start = tail;
         while (tail < head && count < CHUNK_RECORDS) {
             const Entry *e = (const Entry *)(w->ring + tail % w->capacity);
             if (e->type == E_PAD) {
@@ -526,8 +717,7 @@ static void drain(NativeWriter *w, int heartbeat, int whole_chunks_only)
             }
             tail += e->size;
         }
-        atomic_store_explicit(&w->tail, tail, memory_order_release); /* copied out: room again */
-        atomic_fetch_add(&w->consumed, taken);
+        w->chunk_end = tail;
         last = tail >= head;
         if (last) {
             char *final = atomic_exchange(&w->final_line, NULL);
@@ -542,6 +732,9 @@ static void drain(NativeWriter *w, int heartbeat, int whole_chunks_only)
                 free(final);
             }
         }
+        if (last && heartbeat) {
+            atomic_store(&w->shared->beat_wall, now_ns(CLOCK_REALTIME));
+        }
         if (last && heartbeat && reserve_out(w, 160) == 0) {
             w->out_len += (size_t)sprintf(w->out + w->out_len,
                                           "{\"kind\":\"heartbeat\",\"wall\":%lld,\"mono\":%lld,\"dropped\":%llu}\n",
@@ -551,6 +744,10 @@ static void drain(NativeWriter *w, int heartbeat, int whole_chunks_only)
         if (w->out_len || !w->has_header) {
             write_out(w, count, last && heartbeat);
         }
+        /* written (or dropped and counted): room again. Not before the write: the ring still
+         * holds every record a SIGKILL during the write could cut. */
+        atomic_store_explicit(&w->shared->tail, tail, memory_order_release);
+        atomic_fetch_add(&w->consumed, taken);
         took = now_ns(CLOCK_MONOTONIC) - started;
         if ((uint64_t)took > atomic_load(&w->max_chunk_ns)) {
             atomic_store(&w->max_chunk_ns, (uint64_t)took);

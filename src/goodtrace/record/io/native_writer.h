@@ -3,6 +3,12 @@
  * appends them to the rank's segment files, one write per flush, a heartbeat every flush
  * interval. Nothing here touches a Python object, so a training thread that keeps the GIL
  * cannot delay a write. _native.c is the Python side (appends, start, flush, close, counters).
+ *
+ * The ring, its offsets and the interned texts live in a file mapped MAP_SHARED beside the
+ * session's segments (<segment prefix>.ring, RingShared at its start) when it could be made:
+ * a record whose append returned is in the kernel's page cache, so a SIGKILL loses nothing
+ * that reached the ring; goodtrace.read.ring decodes it. Otherwise the same layout lives in
+ * the process's own memory.
  */
 #ifndef GOODTRACE_NATIVE_WRITER_H
 #define GOODTRACE_NATIVE_WRITER_H
@@ -47,15 +53,52 @@ typedef struct {
     uint32_t len;
 } Text;
 
+/* The start of a ring file (RING_HEADER_BYTES, then the interned texts' area, then the ring);
+ * goodtrace/read/ring.py reads it field by field: change both together, and RING_VERSION.
+ * All offsets are bytes; the ring's are "ever produced" counters (position = offset % capacity). */
+#define RING_MAGIC "GTRING\0\0"
+#define RING_VERSION 1
+#define RING_HEADER_BYTES 4096
+typedef struct {
+    char magic[8];
+    uint32_t version;
+    uint32_t header_bytes;
+    uint64_t capacity;      /* the ring's bytes */
+    uint64_t ring_offset;   /* where the ring starts in the file */
+    uint64_t text_offset;   /* the texts' area: the segment header's 4 parts, then each text */
+    uint64_t text_capacity; /* as [uint32 length][bytes], padded to 8 */
+    uint32_t header_len[4]; /* the segment header's parts (around segment, wall and mono) */
+    int64_t pid;
+    int64_t wall, mono;     /* when the ring was made (a recovered segment's header) */
+    _Atomic uint64_t head;  /* bytes ever produced: every entry before it is complete */
+    _Atomic uint64_t tail;  /* bytes ever consumed: every entry before it was written (or dropped) */
+    _Atomic uint64_t discard_until; /* clear(): entries before this are never written */
+    _Atomic uint64_t text_used;     /* bytes of the texts' area in use */
+    _Atomic uint64_t texts;         /* texts interned */
+    _Atomic int64_t segment;        /* the segment the writer writes to */
+    /* the write in flight: ring entries [j_start, j_end) as j_len bytes appended at j_offset of
+     * segment j_segment (its header first when j_header); in flight while tail == j_start < j_end */
+    _Atomic int64_t j_segment;
+    _Atomic uint64_t j_offset, j_len, j_header, j_start, j_end;
+    /* signs of life for a reader on another host, where a lock on NFS mounted without a lock
+     * service says nothing: the wall clock at the writer's last heartbeat, its interval, its host */
+    _Atomic int64_t beat_wall;
+    int64_t interval_ns;
+    char host[64];
+} RingShared;
+
 typedef struct NativeWriter {
     /* ring: written by the producer (under the GIL), read by the writer thread */
     char *ring;
     uint64_t capacity;
-    _Atomic uint64_t head; /* bytes ever produced */
-    _Atomic uint64_t tail; /* bytes ever consumed */
+    RingShared *shared; /* head, tail, texts, the write in flight: in the file, or calloc'd */
+    char *map;          /* the mapped file (NULL: the ring is in this process's memory) */
+    char *map_path;
+    size_t map_len;
+    int map_fd;
+    char *text_area;
     _Atomic uint64_t produced; /* records ever put in the ring */
     _Atomic uint64_t consumed; /* records ever taken out */
-    _Atomic uint64_t discard_until; /* clear(): skip entries before this head */
     _Atomic(char *) final_line; /* the finish record when the ring had no room for it */
     _Atomic uint32_t final_len;
     Text *pages[TEXT_PAGES];
@@ -77,6 +120,7 @@ typedef struct NativeWriter {
     uint64_t since_check; /* records written since the last check that the file still exists */
     char *out;
     size_t out_len, out_cap;
+    uint64_t chunk_start, chunk_end; /* the ring entries whose lines w->out holds */
 
     /* counters the Python side reads */
     _Atomic uint64_t dropped_full;  /* refused: the ring was full */
@@ -99,7 +143,12 @@ typedef struct NativeWriter {
     pthread_t thread;
 } NativeWriter;
 
-int nw_init(NativeWriter *w, uint64_t capacity);
+/* The ring in this process's memory (map_path NULL) or in a file mapped MAP_SHARED there:
+ * 0 when it is in the file, 1 when it fell back to memory (errno says why), -1 out of memory. */
+int nw_init(NativeWriter *w, uint64_t capacity, const char *map_path, uint64_t text_capacity,
+            char *const header[4], const size_t header_len[4]);
+/* After a clean close: unmap and delete the ring file. */
+void nw_release(NativeWriter *w, int remove_file);
 int nw_start(NativeWriter *w);
 /* Waits (no GIL held by the caller) until every record put in before the call was written, up
  * to timeout_s. Returns 1 when it was. */

@@ -1,0 +1,370 @@
+"""The reduction of every closed segment file, kept beside the run: re-reading a growing run
+parses only the bytes written since.
+
+A *chunk* is what one report (or ``goodtrace compact``) stored: one Parquet file per table of
+the fold's map (``duckdb_sql.SEGMENT_NAMES``, kind ``model``) or of the reference rank's
+detail (``model_fetch.DETAIL_NAMES``, kind ``detail``), each row under its file's number in
+the chunk, and an index ``<chunk>.json`` naming each file by its identity: path in the run,
+size, mtime_ns, inode (where the filesystem has one) and the main thread its session's header
+names, with the lines the fold skipped in it. A file's rows are used only while all of that is
+unchanged; anything else (another format, a torn or unreadable chunk, a file rewritten with
+the same size) is ignored, and the file read again. Parquet files are written first and the
+index last, each as a temporary file renamed into place, so a killed writer leaves at most
+files no index names, removed by the next writer once their process is gone.
+
+Where: ``RUN/compact/cache/`` when the run directory is writable (a mirror of a run on object
+storage is a writable directory), else ``$GOODTRACE_CACHE_DIR/segments/<hash of the run's
+real path>/`` (default ``~/.cache/goodtrace/runs/segments/...``). ``GOODTRACE_SEGMENT_CACHE=0``
+turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from goodtrace.read import duckdb_sql
+from goodtrace.record.errors import warn
+
+__all__ = ["CACHE_DIR", "ENV_SEGMENT_CACHE", "FileIdentity", "Hit", "SegmentCache", "open_cache"]
+
+CACHE_DIR = "cache"  # RUN/compact/cache/
+ENV_SEGMENT_CACHE = "GOODTRACE_SEGMENT_CACHE"
+CACHE_FORMAT = 1  # the index's layout; the tables' is duckdb_sql.RUN_MODEL_VERSION
+_INDEX = ".json"
+# Chunks of a kind a folder holds before a report merges them into one (each report of a
+# growing run adds one; reading a chunk costs a query per table)
+MAX_CHUNKS = 8
+_CHUNK_NAME = re.compile(r"(?:model-)?(c([0-9]+)-[0-9a-f]{12})")
+
+
+@dataclasses.dataclass(frozen=True)
+class FileIdentity:
+    """What a file's cached rows are valid for: its path in the run, size, modification time
+    (ns), inode (None where the filesystem has none, or for a file read from the compacted
+    copy) and the main thread its session's header names."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    inode: int | None
+    main_tid: int | None
+
+    def matches(self, entry: Mapping[str, Any]) -> bool:
+        inode = entry.get("inode")
+        return (entry.get("path") == self.path and entry.get("size") == self.size
+                and entry.get("mtime_ns") == self.mtime_ns and entry.get("main_tid") == self.main_tid
+                and (inode is None or self.inode is None or inode == self.inode))
+
+    def entry(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "inode": self.inode,
+                "main_tid": self.main_tid}
+
+
+def identity_of(root: str, path: str, main_tid: int | None) -> FileIdentity | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return FileIdentity(os.path.relpath(path, root).replace(os.sep, "/"), info.st_size, info.st_mtime_ns,
+                        info.st_ino or None, main_tid)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """A file found in a chunk: the chunk, its number there, and the lines the fold skipped
+    in it (by reason)."""
+
+    chunk: str
+    number: int
+    skipped: dict[str, int]
+
+
+def _user_cache(root: str) -> str:
+    base = os.environ.get("GOODTRACE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "goodtrace", "runs")
+    digest = hashlib.sha256(os.path.realpath(root).encode()).hexdigest()[:16]
+    return os.path.join(base, "segments", digest)
+
+
+def _writable_dir(path: str) -> bool:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def open_cache(root: str, extra: Sequence[tuple[str, dict[str, Any]]] = ()) -> SegmentCache:
+    """The cache of the run at ``root``; ``extra``: chunks kept elsewhere (``goodtrace
+    compact``'s: its folder and index), read however the cache is set. Turned off
+    (``GOODTRACE_SEGMENT_CACHE=0``) or with no writable folder, it holds only those."""
+    if os.environ.get(ENV_SEGMENT_CACHE, "").strip().lower() in ("0", "off", "false", "no"):
+        return SegmentCache(None, extra)
+    from goodtrace.read.compact import COMPACT_DIR
+
+    for folder in (os.path.join(root, COMPACT_DIR, CACHE_DIR), _user_cache(root)):
+        if _writable_dir(folder):
+            return SegmentCache(folder, extra)
+    return SegmentCache(None, extra)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+class SegmentCache:
+    """The chunks in one folder (see the module's docstring)."""
+
+    def __init__(self, folder: str | None, extra: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
+        self.folder = folder
+        self._warned = False
+        # chunk name -> (its folder, its index); ``extra``: chunks kept elsewhere (compact's)
+        self._chunks: dict[str, tuple[str, dict[str, Any]]] = {}
+        for folder_of, index in extra:
+            if (index_ok(index) and index.get("version") == duckdb_sql.RUN_MODEL_VERSION
+                    and self._complete(folder_of, index)):
+                self._chunks[str(index["chunk"])] = (folder_of, index)
+        self._read_indexes()
+
+    # ------------------------------------------------------------------ reading
+    def _warn(self, what: str, folder: str | None = None) -> None:
+        if not self._warned:
+            warn(f"the segment cache in {folder or self.folder} {what}; ignored (the files are read again and it "
+                 "is rebuilt)")
+            self._warned = True
+
+    def _read_indexes(self) -> None:
+        if self.folder is None:
+            return
+        try:
+            names = sorted(os.listdir(self.folder))
+        except OSError:
+            return
+        for name in names:
+            if not name.endswith(_INDEX):
+                continue
+            chunk = name[: -len(_INDEX)]
+            index = read_index(os.path.join(self.folder, name))
+            if index is None or index.get("chunk") != chunk or not self._complete(self.folder, index):
+                self._warn(f"has an unreadable or torn chunk ({name})")
+                self._remove(chunk, index)
+                continue
+            if index.get("version") != duckdb_sql.RUN_MODEL_VERSION:
+                self._remove(chunk, index)  # another goodtrace's reduction: rebuilt, quietly
+                continue
+            self._chunks[chunk] = (self.folder, index)
+
+    @staticmethod
+    def _complete(folder: str, index: dict[str, Any]) -> bool:
+        tables = index.get("tables")
+        return isinstance(tables, dict) and all(
+            isinstance(name, str) and "/" not in name and os.sep not in name
+            and os.path.isfile(os.path.join(folder, name)) for name in tables.values())
+
+    def _remove(self, chunk: str, index: dict[str, Any] | None) -> None:
+        self._chunks.pop(chunk, None)
+        if self.folder is None:
+            return
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(self.folder, chunk + _INDEX))
+        for name in os.listdir(self.folder) if os.path.isdir(self.folder) else ():
+            if name.startswith(chunk + "-"):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self.folder, name))
+
+    def find(self, kind: str, wanted: Mapping[int, FileIdentity]) -> dict[int, Hit]:
+        """The files of ``wanted`` (this load's file number -> identity) that a chunk of ``kind``
+        holds as they are now."""
+        by_path: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for chunk, (_, index) in self._chunks.items():
+            if index.get("kind") != kind:
+                continue
+            for entry in index["files"]:
+                by_path.setdefault(entry.get("path"), []).append((chunk, entry))
+        hits: dict[int, Hit] = {}
+        for fid, ident in wanted.items():
+            for chunk, entry in by_path.get(ident.path, ()):
+                if ident.matches(entry):
+                    hits[fid] = Hit(chunk, int(entry["number"]), dict(entry.get("skipped") or {}))
+                    break
+        return hits
+
+    def load(
+        self, con: Any, kind: str, hits: Mapping[int, Hit], sid_of: Mapping[int, int], *,
+        tables: Callable[[str], bool] = lambda _: True, filters: Mapping[str, str] | None = None,
+    ) -> set[int]:
+        """The hits' rows into ``con``'s tables of ``kind`` (under this load's session and file
+        numbers; only the ``tables`` it accepts; ``filters``: SQL joined after a table's rows
+        ``p`` and their map ``m`` (sid, fid), to keep only some); returns the files whose
+        chunk could not be read (their rows in the tables loaded here are left out: read them
+        again)."""
+        import duckdb
+
+        by_chunk: dict[str, list[tuple[int, int, int]]] = {}
+        for fid, hit in hits.items():
+            by_chunk.setdefault(hit.chunk, []).append((hit.number, sid_of[fid], fid))
+        failed: set[int] = set()
+        con.execute("CREATE OR REPLACE TEMP TABLE cachemap (number INTEGER, sid INTEGER, fid INTEGER)")
+        for chunk, rows in sorted(by_chunk.items()):
+            folder, index = self._chunks[chunk]
+            con.execute("DELETE FROM cachemap")
+            duckdb_sql.insert_rows(con, "cachemap", rows)
+            done: list[str] = []
+            try:
+                for table, name in index["tables"].items():
+                    if not tables(table):
+                        continue
+                    path = duckdb_sql.sql_str(os.path.join(folder, name))
+                    con.execute(f"INSERT INTO {table} SELECT m.sid, m.fid, p.* EXCLUDE (fid) FROM read_parquet({path}) p "
+                                f"JOIN cachemap m ON p.fid = m.number {(filters or {}).get(table, '')}")
+                    done.append(table)
+            except (duckdb.Error, KeyError) as exc:
+                fids = ", ".join(str(fid) for _, _, fid in rows)
+                for table in done:
+                    con.execute(f"DELETE FROM {table} WHERE fid IN ({fids})")
+                failed.update(fid for _, _, fid in rows)
+                self._warn(f"has a chunk that cannot be read ({chunk}: {str(exc).splitlines()[0]})", folder)
+                if folder == self.folder:
+                    self._remove(chunk, index)
+        con.execute("DROP TABLE cachemap")
+        return failed
+
+    # ------------------------------------------------------------------ writing
+    def own(self, hit: Hit) -> bool:
+        """Whether ``hit`` is in a chunk of this folder (not in one kept elsewhere)."""
+        return hit.chunk in self._chunks and self._chunks[hit.chunk][0] == self.folder
+
+    def crowded(self, kind: str) -> bool:
+        """Whether this folder holds :data:`MAX_CHUNKS` chunks of ``kind`` or more: the next
+        store should hold every file of theirs, and replace them."""
+        return self.folder is not None and sum(
+            1 for folder, index in self._chunks.values() if folder == self.folder and index.get("kind") == kind
+        ) >= MAX_CHUNKS
+
+    def store(
+        self, con: Any, kind: str, tables: Iterable[str], files: Mapping[int, FileIdentity],
+        skipped: Mapping[int, dict[str, int]], *, replace: bool = False,
+    ) -> dict[str, Any] | None:
+        """A new chunk of the rows of ``files`` (this load's file number -> identity) in
+        ``con``'s ``tables``; returns its index, None when it could not be written (the cache
+        is then left as it was). ``replace``: the other chunks of ``kind`` in this folder go
+        (the new one holds their files)."""
+        import duckdb
+
+        if not files or self.folder is None:
+            return None
+        try:
+            self._remove_leftovers()
+            index = write_chunk(con, self.folder, kind, tables, files, skipped)
+        except (OSError, duckdb.Error) as exc:
+            self._warn(f"cannot be written ({exc})")
+            return None
+        if replace:
+            self.clear(kind)
+        self._chunks[index["chunk"]] = (self.folder, index)
+        return index
+
+    def prune(self, current: Mapping[str, FileIdentity]) -> None:
+        """Remove the chunks of this folder none of whose files is still as it was (``current``:
+        every segment of the run now, by path in the run)."""
+        for chunk, (folder, index) in list(self._chunks.items()):
+            if folder == self.folder and not any(
+                    entry["path"] in current and current[entry["path"]].matches(entry) for entry in index["files"]):
+                self._remove(chunk, index)
+
+    def clear(self, kind: str) -> None:
+        """Every chunk of ``kind`` in this folder (``goodtrace compact`` stores the run's
+        reduction itself)."""
+        for chunk, (folder, index) in list(self._chunks.items()):
+            if folder == self.folder and index.get("kind") == kind:
+                self._remove(chunk, index)
+
+    def _remove_leftovers(self) -> None:
+        """Files of chunks whose index was never written, by a process that is gone."""
+        assert self.folder is not None
+        for name in os.listdir(self.folder):
+            found = _CHUNK_NAME.match(name)
+            if found is None or found.group(1) in self._chunks or _alive(int(found.group(2))):
+                continue
+            if name.endswith(".partial") or not os.path.exists(os.path.join(self.folder, found.group(1) + _INDEX)):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self.folder, name))
+
+
+def write_chunk(
+    con: Any, folder: str, kind: str, tables: Iterable[str], files: Mapping[int, FileIdentity],
+    skipped: Mapping[int, dict[str, int]], *, prefix: str = "", index_file: bool = True,
+) -> dict[str, Any]:
+    """Write the rows of ``files`` in ``con``'s ``tables`` as a chunk in ``folder`` (files
+    ``<prefix><chunk>-<table>.parquet``, each renamed into place once written; then, with
+    ``index_file``, the index ``<chunk>.json``: without it the caller keeps the index, as
+    ``goodtrace compact`` does in its manifest); returns the index. Raises OSError or
+    DuckDB's error, having removed what it wrote."""
+    chunk = f"c{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    fids = ", ".join(str(fid) for fid in sorted(files))
+    names: dict[str, str] = {}
+    written: list[str] = []
+    try:
+        for table in tables:
+            name = f"{prefix}{chunk}-{table}.parquet"
+            target = os.path.join(folder, name)
+            written.append(target + ".partial")
+            con.execute(f"COPY (SELECT * EXCLUDE (sid) FROM {table} WHERE fid IN ({fids})) TO "
+                        f"{duckdb_sql.sql_str(target + '.partial')} (FORMAT parquet, COMPRESSION zstd)")
+            os.replace(target + ".partial", target)
+            written[-1] = target
+            names[table] = name
+        entries = [dict(ident.entry(), number=fid, skipped=dict(skipped.get(fid, {})))
+                   for fid, ident in sorted(files.items())]
+        index = {"format": CACHE_FORMAT, "version": duckdb_sql.RUN_MODEL_VERSION, "chunk": chunk, "kind": kind,
+                 "tables": names, "files": entries}
+        if index_file:
+            write_index(os.path.join(folder, chunk + _INDEX), index)
+    except BaseException:
+        for path in written:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise
+    return index
+
+
+def read_index(path: str) -> dict[str, Any] | None:
+    """A chunk's index, None when it is unreadable, torn or of another layout."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            index = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return index if index_ok(index) else None
+
+
+def index_ok(index: object) -> bool:
+    """Whether ``index`` is a chunk's index of this layout."""
+    if not isinstance(index, dict) or index.get("format") != CACHE_FORMAT or not isinstance(index.get("files"), list) \
+            or not isinstance(index.get("chunk"), str):
+        return False
+    return all(isinstance(entry, dict) and isinstance(entry.get("number"), int) and isinstance(entry.get("path"), str)
+               for entry in index["files"])
+
+
+def write_index(path: str, index: dict[str, Any]) -> None:
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump(index, handle)
+    os.replace(partial, path)
