@@ -57,7 +57,11 @@ def _gets(s3: S3Server) -> int:
     return int(s3.stats()["operations"].get("GET", 0))
 
 
-def test_cluster_tasks_fetch_their_sessions_from_the_url(cluster: str, s3_env: S3Server, tmp_path: Path) -> None:
+def test_cluster_tasks_fetch_their_sessions_from_the_url(cluster: str, s3_env: S3Server, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # every report here reads every file (a cached segment would not be sent to a task at all:
+    # tests/read/test_ray_engine.py holds the cache on Ray)
+    monkeypatch.setenv("GOODTRACE_SEGMENT_CACHE", "0")
     run = write_many_ranks(tmp_path / "run", ranks=16, long_line=True)
     files = len(list(run.rglob("*.jsonl")))
     url = _upload(run, s3_env)
