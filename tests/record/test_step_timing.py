@@ -120,15 +120,16 @@ def test_failure_mode_step_time_reported_under_another_step(device: SimulatedDev
         intervals, _, steps = _intervals(cap)
         truth = _true_intervals(values, steps[0]["t0"])
         errors.append([abs(intervals[k] - truth[k]) for k in range(len(durations))])
-        if max(errors[-1]) <= marks["tolerance"]:
+        # The naive host timer puts the long step elsewhere (dispatch is immediate, then it
+        # blocks on the previous step's value one step later) unless the host itself stalled
+        # over 60 ms inside step 1: such a run shows nothing of the naive timer, so it is retried.
+        naive = {k: steps[k]["t1"] - steps[k]["t0"] for k in steps}
+        if max(errors[-1]) <= marks["tolerance"] and max(naive, key=lambda k: naive[k]) != 1:
             break
     assert max(errors[-1]) <= marks["tolerance"], (errors, marks["tolerance"])
     slow = max(range(len(durations)), key=lambda k: intervals[k])
     assert slow == 1 == max(range(len(truth)), key=lambda k: truth[k])
-    # The naive host timer puts the long step elsewhere (dispatch is immediate, then it
-    # blocks on the previous step's value one step later).
-    naive = {k: steps[k]["t1"] - steps[k]["t0"] for k in steps}
-    assert max(naive, key=lambda k: naive[k]) != 1
+    assert max(naive, key=lambda k: naive[k]) != 1, naive
 
 
 @pytest.mark.parametrize("log_before_checkpoint", [False, True], ids=["log-after", "log-before"])
