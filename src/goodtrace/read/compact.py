@@ -14,7 +14,7 @@ from typing import Any
 from goodtrace.read import duckdb_sql
 from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
 from goodtrace.read.loaded import LoadError, Progress
-from goodtrace.read.segment_cache import FileIdentity, open_cache, write_chunk
+from goodtrace.read.segment_cache import FileIdentity, open_cache, process_alive, write_chunk
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.validate import check_header
 from goodtrace.record.io.storage import is_url, local_path
@@ -106,7 +106,7 @@ def _remove_leftovers(out_dir: str) -> None:
         full = os.path.join(out_dir, name)
         if name.startswith(WORK_PREFIX) and os.path.isdir(full):
             pid = name[len(WORK_PREFIX):].split("-", 1)[0]
-            if pid.isdigit() and _alive(int(pid)):
+            if pid.isdigit() and process_alive(int(pid)):
                 alive = True
             else:
                 stale.append(full)
@@ -118,18 +118,6 @@ def _remove_leftovers(out_dir: str) -> None:
         if name.endswith(".partial"):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(out_dir, name))
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = None) -> CompactResult:

@@ -116,7 +116,9 @@ def open_cache(root: str, extra: Sequence[tuple[str, dict[str, Any]]] = ()) -> S
     return SegmentCache(None, extra)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host with ``pid`` may still be running (a work file or a
+    compaction directory named after it is then left alone)."""
     if pid == os.getpid():
         return True
     try:
@@ -300,7 +302,7 @@ class SegmentCache:
         assert self.folder is not None
         for name in os.listdir(self.folder):
             found = _CHUNK_NAME.match(name)
-            if found is None or found.group(1) in self._chunks or _alive(int(found.group(2))):
+            if found is None or found.group(1) in self._chunks or process_alive(int(found.group(2))):
                 continue
             if name.endswith(".partial") or not os.path.exists(os.path.join(self.folder, found.group(1) + _INDEX)):
                 with contextlib.suppress(OSError):
