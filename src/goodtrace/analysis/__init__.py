@@ -248,12 +248,15 @@ def _cut_and_reduce(
     ideal_override_ns: float | None, submit_wall: int | None,
 ) -> _Reduced:
     """Every session of the job, cut once (an empty record set when none was loaded), in the
-    loader's order (it fetches a block of sessions at a time). As soon as a rank's last session
-    is cut, its figures are reduced (its goodput, its :class:`RankSample`, each session's
-    slowdown series) and, unless ``keep_cuts``, the cuts of its sessions other than the
-    reference ones are dropped: what stays per session is O(sampled steps), not O(steps).
-    With ``release``, each session's step, sync, span and compute columns and its device
-    metrics are dropped from ``run`` as soon as it is cut (nothing after the cut reads them)."""
+    loader's order (it fetches a block of sessions at a time), the reference sessions last:
+    their cuts are kept to the end, so no other session's cut is made while they are held. As
+    soon as a rank's every session is cut, its figures are reduced (its goodput, its
+    :class:`RankSample`, each session's slowdown series) and, unless ``keep_cuts``, the cuts of
+    its sessions other than the reference ones are dropped: what stays per session is
+    O(sampled steps), not O(steps). With ``release``, each session's step, sync, span and
+    compute columns and its device metrics are dropped from ``run`` as soon as it is cut
+    (nothing after the cut reads them). The order of cutting changes nothing the analysis
+    reports: what is reduced is kept in the job's order of sessions and ranks."""
     cuts: dict[int, SessionCut] = {}
     attempt_for = {index: a for a in attempts for index in a.sessions}
     attempt_of = {index: a.index for index, a in attempt_for.items()}
@@ -261,13 +264,18 @@ def _cut_and_reduce(
     sessions_of: dict[int, list[int]] = {}
     for index in (i for a in attempts for i in a.sessions):
         sessions_of.setdefault(run.sessions[index].rank, []).append(index)
-    last_of = {max(members): rank for rank, members in sessions_of.items()}
+    left = {rank: len(members) for rank, members in sessions_of.items()}  # sessions not cut yet
     reduced = _Reduced({}, [], {}, {}, {}, {}, 0)
     samples: dict[int, RankSample] = {}
+    goodput: dict[int, float] = {}
+    relabels: dict[int, dict[int, Relabels]] = {}
     starts: dict[int, SessionRecords] = {}
-    for index in sorted(attempt_for):
+    order = sorted(attempt_for, key=lambda i: (i in reference, i))
+    for index in order:
         a = attempt_for[index]
         records = run.session_records.get(index) or SessionRecords()
+        if release and index == order[-1]:
+            run.close()  # every session is fetched: the run model's buffers go before the last cut
         cut = cuts[index] = cut_session(run.sessions[index], records, tail_label=_tail_label(a),
                                         close_trailing=a.normal, data_rule=data_rule)
         reduced.ignored_syncs += cut.ignored_syncs
@@ -281,17 +289,19 @@ def _cut_and_reduce(
             run.session_records[index] = SessionRecords(  # device metrics by step: read by the cut alone
                 clock=records.clock, starts_step=records.starts_step, starts_name=records.starts_name,
                 starts_t0=records.starts_t0, events=records.events)
-        del records
-        if index not in last_of:
+        del records, cut  # held in cuts[index] alone: dropped there once its rank is reduced
+        rank = run.sessions[index].rank
+        left[rank] -= 1
+        if left[rank]:
             continue
-        rank = last_of[index]
         members = sessions_of[rank]
         other = _rank_timeline(run, attempt_of, cuts, members, ideal_override_ns=ideal_override_ns,
                                submit_wall=submit_wall, pieces=False)
         if other is not None:
-            reduced.relabels.update(other[0].relabels)
+            relabels[rank] = other[0].relabels
             if other[0].end > other[0].start:
-                reduced.goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
+                goodput[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
+        del other  # its timeline holds the rank's cuts
         samples[rank] = sample_rank(rank, [run.sessions[i] for i in members], cuts, starts, attempt_of,
                                     reduced.name_codes)
         for i in members:
@@ -302,6 +312,10 @@ def _cut_and_reduce(
         run.released = True
         run.close()
     reduced.samples = [samples[rank] for rank in sessions_of]
+    last = sorted(sessions_of, key=lambda rank: max(sessions_of[rank]))  # the order the job's sessions end in
+    reduced.goodput_by_rank = {rank: goodput[rank] for rank in last if rank in goodput}
+    reduced.relabels = {i: r for rank in last for i, r in relabels.get(rank, {}).items()}
+    reduced.series = dict(sorted(reduced.series.items()))
     reduced.cuts = {index: reduced.cuts[index] for a in attempts for index in a.sessions if index in reduced.cuts}
     if not keep_cuts:
         reduced.relabels = {i: r for i, r in reduced.relabels.items() if i in reduced.cuts}

@@ -285,16 +285,17 @@ def _occurrence(keys: Array) -> Array:
     return occurrence
 
 
-def _assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) -> tuple[Array, list[str], int]:
-    """The sync time of each execution (NO_TIME: none), how each was taken, and the count of
-    sync records that name no execution or come before its entry. A sync record names its
-    execution (seq); in older files the k-th sync point of step n belongs to the k-th
-    execution of n. When several name one execution, the earliest counts."""
+def _assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) -> tuple[Array, Array, int]:
+    """The sync time of each execution (NO_TIME: none), how each was taken (an object array of
+    the few shared strings, "" for none), and the count of sync records that name no execution
+    or come before its entry. A sync record names its execution (seq); in older files the k-th
+    sync point of step n belongs to the k-th execution of n. When several name one execution,
+    the earliest counts."""
     import numpy as np
 
     n = len(seqs)
     times = np.full(n, NO_TIME, dtype=np.int64)
-    hows = [""] * n
+    hows = np.full(n, "", dtype=object)
     s_seq, s_step, s_t = _np(rec.sync_seq), _np(rec.sync_step), _np(rec.sync_t)
     if len(s_t) == 0 or n == 0:
         return times, hows, len(s_t)
@@ -333,9 +334,9 @@ def _assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) 
         executions, first = np.unique(named_executions, return_index=True)
         chosen = candidates[first]
     times[executions] = s_t[chosen]
-    how = rec.sync_how
-    for e, c in zip(executions.tolist(), chosen.tolist(), strict=True):
-        hows[e] = how[c]
+    how = np.empty(len(rec.sync_how), dtype=object)
+    how[:] = rec.sync_how
+    hows[executions] = how[chosen]
     return times, hows, ignored
 
 
@@ -361,11 +362,15 @@ def cut_session(
     keep = (t0s >= start) & (t1s <= end)
     if not keep.all():
         seqs, numbers, t0s, t1s = seqs[keep], numbers[keep], t0s[keep], t1s[keep]
+    del keep
     n = len(seqs)
+    # A session's columns are as long as its run (millions of executions): each result is
+    # stored once it is made and viewed from there, and what is not needed any more is
+    # released, so that the cut's temporaries stay a few columns at a time.
     times, hows, ignored = _assign_syncs(rec, seqs, numbers, t0s)
     host_timed = n > 0 and bool((times == NO_TIME).all())
     if host_timed:
-        times, hows = t1s.copy(), [schema.SYNC_HOST] * n
+        times, hows = t1s.copy(), np.full(n, schema.SYNC_HOST, dtype=object)
     out = SessionCut(info.index, start, end, RULE_UNKNOWN, host_timed, tail_label)
     flags = np.zeros(n, dtype=np.int64)
     flags[_occurrence(numbers) > 0] |= FLAG_REPEATED
@@ -373,27 +378,34 @@ def cut_session(
         flags[1:][numbers[1:] < numbers[:-1]] |= FLAG_DECREASING
     thrown, out.rewinds = find_rewinds(numbers, t0s, rec.events)
     flags[thrown] |= FLAG_REWOUND
+    del thrown
     # Intervals: each execution whose sync point comes after every earlier one closes one.
     has = np.flatnonzero(times != NO_TIME)
     first_start = int(t0s[0]) if n else start
-    cursor_before = np.maximum.accumulate(np.r_[np.int64(first_start), times[has][:-1]]) if len(has) else has
-    in_order = times[has] > cursor_before if len(has) else np.zeros(0, dtype=bool)
+    if len(has):
+        at = times[has]
+        in_order = at > np.maximum.accumulate(np.r_[np.int64(first_start), at[:-1]])
+        del at
+    else:
+        in_order = np.zeros(0, dtype=bool)
     accepted = has[in_order]
     flags[has[~in_order]] |= FLAG_UNORDERED_SYNC
     ignored += len(has) - len(accepted)
+    del has, in_order
     interval_end = times[accepted]
     interval_start = np.r_[np.int64(first_start), interval_end[:-1]] if len(accepted) else interval_end
     interval_first = np.r_[np.int64(0), accepted[:-1] + 1] if len(accepted) else accepted
     interval_count = accepted - interval_first + 1
-    interval_how = [hows[i] for i in accepted.tolist()]
+    interval_how = hows[accepted].tolist()
     interval_of = np.full(n, -1, dtype=np.int64)
-    position = np.arange(n)
     if len(accepted):
-        w = np.searchsorted(accepted, position, side="left")
+        w = np.searchsorted(accepted, np.arange(n), side="left")
         in_interval = w < len(accepted)
         interval_of[in_interval] = w[in_interval]
+        del w, in_interval
     trailing = int(accepted[-1]) + 1 if len(accepted) else 0
-    cursor = int(interval_end[-1]) if len(accepted) else first_start
+    del accepted
+    cursor = int(interval_end[-1]) if len(interval_end) else first_start
     if trailing < n and close_trailing:  # executions after the last sync point, at a normal end
         exit_t = int(t1s[trailing:].max())
         if exit_t > cursor:
@@ -411,21 +423,22 @@ def cut_session(
     if host_timed:
         flags |= FLAG_HOST_TIMED
     out.exec_seq, out.exec_step, out.exec_t0 = _out(seqs), _out(numbers), _out(t0s)
-    out.exec_interval, out.exec_flags, out.ignored_syncs = _out(interval_of), _out(flags), int(ignored)
-    compute = np.zeros(n, dtype=np.int64)
-    if len(rec.compute_ns) and n:
-        keys = np.frombuffer(rec.compute_seq, dtype=np.int64)
-        values = np.frombuffer(rec.compute_ns, dtype=np.int64)
-        order = np.argsort(keys)
-        at = np.minimum(np.searchsorted(keys[order], seqs), len(keys) - 1)
-        compute = np.where(keys[order][at] == seqs, values[order][at], 0)
-    out.exec_compute = _out(compute)
-    out.interval_start, out.interval_end, out.interval_first, out.interval_count = _out(interval_start), _out(interval_end), _out(interval_first), _out(interval_count)
+    out.exec_interval, out.ignored_syncs = _out(interval_of), int(ignored)
+    del interval_of
+    out.exec_flags = _out(flags)
+    flags = _np(out.exec_flags)
+    out.interval_start, out.interval_end = _out(interval_start), _out(interval_end)
+    out.interval_first, out.interval_count = _out(interval_first), _out(interval_count)
+    del interval_first, interval_count
+    interval_start, interval_end = _np(out.interval_start), _np(out.interval_end)
+    out.exec_compute = _out(_compute_of(rec, seqs))
     out.interval_how = interval_how
     out.data_rule = data_rule or _data_rule(times, hows, t0s, host_timed)
     # the device-dated sync point of each execution (a blocking span may have waited for it)
     dated = _member(hows, _DEVICE_DATED)
+    del hows
     device_dated = np.where(dated & ((flags & FLAG_UNORDERED_SYNC) == 0), times, NO_TIME)
+    del dated, times, flags
     # In an asynchronous loop in-step data loading is productive: only the data spans in the
     # startup and the tail matter (the intervals skip them).
     data_outside = None
@@ -435,9 +448,12 @@ def cut_session(
         rec, categories, info.blocking_categories or schema.BLOCKING_CATEGORIES, t0s, t1s, device_dated, start, end,
         data_outside,
     )
+    del device_dated
     out.over_start, out.over_end, out.over_label = _out(starts), _out(ends), labels
+    del starts, ends
     out.interval_productive, out.interval_overhead = overhead_per_interval(
-        out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE), interval_start, interval_end, starts, ends, labels)
+        out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE), interval_start, interval_end,
+        _np(out.over_start), _np(out.over_end), labels)
     if out.data_rule == RULE_ASYNC and schema.DEVICE_IDLE_METRIC in rec.device and _charge_device_idle(out, rec):
         out.data_rule = RULE_ASYNC_DEVICE
     if out.rewinds:
@@ -445,7 +461,23 @@ def cut_session(
     return out
 
 
-def _member(values: list[str], wanted: frozenset[str]) -> Array:
+def _compute_of(rec: SessionRecords, seqs: Array) -> Array:
+    """Each execution's outermost compute ns (0: none), from the records' (seq, ns) pairs."""
+    import numpy as np
+
+    if not len(rec.compute_ns) or not len(seqs):
+        return np.zeros(len(seqs), dtype=np.int64)
+    keys = np.frombuffer(rec.compute_seq, dtype=np.int64)
+    values = np.frombuffer(rec.compute_ns, dtype=np.int64)
+    if not bool((keys[1:] >= keys[:-1]).all()):  # the loader sorts them by seq: no copy then
+        order = np.argsort(keys, kind="stable")
+        keys, values = keys[order], values[order]
+        del order
+    at = np.minimum(np.searchsorted(keys, seqs), len(keys) - 1)
+    return np.where(keys[at] == seqs, values[at], 0)
+
+
+def _member(values: Array, wanted: frozenset[str]) -> Array:
     """``[v in wanted for v in values]`` as a bool array: one comparison per distinct value
     (a few sync kinds), not one Python step per value."""
     import numpy as np
@@ -461,7 +493,7 @@ def _member(values: list[str], wanted: frozenset[str]) -> Array:
     return out
 
 
-def _data_rule(times: Array, hows: list[str], t0s: Array, host_timed: bool) -> str:
+def _data_rule(times: Array, hows: Array, t0s: Array, host_timed: bool) -> str:
     """Asynchronous when the host entered the next step before most steps were ready (on a
     tie, by how the sync point was taken: looked at later, or already complete at the step's
     end)."""

@@ -51,10 +51,17 @@ def covered_at(x: Array, starts: Array, ends: Array) -> Array:
 
     if len(starts) == 0:
         return np.zeros(len(x), dtype=np.int64)
-    cum = np.r_[np.int64(0), np.cumsum(ends - starts)]
+    lengths = ends - starts
+    cum = np.r_[np.int64(0), np.cumsum(lengths)]
     j = np.searchsorted(starts, x, side="right") - 1
-    inside = np.clip(x - starts[np.maximum(j, 0)], 0, (ends - starts)[np.maximum(j, 0)])
-    return np.where(j >= 0, cum[np.maximum(j, 0)] + inside, 0)
+    before = j < 0
+    np.maximum(j, 0, out=j)  # x holds millions of interval edges: two temporaries at a time
+    inside = x - starts[j]
+    np.clip(inside, 0, lengths[j], out=inside)
+    inside += cum[j]
+    del j
+    inside[before] = 0
+    return inside
 
 
 def flatten_overhead(
@@ -137,7 +144,8 @@ def overhead_per_interval(
             continue
         mask = label_array == label
         s, e = starts[mask], ends[mask]
-        covered = covered_at(interval_end, s, e) - covered_at(interval_start, s, e)
+        covered = covered_at(interval_end, s, e)
+        covered -= covered_at(interval_start, s, e)
         if covered.any():
             overhead[label] = _out(covered)
             used += covered

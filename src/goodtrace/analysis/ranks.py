@@ -330,8 +330,12 @@ def sample_rank(
         rec = records.get(s.index)
         if rec is not None and len(rec.starts_step) and len(steps_e):
             # each sampled step's entry: its first execution's (np.unique keeps the first index)
-            numbers, first = np.unique(np.frombuffer(steps_e, dtype=np.int64), return_index=True)
-            entered = np.frombuffer(cut.exec_t0, dtype=np.int64)[first]
+            numbers = np.frombuffer(steps_e, dtype=np.int64)
+            if len(numbers) > 1 and not bool((numbers[1:] > numbers[:-1]).all()):
+                numbers, first = np.unique(numbers, return_index=True)
+                entered = np.frombuffer(cut.exec_t0, dtype=np.int64)[first]
+            else:  # every step once, in order (the common case): no sort
+                entered = np.frombuffer(cut.exec_t0, dtype=np.int64)
             wanted = np.frombuffer(rec.starts_step, dtype=np.int64)
             at = np.minimum(np.searchsorted(numbers, wanted), len(numbers) - 1)
             found = numbers[at] == wanted

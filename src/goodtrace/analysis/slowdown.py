@@ -76,11 +76,7 @@ def slowdown_of(steps: Any, seconds: Any) -> tuple[int, float, float] | None:
     """One process's own slowdown in a series of times per execution (sequences or numpy
     arrays, in order): (onset step, median before, median after), or None. Without the
     comparison with other ranks (see :func:`find_slowdowns`)."""
-    return own_slowdown(_list(steps), _list(seconds))
-
-
-def _list(values: Any) -> list[Any]:
-    return values.tolist() if hasattr(values, "tolist") else list(values)  # numpy arrays, ranges, sequences
+    return own_slowdown(steps, seconds)
 
 
 def slowdown_series(cut: SessionCut) -> Series | None:
@@ -111,21 +107,21 @@ def slowdowns_of(
     sessions: Sequence[SessionInfo], series: Mapping[int, Series], attempt_of: Mapping[int, int],
 ) -> list[Slowdown]:
     """:func:`find_slowdowns` over the sessions' series (:func:`slowdown_series`), their cuts
-    released: another session's series is made a list only where a slowdown is compared with it."""
+    released (numpy arrays, compared as arrays: :mod:`goodtrace.record.live.change_point`)."""
     ordered = [(info.index, series[info.index]) for info in sessions if info.index in series]
     slowdowns = []
     for info in sessions:
         if info.index not in series:
             continue
         measure, steps, x = series[info.index]
-        own = own_slowdown(_list(steps), _list(x))
+        own = own_slowdown(steps, x)
         if own is None:
             continue
         onset = own.onset_step
         attempt = attempt_of.get(info.index, 0)
         others = [c for i, (m, s, y) in ordered
                   if i != info.index and attempt_of.get(i, 0) == attempt and m == measure
-                  and (c := change_at(_list(s), _list(y), onset)) is not None]
+                  and (c := change_at(s, y, onset)) is not None]
         increase = own.after / own.before - 1
         named, others_increase = its_own(increase, others)
         if not named:

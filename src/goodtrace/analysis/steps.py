@@ -320,7 +320,11 @@ class _StepMarks:
         import numpy as np
 
         if self._span_medians is None:
-            steps, where = np.unique(self._span_steps, return_inverse=True)
+            sorted_steps = self._span_steps  # sorted by step (SessionTimeline): no sort to number them
+            new = np.r_[True, sorted_steps[1:] != sorted_steps[:-1]] if len(sorted_steps) else np.zeros(0, dtype=bool)
+            steps = sorted_steps[new]
+            where = np.cumsum(new) - 1
+            del new
             codes = np.frombuffer(self.tl.span_name, dtype=np.int32)
             totals = np.frombuffer(self.tl.span_ns, dtype=np.int64)
             self._span_medians = {}

@@ -179,6 +179,22 @@ def settle(con: Any) -> None:
     beside the analysis."""
     con.execute("CHECKPOINT")
     con.execute(f"SET memory_limit='{FETCH_MEMORY}'")
+    # its allocator hands freed memory back after each statement, not past 128 MB only
+    con.execute("SET allocator_flush_threshold='8MB'")
+    con.execute("SET allocator_bulk_deallocation_flush_threshold='8MB'")
+
+
+def release_buffers(con: Any) -> None:
+    """After a block of sessions is fetched: DuckDB's cached pages of the run model (the next
+    block reads others) and its allocator's free memory go back to the system, so that they do
+    not sit beside the analysis's cut of the block."""
+    import duckdb
+
+    try:
+        con.execute("SET memory_limit='1MB'")  # evicts every unpinned page
+    except duckdb.Error:
+        pass
+    con.execute(f"SET memory_limit='{FETCH_MEMORY}'")
 
 
 def create_records_table(con: Any, table: str = "records") -> None:

@@ -19,6 +19,7 @@ from goodtrace.read.duckdb_sql import (
     create_records_table,
     insert_rows,
     read_json_sql,
+    release_buffers,
 )
 from goodtrace.read.loaded import NO_TIME, EventRecord, SessionRecords, SessionTimeline
 from goodtrace.read.validate import json_object
@@ -114,6 +115,7 @@ class SessionRecordsSource(MutableMapping[int, SessionRecords]):
         self._finalizer = weakref.finalize(self, _close_connection, con, cleanup)
         self._set: dict[int, SessionRecords] = {}
         self._block: dict[int, SessionRecords] = {}
+        self._fetched = -1  # the last block fetched whole
         self._vocab: tuple[Any, Any, Any] | None = None
         starts = [0]
         held = 0
@@ -134,11 +136,16 @@ class SessionRecordsSource(MutableMapping[int, SessionRecords]):
                 raise KeyError(f"session {sid}: the run model was closed")
             k = bisect.bisect_right(self._starts, sid) - 1
             hi = self._starts[k + 1] if k + 1 < len(self._starts) else self._count
+            # a session of a block fetched before is a revisit (the analysis cuts the reference
+            # sessions last): it alone is fetched, not its block again
+            lo, hi = (sid, sid + 1) if k <= self._fetched else (self._starts[k], hi)
+            self._fetched = max(self._fetched, k)
             self._block = {}  # the previous block's columns go first
             if self._vocab is None:
                 self._vocab = _vocab(self._con, "m_syncs", "how"), _vocab(self._con, "m_spans", "cat"), \
                     _vocab(self._con, "m_starts", "name")
-            self._block = _fetch_records(self._con, range(self._starts[k], hi), self._vocab)
+            self._block = _fetch_records(self._con, range(lo, hi), self._vocab)
+            release_buffers(self._con)
         return self._block[sid]
 
     def __setitem__(self, sid: int, records: SessionRecords) -> None:

@@ -15,7 +15,11 @@ slowdown when it is
   ranks' median change at the same step (a job-wide slowdown, or every rank waiting for one,
   names nobody).
 
-Linear in the series, but for the medians and the quantile (a sort each).
+Linear in the series, but for the medians and the quantile (a sort each). The rule is written
+once, in the standard library, for the live path; a numpy array (the report's series, millions
+of executions long) takes the same operations on arrays, in the same order, so that the
+results are equal to the bit (``tests/analysis/test_change_point_arrays.py``) while holding 8
+bytes an execution instead of a Python float object each.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = ["MIN_INCREASE", "MIN_SIDE", "Levels", "OwnSlowdown", "Verdict", "change_at", "change_point", "its_own",
            "judge", "own_slowdown",
@@ -62,12 +66,51 @@ def _weights_of(n: int) -> list[float]:
 _short_weights = functools.lru_cache(maxsize=8)(_weights_of)
 
 
+def _is_array(x: object) -> bool:
+    return hasattr(x, "dtype")  # a numpy array: numpy is imported by whoever made it
+
+
+def _median(x: Any) -> float:
+    """statistics.median: the middle value, or the mean of the two middle ones ((a + b) / 2)."""
+    if not _is_array(x):
+        return float(statistics.median(x))
+    import numpy as np
+
+    n = len(x)
+    middle = np.partition(x, [(n - 1) // 2, n // 2])
+    return float(middle[n // 2]) if n % 2 else float((middle[n // 2 - 1] + middle[n // 2]) / 2)
+
+
+def _change_point_array(x: Any) -> int | None:
+    """:func:`change_point` on a numpy array: the same operations, element by element."""
+    import numpy as np
+
+    n = len(x)
+    ordered = np.sort(x)
+    position = CLIP_QUANTILE * (n - 1)
+    low = math.floor(position)
+    high = min(low + 1, n - 1)
+    cap = float(ordered[low]) + (float(ordered[high]) - float(ordered[low])) * (position - low)
+    del ordered
+    cumulative = np.cumsum(np.where(x < cap, x, cap))  # add.accumulate: one addition after another
+    total = float(cumulative[-1])
+    k = np.arange(MIN_SIDE, n - MIN_SIDE + 1, dtype=np.int64)
+    before = cumulative[MIN_SIDE - 1:MIN_SIDE - 1 + len(k)]
+    del cumulative
+    weight = np.sqrt((k * (n - k)) / n)
+    scores = ((total - before) / (n - k) - before / k) * weight
+    best = int(np.argmax(scores))  # the first of equal scores
+    return best + MIN_SIDE if scores[best] > 0 else None
+
+
 def change_point(x: Sequence[float]) -> int | None:
     """The index of the first execution at the higher level, where the weighted shift of the
     mean of the clipped times is largest; None for no upward shift."""
     n = len(x)
     if n < 2 * MIN_SIDE:
         return None
+    if _is_array(x):
+        return _change_point_array(x)
     cap = _quantile(x, CLIP_QUANTILE)
     cumulative = list(itertools.accumulate([v if v < cap else cap for v in x]))
     total = cumulative[-1]
@@ -104,15 +147,24 @@ class Verdict(NamedTuple):
 
 def judge(x: Sequence[float], k: int) -> Levels | None:
     """(median before, median after) when the split at ``k`` is a sustained, large shift."""
-    before, after = x[:k], x[k:]
-    low, high = statistics.median(before), statistics.median(after)
+    before: Any = x[:k]
+    after: Any = x[k:]
+    low, high = _median(before), _median(after)
     if low <= 0 or high < low * (1 + MIN_INCREASE):
         return None
-    noise = MAD_TO_SIGMA * statistics.median([abs(v - low) for v in before] + [abs(v - high) for v in after])
+    if _is_array(x):
+        import numpy as np
+
+        deviations: Any = np.concatenate((np.abs(before - low), np.abs(after - high)))
+    else:
+        deviations = [abs(v - low) for v in before] + [abs(v - high) for v in after]
+    noise = MAD_TO_SIGMA * _median(deviations)
+    del deviations
     if high - low <= NOISE_FACTOR * noise:
         return None
     midpoint = (low + high) / 2
-    if sum(1 for v in after if v > midpoint) < SUSTAINED * len(after):
+    above = int((after > midpoint).sum()) if _is_array(after) else sum(1 for v in after if v > midpoint)
+    if above < SUSTAINED * len(after):
         return None
     return Levels(float(low), float(high))
 
@@ -131,14 +183,24 @@ def own_slowdown(steps: Sequence[int], x: Sequence[float]) -> OwnSlowdown | None
 def change_at(steps: Sequence[int], x: Sequence[float], onset_step: int) -> float | None:
     """Another rank's change at a step: its median from there on / before, - 1 (None without
     ``MIN_SIDE`` executions on each side)."""
-    if all(a <= b for a, b in itertools.pairwise(steps)):
+    if isinstance(steps, range) and steps.step > 0:
+        k = bisect.bisect_left(steps, onset_step)
+    elif _is_array(steps):
+        import numpy as np
+
+        values: Any = steps
+        ordered = len(values) < 2 or bool((values[1:] >= values[:-1]).all())
+        reached = values >= onset_step
+        k = int(np.searchsorted(values, onset_step, side="left")) if ordered else \
+            int(np.argmax(reached)) if bool(reached.any()) else len(values)
+    elif all(a <= b for a, b in itertools.pairwise(steps)):
         k = bisect.bisect_left(steps, onset_step)
     else:
         k = next((i for i, s in enumerate(steps) if s >= onset_step), len(steps))
     if k < MIN_SIDE or len(x) - k < MIN_SIDE:
         return None
-    low = statistics.median(x[:k])
-    return float(statistics.median(x[k:])) / low - 1 if low > 0 else None
+    low = _median(x[:k])
+    return float(_median(x[k:])) / low - 1 if low > 0 else None
 
 
 def its_own(increase: float, others: Sequence[float]) -> Verdict:
