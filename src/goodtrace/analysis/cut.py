@@ -211,10 +211,15 @@ class SessionCut:
             _add(out, cursor, b, default)
         return out
 
+    def carve(self, a: int, b: int) -> list[Piece]:
+        """[a, b) inside the step intervals cut at the overhead (productive elsewhere; in an
+        asynchronous loop, in-step data loading too): the pieces of the intervals there
+        before any relabel, merged where adjacent and alike."""
+        return self._carve(a, b, PRODUCTIVE, skip_data=self.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE))
+
     def interval_pieces(self, w: int) -> list[Piece]:
         """The pieces of interval ``w`` (productive and overhead), in time order."""
-        pieces = self._carve(self.interval_start[w], self.interval_end[w], PRODUCTIVE,
-                             skip_data=self.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE))
+        pieces = self.carve(self.interval_start[w], self.interval_end[w])
         moved = self.data_moved.get(w)
         pieces = relabel(pieces, moved, DATA, from_end=False) if moved else pieces
         recovered = self.recovered.get(w)  # before the rewind that this interval's first execution follows

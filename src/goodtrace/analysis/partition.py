@@ -371,7 +371,20 @@ def assemble(
             for p in cut.tail_pieces():
                 cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
             continue
-        for w in range(cut.intervals):
+        plain_until = _plain_runs(cut, warmup, restore_after[k]) if pieces else None
+        w = -1
+        while w + 1 < cut.intervals:
+            w += 1
+            if plain_until is not None and plain_until[w] > w:
+                # a run of intervals that nothing relabels: their pieces, merged as emit merges
+                # them, are the carve of the whole run (one walk over its overhead, not one per interval)
+                last = int(plain_until[w]) - 1
+                a, b = cut.interval_start[w] + delta, cut.interval_end[last] + delta
+                if a >= cursor and (limit is None or b <= limit):
+                    for p in cut.carve(cut.interval_start[w], cut.interval_end[last]):
+                        cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
+                    w = last
+                    continue
             a, b = cut.interval_start[w] + delta, cut.interval_end[w] + delta
             lost = _lost(cut, w, restore_after[k])
             amount_warm = warmup if w == 0 else 0
@@ -393,6 +406,32 @@ def assemble(
         for p in cut.tail_pieces():
             cursor = emit(Piece(p.start + delta, p.end + delta, p.label), cursor, limit)
     return Timeline(start, cursor, out_pieces, intervals, [c for _, _, c in ordered], buckets, parts, relabels)
+
+
+def _plain_runs(cut: SessionCut, warmup: int, limit: int | None) -> Any:
+    """For each interval, where the run of *plain* intervals it begins ends (the index after
+    it; the interval itself when it is not plain): an interval is plain when its pieces are
+    its carve alone (:meth:`SessionCut.interval_pieces` and :func:`interval_pieces` relabel
+    nothing in it: no warm-up, no execution thrown away, no data moved, no recovery)."""
+    import numpy as np
+
+    n = cut.intervals
+    plain = np.ones(n, dtype=bool)
+    if warmup and n:
+        plain[0] = False
+    for w in (*cut.data_moved, *cut.recovered):
+        plain[w] = False
+    if limit is not None or cut.rewinds:
+        interval = np.frombuffer(cut.exec_interval, dtype=np.int64)
+        thrown = (np.frombuffer(cut.exec_flags, dtype=np.int64) & FLAG_REWOUND) != 0
+        if limit is not None:
+            thrown |= np.frombuffer(cut.exec_step, dtype=np.int64) >= limit
+        plain[interval[(interval >= 0) & thrown]] = False
+    # the end of each run: the next index that is not plain
+    index = np.arange(n)
+    stops = np.where(plain, n, index)
+    ends = np.minimum.accumulate(stops[::-1])[::-1]
+    return np.where(plain, ends, index)
 
 
 def interval_pieces(cut: SessionCut, w: int, relabels: Relabels) -> tuple[list[Piece], frozenset[int]]:
