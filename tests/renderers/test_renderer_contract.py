@@ -39,3 +39,23 @@ def test_every_renderer_renders_and_writes_the_same_text(renderer: Renderer, tmp
         assert text.startswith("<!DOCTYPE html>") or text.lstrip().lower().startswith("<!doctype html>")
     else:
         assert json.loads(text)["traceEvents"]
+
+
+@pytest.mark.parametrize("indent", [2, None, 4])
+@pytest.mark.parametrize("include_steps", [True, False])
+def test_the_json_written_row_by_row_is_json_dumps_of_the_report(tmp_path: Path, indent: int | None,
+                                                                 include_steps: bool) -> None:
+    """``report --json`` writes the step table a row at a time (a week of steps is never held as
+    one string): the pieces joined are ``json.dumps`` of the report object, to the byte."""
+    import io
+
+    from goodtrace.renderers.json_report import report_object, write_json
+
+    analysis = analyze(load_run(write_small_run(tmp_path / "run")))
+    expected = json.dumps(report_object(analysis, include_steps=include_steps), indent=indent, allow_nan=False)
+    out = io.StringIO()
+    write_json(analysis, out, include_steps=include_steps, indent=indent)
+    assert out.getvalue() == expected
+    assert render_json(analysis, include_steps=include_steps, indent=indent) == expected
+    if include_steps:
+        assert len(json.loads(expected)["steps"]) == len(analysis.steps) > 1

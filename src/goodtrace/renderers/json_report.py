@@ -10,11 +10,11 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any
+from collections.abc import Iterator
+from typing import IO, Any
 
 from goodtrace.analysis import RunAnalysis
 from goodtrace.read.loaded import LoadedRun
-from goodtrace.renderers import write_text
 
 
 def report_object(analysis: RunAnalysis, *, include_steps: bool = True) -> dict[str, Any]:
@@ -33,12 +33,44 @@ def finite(value: Any) -> Any:
     return value
 
 
-def render_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int | None = 2) -> str:
-    report = report_object(analysis, include_steps=include_steps)
+def _dumps(value: Any, indent: int | None) -> str:
     try:
-        return json.dumps(report, indent=indent, allow_nan=False)
+        return json.dumps(value, indent=indent, allow_nan=False)
     except ValueError:  # a non-finite float somewhere: written as null
-        return json.dumps(finite(report), indent=indent, allow_nan=False)
+        return json.dumps(finite(value), indent=indent, allow_nan=False)
+
+
+def iter_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int | None = 2) -> Iterator[str]:
+    """The text of :func:`render_json` in pieces: everything but the step table, then the step
+    table a row at a time (its last key), so that a report of a million steps is written
+    without holding a million rows. The pieces joined are ``json.dumps`` of
+    :func:`report_object`, to the byte."""
+    head = _dumps(report_object(analysis, include_steps=False), indent)
+    if not include_steps:
+        yield head
+        return
+    if indent is None:
+        yield head[:-1] + ', "steps": ['
+        for i, row in enumerate(analysis.steps):
+            yield (", " if i else "") + _dumps(row.to_dict(), None)
+        yield "]}"
+        return
+    inner = "\n" + " " * (2 * indent)  # a row is an object in a list in the report object
+    yield head[:-2] + ",\n" + " " * indent + '"steps": ['
+    rows = 0
+    for rows, row in enumerate(analysis.steps, start=1):
+        yield ("," if rows > 1 else "") + inner + _dumps(row.to_dict(), indent).replace("\n", inner)
+    yield ("\n" + " " * indent + "]" if rows else "]") + "\n}"
+
+
+def render_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int | None = 2) -> str:
+    return "".join(iter_json(analysis, include_steps=include_steps, indent=indent))
+
+
+def write_json(analysis: RunAnalysis, out: IO[str], *, include_steps: bool = True, indent: int | None = 2) -> None:
+    """:func:`render_json` written to ``out`` piece by piece (``report --json`` on stdout)."""
+    for piece in iter_json(analysis, include_steps=include_steps, indent=indent):
+        out.write(piece)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,4 +85,5 @@ class JsonRenderer:
         return render_json(analysis, include_steps=self.include_steps, indent=self.indent)
 
     def write(self, analysis: RunAnalysis, run: LoadedRun | None, path: str | os.PathLike[str]) -> None:
-        write_text(path, self.render(analysis, run))
+        with open(path, "w", encoding="utf-8") as handle:
+            write_json(analysis, handle, include_steps=self.include_steps, indent=self.indent)

@@ -125,9 +125,10 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         _write_html(loaded, analysis, args.html, gantt_steps)
     if args.json:
-        from goodtrace.renderers.json_report import JsonRenderer
+        from goodtrace.renderers.json_report import write_json
 
-        print(JsonRenderer(include_steps=not args.no_steps).render(analysis, loaded))
+        write_json(analysis, sys.stdout, include_steps=not args.no_steps)  # the step table row by row
+        print()
         return 0
     from rich.console import Console
 
