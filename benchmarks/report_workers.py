@@ -71,7 +71,9 @@ print(json.dumps({**spent, "load_other_s": loaded_at - start - spent["fold_s"] -
 
 
 def _case(run: Path, out: Path, workers: int = 1, ray: str = "", threads: int = 0) -> dict[str, float]:
-    env = dict(os.environ, GOODTRACE_PROGRESS="0")
+    # every case folds the whole run: the segment cache (on by default) would hand the later
+    # cases the first one's reductions
+    env = dict(os.environ, GOODTRACE_PROGRESS="0", GOODTRACE_SEGMENT_CACHE="0")
     env.pop("GOODTRACE_WORKERS", None)
     done = subprocess.run([sys.executable, "-c", _CASE, str(run), str(workers), ray, str(out), str(threads)],
                           capture_output=True, text=True, env=env, check=False)
