@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from goodtrace.read import duckdb_sql
+from goodtrace.read import duckdb_connection, duckdb_sql
 from goodtrace.read.loaded import Progress
 from goodtrace.read.long_lines import shortened_copy
 
@@ -149,12 +149,12 @@ def run_task(task: FoldTask) -> FoldResult:
             driver_path = {local: path for path, local in fetched.items()}
             files = {sid: [fetched[p] for p in paths] for sid, paths in task.files.items()}
             fids = {fetched[p]: fid for p, fid in task.fids.items()}
-        con = duckdb_sql.connect(tmpdir, in_memory=True)
+        con = duckdb_connection.connect(tmpdir, in_memory=True)
         try:
             con.execute("SET threads=1")
             for statement in duckdb_sql.MODEL_TABLES:
                 con.execute(statement)
-            duckdb_sql.insert_rows(con, "sessmain", task.main_tids)
+            duckdb_connection.insert_rows(con, "sessmain", task.main_tids)
             try:
                 duckdb_sql.fold_json(con, files, fids, None, 0, 0, skips)
             except duckdb.Error as exc:
@@ -165,7 +165,7 @@ def run_task(task: FoldTask) -> FoldResult:
             compression = "zstd" if task.out_dir is None else "uncompressed"
             for table in duckdb_sql.SEGMENT_NAMES:
                 path = os.path.join(out_dir, f"task{task.index:06d}-{table}.parquet")
-                con.execute(f"COPY {table} TO {duckdb_sql.sql_str(path)} (FORMAT parquet, COMPRESSION {compression})")
+                con.execute(f"COPY {table} TO {duckdb_connection.sql_str(path)} (FORMAT parquet, COMPRESSION {compression})")
                 if task.out_dir is None:
                     with open(path, "rb") as handle:
                         result.tables[table] = handle.read()
@@ -378,7 +378,7 @@ def _reduce(
             stored = [result.tables[table] for result in ordered]
             tables = [path for path in stored if isinstance(path, str)]
             assert len(tables) == len(stored)  # a Ray task's bytes are written out on arrival
-            files = "[" + ", ".join(duckdb_sql.sql_str(path) for path in tables) + "]"
+            files = "[" + ", ".join(duckdb_connection.sql_str(path) for path in tables) + "]"
             con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet({files})")
             for path in tables:
                 os.remove(path)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.read import duckdb_sql, model_fetch
+from goodtrace.read import duckdb_connection, duckdb_sql, model_fetch
 from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
 from goodtrace.read.discovery import (
     collect_sessions,
@@ -374,13 +374,13 @@ def _load_run(
     parquet = os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)
     con = None
     try:
-        con = duckdb_sql.connect(tmpdir)
+        con = duckdb_connection.connect(tmpdir)
         for statement in duckdb_sql.MODEL_TABLES:
             con.execute(statement)
-        duckdb_sql.insert_rows(con, "sessmain", list(main_tids.items()))
+        duckdb_connection.insert_rows(con, "sessmain", list(main_tids.items()))
         if parquet_ok:
             # A view, not a copy: each query reads only the Parquet columns it needs.
-            con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(parquet)})")
+            con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_connection.sql_str(parquet)})")
         # Closed segments the cache holds as they are now are not read again
         hits: dict[int, Hit] = {}
         if cache is not None:
@@ -405,7 +405,7 @@ def _load_run(
         total = sum(len(paths) for paths in fold_json_by_sid.values()) + (1 if fold_parquet else 0)
         done = 0
         if fold_parquet:
-            duckdb_sql.insert_rows(con, "foldmap", fold_parquet)
+            duckdb_connection.insert_rows(con, "foldmap", fold_parquet)
             duckdb_sql.fold_parquet(con)
             done += 1
             if progress is not None:
@@ -434,7 +434,7 @@ def _load_run(
                         again.setdefault(sid_of_fid[fid], []).append(path_of[fid])
                 if again_parquet:
                     con.execute("DELETE FROM foldmap")
-                    duckdb_sql.insert_rows(con, "foldmap", again_parquet)
+                    duckdb_connection.insert_rows(con, "foldmap", again_parquet)
                     duckdb_sql.fold_parquet(con)
                 fold_sessions(con, again, fid_of, main_tids, tmpdir, Engine(workers=1), None, 0, 0, skips, remote)
         for paths in json_by_sid.values():  # files read from copies without their long lines
@@ -462,7 +462,7 @@ def _load_run(
         models = model_fetch.model_events(con)
         for sid, timeline in timelines.items():
             timeline.model = models.get(sid, {})
-        duckdb_sql.settle(con)
+        duckdb_connection.settle(con)
         hangs = hang_events_in(con)
         # the analysis fetches each session's columns when it cuts it (a block at a time)
         records = model_fetch.SessionRecordsSource(

@@ -13,13 +13,12 @@ from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequen
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.read.duckdb_connection import execute_all, insert_rows, release_buffers
 from goodtrace.read.duckdb_sql import (
     MAX_EVENT_ATTRS,
     VALID_JSON,
     create_records_table,
-    insert_rows,
     read_json_sql,
-    release_buffers,
 )
 from goodtrace.read.loaded import NO_TIME, EventRecord, SessionRecords, SessionTimeline
 from goodtrace.read.validate import json_object
@@ -257,8 +256,7 @@ DETAIL_NAMES = tuple(statement.split()[2] for statement in _DETAIL_TABLES)
 
 
 def create_detail_tables(con: Any) -> None:
-    for statement in _DETAIL_TABLES:
-        con.execute(statement)
+    execute_all(con, _DETAIL_TABLES)
 
 
 def extract_details(con: Any, json_rows: Sequence[tuple[str, int, int]], parquet_rows: Sequence[tuple[int, int, int]]) -> None:

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from goodtrace.read import duckdb_sql
+from goodtrace.read import duckdb_connection, duckdb_sql
 from goodtrace.record.errors import warn
 
 __all__ = ["CACHE_DIR", "ENV_SEGMENT_CACHE", "FileIdentity", "Hit", "SegmentCache", "open_cache"]
@@ -226,13 +226,13 @@ class SegmentCache:
         for chunk, rows in sorted(by_chunk.items()):
             folder, index = self._chunks[chunk]
             con.execute("DELETE FROM cachemap")
-            duckdb_sql.insert_rows(con, "cachemap", rows)
+            duckdb_connection.insert_rows(con, "cachemap", rows)
             done: list[str] = []
             try:
                 for table, name in index["tables"].items():
                     if not tables(table):
                         continue
-                    path = duckdb_sql.sql_str(os.path.join(folder, name))
+                    path = duckdb_connection.sql_str(os.path.join(folder, name))
                     con.execute(f"INSERT INTO {table} SELECT m.sid, m.fid, p.* EXCLUDE (fid) FROM read_parquet({path}) p "
                                 f"JOIN cachemap m ON p.fid = m.number {(filters or {}).get(table, '')}")
                     done.append(table)
@@ -328,7 +328,7 @@ def write_chunk(
             target = os.path.join(folder, name)
             written.append(target + ".partial")
             con.execute(f"COPY (SELECT * EXCLUDE (sid) FROM {table} WHERE fid IN ({fids})) TO "
-                        f"{duckdb_sql.sql_str(target + '.partial')} (FORMAT parquet, COMPRESSION zstd)")
+                        f"{duckdb_connection.sql_str(target + '.partial')} (FORMAT parquet, COMPRESSION zstd)")
             os.replace(target + ".partial", target)
             written[-1] = target
             names[table] = name
