@@ -11,11 +11,9 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from goodtrace.record.config import Config
 from goodtrace.record.io.native import NativeWriter
 from goodtrace.record.io.storage import LocalStorage
 from goodtrace.record.spans import span_key
+from helpers.children import ReportingChild
 
 pytestmark = pytest.mark.skipif(fastpath.native is None, reason="the native writer is not built here")
 
@@ -66,6 +65,19 @@ def _records() -> list[tuple[Any, ...]]:
         (schema.METRIC, "n", 8, None, "max", 601),
         (schema.EVENT, "preempted", 700, 8, {"signal": 15}),
     ]
+
+
+def _dead_ring(run_dir: str, steps: int) -> str:
+    """The ring file a real process left in ``run_dir``: ``steps`` steps, then an exit without
+    ``finish`` and before its flush interval."""
+    code = ("import os, sys, goodtrace as gt\n"
+            "gt.init(sys.argv[1], flush_interval_s=60)\n"
+            "for i in range(int(sys.argv[2])):\n"
+            "    with gt.step(i): pass\n"
+            "os._exit(3)\n")
+    assert subprocess.run([sys.executable, "-c", code, run_dir, str(steps)], timeout=120).returncode == 3
+    (ring,) = glob.glob(f"{run_dir}/rank-*/*.ring")
+    return ring
 
 
 def _record_lines(paths: list[str]) -> list[bytes]:
@@ -180,22 +192,10 @@ def test_a_sigkill_loses_nothing_the_process_had_appended(tmp_path: Path, rate: 
     rng = random.Random(rate)
     for kill in range(3):
         run_dir = str(tmp_path / f"run-{kill}")
-        child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, run_dir, str(rate), "0.5"],
-                                 stdout=subprocess.PIPE)
-        assert child.stdout is not None
-        reported: list[bytes] = []
-        reader = threading.Thread(target=reported.extend, args=(child.stdout,), daemon=True)
-        reader.start()
-        started = time.monotonic()
-        while not reported and child.poll() is None and time.monotonic() - started < 120:
-            time.sleep(0.01)
-        assert reported, f"the child never reported (exit status {child.poll()})"
+        child = ReportingChild([sys.executable, "-c", KILL_CHILD, run_dir, str(rate), "0.5"])
         time.sleep(rng.uniform(0.2, 1.5))
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-        reader.join(timeout=30)
-        child.stdout.close()
-        last = int(reported[-1])
+        child.kill()
+        last = int(child.lines[-1])
         problems: list[str] = []
         list_segments(run_dir, problems)
         assert not glob.glob(f"{run_dir}/rank-*/*.ring")
@@ -267,13 +267,7 @@ def test_where_no_ring_file_can_be_made_the_ring_stays_in_memory_with_one_warnin
 
 def test_a_process_that_exits_without_finish_leaves_its_ring_for_the_reader(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    code = ("import os, sys, goodtrace as gt\n"
-            "gt.init(sys.argv[1], flush_interval_s=60)\n"
-            "for i in range(50):\n"
-            "    with gt.step(i): pass\n"
-            "os._exit(3)\n")
-    assert subprocess.run([sys.executable, "-c", code, run_dir], timeout=120).returncode == 3
-    (ring,) = glob.glob(f"{run_dir}/rank-*/*.ring")
+    ring = _dead_ring(run_dir, 50)
     problems: list[str] = []
     assert len(list_segments(run_dir, problems)) == 2 and not os.path.exists(ring)
     assert len(problems) == 1 and "recovered from its ring" in problems[0]
@@ -346,13 +340,7 @@ def test_a_ring_from_another_host_waits_until_its_heartbeat_is_old(tmp_path: Pat
     reader here can see: its ring is recovered only once its last heartbeat is 5 intervals (and
     10 s) old. Made from a real dead process's ring, its host and heartbeat rewritten."""
     run_dir = str(tmp_path / "run")
-    code = ("import os, sys, goodtrace as gt\n"
-            "gt.init(sys.argv[1], flush_interval_s=60)\n"
-            "for i in range(30):\n"
-            "    with gt.step(i): pass\n"
-            "os._exit(3)\n")
-    assert subprocess.run([sys.executable, "-c", code, run_dir], timeout=120).returncode == 3
-    (ring_path,) = glob.glob(f"{run_dir}/rank-*/*.ring")
+    ring_path = _dead_ring(run_dir, 30)
     assert read_ring(ring_path).host  # this host's name, as the writer saw it
     beat_at, host_at = 184, 200  # RingShared.beat_wall and .host (native_writer.h)
     with open(ring_path, "r+b") as handle:

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ import goodtrace as gt
 from goodtrace.read.segments import list_segments
 from goodtrace.read.sessions import read_run
 from goodtrace.record import fastpath
+from helpers.children import ReportingChild
 from helpers.loops import oversleep
 
 FLUSH_S = 0.5
@@ -126,20 +126,10 @@ def test_sigkill_loses_at_most_one_interval_plus_one_chunk(tmp_path: Path, rate:
     rng = random.Random(rate + ord(per_step))
     for kill in range(2):
         run_dir = str(tmp_path / f"run-{kill}")
-        child = subprocess.Popen(
-            [sys.executable, "-c", RATE_CHILD, run_dir, str(rate), per_step, str(FLUSH_S)],
-            stdout=subprocess.PIPE, text=True,
-        )
-        assert child.stdout is not None
-        reports: list[str] = []
-        reader = threading.Thread(target=reports.extend, args=(child.stdout,), daemon=True)
-        reader.start()
         # The child's interpreter start and import take seconds on a loaded machine: the run is
         # 3-5 flush intervals long from its first report (it is recording), not from the spawn.
-        started = time.monotonic()
-        while not reports and child.poll() is None and time.monotonic() - started < 120:
-            time.sleep(0.01)
-        assert reports, f"the child never reported (exit status {child.poll()})"
+        child = ReportingChild([sys.executable, "-c", RATE_CHILD, run_dir, str(rate), per_step, str(FLUSH_S)])
+        reports = child.lines
         late = oversleep()
         recording = time.monotonic()
         hold = rng.uniform(3 * FLUSH_S, 5 * FLUSH_S)
@@ -150,11 +140,7 @@ def test_sigkill_loses_at_most_one_interval_plus_one_chunk(tmp_path: Path, rate:
         while time.monotonic() - recording < min(60.0, 2 * (FLUSH_S + 2 * _longest_chunk(reports) + 2 * late)):
             late = max(late, oversleep(5))
         t_kill = time.perf_counter_ns()
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-        reader.join(timeout=30)
-        child.stdout.close()
-        assert reports, "the child never reported"
+        child.kill()
         chunk_s = max(float(line.split()[0]) for line in reports)
         records = int(reports[-1].split()[1])
         on_disk_s = (t_kill - newest_record_ns(run_dir)) / 1e9
