@@ -33,10 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from goodtrace import schema
 from goodtrace.record.io.encoding import _Encoder
-from goodtrace.record.spans import Span
 from report_scale import SECOND, WALL0, header
+from report_steps import INIT, step_lines
 
 NOW = WALL0 + 10**6 * SECOND  # "now" for the analysis: fixed, so that two reports compare
 
@@ -59,10 +58,6 @@ print(json.dumps({"import_s": t1 - t0, "fold_s": t2 - t1, "analysis_s": t3 - t2}
 """
 
 
-def _key(name: str, category: str) -> tuple[str, str, bool, type[Span]]:
-    return (name, category, category in schema.BLOCKING_CATEGORIES, Span)
-
-
 class RankWriter:
     """One rank's session, written in segments of ``segment_bytes`` (a new segment, header
     first, once the open one is over the size, as the writer rotates), step after step."""
@@ -80,9 +75,7 @@ class RankWriter:
         self.next_heartbeat = self.mono0 + SECOND
         self.step_ns = SECOND // 2 + rank * 1_000_000
         self.k = 0
-        self.keys = (_key("data", "data"), _key("forward_backward", "compute"), _key("optimizer", "compute"),
-                     _key("checkpoint", "checkpoint_save"))
-        self._rotate([self.enc.encode((_key("init", "init"), self.mono0 + SECOND // 2, self.t, None, 1, None, None))])
+        self._rotate([self.enc.encode((INIT, self.mono0 + SECOND // 2, self.t, None, 1, None, None))])
 
     def _rotate(self, first: list[str]) -> None:
         self.segment += 1
@@ -99,27 +92,10 @@ class RankWriter:
         self.size += len(text)
 
     def steps(self, count: int) -> None:
-        encode = self.enc.encode
-        data, fwd, opt, ckpt = self.keys
         lines: list[str] = []
         for k in range(self.k, self.k + count):
-            t, length = self.t, self.step_ns * (3 if k % 500 == 250 else 1) + (k * 7_919) % 5_000_000
-            lines.append(encode((data, t, t + length // 20, k, 1, None, None)))
-            lines.append(encode((fwd, t + length // 20, t + length * 17 // 20, k, 1, None, None)))
-            lines.append(encode((opt, t + length * 17 // 20, t + length * 19 // 20, k, 1, None, None)))
-            lines.append(encode((schema.STEP, k, t, t + length * 19 // 20)))
-            lines.append(encode((schema.SYNC, k, t + length, schema.SYNC_LAG)))
-            lines.append(encode((schema.METRIC, "loss", k, 2.0 / (1 + k * 1e-4), "mean", t + length)))
-            if k % 100 == 0:
-                lines.append(encode((schema.TAG, k, "eval_window", t)))
-            self.t += length
-            if k % 1000 == 999:
-                lines.append(encode((ckpt, self.t + 1_000, self.t + 1_000 + 2 * SECOND, k, 1, None, None)))
-                self.t += 1_000 + 2 * SECOND
-            while self.next_heartbeat <= self.t:
-                lines.append(f'{{"kind":"heartbeat","wall":{WALL0 + self.next_heartbeat - self.mono0},'
-                             f'"mono":{self.next_heartbeat},"dropped":0}}\n')
-                self.next_heartbeat += SECOND
+            self.t, self.next_heartbeat = step_lines(self.enc.encode, k, self.t, self.step_ns, self.mono0,
+                                                     self.next_heartbeat, lines)
             if len(lines) > 20_000:  # a flush: appended, then rotated once over the size
                 self._append(lines)
                 lines = []

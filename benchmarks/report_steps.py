@@ -49,51 +49,61 @@ def _key(name: str, category: str) -> tuple[str, str, bool, type[Span]]:
     return (name, category, category in schema.BLOCKING_CATEGORIES, Span)
 
 
+# the records of a step: its three spans, the step, its sync point and a loss metric; a tag
+# every 100 steps, a checkpoint every 1,000, one slow step in 500; heartbeats each second
+DATA, FWD, OPT = _key("data", "data"), _key("forward_backward", "compute"), _key("optimizer", "compute")
+CKPT, INIT = _key("checkpoint", "checkpoint_save"), _key("init", "init")
+
+
+def step_lines(encode: Any, k: int, t: int, step_ns: int, mono0: int, next_heartbeat: int,
+               lines: list[str]) -> tuple[int, int]:
+    """Step ``k`` (entered at ``t``) appended to ``lines``: returns the next step's entry and the
+    next heartbeat's time."""
+    length = step_ns * (3 if k % 500 == 250 else 1) + (k * 7_919) % 5_000_000
+    lines.append(encode((DATA, t, t + length // 20, k, 1, None, None)))
+    lines.append(encode((FWD, t + length // 20, t + length * 17 // 20, k, 1, None, None)))
+    lines.append(encode((OPT, t + length * 17 // 20, t + length * 19 // 20, k, 1, None, None)))
+    lines.append(encode((schema.STEP, k, t, t + length * 19 // 20)))
+    lines.append(encode((schema.SYNC, k, t + length, schema.SYNC_LAG)))
+    lines.append(encode((schema.METRIC, "loss", k, 2.0 / (1 + k * 1e-4), "mean", t + length)))
+    if k % 100 == 0:
+        lines.append(encode((schema.TAG, k, "eval_window", t)))
+    t += length
+    if k % 1000 == 999:
+        lines.append(encode((CKPT, t + 1_000, t + 1_000 + 2 * SECOND, k, 1, None, None)))
+        t += 1_000 + 2 * SECOND
+    while next_heartbeat <= t:
+        lines.append(f'{{"kind":"heartbeat","wall":{WALL0 + next_heartbeat - mono0},'
+                     f'"mono":{next_heartbeat},"dropped":0}}\n')
+        next_heartbeat += SECOND
+    return t, next_heartbeat
+
+
 def write_rank(root: Path, rank: int, world: int, steps: int) -> int:
     """One rank's file, written in chunks (memory stays small for a million steps)."""
-    enc = _Encoder()
-    encode = enc.encode
+    encode = _Encoder().encode
     mono0 = 5_000 * SECOND + rank * 7_919
     session = f"{WALL0:020d}-{20_000 + rank}-{rank:08x}"
-    data, fwd, opt = _key("data", "data"), _key("forward_backward", "compute"), _key("optimizer", "compute")
-    ckpt, init = _key("checkpoint", "checkpoint_save"), _key("init", "init")
     rank_dir = root / f"rank-{rank:05d}"
     rank_dir.mkdir(parents=True, exist_ok=True)
     records = 0
     with open(rank_dir / f"{session}.00000.jsonl", "w", encoding="utf-8") as handle:
         lines = [json.dumps(header(rank, world, session, mono0, mono0), separators=(",", ":")) + "\n"]
         t = mono0 + 3 * SECOND
-        lines.append(encode((init, mono0 + SECOND // 2, t, None, 1, None, None)))
+        lines.append(encode((INIT, mono0 + SECOND // 2, t, None, 1, None, None)))
+        records += 1
         next_heartbeat = mono0 + SECOND
         step_ns = SECOND // 2 + rank * 1_000_000
         for k in range(steps):
-            length = step_ns * (3 if k % 500 == 250 else 1) + (k * 7_919) % 5_000_000
-            lines.append(encode((data, t, t + length // 20, k, 1, None, None)))
-            lines.append(encode((fwd, t + length // 20, t + length * 17 // 20, k, 1, None, None)))
-            lines.append(encode((opt, t + length * 17 // 20, t + length * 19 // 20, k, 1, None, None)))
-            lines.append(encode((schema.STEP, k, t, t + length * 19 // 20)))
-            lines.append(encode((schema.SYNC, k, t + length, schema.SYNC_LAG)))
-            lines.append(encode((schema.METRIC, "loss", k, 2.0 / (1 + k * 1e-4), "mean", t + length)))
-            records += 6
-            if k % 100 == 0:
-                lines.append(encode((schema.TAG, k, "eval_window", t)))
-                records += 1
-            t += length
-            if k % 1000 == 999:
-                lines.append(encode((ckpt, t + 1_000, t + 1_000 + 2 * SECOND, k, 1, None, None)))
-                t += 1_000 + 2 * SECOND
-                records += 1
-            while next_heartbeat <= t:
-                lines.append(f'{{"kind":"heartbeat","wall":{WALL0 + next_heartbeat - mono0},'
-                             f'"mono":{next_heartbeat},"dropped":0}}\n')
-                next_heartbeat += SECOND
-                records += 1
+            before = len(lines)
+            t, next_heartbeat = step_lines(encode, k, t, step_ns, mono0, next_heartbeat, lines)
+            records += len(lines) - before
             if len(lines) > 100_000:
                 handle.write("".join(lines))
                 lines.clear()
         lines.append(encode((schema.FINISH, True, t + SECOND // 5, "finish")))
         handle.write("".join(lines))
-    return records + 2
+    return records + 1
 
 
 def measure(root: Path, steps: int, ranks: int) -> dict[str, Any]:
