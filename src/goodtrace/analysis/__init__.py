@@ -256,7 +256,8 @@ def _cut_and_reduce(
     O(sampled steps), not O(steps). With ``release``, each session's step, sync, span and
     compute columns and its device metrics are dropped from ``run`` as soon as it is cut
     (nothing after the cut reads them). The order of cutting changes nothing the analysis
-    reports: what is reduced is kept in the job's order of sessions and ranks."""
+    reports: what is reduced is looked up by session or rank, and the samples are kept in the
+    job's order of ranks."""
     cuts: dict[int, SessionCut] = {}
     attempt_for = {index: a for a in attempts for index in a.sessions}
     attempt_of = {index: a.index for index, a in attempt_for.items()}
@@ -267,8 +268,6 @@ def _cut_and_reduce(
     left = {rank: len(members) for rank, members in sessions_of.items()}  # sessions not cut yet
     reduced = _Reduced({}, [], {}, {}, {}, {}, 0)
     samples: dict[int, RankSample] = {}
-    goodput: dict[int, float] = {}
-    relabels: dict[int, dict[int, Relabels]] = {}
     starts: dict[int, SessionRecords] = {}
     order = sorted(attempt_for, key=lambda i: (i in reference, i))
     for index in order:
@@ -298,9 +297,9 @@ def _cut_and_reduce(
         other = _rank_timeline(run, attempt_of, cuts, members, ideal_override_ns=ideal_override_ns,
                                submit_wall=submit_wall, pieces=False)
         if other is not None:
-            relabels[rank] = other[0].relabels
+            reduced.relabels.update(other[0].relabels)
             if other[0].end > other[0].start:
-                goodput[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
+                reduced.goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
         del other  # its timeline holds the rank's cuts
         samples[rank] = sample_rank(rank, [run.sessions[i] for i in members], cuts, starts, attempt_of,
                                     reduced.name_codes)
@@ -312,10 +311,6 @@ def _cut_and_reduce(
         run.released = True
         run.close()
     reduced.samples = [samples[rank] for rank in sessions_of]
-    last = sorted(sessions_of, key=lambda rank: max(sessions_of[rank]))  # the order the job's sessions end in
-    reduced.goodput_by_rank = {rank: goodput[rank] for rank in last if rank in goodput}
-    reduced.relabels = {i: r for rank in last for i, r in relabels.get(rank, {}).items()}
-    reduced.series = dict(sorted(reduced.series.items()))
     reduced.cuts = {index: reduced.cuts[index] for a in attempts for index in a.sessions if index in reduced.cuts}
     if not keep_cuts:
         reduced.relabels = {i: r for i, r in reduced.relabels.items() if i in reduced.cuts}
