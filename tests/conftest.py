@@ -74,6 +74,7 @@ MODULE_MARKS: dict[str, tuple[str, ...]] = {
     "integrations/test_live_slowdown.py": ("processes",),  # gloo ranks in spawned processes
     "integrations/test_no_false_alarms.py": ("processes",),
     "integrations/test_stragglers.py": ("processes",),
+    "integrations/test_torch_cuda.py": ("processes",),  # goodtrace report in a real process
     "integrations/test_torch_dataloader.py": ("processes",),
     "integrations/test_torch_rollback.py": ("processes",),
     "integrations/test_torchtitan.py": ("processes",),

@@ -1,4 +1,5 @@
-"""JAX on the CPU backend, against ground truth (tests ``_jax_values`` and ``integrations.jax``).
+"""JAX on the CPU backend, against ground truth (tests ``_jax_values`` and ``integrations.jax``);
+the two timing tests also on a GPU where JAX has one.
 
 Ground truth for step completion comes from a watcher thread that does nothing but wait on
 each step's result in turn and record when it became ready (each step depends on the previous
@@ -40,27 +41,54 @@ from goodtrace.testing import capture  # noqa: E402
 from helpers.loops import Slack  # noqa: E402
 
 N = 640
+N_GPU = 8192  # a link about 1 to 10 ms on a GPU (the CPU's is about 5 ms at N)
 DEPTH = 10  # ~50 ms on one CPU core
 LONG_DEPTH = 20  # the smallest depth of the timing test, calibrated up to TARGET_DEVICE_S
 TARGET_DEVICE_S = 0.1  # so that ms-scale wake-up jitter is a few percent of a step
 POLL_S = 0.002  # the readiness check's interval in the timing test
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def chain(x: Any, w: Any, depth: int = DEPTH) -> tuple[Any, Any]:
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def chain(x: Any, w: Any, depth: int = DEPTH, unroll: bool = False) -> tuple[Any, Any]:
     def body(_: int, y: Any) -> Any:
         return jnp.tanh(y @ w)
 
-    y = jax.lax.fori_loop(0, depth, body, x)
+    y = jax.lax.fori_loop(0, depth, body, x, unroll=unroll)
     return y.mean(), y
+
+
+def _unroll(x: Any) -> bool:
+    """Unrolled on a GPU: there a rolled loop reads its condition back to the host on every
+    link, which makes the dispatch itself wait for the device."""
+    return bool(x.devices() != {jax.devices("cpu")[0]})
+
+
+def _operands_on(device: Any) -> tuple[Any, Any]:
+    """The chain's operands committed to ``device``: the jitted chain runs where they are."""
+    n = N if device.platform == "cpu" else N_GPU
+    key = jax.random.PRNGKey(0)
+    x = jax.device_put(jax.random.normal(key, (n, n)) * 0.1, device)
+    w = jax.device_put(jax.random.normal(jax.random.PRNGKey(1), (n, n)) / n**0.5, device)
+    return x.block_until_ready(), w.block_until_ready()
 
 
 @pytest.fixture(scope="module")
 def operands() -> tuple[Any, Any]:
-    key = jax.random.PRNGKey(0)
-    x = jax.random.normal(key, (N, N)) * 0.1
-    w = jax.random.normal(jax.random.PRNGKey(1), (N, N)) / N**0.5
-    return x.block_until_ready(), w.block_until_ready()
+    return _operands_on(jax.devices("cpu")[0])
+
+
+def _accelerators() -> list[Any]:
+    try:
+        return [jax.devices("gpu")[0]]
+    except RuntimeError:  # no GPU backend here
+        return []
+
+
+# The timing tests also run on a GPU where JAX has one (the suite's machines have none; a link
+# of the chain on N x N operands takes microseconds there, so its operands are N_GPU x N_GPU).
+@pytest.fixture(scope="module", params=["cpu", *(["gpu"] if _accelerators() else [])])
+def timed_operands(request: pytest.FixtureRequest) -> tuple[Any, Any]:
+    return _operands_on(jax.devices(request.param)[0])
 
 
 class CompletionWatcher:
@@ -95,11 +123,11 @@ def _calibrated_depth(x: Any, w: Any) -> int:
 
 def _device_time_s(x: Any, w: Any, depth: int, repeats: int = 3) -> float:
     """D: one step run synchronously (compiled already), median of ``repeats``."""
-    chain(x, w, depth)[0].block_until_ready()
+    chain(x, w, depth, _unroll(x))[0].block_until_ready()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        chain(x, w, depth)[0].block_until_ready()
+        chain(x, w, depth, _unroll(x))[0].block_until_ready()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -134,9 +162,9 @@ def _steps_and_syncs(cap: Any) -> tuple[dict[int, dict[str, Any]], dict[int, dic
 
 
 def test_step_times_match_ground_truth_and_host_timer_is_wrong(
-    operands: tuple[Any, Any], listeners: None
+    timed_operands: tuple[Any, Any], listeners: None
 ) -> None:
-    x0, w = operands
+    x0, w = timed_operands
     depth = _calibrated_depth(x0, w)
     device_s = _device_time_s(x0, w, depth)  # D before the loop (and after it, below)
     steps_n = 8
@@ -153,7 +181,7 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
             for k in range(steps_n):
                 with gt.step(k) as s:
                     t0 = time.perf_counter()
-                    loss, x = chain(x, w, depth)  # returns before the device ran it
+                    loss, x = chain(x, w, depth, _unroll(x))  # returns before the device ran it
                     naive_s.append(time.perf_counter() - t0)  # the naive host timer
                     s.complete_on(loss)
                     watcher.watch(loss)
@@ -212,15 +240,16 @@ def test_step_times_match_ground_truth_and_host_timer_is_wrong(
 
 
 def test_no_synchronisation_added_step_k_dispatched_before_k_minus_1_completes(
-    operands: tuple[Any, Any], listeners: None
+    timed_operands: tuple[Any, Any], listeners: None
 ) -> None:
-    x, w = operands
-    chain(x, w)[0].block_until_ready()  # compiled
+    x, w = timed_operands
+    depth = _calibrated_depth(x, w) if _unroll(x) else DEPTH
+    chain(x, w, depth, _unroll(x))[0].block_until_ready()  # compiled
     watcher = CompletionWatcher()
     with capture() as cap:
         for k in range(5):
             with gt.step(k) as s:
-                loss, x = chain(x, w)
+                loss, x = chain(x, w, depth, _unroll(x))
                 s.complete_on(loss)
                 watcher.watch(loss)
     done_ns = watcher.close()
