@@ -16,7 +16,7 @@ import pytest
 from goodtrace.analysis import RunAnalysis, analyze
 from goodtrace.read.load import load_run
 from goodtrace.read.loaded import LoadedRun
-from goodtrace.renderers import html_charts
+from goodtrace.renderers import html, html_charts
 from goodtrace.renderers.html import embed_json, render_html, report_data
 from helpers.browser import EVIL, PageLog, artifact, browser, new_page, write_small_run
 
@@ -94,6 +94,36 @@ def test_report_data_with_a_chosen_range(small_run: Path) -> None:
     redone = report_data(analysis, loaded, gantt_steps=(3, 3), gantt_attempt=0)["gantt"]
     assert redone["attempt"] == 0 and redone["steps"] == [3, 3]
     assert report_data(analysis, loaded, gantt_steps=(50, 60))["gantt"] is None
+
+
+def test_a_long_step_table_is_drawn_as_bars_of_consecutive_rows(
+    small_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_STEP_BARS rows the step chart draws bars of consecutive rows of one attempt
+    (their mean): the page stays small however long the run, and nothing is lost from a bar's
+    rows (count x mean gives back their sum, the slowest row, tags and anomalies stay)."""
+    analysis, loaded = _analysed(small_run)
+    whole = report_data(analysis, loaded)["steps"]
+    monkeypatch.setattr(html, "MAX_STEP_BARS", 3)
+    bars = report_data(analysis, loaded)["steps"]
+    # 8 rows, 4 of each attempt, at most 3 a bar (ceil(8 / 3)), never across the attempts
+    assert bars["bin"] == 3 and bars["counts"] == [3, 1, 3, 1]
+    assert bars["steps"] == [0, 3, 3, 6] and bars["last_steps"] == [2, 3, 5, 6]
+    assert bars["attempts"] == [0, 0, 1, 1] and bars["seq"] == [whole["seq"][i] for i in (0, 3, 4, 7)]
+    assert bars["start_ns"] == [whole["start_ns"][i] for i in (0, 3, 4, 7)]
+    assert bars["end_ns"] == [whole["end_ns"][i] for i in (2, 3, 6, 7)]
+    assert [b[:2] for b in bars["bands"]] == [[0, 1], [2, 3]] and bars["bands"][1][2] == whole["bands"][1][2]
+    bar_of = [0, 0, 0, 1, 2, 2, 2, 3]
+    assert set(bars["series"]) == set(whole["series"])
+    for name, values in whole["series"].items():
+        for b, count in enumerate(bars["counts"]):
+            rows = [v for i, v in enumerate(values) if bar_of[i] == b]
+            assert bars["series"][name][b] * count == pytest.approx(sum(rows), abs=1e-5), (name, b)
+    totals = [sum(values[i] for values in whole["series"].values()) for i in range(8)]
+    assert bars["max_s"] == pytest.approx([max(t for i, t in enumerate(totals) if bar_of[i] == b) for b in range(4)])
+    assert sorted(a[0] for a in bars["anomalies"]) == sorted(bar_of[a[0]] for a in whole["anomalies"])
+    for i, tags in enumerate(whole["tags"]):
+        assert set(tags) <= set(bars["tags"][bar_of[i]])
 
 
 def test_golden_report_data() -> None:
@@ -223,6 +253,32 @@ def test_report_opens_offline_draws_and_hovers(chromium: Any, small_run: Path, t
     cells = page.evaluate("() => window.goodtraceCharts.heatmap.getOption().series[0].data")
     assert {ratio for _, _, ratio, _ in cells} == {1.0}
     assert page.get_attribute("#heat-step", "aria-pressed") == "true"
+    assert log.errors == [] and log.console_errors == []
+
+
+def test_step_bars_of_several_rows_draw_and_say_so_on_hover(
+    chromium: Any, small_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(html, "MAX_STEP_BARS", 3)
+    path = tmp_path / "report.html"
+    path.write_text(render_html(*_analysed(small_run)), encoding="utf-8")
+    page, log = _open(chromium, path)
+    assert page.evaluate(JS_CANVAS_INK, "steps") > 200
+    assert "Each bar is up to 3 consecutive executions" in page.inner_text("#steps-note")
+    assert "8 step execution(s)" in page.inner_text("#steps-note")
+    page.evaluate("() => document.getElementById('steps').scrollIntoView({block: 'start'})")
+    point = page.evaluate("""() => {
+      const chart = window.goodtraceCharts.steps;
+      const p = chart.convertToPixel({xAxisIndex: 0, yAxisIndex: 0}, ['0', 0.01]);
+      const box = document.getElementById('steps').getBoundingClientRect();
+      return {x: box.left + p[0], y: box.top + p[1]};
+    }""")
+    page.mouse.move(point["x"] - 3, point["y"])
+    page.mouse.move(point["x"], point["y"])
+    page.wait_for_function("() => document.getElementById('steps').textContent.includes('steps 0-2')",
+                           timeout=10_000)
+    tooltip = page.evaluate("() => document.getElementById('steps').textContent")
+    assert "3 executions" in tooltip and "mean step time" in tooltip and "slowest" in tooltip
     assert log.errors == [] and log.console_errors == []
 
 

@@ -43,6 +43,8 @@ __all__ = ["ECHARTS_VERSION", "HtmlRenderer", "html_page", "render_html", "repor
 
 ECHARTS_VERSION = "6.1.0"
 MAX_PAGE_EVENTS = 200
+MAX_STEP_BARS = 4_000  # a longer step table is drawn as bars of consecutive rows (their mean)
+MAX_BAR_TAGS = 8  # tag names shown per bar of several rows
 
 _JSON_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
                  0x2028: "\\u2028", 0x2029: "\\u2029"}
@@ -126,36 +128,93 @@ def _buckets(analysis: RunAnalysis) -> list[list[Any]]:
 
 
 def _steps(analysis: RunAnalysis) -> dict[str, Any]:
+    """The step chart: the analysis's step table read once, row by row, into columns; a table
+    of more than :data:`MAX_STEP_BARS` rows is drawn as bars of ``bin`` consecutive rows of one
+    attempt each (each bar the mean of its rows, so the stack is the mean step time; the
+    slowest row's time beside it), so that the page stays a few MiB however long the run."""
+    import numpy as np
+
     rows = analysis.steps
-    categories = sorted({k for r in rows for k in r.overhead_s})
-    series: dict[str, list[float]] = {"productive": [rounded(r.productive_s, 6) for r in rows]}
-    for category in categories:
-        series[category] = [rounded(r.overhead_s.get(category, 0.0), 6) for r in rows]
-    index = {(r.attempt, r.seq): i for i, r in enumerate(rows)}
-    anomalies = [
-        [index[(a.attempt, a.seq)], list(a.overlapped), _finite(a.threshold_s)]
-        for a in analysis.anomalies if (a.attempt, a.seq) in index
-    ]
+    n = len(rows)
+    overhead: dict[str, Any] = {}
+    step, seq, attempt, shared = (np.zeros(n, dtype=np.int64) for _ in range(4))
+    start, end = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    productive, device = np.zeros(n), np.full(n, np.nan)
+    tags: list[tuple[int, list[str]]] = []
+    for i, r in enumerate(rows):
+        step[i], seq[i], attempt[i], shared[i] = r.step, r.seq, r.attempt, r.shared
+        start[i], end[i], productive[i] = r.start_ns, r.end_ns, r.productive_s
+        if r.device_s is not None and math.isfinite(r.device_s):
+            device[i] = r.device_s
+        for category, seconds in r.overhead_s.items():
+            overhead.setdefault(category, np.zeros(n))[i] = seconds
+        if r.tags:
+            tags.append((i, list(r.tags)))
+    index = {(int(a), int(s)): i for i, (a, s) in enumerate(zip(attempt.tolist(), seq.tolist(), strict=True))}
+    anomalies = [(index[(a.attempt, a.seq)], list(a.overlapped), _finite(a.threshold_s))
+                 for a in analysis.anomalies if (a.attempt, a.seq) in index]
+    # bars: runs of at most `width` rows, never across an attempt
+    width = max(1, math.ceil(n / MAX_STEP_BARS))
+    first_of_band = np.flatnonzero(np.diff(attempt)) + 1 if n else np.zeros(0, dtype=np.int64)
+    band_starts = [0, *first_of_band.tolist()] if n else []
+    bar_starts: list[int] = []
+    for b, lo in enumerate(band_starts):
+        hi = band_starts[b + 1] if b + 1 < len(band_starts) else n
+        bar_starts.extend(range(lo, hi, width))
+    starts = np.array(bar_starts, dtype=np.int64)
+    ends = np.append(starts[1:], n) if n else starts
+    counts = ends - starts
+    bar_of = np.repeat(np.arange(len(starts)), counts)
+
+    def mean(values: Any) -> list[float]:
+        return [rounded(v, 6) for v in (np.add.reduceat(values, starts) / counts).tolist()] if n else []
+
+    total = productive + sum(overhead.values(), np.zeros(n))
+    series = {"productive": mean(productive)}
+    for category in sorted(overhead):
+        series[category] = mean(overhead[category])
+    has_device = bool(np.isfinite(device).any())
+    device_bars: list[float | None] = []
+    if has_device and width == 1:
+        device_bars = [None if math.isnan(v) else v for v in device.tolist()]
+    elif has_device:
+        known = np.isfinite(device)
+        sums = np.add.reduceat(np.where(known, device, 0.0), starts)
+        seen = np.add.reduceat(known.astype(np.int64), starts)
+        device_bars = [rounded(s / c, 6) if c else None for s, c in zip(sums.tolist(), seen.tolist(), strict=True)]
+    bar_tags: dict[int, list[str]] = {}
+    for i, names in tags:
+        if width == 1:  # a row's own tags, as the step table has them
+            bar_tags[i] = names
+            continue
+        held = bar_tags.setdefault(int(bar_of[i]), [])
+        held.extend(name for name in names if name not in held and len(held) < MAX_BAR_TAGS)
     ended = {a.index: a.ending.text for a in analysis.attempts}
     bands = []
-    start = 0
-    attempts = [r.attempt for r in rows]
-    for i in range(1, len(rows) + 1):
-        if i == len(rows) or attempts[i] != attempts[start]:
-            bands.append([start, i - 1, f"attempt {attempts[start]} ({ended.get(attempts[start], '?')})"])
-            start = i
-    device = [_finite(r.device_s) for r in rows]
-    if rows:
+    for b, lo in enumerate(band_starts):
+        hi = band_starts[b + 1] if b + 1 < len(band_starts) else n
+        a = int(attempt[lo])
+        bands.append([int(bar_of[lo]), int(bar_of[hi - 1]), f"attempt {a} ({ended.get(a, '?')})"])
+    if n:
         why = ""
     elif not any(len(c.exec_step) for c in analysis.cuts.values()):
         why = "no step was recorded: the loop never entered gt.step(n), so there are no step intervals to cut"
     else:
         why = "no step completed on the reference rank (every execution was still in flight when it ended)"
-    return {"source": f"analysis of rank {analysis.reference_rank}", "steps": [r.step for r in rows],
-            "seq": [r.seq for r in rows], "attempts": attempts, "start_ns": [r.start_ns for r in rows],
-            "end_ns": [r.end_ns for r in rows], "shared": [r.shared for r in rows],
-            "tags": [list(r.tags) for r in rows], "series": series, "anomalies": anomalies, "bands": bands,
-            "device": device if any(v is not None for v in device) else None, "why_empty": why}
+    last = ends - 1
+    data: dict[str, Any] = {
+        "source": f"analysis of rank {analysis.reference_rank}", "bin": width,
+        "steps": step[starts].tolist(), "seq": seq[starts].tolist(), "attempts": attempt[starts].tolist(),
+        "start_ns": start[starts].tolist(), "end_ns": end[last].tolist(),
+        "shared": (np.maximum.reduceat(shared, starts).tolist() if n else []),
+        "tags": [bar_tags.get(b, []) for b in range(len(starts))], "series": series,
+        "anomalies": [[int(bar_of[i]), overlapped, threshold] for i, overlapped, threshold in anomalies],
+        "bands": bands, "device": device_bars if has_device else None, "why_empty": why,
+    }
+    if width > 1:  # each bar's last step, row count and slowest row (s)
+        data.update(last_steps=step[last].tolist(), counts=counts.tolist(),
+                    max_s=[rounded(v, 6) for v in np.maximum.reduceat(total, starts).tolist()])
+    return data
 
 
 def _over_time(analysis: RunAnalysis) -> dict[str, Any] | None:

@@ -120,39 +120,46 @@ def choose_gantt_range(
     """(attempt, first step, last step): the asked range (in the last attempt that ran any of
     it, unless ``gantt_attempt`` says which), else 20 steps around the slowest step of the
     reference rank that is not the first of its attempt, else the last 20 steps."""
-    executed: dict[int, set[int]] = {}
+    import numpy as np
+
+    parts: dict[int, list[Any]] = {}
     for i, cut in analysis.cuts.items():
-        attempt = analysis.attempt_of.get(i, -1)
-        executed.setdefault(attempt, set()).update(
-            cut.exec_step[e] for e in range(len(cut.exec_step)) if cut.exec_interval[e] >= 0
-        )
-    executed = {a: s for a, s in executed.items() if s}
+        done = np.frombuffer(cut.exec_interval, dtype=np.int64) >= 0
+        parts.setdefault(analysis.attempt_of.get(i, -1), []).append(np.frombuffer(cut.exec_step, dtype=np.int64)[done])
+    # each attempt's executed step numbers, sorted, once each
+    executed = {a: np.unique(np.concatenate(p)) for a, p in parts.items()}
+    executed = {a: s for a, s in executed.items() if len(s)}
     if not executed:
         return None
     if gantt_steps is not None:
         low, high = gantt_steps
         lo = -(2**62) if low is None else low
         hi = 2**62 if high is None else high
-        candidates = [a for a in sorted(executed) if any(lo <= s <= hi for s in executed[a])]
+        candidates = [a for a in sorted(executed) if ((executed[a] >= lo) & (executed[a] <= hi)).any()]
         if gantt_attempt is not None:
             candidates = [a for a in candidates if a == gantt_attempt]
         if not candidates:
             return None
-        inside = [s for s in executed[candidates[-1]] if lo <= s <= hi]
-        return candidates[-1], min(inside), max(inside)
+        numbers = executed[candidates[-1]]
+        inside = numbers[(numbers >= lo) & (numbers <= hi)]
+        return candidates[-1], int(inside[0]), int(inside[-1])
     attempt = gantt_attempt if gantt_attempt in executed else max(executed)
-    centre = max(executed[attempt])
-    slowest = [r for r in analysis.steps if not r.first_of_attempt and r.attempt == attempt]
-    if gantt_attempt is None and not slowest:
-        slowest = [r for r in analysis.steps if not r.first_of_attempt and r.attempt in executed]
-    if slowest:
-        row = max(slowest, key=lambda r: r.step_time_s)
+    centre = int(executed[attempt][-1])
+    table = analysis.steps  # the slowest row (the first of equals) not first of its attempt
+    attempts = table.attempt
+    slowest = ~table.first_of_attempt & (attempts == attempt)
+    if gantt_attempt is None and not slowest.any():
+        slowest = ~table.first_of_attempt & np.isin(attempts, list(executed))
+    if slowest.any():
+        rows = np.flatnonzero(slowest)
+        row = table[int(rows[np.argmax(table.step_time_s[rows])])]
         attempt, centre = row.attempt, row.step
-    numbers = sorted(executed[attempt])
-    pos = numbers.index(centre) if centre in numbers else len(numbers) - 1
+    numbers = executed[attempt]
+    at = int(np.searchsorted(numbers, centre))
+    pos = at if at < len(numbers) and numbers[at] == centre else len(numbers) - 1
     lo_index = max(0, min(pos - GANTT_STEPS // 2, len(numbers) - GANTT_STEPS))
     chosen = numbers[lo_index:lo_index + GANTT_STEPS]
-    return attempt, chosen[0], chosen[-1]
+    return attempt, int(chosen[0]), int(chosen[-1])
 
 
 # One span kept for the gantt: t0, t1 (its session's clock), category, thread, name, step.

@@ -202,8 +202,12 @@
   var n = steps.steps.length;
   var xs = [];
   for (var i = 0; i < n; i++) xs.push(String(i));
+  var binned = steps.bin > 1;
+  var executions = binned ? steps.counts.reduce(function (a, b) { return a + b; }, 0) : n;
   document.getElementById('steps-note').textContent = n ?
-    n + ' step execution(s), from the ' + steps.source + '. Bars stack productive time and each overhead; ' +
+    executions + ' step execution(s), from the ' + steps.source + '. ' +
+    (binned ? 'Each bar is up to ' + steps.bin + ' consecutive executions of one attempt: it stacks their mean ' +
+              'productive time and each mean overhead. ' : 'Bars stack productive time and each overhead; ') +
     'shaded bands are attempts; pins mark tags, triangles anomalies. Drag or scroll to zoom.' :
     'No step executions: ' + steps.why_empty + '.';
   var totals = [];
@@ -236,16 +240,21 @@
                    itemStyle: {color: '#c23531'},
                    data: steps.anomalies.map(function (a) { return [String(a[0]), totals[a[0]]]; })});
   var anomalyAt = {};
-  steps.anomalies.forEach(function (a) { anomalyAt[a[0]] = a; });
+  var anomalyCount = {};
+  steps.anomalies.forEach(function (a) { anomalyAt[a[0]] = a; anomalyCount[a[0]] = (anomalyCount[a[0]] || 0) + 1; });
   chart('steps', {
     animation: false,
     legend: {type: 'scroll', top: 0},
     grid: {left: 70, right: 30, top: 36, bottom: 70},
     tooltip: {trigger: 'axis', axisPointer: {type: 'shadow'}, formatter: function (params) {
       var idx = +params[0].axisValue;
-      var lines = ['<b>step ' + esc(steps.steps[idx]) + '</b> (attempt ' + esc(steps.attempts[idx]) +
-                   ', execution ' + esc(steps.seq[idx]) + ')',
-                   'step time ' + esc(seconds(totals[idx]))];
+      var lines = binned ?
+        ['<b>steps ' + esc(steps.steps[idx]) + '-' + esc(steps.last_steps[idx]) + '</b> (attempt ' +
+         esc(steps.attempts[idx]) + ', ' + esc(steps.counts[idx]) + ' executions from execution ' + esc(steps.seq[idx]) + ')',
+         'mean step time ' + esc(seconds(totals[idx])) + ', slowest ' + esc(seconds(steps.max_s[idx]))] :
+        ['<b>step ' + esc(steps.steps[idx]) + '</b> (attempt ' + esc(steps.attempts[idx]) +
+         ', execution ' + esc(steps.seq[idx]) + ')',
+         'step time ' + esc(seconds(totals[idx]))];
       if (steps.shared[idx] > 1) lines.push('interval of ' + esc(steps.shared[idx]) + ' steps: an average, not per-step truth');
       names.forEach(function (name) {
         var v = steps.series[name][idx];
@@ -254,7 +263,9 @@
       if (steps.device && steps.device[idx] !== null) lines.push('device busy: ' + esc(seconds(steps.device[idx])));
       if (steps.tags[idx].length) lines.push('tags: ' + esc(steps.tags[idx].join(', ')));
       var a = anomalyAt[idx];
-      if (a) lines.push('anomaly: productive time above ' + esc(seconds(a[2])) + (a[1].length ? '; overlapped: ' + esc(a[1].join(', ')) : ''));
+      if (a && binned) lines.push(esc(anomalyCount[idx]) + ' anomal' + (anomalyCount[idx] > 1 ? 'ies' : 'y') +
+                                  ': productive time above ' + esc(seconds(a[2])));
+      else if (a) lines.push('anomaly: productive time above ' + esc(seconds(a[2])) + (a[1].length ? '; overlapped: ' + esc(a[1].join(', ')) : ''));
       return lines.join('<br>');
     }},
     xAxis: {type: 'category', data: xs, name: 'step',
