@@ -8,7 +8,8 @@ each second. Then, each in a fresh process with its peak RSS:
 
   baseline: ``json.loads`` of every line of the run once (what any reader pays; linear);
   ``goodtrace report RUN --json --no-steps``;
-  ``goodtrace report RUN`` (the console report).
+  ``goodtrace report RUN`` (the console report);
+  ``goodtrace report RUN --html FILE`` (the HTML report; also the page's size).
 
 It prints, per size, time and memory per step and the ratios that say whether they stay flat:
 each report's time over the baseline's (measured in the same run), and its time per step over
@@ -120,7 +121,10 @@ def measure(root: Path, steps: int, ranks: int) -> dict[str, Any]:
                anomalies=len(report["anomalies"]), skipped=report.get("skipped_lines", {}))
     seconds, peak, _ = timed(goodtrace_cmd("report", str(root)))
     row.update(console_s=round(seconds, 2), console_peak_mib=round(peak))
-    for form in ("json", "console"):
+    page = root / "report.html"
+    seconds, peak, _ = timed(goodtrace_cmd("report", str(root), "--html", str(page)))
+    row.update(html_s=round(seconds, 2), html_peak_mib=round(peak), html_page_mb=round(page.stat().st_size / 1e6, 2))
+    for form in ("json", "console", "html"):
         row[f"{form}_over_baseline"] = round(row[f"{form}_s"] / row["baseline_s"], 2)
         row[f"{form}_us_per_step"] = round(row[f"{form}_s"] / (steps * ranks) * 1e6, 2)
         row[f"{form}_kib_per_step"] = round(row[f"{form}_peak_mib"] * 1024 / (steps * ranks), 3)
@@ -146,15 +150,17 @@ def main() -> None:
         print(f"{steps:>9,} steps x {args.ranks} ranks ({row['records']:,} records, {row['jsonl_mb']} MB): "
               f"baseline {row['baseline_s']} s; report --json {row['json_s']} s ({row['json_over_baseline']}x, "
               f"{row['json_us_per_step']} us/step, peak {row['json_peak_mib']} MiB); console {row['console_s']} s "
-              f"({row['console_over_baseline']}x, peak {row['console_peak_mib']} MiB); {row['anomalies']} anomalies",
+              f"({row['console_over_baseline']}x, peak {row['console_peak_mib']} MiB); --html {row['html_s']} s "
+              f"(peak {row['html_peak_mib']} MiB, page {row['html_page_mb']} MB); {row['anomalies']} anomalies",
               flush=True)
     first = rows[0]
     for row in rows:
-        for form in ("json", "console"):
+        for form in ("json", "console", "html"):
             row[f"{form}_per_step_vs_smallest"] = round(row[f"{form}_us_per_step"] / first[f"{form}_us_per_step"], 2)
     last = rows[-1]
     print(f"time per step at {last['steps']:,} steps vs {first['steps']:,}: report --json "
-          f"{last['json_per_step_vs_smallest']}x, console {last['console_per_step_vs_smallest']}x "
+          f"{last['json_per_step_vs_smallest']}x, console {last['console_per_step_vs_smallest']}x, "
+          f"--html {last['html_per_step_vs_smallest']}x "
           "(1.0 = linear)")
     if args.json:
         print(json.dumps({"ranks": args.ranks, "quick": args.quick, "cpus": os.cpu_count(), "sizes": rows}))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from goodtrace.analysis.attempts import Attempt, Liveness, discover_attempts
@@ -157,7 +157,7 @@ class RunAnalysis:
     events_total: int = 0
     # the run model every view draws from: each session of the job cut once, its clock mapping
     sessions: tuple[SessionInfo, ...] = ()
-    cuts: dict[int, SessionCut] = dataclasses.field(default_factory=dict)
+    cuts: Mapping[int, SessionCut] = dataclasses.field(default_factory=dict)
     clocks: dict[int, SessionClock] = dataclasses.field(default_factory=dict)
     attempt_of: dict[int, int] = dataclasses.field(default_factory=dict)
     relabels: dict[int, Relabels] = dataclasses.field(default_factory=dict)
@@ -230,11 +230,49 @@ def _tail_label(attempt: Attempt) -> str:
     return TEARDOWN if attempt.normal else DISRUPTION
 
 
+class SessionCuts(Mapping[int, SessionCut]):
+    """The cuts a view reads (``RunAnalysis.cuts``), by session in the job's order. Those held
+    (the reference sessions', or every session's when the records were released) are returned
+    as they are; any other session is cut again when asked for, by the same
+    :func:`~goodtrace.analysis.cut.cut_session` of the same records (one derivation, made
+    again), and only the last one asked for is kept: a view that walks every rank (the heat
+    map, the gantt chart, the trace) holds one rank's cut at a time, however many ranks and
+    steps the run has."""
+
+    def __init__(self, order: Sequence[int], held: Mapping[int, SessionCut],
+                 recut: Callable[[int], SessionCut] | None = None) -> None:
+        self._order = list(order)
+        self._members = set(self._order)
+        self._held = dict(held)
+        self._recut = recut
+        self._last: tuple[int, SessionCut] | None = None
+
+    def __getitem__(self, session: int) -> SessionCut:
+        held = self._held.get(session)
+        if held is not None:
+            return held
+        if session not in self._members or self._recut is None:
+            raise KeyError(session)
+        if self._last is None or self._last[0] != session:
+            self._last = None  # the previous one goes before the next is made
+            self._last = (session, self._recut(session))
+        return self._last[1]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, session: object) -> bool:
+        return session in self._members
+
+
 @dataclasses.dataclass
 class _Reduced:
     """What the analysis keeps of the job's sessions once each rank is cut and reduced."""
 
-    cuts: dict[int, SessionCut]  # the kept cuts: every session's (views), or the reference sessions'
+    cuts: Mapping[int, SessionCut]  # what views read: every session's, or the reference sessions' alone
     samples: list[RankSample]  # per rank, in the job's order of ranks
     name_codes: dict[str, int]
     goodput_by_rank: dict[int, float]
@@ -267,6 +305,7 @@ def _cut_and_reduce(
         sessions_of.setdefault(run.sessions[index].rank, []).append(index)
     left = {rank: len(members) for rank, members in sessions_of.items()}  # sessions not cut yet
     reduced = _Reduced({}, [], {}, {}, {}, {}, 0)
+    held: dict[int, SessionCut] = {}
     samples: dict[int, RankSample] = {}
     starts: dict[int, SessionRecords] = {}
     order = sorted(attempt_for, key=lambda i: (i in reference, i))
@@ -275,8 +314,7 @@ def _cut_and_reduce(
         records = run.session_records.get(index) or SessionRecords()
         if release and index == order[-1]:
             run.close()  # every session is fetched: the run model's buffers go before the last cut
-        cut = cuts[index] = cut_session(run.sessions[index], records, tail_label=_tail_label(a),
-                                        close_trailing=a.normal, data_rule=data_rule)
+        cut = cuts[index] = _cut(run, a, index, data_rule, records)
         reduced.ignored_syncs += cut.ignored_syncs
         # the span-start sample the rank figures read (a rank's earlier session is not fetched again)
         starts[index] = SessionRecords(starts_step=records.starts_step, starts_name=records.starts_name,
@@ -304,21 +342,32 @@ def _cut_and_reduce(
         samples[rank] = sample_rank(rank, [run.sessions[i] for i in members], cuts, starts, attempt_of,
                                     reduced.name_codes)
         for i in members:
-            if keep_cuts or i in reference:
-                reduced.cuts[i] = cuts[i]
+            if (keep_cuts and release) or i in reference:  # released records cannot be cut again
+                held[i] = cuts[i]
             del cuts[i], starts[i]
     if release:
         run.released = True
         run.close()
     reduced.samples = [samples[rank] for rank in sessions_of]
-    reduced.cuts = {index: reduced.cuts[index] for a in attempts for index in a.sessions if index in reduced.cuts}
-    if not keep_cuts:
-        reduced.relabels = {i: r for i, r in reduced.relabels.items() if i in reduced.cuts}
+    job_order = [index for a in attempts for index in a.sessions]
+    if keep_cuts:
+        reduced.cuts = SessionCuts(job_order, held, None if release else
+                                   lambda i: _cut(run, attempt_for[i], i, data_rule, run.session_records.get(i)))
+    else:
+        reduced.cuts = SessionCuts([i for i in job_order if i in held], held)
+        reduced.relabels = {i: r for i, r in reduced.relabels.items() if i in held}
     return reduced
 
 
+def _cut(run: LoadedRun, attempt: Attempt, index: int, data_rule: str | None,
+         records: SessionRecords | None) -> SessionCut:
+    """The cut of one session of ``attempt`` (an empty record set when none was loaded)."""
+    return cut_session(run.sessions[index], records or SessionRecords(), tail_label=_tail_label(attempt),
+                       close_trailing=attempt.normal, data_rule=data_rule)
+
+
 def _rank_timeline(
-    run: LoadedRun, attempt_of: dict[int, int], cuts: dict[int, SessionCut], sessions: Sequence[int], *,
+    run: LoadedRun, attempt_of: dict[int, int], cuts: Mapping[int, SessionCut], sessions: Sequence[int], *,
     ideal_override_ns: float | None, submit_wall: int | None, pieces: bool,
 ) -> tuple[Timeline, float | None] | None:
     """The job timeline of one rank (``sessions``: its sessions in the job) across the job's

@@ -79,7 +79,11 @@ def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any)
     finally:
         stop()
     try:
-        analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, release_records=True, **options)
+        # the records are released as they are cut unless a view walks every rank's cut after
+        # the analysis (keep_cuts: the HTML report, the trace): those cuts are made again when
+        # read, one rank at a time, from the records kept
+        release = not options.get("keep_cuts", True)
+        analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, release_records=release, **options)
     except AnalysisError as exc:
         raise CommandError(str(exc)) from None
     if caveat is not None:

@@ -64,10 +64,13 @@ def session_records(
     *,
     steps: tuple[int | None, int | None] | None = None,
     progress: Progress | None = None,
+    spans_only: bool = False,
 ) -> Iterator[tuple[int, list[RawRecord]]]:
     """``(session index, its records)`` for each session of ``clock_ranges``, in index order: spans
     that touch its range, and tags, events and metrics whose step is in ``steps`` (inclusive;
-    None: any) or, without a step, whose time is inside the range; device metrics always."""
+    None: any) or, without a step, whose time is inside the range; device metrics always.
+    ``spans_only``: the spans alone (what a chart of a few steps draws: the marks of every step
+    of a long run are not read)."""
     wanted = sorted(clock_ranges)
     if not wanted:
         return
@@ -75,7 +78,7 @@ def session_records(
     try:
         con = duckdb_connection.connect(tmpdir)
         try:
-            yield from _stream(con, run, wanted, clock_ranges, steps, progress)
+            yield from _stream(con, run, wanted, clock_ranges, steps, progress, spans_only)
         finally:
             con.close()
     finally:
@@ -84,7 +87,7 @@ def session_records(
 
 def _stream(
     con: Any, run: LoadedRun, wanted: list[int], clock_ranges: Mapping[int, ClockRange],
-    steps: tuple[int | None, int | None] | None, progress: Progress | None,
+    steps: tuple[int | None, int | None] | None, progress: Progress | None, spans_only: bool,
 ) -> Iterator[tuple[int, list[RawRecord]]]:
     con.execute("CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)")
     con.execute("CREATE TEMP TABLE clock_ranges (sid INTEGER, w0 BIGINT, w1 BIGINT)")
@@ -98,10 +101,13 @@ def _stream(
     where = (
         "(r.kind = 'span' AND r.t0 IS NOT NULL AND r.t1 IS NOT NULL AND "
         "  ((r.t1 > w.w0 AND r.t0 < w.w1) OR (r.t0 = r.t1 AND r.t0 BETWEEN w.w0 AND w.w1)))"
-        f" OR (r.kind IN ('tag', 'event', 'metric') AND r.t IS NOT NULL AND "
-        f"  ((r.step IS NOT NULL AND {in_steps}) OR (r.step IS NULL AND r.t BETWEEN w.w0 AND w.w1)))"
-        f" OR (r.kind = 'metric' AND r.name IN ({', '.join(repr(m) for m in schema.DEVICE_METRICS)}))"
     )
+    if not spans_only:
+        where += (
+            f" OR (r.kind IN ('tag', 'event', 'metric') AND r.t IS NOT NULL AND "
+            f"  ((r.step IS NOT NULL AND {in_steps}) OR (r.step IS NULL AND r.t BETWEEN w.w0 AND w.w1)))"
+            f" OR (r.kind = 'metric' AND r.name IN ({', '.join(repr(m) for m in schema.DEVICE_METRICS)}))"
+        )
     columns = "r.kind, r.name, r.cat, r.t0, r.t1, r.t, r.step, r.tid, r.err, r.value, CAST(r.attrs AS VARCHAR)"
     # batches of whole sessions
     batches: list[list[int]] = [[]]

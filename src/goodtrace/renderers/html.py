@@ -150,7 +150,8 @@ def _steps(analysis: RunAnalysis) -> dict[str, Any]:
             overhead.setdefault(category, np.zeros(n))[i] = seconds
         if r.tags:
             tags.append((i, list(r.tags)))
-    index = {(int(a), int(s)): i for i, (a, s) in enumerate(zip(attempt.tolist(), seq.tolist(), strict=True))}
+    wanted = {(a.attempt, a.seq) for a in analysis.anomalies}  # the rows of the anomalies alone
+    index = {key: i for i, key in enumerate(zip(attempt.tolist(), seq.tolist(), strict=True)) if key in wanted}
     anomalies = [(index[(a.attempt, a.seq)], list(a.overlapped), _finite(a.threshold_s))
                  for a in analysis.anomalies if (a.attempt, a.seq) in index]
     # bars: runs of at most `width` rows, never across an attempt
@@ -247,7 +248,7 @@ def report_data(
     """Everything the page draws, as one JSON-ready dict (also what the golden tests compare)."""
     chosen = choose_gantt_range(analysis, gantt_steps, gantt_attempt)
     gantt = Gantt(analysis, chosen)
-    for session, records in session_records(run, gantt.wanted(), steps=None, progress=progress):
+    for session, records in session_records(run, gantt.wanted(), spans_only=True, progress=progress):
         gantt.add(session, records)
     legend = sorted({p.label for p in analysis.timeline.pieces} | {"productive"})
     return {

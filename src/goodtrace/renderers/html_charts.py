@@ -46,8 +46,43 @@ def _execution_columns(analysis: RunAnalysis, session: int) -> tuple[Any, ...]:
     return attempt, steps[done], k[done], step_ns, np.frombuffer(cut.exec_compute, dtype=np.int64)[done]
 
 
+def _unique_rows(rows: Any) -> Any:
+    """The distinct rows of an (n, 3) integer array, sorted by column 0, then 1, then 2."""
+    import numpy as np
+
+    if len(rows) == 0:
+        return rows
+    order = np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))
+    ordered = rows[order]
+    new = np.ones(len(ordered), dtype=bool)
+    new[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    return ordered[new]
+
+
+def _row_index(keys: Any, rows: Any) -> Any:
+    """The index in ``keys`` (sorted distinct rows, :func:`_unique_rows`) of each row of
+    ``rows``, each of which is in ``keys``."""
+    import numpy as np
+
+    if len(rows) == 0:
+        return np.zeros(0, dtype=np.int64)
+    both = np.concatenate((keys, rows))
+    order = np.lexsort((both[:, 2], both[:, 1], both[:, 0]), axis=-1)
+    # stable sort: each key comes before the rows equal to it; a row's key is the last key before it
+    is_key = order < len(keys)
+    last_key = np.maximum.accumulate(np.where(is_key, order, -1))
+    out = np.empty(len(rows), dtype=np.int64)
+    out[order[~is_key] - len(keys)] = last_key[~is_key]
+    return out
+
+
 class Heatmap:
-    """Rank x step-execution matrices of step time and compute time (ms), binned when wide."""
+    """Rank x step-execution matrices of step time and compute time (ms), binned when wide.
+
+    Two passes over the sessions' cuts, one session at a time (``RunAnalysis.cuts`` cuts a
+    rank again when asked for, so memory holds one rank's executions and the matrices): the
+    first finds the distinct (attempt, step, k) keys, the columns; the second adds each
+    execution into its rank's cell, in the job's order of sessions and executions."""
 
     def __init__(self, analysis: RunAnalysis) -> None:
         import numpy as np
@@ -55,30 +90,19 @@ class Heatmap:
         sessions = sorted(analysis.cuts)
         self.ranks = sorted({analysis.sessions[i].rank for i in sessions})
         row_of = {rank: i for i, rank in enumerate(self.ranks)}
-        parts = [_execution_columns(analysis, i) for i in sessions]
-        rows = [np.full(len(p[0]), row_of[analysis.sessions[i].rank], dtype=np.int64)
-                for i, p in zip(sessions, parts, strict=True)]
-        empty = np.zeros(0, dtype=np.int64)
-        columns_of = [np.concatenate(c) for c in zip(*parts, strict=True)] if parts else [empty] * 5
-        attempt, step, k, step_ns, compute_ns = columns_of
-        row = np.concatenate(rows) if rows else empty
-        # the distinct (attempt, step, k) keys in order, and each execution's key index
-        order = np.lexsort((k, step, attempt))
-        sorted_keys = np.stack((attempt[order], step[order], k[order]), axis=1)
-        new = np.ones(len(order), dtype=bool)
-        if len(order):
-            new[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(axis=1)
-        key_index = np.empty(len(order), dtype=np.int64)
-        key_index[order] = np.cumsum(new) - 1
-        keys = [tuple(key) for key in sorted_keys[new].tolist()]
-        width = max(1, math.ceil(len(keys) / MAX_HEATMAP_COLUMNS))
-        several = len({a for a, _, _ in keys}) > 1
+        empty = np.zeros((0, 3), dtype=np.int64)
+        keys_array = empty
+        for i in sessions:  # the distinct keys, sorted (attempt, step, k)
+            attempt, step, k, _, _ = _execution_columns(analysis, i)
+            keys_array = _unique_rows(np.concatenate((keys_array, np.stack((attempt, step, k), axis=1))))
+        width = max(1, math.ceil(len(keys_array) / MAX_HEATMAP_COLUMNS))
+        several = len(np.unique(keys_array[:, 0])) > 1
         columns = []
-        for start in range(0, len(keys), width):
-            group = keys[start:start + width]
-            (a0, s0, k0), (a1, s1, _) = group[0], group[-1]
-            label = f"{s0}" if len(group) == 1 else f"{s0}-{s1}"
-            if len(group) == 1 and k0:
+        for start in range(0, len(keys_array), width):
+            end = min(start + width, len(keys_array))
+            (a0, s0, k0), (a1, s1, _) = keys_array[start].tolist(), keys_array[end - 1].tolist()
+            label = f"{s0}" if end - start == 1 else f"{s0}-{s1}"
+            if end - start == 1 and k0:
                 label += f" (run {k0 + 1})"
             if several:
                 label = f"a{a0}:{label}" if a0 == a1 else f"a{a0}:{s0}-a{a1}:{s1}"
@@ -86,18 +110,22 @@ class Heatmap:
         self.columns = columns
         self.width = width
         n = len(columns)
-        cell = row * n + key_index // width  # bincount adds in execution order, as a loop would
         size = len(self.ranks) * n
+        step_sums, compute_sums = np.zeros(size), np.zeros(size)
+        counts = np.zeros(size, dtype=np.int64)
+        for i in sessions:  # np.add.at adds in execution order, as one loop over the job would
+            attempt, step, k, step_ns, compute_ns = _execution_columns(analysis, i)
+            key_index = _row_index(keys_array, np.stack((attempt, step, k), axis=1))
+            cell = row_of[analysis.sessions[i].rank] * n + key_index // width
+            np.add.at(step_sums, cell, step_ns / 1e6)
+            np.add.at(compute_sums, cell, compute_ns / 1e6)
+            np.add.at(counts, cell, 1)
 
-        def sums(values: Any) -> list[list[float]]:
-            if not size:
-                return [[] for _ in self.ranks]
-            total: Any = np.bincount(cell, weights=values / 1e6, minlength=size)
-            return list(total.reshape(len(self.ranks), n).tolist())
+        def matrix(values: Any) -> list[list[Any]]:
+            return list(values.reshape(len(self.ranks), n).tolist()) if size else [[] for _ in self.ranks]
 
-        self.sums = {"step": sums(step_ns), "compute": sums(compute_ns)}
-        self.counts: list[list[int]] = (np.bincount(cell, minlength=size).reshape(len(self.ranks), n).tolist()
-                                        if size else [[] for _ in self.ranks])
+        self.sums = {"step": matrix(step_sums), "compute": matrix(compute_sums)}
+        self.counts: list[list[int]] = matrix(counts)
         self.hosts: dict[int, str] = {}
         for i in sessions:
             info = analysis.sessions[i]
