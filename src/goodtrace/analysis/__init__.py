@@ -13,8 +13,10 @@ One run model: every session of the job is cut once (:mod:`goodtrace.analysis.cu
 its step executions, intervals and overhead, ``RunAnalysis.cuts``), and every number and view
 (the console, ``--json``, the HTML report, the Perfetto trace) draws from those cuts and from
 one mapping of each session's clock (``RunAnalysis.clocks``). A rank is reduced to its figures
-as soon as its last session is cut; ``analyze(keep_cuts=False)`` then drops its cuts, keeping
-the reference rank's only (what the numbers need; the views of every rank need them all).
+as soon as its last session is cut and its cuts are dropped, the reference rank's kept (what
+the numbers need); the views of every rank read the others through ``RunAnalysis.cuts``
+(:class:`SessionCuts`), which cuts a session again when asked for (``analyze(keep_cuts=False)``:
+the reference rank's alone).
 
 ``RunAnalysis`` holds: ``attempts`` (launches of the reported job, how each ended), ``jobs``
 (more than one when an unrelated job reused the run directory), ``partition`` (on the
@@ -102,6 +104,7 @@ __all__ = [
     "RankSpread",
     "RewindRow",
     "RunAnalysis",
+    "SessionCuts",
     "StepRow",
     "StepStats",
     "Straggler",
@@ -434,10 +437,12 @@ def analyze(
     ``alive(host, pid)`` (a process probe) tell a last attempt that still runs (its time after
     the last sync point is ``in_progress``) from one that was lost. ``release_records`` frees
     the loaded records the cut has consumed as it goes (for a caller that analyses ``run``
-    once: a released run cannot be analysed again). ``keep_cuts=False`` keeps the cuts of the
-    reference sessions only (``RunAnalysis.cuts``): every other rank's cut is dropped once its
-    figures are reduced, for a caller that needs no per-rank view (the gantt chart, the trace);
-    the numbers are the same. ``since``/``until`` select a time range
+    once: a released run cannot be analysed again). Every other rank's cut is dropped once its
+    figures are reduced; with ``keep_cuts`` (the default) ``RunAnalysis.cuts`` still gives every
+    session's cut to the views (the heat map, the gantt chart, the trace): made again from the
+    records when read, or, when they were released, kept from the first cut.
+    ``keep_cuts=False`` gives the reference sessions' alone (a caller that needs no per-rank
+    view); the numbers are the same. ``since``/``until`` select a time range
     (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table,
     its statistics, the anomalies and goodput over time (per ``every_s`` seconds; whole UTC
     hours by default) keep to it.

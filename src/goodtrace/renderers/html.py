@@ -10,7 +10,10 @@ chart of every rank's spans for a step range, drawn with the Apache ECharts buil
 Everything drawn comes from the run model: the step chart is the analysis's step table, the
 heat map every rank's step executions as the analysis cut them, the gantt chart the spans of
 the chosen steps' intervals, read from the rank files for those intervals only (DuckDB). Memory
-holds the heat map (ranks x at most 240 columns) and the gantt range's spans.
+holds the heat map (ranks x at most 240 columns), the step chart's columns (at most
+``MAX_STEP_BARS`` bars: a longer table is drawn as the means of consecutive rows), one rank's
+cut at a time (``RunAnalysis.cuts`` makes the others again when read) and the gantt range's
+spans.
 
 Safety: run text (span names, tags, attributes, hosts) reaches the page only as JSON inside a
 ``<script type="application/json">`` block with ``< > &`` and U+2028/2029 escaped (lone
