@@ -78,3 +78,41 @@ def test_a_reused_directory_s_header_says_which_job_its_attempts_are_of(tmp_path
     done = goodtrace("report", str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr
     assert "1 attempt(s) in job 1 of 2" in done.stdout.splitlines()[0]
+
+
+def _traced_steps(path: Path) -> set[int]:
+    import json
+
+    events = json.loads(path.read_text())["traceEvents"]
+    return {e["args"]["step"] for e in events if e.get("cat") == "step"}
+
+
+def test_a_trace_past_the_limit_is_written_as_the_steps_around_the_slowest_and_says_so(tmp_path: Path) -> None:
+    """A week-long run makes a trace of many GB that the Perfetto UI cannot open: past
+    --limit-mb (estimated from the records before any is read), the trace is a slice that fits,
+    and the command says which and how to get every step."""
+    gt.init(tmp_path / "run")
+    for step in range(1, 301):
+        with gt.step(step):
+            if step == 150:
+                import time
+
+                time.sleep(0.05)  # the slowest step: the slice is around it
+    gt.finish()
+    sliced = goodtrace("trace", str(tmp_path / "run"), "-o", str(tmp_path / "s.json"), "--limit-mb", "0.02")
+    assert sliced.returncode == 0, sliced.stderr
+    match = re.search(r"past --limit-mb 0.02 .*writing steps (\d+):(\d+), the ([\d,]+) steps around the slowest one",
+                      " ".join(sliced.stderr.split()))
+    assert match, sliced.stderr
+    first, last, width = int(match[1]), int(match[2]), int(match[3].replace(",", ""))
+    assert first <= 150 <= last and last - first + 1 == width < 300 and "--limit-mb 0" in sliced.stderr
+    assert _traced_steps(tmp_path / "s.json") == set(range(first, last + 1))
+    whole = goodtrace("trace", str(tmp_path / "run"), "-o", str(tmp_path / "w.json"), "--limit-mb", "0")
+    assert whole.returncode == 0 and "note:" not in whole.stderr
+    assert _traced_steps(tmp_path / "w.json") == set(range(1, 301))
+    chosen = goodtrace("trace", str(tmp_path / "run"), "-o", str(tmp_path / "c.json"), "--limit-mb", "0.02",
+                       "--steps", "10:20")
+    assert chosen.returncode == 0 and "note:" not in chosen.stderr
+    assert _traced_steps(tmp_path / "c.json") == set(range(10, 21))
+    bad = goodtrace("trace", str(tmp_path / "run"), "-o", str(tmp_path / "b.json"), "--limit-mb", "-1")
+    assert bad.returncode == 2 and "--limit-mb must be 0 or more" in bad.stderr and "Traceback" not in bad.stderr

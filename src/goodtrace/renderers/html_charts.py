@@ -143,11 +143,11 @@ class Heatmap:
 
 
 def choose_gantt_range(
-    analysis: RunAnalysis, gantt_steps: StepRange | None, gantt_attempt: int | None,
+    analysis: RunAnalysis, gantt_steps: StepRange | None, gantt_attempt: int | None, width: int = GANTT_STEPS,
 ) -> tuple[int, int, int] | None:
     """(attempt, first step, last step): the asked range (in the last attempt that ran any of
-    it, unless ``gantt_attempt`` says which), else 20 steps around the slowest step of the
-    reference rank that is not the first of its attempt, else the last 20 steps."""
+    it, unless ``gantt_attempt`` says which), else ``width`` (20) steps around the slowest step
+    of the reference rank that is not the first of its attempt, else the last ``width`` steps."""
     import numpy as np
 
     parts: dict[int, list[Any]] = {}
@@ -185,8 +185,8 @@ def choose_gantt_range(
     numbers = executed[attempt]
     at = int(np.searchsorted(numbers, centre))
     pos = at if at < len(numbers) and numbers[at] == centre else len(numbers) - 1
-    lo_index = max(0, min(pos - GANTT_STEPS // 2, len(numbers) - GANTT_STEPS))
-    chosen = numbers[lo_index:lo_index + GANTT_STEPS]
+    lo_index = max(0, min(pos - width // 2, len(numbers) - width))
+    chosen = numbers[lo_index:lo_index + width]
     return attempt, int(chosen[0]), int(chosen[-1])
 
 

@@ -3,13 +3,16 @@ default ``RUN_NAME.trace.json.gz`` in the current directory).
 
 Every rank is a process, every thread a track, step intervals with their overhead split on a
 track of their own; ``--steps`` (or ``--since``/``--until``), ``--ranks`` and ``--attempt`` select a
-slice. Open the file at
+slice. Without ``--steps`` or ``--since``/``--until``, a run whose whole trace would be past
+``--limit-mb`` (1,200 MB of JSON; the Perfetto UI opens about 300) is written as the steps
+around its slowest step, about 240 MB of them, and the command says so. Open the file at
 https://ui.perfetto.dev (it stays in the browser) or in ``chrome://tracing``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -17,6 +20,8 @@ from goodtrace.cli.time_range import add_range_arguments
 from goodtrace.record.live.line import format_bytes
 
 HELP = "write a Perfetto/Chrome trace of all ranks (open it in ui.perfetto.dev)"
+LIMIT_MB = 1_200.0  # past this a whole-run trace is written as a slice (unless --limit-mb 0)
+TRACE_BYTES_PER_RECORD = 105  # JSON of the trace per record read (report_steps' run: 130.6 MiB, 1.3 M records)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attempt", type=int, metavar="K", help="only attempt K (0 = the first launch)")
     parser.add_argument("--job", type=int, metavar="N",
                         help="which job of a reused run directory (0 = the oldest; default the last)")
+    parser.add_argument("--limit-mb", type=float, default=LIMIT_MB, metavar="MB",
+                        help="without --steps or --since/--until, write the steps around the slowest one "
+                             "when the whole run would make a trace of more than MB megabytes of JSON "
+                             f"(default {LIMIT_MB:,.0f}: the Perfetto UI opens about 300); 0: every step always")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
         if not len(steps):
             raise CommandError("no step execution overlaps --since/--until: the trace would be empty")
         selection = dataclasses.replace(selection, steps=(int(steps.min()), int(steps.max())))
+    if args.limit_mb < 0 or not math.isfinite(args.limit_mb):
+        raise CommandError(f"--limit-mb must be 0 or more, got {args.limit_mb}")
+    if not args.steps and not time_range and args.limit_mb:
+        selection = _slice_when_too_big(selection, analysis, args.limit_mb * 1e6)
     if args.steps and selection.steps is not None:
         _check_steps(args.steps, selection.steps, analysis)
     if args.attempt is not None and args.attempt not in analysis.attempts_by_index():
@@ -89,6 +102,34 @@ def run(args: argparse.Namespace) -> int:
         f"{summary.events} events, {format_bytes(summary.bytes_written)}"
     )
     return 0
+
+
+def _slice_when_too_big(selection: Any, analysis: Any, limit_bytes: float) -> Any:
+    """The selection, or the steps around the slowest step when the whole selection would
+    make a trace past ``limit_bytes`` (estimated from its sessions' records, before reading
+    any): so many steps that the slice is about 80% of the limit or of what the Perfetto UI
+    opens, the smaller. Says so."""
+    import dataclasses
+
+    from goodtrace.renderers.html_charts import GANTT_STEPS, choose_gantt_range
+    from goodtrace.renderers.trace_events import COMFORTABLE_TRACE_BYTES
+
+    estimate = sum(analysis.sessions[i].records for i in selection.sessions(analysis)) * TRACE_BYTES_PER_RECORD
+    steps = len(analysis.steps)
+    if estimate <= limit_bytes or steps <= GANTT_STEPS:
+        return selection
+    target = 0.8 * min(limit_bytes, COMFORTABLE_TRACE_BYTES)  # under what the UI opens, with room
+    width = max(GANTT_STEPS, int(steps * target / estimate))
+    chosen = choose_gantt_range(analysis, None, selection.attempt, width=width)
+    if chosen is None:
+        return selection
+    _, first, last = chosen
+    print(f"note: every step would make a trace of about {estimate / 1e6:,.0f} MB of JSON, past --limit-mb "
+          f"{limit_bytes / 1e6:g} (the Perfetto UI opens about {COMFORTABLE_TRACE_BYTES / 1e6:.0f} MB): "
+          f"writing steps {first}:{last}, the {width:,} steps "
+          "around the slowest one. Choose others with --steps A:B or --since/--until, or every step with "
+          "--limit-mb 0.", file=sys.stderr)
+    return dataclasses.replace(selection, steps=(first, last))
 
 
 def default_output(run: str) -> str:
