@@ -12,7 +12,10 @@ shut down at the end: its start-up is not counted; a bare ``--ray`` adds it, mea
 ``ray_local_start_s``). The pool's own start-up is measured on a 64-rank run of 10 steps
 (``pool_start_s``). Each case runs ``--repeat`` times (the fastest map is kept); the reports
 must be byte-identical. ``--quick``: 64 x 300 (about a minute); ``--json``: the last line is
-one JSON object with every figure.
+one JSON object with every figure. ``--long STEPS``: instead, a long run of few ranks (2 x STEPS
+steps in 64 MiB segments, the last of each rank open: ``report_incremental.py``'s writer), whose
+sessions the pool splits between its tasks at file boundaries. The JSON report is made
+without its step table (``report --json --no-steps``).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ loaded = load_run(run, engine=Engine(workers=None if ray else workers, ray=ray),
 loaded_at = time.perf_counter()
 analysis = analyze(loaded, now_wall_ns=1_800_000_000 * 10**9, release_records=True)
 analysed_at = time.perf_counter()
-text = render_json(analysis)
+text = render_json(analysis, include_steps=False)  # as report --json --no-steps
 end = time.perf_counter()
 open(out, "w").write(text)
 spent["fold_s"] -= spent["reduce_s"]
@@ -104,6 +107,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each case (the fastest is kept)")
     parser.add_argument("--no-ray", action="store_true", help="leave out the Ray cases")
+    parser.add_argument("--long", type=int, metavar="STEPS",
+                        help="a long run of 2 ranks x STEPS steps in 64 MiB segments instead")
     args = parser.parse_args()
     steps = args.steps or (300 if args.quick else 2_000)
     tmp = Path(tempfile.mkdtemp(prefix="goodtrace-workers-"))
@@ -111,7 +116,16 @@ def main() -> None:
                               "load_before": os.getloadavg()[0]}
     try:
         run, tiny = tmp / "run", tmp / "tiny"
-        result["records"] = generate(run, args.ranks, steps, 10, jobs=2)
+        if args.long:
+            from report_incremental import RankWriter
+
+            writers = [RankWriter(run, rank, 2, 64 * 2**20) for rank in range(2)]
+            for writer in writers:
+                writer.steps(args.long)
+            result.update(ranks=2, steps=args.long, segments=sum(w.segment + 1 for w in writers))
+            result["records"] = sum(1 for p in run.rglob("*.jsonl") for _ in p.open("rb"))
+        else:
+            result["records"] = generate(run, args.ranks, steps, 10, jobs=2)
         generate(tiny, 64, 10, 10, jobs=1)
         result["run_mib"] = sum(p.stat().st_size for p in run.rglob("*.jsonl")) / 2**20
         cases: dict[str, dict[str, float]] = {}
@@ -144,7 +158,7 @@ def main() -> None:
         result["load_after"] = os.getloadavg()[0]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"run: {args.ranks} ranks x {steps} steps, {result['records']:,} records, {result['run_mib']:.0f} MiB; "
+    print(f"run: {result['ranks']} ranks x {result['steps']} steps, {result['records']:,} records, {result['run_mib']:.0f} MiB; "
           f"{result['cores']} cores, load {result['load_before']:.1f} before, {result['load_after']:.1f} after")
     for name, c in result["cases"].items():
         worker = f"   largest worker {c['worker_rss_mib']:5.0f} MiB" if c["worker_rss_mib"] else ""

@@ -52,14 +52,29 @@ def test_tasks_are_runs_of_whole_batches() -> None:
     batches = session_batches(files)
     assert all(sum(len(files[s]) for s in b) <= 32 for b in batches)
     sizes = {sid: 1000 * (1 + sid % 7) for sid in files}
-    groups = plan_tasks(batches, sizes, 4)
+    weights = [sum(sizes[s] for s in batch) for batch in batches]
+    groups = plan_tasks(weights, 4)
     assert len(groups) == 4
-    assert [sid for group in groups for sid in group] == sorted(files)  # consecutive, each once
-    starts = {b[0] for b in batches}
-    assert all(group[0] in starts for group in groups)  # a task starts where a batch starts
-    weights = [sum(sizes[s] for s in group) for group in groups]
-    heaviest_batch = max(sum(sizes[s] for s in b) for b in batches)
-    assert max(weights) <= sum(weights) / 4 + heaviest_batch  # an even share, give or take a batch
+    assert [index for group in groups for index in group] == list(range(len(batches)))  # consecutive, each once
+    task_bytes = [sum(weights[i] for i in group) for group in groups]
+    assert max(task_bytes) <= sum(weights) / 4 + max(weights)  # an even share, give or take a batch
+
+
+def test_a_few_long_sessions_are_split_between_tasks_at_file_boundaries() -> None:
+    """Two ranks of 11 segments each and 4 workers: tasks of files, each file in one task, in
+    order; a session's files may go to two tasks (a file's fold depends on no other file)."""
+    files = {sid: [f"r{sid}-{i:02d}" for i in range(11)] for sid in (0, 1)}
+    fid_of = {p: n for n, p in enumerate(p for sid in (0, 1) for p in files[sid])}
+    sizes = dict.fromkeys(fid_of, 64 * 2**20)
+    tasks = engine._tasks(files, fid_of, {0: 11, 1: None}, sizes, 4, None)
+    assert len(tasks) == 4 * engine.TASKS_PER_WORKER  # the bytes ask for more (1.4 GB of 32 MiB tasks)
+    listed = [(sid, p) for task in tasks for sid, paths in task.files.items() for p in paths]
+    assert listed == [(sid, p) for sid in (0, 1) for p in files[sid]]
+    for sid in (0, 1):  # each session's files are spread over several tasks
+        assert sum(sid in task.files for task in tasks) > 4
+    for task in tasks:
+        assert task.fids == {p: fid_of[p] for paths in task.files.values() for p in paths}
+        assert task.main_tids == [(sid, {0: 11, 1: None}[sid]) for sid in task.files]
 
 
 def test_a_small_run_is_read_in_process_unless_workers_are_asked(many_ranks: Path, monkeypatch: pytest.MonkeyPatch) -> None:

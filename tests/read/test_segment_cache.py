@@ -116,6 +116,8 @@ def test_a_growing_run_reads_only_its_new_segments_and_reports_as_a_cold_read(tm
     assert read and max(total for _, total in read) <= len(grown) - len(segments) + 2
     assert _report(run, cache=True, workers=2) == cold  # every segment closed now: all from the cache
     assert _report(run, cache=False, workers=2) == cold
+    # three workers for two sessions: the sessions' segments are split between the tasks
+    assert _report(run, cache=False, workers=3) == cold
 
 
 @pytest.fixture(scope="module")

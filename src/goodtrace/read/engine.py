@@ -1,10 +1,11 @@
 """Where the reader's per-session map runs: in this process, on a pool of local processes, or
 as Ray tasks; the driver reduces.
 
-The map is :func:`goodtrace.read.duckdb_sql.fold_json`: whole sessions parsed and reduced to
-the segment tables (``SEGMENT_NAMES``: each file's rows under its number in the load; the
-files the segment cache holds are not sent). A task is a run of consecutive fold batches (so
-a worker parses exactly the batches one process would), folded in its own DuckDB connection
+The map is :func:`goodtrace.read.duckdb_sql.fold_json`: files parsed and reduced to the
+segment tables (``SEGMENT_NAMES``: each file's rows under its number in the load; the files
+the segment cache holds are not sent). A task is a run of consecutive fold batches (so a worker
+parses exactly the batches one process would), of whole sessions, or, for a few long
+sessions, of files (a file's rows depend on no other file), folded in its own DuckDB connection
 (one thread: a worker per core); it writes each segment table as a Parquet file (local pool:
 into the driver's temporary directory; Ray: returned as bytes, the only thing that travels)
 and returns the lines it skipped, by file. The driver reads the tables into its own, task
@@ -28,10 +29,11 @@ from goodtrace.read.long_lines import shortened_copy
 __all__ = ["ENV_WORKERS", "POOL_MIN_BYTES", "Engine", "RemoteRun", "fold_sessions"]
 
 ENV_WORKERS = "GOODTRACE_WORKERS"
-# Below this many bytes of JSON lines to fold, an automatic choice folds in this process:
-# starting a worker (a fresh interpreter importing DuckDB) costs about what folding 20 MiB costs,
-# so a pool pays from about 64 MiB on 2 cores (BENCHMARKS.md, "All local cores").
-POOL_MIN_BYTES = 64 * 2**20
+# Below this many bytes of JSON lines to fold, an automatic choice folds in this process: the
+# pool's fixed costs (a worker started, the tasks' tables written and read back: about 1 s) are
+# paid back at about 3 ms a MiB against DuckDB's own threads on 2 cores, from about 350 MiB
+# (BENCHMARKS.md, "All local cores and Ray": 0.77x at 131 MiB, 1.21x at 1.3 GiB).
+POOL_MIN_BYTES = 512 * 2**20
 TASKS_PER_WORKER = 4  # at most, per worker: a slow task (a long session) holds up less of the end
 TASK_BYTES = 32 * 2**20  # at least, per task (beyond one per worker): a task costs about 0.1 s
 # At most, per task, whatever the workers: a task holds its sessions' tables until it returns
@@ -183,36 +185,34 @@ def run_task(task: FoldTask) -> FoldResult:
     return result
 
 
-def _sizes(files_by_sid: dict[int, list[str]]) -> dict[int, int]:
-    sizes: dict[int, int] = {}
-    for sid, paths in files_by_sid.items():
-        total = 0
+def _sizes(files_by_sid: dict[int, list[str]]) -> dict[str, int]:
+    """Each file's size (0 when it cannot be read: the fold reports it)."""
+    sizes: dict[str, int] = {}
+    for paths in files_by_sid.values():
         for path in paths:
             try:
-                total += os.path.getsize(path)
+                sizes[path] = os.path.getsize(path)
             except OSError:
-                pass  # the fold reports it
-        sizes[sid] = total
+                sizes[path] = 0
     return sizes
 
 
-def plan_tasks(units: Sequence[Sequence[int]], sizes: dict[int, int], tasks: int) -> list[list[int]]:
-    """Consecutive units (lists of sessions) grouped into at most ``tasks`` runs of about
-    equal bytes."""
-    weights = [sum(sizes.get(sid, 0) for sid in unit) + 1 for unit in units]
-    total = sum(weights)
+def plan_tasks(weights: Sequence[int], tasks: int) -> list[list[int]]:
+    """Consecutive units (given by their weights, in bytes) grouped into at most ``tasks`` runs
+    of about equal bytes: each run as the indexes of its units."""
+    total = sum(weight + 1 for weight in weights)
     groups: list[list[int]] = []
     done = 0
-    for unit, weight in zip(units, weights, strict=True):
+    for index, weight in enumerate(weights):
         # a new group when this unit's middle lies past the next share of the bytes
-        if not groups or (done + weight / 2) * tasks >= total * len(groups):
+        if not groups or (done + (weight + 1) / 2) * tasks >= total * len(groups):
             groups.append([])
-        groups[-1].extend(unit)
-        done += weight
+        groups[-1].append(index)
+        done += weight + 1
     return groups
 
 
-def _workers(engine: Engine, sizes: dict[int, int]) -> int:
+def _workers(engine: Engine, sizes: dict[str, int]) -> int:
     if engine.workers is not None:
         return engine.workers
     chosen = workers_from_environment()
@@ -245,7 +245,7 @@ def fold_sessions(
             results = session.run(tasks, _counter(tasks, "reading rank files on Ray", progress, done, total), tmpdir)
     else:
         workers = _workers(engine, sizes)
-        if workers <= 1 or len(files_by_sid) <= 1:
+        if workers <= 1 or len(sizes) <= 1:
             return duckdb_sql.fold_json(con, files_by_sid, fid_of, progress, done, total, skips)
         out_dir = os.path.join(tmpdir, "tasks")
         os.makedirs(out_dir, exist_ok=True)
@@ -259,24 +259,33 @@ def fold_sessions(
 
 def _tasks(
     files_by_sid: dict[int, list[str]], fid_of: dict[str, int], main_tids: dict[int, int | None],
-    sizes: dict[int, int], workers: int, out_dir: str | None,
+    sizes: dict[str, int], workers: int, out_dir: str | None,
 ) -> list[FoldTask]:
     """Tasks for ``workers`` (a few per worker, and none over :data:`TASK_MAX_BYTES` unless one
-    session is): runs of whole fold batches (the batches one process parses) when there are a
-    few per worker and enough for the cap, else runs of whole sessions (a session's model is its own:
-    every query of the fold groups, partitions or joins by session)."""
+    file is): runs of whole fold batches (the batches one process parses) when there are a few
+    per worker and enough for the cap, else of whole sessions when there are enough of them,
+    else of files (a long run of a few ranks: a session's files split between tasks; what the
+    fold keeps of a file depends on no other file of its session, only on its main thread)."""
     batches = duckdb_sql.session_batches(files_by_sid)
     total = sum(sizes.values())
     capped = -(-total // TASK_MAX_BYTES)  # tasks the cap asks for
-    units = batches if len(batches) >= max(2 * workers, capped) else [[sid] for sid in sorted(files_by_sid)]
     count = max(workers, min(workers * TASKS_PER_WORKER, total // TASK_BYTES), capped)
-    groups = plan_tasks(units, sizes, min(len(units), count))
-    return [
-        FoldTask(i, {sid: files_by_sid[sid] for sid in sids},
-                 {p: fid_of[p] for sid in sids for p in files_by_sid[sid]},
-                 [(sid, main_tids.get(sid)) for sid in sids], out_dir)
-        for i, sids in enumerate(groups)
-    ]
+    units: list[list[tuple[int, str]]]
+    if len(batches) >= max(2 * workers, capped):
+        units = [[(sid, p) for sid in batch for p in files_by_sid[sid]] for batch in batches]
+    elif len(files_by_sid) >= count:
+        units = [[(sid, p) for p in files_by_sid[sid]] for sid in sorted(files_by_sid)]
+    else:
+        units = [[(sid, p)] for sid in sorted(files_by_sid) for p in files_by_sid[sid]]
+    groups = plan_tasks([sum(sizes.get(p, 0) for _, p in unit) for unit in units], min(len(units), count))
+    tasks = []
+    for i, group in enumerate(groups):
+        files: dict[int, list[str]] = {}
+        for sid, path in (entry for index in group for entry in units[index]):
+            files.setdefault(sid, []).append(path)
+        tasks.append(FoldTask(i, files, {p: fid_of[p] for paths in files.values() for p in paths},
+                              [(sid, main_tids.get(sid)) for sid in files], out_dir))
+    return tasks
 
 
 def _counter(
