@@ -126,6 +126,31 @@ def test_a_long_step_table_is_drawn_as_bars_of_consecutive_rows(
         assert set(tags) <= set(bars["tags"][bar_of[i]])
 
 
+def test_views_read_every_rank_s_cut_made_again_when_it_is_not_kept(
+    small_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past KEEP_CUTS_BYTES the analysis keeps the reference sessions' cuts alone and the views
+    get the others cut again when they read them (a long run of many ranks): the page and the
+    trace are the same as with every cut kept, and only the last cut made is held."""
+    import goodtrace.analysis as analysis_module
+    from goodtrace.renderers.perfetto import PerfettoRenderer
+
+    kept, loaded = _analysed(small_run)
+    page, trace = report_data(kept, loaded), PerfettoRenderer().render(kept, loaded)
+    monkeypatch.setattr(analysis_module, "KEEP_CUTS_BYTES", 0)
+    analysis, loaded = _analysed(small_run)
+    cuts = analysis.cuts
+    assert isinstance(cuts, analysis_module.SessionCuts) and list(cuts) == list(kept.cuts)
+    references = {a.reference_session for a in analysis.attempts}
+    assert set(cuts._held) == references and len(cuts) > len(references)  # the others are made again
+    assert report_data(analysis, loaded) == page
+    assert PerfettoRenderer().render(analysis, loaded) == trace
+    assert len(cuts._made) == 1  # the last one made, alone
+    others = [i for i in cuts if i not in references]
+    assert cuts[others[0]] is cuts[others[0]]  # asked twice in a row: made once
+    assert cuts[others[0]].exec_step == kept.cuts[others[0]].exec_step
+
+
 def test_golden_report_data() -> None:
     """The page's data for the golden run. A missing golden file fails the test (write it with
     GOODTRACE_UPDATE_GOLDEN=1 after an intended change, and check its diff)."""

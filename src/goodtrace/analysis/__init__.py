@@ -233,14 +233,26 @@ def _tail_label(attempt: Attempt) -> str:
     return TEARDOWN if attempt.normal else DISRUPTION
 
 
+# The cuts of sessions other than the reference ones that the analysis keeps for the views, and
+# that SessionCuts keeps of those it made again, at most (each): a run of many short sessions
+# keeps them all and is cut once; a long run keeps what fits and cuts the rest again when read.
+KEEP_CUTS_BYTES = 128 * 2**20
+
+
+def cut_bytes(cut: SessionCut) -> int:
+    """About what a cut holds: its per-execution and per-interval columns (8 bytes each)."""
+    return 64 * len(cut.exec_step) + (32 + 8 * len(cut.interval_overhead)) * len(cut.interval_start) + 4096
+
+
 class SessionCuts(Mapping[int, SessionCut]):
     """The cuts a view reads (``RunAnalysis.cuts``), by session in the job's order. Those held
-    (the reference sessions', or every session's when the records were released) are returned
-    as they are; any other session is cut again when asked for, by the same
+    (the reference sessions', those of the others the analysis kept within
+    :data:`KEEP_CUTS_BYTES`, or every session's when the records were released) are returned as
+    they are; any other session is cut again when asked for, by the same
     :func:`~goodtrace.analysis.cut.cut_session` of the same records (one derivation, made
-    again), and only the last one asked for is kept: a view that walks every rank (the heat
-    map, the gantt chart, the trace) holds one rank's cut at a time, however many ranks and
-    steps the run has."""
+    again), and the last ones made are kept within :data:`KEEP_CUTS_BYTES` (the last one
+    always): a view that walks every rank (the heat map, the gantt chart, the trace) holds a
+    bounded number of rank cuts at a time, however many ranks and steps the run has."""
 
     def __init__(self, order: Sequence[int], held: Mapping[int, SessionCut],
                  recut: Callable[[int], SessionCut] | None = None) -> None:
@@ -248,7 +260,8 @@ class SessionCuts(Mapping[int, SessionCut]):
         self._members = set(self._order)
         self._held = dict(held)
         self._recut = recut
-        self._last: tuple[int, SessionCut] | None = None
+        self._made: dict[int, tuple[SessionCut, int]] = {}  # the last ones made, oldest first
+        self._made_bytes = 0
 
     def __getitem__(self, session: int) -> SessionCut:
         held = self._held.get(session)
@@ -256,10 +269,17 @@ class SessionCuts(Mapping[int, SessionCut]):
             return held
         if session not in self._members or self._recut is None:
             raise KeyError(session)
-        if self._last is None or self._last[0] != session:
-            self._last = None  # the previous one goes before the next is made
-            self._last = (session, self._recut(session))
-        return self._last[1]
+        made = self._made.pop(session, None)
+        if made is None:
+            while self._made and self._made_bytes > KEEP_CUTS_BYTES // 2:  # room before the next is made
+                self._made_bytes -= self._made.pop(next(iter(self._made)))[1]
+            cut = self._recut(session)
+            made = (cut, cut_bytes(cut))
+            self._made_bytes += made[1]
+        self._made[session] = made  # the newest last
+        while len(self._made) > 1 and self._made_bytes > KEEP_CUTS_BYTES:
+            self._made_bytes -= self._made.pop(next(iter(self._made)))[1]
+        return made[0]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._order)
@@ -309,6 +329,7 @@ def _cut_and_reduce(
     left = {rank: len(members) for rank, members in sessions_of.items()}  # sessions not cut yet
     reduced = _Reduced({}, [], {}, {}, {}, {}, 0)
     held: dict[int, SessionCut] = {}
+    kept_bytes = 0  # of the cuts kept for the views beyond the reference sessions
     samples: dict[int, RankSample] = {}
     starts: dict[int, SessionRecords] = {}
     order = sorted(attempt_for, key=lambda i: (i in reference, i))
@@ -345,8 +366,11 @@ def _cut_and_reduce(
         samples[rank] = sample_rank(rank, [run.sessions[i] for i in members], cuts, starts, attempt_of,
                                     reduced.name_codes)
         for i in members:
-            if (keep_cuts and release) or i in reference:  # released records cannot be cut again
+            if i in reference or (keep_cuts and release):  # released records cannot be cut again
                 held[i] = cuts[i]
+            elif keep_cuts and kept_bytes + cut_bytes(cuts[i]) <= KEEP_CUTS_BYTES:  # else cut again when read
+                held[i] = cuts[i]
+                kept_bytes += cut_bytes(cuts[i])
             del cuts[i], starts[i]
     if release:
         run.released = True
@@ -439,8 +463,9 @@ def analyze(
     the loaded records the cut has consumed as it goes (for a caller that analyses ``run``
     once: a released run cannot be analysed again). Every other rank's cut is dropped once its
     figures are reduced; with ``keep_cuts`` (the default) ``RunAnalysis.cuts`` still gives every
-    session's cut to the views (the heat map, the gantt chart, the trace): made again from the
-    records when read, or, when they were released, kept from the first cut.
+    session's cut to the views (the heat map, the gantt chart, the trace): kept from the first
+    cut within :data:`KEEP_CUTS_BYTES` (or all of them when the records were released), else
+    made again from the records when read.
     ``keep_cuts=False`` gives the reference sessions' alone (a caller that needs no per-rank
     view); the numbers are the same. ``since``/``until`` select a time range
     (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table,
