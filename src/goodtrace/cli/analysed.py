@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from goodtrace.analysis import AnalysisError, RunAnalysis, analyze
@@ -19,7 +21,7 @@ from goodtrace.read.mirror import RemoteReadError
 from goodtrace.read.torchtitan import CAVEAT, converted_run, is_torchtitan_logs
 from goodtrace.record.io.storage import is_url, local_path, missing_path
 
-__all__ = ["alive_here", "load_and_analyse"]
+__all__ = ["alive_here", "load_and_analyse", "reading_errors"]
 
 
 def alive_here(host: str, pid: int) -> bool | None:
@@ -33,6 +35,21 @@ def alive_here(host: str, pid: int) -> bool | None:
     except OSError:  # not ours to signal, but it exists
         return True
     return True
+
+
+@contextlib.contextmanager
+def reading_errors(action: str, run_dir: str) -> Iterator[None]:
+    """What reading a run can raise, as a one-line error (``cannot ACTION RUN: why`` for an OSError)."""
+    try:
+        yield
+    except RemoteReadError as exc:  # the URL could not be read: the reason, not "not a run"
+        raise CommandError(str(exc)) from None
+    except NotARunError as exc:
+        raise CommandError(f"{exc}: not a goodtrace run directory") from None
+    except OSError as exc:
+        raise CommandError(f"cannot {action} {run_dir!r}: {exc}") from None
+    except LoadError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _return_freed_memory() -> None:
@@ -67,15 +84,8 @@ def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any)
             raise CommandError(f"cannot convert torchtitan's logs in {run_dir!r}: {exc}") from None
     update, stop = progress_bar()
     try:
-        loaded = load_run(run_dir, progress=update, engine=engine)
-    except RemoteReadError as exc:  # the URL could not be read: the reason, not "not a run"
-        raise CommandError(str(exc)) from None
-    except NotARunError as exc:
-        raise CommandError(f"{exc}: not a goodtrace run directory") from None
-    except OSError as exc:
-        raise CommandError(f"cannot read {run_dir!r}: {exc}") from None
-    except LoadError as exc:
-        raise CommandError(str(exc)) from None
+        with reading_errors("read", run_dir):
+            loaded = load_run(run_dir, progress=update, engine=engine)
     finally:
         stop()
     try:

@@ -25,21 +25,17 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from goodtrace.cli import CommandError
+    from goodtrace.cli.analysed import reading_errors
     from goodtrace.cli.progress import progress_bar
-    from goodtrace.read.load import LoadError, NotARunError, compact_run
+    from goodtrace.read.load import compact_run
     from goodtrace.record.io.storage import missing_path
 
     if not os.path.exists(args.run):
         raise CommandError(missing_path(args.run))
     update, stop = progress_bar()
     try:
-        result = compact_run(args.run, progress=update)
-    except NotARunError as exc:
-        raise CommandError(f"{exc}: not a goodtrace run directory") from None
-    except OSError as exc:
-        raise CommandError(f"cannot compact {args.run!r}: {exc}") from None
-    except LoadError as exc:
-        raise CommandError(str(exc)) from None
+        with reading_errors("compact", args.run):
+            result = compact_run(args.run, progress=update)
     finally:
         stop()
     print(
