@@ -81,6 +81,7 @@ MODULE_MARKS: dict[str, tuple[str, ...]] = {
     "read/test_ray_engine.py": ("processes",),
     "read/test_segment_cache.py": ("processes",),
     "read/test_torchtitan_logs.py": ("processes",),
+    "record/test_hang.py": ("processes",),  # a hang dumps native frames with py-spy, a process
     "record/test_hostile_arguments.py": ("processes",),
     "record/test_ring_file.py": ("processes",),
     "sinks/test_mlflow.py": ("processes",),  # mlflow runs git
