@@ -35,11 +35,11 @@ from typing import Any
 
 from goodtrace.analysis import RunAnalysis
 from goodtrace.analysis.over_time import iso
-from goodtrace.analysis.selection import StepRange
+from goodtrace.analysis.selection import StepRange, choose_range
 from goodtrace.read.loaded import LoadedRun, Progress
 from goodtrace.read.raw import session_records
 from goodtrace.renderers import write_text
-from goodtrace.renderers.html_charts import Gantt, Heatmap, choose_gantt_range, rounded
+from goodtrace.renderers.html_charts import Gantt, Heatmap, rounded
 from goodtrace.renderers.json_report import finite
 
 __all__ = ["ECHARTS_VERSION", "HtmlRenderer", "html_page", "render_html", "report_data"]
@@ -249,7 +249,7 @@ def report_data(
     gantt_attempt: int | None = None, progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Everything the page draws, as one JSON-ready dict (also what the golden tests compare)."""
-    chosen = choose_gantt_range(analysis, gantt_steps, gantt_attempt)
+    chosen = choose_range(analysis, gantt_steps, gantt_attempt)
     gantt = Gantt(analysis, chosen)
     for session, records in session_records(run, gantt.wanted(), spans_only=True, progress=progress):
         gantt.add(session, records)

@@ -21,7 +21,6 @@ from goodtrace.record.live.line import format_bytes
 
 HELP = "write a Perfetto/Chrome trace of all ranks (open it in ui.perfetto.dev)"
 LIMIT_MB = 1_200.0  # past this a whole-run trace is written as a slice (unless --limit-mb 0)
-TRACE_BYTES_PER_RECORD = 105  # JSON of the trace per record read (report_steps' run: 130.6 MiB, 1.3 M records)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,16 +110,16 @@ def _slice_when_too_big(selection: Any, analysis: Any, limit_bytes: float) -> An
     opens, the smaller. Says so."""
     import dataclasses
 
-    from goodtrace.renderers.html_charts import GANTT_STEPS, choose_gantt_range
-    from goodtrace.renderers.trace_events import COMFORTABLE_TRACE_BYTES
+    from goodtrace.analysis.selection import RANGE_STEPS, choose_range
+    from goodtrace.renderers.trace_events import COMFORTABLE_TRACE_BYTES, TRACE_BYTES_PER_RECORD
 
     estimate = sum(analysis.sessions[i].records for i in selection.sessions(analysis)) * TRACE_BYTES_PER_RECORD
     steps = len(analysis.steps)
-    if estimate <= limit_bytes or steps <= GANTT_STEPS:
+    if estimate <= limit_bytes or steps <= RANGE_STEPS:
         return selection
     target = 0.8 * min(limit_bytes, COMFORTABLE_TRACE_BYTES)  # under what the UI opens, with room
-    width = max(GANTT_STEPS, int(steps * target / estimate))
-    chosen = choose_gantt_range(analysis, None, selection.attempt, width=width)
+    width = max(RANGE_STEPS, int(steps * target / estimate))
+    chosen = choose_range(analysis, None, selection.attempt, width=width)
     if chosen is None:
         return selection
     _, first, last = chosen
