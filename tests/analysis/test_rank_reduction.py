@@ -1,4 +1,4 @@
-"""Each rank is reduced as its last session is cut (analysis._cut_and_reduce): with
+"""Each rank is reduced as its last session is cut (analysis.reduce.cut_and_reduce): with
 ``keep_cuts=False`` the cuts of every rank but the reference are dropped before the next rank
 is cut, and every number of the report must stay the same to the byte. A run with two
 attempts (a rank's sessions far apart in the loader's order), a rank that computes slower, a

@@ -132,15 +132,15 @@ def test_views_read_every_rank_s_cut_made_again_when_it_is_not_kept(
     """Past KEEP_CUTS_BYTES the analysis keeps the reference sessions' cuts alone and the views
     get the others cut again when they read them (a long run of many ranks): the page and the
     trace are the same as with every cut kept, and only the last cut made is held."""
-    import goodtrace.analysis as analysis_module
+    from goodtrace.analysis import session_cuts
     from goodtrace.renderers.perfetto import PerfettoRenderer
 
     kept, loaded = _analysed(small_run)
     page, trace = report_data(kept, loaded), PerfettoRenderer().render(kept, loaded)
-    monkeypatch.setattr(analysis_module, "KEEP_CUTS_BYTES", 0)
+    monkeypatch.setattr(session_cuts, "KEEP_CUTS_BYTES", 0)
     analysis, loaded = _analysed(small_run)
     cuts = analysis.cuts
-    assert isinstance(cuts, analysis_module.SessionCuts) and list(cuts) == list(kept.cuts)
+    assert isinstance(cuts, session_cuts.SessionCuts) and list(cuts) == list(kept.cuts)
     references = {a.reference_session for a in analysis.attempts}
     assert set(cuts._held) == references and len(cuts) > len(references)  # the others are made again
     assert report_data(analysis, loaded) == page

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from goodtrace.analysis.attempts import Attempt, Liveness, discover_attempts
@@ -49,7 +49,6 @@ from goodtrace.analysis.cut import (
     RULE_UNKNOWN,
     Relabels,
     SessionCut,
-    cut_session,
 )
 from goodtrace.analysis.goodput import (
     NS,
@@ -61,33 +60,23 @@ from goodtrace.analysis.goodput import (
 )
 from goodtrace.analysis.hangs import Hang, describe_hangs, find_hangs
 from goodtrace.analysis.over_time import GoodputOverTime, Period, goodput_over_time
-from goodtrace.analysis.partition import (
-    DISRUPTION,
-    IN_PROGRESS,
-    PRODUCTIVE,
-    TEARDOWN,
-    Timeline,
-    assemble,
-    ideal_step_ns,
-    noise_threshold_ns,
-    steady_steps,
-)
+from goodtrace.analysis.partition import Timeline
 from goodtrace.analysis.program import ProgramGoodput, program_goodput
 from goodtrace.analysis.ranks import (
     RankFigure,
-    RankSample,
     RankSpread,
     Straggler,
     figures_of,
     find_stragglers,
-    sample_rank,
     spread_of,
 )
+from goodtrace.analysis.reduce import cut_and_reduce, rank_timeline
 from goodtrace.analysis.rewinds import RewindRow, rewind_rows, rewind_warning
-from goodtrace.analysis.slowdown import Series, Slowdown, slowdown_series, slowdowns_of
+from goodtrace.analysis.session_cuts import SessionCuts
+from goodtrace.analysis.slowdown import Slowdown, slowdowns_of
 from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
 from goodtrace.analysis.time_range import RangeEdge, resolve_range, restrict_to_range
-from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
+from goodtrace.read.loaded import LoadedRun, SessionInfo
 
 __all__ = [
     "AnalysisError",
@@ -227,189 +216,6 @@ class RunAnalysis:
         return out
 
 
-def _tail_label(attempt: Attempt) -> str:
-    if attempt.ended == "running":
-        return IN_PROGRESS
-    return TEARDOWN if attempt.normal else DISRUPTION
-
-
-# The cuts of sessions other than the reference ones that the analysis keeps for the views, and
-# that SessionCuts keeps of those it made again, at most (each): a run of many short sessions
-# keeps them all and is cut once; a long run keeps what fits and cuts the rest again when read.
-KEEP_CUTS_BYTES = 128 * 2**20
-
-
-def cut_bytes(cut: SessionCut) -> int:
-    """About what a cut holds: its per-execution and per-interval columns (8 bytes each)."""
-    return 64 * len(cut.exec_step) + (32 + 8 * len(cut.interval_overhead)) * len(cut.interval_start) + 4096
-
-
-class SessionCuts(Mapping[int, SessionCut]):
-    """The cuts a view reads (``RunAnalysis.cuts``), by session in the job's order. Those held
-    (the reference sessions', those of the others the analysis kept within
-    :data:`KEEP_CUTS_BYTES`, or every session's when the records were released) are returned as
-    they are; any other session is cut again when asked for, by the same
-    :func:`~goodtrace.analysis.cut.cut_session` of the same records (one derivation, made
-    again), and the last ones made are kept within :data:`KEEP_CUTS_BYTES` (the last one
-    always): a view that walks every rank (the heat map, the gantt chart, the trace) holds a
-    bounded number of rank cuts at a time, however many ranks and steps the run has."""
-
-    def __init__(self, order: Sequence[int], held: Mapping[int, SessionCut],
-                 recut: Callable[[int], SessionCut] | None = None) -> None:
-        self._order = list(order)
-        self._members = set(self._order)
-        self._held = dict(held)
-        self._recut = recut
-        self._made: dict[int, tuple[SessionCut, int]] = {}  # the last ones made, oldest first
-        self._made_bytes = 0
-
-    def __getitem__(self, session: int) -> SessionCut:
-        held = self._held.get(session)
-        if held is not None:
-            return held
-        if session not in self._members or self._recut is None:
-            raise KeyError(session)
-        made = self._made.pop(session, None)
-        if made is None:
-            while self._made and self._made_bytes > KEEP_CUTS_BYTES // 2:  # room before the next is made
-                self._made_bytes -= self._made.pop(next(iter(self._made)))[1]
-            cut = self._recut(session)
-            made = (cut, cut_bytes(cut))
-            self._made_bytes += made[1]
-        self._made[session] = made  # the newest last
-        while len(self._made) > 1 and self._made_bytes > KEEP_CUTS_BYTES:
-            self._made_bytes -= self._made.pop(next(iter(self._made)))[1]
-        return made[0]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._order)
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def __contains__(self, session: object) -> bool:
-        return session in self._members
-
-
-@dataclasses.dataclass
-class _Reduced:
-    """What the analysis keeps of the job's sessions once each rank is cut and reduced."""
-
-    cuts: Mapping[int, SessionCut]  # what views read: every session's, or the reference sessions' alone
-    samples: list[RankSample]  # per rank, in the job's order of ranks
-    name_codes: dict[str, int]
-    goodput_by_rank: dict[int, float]
-    relabels: dict[int, Relabels]
-    series: dict[int, Series]  # per session, what the slowdown rule compares
-    ignored_syncs: int
-
-
-def _cut_and_reduce(
-    run: LoadedRun, attempts: Sequence[Attempt], data_rule: str | None, release: bool, keep_cuts: bool, *,
-    ideal_override_ns: float | None, submit_wall: int | None,
-) -> _Reduced:
-    """Every session of the job, cut once (an empty record set when none was loaded), in the
-    loader's order (it fetches a block of sessions at a time), the reference sessions last:
-    their cuts are kept to the end, so no other session's cut is made while they are held. As
-    soon as a rank's every session is cut, its figures are reduced (its goodput, its
-    :class:`RankSample`, each session's slowdown series) and, unless ``keep_cuts``, the cuts of
-    its sessions other than the reference ones are dropped: what stays per session is
-    O(sampled steps), not O(steps). With ``release``, each session's step, sync, span and
-    compute columns and its device metrics are dropped from ``run`` as soon as it is cut
-    (nothing after the cut reads them). The order of cutting changes nothing the analysis
-    reports: what is reduced is looked up by session or rank, and the samples are kept in the
-    job's order of ranks."""
-    cuts: dict[int, SessionCut] = {}
-    attempt_for = {index: a for a in attempts for index in a.sessions}
-    attempt_of = {index: a.index for index, a in attempt_for.items()}
-    reference = {a.reference_session for a in attempts}
-    sessions_of: dict[int, list[int]] = {}
-    for index in (i for a in attempts for i in a.sessions):
-        sessions_of.setdefault(run.sessions[index].rank, []).append(index)
-    left = {rank: len(members) for rank, members in sessions_of.items()}  # sessions not cut yet
-    reduced = _Reduced({}, [], {}, {}, {}, {}, 0)
-    held: dict[int, SessionCut] = {}
-    kept_bytes = 0  # of the cuts kept for the views beyond the reference sessions
-    samples: dict[int, RankSample] = {}
-    starts: dict[int, SessionRecords] = {}
-    order = sorted(attempt_for, key=lambda i: (i in reference, i))
-    for index in order:
-        a = attempt_for[index]
-        records = run.session_records.get(index) or SessionRecords()
-        if release and index == order[-1]:
-            run.close()  # every session is fetched: the run model's buffers go before the last cut
-        cut = cuts[index] = _cut(run, a, index, data_rule, records)
-        reduced.ignored_syncs += cut.ignored_syncs
-        # the span-start sample the rank figures read (a rank's earlier session is not fetched again)
-        starts[index] = SessionRecords(starts_step=records.starts_step, starts_name=records.starts_name,
-                                       starts_t0=records.starts_t0)
-        found = slowdown_series(cut)
-        if found is not None:
-            reduced.series[index] = found
-        if release and index in run.session_records:
-            run.session_records[index] = SessionRecords(  # device metrics by step: read by the cut alone
-                clock=records.clock, starts_step=records.starts_step, starts_name=records.starts_name,
-                starts_t0=records.starts_t0, events=records.events)
-        del records, cut  # held in cuts[index] alone: dropped there once its rank is reduced
-        rank = run.sessions[index].rank
-        left[rank] -= 1
-        if left[rank]:
-            continue
-        members = sessions_of[rank]
-        other = _rank_timeline(run, attempt_of, cuts, members, ideal_override_ns=ideal_override_ns,
-                               submit_wall=submit_wall, pieces=False)
-        if other is not None:
-            reduced.relabels.update(other[0].relabels)
-            if other[0].end > other[0].start:
-                reduced.goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
-        del other  # its timeline holds the rank's cuts
-        samples[rank] = sample_rank(rank, [run.sessions[i] for i in members], cuts, starts, attempt_of,
-                                    reduced.name_codes)
-        for i in members:
-            if i in reference or (keep_cuts and release):  # released records cannot be cut again
-                held[i] = cuts[i]
-            elif keep_cuts and kept_bytes + cut_bytes(cuts[i]) <= KEEP_CUTS_BYTES:  # else cut again when read
-                held[i] = cuts[i]
-                kept_bytes += cut_bytes(cuts[i])
-            del cuts[i], starts[i]
-    if release:
-        run.released = True
-        run.close()
-    reduced.samples = [samples[rank] for rank in sessions_of]
-    job_order = [index for a in attempts for index in a.sessions]
-    if keep_cuts:
-        reduced.cuts = SessionCuts(job_order, held, None if release else
-                                   lambda i: _cut(run, attempt_for[i], i, data_rule, run.session_records.get(i)))
-    else:
-        reduced.cuts = SessionCuts([i for i in job_order if i in held], held)
-        reduced.relabels = {i: r for i, r in reduced.relabels.items() if i in held}
-    return reduced
-
-
-def _cut(run: LoadedRun, attempt: Attempt, index: int, data_rule: str | None,
-         records: SessionRecords | None) -> SessionCut:
-    """The cut of one session of ``attempt`` (an empty record set when none was loaded)."""
-    return cut_session(run.sessions[index], records or SessionRecords(), tail_label=_tail_label(attempt),
-                       close_trailing=attempt.normal, data_rule=data_rule)
-
-
-def _rank_timeline(
-    run: LoadedRun, attempt_of: dict[int, int], cuts: Mapping[int, SessionCut], sessions: Sequence[int], *,
-    ideal_override_ns: float | None, submit_wall: int | None, pieces: bool,
-) -> tuple[Timeline, float | None] | None:
-    """The job timeline of one rank (``sessions``: its sessions in the job) across the job's
-    attempts; None without sessions."""
-    items = [(attempt_of[i], run.sessions[i], cuts[i]) for i in sessions]
-    if not items:
-        return None
-    chosen = [c for _, _, c in items]
-    steady = steady_steps(chosen)
-    ideal = ideal_override_ns if ideal_override_ns is not None else ideal_step_ns(chosen, steady)
-    timeline = assemble(items, ideal=ideal, noise=noise_threshold_ns(chosen, steady), submit_wall=submit_wall,
-                        pieces=pieces)
-    return timeline, ideal
-
-
 def _events(run: LoadedRun, attempts: Sequence[Attempt], job_start: int) -> tuple[list[EventRow], int]:
     """The job's events, earliest first (attributes from the reference sessions' timelines)."""
     rows: list[EventRow] = []
@@ -464,8 +270,8 @@ def analyze(
     once: a released run cannot be analysed again). Every other rank's cut is dropped once its
     figures are reduced; with ``keep_cuts`` (the default) ``RunAnalysis.cuts`` still gives every
     session's cut to the views (the heat map, the gantt chart, the trace): kept from the first
-    cut within :data:`KEEP_CUTS_BYTES` (or all of them when the records were released), else
-    made again from the records when read.
+    cut within :data:`~goodtrace.analysis.session_cuts.KEEP_CUTS_BYTES` (or all of them when
+    the records were released), else made again from the records when read.
     ``keep_cuts=False`` gives the reference sessions' alone (a caller that needs no per-rank
     view); the numbers are the same. ``since``/``until`` select a time range
     (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table,
@@ -489,11 +295,11 @@ def analyze(
     reference_rank = min(by_index[a.reference_session].rank for a in attempts)
     submit_wall = by_index[attempts[0].reference_session].submit_wall
     ideal_override = None if ideal_step_s is None else ideal_step_s * NS
-    reduced = _cut_and_reduce(run, attempts, data_rule, release_records, keep_cuts,
+    reduced = cut_and_reduce(run, attempts, data_rule, release_records, keep_cuts,
                               ideal_override_ns=ideal_override, submit_wall=submit_wall)
     cuts = reduced.cuts
     attempt_of = {i: a.index for a in attempts for i in a.sessions}
-    built = _rank_timeline(run, attempt_of, cuts, [a.reference_session for a in attempts],
+    built = rank_timeline(run, attempt_of, cuts, [a.reference_session for a in attempts],
                            ideal_override_ns=ideal_override, submit_wall=submit_wall, pieces=True)
     if built is None:
         raise AnalysisError(f"rank {reference_rank} has no records loaded")
