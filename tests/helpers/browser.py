@@ -375,6 +375,17 @@ def perfetto_ui() -> Iterator[PerfettoUI]:
         server.server_close()
 
 
+def hover_tooltip(page: Any, chart_id: str, point: dict[str, float], text: str) -> str:
+    """Move the mouse onto ``point`` (page pixels) of the chart in element ``chart_id`` (from
+    just beside it, so that the chart sees a move) and wait until its tooltip shows ``text``;
+    the element's text then."""
+    page.mouse.move(point["x"] - 3, point["y"])
+    page.mouse.move(point["x"], point["y"])
+    page.wait_for_function("([id, text]) => document.getElementById(id).textContent.includes(text)",
+                           arg=[chart_id, text], timeout=10_000)
+    return str(page.evaluate("(id) => document.getElementById(id).textContent", chart_id))
+
+
 def artifact(name: str) -> Path:
     """A path under test-artifacts/ (git-ignored) for screenshots a person can look at."""
     ARTIFACTS.mkdir(exist_ok=True)

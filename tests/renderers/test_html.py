@@ -18,7 +18,7 @@ from goodtrace.read.load import load_run
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.renderers import html, html_charts
 from goodtrace.renderers.html import embed_json, render_html, report_data
-from helpers.browser import EVIL, PageLog, artifact, browser, new_page, write_small_run
+from helpers.browser import EVIL, PageLog, artifact, browser, hover_tooltip, new_page, write_small_run
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden_trace_small"
 UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
@@ -243,13 +243,7 @@ def _open(chromium: Any, path: Path) -> tuple[Any, PageLog]:
 
 def _hover(page: Any, name: str, row: int = 0) -> str:
     page.evaluate("() => document.getElementById('gantt').scrollIntoView({block: 'start'})")
-    point = page.evaluate(JS_BAR_POINT, [name, row])
-    page.mouse.move(point["x"] - 3, point["y"])
-    page.mouse.move(point["x"], point["y"])
-    page.wait_for_function(
-        "(name) => document.getElementById('gantt').textContent.includes(name)", arg=name, timeout=10_000
-    )
-    return str(page.evaluate("() => document.getElementById('gantt').textContent"))
+    return hover_tooltip(page, "gantt", page.evaluate(JS_BAR_POINT, [name, row]), name)
 
 
 def test_report_opens_offline_draws_and_hovers(chromium: Any, small_run: Path, tmp_path: Path) -> None:
@@ -298,11 +292,7 @@ def test_step_bars_of_several_rows_draw_and_say_so_on_hover(
       const box = document.getElementById('steps').getBoundingClientRect();
       return {x: box.left + p[0], y: box.top + p[1]};
     }""")
-    page.mouse.move(point["x"] - 3, point["y"])
-    page.mouse.move(point["x"], point["y"])
-    page.wait_for_function("() => document.getElementById('steps').textContent.includes('steps 0-2')",
-                           timeout=10_000)
-    tooltip = page.evaluate("() => document.getElementById('steps').textContent")
+    tooltip = hover_tooltip(page, "steps", point, "steps 0-2")
     assert "3 executions" in tooltip and "mean step time" in tooltip and "slowest" in tooltip
     assert log.errors == [] and log.console_errors == []
 

@@ -12,7 +12,7 @@ import pytest
 from goodtrace.analysis import RangeEdge, analyze
 from goodtrace.read.load import load_run
 from goodtrace.renderers.html import render_html, report_data
-from helpers.browser import PageLog, artifact, browser, new_page
+from helpers.browser import PageLog, artifact, browser, hover_tooltip, new_page
 from helpers.builders import hourly_run
 
 JS_INK = """(id) => {
@@ -68,11 +68,7 @@ def test_chart_draws_and_its_tooltip_names_the_buckets(chromium: Any, tmp_path: 
     assert [point[0] for point in worst["data"]] == labels
     assert "3 period(s) of 1.00 h" in page.inner_text("#over-time-note")
     point = page.evaluate(JS_POINT, [labels[1], 50])
-    page.mouse.move(point["x"] - 3, point["y"])
-    page.mouse.move(point["x"], point["y"])
-    page.wait_for_function("() => document.getElementById('over-time').textContent.includes('goodput 91.7%')",
-                           timeout=10_000)
-    tooltip = page.evaluate("() => document.getElementById('over-time').textContent")
+    tooltip = hover_tooltip(page, "over-time", point, "goodput 91.7%")
     assert "2023-11-14T23:00:00Z" in tooltip and "checkpoint_save: 8.3%" in tooltip and "worst #2" in tooltip
     page.screenshot(path=str(artifact("html-report-over-time.png")), full_page=True)
     assert log.errors == [] and log.console_errors == [] and log.blocked == []
