@@ -8,7 +8,8 @@ million records, 1.5 GB of JSON lines). Timed, each in a fresh process with its 
 
   0. the baseline: ``json.loads`` of every line of the run once (the least any reader pays;
      the ratios ``*_over_decode`` divide by it, so they hold on a noisy shared machine);
-  1. ``goodtrace trace RUN -o all.json`` and ``-o all.json.gz`` (every rank, every step);
+  1. ``goodtrace trace RUN -o all.json --limit-mb 0`` and ``-o all.json.gz --limit-mb 0`` (every
+     rank, every step);
   2. ``goodtrace trace RUN -o slice.json[.gz] --steps A:B`` (20 steps of every rank);
   3. the HTML report as ``goodtrace report RUN --html FILE --gantt-steps A:B`` makes it: load +
      analyse (DuckDB), read the gantt range's spans of every rank (DuckDB), build the page;
@@ -196,7 +197,8 @@ def main() -> None:
         figures["report_json"] = {"s": round(seconds, 2), "peak_mib": round(peak)}
         print(f"report --json: {seconds:.2f} s, peak {peak:.0f} MiB", flush=True)
 
-        for label, name, extra in (("trace_all", "all.json", []), ("trace_all_gz", "all.json.gz", []),
+        every_step = ["--limit-mb", "0"]  # else a run past 1,200 MB of trace is written as a slice
+        for label, name, extra in (("trace_all", "all.json", every_step), ("trace_all_gz", "all.json.gz", every_step),
                                    ("trace_slice", "slice.json.gz", ["--steps", f"{first}:{last}"]),
                                    ("trace_slice_plain", "slice.json", ["--steps", f"{first}:{last}"])):
             out = root / name
