@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from goodtrace import schema
 from goodtrace.record.values.adapters import ValueAdapter, finite_or_none
-from goodtrace.record.values.readiness import Pending, PendingMetric
+from goodtrace.record.values.readiness import Pending, PendingMetric, ready_state
 
 if TYPE_CHECKING:
     from goodtrace.record.recorder import Recorder
@@ -213,10 +213,7 @@ class SyncPoints:
         """``complete_on`` in a step where a blocking span already started: True when that
         settles the step's sync point (no pending value needed)."""
         barrier, ctx.barrier = ctx.barrier, 0
-        try:
-            state = adapter.ready(handle)
-        except Exception:
-            state = None
+        state = ready_state((adapter, handle))
         if state is False:
             return False  # dispatched after the span: the readiness check dates it as usual
         if barrier > 0:  # complete now: it was complete at the barrier, before the span
@@ -259,11 +256,7 @@ class SyncPoints:
             for entry in ([observing] if observing is not None else []) + list(self.pending):
                 if not entry.claim:
                     continue
-                adapter, handle = entry.value
-                try:
-                    state = adapter.ready(handle)
-                except Exception:
-                    state = None
+                state = ready_state(entry.value)
                 if entry.take():
                     if state is True:
                         self.sync_point(entry.step, entry.seq, self.rec.clock(), schema.SYNC_FINISH, entry.not_ready_t or None)

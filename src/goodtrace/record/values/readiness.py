@@ -57,6 +57,17 @@ class Pending:
         return not self.claim
 
 
+def ready_state(value: tuple[Any, Any]) -> bool | None:
+    """Whether a watched ``(adapter, handle)`` value is complete: True, False, or None where
+    its adapter cannot tell, or fails (a check never raises into the caller)."""
+    adapter, handle = value
+    try:
+        state: bool | None = adapter.ready(handle)
+    except Exception:
+        return None
+    return state
+
+
 class PendingMetric:
     """A metric value not read yet (only the training thread, or a thread starting a blocking
     span, reads them, under the recorder's settle lock: no claim needed)."""
@@ -147,11 +158,7 @@ class ReadinessThread:
             if not entry.claim:  # the training thread dated it
                 watched.pop(entry, None)
                 continue
-            adapter, handle = entry.value
-            try:
-                state = adapter.ready(handle)
-            except Exception:
-                state = None
+            state = ready_state(entry.value)
             if state is True:
                 complete.append(entry)
             elif state is False:
