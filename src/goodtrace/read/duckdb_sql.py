@@ -241,12 +241,9 @@ SEGMENT_NAMES = tuple(statement.split()[2] for statement in _SEGMENT_TABLES)
 
 def create_segment_tables(con: Any) -> None:
     execute_all(con, _SEGMENT_TABLES)
+
+
 MODEL_TABLES = _SCRATCH_TABLES + _SEGMENT_TABLES
-# What the run model keeps of every session, made from the segment tables by finish_model.
-# summ and the row-wise tables are views over them (session_summaries combines a session's
-# rows); executions, compute per execution and the sample of span starts need the whole session.
-RUN_MODEL_NAMES = ("summ", "m_steps", "m_syncs", "m_spans", "m_compute", "m_device", "m_clock", "m_starts",
-                   "m_events", "m_model")
 
 
 def _sources_digest(*names: str) -> str:
@@ -388,38 +385,22 @@ def delete_files(con: Any, fids: Iterable[int]) -> None:
 def finish_model(con: Any) -> None:
     """The run model's tables from the segment tables (every file of every session folded,
     read from the cache or from the compacted copy): views over the row-wise ones, and the
-    three parts that need a whole session computed here."""
+    two parts that need a whole session computed here. (The third, each execution's outermost
+    compute, is computed per session as it is fetched, from ``seg_compute``:
+    :func:`goodtrace.read.model_fetch.outermost_compute`.)"""
     for table, segment in (("summ", "seg_summ"), ("m_syncs", "seg_syncs"), ("m_spans", "seg_spans"),
                            ("m_device", "seg_device"), ("m_clock", "seg_clock"), ("m_events", "seg_events"),
                            ("m_model", "seg_model")):
         con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * EXCLUDE (fid) FROM {segment}")
     # Executions: the recorder numbers them (seq); older files are numbered by entry order.
-    con.execute(
-        "CREATE OR REPLACE TABLE m_steps AS SELECT sid, "
-        "coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0) - 1) AS seq, step, t0, t1 FROM seg_steps"
-    )
-    # Outermost main-thread compute time per execution: a span nested in an earlier one adds
-    # nothing, a partial overlap adds its uncovered tail; each part belongs to the execution of
-    # its step (the span's ambient step) entered last before it began (without a step: to the
-    # execution entered last); a part of a step that never finished belongs to none.
-    con.execute(
-        """
-        CREATE OR REPLACE TABLE m_compute AS
-        WITH c AS (
-            SELECT sid, t0, t1, step,
-                   max(t1) OVER (PARTITION BY sid ORDER BY t0, t1 DESC
-                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
-            FROM seg_compute),
-        o AS (SELECT sid, step, greatest(t0, coalesce(reach, t0)) AS a, t1 AS z FROM c
-              WHERE reach IS NULL OR t1 > reach),
-        e AS (SELECT sid, step, seq, t0 FROM m_steps)
-        SELECT o.sid, e.seq, sum(o.z - o.a) AS ns FROM o ASOF JOIN e ON o.sid = e.sid AND o.step = e.step AND o.a >= e.t0
-        WHERE o.step IS NOT NULL GROUP BY ALL
-        UNION ALL
-        SELECT o.sid, e.seq, sum(o.z - o.a) FROM o ASOF JOIN e ON o.sid = e.sid AND o.a >= e.t0
-        WHERE o.step IS NULL GROUP BY ALL
-        """
-    )
+    if con.execute("SELECT count(*) = count(seq) FROM seg_steps").fetchone()[0]:
+        con.execute("CREATE OR REPLACE VIEW m_steps AS SELECT * EXCLUDE (fid) FROM seg_steps")
+    else:
+        con.execute(
+            "CREATE OR REPLACE TABLE m_steps AS SELECT sid, "
+            "coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0) - 1) AS seq, step, t0, t1 FROM seg_steps"
+        )
+        con.execute("DROP TABLE seg_steps")
     # Span starts of about SAMPLE_STEPS steps of each session's step range
     con.execute(
         f"""
@@ -430,9 +411,7 @@ def finish_model(con: Any) -> None:
         GROUP BY ALL
         """
     )
-    con.execute("DROP TABLE seg_compute")
     con.execute("DROP TABLE seg_starts")
-    con.execute("DROP TABLE seg_steps")
 
 
 FOLD_BATCH_FILES = 32  # files parsed into one batch table (whole sessions: a longer session is one batch)

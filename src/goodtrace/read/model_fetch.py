@@ -207,10 +207,11 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
             r = out[sid]
             r.span_category = cat[c["cat"]].tolist()
             r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
-        for sid, c in _by_session(
-            con, f"SELECT sid, seq, sum(ns)::BIGINT AS ns FROM m_compute WHERE {where} GROUP BY ALL ORDER BY sid"
-        ):
-            out[sid].compute_seq, out[sid].compute_ns = _ints(c["seq"]), _ints(c["ns"])
+        for sid, c in _by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where} ORDER BY sid, t0, t1 DESC"):
+            r = out[sid]
+            seq, ns = outermost_compute(c["t0"], c["t1"], c["step"], r.step_seq, r.step_number, r.step_t0)
+            r.compute_seq, r.compute_ns = _ints(seq), _ints(ns)
+            del seq, ns
         for sid, c in _by_session(
             con, f"SELECT t.sid, t.step, v.code AS name, t.t0 FROM (SELECT sid, step, name, min(t0) AS t0 "
                  f"FROM m_starts WHERE {where} GROUP BY ALL) t JOIN vocab_name v ON t.name IS NOT DISTINCT FROM v.name "
@@ -231,6 +232,78 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
         ).fetchall():
             out[sid].events.append((str(name_), int(t), None if step is None else int(step)))
     return out
+
+
+def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex_t0: Any) -> tuple[Any, Any]:
+    """A session's outermost main-thread compute time per execution, from its compute spans
+    (``t0``, ``t1``, ``step``: NULL, masked, where a span names no step) and its executions
+    (``ex_*``): ``(seq, ns)``, the executions with compute time in ``seq`` order.
+
+    A span nested in an earlier one (in start order, the longer first at equal starts) adds
+    nothing, a partial overlap adds its uncovered tail; each part belongs to the execution of
+    its step (the span's ambient step) entered last at or before the part began (without a
+    step: to the execution entered last), the later-numbered one where two entered at the same
+    time; a part of a step that never entered belongs to none."""
+    import numpy as np
+
+    no_seq = np.zeros(0, dtype=np.int64)
+    t0 = np.asarray(t0, dtype=np.int64)
+    if not len(t0) or not len(ex_seq):
+        return no_seq, no_seq
+    t1 = np.asarray(t1, dtype=np.int64)
+    nostep = np.ma.getmaskarray(step)
+    step = np.asarray(np.ma.filled(step, 0) if isinstance(step, np.ma.MaskedArray) else step, dtype=np.int64)
+    ex_seq, ex_step, ex_t0 = (np.frombuffer(values, dtype=np.int64) if isinstance(values, array)
+                              else np.asarray(values, dtype=np.int64) for values in (ex_seq, ex_step, ex_t0))
+    later = t0[1:] > t0[:-1]
+    if not bool((later | ((t0[1:] == t0[:-1]) & (t1[1:] <= t1[:-1]))).all()):  # the fetch sorts them
+        order = np.lexsort((-t1, t0))
+        t0, t1, step, nostep = t0[order], t1[order], step[order], nostep[order]
+        del order
+    del later
+    reach = np.empty_like(t1)  # the latest end of the spans before each
+    reach[0] = np.iinfo(np.int64).min
+    np.maximum.accumulate(t1[:-1], out=reach[1:])
+    keep = t1 > reach
+    a, z = np.maximum(t0, reach)[keep], t1[keep]
+    step, nostep = step[keep], nostep[keep]
+    del t0, t1, reach, keep
+    # the execution entered last at or before each part began: the answer for a part without a
+    # step, and for one of the step of that execution
+    in_order = bool((ex_t0[1:] > ex_t0[:-1]).all())  # the usual case: no sort then
+    by_time = np.arange(len(ex_t0)) if in_order else np.lexsort((ex_seq, ex_t0))
+    last = np.searchsorted(ex_t0[by_time], a, side="right") - 1
+    entered = last >= 0
+    last[entered] = by_time[last[entered]]
+    del by_time
+    seq = np.full(len(a), -1, dtype=np.int64)
+    same = entered & (nostep | (ex_step[np.maximum(last, 0)] == step))
+    seq[same] = ex_seq[last[same]]
+    other = np.flatnonzero(entered & ~same)
+    del last, entered, same
+    if len(other):  # parts of another step than the last entered: by (step, time) of that step's executions
+        mine = np.flatnonzero(np.isin(ex_step, step[other]))
+        n = len(mine)
+        kind = np.concatenate((np.zeros(n, dtype=np.int8), np.ones(len(other), dtype=np.int8)))
+        keys_t = np.concatenate((ex_t0[mine], a[other]))
+        keys_step = np.concatenate((ex_step[mine], step[other]))
+        tie = np.concatenate((ex_seq[mine], np.zeros(len(other), dtype=np.int64)))
+        merged = np.lexsort((tie, kind, keys_t, keys_step))  # an execution before a part at equal time
+        del kind, keys_t, tie
+        at = np.where(merged < n, np.arange(len(merged)), -1)
+        np.maximum.accumulate(at, out=at)  # the last execution at or before each position
+        parts = np.flatnonzero(merged >= n)
+        prior = at[parts]
+        found = prior >= 0
+        found[found] = keys_step[merged[prior[found]]] == keys_step[merged[parts[found]]]
+        seq[other[merged[parts[found]] - n]] = ex_seq[mine[merged[prior[found]]]]
+    matched = np.flatnonzero(seq >= 0)
+    if not len(matched):
+        return no_seq, no_seq
+    by_seq = matched[np.argsort(seq[matched], kind="stable")]
+    sorted_seq = seq[by_seq]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_seq[1:] != sorted_seq[:-1])))
+    return sorted_seq[starts], np.add.reduceat((z - a)[by_seq], starts)
 
 
 def model_events(con: Any) -> dict[int, dict[str, Any]]:

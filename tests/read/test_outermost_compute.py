@@ -1,0 +1,78 @@
+"""Each execution's outermost compute time (``model_fetch.outermost_compute``), checked against
+a plain reading of its rule, one span at a time, on random sessions with nested and
+overlapping spans, spans without a step, steps entered twice (a re-done step), spans of a step
+that never entered, and executions entered at the same time."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from goodtrace.read.model_fetch import outermost_compute
+
+
+def _reference(spans: list[tuple[int, int, int | None]], executions: list[tuple[int, int, int]]) -> dict[int, int]:
+    """The rule read literally: spans in start order (the longer first at equal starts); a
+    span's part past the latest end of the spans before it counts; the part goes to the
+    execution of its step entered last at or before the part began (without a step: the
+    execution entered last), the higher-numbered one at equal entry times."""
+    out: dict[int, int] = {}
+    reach: int | None = None
+    for t0, t1, step in sorted(spans, key=lambda s: (s[0], -s[1])):
+        if reach is not None and t1 <= reach:
+            continue
+        a = t0 if reach is None else max(t0, reach)
+        reach = t1 if reach is None else max(reach, t1)
+        candidates = [(e_t0, seq) for seq, e_step, e_t0 in executions
+                      if e_t0 <= a and (step is None or e_step == step)]
+        if candidates:
+            seq = max(candidates)[1]
+            out[seq] = out.get(seq, 0) + (t1 - a)
+    return out
+
+
+def _session(rng: random.Random) -> tuple[list[tuple[int, int, int | None]], list[tuple[int, int, int]]]:
+    executions: list[tuple[int, int, int]] = []
+    t = 1_000
+    step = 0
+    for seq in range(rng.randint(1, 12)):
+        if rng.random() < 0.2 and step > 0:
+            step -= 1  # a re-done step
+        executions.append((seq, step, t))
+        if rng.random() > 0.15:  # else the next one enters at the same time
+            t += rng.randint(1, 50)
+        step += 1
+    spans: list[tuple[int, int, int | None]] = []
+    for _ in range(rng.randint(1, 30)):
+        t0 = rng.randint(900, t + 60)
+        step_of: int | None = rng.choice([None, rng.randint(-1, step + 1), executions[-1][1]])
+        spans.append((t0, t0 + rng.randint(1, 80), step_of))
+        if rng.random() < 0.2:  # a span starting with an earlier one
+            spans.append((t0, t0 + rng.randint(1, 80), step_of))
+    return spans, executions
+
+
+def test_outermost_compute_follows_the_rule() -> None:
+    for seed in range(300):
+        _check(seed)
+
+
+def _check(seed: int) -> None:
+    rng = random.Random(seed)
+    spans, executions = _session(rng)
+    rng.shuffle(spans)  # as files hold them: in the order they ended, across files
+    t0 = np.array([s[0] for s in spans], dtype=np.int64)
+    t1 = np.array([s[1] for s in spans], dtype=np.int64)
+    step = np.ma.masked_array([s[2] or 0 for s in spans], mask=[s[2] is None for s in spans], dtype=np.int64)
+    seqs, ns = outermost_compute(t0, t1, step, *(np.array(column, dtype=np.int64) for column in zip(*executions, strict=True)))
+    assert list(seqs) == sorted(seqs), seed
+    assert dict(zip(seqs.tolist(), ns.tolist(), strict=True)) == _reference(spans, executions), seed
+
+
+def test_no_spans_or_no_executions() -> None:
+    empty = np.zeros(0, dtype=np.int64)
+    one = np.array([5], dtype=np.int64)
+    for args in ((empty, empty, empty, one, one, one), (one, one + 1, one, empty, empty, empty)):
+        seqs, ns = outermost_compute(*args)
+        assert len(seqs) == 0 and len(ns) == 0
