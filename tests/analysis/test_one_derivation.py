@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 import goodtrace
+from goodtrace import schema
 from goodtrace.analysis import analyze
 from goodtrace.read.load import load_run
 
@@ -48,3 +49,59 @@ def test_the_step_table_and_the_rank_figures_show_the_cut_s_step_time() -> None:
         per_execution = np.concatenate([np.repeat(c.step_ns() / 1e9, np.frombuffer(c.interval_count, dtype=np.int64))
                                         for c in cuts])
         assert figure.step_time_median_s == float(np.median(per_execution))
+
+
+def _rich_run(run_dir: Path) -> Path:
+    """Two attempts of one rank: a slow first step (warm-up), checkpoint saves and evals,
+    tags, device-busy times, two executions sharing an interval, and a restart that re-does
+    steps 6 and 7 (wasted progress)."""
+    from tests.helpers.builders import Proc
+
+    first = Proc(run_dir, start=0.0)
+    t = 1.0
+    for k in range(8):
+        length = 6.0 if k == 0 else 1.0
+        first.step(k, t, t + length)
+        if k == 3:
+            first.span("save", t + 0.2, t + 0.6, cat="checkpoint_save", step=k)
+        if k == 4:
+            first.span("evaluate", t + 0.1, t + 0.3, cat="eval", step=k)
+        if k % 3 == 0:
+            first.tag(k, "phase", t + 0.1).tag(k, "lr_drop", t + 0.2)
+        first.metric("device_time_s", k, 0.25 + k / 100, t + length)
+        if k != 4:  # step 4 shares the interval of step 5 (no sync point of its own)
+            first.sync(k, t + length, "ready")
+        t += length
+    first.write()
+    second = Proc(run_dir, start=t + 5.0, restart=1)
+    t += 6.0
+    for k in range(6, 12):
+        second.step(k, t, t + 1.0).sync(k, t + 1.0, "ready")
+        second.metric(schema.DEVICE_BUSY_METRIC, k, 0.5, t + 1.0).metric("device_time_s", k, 9.0, t + 1.0)
+        t += 1.0
+    second.finish(t)
+    second.write()
+    return run_dir
+
+
+def test_the_step_table_s_columns_are_its_rows(tmp_path: Path) -> None:
+    for run in (RUN, _rich_run(tmp_path / "rich")):
+        table = analyze(load_run(run)).steps
+        rows = list(table)
+        columns = table.columns()
+        assert len(rows) == len(columns.step) > 0
+        assert columns.step.tolist() == [r.step for r in rows]
+        assert columns.seq.tolist() == [r.seq for r in rows]
+        assert columns.attempt.tolist() == [r.attempt for r in rows]
+        assert columns.shared.tolist() == [r.shared for r in rows]
+        assert columns.start_ns.tolist() == [r.start_ns for r in rows]
+        assert columns.end_ns.tolist() == [r.end_ns for r in rows]
+        assert columns.productive_s.tolist() == [r.productive_s for r in rows]
+        assert [{c: v[i] for c, v in columns.overhead_s.items() if v[i]} for i in range(len(rows))] == \
+            [r.overhead_s for r in rows]
+        assert [None if np.isnan(v) else v for v in columns.device_s.tolist()] == [r.device_s for r in rows]
+        assert columns.tags == [(i, r.tags) for i, r in enumerate(rows) if r.tags]
+        if run != RUN:  # the rich run has every part the columns carry
+            assert {"checkpoint_save", "eval", "warmup"} <= set(columns.overhead_s)
+            assert max(columns.shared) == 2 and columns.tags and not np.isnan(columns.device_s).all()
+            assert 0.5 in columns.device_s.tolist()  # the device-busy metric before device_time_s

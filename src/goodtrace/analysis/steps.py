@@ -89,6 +89,22 @@ class RowIntervals(NamedTuple):
     ends: Any
 
 
+class StepColumns(NamedTuple):
+    """The step table as columns, one entry per row: what a view of every row reads, without
+    making a :class:`StepRow` each (the same numbers as the rows)."""
+
+    step: Any
+    seq: Any
+    attempt: Any
+    shared: Any
+    start_ns: Any
+    end_ns: Any
+    productive_s: Any
+    overhead_s: dict[str, Any]  # category -> s per row (the categories some row has time in)
+    device_s: Any  # s, NaN where the step's device time was not measured (or is not finite)
+    tags: list[tuple[int, tuple[str, ...]]]  # (row, its step's tags) of the rows with tags
+
+
 class StepTable(Sequence[StepRow]):
     """The step table: one row per execution of the reference rank, in time order, held as
     columns (a week-long run has hundreds of thousands of rows); a :class:`StepRow` is made
@@ -213,6 +229,43 @@ class StepTable(Sequence[StepRow]):
         ends = self._gather(lambda s: _np_ints(s.cut.interval_end) + s.delta, by_interval=True)
         return RowIntervals(steps, starts, ends)
 
+    def columns(self) -> StepColumns:
+        """Every row as columns (:class:`StepColumns`): each interval's overhead per category
+        from its cut's columns, shared equally like its productive time, with the attempt's
+        warm-up in its first interval; tags and device time from the session's marks."""
+        import numpy as np
+
+        n = len(self)
+        rows = self.intervals()
+        shared = self.shared
+        overhead: dict[str, Any] = {}
+        device = np.full(n, np.nan)
+        tags: list[tuple[int, tuple[str, ...]]] = []
+        for k, segment in enumerate(self._intervals.segments):
+            mine = np.flatnonzero(self._segment == k)
+            if not len(mine):
+                continue
+            interval = self._interval[mine]
+            count = np.frombuffer(segment.cut.interval_count, dtype=np.int64)[interval]
+            columns = {label: np.frombuffer(values, dtype=np.int64)[interval]
+                       for label, values in segment.cut.interval_overhead.items()}
+            if segment.relabels.warmup_ns:
+                columns[WARMUP] = np.where(interval == 0, segment.relabels.warmup_ns, 0)
+            for label, ns in columns.items():
+                if bool((ns > 0).any()):
+                    overhead.setdefault(label, np.zeros(n))[mine] = np.where(ns > 0, ns / count / NS, 0.0)
+            marks = self._marks.get(segment.cut.session)
+            if marks is None:
+                continue
+            steps = rows.steps[mine]
+            device[mine] = marks.device_seconds(steps)
+            tagged = np.flatnonzero(np.isin(steps, marks.tag_steps))
+            tags.extend((int(mine[j]), marks.tags(int(steps[j]))) for j in tagged.tolist())
+        tags.sort()
+        device[~np.isfinite(device)] = np.nan
+        return StepColumns(rows.steps, self.seq, self.attempt, shared, rows.starts, rows.ends, self.productive_s,
+                           overhead, device, tags)
+
     def slowest(self, n: int) -> list[StepRow]:
         """The ``n`` rows with the longest step time (earlier rows first on a tie)."""
         import numpy as np
@@ -297,6 +350,33 @@ class _StepMarks:
             values[self.tl.names[self.tl.metric_name[j]]] = self.tl.metric_value[j]
         return values
 
+    @property
+    def tag_steps(self) -> Any:
+        """The steps with tags (sorted, repeated where a step has several)."""
+        return self._tag_steps
+
+    def device_seconds(self, steps: Any) -> Any:
+        """:func:`_device_seconds` of each of ``steps`` (NaN where none), as a column: per step
+        the last value of the first metric of :func:`_device_seconds`'s order it has."""
+        import numpy as np
+
+        out = np.full(len(steps), np.nan)
+        found = np.zeros(len(steps), dtype=bool)
+        codes = np.frombuffer(self.tl.metric_name, dtype=np.int32)[self._metric_order]
+        values = np.frombuffer(self.tl.metric_value, dtype=np.float64)[self._metric_order]
+        for key in _DEVICE_KEYS:
+            if key not in self.tl.names:
+                continue
+            mine = codes == self.tl.names.index(key)
+            at_steps, at_values = self._metric_steps[mine], values[mine]
+            last = np.r_[at_steps[1:] != at_steps[:-1], True] if len(at_steps) else np.zeros(0, dtype=bool)
+            at_steps, at_values = at_steps[last], at_values[last]  # the last value of each step
+            where = np.minimum(np.searchsorted(at_steps, steps), max(len(at_steps) - 1, 0))
+            hit = ~found & (at_steps[where] == steps) if len(at_steps) else np.zeros(len(steps), dtype=bool)
+            out[hit] = at_values[where[hit]]
+            found |= hit
+        return out
+
     def metric_sum(self, step: int, name: str) -> float:
         """The sum of every value of metric ``name`` recorded for ``step``."""
         lo, hi = self._range(self._metric_steps, step)
@@ -342,9 +422,12 @@ class _StepMarks:
         return lo, hi
 
 
+_DEVICE_KEYS = (schema.DEVICE_BUSY_METRIC, "device_time_s")
+
+
 def _device_seconds(values: dict[str, float]) -> float | None:
     """Device-busy time of the step where the framework measured it (CUDA events)."""
-    for key in (schema.DEVICE_BUSY_METRIC, "device_time_s"):
+    for key in _DEVICE_KEYS:
         if key in values:
             return values[key]
     return None

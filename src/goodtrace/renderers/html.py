@@ -131,28 +131,18 @@ def _buckets(analysis: RunAnalysis) -> list[list[Any]]:
 
 
 def _steps(analysis: RunAnalysis) -> dict[str, Any]:
-    """The step chart: the analysis's step table read once, row by row, into columns; a table
+    """The step chart: the analysis's step table as columns (no row made); a table
     of more than :data:`MAX_STEP_BARS` rows is drawn as bars of ``bin`` consecutive rows of one
     attempt each (each bar the mean of its rows, so the stack is the mean step time; the
     slowest row's time beside it), so that the page stays a few MiB however long the run."""
     import numpy as np
 
-    rows = analysis.steps
-    n = len(rows)
-    overhead: dict[str, Any] = {}
-    step, seq, attempt, shared = (np.zeros(n, dtype=np.int64) for _ in range(4))
-    start, end = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    productive, device = np.zeros(n), np.full(n, np.nan)
-    tags: list[tuple[int, list[str]]] = []
-    for i, r in enumerate(rows):
-        step[i], seq[i], attempt[i], shared[i] = r.step, r.seq, r.attempt, r.shared
-        start[i], end[i], productive[i] = r.start_ns, r.end_ns, r.productive_s
-        if r.device_s is not None and math.isfinite(r.device_s):
-            device[i] = r.device_s
-        for category, seconds in r.overhead_s.items():
-            overhead.setdefault(category, np.zeros(n))[i] = seconds
-        if r.tags:
-            tags.append((i, list(r.tags)))
+    columns = analysis.steps.columns()
+    n = len(columns.step)
+    step, seq, attempt, shared = columns.step, columns.seq, columns.attempt, columns.shared
+    start, end, productive, device = columns.start_ns, columns.end_ns, columns.productive_s, columns.device_s
+    overhead = columns.overhead_s
+    tags = [(i, list(names)) for i, names in columns.tags]
     wanted = {(a.attempt, a.seq) for a in analysis.anomalies}  # the rows of the anomalies alone
     index = {key: i for i, key in enumerate(zip(attempt.tolist(), seq.tolist(), strict=True)) if key in wanted}
     anomalies = [(index[(a.attempt, a.seq)], list(a.overlapped), _finite(a.threshold_s))
