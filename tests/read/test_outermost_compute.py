@@ -8,7 +8,9 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
+from goodtrace.read import model_fetch
 from goodtrace.read.model_fetch import outermost_compute
 
 
@@ -53,7 +55,10 @@ def _session(rng: random.Random) -> tuple[list[tuple[int, int, int | None]], lis
     return spans, executions
 
 
-def test_outermost_compute_follows_the_rule() -> None:
+def test_outermost_compute_follows_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    for seed in range(300):
+        _check(seed)
+    monkeypatch.setattr(model_fetch, "COMPUTE_CHUNK", 3)  # the latest end carried across chunks
     for seed in range(300):
         _check(seed)
 
@@ -62,10 +67,13 @@ def _check(seed: int) -> None:
     rng = random.Random(seed)
     spans, executions = _session(rng)
     rng.shuffle(spans)  # as files hold them: in the order they ended, across files
+    given = list(executions)
+    if seed % 2:
+        rng.shuffle(given)  # not in seq order
     t0 = np.array([s[0] for s in spans], dtype=np.int64)
     t1 = np.array([s[1] for s in spans], dtype=np.int64)
     step = np.ma.masked_array([s[2] or 0 for s in spans], mask=[s[2] is None for s in spans], dtype=np.int64)
-    seqs, ns = outermost_compute(t0, t1, step, *(np.array(column, dtype=np.int64) for column in zip(*executions, strict=True)))
+    seqs, ns = outermost_compute(t0, t1, step, *(np.array(column, dtype=np.int64) for column in zip(*given, strict=True)))
     assert list(seqs) == sorted(seqs), seed
     assert dict(zip(seqs.tolist(), ns.tolist(), strict=True)) == _reference(spans, executions), seed
 

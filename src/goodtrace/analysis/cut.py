@@ -188,9 +188,6 @@ class SessionCut:
         """Each execution's run of its step in the session: 0 the first, 1 the second, ..."""
         return _occurrence(_np(self.exec_step))
 
-    def overhead_of(self, w: int) -> dict[str, int]:
-        return {c: v[w] for c, v in self.interval_overhead.items() if v[w]}
-
     def _carve(self, a: int, b: int, default: str, *, skip_data: bool = False) -> list[Piece]:
         out: list[Piece] = []
         if b <= a:

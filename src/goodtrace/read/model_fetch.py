@@ -234,6 +234,9 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
     return out
 
 
+COMPUTE_CHUNK = 262_144  # compute spans handled at a time (bounds the temporaries, not the result)
+
+
 def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex_t0: Any) -> tuple[Any, Any]:
     """A session's outermost main-thread compute time per execution, from its compute spans
     (``t0``, ``t1``, ``step``: NULL, masked, where a span names no step) and its executions
@@ -243,7 +246,8 @@ def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex
     nothing, a partial overlap adds its uncovered tail; each part belongs to the execution of
     its step (the span's ambient step) entered last at or before the part began (without a
     step: to the execution entered last), the later-numbered one where two entered at the same
-    time; a part of a step that never entered belongs to none."""
+    time; a part of a step that never entered belongs to none. The spans are taken
+    :data:`COMPUTE_CHUNK` at a time, in start order, the latest end so far carried across."""
     import numpy as np
 
     no_seq = np.zeros(0, dtype=np.int64)
@@ -255,55 +259,65 @@ def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex
     step = np.asarray(np.ma.filled(step, 0) if isinstance(step, np.ma.MaskedArray) else step, dtype=np.int64)
     ex_seq, ex_step, ex_t0 = (np.frombuffer(values, dtype=np.int64) if isinstance(values, array)
                               else np.asarray(values, dtype=np.int64) for values in (ex_seq, ex_step, ex_t0))
-    later = t0[1:] > t0[:-1]
-    if not bool((later | ((t0[1:] == t0[:-1]) & (t1[1:] <= t1[:-1]))).all()):  # the fetch sorts them
+    in_order = bool((t0[1:] > t0[:-1]).all()) or bool(
+        ((t0[1:] > t0[:-1]) | ((t0[1:] == t0[:-1]) & (t1[1:] <= t1[:-1]))).all())
+    if not in_order:  # the fetch sorts them: a copy only for other callers
         order = np.lexsort((-t1, t0))
         t0, t1, step, nostep = t0[order], t1[order], step[order], nostep[order]
         del order
-    del later
-    reach = np.empty_like(t1)  # the latest end of the spans before each
-    reach[0] = np.iinfo(np.int64).min
-    np.maximum.accumulate(t1[:-1], out=reach[1:])
-    keep = t1 > reach
-    a, z = np.maximum(t0, reach)[keep], t1[keep]
-    step, nostep = step[keep], nostep[keep]
-    del t0, t1, reach, keep
-    # the execution entered last at or before each part began: the answer for a part without a
-    # step, and for one of the step of that execution
-    in_order = bool((ex_t0[1:] > ex_t0[:-1]).all())  # the usual case: no sort then
-    by_time = np.arange(len(ex_t0)) if in_order else np.lexsort((ex_seq, ex_t0))
-    last = np.searchsorted(ex_t0[by_time], a, side="right") - 1
-    entered = last >= 0
-    last[entered] = by_time[last[entered]]
-    del by_time
-    seq = np.full(len(a), -1, dtype=np.int64)
-    same = entered & (nostep | (ex_step[np.maximum(last, 0)] == step))
-    seq[same] = ex_seq[last[same]]
-    other = np.flatnonzero(entered & ~same)
-    del last, entered, same
-    if len(other):  # parts of another step than the last entered: by (step, time) of that step's executions
-        mine = np.flatnonzero(np.isin(ex_step, step[other]))
-        n = len(mine)
-        kind = np.concatenate((np.zeros(n, dtype=np.int8), np.ones(len(other), dtype=np.int8)))
-        keys_t = np.concatenate((ex_t0[mine], a[other]))
-        keys_step = np.concatenate((ex_step[mine], step[other]))
-        tie = np.concatenate((ex_seq[mine], np.zeros(len(other), dtype=np.int64)))
-        merged = np.lexsort((tie, kind, keys_t, keys_step))  # an execution before a part at equal time
-        del kind, keys_t, tie
-        at = np.where(merged < n, np.arange(len(merged)), -1)
-        np.maximum.accumulate(at, out=at)  # the last execution at or before each position
-        parts = np.flatnonzero(merged >= n)
-        prior = at[parts]
-        found = prior >= 0
-        found[found] = keys_step[merged[prior[found]]] == keys_step[merged[parts[found]]]
-        seq[other[merged[parts[found]] - n]] = ex_seq[mine[merged[prior[found]]]]
-    matched = np.flatnonzero(seq >= 0)
-    if not len(matched):
-        return no_seq, no_seq
-    by_seq = matched[np.argsort(seq[matched], kind="stable")]
-    sorted_seq = seq[by_seq]
-    starts = np.flatnonzero(np.concatenate(([True], sorted_seq[1:] != sorted_seq[:-1])))
-    return sorted_seq[starts], np.add.reduceat((z - a)[by_seq], starts)
+    # executions by entry time (the later-numbered last at equal times): their order as given
+    # when they entered one after another, as they do
+    by_time = None if bool((ex_t0[1:] > ex_t0[:-1]).all()) else np.lexsort((ex_seq, ex_t0))
+    entered_t0 = ex_t0 if by_time is None else ex_t0[by_time]
+    per_execution = np.zeros(len(ex_seq), dtype=np.int64)  # ns, by index into ex_*
+    reach = np.iinfo(np.int64).min  # the latest end of the spans before the chunk
+    for lo in range(0, len(t0), COMPUTE_CHUNK):
+        hi = min(lo + COMPUTE_CHUNK, len(t0))
+        ends = t1[lo:hi]
+        before = np.empty_like(ends)  # the latest end of the spans before each
+        before[0] = reach
+        np.maximum.accumulate(ends[:-1], out=before[1:])
+        np.maximum(before, reach, out=before)
+        reach = max(reach, int(ends.max()))
+        keep = ends > before
+        a = np.maximum(t0[lo:hi], before)[keep]
+        ns = ends[keep] - a
+        part_step, part_nostep = step[lo:hi][keep], nostep[lo:hi][keep]
+        del before, keep
+        # the execution entered last at or before each part began: the answer for a part
+        # without a step, and for one of the step of that execution
+        last = np.searchsorted(entered_t0, a, side="right") - 1
+        entered = last >= 0
+        if by_time is not None:
+            last[entered] = by_time[last[entered]]
+        same = entered & (part_nostep | (ex_step[np.maximum(last, 0)] == part_step))
+        np.add.at(per_execution, last[same], ns[same])
+        other = np.flatnonzero(entered & ~same)
+        del last, entered, same
+        if len(other):  # of another step than the last entered: by (step, time) among that step's executions
+            mine = np.flatnonzero(np.isin(ex_step, part_step[other]))
+            n = len(mine)
+            kind = np.concatenate((np.zeros(n, dtype=np.int8), np.ones(len(other), dtype=np.int8)))
+            keys_t = np.concatenate((ex_t0[mine], a[other]))
+            keys_step = np.concatenate((ex_step[mine], part_step[other]))
+            tie = np.concatenate((ex_seq[mine], np.zeros(len(other), dtype=np.int64)))
+            merged = np.lexsort((tie, kind, keys_t, keys_step))  # an execution before a part at equal time
+            del kind, keys_t, tie
+            at = np.where(merged < n, np.arange(len(merged)), -1)
+            np.maximum.accumulate(at, out=at)  # the last execution at or before each position
+            parts = np.flatnonzero(merged >= n)
+            prior = at[parts]
+            found = prior >= 0
+            found[found] = keys_step[merged[prior[found]]] == keys_step[merged[parts[found]]]
+            np.add.at(per_execution, mine[merged[prior[found]]], ns[other[merged[parts[found]] - n]])
+    having = np.flatnonzero(per_execution)  # every part is longer than 0
+    seqs, totals = ex_seq[having], per_execution[having]
+    if not bool((seqs[1:] > seqs[:-1]).all()):  # executions not given in seq order, or numbered twice
+        order = np.argsort(seqs, kind="stable")
+        seqs, totals = seqs[order], totals[order]
+        starts = np.flatnonzero(np.concatenate(([True], seqs[1:] != seqs[:-1])))
+        seqs, totals = seqs[starts], np.add.reduceat(totals, starts)
+    return seqs, totals
 
 
 def model_events(con: Any) -> dict[int, dict[str, Any]]:
