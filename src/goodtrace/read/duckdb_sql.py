@@ -386,8 +386,8 @@ def finish_model(con: Any) -> None:
     """The run model's tables from the segment tables (every file of every session folded,
     read from the cache or from the compacted copy): views over the row-wise ones, and the
     two parts that need a whole session computed here. (The third, each execution's outermost
-    compute, is computed per session as it is fetched, from ``seg_compute``:
-    :func:`goodtrace.read.model_fetch.outermost_compute`.)"""
+    compute, is computed in numpy per session from ``seg_compute`` and the executions:
+    :func:`goodtrace.read.model_fetch.fill_compute`.)"""
     for table, segment in (("summ", "seg_summ"), ("m_syncs", "seg_syncs"), ("m_spans", "seg_spans"),
                            ("m_device", "seg_device"), ("m_clock", "seg_clock"), ("m_events", "seg_events"),
                            ("m_model", "seg_model")):

@@ -116,14 +116,7 @@ class SessionRecordsSource(MutableMapping[int, SessionRecords]):
         self._block: dict[int, SessionRecords] = {}
         self._fetched = -1  # the last block fetched whole
         self._vocab: tuple[Any, Any, Any] | None = None
-        starts = [0]
-        held = 0
-        for sid in range(count):  # blocks of consecutive sessions, bounded in sessions and rows
-            held += rows[sid] if sid < len(rows) else 0
-            if sid + 1 < count and (sid + 1 - starts[-1] >= SESSION_BATCH or held >= BLOCK_ROWS):
-                starts.append(sid + 1)
-                held = 0
-        self._starts = starts
+        self._starts = session_blocks(count, rows)
 
     def __getitem__(self, sid: int) -> SessionRecords:
         if sid in self._set:
@@ -170,6 +163,47 @@ class SessionRecordsSource(MutableMapping[int, SessionRecords]):
         self._finalizer()
 
 
+def session_blocks(count: int, rows: Sequence[int]) -> list[int]:
+    """The first session of each block of consecutive sessions fetched together: at most
+    :data:`SESSION_BATCH` sessions and about :data:`BLOCK_ROWS` step executions (``rows``:
+    each session's), a longer session alone."""
+    starts = [0]
+    held = 0
+    for sid in range(count):
+        held += rows[sid] if sid < len(rows) else 0
+        if sid + 1 < count and (sid + 1 - starts[-1] >= SESSION_BATCH or held >= BLOCK_ROWS):
+            starts.append(sid + 1)
+            held = 0
+    return starts
+
+
+def fill_compute(con: Any, rows: Sequence[int]) -> None:
+    """Table ``m_compute`` (sid, seq, ns): each session's outermost compute per execution
+    (:func:`outermost_compute`), from its compute spans (``seg_compute``, dropped after) and
+    its executions, a block of sessions at a time (:func:`session_blocks`; ``rows``: each
+    session's executions), before the analysis holds anything."""
+    import numpy as np
+
+    con.execute("CREATE OR REPLACE TABLE m_compute (sid INTEGER, seq BIGINT, ns BIGINT)")
+    starts = session_blocks(len(rows), rows)
+    for k, lo in enumerate(starts):
+        hi = starts[k + 1] - 1 if k + 1 < len(starts) else len(rows) - 1
+        where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
+        executions = dict(_by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"))
+        for sid, c in _by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where} ORDER BY sid, t0, t1 DESC"):
+            e = executions.pop(sid, None)
+            if e is None:
+                continue
+            seq, ns = outermost_compute(c["t0"], c["t1"], c["step"], e["seq"], e["step"], e["t0"])
+            del e
+            if len(seq):
+                con.register("compute_part", {"sid": np.full(len(seq), sid, dtype=np.int32), "seq": seq, "ns": ns})
+                con.execute("INSERT INTO m_compute SELECT sid, seq, ns FROM compute_part")
+                con.unregister("compute_part")
+        del executions
+    con.execute("DROP TABLE seg_compute")
+
+
 def _close_connection(con: Any, cleanup: Callable[[], None]) -> None:
     con.close()
     cleanup()
@@ -207,11 +241,8 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
             r = out[sid]
             r.span_category = cat[c["cat"]].tolist()
             r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
-        for sid, c in _by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where} ORDER BY sid, t0, t1 DESC"):
-            r = out[sid]
-            seq, ns = outermost_compute(c["t0"], c["t1"], c["step"], r.step_seq, r.step_number, r.step_t0)
-            r.compute_seq, r.compute_ns = _ints(seq), _ints(ns)
-            del seq, ns
+        for sid, c in _by_session(con, f"SELECT sid, seq, ns FROM m_compute WHERE {where} ORDER BY sid, seq"):
+            out[sid].compute_seq, out[sid].compute_ns = _ints(c["seq"]), _ints(c["ns"])
         for sid, c in _by_session(
             con, f"SELECT t.sid, t.step, v.code AS name, t.t0 FROM (SELECT sid, step, name, min(t0) AS t0 "
                  f"FROM m_starts WHERE {where} GROUP BY ALL) t JOIN vocab_name v ON t.name IS NOT DISTINCT FROM v.name "
