@@ -453,7 +453,6 @@ def _load_run(
         sessions = [
             session_info(i, draft, summaries.get(i, {})) for i, draft in enumerate(drafts.values())
         ]
-        model_fetch.fill_compute(con, [s.step_count for s in sessions])
         record_count = sum(int(s.get("records") or 0) for s in summaries.values())
         attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
         references = reference_sessions(sessions, attempts)
@@ -464,6 +463,7 @@ def _load_run(
         for sid, timeline in timelines.items():
             timeline.model = models.get(sid, {})
         duckdb_connection.settle(con)
+        model_fetch.fill_compute(con, [s.step_count for s in sessions])  # within the settled memory
         hangs = hang_events_in(con)
         # the analysis fetches each session's columns when it cuts it (a block at a time)
         records = model_fetch.SessionRecordsSource(

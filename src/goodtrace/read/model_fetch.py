@@ -190,17 +190,22 @@ def fill_compute(con: Any, rows: Sequence[int]) -> None:
         hi = starts[k + 1] - 1 if k + 1 < len(starts) else len(rows) - 1
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
         executions = dict(_by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"))
+        sids, seqs, totals = [], [], []
         for sid, c in _by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where} ORDER BY sid, t0, t1 DESC"):
             e = executions.pop(sid, None)
             if e is None:
                 continue
             seq, ns = outermost_compute(c["t0"], c["t1"], c["step"], e["seq"], e["step"], e["t0"])
             del e
-            if len(seq):
-                con.register("compute_part", {"sid": np.full(len(seq), sid, dtype=np.int32), "seq": seq, "ns": ns})
-                con.execute("INSERT INTO m_compute SELECT sid, seq, ns FROM compute_part")
-                con.unregister("compute_part")
+            sids.append(np.full(len(seq), sid, dtype=np.int32))
+            seqs.append(seq)
+            totals.append(ns)
         del executions
+        if sids:  # the block's rows in one insert (a wide run has thousands of short sessions)
+            con.register("compute_part", {"sid": np.concatenate(sids), "seq": np.concatenate(seqs),
+                                          "ns": np.concatenate(totals)})
+            con.execute("INSERT INTO m_compute SELECT sid, seq, ns FROM compute_part")
+            con.unregister("compute_part")
     con.execute("DROP TABLE seg_compute")
 
 
