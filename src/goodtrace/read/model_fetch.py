@@ -295,9 +295,8 @@ def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex
     step = np.asarray(np.ma.filled(step, 0) if isinstance(step, np.ma.MaskedArray) else step, dtype=np.int64)
     ex_seq, ex_step, ex_t0 = (np.frombuffer(values, dtype=np.int64) if isinstance(values, array)
                               else np.asarray(values, dtype=np.int64) for values in (ex_seq, ex_step, ex_t0))
-    in_order = bool((t0[1:] > t0[:-1]).all()) or bool(
-        ((t0[1:] > t0[:-1]) | ((t0[1:] == t0[:-1]) & (t1[1:] <= t1[:-1]))).all())
-    if not in_order:  # the fetch sorts them: a copy only for other callers
+    in_order = bool(((t0[1:] > t0[:-1]) | ((t0[1:] == t0[:-1]) & (t1[1:] <= t1[:-1]))).all())
+    if not in_order:  # fill_compute's fetch sorts them: a copy only for other callers
         order = np.lexsort((-t1, t0))
         t0, t1, step, nostep = t0[order], t1[order], step[order], nostep[order]
         del order
