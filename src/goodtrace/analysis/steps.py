@@ -142,13 +142,18 @@ class StepTable(Sequence[StepRow]):
         self.productive_s = joined(productive, np.float64)
         self.first_of_attempt = (self._interval == 0) & (self._position == 0)
 
+    def _rows_of(self, k: int) -> slice:
+        """The rows of segment ``k``: consecutive, as the table is in segment order."""
+        lo, hi = self._segment.searchsorted((k, k + 1))
+        return slice(int(lo), int(hi))
+
     def _gather(self, column: Callable[[Segment], Any], by_interval: bool) -> Any:
         """A per-row column from each segment's per-interval (or per-execution) column."""
         import numpy as np
 
         out = []
         for k, segment in enumerate(self._intervals.segments):
-            rows = self._segment == k
+            rows = self._rows_of(k)
             values = column(segment)
             if by_interval:
                 out.append(values[self._interval[rows]])
@@ -237,33 +242,33 @@ class StepTable(Sequence[StepRow]):
 
         n = len(self)
         rows = self.intervals()
-        shared = self.shared
         overhead: dict[str, Any] = {}
         device = np.full(n, np.nan)
         tags: list[tuple[int, tuple[str, ...]]] = []
         for k, segment in enumerate(self._intervals.segments):
-            mine = np.flatnonzero(self._segment == k)
-            if not len(mine):
+            mine = self._rows_of(k)
+            if mine.start == mine.stop:
                 continue
             interval = self._interval[mine]
             count = np.frombuffer(segment.cut.interval_count, dtype=np.int64)[interval]
-            columns = {label: np.frombuffer(values, dtype=np.int64)[interval]
-                       for label, values in segment.cut.interval_overhead.items()}
+            per_label: list[tuple[str, Any]] = list(segment.cut.interval_overhead.items())
             if segment.relabels.warmup_ns:
-                columns[WARMUP] = np.where(interval == 0, segment.relabels.warmup_ns, 0)
-            for label, ns in columns.items():
+                per_label.append((WARMUP, None))
+            for label, values in per_label:  # one category's column at a time
+                ns = (np.where(interval == 0, segment.relabels.warmup_ns, 0) if values is None
+                      else np.frombuffer(values, dtype=np.int64)[interval])
                 if bool((ns > 0).any()):
                     overhead.setdefault(label, np.zeros(n))[mine] = np.where(ns > 0, ns / count / NS, 0.0)
+                del ns
             marks = self._marks.get(segment.cut.session)
             if marks is None:
                 continue
             steps = rows.steps[mine]
             device[mine] = marks.device_seconds(steps)
             tagged = np.flatnonzero(np.isin(steps, marks.tag_steps))
-            tags.extend((int(mine[j]), marks.tags(int(steps[j]))) for j in tagged.tolist())
-        tags.sort()
+            tags.extend((mine.start + j, marks.tags(int(steps[j]))) for j in tagged.tolist())  # in row order
         device[~np.isfinite(device)] = np.nan
-        return StepColumns(rows.steps, self.seq, self.attempt, shared, rows.starts, rows.ends, self.productive_s,
+        return StepColumns(rows.steps, self.seq, self.attempt, self.shared, rows.starts, rows.ends, self.productive_s,
                            overhead, device, tags)
 
     def slowest(self, n: int) -> list[StepRow]:
