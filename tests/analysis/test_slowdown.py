@@ -9,8 +9,9 @@ from array import array
 import pytest
 
 from goodtrace.analysis.cut import SessionCut
-from goodtrace.analysis.slowdown import find_slowdowns
+from goodtrace.analysis.slowdown import Series, SeriesStore, Slowdown, find_slowdowns, slowdowns_of
 from goodtrace.read.loaded import SessionInfo
+from goodtrace.record.live.change_point import change_at, its_own, own_slowdown
 
 MS = 1_000_000
 
@@ -65,3 +66,71 @@ def test_a_job_wide_slowdown_names_nobody() -> None:
 ])
 def test_spikes_bursts_short_tails_noise_and_small_shifts_are_not_slowdowns(series: list[float]) -> None:
     assert _find(series) == []
+
+
+def _one_pass(sessions: list[SessionInfo], series: dict[int, Series], attempt_of: dict[int, int]) -> list[Slowdown]:
+    """The rule read literally: every slowed session compared with every other session's
+    change at its onset, all series held at once."""
+    out = []
+    for info in sessions:
+        measure, steps, x = series[info.index]
+        own = own_slowdown(steps, x)
+        if own is None:
+            continue
+        attempt = attempt_of[info.index]
+        others = [c for j, (m, s, y) in series.items() if j != info.index and attempt_of[j] == attempt and m == measure
+                  and (c := change_at(s, y, own.onset_step)) is not None]
+        increase = own.after / own.before - 1
+        named, median = its_own(increase, others)
+        if named:
+            out.append(Slowdown(info.rank, info.host, attempt, measure, own.onset_step, own.before, own.after,
+                                increase, median))
+    return sorted(out, key=lambda s: (s.attempt, s.onset_step, s.rank))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_series_kept_in_a_file_give_the_slowdowns_of_the_rule_read_literally(seed: int) -> None:
+    """Ranks of two attempts and both measures, some slowed at the same onset, some at their
+    own, one at a job-wide onset; steps as ranges and as arrays: the store (each series in a
+    temporary file, read back twice) names the same slowdowns, to the bit, as the rule
+    applied with every series in memory."""
+    import numpy as np
+
+    rng = random.Random(seed)
+    sessions, series, attempt_of = [], {}, {}
+    store = SeriesStore()
+    for i in range(14):
+        n = rng.randrange(30, 90)
+        onset = rng.choice([15, 15, 20, rng.randrange(11, n - 11)])
+        slowed = rng.random() < 0.5
+        x = np.array(_noisy(onset, 40.0, seed * 100 + i) + _noisy(n - onset, 52.0 if slowed else 40.0, seed * 100 + i + 50))
+        steps: range | object = range(3, 3 + n) if rng.random() < 0.5 else np.cumsum(np.array([rng.choice([1, 1, 2]) for _ in range(n)]))
+        one = ("compute" if rng.random() < 0.7 else "step", steps, x)
+        sessions.append(_session(i, i))
+        series[i] = one
+        attempt_of[i] = i % 2
+        store.add(i, one)
+    try:
+        found = slowdowns_of(sessions, store, attempt_of)
+        assert found == _one_pass(sessions, series, attempt_of)
+        assert found  # the runs drawn do have slowdowns to compare
+        for i, (measure, steps, x) in series.items():
+            back = store[i]
+            assert back[0] == measure and list(back[1]) == list(steps) and back[2].tobytes() == x.tobytes()
+    finally:
+        store.close()
+
+
+def test_a_series_that_cannot_be_written_stays_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    store = SeriesStore()
+
+    def full(self: SeriesStore, values: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SeriesStore, "_write", full)
+    x = np.array(_noisy(15, 40.0, 1) + _noisy(25, 52.0, 2))
+    store.add(0, ("compute", range(40), x))
+    assert store[0][2] is x and len(store) == 1
+    assert [s.onset_step for s in slowdowns_of([_session(0, 0)], store, {0: 0})] == [15]

@@ -351,6 +351,7 @@ def analyze(
     hangs = find_hangs(job_sessions, run.hang_events, attempt_of, clocks, job_start)
     warnings.extend(f"hang: {line}" for line in describe_hangs(hangs))
     slowdowns = slowdowns_of(job_sessions, reduced.series, attempt_of)
+    reduced.series.close()
     rewinds = rewind_rows(timeline.cuts, timeline.relabels, attempt_of, run.sessions, job_start)
     if rewinds:
         warnings.append(rewind_warning(rewinds))

@@ -23,7 +23,7 @@ from goodtrace.analysis.partition import (
 )
 from goodtrace.analysis.ranks import RankSample, sample_rank
 from goodtrace.analysis.session_cuts import SessionCuts
-from goodtrace.analysis.slowdown import Series, slowdown_series
+from goodtrace.analysis.slowdown import SeriesStore, slowdown_series
 from goodtrace.read.loaded import LoadedRun, SessionRecords
 
 __all__ = ["Reduced", "cut_and_reduce", "rank_timeline"]
@@ -44,7 +44,7 @@ class Reduced:
     name_codes: dict[str, int]
     goodput_by_rank: dict[int, float]
     relabels: dict[int, Relabels]
-    series: dict[int, Series]  # per session, what the slowdown rule compares
+    series: SeriesStore  # per session, what the slowdown rule compares (in a temporary file)
     ignored_syncs: int
 
 
@@ -71,7 +71,7 @@ def cut_and_reduce(
     for index in (i for a in attempts for i in a.sessions):
         sessions_of.setdefault(run.sessions[index].rank, []).append(index)
     left = {rank: len(members) for rank, members in sessions_of.items()}  # sessions not cut yet
-    reduced = Reduced({}, [], {}, {}, {}, {}, 0)
+    reduced = Reduced({}, [], {}, {}, {}, SeriesStore(), 0)
     job_order = [index for a in attempts for index in a.sessions]
     if not keep_cuts:
         views = SessionCuts([i for i in job_order if i in reference])
@@ -93,7 +93,7 @@ def cut_and_reduce(
                                        starts_t0=records.starts_t0)
         found = slowdown_series(cut)
         if found is not None:
-            reduced.series[index] = found
+            reduced.series.add(index, found)
         if release and index in run.session_records:
             run.session_records[index] = SessionRecords(  # device metrics by step: read by the cut alone
                 clock=records.clock, starts_step=records.starts_step, starts_name=records.starts_name,

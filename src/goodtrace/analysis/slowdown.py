@@ -13,20 +13,22 @@ Pure functions over the run model's cuts.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, Any
 
 from goodtrace.analysis.cut import SessionCut
 from goodtrace.read.loaded import SessionInfo
 from goodtrace.record.live.change_point import (
     MIN_SIDE,
+    OwnSlowdown,
     change_at,
     its_own,
     own_slowdown,
     slower_since,
 )
 
-__all__ = ["Series", "Slowdown", "find_slowdowns", "slowdown_of", "slowdown_series", "slowdowns_of"]
+__all__ = ["Series", "SeriesStore", "Slowdown", "find_slowdowns", "slowdown_of", "slowdown_series", "slowdowns_of"]
 
 Series = tuple[str, Any, Any]  # (measure, steps, seconds per execution): numpy arrays (steps: or a range)
 
@@ -94,6 +96,70 @@ def slowdown_series(cut: SessionCut) -> Series | None:
     return found
 
 
+class SeriesStore(Mapping[int, Series]):
+    """Each session's slowdown series (:func:`slowdown_series`), kept in a temporary file as they
+    are added, not in memory: 8 bytes a steady-state execution of every session would grow with
+    steps x ranks (48 GB for a week of 10,000 ranks). A series is read back when asked for, one
+    at a time (:func:`slowdowns_of` reads each twice at most). Where the file cannot be written
+    (a full disk), a series stays in memory: the numbers are the same."""
+
+    def __init__(self) -> None:
+        self._file: IO[bytes] | None = None
+        self._end = 0
+        # per session: measure, steps (a range, or (offset, count) of int64 in the file), and
+        # the offset and count of its float64 seconds
+        self._where: dict[int, tuple[str, range | tuple[int, int], int, int]] = {}
+        self._held: dict[int, Series] = {}  # the series that could not be written
+
+    def add(self, index: int, series: Series) -> None:
+        import numpy as np
+
+        measure, steps, seconds = series
+        try:
+            steps_at: range | tuple[int, int] = steps if isinstance(steps, range) else \
+                (self._write(np.asarray(steps, dtype=np.int64)), len(steps))
+            self._where[index] = (measure, steps_at, self._write(np.asarray(seconds, dtype=np.float64)), len(seconds))
+        except OSError:
+            self._held[index] = series
+
+    def _write(self, values: Any) -> int:
+        if self._file is None:
+            self._file = tempfile.TemporaryFile(prefix="goodtrace-series-")  # noqa: SIM115 (closed by close())
+        at = self._end
+        self._file.seek(at)
+        self._file.write(values.tobytes())
+        self._end = at + values.nbytes
+        return at
+
+    def _read(self, at: int, count: int, dtype: Any) -> Any:
+        import numpy as np
+
+        assert self._file is not None
+        self._file.seek(at)
+        return np.frombuffer(self._file.read(count * np.dtype(dtype).itemsize), dtype=dtype)
+
+    def __getitem__(self, index: int) -> Series:
+        import numpy as np
+
+        if index in self._held:
+            return self._held[index]
+        measure, steps_at, at, count = self._where[index]
+        steps = steps_at if isinstance(steps_at, range) else self._read(steps_at[0], steps_at[1], np.int64)
+        return measure, steps, self._read(at, count, np.float64)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._where
+        yield from self._held
+
+    def __len__(self) -> int:
+        return len(self._where) + len(self._held)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 def find_slowdowns(
     sessions: Sequence[SessionInfo], cuts: Mapping[int, SessionCut], attempt_of: Mapping[int, int],
 ) -> list[Slowdown]:
@@ -106,26 +172,40 @@ def find_slowdowns(
 def slowdowns_of(
     sessions: Sequence[SessionInfo], series: Mapping[int, Series], attempt_of: Mapping[int, int],
 ) -> list[Slowdown]:
-    """:func:`find_slowdowns` over the sessions' series (:func:`slowdown_series`), their cuts
-    released (numpy arrays, compared as arrays: :mod:`goodtrace.record.live.change_point`)."""
-    ordered = [(info.index, series[info.index]) for info in sessions if info.index in series]
-    slowdowns = []
-    for info in sessions:
-        if info.index not in series:
-            continue
+    """:func:`find_slowdowns` over the sessions' series (:func:`slowdown_series`; a
+    :class:`SeriesStore` reads them back one at a time), their cuts released, in two passes
+    over the series: each session's own slowdown, then every session's change at each onset
+    found in its attempt (each distinct onset once), which a slowed rank's change is compared
+    with (numpy arrays, compared as arrays: :mod:`goodtrace.record.live.change_point`)."""
+    ordered = [info for info in sessions if info.index in series]
+    own: list[tuple[SessionInfo, str, OwnSlowdown]] = []
+    for info in ordered:
         measure, steps, x = series[info.index]
-        own = own_slowdown(steps, x)
-        if own is None:
-            continue
-        onset = own.onset_step
+        found = own_slowdown(steps, x)
+        del steps, x
+        if found is not None:
+            own.append((info, measure, found))
+    onsets: dict[tuple[int, str], set[int]] = {}
+    for info, measure, found in own:
+        onsets.setdefault((attempt_of.get(info.index, 0), measure), set()).add(found.onset_step)
+    changes: dict[tuple[int, str, int], dict[int, float]] = {}
+    for info in ordered if onsets else ():
         attempt = attempt_of.get(info.index, 0)
-        others = [c for i, (m, s, y) in ordered
-                  if i != info.index and attempt_of.get(i, 0) == attempt and m == measure
-                  and (c := change_at(s, y, onset)) is not None]
-        increase = own.after / own.before - 1
+        measure, steps, x = series[info.index]
+        for onset in sorted(onsets.get((attempt, measure), ())):
+            change = change_at(steps, x, onset)
+            if change is not None:
+                changes.setdefault((attempt, measure, onset), {})[info.index] = change
+        del steps, x
+    slowdowns = []
+    for info, measure, found in own:
+        attempt = attempt_of.get(info.index, 0)
+        at_onset = changes.get((attempt, measure, found.onset_step), {})
+        others = [c for i, c in at_onset.items() if i != info.index]  # the job's order of sessions
+        increase = found.after / found.before - 1
         named, others_increase = its_own(increase, others)
         if not named:
             continue
-        slowdowns.append(Slowdown(info.rank, info.host, attempt, measure, onset, own.before, own.after, increase,
-                                  others_increase))
+        slowdowns.append(Slowdown(info.rank, info.host, attempt, measure, found.onset_step, found.before, found.after,
+                                  increase, others_increase))
     return sorted(slowdowns, key=lambda s: (s.attempt, s.onset_step, s.rank))
