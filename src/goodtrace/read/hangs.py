@@ -24,7 +24,7 @@ def hang_events_in(con: Any) -> dict[int, list[tuple[str, int, int | None]]]:
     """(name, t, step) of the hang events of each session that has one, from the run model's
     event table (a DuckDB connection of :mod:`goodtrace.read.load`)."""
     names = ", ".join(f"'{name}'" for name in HANG_EVENTS)
-    rows = con.execute(f"SELECT sid, name, t, step FROM m_events WHERE name IN ({names}) ORDER BY sid, t").fetchall()
+    rows = con.execute(f"SELECT sid, name, t, step FROM m_events WHERE name IN ({names}) ORDER BY sid, t, name, step").fetchall()
     found: dict[int, list[tuple[str, int, int | None]]] = {}
     for sid, name, t, step in rows:
         found.setdefault(int(sid), []).append((str(name), int(t), None if step is None else int(step)))

@@ -81,11 +81,12 @@ SESSION_BATCH = 1024  # sessions whose model rows are fetched together (bounds t
 
 def _vocab(con: Any, table: str, column: str, into: str | None = None) -> Any:
     """The distinct strings of a low-cardinality ``column`` (categories, how a sync was taken,
-    span names) as one shared Python object each, numbered in table ``vocab_<column>``: queries
-    join it and hand out codes, millions of integers instead of millions of strings."""
+    span names) as one shared Python object each, numbered in table ``vocab_<column>`` in their
+    sorted order: queries join it and hand out codes, millions of integers instead of millions
+    of strings, and order by a code where they would order by the string."""
     import numpy as np
 
-    values = [row[0] for row in con.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall()]
+    values = [row[0] for row in con.execute(f"SELECT DISTINCT {column} FROM {table} ORDER BY 1 NULLS FIRST").fetchall()]
     vocab = np.empty(len(values), dtype=object)
     vocab[:] = [_interned(v) for v in values]
     into = into or f"vocab_{column}"
@@ -260,11 +261,11 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
         ).fetchall():
             out[sid].device.setdefault(str(name_), {})[int(step)] = float(value)
         for sid, t, offset, rtt in con.execute(
-            f"SELECT sid, t, offset_ns, rtt_ns FROM m_clock WHERE {where} ORDER BY sid, t"
+            f"SELECT sid, t, offset_ns, rtt_ns FROM m_clock WHERE {where} ORDER BY sid, t, offset_ns, rtt_ns"
         ).fetchall():
             out[sid].clock.append((int(t), int(offset), int(rtt)))
         for sid, name_, t, step in con.execute(
-            f"SELECT sid, name, t, step FROM m_events WHERE {where} ORDER BY sid, t"
+            f"SELECT sid, name, t, step FROM m_events WHERE {where} ORDER BY sid, t, name, step"
         ).fetchall():
             out[sid].events.append((str(name_), int(t), None if step is None else int(step)))
     return out
@@ -432,10 +433,10 @@ def load_timelines(con: Any, sids: Iterable[int]) -> dict[int, SessionTimeline]:
     import numpy as np
 
     by_sid: dict[int, list[Any]] = {}
-    for row in con.execute("SELECT sid, name, t, step, attrs FROM det_events ORDER BY sid, t").fetchall():
+    for row in con.execute("SELECT sid, name, t, step, attrs FROM det_events ORDER BY sid, t, name, step, attrs").fetchall():
         by_sid.setdefault(row[0], []).append(row[1:])
     flops: dict[int, list[float]] = {}
-    for sid, value in con.execute("SELECT sid, value FROM det_flops ORDER BY sid, t").fetchall():
+    for sid, value in con.execute("SELECT sid, value FROM det_flops ORDER BY sid, t, value").fetchall():
         flops.setdefault(int(sid), []).append(float(value))
     names = _vocab(con, "(SELECT name FROM det_tags UNION ALL SELECT name FROM det_metrics "
                         "UNION ALL SELECT name FROM det_spans)", "name", into="vocab_detail")
@@ -446,20 +447,19 @@ def load_timelines(con: Any, sids: Iterable[int]) -> dict[int, SessionTimeline]:
 
     for sid, c in _by_session(
         con, "SELECT d.sid, d.step, v.code AS name FROM det_tags d JOIN vocab_detail v ON d.name = v.name "
-             "ORDER BY d.sid, d.t"
+             "ORDER BY d.sid, d.t, v.code"
     ):
         timelines[sid].tag_step, timelines[sid].tag_name = _ints(c["step"]), codes(c["name"])
     for sid, c in _by_session(
         con, "SELECT d.sid, d.step, v.code AS name, d.value FROM det_metrics d JOIN vocab_detail v "
-             "ON d.name = v.name ORDER BY d.sid, d.t"
+             "ON d.name = v.name ORDER BY d.sid, d.t, v.code, d.value"
     ):
         tl = timelines[sid]
         tl.metric_step, tl.metric_name = _ints(c["step"]), codes(c["name"])
         tl.metric_value = array("d", np.asarray(c["value"], dtype=np.float64).tobytes())
     for sid, c in _by_session(
-        con, "SELECT s.sid, s.step, v.code AS name, s.ns, s.first FROM (SELECT sid, step, name, "
-             "sum(ns)::BIGINT AS ns, min(first) AS first FROM det_spans GROUP BY ALL) s "
-             "JOIN vocab_detail v ON s.name = v.name ORDER BY s.sid, s.step, s.first"
+        con, "SELECT d.sid, d.step, v.code AS name, sum(d.ns)::BIGINT AS ns, min(d.first) AS first FROM det_spans d "
+             "JOIN vocab_detail v ON d.name = v.name GROUP BY d.sid, d.step, v.code ORDER BY d.sid, d.step, first, v.code"
     ):
         tl = timelines[sid]
         tl.span_step, tl.span_ns = _ints(c["step"]), _ints(c["ns"])
