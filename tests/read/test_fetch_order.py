@@ -9,7 +9,8 @@ import random
 
 import duckdb
 
-from goodtrace.read import model_fetch
+from goodtrace import schema
+from goodtrace.read import duckdb_sql, model_fetch
 
 _DETAIL = {
     "det_tags": [(0, 0, 1, "b", 100), (0, 0, 1, "a", 100), (0, 1, 2, "c", 200), (0, 1, 2, "a", 200)],
@@ -44,3 +45,39 @@ def test_the_reference_detail_is_fetched_in_one_order_whatever_the_rows_order() 
     assert first[1:4] == (["fwd", "z", "bwd", "bwd", "fwd"], [1, 1, 1, 2, 2], [20, 15, 30, 7, 8])
     for seed in range(1, 12):
         assert _timeline(random.Random(seed)) == first
+
+
+def _records(order: random.Random) -> tuple[object, ...]:
+    con = duckdb.connect()
+    duckdb_sql.create_segment_tables(con)
+    rows = {
+        "seg_summ": [(0, 0, 900, 0, 1, 2, 3, 3, 0, None, None, None, None, 0, 20, None)],
+        "seg_steps": [(0, 0, 0, 1, 100, 200), (0, 0, 1, 2, 200, 300), (0, 0, 2, 2, 300, 400)],  # step 2 re-done
+        "seg_syncs": [(0, 0, -1, 1, 250, "lag", None), (0, 0, -1, 2, 250, "poll", None), (0, 0, -1, 2, 350, "lag", None)],
+        "seg_spans": [(0, 0, "checkpoint_save", 120, 180, 1), (0, 0, "eval", 120, 180, 1), (0, 0, "data", 120, 180, 2)],
+        "seg_device": [(0, 0, schema.DEVICE_METRICS[0], 2, 0.5, 310), (0, 0, schema.DEVICE_METRICS[0], 2, 0.25, 390),
+                       (0, 0, schema.DEVICE_METRICS[0], 1, 0.125, 210)],
+        "seg_clock": [(0, 0, 500, 7, 3), (0, 0, 500, 5, 3)],
+        "seg_events": [(0, 0, "save", 150, 1), (0, 0, "eval", 150, 1)],
+    }
+    for table, values in rows.items():
+        shuffled = list(values)
+        order.shuffle(shuffled)
+        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(shuffled[0]))})", shuffled)
+    duckdb_sql.finish_model(con)
+    model_fetch.fill_compute(con, [3])
+    r = model_fetch.session_records(con, [0])[0]
+    return (list(r.step_seq), list(r.step_number), list(r.sync_t), list(r.sync_step), r.sync_how,
+            r.span_category, list(r.span_step), r.device, r.clock, r.events)
+
+
+def test_the_run_model_is_fetched_in_one_order_whatever_the_rows_order() -> None:
+    """Executions of older files (no seq) numbered by entry, sync points and spans that tie on
+    time, a device metric measured twice for a re-done step, clock samples and events at one
+    instant: the same columns whatever order the rows were inserted in; the device value is the
+    one recorded last."""
+    first = _records(random.Random(0))
+    assert first[0:2] == ([0, 1, 2], [1, 2, 2])
+    assert first[7] == {schema.DEVICE_METRICS[0]: {1: 0.125, 2: 0.25}}
+    for seed in range(1, 12):
+        assert _records(random.Random(seed)) == first

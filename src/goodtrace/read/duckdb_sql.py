@@ -230,7 +230,7 @@ _SEGMENT_TABLES = (
     "CREATE TABLE seg_syncs (sid INTEGER, fid INTEGER, seq BIGINT, step BIGINT, t BIGINT, how VARCHAR, after BIGINT)",
     "CREATE TABLE seg_spans (sid INTEGER, fid INTEGER, cat VARCHAR, t0 BIGINT, t1 BIGINT, step BIGINT)",
     "CREATE TABLE seg_compute (sid INTEGER, fid INTEGER, t0 BIGINT, t1 BIGINT, step BIGINT)",
-    "CREATE TABLE seg_device (sid INTEGER, fid INTEGER, name VARCHAR, step BIGINT, value DOUBLE)",
+    "CREATE TABLE seg_device (sid INTEGER, fid INTEGER, name VARCHAR, step BIGINT, value DOUBLE, t BIGINT)",
     "CREATE TABLE seg_clock (sid INTEGER, fid INTEGER, t BIGINT, offset_ns BIGINT, rtt_ns BIGINT)",
     "CREATE TABLE seg_starts (sid INTEGER, fid INTEGER, step BIGINT, name VARCHAR, t0 BIGINT)",
     "CREATE TABLE seg_events (sid INTEGER, fid INTEGER, name VARCHAR, t BIGINT, step BIGINT)",
@@ -327,7 +327,7 @@ def extract_segments(con: Any, source: str) -> None:
     )
     con.execute(
         f"""
-        INSERT INTO seg_device SELECT sid, fid, name, step, value FROM {source}
+        INSERT INTO seg_device SELECT sid, fid, name, step, value, t FROM {source}
         WHERE kind = '{k.METRIC}' AND name IN ({_DEVICE_METRICS}) AND step IS NOT NULL AND value IS NOT NULL
         """
     )
@@ -398,7 +398,7 @@ def finish_model(con: Any) -> None:
     else:
         con.execute(
             "CREATE OR REPLACE TABLE m_steps AS SELECT sid, "
-            "coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0) - 1) AS seq, step, t0, t1 FROM seg_steps"
+            "coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0, t1, step) - 1) AS seq, step, t0, t1 FROM seg_steps"
         )
         con.execute("DROP TABLE seg_steps")
     # Span starts of about SAMPLE_STEPS steps of each session's step range

@@ -190,9 +190,9 @@ def fill_compute(con: Any, rows: Sequence[int]) -> None:
     for k, lo in enumerate(starts):
         hi = starts[k + 1] - 1 if k + 1 < len(starts) else len(rows) - 1
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
-        executions = dict(_by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"))
+        executions = dict(_by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where} ORDER BY sid, seq, t0, step"))
         sids, seqs, totals = [], [], []
-        for sid, c in _by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where} ORDER BY sid, t0, t1 DESC"):
+        for sid, c in _by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where} ORDER BY sid, t0, t1 DESC, step"):
             e = executions.pop(sid, None)
             if e is None:
                 continue
@@ -230,19 +230,19 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
     how, cat, name = vocab
     for lo, hi in _sid_ranges(sorted(out), SESSION_BATCH):
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
-        for sid, c in _by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"):
+        for sid, c in _by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where} ORDER BY sid, seq, t0, step, t1"):
             r = out[sid]
             r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(c["seq"]), _ints(c["step"]), _ints(c["t0"]), _ints(c["t1"])
         for sid, c in _by_session(
             con, f"SELECT t.sid, t.seq, t.step, t.t, t.after, v.code AS how FROM m_syncs t JOIN vocab_how v "
-                 f"ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where} ORDER BY t.sid, t.t, t.seq"
+                 f"ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where} ORDER BY t.sid, t.t, t.seq, t.step, v.code, t.after"
         ):
             r = out[sid]
             r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"]), _ints(c["after"])
             r.sync_how = how[c["how"]].tolist()
         for sid, c in _by_session(
             con, f"SELECT t.sid, v.code AS cat, t.t0, t.t1, t.step FROM m_spans t JOIN vocab_cat v "
-                 f"ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where} ORDER BY t.sid, t.t0, t.t1 DESC"
+                 f"ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where} ORDER BY t.sid, t.t0, t.t1 DESC, v.code, t.step"
         ):
             r = out[sid]
             r.span_category = cat[c["cat"]].tolist()
@@ -257,7 +257,9 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
             r = out[sid]
             r.starts_step, r.starts_name, r.starts_t0 = _ints(c["step"]), name[c["name"]].tolist(), _ints(c["t0"])
         for sid, name_, step, value in con.execute(
-            f"SELECT sid, name, step, last(value) FROM m_device WHERE {where} GROUP BY ALL"
+            # a step measured twice (re-done in a rollback): the value recorded last
+            f"SELECT sid, name, step, arg_max(value, (coalesce(t, 0), value)) FROM m_device WHERE {where} "
+            "GROUP BY sid, name, step"
         ).fetchall():
             out[sid].device.setdefault(str(name_), {})[int(step)] = float(value)
         for sid, t, offset, rtt in con.execute(
@@ -360,7 +362,7 @@ def model_events(con: Any) -> dict[int, dict[str, Any]]:
     """Per session, the attributes of the last ``model`` event the framework integration
     recorded (the one fetch of it: ``SessionTimeline.model``)."""
     return {int(sid): _json_object(attrs) for sid, attrs in con.execute(
-        "SELECT sid, arg_max(attrs, t) FROM m_model WHERE name = 'model' GROUP BY sid"
+        "SELECT sid, arg_max(attrs, (t, coalesce(attrs, ''))) FROM m_model WHERE name = 'model' GROUP BY sid"
     ).fetchall()}
 
 
