@@ -141,6 +141,7 @@ class StepTable(Sequence[StepRow]):
         self.step_time_s = joined(step_time, np.float64)
         self.productive_s = joined(productive, np.float64)
         self.first_of_attempt = (self._interval == 0) & (self._position == 0)
+        self._device: Any = None  # device_s(), made when first read
 
     def _rows_of(self, k: int) -> slice:
         """The rows of segment ``k``: consecutive, as the table is in segment order."""
@@ -201,17 +202,18 @@ class StepTable(Sequence[StepRow]):
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(index)
-        return self._row(self.interval_at(index), int(self._position[index]), float(self.step_time_s[index]))
+        return self._row(self.interval_at(index), int(self._position[index]), float(self.step_time_s[index]),
+                         float(self.device_s()[index]))
 
     def __iter__(self) -> Iterator[StepRow]:
         last: tuple[int, int] | None = None
         interval: StepInterval | None = None
         rows = zip(self._segment.tolist(), self._interval.tolist(), self._position.tolist(), self.step_time_s.tolist(),
-                   strict=True)
-        for k, w, position, step_time_s in rows:
+                   self.device_s().tolist(), strict=True)
+        for k, w, position, step_time_s, device_s in rows:
             if (k, w) != last or interval is None:
                 interval, last = segment_interval(self._intervals.segments[k], w), (k, w)
-            yield self._row(interval, position, step_time_s)
+            yield self._row(interval, position, step_time_s, device_s)
 
     def interval_at(self, index: int) -> StepInterval:
         """The step interval of row ``index``."""
@@ -224,6 +226,7 @@ class StepTable(Sequence[StepRow]):
         out._intervals, out._marks, out._job_start = self._intervals, self._marks, self._job_start
         for name in ("_segment", "_interval", "_position", "step_time_s", "productive_s", "first_of_attempt"):
             setattr(out, name, getattr(self, name)[keep])
+        out._device = None if self._device is None else self._device[keep]
         return out
 
     def intervals(self) -> RowIntervals:
@@ -243,7 +246,6 @@ class StepTable(Sequence[StepRow]):
         n = len(self)
         rows = self.intervals()
         overhead: dict[str, Any] = {}
-        device = np.full(n, np.nan)
         tags: list[tuple[int, tuple[str, ...]]] = []
         for k, segment in enumerate(self._intervals.segments):
             mine = self._rows_of(k)
@@ -264,12 +266,28 @@ class StepTable(Sequence[StepRow]):
             if marks is None:
                 continue
             steps = rows.steps[mine]
-            device[mine] = marks.device_seconds(steps)
             tagged = np.flatnonzero(np.isin(steps, marks.tag_steps))
             tags.extend((mine.start + j, marks.tags(int(steps[j]))) for j in tagged.tolist())  # in row order
-        device[~np.isfinite(device)] = np.nan
         return StepColumns(rows.steps, self.seq, self.attempt, self.shared, rows.starts, rows.ends, self.productive_s,
-                           overhead, device, tags)
+                           overhead, self.device_s(), tags)
+
+    def device_s(self) -> Any:
+        """Each row's device time (s) where the framework measured its step (CUDA events), NaN
+        where not (or not finite): the one derivation of it, which rows and columns read. Made
+        once, when first asked for."""
+        import numpy as np
+
+        if self._device is None:
+            device = np.full(len(self), np.nan)
+            steps = self._gather(lambda s: _np_ints(s.cut.exec_step), by_interval=False)
+            for k, segment in enumerate(self._intervals.segments):
+                mine = self._rows_of(k)
+                marks = self._marks.get(segment.cut.session)
+                if marks is not None and mine.start != mine.stop:
+                    device[mine] = marks.device_seconds(steps[mine])
+            device[~np.isfinite(device)] = np.nan
+            self._device = device
+        return self._device
 
     def slowest(self, n: int) -> list[StepRow]:
         """The ``n`` rows with the longest step time (earlier rows first on a tie)."""
@@ -278,7 +296,7 @@ class StepTable(Sequence[StepRow]):
         order = np.argsort(-self.step_time_s, kind="stable")[:n]
         return [self[int(i)] for i in order]
 
-    def _row(self, w: StepInterval, position: int, step_time_s: float) -> StepRow:
+    def _row(self, w: StepInterval, position: int, step_time_s: float, device_s: float) -> StepRow:
         cut = w.cut
         executions = w.executions
         i = executions[position]
@@ -310,7 +328,7 @@ class StepTable(Sequence[StepRow]):
             decreasing=bool(flags & FLAG_DECREASING),
             tags=marks.tags(step) if marks is not None else (),
             metrics=values,
-            device_s=_device_seconds(values),
+            device_s=None if math.isnan(device_s) else device_s,
             compute_s=cut.exec_compute[i] / NS if cut.exec_compute[i] else None,
         )
 
@@ -361,8 +379,8 @@ class _StepMarks:
         return self._tag_steps
 
     def device_seconds(self, steps: Any) -> Any:
-        """:func:`_device_seconds` of each of ``steps`` (NaN where none), as a column: per step
-        the last value of the first metric of :func:`_device_seconds`'s order it has."""
+        """The device-busy time of each of ``steps`` where the framework measured it (NaN where
+        not): per step the last value of the first metric of :data:`_DEVICE_KEYS` it has."""
         import numpy as np
 
         out = np.full(len(steps), np.nan)
@@ -428,14 +446,6 @@ class _StepMarks:
 
 
 _DEVICE_KEYS = (schema.DEVICE_BUSY_METRIC, "device_time_s")
-
-
-def _device_seconds(values: dict[str, float]) -> float | None:
-    """Device-busy time of the step where the framework measured it (CUDA events)."""
-    for key in _DEVICE_KEYS:
-        if key in values:
-            return values[key]
-    return None
 
 
 @dataclasses.dataclass(frozen=True)
