@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from array import array
 from collections.abc import Sequence
 
 from goodtrace.read.loaded import LoadedRun
@@ -25,27 +26,30 @@ class SessionClock:
 
     ``source`` is ``"reference"`` (the session is the reference), ``"measured"`` (from its
     clock records) or ``"anchor"`` (from the wall/monotonic anchors of both headers).
-    ``samples`` are ``(t, offset_ns, rtt_ns)`` on this session's clock, sorted by ``t``.
+    ``times`` and ``offsets`` are the samples kept (on this session's clock, sorted by time, and
+    their offsets), as compact columns: a week-long session has hundreds of them, every rank's
+    are held.
     """
 
     session_id: str
     reference_session: str
     source: str
-    samples: tuple[tuple[int, int, int], ...]
+    times: array[int]
+    offsets: array[int]
     anchor_offset_ns: int
     reference_wall_minus_mono_ns: int
 
     def offset_at(self, t: int) -> int:
         """Offset (ns) to add to this session's time ``t``; linear between measurements."""
-        samples = self.samples
-        if not samples:
+        times, offsets = self.times, self.offsets
+        if not times:
             return self.anchor_offset_ns
-        index = bisect.bisect_left(samples, (t,))
+        index = bisect.bisect_left(times, t)
         if index <= 0:
-            return samples[0][1]
-        if index >= len(samples):
-            return samples[-1][1]
-        (ta, oa, _), (tb, ob, _) = samples[index - 1], samples[index]
+            return offsets[0]
+        if index >= len(times):
+            return offsets[-1]
+        ta, oa, tb, ob = times[index - 1], offsets[index - 1], times[index], offsets[index]
         if tb == ta:
             return ob
         return oa + (ob - oa) * (t - ta) // (tb - ta)
@@ -66,7 +70,7 @@ class ClockSource:
     key: str
     rank: int
     wall_minus_mono_ns: int
-    samples: tuple[tuple[int, int, int], ...]  # (t, offset_ns, rtt_ns) on its own clock
+    samples: array[int]  # t, offset_ns, rtt_ns of each sample on its own clock, flat
 
 
 def align(attempt: Sequence[ClockSource], *, reference_rank: int = 0, max_rtt_factor: float = 4.0) -> dict[str, SessionClock]:
@@ -87,16 +91,20 @@ def align(attempt: Sequence[ClockSource], *, reference_rank: int = 0, max_rtt_fa
     for source in attempt:
         anchor = source.wall_minus_mono_ns - ref_anchor
         if source is reference:
-            result[source.key] = SessionClock(source.key, reference.key, "reference", (), 0, ref_anchor)
+            result[source.key] = SessionClock(source.key, reference.key, "reference", array("q"), array("q"), 0,
+                                              ref_anchor)
             continue
-        samples = sorted(s for s in source.samples if s[2] >= 0)
+        flat = source.samples
+        samples = sorted(s for s in zip(flat[0::3], flat[1::3], flat[2::3], strict=True) if s[2] >= 0)
         if samples and reference.rank == reference_rank:
             best = min(rtt for _, _, rtt in samples)
             limit = max(best * max_rtt_factor, best + 100_000)
-            kept = tuple(s for s in samples if s[2] <= limit)
-            result[source.key] = SessionClock(source.key, reference.key, "measured", kept, anchor, ref_anchor)
+            kept = [s for s in samples if s[2] <= limit]
+            result[source.key] = SessionClock(source.key, reference.key, "measured", array("q", (t for t, _, _ in kept)),
+                                              array("q", (o for _, o, _ in kept)), anchor, ref_anchor)
         else:
-            result[source.key] = SessionClock(source.key, reference.key, "anchor", (), anchor, ref_anchor)
+            result[source.key] = SessionClock(source.key, reference.key, "anchor", array("q"), array("q"), anchor,
+                                              ref_anchor)
     return result
 
 
@@ -109,7 +117,7 @@ def loaded_clocks(run: LoadedRun, attempts: Sequence[Sequence[int]]) -> dict[int
             info = run.sessions[index]
             records = run.session_records.get(index)
             sources.append(ClockSource(str(index), info.rank, info.wall_anchor - info.mono_anchor,
-                                       tuple(records.clock) if records is not None else ()))
+                                       records.clock if records is not None else array("q")))
         out.update({int(k): v for k, v in align(sources).items()})
     return out
 

@@ -142,7 +142,7 @@ class SessionRecords:
     compute_seq: array[int] = dataclasses.field(default_factory=_ints)  # executions with compute time...
     compute_ns: array[int] = dataclasses.field(default_factory=_ints)  # ... and theirs, ns
     device: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)  # metric -> step -> value
-    clock: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # (t, offset_ns, rtt_ns)
+    clock: array[int] = dataclasses.field(default_factory=_ints)  # t, offset_ns, rtt_ns of each sample, flat
     starts_step: array[int] = dataclasses.field(default_factory=_ints)  # a sample of span starts: step,
     starts_name: list[str] = dataclasses.field(default_factory=list)  # ... span name,
     starts_t0: array[int] = dataclasses.field(default_factory=_ints)  # ... and start time

@@ -265,7 +265,7 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
         for sid, t, offset, rtt in con.execute(
             f"SELECT sid, t, offset_ns, rtt_ns FROM m_clock WHERE {where} ORDER BY sid, t, offset_ns, rtt_ns"
         ).fetchall():
-            out[sid].clock.append((int(t), int(offset), int(rtt)))
+            out[sid].clock.extend((int(t), int(offset), int(rtt)))
         for sid, name_, t, step in con.execute(
             f"SELECT sid, name, t, step FROM m_events WHERE {where} ORDER BY sid, t, name, step"
         ).fetchall():
