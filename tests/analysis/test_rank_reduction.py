@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from goodtrace.analysis import analyze
 from goodtrace.analysis.ranks import rank_figures
 from goodtrace.analysis.slowdown import find_slowdowns
@@ -65,3 +67,26 @@ def test_dropping_other_ranks_cuts_changes_no_number(tmp_path: Path) -> None:
     assert rank_figures(sessions, kept.cuts, loaded.session_records, kept.attempt_of, kept.clocks,
                         goodputs) == list(kept.spread.per_rank)
     assert find_slowdowns(sessions, kept.cuts, kept.attempt_of) == list(kept.slowdowns)
+
+
+def test_the_events_listed_are_the_first_of_all_of_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report lists the first MAX_EVENTS events, earliest first (ties by rank, then in the
+    job's order), and counts them all, holding only those it lists."""
+    import goodtrace.analysis as analysis
+
+    run = tmp_path / "run"
+    for rank in range(3):
+        p = Proc(run, rank=rank, world=3, restart=0, start=0.0, host="node")
+        t = 1.0
+        for k in range(30):
+            p.step(k, t, t + 0.01).sync(k, t + 0.02)
+            if k % 3 == rank or k % 7 == 0:  # every rank at the same instant every 7th step
+                p.event(f"e{k % 4}", t + 0.015, step=k)
+            t += 0.05
+        p.finish(t).write()
+    every = analyze(load(run))
+    assert every.events_total == len(every.events) > 12
+    monkeypatch.setattr(analysis, "MAX_EVENTS", 12)
+    first = analyze(load(run))
+    assert first.events == every.events[:12] and first.events_total == every.events_total
+    assert [(e.time_s, e.rank) for e in every.events] == sorted((e.time_s, e.rank) for e in every.events)

@@ -33,8 +33,9 @@ runtime and ML-productivity goodput), ``data_rule`` (how in-step data loading wa
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from goodtrace.analysis.attempts import Attempt, Liveness, discover_attempts
@@ -217,21 +218,29 @@ class RunAnalysis:
 
 
 def _events(run: LoadedRun, attempts: Sequence[Attempt], job_start: int) -> tuple[list[EventRow], int]:
-    """The job's events, earliest first (attributes from the reference sessions' timelines)."""
-    rows: list[EventRow] = []
-    for a in attempts:
-        for index in a.sessions:
-            info = run.sessions[index]
-            timeline = run.timelines.get(index)
-            if timeline is not None:
-                for name, t, step, attrs in timeline.events:
-                    rows.append(EventRow(info.rank, a.index, name, (info.wall(t) - job_start) / NS, step, attrs))
-                continue
-            records = run.session_records.get(index)
-            for name, t, step in records.events if records is not None else ():
-                rows.append(EventRow(info.rank, a.index, name, (info.wall(t) - job_start) / NS, step))
-    rows.sort(key=lambda e: (e.time_s, e.rank))
-    return rows[:MAX_EVENTS], len(rows)
+    """The job's first :data:`MAX_EVENTS` events, earliest first (attributes from the reference
+    sessions' timelines), and how many there are: only those kept are held (a week of 10,000
+    ranks has millions of events)."""
+    total = 0
+
+    def rows() -> Iterator[EventRow]:
+        nonlocal total
+        for a in attempts:
+            for index in a.sessions:
+                info = run.sessions[index]
+                timeline = run.timelines.get(index)
+                if timeline is not None:
+                    for name, t, step, attrs in timeline.events:
+                        total += 1
+                        yield EventRow(info.rank, a.index, name, (info.wall(t) - job_start) / NS, step, attrs)
+                    continue
+                records = run.session_records.get(index)
+                for name, t, step in records.events if records is not None else ():
+                    total += 1
+                    yield EventRow(info.rank, a.index, name, (info.wall(t) - job_start) / NS, step)
+
+    first = heapq.nsmallest(MAX_EVENTS, rows(), key=lambda e: (e.time_s, e.rank))  # = sorted(...)[:MAX_EVENTS]
+    return first, total
 
 
 def analyze(
