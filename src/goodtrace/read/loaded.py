@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from collections.abc import Callable, MutableMapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import Any, NamedTuple, overload
 
 from goodtrace import schema
 
 __all__ = [
     "NO_TIME",
+    "EventColumns",
     "EventRecord",
     "HangEvent",
     "LoadError",
@@ -113,6 +114,44 @@ def _ints() -> array[int]:
     return array("q")
 
 
+class EventColumns(Sequence[tuple[str, int, "int | None"]]):
+    """A session's events (name, t, step or None) as columns: the names one shared object per
+    distinct name, the times and steps int64 (:data:`NO_TIME` for no step), 24 bytes an event
+    where a tuple of Python objects takes about 180 (every rank's are held to the end)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.t: array[int] = array("q")
+        self.step: array[int] = array("q")
+        self._shared: dict[str, str] = {}
+
+    def append(self, event: tuple[str, int, int | None]) -> None:
+        name, t, step = event
+        self.names.append(self._shared.setdefault(name, name))
+        self.t.append(t)
+        self.step.append(NO_TIME if step is None else step)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[str, int, int | None]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[str, int, int | None]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[str, int, int | None] | list[tuple[str, int, int | None]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        step = self.step[index]
+        return self.names[index], self.t[index], None if step == NO_TIME else step
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @dataclasses.dataclass
 class SessionRecords:
     """The records of one session that the run model is built from, as columns.
@@ -146,7 +185,7 @@ class SessionRecords:
     starts_step: array[int] = dataclasses.field(default_factory=_ints)  # a sample of span starts: step,
     starts_name: list[str] = dataclasses.field(default_factory=list)  # ... span name,
     starts_t0: array[int] = dataclasses.field(default_factory=_ints)  # ... and start time
-    events: list[tuple[str, int, int | None]] = dataclasses.field(default_factory=list)  # (name, t, step)
+    events: Sequence[tuple[str, int, int | None]] = dataclasses.field(default_factory=EventColumns)  # (name, t, step)
 
 
 def _codes() -> array[int]:

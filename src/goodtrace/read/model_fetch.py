@@ -20,7 +20,7 @@ from goodtrace.read.duckdb_sql import (
     create_records_table,
     read_json_sql,
 )
-from goodtrace.read.loaded import NO_TIME, EventRecord, SessionRecords, SessionTimeline
+from goodtrace.read.loaded import NO_TIME, EventColumns, EventRecord, SessionRecords, SessionTimeline
 from goodtrace.read.validate import json_object
 
 
@@ -269,7 +269,9 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
         for sid, name_, t, step in con.execute(
             f"SELECT sid, name, t, step FROM m_events WHERE {where} ORDER BY sid, t, name, step"
         ).fetchall():
-            out[sid].events.append((str(name_), int(t), None if step is None else int(step)))
+            events = out[sid].events
+            assert isinstance(events, EventColumns)
+            events.append((str(name_), int(t), None if step is None else int(step)))
     return out
 
 
