@@ -226,7 +226,7 @@ def test_a_failed_fetch_is_one_line_and_leaves_no_partial_file(
 
 def test_settings_and_empty_runs_are_one_line(tmp_path: Path, memory_run: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GOODTRACE_MIRROR_THREADS", "many")
-    with pytest.raises(RemoteReadError, match="GOODTRACE_MIRROR_THREADS must be a positive integer"):
+    with pytest.raises(RemoteReadError, match="GOODTRACE_MIRROR_THREADS must be a whole number of threads"):
         mirror_run(memory_run, cache_dir=str(tmp_path))
     monkeypatch.delenv("GOODTRACE_MIRROR_THREADS")
     with pytest.raises(NotARunError, match="holds no goodtrace records") as info:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read.environment import count_from_environment
 from goodtrace.read.loaded import Progress
 from goodtrace.read.long_lines import shortened_copy
 
@@ -77,16 +78,7 @@ class RemoteRun:
 
 def workers_from_environment() -> int | None:
     """``GOODTRACE_WORKERS`` as a number of workers (None when unset)."""
-    text = os.environ.get(ENV_WORKERS, "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{ENV_WORKERS} must be a whole number of workers, got {text!r}") from None
-    if value < 1:
-        raise ValueError(f"{ENV_WORKERS} must be at least 1, got {value}")
-    return value
+    return count_from_environment(ENV_WORKERS, "workers")
 
 
 def python_path() -> str:

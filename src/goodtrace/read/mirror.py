@@ -27,6 +27,7 @@ from goodtrace.read.compact import (
     COMPACT_RECORDS,
     MODEL_PREFIX,
 )
+from goodtrace.read.environment import cache_root, count_from_environment
 from goodtrace.read.loaded import Progress
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError
 
@@ -60,9 +61,7 @@ def mirror_cache_dir(url: str, cache_dir: str | None = None) -> str:
     ``$XDG_CACHE_HOME/goodtrace/runs``, i.e. ``~/.cache/goodtrace/runs``), ``<hash of the
     URL>/<the URL's last name>``, so that what names a run by its folder (the trace's run name)
     shows the run's own name."""
-    base = cache_dir or os.environ.get("GOODTRACE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "goodtrace", "runs"
-    )
+    base = cache_dir or cache_root()
     name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1].split("://")[-1]
     if not name or name in (".", "..") or name.startswith("."):
         name = "run"
@@ -133,13 +132,11 @@ def mirror_run(
 
 def _threads(threads: int | None) -> int:
     if threads is None:
-        text = os.environ.get("GOODTRACE_MIRROR_THREADS", "").strip()
-        if not text:
-            return DEFAULT_THREADS
         try:
-            threads = int(text)
-        except ValueError:
-            raise RemoteReadError(f"GOODTRACE_MIRROR_THREADS must be a positive integer, got {text!r}") from None
+            threads = count_from_environment("GOODTRACE_MIRROR_THREADS", "threads")
+        except ValueError as exc:
+            raise RemoteReadError(str(exc)) from None
+        return DEFAULT_THREADS if threads is None else threads
     if threads < 1:
         raise RemoteReadError(f"the mirror needs at least one thread, got {threads}")
     return threads

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read.environment import cache_root
 from goodtrace.record.errors import warn
 
 __all__ = ["CACHE_DIR", "ENV_SEGMENT_CACHE", "FileIdentity", "Hit", "SegmentCache", "open_cache"]
@@ -88,10 +89,8 @@ class Hit:
 
 
 def _user_cache(root: str) -> str:
-    base = os.environ.get("GOODTRACE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "goodtrace", "runs")
     digest = hashlib.sha256(os.path.realpath(root).encode()).hexdigest()[:16]
-    return os.path.join(base, "segments", digest)
+    return os.path.join(cache_root(), "segments", digest)
 
 
 def _writable_dir(path: str) -> bool:
