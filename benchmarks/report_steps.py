@@ -64,8 +64,9 @@ def step_lines(encode: Any, k: int, t: int, step_ns: int, mono0: int, next_heart
     lines.append(encode((DATA, t, t + length // 20, k, 1, None, None)))
     lines.append(encode((FWD, t + length // 20, t + length * 17 // 20, k, 1, None, None)))
     lines.append(encode((OPT, t + length * 17 // 20, t + length * 19 // 20, k, 1, None, None)))
-    lines.append(encode((schema.STEP, k, t, t + length * 19 // 20)))
-    lines.append(encode((schema.SYNC, k, t + length, schema.SYNC_LAG)))
+    # numbered as the recorder numbers them (seq: the execution, one a step here)
+    lines.append(encode((schema.STEP, k, t, t + length * 19 // 20, k)))
+    lines.append(encode((schema.SYNC, k, t + length, schema.SYNC_LAG, k)))
     lines.append(encode((schema.METRIC, "loss", k, 2.0 / (1 + k * 1e-4), "mean", t + length)))
     if k % 100 == 0:
         lines.append(encode((schema.TAG, k, "eval_window", t)))

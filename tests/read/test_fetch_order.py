@@ -42,7 +42,7 @@ def _timeline(order: random.Random) -> tuple[object, ...]:
 def test_the_reference_detail_is_fetched_in_one_order_whatever_the_rows_order() -> None:
     first = _timeline(random.Random(0))
     assert first[0] == ("fwd", "z", "bwd")  # first started at 40 (fwd and z: a tie, by name), then 60
-    assert first[1:4] == (["fwd", "z", "bwd", "bwd", "fwd"], [1, 1, 1, 2, 2], [20, 15, 30, 7, 8])
+    assert first[1:4] == (["bwd", "fwd", "z", "bwd", "fwd"], [1, 1, 1, 2, 2], [30, 20, 15, 7, 8])  # by step, name
     for seed in range(1, 12):
         assert _timeline(random.Random(seed)) == first
 

@@ -152,16 +152,18 @@ class StepTable(Sequence[StepRow]):
         """A per-row column from each segment's per-interval (or per-execution) column."""
         import numpy as np
 
-        out = []
-        for k, segment in enumerate(self._intervals.segments):
-            rows = self._rows_of(k)
-            values = column(segment)
-            if by_interval:
-                out.append(values[self._interval[rows]])
-            else:
-                first = np.frombuffer(segment.cut.interval_first, dtype=np.int64)[self._interval[rows]]
-                out.append(values[first + self._position[rows]])
+        out = [self._of_segment(k, column(segment), by_interval) for k, segment in enumerate(self._intervals.segments)]
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def _of_segment(self, k: int, values: Any, by_interval: bool) -> Any:
+        """Segment ``k``'s rows of its per-interval (or per-execution) column ``values``."""
+        import numpy as np
+
+        rows = self._rows_of(k)
+        if by_interval:
+            return values[self._interval[rows]]
+        first = np.frombuffer(self._intervals.segments[k].cut.interval_first, dtype=np.int64)[self._interval[rows]]
+        return values[first + self._position[rows]]
 
     @property
     def attempt(self) -> Any:
@@ -279,12 +281,11 @@ class StepTable(Sequence[StepRow]):
 
         if self._device is None:
             device = np.full(len(self), np.nan)
-            steps = self._gather(lambda s: _np_ints(s.cut.exec_step), by_interval=False)
             for k, segment in enumerate(self._intervals.segments):
                 mine = self._rows_of(k)
                 marks = self._marks.get(segment.cut.session)
-                if marks is not None and mine.start != mine.stop:
-                    device[mine] = marks.device_seconds(steps[mine])
+                if marks is not None and mine.start != mine.stop and marks.measures_device():
+                    device[mine] = marks.device_seconds(self._of_segment(k, _np_ints(segment.cut.exec_step), False))
             device[~np.isfinite(device)] = np.nan
             self._device = device
         return self._device
@@ -361,6 +362,7 @@ class _StepMarks:
         self._metric_steps = metric_steps[self._metric_order]
         self._span_steps = np.frombuffer(tl.span_step, dtype=np.int64)
         self._span_medians: dict[str, float] | None = None
+        self._codes: set[int] | None = None  # the metric names recorded (codes), when first asked
 
     def tags(self, step: int) -> tuple[str, ...]:
         lo, hi = self._range(self._tag_steps, step)
@@ -377,6 +379,17 @@ class _StepMarks:
     def tag_steps(self) -> Any:
         """The steps with tags (sorted, repeated where a step has several)."""
         return self._tag_steps
+
+    def measures_device(self) -> bool:
+        """Whether the session recorded a device-busy metric at all."""
+        return any(key in self.tl.names and self.tl.names.index(key) in self._metric_codes() for key in _DEVICE_KEYS)
+
+    def _metric_codes(self) -> set[int]:
+        if self._codes is None:
+            import numpy as np
+
+            self._codes = set(np.unique(np.frombuffer(self.tl.metric_name, dtype=np.int32)).tolist())
+        return self._codes
 
     def device_seconds(self, steps: Any) -> Any:
         """The device-busy time of each of ``steps`` where the framework measured it (NaN where

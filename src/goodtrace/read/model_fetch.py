@@ -86,7 +86,8 @@ def _vocab(con: Any, table: str, column: str, into: str | None = None) -> Any:
     of strings, and order by a code where they would order by the string."""
     import numpy as np
 
-    values = [row[0] for row in con.execute(f"SELECT DISTINCT {column} FROM {table} ORDER BY 1 NULLS FIRST").fetchall()]
+    found = [row[0] for row in con.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall()]
+    values = sorted(found, key=lambda v: (v is not None, "" if v is None else str(v)))  # sorted here: a few values
     vocab = np.empty(len(values), dtype=object)
     vocab[:] = [_interned(v) for v in values]
     into = into or f"vocab_{column}"
@@ -190,7 +191,7 @@ def fill_compute(con: Any, rows: Sequence[int]) -> None:
     for k, lo in enumerate(starts):
         hi = starts[k + 1] - 1 if k + 1 < len(starts) else len(rows) - 1
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
-        executions = dict(_by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where} ORDER BY sid, seq, t0, step"))
+        executions = dict(_by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"))
         sids, seqs, totals = [], [], []
         for sid, c in _by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where} ORDER BY sid, t0, t1 DESC, step"):
             e = executions.pop(sid, None)
@@ -230,19 +231,19 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
     how, cat, name = vocab
     for lo, hi in _sid_ranges(sorted(out), SESSION_BATCH):
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
-        for sid, c in _by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where} ORDER BY sid, seq, t0, step, t1"):
+        for sid, c in _by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"):
             r = out[sid]
             r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(c["seq"]), _ints(c["step"]), _ints(c["t0"]), _ints(c["t1"])
         for sid, c in _by_session(
             con, f"SELECT t.sid, t.seq, t.step, t.t, t.after, v.code AS how FROM m_syncs t JOIN vocab_how v "
-                 f"ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where} ORDER BY t.sid, t.t, t.seq, t.step, v.code, t.after"
+                 f"ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where} ORDER BY t.sid, t.t, t.seq, t.step"
         ):
             r = out[sid]
             r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"]), _ints(c["after"])
             r.sync_how = how[c["how"]].tolist()
         for sid, c in _by_session(
             con, f"SELECT t.sid, v.code AS cat, t.t0, t.t1, t.step FROM m_spans t JOIN vocab_cat v "
-                 f"ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where} ORDER BY t.sid, t.t0, t.t1 DESC, v.code, t.step"
+                 f"ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where} ORDER BY t.sid, t.t0, t.t1 DESC, v.code"
         ):
             r = out[sid]
             r.span_category = cat[c["cat"]].tolist()
@@ -462,14 +463,15 @@ def load_timelines(con: Any, sids: Iterable[int]) -> dict[int, SessionTimeline]:
         tl.metric_step, tl.metric_name = _ints(c["step"]), codes(c["name"])
         tl.metric_value = array("d", np.asarray(c["value"], dtype=np.float64).tobytes())
     for sid, c in _by_session(
-        con, "SELECT d.sid, d.step, v.code AS name, sum(d.ns)::BIGINT AS ns, min(d.first) AS first FROM det_spans d "
-             "JOIN vocab_detail v ON d.name = v.name GROUP BY d.sid, d.step, v.code ORDER BY d.sid, d.step, first, v.code"
+        con, "SELECT s.sid, s.step, v.code AS name, s.ns, s.first FROM (SELECT sid, step, name, "
+             "sum(ns)::BIGINT AS ns, min(first) AS first FROM det_spans GROUP BY ALL) s "
+             "JOIN vocab_detail v ON s.name = v.name ORDER BY s.sid, s.step, v.code"
     ):
         tl = timelines[sid]
         tl.span_step, tl.span_ns = _ints(c["step"]), _ints(c["ns"])
         tl.span_name = codes(c["name"])
         first = np.asarray(c["first"], dtype=np.int64)
-        order = np.lexsort((np.arange(len(first)), first))  # first appearance in time, then row order
+        order = np.lexsort((np.asarray(c["name"]), first))  # first appearance in time, then the name (codes sort as names)
         tl.span_names = tuple(vocabulary[code] for code in dict.fromkeys(np.asarray(c["name"])[order].tolist()))
     for sid, tl in timelines.items():
         tl.names = vocabulary
