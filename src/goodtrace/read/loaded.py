@@ -115,19 +115,19 @@ def _ints() -> array[int]:
 
 
 class EventColumns(Sequence[tuple[str, int, "int | None"]]):
-    """A session's events (name, t, step or None) as columns: the names one shared object per
-    distinct name, the times and steps int64 (:data:`NO_TIME` for no step), 24 bytes an event
-    where a tuple of Python objects takes about 180 (every rank's are held to the end)."""
+    """A session's events (name, t, step or None) as columns: the names (the reader hands in one
+    shared object per distinct name), the times and steps int64 (:data:`NO_TIME` for no step),
+    24 bytes an event where a tuple of Python objects takes about 180 (every rank's are held to
+    the end)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.t: array[int] = array("q")
         self.step: array[int] = array("q")
-        self._shared: dict[str, str] = {}
 
     def append(self, event: tuple[str, int, int | None]) -> None:
         name, t, step = event
-        self.names.append(self._shared.setdefault(name, name))
+        self.names.append(name)
         self.t.append(t)
         self.step.append(NO_TIME if step is None else step)
 

@@ -267,12 +267,13 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
             f"SELECT sid, t, offset_ns, rtt_ns FROM m_clock WHERE {where} ORDER BY sid, t, offset_ns, rtt_ns"
         ).fetchall():
             out[sid].clock.extend((int(t), int(offset), int(rtt)))
+        events: dict[int, EventColumns] = {}
         for sid, name_, t, step in con.execute(
             f"SELECT sid, name, t, step FROM m_events WHERE {where} ORDER BY sid, t, name, step"
         ).fetchall():
-            events = out[sid].events
-            assert isinstance(events, EventColumns)
-            events.append((str(name_), int(t), None if step is None else int(step)))
+            events.setdefault(sid, EventColumns()).append((_interned(name_), int(t), None if step is None else int(step)))
+        for sid, columns in events.items():
+            out[sid].events = columns
     return out
 
 
