@@ -38,6 +38,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from goodtrace.analysis.anomalies import Anomaly, StepStats, find_anomalies, step_stats
 from goodtrace.analysis.attempts import Attempt, Liveness, discover_attempts
 from goodtrace.analysis.clock import SessionClock, loaded_clocks
 from goodtrace.analysis.cut import (
@@ -75,7 +76,7 @@ from goodtrace.analysis.reduce import cut_and_reduce, rank_timeline
 from goodtrace.analysis.rewinds import RewindRow, rewind_rows, rewind_warning
 from goodtrace.analysis.session_cuts import SessionCuts
 from goodtrace.analysis.slowdown import Slowdown, slowdowns_of
-from goodtrace.analysis.steps import Anomaly, StepRow, StepStats, StepTable, find_anomalies, step_stats
+from goodtrace.analysis.steps import StepRow, StepTable
 from goodtrace.analysis.time_range import RangeEdge, resolve_range, restrict_to_range
 from goodtrace.read.loaded import LoadedRun, SessionInfo
 

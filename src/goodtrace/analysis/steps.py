@@ -1,11 +1,10 @@
-"""The step table, step-time statistics and step-time anomalies (pure functions).
+"""The step table (pure functions; its statistics and anomalies: :mod:`goodtrace.analysis.anomalies`).
 
 One row per step execution of the reference rank, in time order (``seq`` numbers executions
 within a session; a repeated or decreasing step number is flagged, never merged). Step time is
 the whole interval T_k - T_{k-1}; when several executions share an interval (sparse
 completion) each gets the interval average and ``shared`` is set; ``host_timed`` marks intervals
-closed by a host exit rather than an observed sync point. Anomalies: productive time above
-median + k * 1.4826 * MAD (floored at 5% of the median), each with what overlapped it.
+closed by a host exit rather than an observed sync point.
 """
 
 from __future__ import annotations
@@ -115,7 +114,7 @@ class StepTable(Sequence[StepRow]):
         import numpy as np
 
         self._intervals = intervals
-        self._marks = {session: _StepMarks(tl) for session, tl in marks.items()}
+        self._marks = {session: StepMarks(tl) for session, tl in marks.items()}
         self._job_start = job_start
         segment_of, interval_of, position, step_time, productive = [], [], [], [], []
         for k, segment in enumerate(intervals.segments):
@@ -217,6 +216,10 @@ class StepTable(Sequence[StepRow]):
                 interval, last = segment_interval(self._intervals.segments[k], w), (k, w)
             yield self._row(interval, position, step_time_s, device_s)
 
+    def marks_of(self, session: int) -> StepMarks | None:
+        """The per-step marks (tags, metrics, span time) of ``session``, None without them."""
+        return self._marks.get(session)
+
     def interval_at(self, index: int) -> StepInterval:
         """The step interval of row ``index``."""
         return segment_interval(self._intervals.segments[int(self._segment[index])], int(self._interval[index]))
@@ -284,7 +287,7 @@ class StepTable(Sequence[StepRow]):
             for k, segment in enumerate(self._intervals.segments):
                 mine = self._rows_of(k)
                 marks = self._marks.get(segment.cut.session)
-                if marks is not None and mine.start != mine.stop and marks.measures_device():
+                if marks is not None and mine.start != mine.stop and any(key in marks.tl.names for key in _DEVICE_KEYS):
                     device[mine] = marks.device_seconds(self._of_segment(k, _np_ints(segment.cut.exec_step), False))
             device[~np.isfinite(device)] = np.nan
             self._device = device
@@ -346,7 +349,7 @@ def _np_full(n: int, value: int) -> Any:
     return np.full(n, value, dtype=np.int64)
 
 
-class _StepMarks:
+class StepMarks:
     """One session's tags and metric values by step (columns sorted by step, time order kept
     within a step), and its spans' time per name and step, for the step table and anomalies."""
 
@@ -362,7 +365,6 @@ class _StepMarks:
         self._metric_steps = metric_steps[self._metric_order]
         self._span_steps = np.frombuffer(tl.span_step, dtype=np.int64)
         self._span_medians: dict[str, float] | None = None
-        self._codes: set[int] | None = None  # the metric names recorded (codes), when first asked
 
     def tags(self, step: int) -> tuple[str, ...]:
         lo, hi = self._range(self._tag_steps, step)
@@ -379,17 +381,6 @@ class _StepMarks:
     def tag_steps(self) -> Any:
         """The steps with tags (sorted, repeated where a step has several)."""
         return self._tag_steps
-
-    def measures_device(self) -> bool:
-        """Whether the session recorded a device-busy metric at all."""
-        return any(key in self.tl.names and self.tl.names.index(key) in self._metric_codes() for key in _DEVICE_KEYS)
-
-    def _metric_codes(self) -> set[int]:
-        if self._codes is None:
-            import numpy as np
-
-            self._codes = set(np.unique(np.frombuffer(self.tl.metric_name, dtype=np.int32)).tolist())
-        return self._codes
 
     def device_seconds(self, steps: Any) -> Any:
         """The device-busy time of each of ``steps`` where the framework measured it (NaN where
@@ -459,117 +450,3 @@ class _StepMarks:
 
 
 _DEVICE_KEYS = (schema.DEVICE_BUSY_METRIC, "device_time_s")
-
-
-@dataclasses.dataclass(frozen=True)
-class StepStats:
-    count: int
-    mean_s: float
-    median_s: float
-    p90_s: float
-    p99_s: float
-    max_s: float
-    ideal_s: float | None
-    shared_steps: int
-    host_timed_steps: int
-    repeated_steps: int = 0
-    decreasing_steps: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def _quantile(sorted_values: Any, q: float) -> float:
-    if not len(sorted_values):
-        return 0.0
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    low, high = float(sorted_values[lo]), float(sorted_values[hi])
-    return low + (high - low) * (pos - lo)
-
-
-def step_stats(table: StepTable, ideal_s: float | None) -> StepStats:
-    import numpy as np
-
-    times = np.sort(table.step_time_s)
-    return StepStats(
-        count=len(times),
-        mean_s=math.fsum(times.tolist()) / len(times) if len(times) else 0.0,
-        median_s=_quantile(times, 0.5),
-        p90_s=_quantile(times, 0.9),
-        p99_s=_quantile(times, 0.99),
-        max_s=float(times[-1]) if len(times) else 0.0,
-        ideal_s=ideal_s,
-        shared_steps=int((table.shared > 1).sum()),
-        host_timed_steps=int(table.host_timed.sum()),
-        repeated_steps=int(((table.flags & FLAG_REPEATED) != 0).sum()),
-        decreasing_steps=int(((table.flags & FLAG_DECREASING) != 0).sum()),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class Anomaly:
-    step: int
-    attempt: int
-    productive_s: float
-    threshold_s: float
-    step_time_s: float
-    overlapped: tuple[str, ...]  # tags, overhead, unusually long spans, events, device-idle gap
-    seq: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"overlapped": list(self.overlapped)}
-
-
-def find_anomalies(table: StepTable, *, k: float = 5.0) -> tuple[list[Anomaly], float | None]:
-    """Steps (not the first of an attempt) whose productive time exceeds median + k*MAD."""
-    import numpy as np
-
-    steady = table.productive_s[~table.first_of_attempt]
-    if len(steady) < 3:
-        return [], None
-    median = float(np.median(steady))
-    mad = float(np.median(np.abs(steady - median)))
-    threshold = median + max(k * 1.4826 * mad, 0.05 * median)
-    found = []
-    for i in np.flatnonzero(~table.first_of_attempt & (table.productive_s > threshold)).tolist():
-        r = table[i]
-        found.append(
-            Anomaly(r.step, r.attempt, r.productive_s, threshold, r.step_time_s,
-                    _overlapping(table.interval_at(i), table, r.tags), r.seq)
-        )
-    return found, threshold
-
-
-def _unusual(marks: _StepMarks, steps: Sequence[int]) -> list[str]:
-    """The spans that took unusually long in ``steps``: more than 1.5x their usual time per
-    step, and at least 1 ms more (the five largest excesses)."""
-    found = []
-    medians = marks.span_medians()
-    for name, took in marks.span_totals(steps).items():
-        usual = medians[name] * len(steps)
-        if took > 1.5 * usual and took - usual >= 0.001 * NS:
-            found.append((took - usual, f"span:{name} {took / NS:.3f}s (usually {usual / NS:.3f}s)"))
-    return [label for _, label in sorted(found, key=lambda x: -x[0])[:5]]
-
-
-def _overlapping(w: StepInterval, table: StepTable, tags: tuple[str, ...]) -> tuple[str, ...]:
-    found = [f"tag:{t}" for t in tags]
-    marks = table._marks.get(w.cut.session)
-    if marks is None:
-        return tuple(found)
-    for label, length in sorted(w.overhead().items(), key=lambda kv: -kv[1]):
-        if label not in (WASTED, WARMUP):
-            found.append(f"{label}:{length / NS:.3f}s")
-    steps = sorted({w.cut.exec_step[i] for i in w.executions})
-    found.extend(_unusual(marks, steps))
-    events: dict[int, list[str]] = {}
-    for name, _, step, _ in marks.tl.events:
-        if step is not None:
-            events.setdefault(step, []).append(name)
-    found.extend(f"event:{name}" for step in steps for name in events.get(step, ()))
-    idle = sum(marks.metric_sum(step, schema.DEVICE_IDLE_METRIC) for step in steps)
-    if idle > 0:
-        found.append(f"device_idle:{idle:.3f}s")
-    return tuple(dict.fromkeys(found))

@@ -13,9 +13,10 @@ import dataclasses
 import math
 from typing import Any
 
+from goodtrace.analysis.anomalies import Anomaly
 from goodtrace.analysis.goodput import NS, AnalysisError
 from goodtrace.analysis.over_time import iso
-from goodtrace.analysis.steps import Anomaly, StepTable
+from goodtrace.analysis.steps import StepTable
 
 __all__ = ["RangeEdge", "in_range", "resolve_range", "restrict_to_range"]
 

@@ -1,0 +1,132 @@
+"""Step-time statistics and step-time anomalies over the step table
+(:class:`~goodtrace.analysis.steps.StepTable`; pure functions). Anomalies: productive time
+above median + k * 1.4826 * MAD (floored at 5% of the median), each with what overlapped it:
+tags, overhead, unusually long spans, events and a device-idle gap."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from goodtrace import schema
+from goodtrace.analysis.cut import FLAG_DECREASING, FLAG_REPEATED
+from goodtrace.analysis.partition import WARMUP, WASTED, StepInterval
+from goodtrace.analysis.steps import NS, StepMarks, StepTable
+
+__all__ = ["Anomaly", "StepStats", "find_anomalies", "step_stats"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    count: int
+    mean_s: float
+    median_s: float
+    p90_s: float
+    p99_s: float
+    max_s: float
+    ideal_s: float | None
+    shared_steps: int
+    host_timed_steps: int
+    repeated_steps: int = 0
+    decreasing_steps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _quantile(sorted_values: Any, q: float) -> float:
+    if not len(sorted_values):
+        return 0.0
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    low, high = float(sorted_values[lo]), float(sorted_values[hi])
+    return low + (high - low) * (pos - lo)
+
+
+def step_stats(table: StepTable, ideal_s: float | None) -> StepStats:
+    import numpy as np
+
+    times = np.sort(table.step_time_s)
+    return StepStats(
+        count=len(times),
+        mean_s=math.fsum(times.tolist()) / len(times) if len(times) else 0.0,
+        median_s=_quantile(times, 0.5),
+        p90_s=_quantile(times, 0.9),
+        p99_s=_quantile(times, 0.99),
+        max_s=float(times[-1]) if len(times) else 0.0,
+        ideal_s=ideal_s,
+        shared_steps=int((table.shared > 1).sum()),
+        host_timed_steps=int(table.host_timed.sum()),
+        repeated_steps=int(((table.flags & FLAG_REPEATED) != 0).sum()),
+        decreasing_steps=int(((table.flags & FLAG_DECREASING) != 0).sum()),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Anomaly:
+    step: int
+    attempt: int
+    productive_s: float
+    threshold_s: float
+    step_time_s: float
+    overlapped: tuple[str, ...]  # tags, overhead, unusually long spans, events, device-idle gap
+    seq: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"overlapped": list(self.overlapped)}
+
+
+def find_anomalies(table: StepTable, *, k: float = 5.0) -> tuple[list[Anomaly], float | None]:
+    """Steps (not the first of an attempt) whose productive time exceeds median + k*MAD."""
+    import numpy as np
+
+    steady = table.productive_s[~table.first_of_attempt]
+    if len(steady) < 3:
+        return [], None
+    median = float(np.median(steady))
+    mad = float(np.median(np.abs(steady - median)))
+    threshold = median + max(k * 1.4826 * mad, 0.05 * median)
+    found = []
+    for i in np.flatnonzero(~table.first_of_attempt & (table.productive_s > threshold)).tolist():
+        r = table[i]
+        found.append(
+            Anomaly(r.step, r.attempt, r.productive_s, threshold, r.step_time_s,
+                    _overlapping(table.interval_at(i), table, r.tags), r.seq)
+        )
+    return found, threshold
+
+
+def _unusual(marks: StepMarks, steps: Sequence[int]) -> list[str]:
+    """The spans that took unusually long in ``steps``: more than 1.5x their usual time per
+    step, and at least 1 ms more (the five largest excesses)."""
+    found = []
+    medians = marks.span_medians()
+    for name, took in marks.span_totals(steps).items():
+        usual = medians[name] * len(steps)
+        if took > 1.5 * usual and took - usual >= 0.001 * NS:
+            found.append((took - usual, f"span:{name} {took / NS:.3f}s (usually {usual / NS:.3f}s)"))
+    return [label for _, label in sorted(found, key=lambda x: -x[0])[:5]]
+
+
+def _overlapping(w: StepInterval, table: StepTable, tags: tuple[str, ...]) -> tuple[str, ...]:
+    found = [f"tag:{t}" for t in tags]
+    marks = table.marks_of(w.cut.session)
+    if marks is None:
+        return tuple(found)
+    for label, length in sorted(w.overhead().items(), key=lambda kv: -kv[1]):
+        if label not in (WASTED, WARMUP):
+            found.append(f"{label}:{length / NS:.3f}s")
+    steps = sorted({w.cut.exec_step[i] for i in w.executions})
+    found.extend(_unusual(marks, steps))
+    events: dict[int, list[str]] = {}
+    for name, _, step, _ in marks.tl.events:
+        if step is not None:
+            events.setdefault(step, []).append(name)
+    found.extend(f"event:{name}" for step in steps for name in events.get(step, ()))
+    idle = sum(marks.metric_sum(step, schema.DEVICE_IDLE_METRIC) for step in steps)
+    if idle > 0:
+        found.append(f"device_idle:{idle:.3f}s")
+    return tuple(dict.fromkeys(found))
