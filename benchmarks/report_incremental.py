@@ -54,7 +54,7 @@ text = render_json(analyze(loaded, now_wall_ns=int(sys.argv[2]), release_records
 t3 = time.perf_counter()
 with open(sys.argv[3], "w") as handle:
     handle.write(text)
-print(json.dumps({"import_s": t1 - t0, "fold_s": t2 - t1, "analysis_s": t3 - t2}))
+print(json.dumps({"import_s": t1 - t0, "fold_s": t2 - t1, "analysis_s": t3 - t2, "read_mb": loaded.read_bytes / 1e6}))
 """
 
 
@@ -114,7 +114,7 @@ def report(root: Path, cache: bool, out: Path) -> dict[str, float]:
     if done.returncode != 0:
         raise SystemExit(f"the report failed: {done.stderr}")
     parts: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"total_s": round(wall, 2), **{k: round(v, 2) for k, v in parts.items()}}
+    return {"total_s": round(wall, 2), **{k: round(v, 3 if k == "read_mb" else 2) for k, v in parts.items()}}
 
 
 def measure(root: Path, steps: int, ranks: int, grow: float, segment_bytes: int) -> dict[str, Any]:
@@ -171,7 +171,8 @@ def main() -> None:
               f"+{row['more_steps']:,} steps ({row['new_mb']} MB): cold {row['cold_again']['total_s']} s "
               f"(fold {row['cold_again']['fold_s']}, analysis {row['cold_again']['analysis_s']}); "
               f"first report with the cache {row['fill']['total_s']} s; warm {row['warm']['total_s']} s "
-              f"(fold {row['warm']['fold_s']}, analysis {row['warm']['analysis_s']}) = "
+              f"(fold {row['warm']['fold_s']}, analysis {row['warm']['analysis_s']}; JSON lines read "
+              f"{row['warm']['read_mb']} MB) = "
               f"{row['warm_over_cold_total']}x the cold report (fold {row['warm_over_cold_fold']}x, analysis "
               f"{row['warm_over_cold_analysis']}x); cache {row['cache_mb']} MB; identical JSON: {row['identical']}",
               flush=True)

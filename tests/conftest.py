@@ -78,6 +78,7 @@ MODULE_MARKS: dict[str, tuple[str, ...]] = {
     "integrations/test_torch_dataloader.py": ("processes",),
     "integrations/test_torch_rollback.py": ("processes",),
     "integrations/test_torchtitan.py": ("processes",),
+    "read/test_open_segments.py": ("processes", "slow"),
     "read/test_ray_engine.py": ("processes",),
     "read/test_segment_cache.py": ("processes",),
     "read/test_torchtitan_logs.py": ("processes",),

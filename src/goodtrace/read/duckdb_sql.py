@@ -82,11 +82,14 @@ INVALID = f"({invalid_sql()})"
 
 class FileSkips:
     """Lines skipped in each file, by reason (validate.SKIP_REASONS), and the warnings that
-    name them; ``substitutes`` maps a file to the copy read instead (its long lines left out)."""
+    name them; ``substitutes`` maps a file to the copy read instead (its long lines left out),
+    ``ranged`` a copy of some of a file's bytes (:func:`range_copy`) to the file and the byte
+    the copy starts at."""
 
     def __init__(self) -> None:
         self.by_file: dict[str, dict[str, int]] = {}
         self.substitutes: dict[str, str] = {}
+        self.ranged: dict[str, tuple[str, int]] = {}
         self.notes: list[str] = []
 
     def add(self, path: str, reason: str, count: int) -> None:
@@ -113,27 +116,56 @@ class FileSkips:
         """Copies of the files among ``paths`` that have lines over the limit (DuckDB refused
         their batch); the long lines are counted and named."""
         done: dict[str, str] = {}
+        shortened = set(self.substitutes.values())
         for path in paths:
-            original = self.original(path)
-            if path != original:
+            if path in shortened:
                 continue
             found = shortened_copy(path, SHORTEN_TO)
             if found is None:
                 continue
             copy, left_out = found
+            original = self.original(path)
             done[path] = self.substitutes[path] = copy
-            self.add(path, "too_long", left_out.too_long)
-            self.add(path, "torn_last_line", 1 if left_out.torn else 0)
+            self.add(original, "too_long", left_out.too_long)
+            self.add(original, "torn_last_line", 1 if left_out.torn else 0)
+            # the line numbers of a range copy count from its start (its line 1: the file's header)
+            start = self.ranged.get(path, ("", 0))[1]
+            where = f" of the part from byte {start:,} (its first line the header)" if start else ""
             shown = ", ".join(str(n) for n in left_out.numbers[:5]) + (" ..." if len(left_out.numbers) > 5 else "")
-            self.notes.append(f"{where_of(path)}: line(s) {shown} longer than {MAX_LINE_BYTES // 2**20} MiB; "
-                              "skipped (the rest of the file is read)")
+            self.notes.append(f"{where_of(original)}: line(s) {shown}{where} longer than {MAX_LINE_BYTES // 2**20} "
+                              "MiB; skipped (the rest of the file is read)")
         return done
 
     def original(self, path: str) -> str:
         for original, copy in self.substitutes.items():
             if copy == path:
-                return original
-        return path
+                path = original
+                break
+        return self.ranged[path][0] if path in self.ranged else path
+
+
+def range_copy(path: str, start: int, end: int, folder: str) -> str:
+    """A copy of bytes ``start`` to ``end`` of a record file in ``folder``, after the file's
+    header line when ``start`` is past it (so that the copy reads as a segment of the same
+    session): the part of a file still being written that a report reads, once and whole
+    lines (:mod:`goodtrace.read.segment_cache` keeps the reduction of the part before
+    ``start``). Raises OSError."""
+    os.makedirs(folder, exist_ok=True)
+    target = os.path.join(folder, f"{len(os.listdir(folder))}-{os.path.basename(path)}")
+    with open(path, "rb") as source, open(target, "wb") as out:
+        if start > 0:
+            header = source.readline(MAX_LINE_BYTES)
+            if len(header) <= start:  # else the range starts in the header: all of the file
+                out.write(header if header.endswith(b"\n") else header + b"\n")
+        source.seek(start)
+        left = end - start
+        while left > 0:
+            block = source.read(min(left, 1 << 22))
+            if not block:
+                break
+            out.write(block)
+            left -= len(block)
+    return target
 
 
 def _is_too_long(exc: Exception) -> bool:
@@ -434,13 +466,18 @@ def session_batches(files_by_sid: Mapping[int, Sequence[str]]) -> list[list[int]
 
 def fold_json(
     con: Any, files_by_sid: dict[int, list[str]], fid_of: Mapping[str, int], progress: Progress | None, done: int,
-    total: int, skips: FileSkips,
+    total: int, skips: FileSkips, ranges: Mapping[str, tuple[int, int]] | None = None,
 ) -> int:
     """Parse the JSON files, whole sessions of about 32 files at a time: each batch is parsed
     once into a table (every line, with why it is no valid record) that the extraction queries
     then read for its valid records, into the segment tables (each file's rows under its
     number in ``fid_of``). Skipped lines are counted in ``skips``; a file read from a
-    copy without its long lines is replaced by the copy in ``files_by_sid``."""
+    copy without its long lines is replaced by the copy in ``files_by_sid``. ``ranges``: of
+    the files being written, the bytes to read (start, end): read from a copy of those
+    (:func:`range_copy`, made as its batch is read and removed after it)."""
+    import shutil
+    import tempfile
+
     batches: list[list[tuple[str, int, int]]] = []
     for sids in session_batches(files_by_sid):
         batches.append([(p, sid, fid_of[p]) for sid in sids for p in files_by_sid[sid]])
@@ -448,27 +485,60 @@ def fold_json(
     for batch in batches:
         if not batch:
             continue
-        read = _read_batch(
-            con, batch,
-            f"CREATE OR REPLACE TEMP TABLE batch AS SELECT f.sid, f.fid, {names}, "
-            f"CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END AS attrs FROM {{source}}", skips,
-        )
-        for (path, sid, _), (copy, _, _) in zip(batch, read, strict=True):
-            if copy != path:
-                files_by_sid[sid][files_by_sid[sid].index(path)] = copy
-        # The lines that are no valid record (a few), checked once the batch is a table (the
-        # check inside the JSON scan slowed the scan), counted, then deleted from the batch.
-        con.execute(f"CREATE OR REPLACE TEMP TABLE batch_bad AS SELECT * FROM (SELECT rowid AS row, fid, {INVALID} "
-                    "AS bad FROM batch) WHERE bad IS NOT NULL")
-        count_skips(con, "batch_bad", [(p, f) for p, _, f in read], skips)
-        con.execute("DELETE FROM batch WHERE rowid IN (SELECT row FROM batch_bad)")
-        extract_segments(con, "batch")
-        con.execute("DROP TABLE batch_bad")
-        con.execute("DROP TABLE batch")
+        folder = None
+        sent = batch
+        if ranges and any(p in ranges for p, _, _ in batch):
+            folder = tempfile.mkdtemp(prefix="goodtrace-range-")
+            sent = []
+            for p, sid, fid in batch:
+                if p in ranges:
+                    try:
+                        copy = range_copy(p, *ranges[p], folder)
+                    except OSError:  # gone since it was listed: DuckDB says so, as for any file
+                        copy = None
+                    if copy is not None:
+                        skips.ranged[copy] = p, ranges[p][0]
+                        p = copy
+                sent.append((p, sid, fid))
+        try:
+            _fold_batch(con, batch, sent, files_by_sid, names, skips)
+        finally:
+            if folder is not None:
+                for copy in [copy for copy in skips.ranged if os.path.dirname(copy) == folder]:
+                    shortened = skips.substitutes.pop(copy, None)  # its count is the file's
+                    if shortened is not None:
+                        shutil.rmtree(os.path.dirname(shortened), ignore_errors=True)
+                    del skips.ranged[copy]
+                shutil.rmtree(folder, ignore_errors=True)
         done += len(batch)
         if progress is not None:
             progress("reading rank files", done, total)
     return done
+
+
+def _fold_batch(
+    con: Any, batch: list[tuple[str, int, int]], sent: list[tuple[str, int, int]], files_by_sid: dict[int, list[str]],
+    names: str, skips: FileSkips,
+) -> None:
+    """One batch of :func:`fold_json` (``sent``: the batch's rows with range copies in place
+    of their files)."""
+    read = _read_batch(
+        con, sent,
+        f"CREATE OR REPLACE TEMP TABLE batch AS SELECT f.sid, f.fid, {names}, "
+        f"CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END AS attrs FROM {{source}}", skips,
+    )
+    for (path, sid, _), (was, _, _), (copy, _, _) in zip(batch, sent, read, strict=True):
+        if copy != was and was == path:  # a range copy's shortened copy is not the file's
+            files_by_sid[sid][files_by_sid[sid].index(path)] = copy
+    # The lines that are no valid record (a few), checked once the batch is a table (the
+    # check inside the JSON scan slowed the scan), counted, then deleted from the batch.
+    con.execute(f"CREATE OR REPLACE TEMP TABLE batch_bad AS SELECT * FROM (SELECT rowid AS row, fid, {INVALID} "
+                "AS bad FROM batch) WHERE bad IS NOT NULL")
+    count_skips(con, "batch_bad", [(p, f) for p, _, f in read], skips)
+    con.execute("DELETE FROM batch WHERE rowid IN (SELECT row FROM batch_bad)")
+    extract_segments(con, "batch")
+    con.execute("DROP TABLE batch_bad")
+    con.execute("DROP TABLE batch")
 
 
 def fold_parquet(con: Any) -> None:

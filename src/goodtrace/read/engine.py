@@ -19,7 +19,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
@@ -108,6 +108,7 @@ class FoldTask:
     main_tids: list[tuple[int, int | None]]
     out_dir: str | None
     sources: dict[str, tuple[str, int]] | None = None
+    ranges: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # see fold_json
 
 
 @dataclasses.dataclass
@@ -135,6 +136,7 @@ def run_task(task: FoldTask) -> FoldResult:
     files = {sid: list(paths) for sid, paths in task.files.items()}
     driver_path: dict[str, str] = {}  # a fetched file's path here -> the driver's path of it
     fids = dict(task.fids)
+    ranges = dict(task.ranges)
     try:
         if task.sources is not None:  # fetched into this node's temporary directory first
             from goodtrace.read.mirror import fetch_files
@@ -143,6 +145,7 @@ def run_task(task: FoldTask) -> FoldResult:
             driver_path = {local: path for path, local in fetched.items()}
             files = {sid: [fetched[p] for p in paths] for sid, paths in task.files.items()}
             fids = {fetched[p]: fid for p, fid in task.fids.items()}
+            ranges = {fetched[p]: part for p, part in task.ranges.items()}  # the fetch holds at least that much
         con = duckdb_connection.connect(tmpdir, in_memory=True)
         try:
             con.execute("SET threads=1")
@@ -150,7 +153,7 @@ def run_task(task: FoldTask) -> FoldResult:
                 con.execute(statement)
             duckdb_connection.insert_rows(con, "sessmain", task.main_tids)
             try:
-                duckdb_sql.fold_json(con, files, fids, None, 0, 0, skips)
+                duckdb_sql.fold_json(con, files, fids, None, 0, 0, skips, ranges)
             except duckdb.Error as exc:
                 result.error = str(exc)
                 return result
@@ -177,11 +180,15 @@ def run_task(task: FoldTask) -> FoldResult:
     return result
 
 
-def _sizes(files_by_sid: dict[int, list[str]]) -> dict[str, int]:
-    """Each file's size (0 when it cannot be read: the fold reports it)."""
+def _sizes(files_by_sid: dict[int, list[str]], ranges: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+    """Each file's size, or that of the part of it to read (0 when it cannot be read: the fold
+    reports it)."""
     sizes: dict[str, int] = {}
     for paths in files_by_sid.values():
         for path in paths:
+            if path in ranges:
+                sizes[path] = ranges[path][1] - ranges[path][0]
+                continue
             try:
                 sizes[path] = os.path.getsize(path)
             except OSError:
@@ -216,21 +223,23 @@ def _workers(engine: Engine, sizes: dict[str, int]) -> int:
 def fold_sessions(
     con: Any, files_by_sid: dict[int, list[str]], fid_of: dict[str, int], main_tids: dict[int, int | None], tmpdir: str,
     engine: Engine, progress: Progress | None, done: int, total: int, skips: duckdb_sql.FileSkips,
-    remote: RemoteRun | None = None,
+    remote: RemoteRun | None = None, ranges: Mapping[str, tuple[int, int]] | None = None,
 ) -> int:
     """:func:`~goodtrace.read.duckdb_sql.fold_json` of ``files_by_sid`` (``fid_of``: each
     file's number) into ``con``'s segment tables, where ``engine`` says; same tables, skipped lines (in ``skips``) and substituted
     files (in ``files_by_sid``) as one process gives. Returns ``done`` plus the files folded.
     ``remote``: the files are the mirror of a run on object storage, which Ray tasks on a
-    cluster (not a local Ray) fetch from its URL themselves."""
+    cluster (not a local Ray) fetch from its URL themselves. ``ranges``: the parts of files
+    being written to read (see :func:`~goodtrace.read.duckdb_sql.fold_json`)."""
     if not files_by_sid:  # all read from the compacted copy
         return done
-    sizes = _sizes(files_by_sid)
+    ranges = ranges or {}
+    sizes = _sizes(files_by_sid, ranges)
     if engine.ray is not None:
         from goodtrace.read.ray_engine import RaySession
 
         with RaySession(engine.ray) as session:
-            tasks = _tasks(files_by_sid, fid_of, main_tids, sizes, session.cpus, None)
+            tasks = _tasks(files_by_sid, fid_of, main_tids, sizes, session.cpus, None, ranges)
             if remote is not None and engine.ray != LOCAL_RAY:
                 for task in tasks:
                     task.sources = {p: remote.source(p) for paths in task.files.values() for p in paths}
@@ -238,10 +247,10 @@ def fold_sessions(
     else:
         workers = _workers(engine, sizes)
         if workers <= 1 or len(sizes) <= 1:
-            return duckdb_sql.fold_json(con, files_by_sid, fid_of, progress, done, total, skips)
+            return duckdb_sql.fold_json(con, files_by_sid, fid_of, progress, done, total, skips, ranges)
         out_dir = os.path.join(tmpdir, "tasks")
         os.makedirs(out_dir, exist_ok=True)
-        tasks = _tasks(files_by_sid, fid_of, main_tids, sizes, workers, out_dir)
+        tasks = _tasks(files_by_sid, fid_of, main_tids, sizes, workers, out_dir, ranges)
         workers = min(workers, len(tasks))
         results = _run_pool(tasks, workers, _counter(tasks, f"reading rank files ({workers} workers)", progress,
                                                      done, total))
@@ -251,7 +260,7 @@ def fold_sessions(
 
 def _tasks(
     files_by_sid: dict[int, list[str]], fid_of: dict[str, int], main_tids: dict[int, int | None],
-    sizes: dict[str, int], workers: int, out_dir: str | None,
+    sizes: dict[str, int], workers: int, out_dir: str | None, ranges: Mapping[str, tuple[int, int]] | None = None,
 ) -> list[FoldTask]:
     """Tasks for ``workers`` (a few per worker, and none over :data:`TASK_MAX_BYTES` unless one
     file is): runs of whole fold batches (the batches one process parses) when there are a few
@@ -276,7 +285,8 @@ def _tasks(
         for sid, path in (entry for index in group for entry in units[index]):
             files.setdefault(sid, []).append(path)
         tasks.append(FoldTask(i, files, {p: fid_of[p] for paths in files.values() for p in paths},
-                              [(sid, main_tids.get(sid)) for sid in files], out_dir))
+                              [(sid, main_tids.get(sid)) for sid in files], out_dir,
+                              ranges={p: ranges[p] for paths in files.values() for p in paths if ranges and p in ranges}))
     return tasks
 
 

@@ -16,6 +16,7 @@ loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -47,10 +48,18 @@ from goodtrace.read.loaded import (
     SessionTimeline,
 )
 from goodtrace.read.mirror import mirror_run
-from goodtrace.read.segment_cache import FileIdentity, Hit, SegmentCache, identity_of, open_cache
+from goodtrace.read.segment_cache import (
+    OPEN_KINDS,
+    FileIdentity,
+    Hit,
+    SegmentCache,
+    identity_of,
+    open_cache,
+    prefix_digest,
+)
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.sessions import number_attempts
-from goodtrace.read.validate import SKIP_REASONS, describe_skipped
+from goodtrace.read.validate import MAX_LINE_BYTES, SKIP_REASONS, describe_skipped
 from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = [
@@ -69,6 +78,10 @@ __all__ = [
 
 MAX_FILE_WARNINGS = 20  # files named one by one in the warnings; the rest are summed
 _YEAR_NS = 366 * 86_400 * 10**9
+# A file still being written is kept in the cache again (as a longer prefix) once this many
+# bytes, or a quarter of the prefix kept, were read after the prefix: a re-report reads at most
+# that much twice, and writes the file's reduction again that seldom.
+PREFIX_STEP_BYTES = 1 << 20
 
 
 def _unchanged(path: str, entry: dict[str, Any]) -> bool:
@@ -167,19 +180,96 @@ def _open_cache(root: str, manifest: dict[str, Any] | None, use_cache: bool) -> 
     return open_cache(root, extra)
 
 
-def _closed_files(con: Any, drafts: dict[str, Any], files: list[tuple[str, object]], fid_of: dict[str, int]) -> set[str]:
+def _segment_number(header: object) -> int:
+    value = header.get(schema.H_SEGMENT) if isinstance(header, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _closed_files(con: Any, drafts: dict[str, Any], files: list[tuple[str, object]]) -> set[str]:
     """The files no writer will append to: every file of a finished session, and every file
     of a session but its last segment (the writer rotated away from it)."""
     finished = {int(row[0]) for row in con.execute("SELECT DISTINCT sid FROM seg_summ WHERE has_finish > 0").fetchall()}
-    number: dict[str, int] = {}
-    for p, header in files:
-        value = header.get(schema.H_SEGMENT) if isinstance(header, dict) else None
-        number[p] = value if isinstance(value, int) and not isinstance(value, bool) else 0
+    number = {p: _segment_number(header) for p, header in files}
     closed: set[str] = set()
     for sid, draft in enumerate(drafts.values()):
         last = max(number.get(p, 0) for p in draft.files)
         closed.update(p for p in draft.files if sid in finished or number.get(p, 0) < last)
     return closed
+
+
+def _last_segments(drafts: dict[str, Any], files: list[tuple[str, object]]) -> list[str]:
+    """Each session's last segment: the file a writer may still be appending to."""
+    number = {p: _segment_number(header) for p, header in files}
+    return [max(draft.files, key=lambda p: number.get(p, 0)) for draft in drafts.values()]
+
+
+def _whole_lines(path: str, end: int) -> int | None:
+    """Where the last whole line of a file's first ``end`` bytes ends (None: none found, or
+    the file cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            position = end
+            block = 1 << 16
+            while position > 0 and end - position <= 2 * MAX_LINE_BYTES:
+                start = max(0, position - block)
+                handle.seek(start)
+                data = handle.read(position - start)
+                if len(data) != position - start:
+                    return None
+                found = data.rfind(b"\n")
+                if found >= 0:
+                    return start + found + 1
+                position = start
+                block = min(block * 4, 1 << 24)
+    except OSError:
+        return None
+    return None
+
+
+def _prefix_ends(ranges: dict[str, tuple[int, int]], skips: duckdb_sql.FileSkips) -> dict[str, tuple[int, dict[str, int]]]:
+    """Of the files read up to a point (``ranges``), how much the cache may keep as a prefix and
+    the lines skipped in it: up to the last whole line read, when a partial line after it
+    (a write in progress) was counted as torn, not read as a record. A file with a line too
+    long to read is not kept (as a closed one is not)."""
+    out: dict[str, tuple[int, dict[str, int]]] = {}
+    for path, (_, end) in ranges.items():
+        counts = dict(skips.by_file.get(path, {}))
+        n = _whole_lines(path, end) if end > 0 else None
+        if n is None or "too_long" in counts:
+            continue
+        if n < end:
+            if counts.get("torn_last_line", 0) < 1:
+                continue  # the partial line read as a record: the next report could not start after it
+            counts["torn_last_line"] -= 1
+            if not counts["torn_last_line"]:
+                del counts["torn_last_line"]
+        out[path] = (n, counts)
+    return out
+
+
+def _store_prefixes(
+    cache: SegmentCache, con: Any, kind: str, tables: Sequence[str], ends: dict[str, tuple[int, dict[str, int]]],
+    hits: dict[int, Hit], closed: set[str], identities: dict[str, FileIdentity], fid_of: dict[str, int],
+) -> None:
+    """Keep the rows of the files still being written as prefixes (``ends``: how much of each,
+    :func:`_prefix_ends`), where enough was read after the prefix the cache held (``hits``)."""
+    files: dict[int, FileIdentity] = {}
+    counts: dict[int, dict[str, int]] = {}
+    prefixes: dict[int, tuple[int, str]] = {}
+    for path, (n, skipped) in ends.items():
+        fid = fid_of[path]
+        hit = hits.get(fid)
+        ident = identities.get(path)
+        if path in closed or ident is None or ident.inode is None or (
+                hit is not None and hit.prefix is not None and n - hit.prefix < max(PREFIX_STEP_BYTES, hit.prefix // 4)):
+            continue
+        digest = prefix_digest(path, n)
+        if digest is None:
+            continue
+        files[fid] = dataclasses.replace(ident, size=n)
+        counts[fid] = skipped
+        prefixes[fid] = (n, digest)
+    cache.store(con, kind, tables, files, counts, prefixes=prefixes)
 
 
 def _store(
@@ -206,20 +296,39 @@ def _store(
     cache.store(con, kind, tables, keep, {fid: skips.by_file.get(path_of[fid], {}) for fid in keep}, replace=replace)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Growing:
+    """The files still being written, as the fold read them: the bytes read of each
+    (``ranges``), how much of each the cache may keep (``ends``), and a folder for copies."""
+
+    ranges: dict[str, tuple[int, int]]
+    ends: dict[str, tuple[int, dict[str, int]]]
+    folder: str
+
+
 def _read_details(
     con: Any, root: str, cache: SegmentCache | None, references: Sequence[int], drafts: Sequence[Any], fid_of: dict[str, int],
     identities: dict[str, FileIdentity], closed: set[str], skips: duckdb_sql.FileSkips,
-    parquet_ok: dict[str, dict[str, Any]], path_of: dict[int, str],
+    parquet_ok: dict[str, dict[str, Any]], path_of: dict[int, str], growing: _Growing,
 ) -> None:
     """The reference sessions' detail into the ``det_*`` tables: from the cache, or read from
-    their files (JSON, or the compacted copy) and kept when closed."""
+    their files (JSON, or the compacted copy) and kept when closed; of a file still being
+    written, the prefix the cache holds and the bytes the fold read after it."""
+    from goodtrace.read.long_lines import shortened_copy
+
     model_fetch.create_detail_tables(con)
     wanted = {fid_of[p]: (sid, p) for sid in sorted(set(references)) for p in drafts[sid].files}
     hits: dict[int, Hit] = {}
+    open_hits: dict[int, Hit] = {}
+    kind = OPEN_KINDS["detail"]
     if cache is not None:
         hits = cache.find("detail", {fid: identities[p] for fid, (_, p) in wanted.items() if p in identities})
         for fid in cache.load(con, "detail", hits, {fid: sid for fid, (sid, _) in wanted.items()}):
             del hits[fid]
+        open_hits = cache.find_prefixes(kind, {fid: (p, identities[p]) for fid, (_, p) in wanted.items()
+                                               if fid not in hits and p in growing.ranges})
+        for fid in cache.load(con, kind, open_hits, {fid: sid for fid, (sid, _) in wanted.items()}):
+            del open_hits[fid]
     json_rows: list[tuple[str, int, int]] = []
     parquet_rows: list[tuple[int, int, int]] = []
     for fid, (sid, p) in sorted(wanted.items()):
@@ -227,13 +336,30 @@ def _read_details(
             continue
         if p in parquet_ok:
             parquet_rows.append((int(parquet_ok[p]["fid"]), sid, fid))
+        elif p in growing.ranges:  # the bytes the fold read, after the prefix the cache holds
+            hit = open_hits.get(fid)
+            try:
+                copy = duckdb_sql.range_copy(p, hit.prefix if hit is not None and hit.prefix is not None else 0,
+                                             growing.ranges[p][1], growing.folder)
+            except OSError:  # gone since the fold: DuckDB says so, and the run is read again
+                copy = p
+            if "too_long" in skips.by_file.get(p, {}):
+                found = shortened_copy(copy, duckdb_sql.SHORTEN_TO)
+                copy = found[0] if found is not None else copy
+            json_rows.append((copy, sid, fid))
         else:
             json_rows.append((skips.substitutes.get(p, p), sid, fid))
-    model_fetch.extract_details(con, json_rows, parquet_rows)
+    try:
+        model_fetch.extract_details(con, json_rows, parquet_rows)
+    finally:
+        shutil.rmtree(growing.folder, ignore_errors=True)
     if cache is not None:
         _store(cache, con, root, "detail", model_fetch.DETAIL_NAMES,
                {fid: identities[p] for fid, (_, p) in wanted.items() if p in closed and p in identities}, hits, skips,
                path_of)
+        _store_prefixes(cache, con, kind, model_fetch.DETAIL_NAMES,
+                        {p: end for fid, (_, p) in wanted.items() if fid not in hits and (end := growing.ends.get(p))},
+                        open_hits, closed, identities, fid_of)
 
 
 def load_run(
@@ -393,6 +519,23 @@ def _load_run(
             for reason, count in hit.skipped.items():
                 if reason in SKIP_REASONS and isinstance(count, int):
                     skips.add(path_of[fid], reason, count)
+        # The files still being written: the longest prefix of each the cache holds is loaded,
+        # and only the bytes after it are read, from a copy (whole lines up to there are kept).
+        open_hits: dict[int, Hit] = {}
+        ranges: dict[str, tuple[int, int]] = {}
+        if cache is not None:
+            json_set = set(json_paths)
+            growing = {fid_of[p]: p for p in _last_segments(drafts, files)
+                       if p in json_set and p in identities and fid_of[p] not in hits}
+            open_hits = cache.find_prefixes(OPEN_KINDS["model"], {fid: (p, identities[p]) for fid, p in growing.items()})
+            for fid in cache.load(con, OPEN_KINDS["model"], open_hits, sid_of_fid):
+                del open_hits[fid]
+            for fid, p in growing.items():
+                found = open_hits.get(fid)
+                ranges[p] = (found.prefix if found is not None and found.prefix is not None else 0, identities[p].size)
+                for reason, count in (found.skipped.items() if found is not None else ()):
+                    if reason in SKIP_REASONS and isinstance(count, int):
+                        skips.add(p, reason, count)
         for p, entry in parquet_ok.items():  # lines the compacted copy skipped, of the files read from it
             if p in sid_of_file and fid_of[p] not in hits:
                 for reason, count in (entry.get("skipped") or {}).items():
@@ -410,8 +553,10 @@ def _load_run(
             done += 1
             if progress is not None:
                 progress("reading compacted records", done, total)
+        read_bytes = sum(ranges[p][1] - ranges[p][0] if p in ranges else identities[p].size if p in identities else 0
+                         for paths in fold_json_by_sid.values() for p in paths)
         done = fold_sessions(con, fold_json_by_sid, fid_of, main_tids, tmpdir, engine, progress, done, total, skips,
-                             remote)
+                             remote, ranges)
         if hits and cache is not None:
             # the span starts: only the sample finish_model keeps, now that every file's summary
             # is in (all of them when this load's chunk will replace the others: it keeps them)
@@ -440,12 +585,16 @@ def _load_run(
         for paths in json_by_sid.values():  # files read from copies without their long lines
             paths[:] = [skips.substitutes.get(p, p) for p in paths]
         if cache is not None:
-            closed = _closed_files(con, drafts, files, fid_of)
+            closed = _closed_files(con, drafts, files)
             _store(cache, con, root, "model", duckdb_sql.SEGMENT_NAMES,
                    {fid_of[p]: identities[p] for p in closed if p in identities}, hits, skips, path_of)
+            ends = _prefix_ends(ranges, skips)
+            _store_prefixes(cache, con, OPEN_KINDS["model"], duckdb_sql.SEGMENT_NAMES, ends, open_hits, closed,
+                            identities, fid_of)
             cache.prune({ident.path: ident for ident in identities.values()})
         else:
             closed = set()
+            ends = {}
         duckdb_sql.finish_model(con)
         if progress is not None:
             progress("summarising", total, total)
@@ -457,7 +606,7 @@ def _load_run(
         attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
         references = reference_sessions(sessions, attempts)
         _read_details(con, root, cache, references, list(drafts.values()), fid_of, identities, closed, skips, parquet_ok,
-                      path_of)
+                      path_of, _Growing(ranges, ends, os.path.join(tmpdir, "detail")))
         timelines = model_fetch.load_timelines(con, references)
         models = model_fetch.model_events(con)
         for sid, timeline in timelines.items():
@@ -486,7 +635,7 @@ def _load_run(
         path=path, sessions=sessions, timelines=timelines, session_records=records,
         warnings=fold_file_warnings(warnings),
         form=form, records=record_count, files=json_by_sid, parquet_fids=parquet_fids,
-        parquet_path=parquet if parquet_ok else None, skipped=skipped,
+        parquet_path=parquet if parquet_ok else None, skipped=skipped, read_bytes=read_bytes,
     )
     loaded.hang_events = hang_details(loaded, hangs)  # the few sessions with a hang: their events' details
     return loaded

@@ -243,6 +243,9 @@ class LoadedRun:
     released: bool = False
     # per session with a hang event: (name, t, step, attrs) of its hang events (read.hangs)
     hang_events: dict[int, list[HangEvent]] = dataclasses.field(default_factory=dict)
+    # bytes of JSON lines this load parsed for the run model (the rest came from the segment
+    # cache, as whole closed files or as the first part of files still being written)
+    read_bytes: int = 0
 
     def close(self) -> None:
         """Release what the loader holds open for the analysis (its DuckDB connection and

@@ -8,7 +8,13 @@ the chunk, and an index ``<chunk>.json`` naming each file by its identity: path 
 size, mtime_ns, inode (where the filesystem has one) and the main thread its session's header
 names, with the lines the fold skipped in it. A file's rows are used only while all of that is
 unchanged; anything else (another format, a torn or unreadable chunk, a file rewritten with
-the same size) is ignored, and the file read again. Parquet files are written first and the
+the same size) is ignored, and the file read again.
+
+A file still being written (the last segment of a session that has not finished) is kept as a
+*prefix* (kinds ``model-open`` and ``detail-open``): the reduction of its first ``prefix``
+bytes (whole lines), valid while the file has the same path, inode and main thread, is at
+least that long, and those bytes still have the same digest (:func:`prefix_digest`: the
+first 4 KiB and the 64 KiB before the cut); the next report reads only the bytes after it. Parquet files are written first and the
 index last, each as a temporary file renamed into place, so a killed writer leaves at most
 files no index names, removed by the next writer once their process is gone.
 
@@ -34,7 +40,7 @@ from goodtrace.read import duckdb_connection, duckdb_sql
 from goodtrace.read.environment import cache_root
 from goodtrace.record.errors import warn
 
-__all__ = ["CACHE_DIR", "ENV_SEGMENT_CACHE", "FileIdentity", "Hit", "SegmentCache", "open_cache"]
+__all__ = ["CACHE_DIR", "ENV_SEGMENT_CACHE", "FileIdentity", "Hit", "SegmentCache", "open_cache", "prefix_digest"]
 
 CACHE_DIR = "cache"  # RUN/compact/cache/
 ENV_SEGMENT_CACHE = "GOODTRACE_SEGMENT_CACHE"
@@ -44,6 +50,35 @@ _INDEX = ".json"
 # growing run adds one; reading a chunk costs a query per table)
 MAX_CHUNKS = 8
 _CHUNK_NAME = re.compile(r"(?:model-)?(c([0-9]+)-[0-9a-f]{12})")
+# The kinds of the prefixes of open files (see the module's docstring)
+OPEN_KINDS = {"model": "model-open", "detail": "detail-open"}
+_DIGEST_HEAD = 4096
+_DIGEST_TAIL = 65536
+
+
+def prefix_digest(path: str, size: int) -> str | None:
+    """A digest of the first ``size`` bytes of a file, as a prefix entry keeps it: of its first
+    4 KiB and of the 64 KiB before ``size`` (None when the file is shorter or unreadable). With
+    the path, inode and main thread, it tells that a growing file still begins with the bytes
+    a prefix entry reduced."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(min(size, _DIGEST_HEAD))
+            start = max(0, size - _DIGEST_TAIL)
+            handle.seek(start)
+            tail = handle.read(size - start)
+    except OSError:
+        return None
+    if len(tail) != size - start:
+        return None
+    return hashlib.sha256(b"%d:" % size + head + tail).hexdigest()[:32]
+
+
+def prefix_of(entry: Mapping[str, Any]) -> int | None:
+    """The bytes a prefix entry covers (None for an entry of a whole file)."""
+    n = entry.get("prefix")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 and isinstance(entry.get("digest"), str) \
+        else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +121,7 @@ class Hit:
     chunk: str
     number: int
     skipped: dict[str, int]
+    prefix: int | None = None  # a prefix entry: the bytes of the file it covers
 
 
 def _user_cache(root: str) -> str:
@@ -206,6 +242,28 @@ class SegmentCache:
                     break
         return hits
 
+    def find_prefixes(self, kind: str, wanted: Mapping[int, tuple[str, FileIdentity]]) -> dict[int, Hit]:
+        """The files of ``wanted`` (file number -> its path here and its identity now) whose first
+        bytes a chunk of ``kind`` (an open kind) holds: the longest such prefix of each, its
+        length in ``Hit.prefix``."""
+        by_path: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
+        for chunk, (_, index) in self._chunks.items():
+            if index.get("kind") != kind:
+                continue
+            for entry in index["files"]:
+                n = prefix_of(entry)
+                if n is not None:
+                    by_path.setdefault(entry.get("path"), []).append((n, chunk, entry))
+        hits: dict[int, Hit] = {}
+        for fid, (path, ident) in wanted.items():
+            for n, chunk, entry in sorted(by_path.get(ident.path, ()), key=lambda found: -found[0]):
+                if ident.inode is None or entry.get("inode") != ident.inode or entry.get("main_tid") != ident.main_tid \
+                        or n > ident.size or prefix_digest(path, n) != entry["digest"]:
+                    continue
+                hits[fid] = Hit(chunk, int(entry["number"]), dict(entry.get("skipped") or {}), prefix=n)
+                break
+        return hits
+
     def load(
         self, con: Any, kind: str, hits: Mapping[int, Hit], sid_of: Mapping[int, int], *,
         tables: Callable[[str], bool] = lambda _: True, filters: Mapping[str, str] | None = None,
@@ -261,18 +319,20 @@ class SegmentCache:
     def store(
         self, con: Any, kind: str, tables: Iterable[str], files: Mapping[int, FileIdentity],
         skipped: Mapping[int, dict[str, int]], *, replace: bool = False,
+        prefixes: Mapping[int, tuple[int, str]] | None = None,
     ) -> dict[str, Any] | None:
         """A new chunk of the rows of ``files`` (this load's file number -> identity) in
         ``con``'s ``tables``; returns its index, None when it could not be written (the cache
         is then left as it was). ``replace``: the other chunks of ``kind`` in this folder go
-        (the new one holds their files)."""
+        (the new one holds their files). ``prefixes``: of a file kept as a prefix, the bytes
+        its rows cover and their :func:`prefix_digest`."""
         import duckdb
 
         if not files or self.folder is None:
             return None
         try:
             self._remove_leftovers()
-            index = write_chunk(con, self.folder, kind, tables, files, skipped)
+            index = write_chunk(con, self.folder, kind, tables, files, skipped, prefixes=prefixes)
         except (OSError, duckdb.Error) as exc:
             self._warn(f"cannot be written ({exc})")
             return None
@@ -283,10 +343,33 @@ class SegmentCache:
 
     def prune(self, current: Mapping[str, FileIdentity]) -> None:
         """Remove the chunks of this folder none of whose files is still as it was (``current``:
-        every segment of the run now, by path in the run)."""
+        every segment of the run now, by path in the run): a prefix entry lives while it is
+        its file's longest, the file has not been kept whole since, and could still begin
+        with those bytes (same inode, at least as long)."""
+        whole: set[tuple[str, str]] = set()  # (the kind of the file's prefixes, its path)
+        longest: dict[tuple[str, str], int] = {}
+        for _, index in self._chunks.values():
+            kind = str(index.get("kind"))
+            for entry in index["files"]:
+                n = prefix_of(entry)
+                path = entry.get("path")
+                if n is not None:
+                    longest[kind, path] = max(longest.get((kind, path), 0), n)
+                elif path in current and current[path].matches(entry):
+                    whole.add((OPEN_KINDS.get(kind, ""), path))
+
+        def alive(kind: str, entry: dict[str, Any]) -> bool:
+            ident = current.get(entry["path"])
+            if ident is None:
+                return False
+            n = prefix_of(entry)
+            if n is None:
+                return ident.matches(entry)
+            return (n == longest.get((kind, entry["path"])) and (kind, entry["path"]) not in whole
+                    and ident.size >= n and ident.inode is not None and entry.get("inode") == ident.inode)
+
         for chunk, (folder, index) in list(self._chunks.items()):
-            if folder == self.folder and not any(
-                    entry["path"] in current and current[entry["path"]].matches(entry) for entry in index["files"]):
+            if folder == self.folder and not any(alive(str(index.get("kind")), entry) for entry in index["files"]):
                 self._remove(chunk, index)
 
     def clear(self, kind: str) -> None:
@@ -311,6 +394,7 @@ class SegmentCache:
 def write_chunk(
     con: Any, folder: str, kind: str, tables: Iterable[str], files: Mapping[int, FileIdentity],
     skipped: Mapping[int, dict[str, int]], *, prefix: str = "", index_file: bool = True,
+    prefixes: Mapping[int, tuple[int, str]] | None = None,
 ) -> dict[str, Any]:
     """Write the rows of ``files`` in ``con``'s ``tables`` as a chunk in ``folder`` (files
     ``<prefix><chunk>-<table>.parquet``, each renamed into place once written; then, with
@@ -333,6 +417,9 @@ def write_chunk(
             names[table] = name
         entries = [dict(ident.entry(), number=fid, skipped=dict(skipped.get(fid, {})))
                    for fid, ident in sorted(files.items())]
+        for entry in entries:
+            if prefixes and entry["number"] in prefixes:
+                entry["prefix"], entry["digest"] = prefixes[entry["number"]]
         index = {"format": CACHE_FORMAT, "version": duckdb_sql.RUN_MODEL_VERSION, "chunk": chunk, "kind": kind,
                  "tables": names, "files": entries}
         if index_file:

@@ -1,0 +1,216 @@
+"""A segment still being written is kept in the segment cache as a prefix: a report of a growing
+run reads only the bytes written since the last one, and the JSON report is the cold one to
+the byte, on a run the real recorder writes: as it grows, with a line being written when the
+report reads (torn), after the kept bytes were changed in place, and after the file was
+replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from goodtrace.analysis import analyze
+from goodtrace.read.compact import COMPACT_DIR
+from goodtrace.read.engine import Engine
+from goodtrace.read.load import PREFIX_STEP_BYTES, load_run
+from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
+from goodtrace.renderers.json_report import render_json
+from helpers.many_ranks import NOW
+
+# One rank of a training loop through the public API, all in one segment (the writer's
+# default size), each step flushed by hand and no flush on a timer: the file stays as it is
+# while the test reads it. Each line on stdin: a number of steps to write ("done" after
+# them), or "finish".
+WRITER = r"""
+import sys, time
+import goodtrace as gt
+run, rank = sys.argv[1], int(sys.argv[2])
+gt.init(run, rank=rank, world_size=2, flush_interval_s=3600)
+k = 0
+for line in sys.stdin:
+    if line.strip() == "finish":
+        break
+    for _ in range(int(line)):
+        with gt.step(k):
+            with gt.span("data", "data"):
+                time.sleep(0.0002)
+            with gt.span("forward", "compute"):
+                time.sleep(0.0005 * (1 + rank))
+            gt.metric("loss", 1.0 / (k + 1), step=k)
+            if k % 7 == 0:
+                gt.tag("eval_window", step=k)
+        gt.flush()
+        k += 1
+    print("done", flush=True)
+gt.finish()
+"""
+
+
+class Job:
+    """Two ranks of :data:`WRITER`, driven step by step."""
+
+    def __init__(self, run: Path) -> None:
+        self.run = run
+        self.procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(run), str(rank)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True) for rank in range(2)]
+
+    def steps(self, count: int) -> None:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{count}\n")
+            proc.stdin.flush()
+        for proc in self.procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "done"
+
+    def finish(self) -> None:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write("finish\n")
+            proc.stdin.flush()
+        for proc in self.procs:
+            assert proc.wait(timeout=120) == 0
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+
+    def segments(self) -> list[Path]:
+        return sorted(self.run.glob("rank-*/*.jsonl"))
+
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.segments())
+
+
+@pytest.fixture()
+def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Job]:
+    monkeypatch.setenv(ENV_SEGMENT_CACHE, "1")
+    running = Job(tmp_path / "run")
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def _report(run: Path, *, cache: bool, workers: int = 1) -> tuple[str, int]:
+    """The JSON report (with every step) and the bytes of JSON lines the load parsed."""
+    loaded = load_run(run, engine=Engine(workers=workers), use_cache=cache)
+    read = loaded.read_bytes
+    return render_json(analyze(loaded, now_wall_ns=NOW, release_records=True), include_steps=True), read
+
+
+def _prefixes(run: Path) -> dict[str, list[int]]:
+    """Per kind of open chunk, the prefix lengths the cache holds."""
+    found: dict[str, list[int]] = {}
+    for index in (run / COMPACT_DIR / CACHE_DIR).glob("*.json"):
+        content = json.loads(index.read_text())
+        for entry in content["files"]:
+            if "prefix" in entry:
+                found.setdefault(content["kind"], []).append(entry["prefix"])
+    return {kind: sorted(sizes) for kind, sizes in found.items()}
+
+
+def test_a_report_of_a_growing_segment_reads_only_the_bytes_written_since(job: Job) -> None:
+    job.steps(40)
+    assert len(job.segments()) == 2  # one open segment a rank: nothing closed to take from the cache
+    first = job.size()
+    cold, read = _report(job.run, cache=False)
+    assert read == first
+    warm, read = _report(job.run, cache=True)  # reads everything, keeps each open file as a prefix
+    assert (warm, read) == (cold, first)
+    # each rank's file as a prefix; the reference rank's (rank 0) detail too
+    assert _prefixes(job.run) == {"model-open": sorted(p.stat().st_size for p in job.segments()),
+                                  "detail-open": [p.stat().st_size for p in job.segments() if "rank-00000" in str(p)]}
+    for workers in (1, 2):  # in this process, and on a pool
+        before = job.size()
+        job.steps(15)
+        cold, _ = _report(job.run, cache=False)
+        warm, read = _report(job.run, cache=True, workers=workers)
+        assert warm == cold
+        # the bytes since the first report: what was read after it was kept (a prefix is kept
+        # again only once a megabyte was read after it)
+        assert read == job.size() - first
+        assert read < before
+    nothing_new, read = _report(job.run, cache=True)
+    assert (nothing_new, read) == (cold, job.size() - first)
+    job.finish()
+    cold, _ = _report(job.run, cache=False)
+    assert _report(job.run, cache=True)[0] == cold  # finished: the last segments are closed now
+    assert _report(job.run, cache=True) == (cold, 0)  # kept whole: nothing to read
+    assert _prefixes(job.run) == {}  # and their prefixes pruned
+
+
+def test_a_line_being_written_when_the_report_reads_is_neither_lost_nor_counted_twice(job: Job) -> None:
+    job.steps(30)
+    assert _report(job.run, cache=True)[0] == _report(job.run, cache=False)[0]
+    segment = next(p for p in job.segments() if "rank-00000" in str(p))  # the reference rank: its steps listed
+    line = next(record for record in map(json.loads, reversed(segment.read_bytes().splitlines()))
+                if record.get("kind") == "step")
+    # a record being written (an event just after the last step): half of its line, then the report
+    written = json.dumps({"kind": "event", "name": "probe", "t": line["t1"] + 1_000, "step": line["step"]}).encode()
+    with open(segment, "ab") as handle:
+        handle.write(written[: len(written) // 2])
+    cold, _ = _report(job.run, cache=False)
+    warm, _ = _report(job.run, cache=True)
+    assert warm == cold and "torn" in cold
+    with open(segment, "ab") as handle:  # the write completes; the job goes on
+        handle.write(written[len(written) // 2:] + b"\n")
+    job.steps(5)
+    cold, _ = _report(job.run, cache=False)
+    warm, _ = _report(job.run, cache=True)
+    assert warm == cold
+    report = json.loads(cold)
+    assert [event["name"] for event in report["events"]] == ["probe"]  # the completed line counts, once
+    assert "torn" not in "".join(json.loads(cold)["warnings"])
+
+
+def test_kept_bytes_changed_in_place_or_a_replaced_file_are_read_again(job: Job) -> None:
+    job.steps(30)
+    cold, _ = _report(job.run, cache=False)
+    assert _report(job.run, cache=True)[0] == cold
+    segment = next(p for p in job.segments() if "rank-00000" in str(p))
+    data = bytearray(segment.read_bytes())
+    # a loss value near the end of the kept bytes rewritten in place (same inode, same size)
+    at = data.rindex(b'"value":') + len(b'"value":')
+    while data[at:at + 1] in (b" ",):
+        at += 1
+    data[at:at + 1] = b"7" if data[at:at + 1] != b"7" else b"8"
+    with open(segment, "r+b") as handle:
+        handle.write(bytes(data))
+    cold, _ = _report(job.run, cache=False)
+    warm, read = _report(job.run, cache=True)
+    assert warm == cold and read >= segment.stat().st_size  # the changed file read whole
+    # the file replaced by another (new inode) holding the same bytes and more
+    job.steps(3)
+    replacement = segment.with_suffix(".tmp")
+    replacement.write_bytes(segment.read_bytes())
+    os.replace(replacement, segment)
+    cold, _ = _report(job.run, cache=False)
+    warm, read = _report(job.run, cache=True)
+    assert warm == cold and read >= segment.stat().st_size
+
+
+def test_a_prefix_is_kept_again_once_enough_was_read_after_it(job: Job) -> None:
+    job.steps(10)
+    _report(job.run, cache=True)
+    kept = _prefixes(job.run)["model-open"]
+    start = job.size()
+    while min(p.stat().st_size for p in job.segments()) < max(kept) + PREFIX_STEP_BYTES:
+        job.steps(1000)
+    grown = job.size() - start
+    cold, _ = _report(job.run, cache=False)
+    warm, read = _report(job.run, cache=True)
+    assert warm == cold and read == grown
+    longer = _prefixes(job.run)["model-open"]
+    assert len(longer) == 2 and all(new > old for new, old in zip(longer, kept, strict=True))  # the old ones pruned
+    assert _report(job.run, cache=True) == (cold, 0)
