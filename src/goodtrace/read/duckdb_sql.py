@@ -90,6 +90,7 @@ class FileSkips:
         self.by_file: dict[str, dict[str, int]] = {}
         self.substitutes: dict[str, str] = {}
         self.ranged: dict[str, tuple[str, int]] = {}
+        self.unranged: set[str] = set()  # files to read by range that were read whole (no copy)
         self.notes: list[str] = []
 
     def add(self, path: str, reason: str, count: int) -> None:
@@ -494,8 +495,14 @@ def fold_json(
                 if p in ranges:
                     try:
                         copy = range_copy(p, *ranges[p], folder)
-                    except OSError:  # gone since it was listed: DuckDB says so, as for any file
+                    except OSError as exc:
+                        if ranges[p][0] > 0 and os.path.exists(p):  # its first part is read already
+                            import duckdb
+
+                            raise duckdb.IOException(f"cannot copy the new part of {where_of(p)}: {exc}") from None
+                        # gone since it was listed (DuckDB says so, as for any file), or read whole
                         copy = None
+                        skips.unranged.add(p)
                     if copy is not None:
                         skips.ranged[copy] = p, ranges[p][0]
                         p = copy

@@ -122,6 +122,7 @@ class FoldResult:
     shortened: list[str]
     notes: list[str]
     error: str | None = None
+    unranged: list[str] = dataclasses.field(default_factory=list)  # see FileSkips.unranged
 
 
 def run_task(task: FoldTask) -> FoldResult:
@@ -177,6 +178,7 @@ def run_task(task: FoldTask) -> FoldResult:
     result.skipped = {driver_path.get(path, path): counts for path, counts in skips.by_file.items()}
     result.shortened = [driver_path.get(path, path) for path in skips.substitutes]
     result.notes = skips.notes  # they name files as rank-N/<file>, which a fetched copy keeps
+    result.unranged = [driver_path.get(path, path) for path in skips.unranged]
     return result
 
 
@@ -400,6 +402,7 @@ def _reduce(
             for reason, count in counts.items():
                 skips.add(path, reason, count)
         skips.notes.extend(result.notes)
+        skips.unranged.update(result.unranged)
         for path in result.shortened:  # the worker's copy is gone: this process makes its own
             found = shortened_copy(path, duckdb_sql.SHORTEN_TO)
             if found is None:

@@ -233,6 +233,8 @@ def _prefix_ends(ranges: dict[str, tuple[int, int]], skips: duckdb_sql.FileSkips
     long to read is not kept (as a closed one is not)."""
     out: dict[str, tuple[int, dict[str, int]]] = {}
     for path, (_, end) in ranges.items():
+        if path in skips.unranged:  # read whole, to wherever the file ended then
+            continue
         counts = dict(skips.by_file.get(path, {}))
         n = _whole_lines(path, end) if end > 0 else None
         if n is None or "too_long" in counts:
@@ -521,9 +523,11 @@ def _load_run(
                     skips.add(path_of[fid], reason, count)
         # The files still being written: the longest prefix of each the cache holds is loaded,
         # and only the bytes after it are read, from a copy (whole lines up to there are kept).
+        # Not for a mirror of object storage: it replaces a grown file (a new inode) with the
+        # whole new object, so that a prefix would never be found again.
         open_hits: dict[int, Hit] = {}
         ranges: dict[str, tuple[int, int]] = {}
-        if cache is not None:
+        if cache is not None and remote is None:
             json_set = set(json_paths)
             growing = {fid_of[p]: p for p in _last_segments(drafts, files)
                        if p in json_set and p in identities and fid_of[p] not in hits}
