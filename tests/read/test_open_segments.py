@@ -214,3 +214,28 @@ def test_a_prefix_is_kept_again_once_enough_was_read_after_it(job: Job) -> None:
     longer = _prefixes(job.run)["model-open"]
     assert len(longer) == 2 and all(new > old for new, old in zip(longer, kept, strict=True))  # the old ones pruned
     assert _report(job.run, cache=True) == (cold, 0)
+
+
+def test_a_last_line_without_its_newline_is_not_kept_as_a_prefix(job: Job) -> None:
+    """A file that ends in a whole record whose newline is not written yet: the record is read,
+    but the file is not kept (the next report could not tell where to start); once the
+    newline is there, the record still counts once."""
+    job.steps(10)
+    segment = next(p for p in job.segments() if "rank-00000" in str(p))
+    line = next(record for record in map(json.loads, reversed(segment.read_bytes().splitlines()))
+                if record.get("kind") == "step")
+    with open(segment, "ab") as handle:
+        handle.write(json.dumps({"kind": "event", "name": "probe", "t": line["t1"] + 1_000, "step": line["step"]}).encode())
+    cold, _ = _report(job.run, cache=False)
+    assert _report(job.run, cache=True)[0] == cold
+    other = next(p for p in job.segments() if "rank-00001" in str(p))
+    kept = other.stat().st_size
+    assert _prefixes(job.run) == {"model-open": [kept]}  # rank 0's file (and its detail) not kept
+    with open(segment, "ab") as handle:
+        handle.write(b"\n")
+    job.steps(3)
+    cold, _ = _report(job.run, cache=False)
+    warm, read = _report(job.run, cache=True)
+    assert warm == cold
+    assert read == segment.stat().st_size + other.stat().st_size - kept  # rank 0 whole, rank 1 after its prefix
+    assert [event["name"] for event in json.loads(cold)["events"]] == ["probe"]
