@@ -239,3 +239,22 @@ def test_a_last_line_without_its_newline_is_not_kept_as_a_prefix(job: Job) -> No
     assert warm == cold
     assert read == segment.stat().st_size + other.stat().st_size - kept  # rank 0 whole, rank 1 after its prefix
     assert [event["name"] for event in json.loads(cold)["events"]] == ["probe"]
+
+
+def test_a_line_too_long_to_read_after_the_kept_prefix_is_skipped_once(job: Job) -> None:
+    job.steps(10)
+    assert _report(job.run, cache=True)[0] == _report(job.run, cache=False)[0]
+    segment = next(p for p in job.segments() if "rank-00000" in str(p))  # the reference rank: its detail too
+    with open(segment, "ab") as handle:
+        handle.write(b'{"kind":"event","name":"huge","t":1,"attrs":{"x":"' + b"a" * 40_000_000 + b'"}}\n')
+    job.steps(3)
+    cold, _ = _report(job.run, cache=False)
+    for _ in range(2):  # the file is not kept past its prefix, so both read the line again
+        warm, read = _report(job.run, cache=True)
+        assert warm == cold and read > 40_000_000
+    assert json.loads(cold)["skipped_lines"] == {"too_long": 1}
+    # a view that reads the records again: the file without its long line, as when read whole
+    records = subprocess.run([sys.executable, "-m", "goodtrace", "records", str(job.run), "--json"],
+                             capture_output=True, text=True, check=False)
+    assert records.returncode == 0, records.stderr
+    assert json.loads(records.stdout)["skipped"] == {"too_long": 1}

@@ -91,6 +91,7 @@ class FileSkips:
         self.substitutes: dict[str, str] = {}
         self.ranged: dict[str, tuple[str, int]] = {}
         self.unranged: set[str] = set()  # files to read by range that were read whole (no copy)
+        self.long_ranges: set[str] = set()  # files whose range was read without its long lines
         self.notes: list[str] = []
 
     def add(self, path: str, reason: str, count: int) -> None:
@@ -129,11 +130,13 @@ class FileSkips:
             done[path] = self.substitutes[path] = copy
             self.add(original, "too_long", left_out.too_long)
             self.add(original, "torn_last_line", 1 if left_out.torn else 0)
-            # the line numbers of a range copy count from its start (its line 1: the file's header)
+            numbers = left_out.numbers
             start = self.ranged.get(path, ("", 0))[1]
-            where = f" of the part from byte {start:,} (its first line the header)" if start else ""
-            shown = ", ".join(str(n) for n in left_out.numbers[:5]) + (" ..." if len(left_out.numbers) > 5 else "")
-            self.notes.append(f"{where_of(original)}: line(s) {shown}{where} longer than {MAX_LINE_BYTES // 2**20} "
+            if start:  # a range copy's line k (its line 1: the file's header) is the file's line before + k - 1
+                before = _lines_before(original, start)
+                numbers = [before + k - 1 for k in numbers]
+            shown = ", ".join(str(n) for n in numbers[:5]) + (" ..." if len(numbers) > 5 else "")
+            self.notes.append(f"{where_of(original)}: line(s) {shown} longer than {MAX_LINE_BYTES // 2**20} "
                               "MiB; skipped (the rest of the file is read)")
         return done
 
@@ -143,6 +146,20 @@ class FileSkips:
                 path = original
                 break
         return self.ranged[path][0] if path in self.ranged else path
+
+
+def _lines_before(path: str, end: int) -> int:
+    """The lines a file's first ``end`` bytes hold (each ends in a newline)."""
+    count = 0
+    with open(path, "rb") as handle:
+        left = end
+        while left > 0:
+            block = handle.read(min(left, 1 << 22))
+            if not block:
+                break
+            count += block.count(b"\n")
+            left -= len(block)
+    return count
 
 
 def range_copy(path: str, start: int, end: int, folder: str) -> str:
@@ -514,6 +531,7 @@ def fold_json(
                 for copy in [copy for copy in skips.ranged if os.path.dirname(copy) == folder]:
                     shortened = skips.substitutes.pop(copy, None)  # its count is the file's
                     if shortened is not None:
+                        skips.long_ranges.add(skips.ranged[copy][0])
                         shutil.rmtree(os.path.dirname(shortened), ignore_errors=True)
                     del skips.ranged[copy]
                 shutil.rmtree(folder, ignore_errors=True)

@@ -123,6 +123,7 @@ class FoldResult:
     notes: list[str]
     error: str | None = None
     unranged: list[str] = dataclasses.field(default_factory=list)  # see FileSkips.unranged
+    long_ranges: list[str] = dataclasses.field(default_factory=list)  # see FileSkips.long_ranges
 
 
 def run_task(task: FoldTask) -> FoldResult:
@@ -179,6 +180,7 @@ def run_task(task: FoldTask) -> FoldResult:
     result.shortened = [driver_path.get(path, path) for path in skips.substitutes]
     result.notes = skips.notes  # they name files as rank-N/<file>, which a fetched copy keeps
     result.unranged = [driver_path.get(path, path) for path in skips.unranged]
+    result.long_ranges = [driver_path.get(path, path) for path in skips.long_ranges]
     return result
 
 
@@ -403,6 +405,7 @@ def _reduce(
                 skips.add(path, reason, count)
         skips.notes.extend(result.notes)
         skips.unranged.update(result.unranged)
+        skips.long_ranges.update(result.long_ranges)
         for path in result.shortened:  # the worker's copy is gone: this process makes its own
             found = shortened_copy(path, duckdb_sql.SHORTEN_TO)
             if found is None:

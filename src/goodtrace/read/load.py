@@ -47,6 +47,7 @@ from goodtrace.read.loaded import (
     SessionRecords,
     SessionTimeline,
 )
+from goodtrace.read.long_lines import shortened_copy
 from goodtrace.read.mirror import mirror_run
 from goodtrace.read.segment_cache import (
     OPEN_KINDS,
@@ -233,8 +234,8 @@ def _prefix_ends(ranges: dict[str, tuple[int, int]], skips: duckdb_sql.FileSkips
     long to read is not kept (as a closed one is not)."""
     out: dict[str, tuple[int, dict[str, int]]] = {}
     for path, (_, end) in ranges.items():
-        if path in skips.unranged:  # read whole, to wherever the file ended then
-            continue
+        if path in skips.unranged or path in skips.long_ranges:  # read whole (to wherever it ended then),
+            continue  # or with lines too long to read: not kept, as a closed file is not
         counts = dict(skips.by_file.get(path, {}))
         n = _whole_lines(path, end) if end > 0 else None
         if n is None or "too_long" in counts:
@@ -316,8 +317,6 @@ def _read_details(
     """The reference sessions' detail into the ``det_*`` tables: from the cache, or read from
     their files (JSON, or the compacted copy) and kept when closed; of a file still being
     written, the prefix the cache holds and the bytes the fold read after it."""
-    from goodtrace.read.long_lines import shortened_copy
-
     model_fetch.create_detail_tables(con)
     wanted = {fid_of[p]: (sid, p) for sid in sorted(set(references)) for p in drafts[sid].files}
     hits: dict[int, Hit] = {}
@@ -345,7 +344,7 @@ def _read_details(
                                              growing.ranges[p][1], growing.folder)
             except OSError:  # gone since the fold: DuckDB says so, and the run is read again
                 copy = p
-            if "too_long" in skips.by_file.get(p, {}):
+            if p in skips.long_ranges:
                 found = shortened_copy(copy, duckdb_sql.SHORTEN_TO)
                 copy = found[0] if found is not None else copy
             json_rows.append((copy, sid, fid))
@@ -586,6 +585,12 @@ def _load_run(
                     duckdb_connection.insert_rows(con, "foldmap", again_parquet)
                     duckdb_sql.fold_parquet(con)
                 fold_sessions(con, again, fid_of, main_tids, tmpdir, Engine(workers=1), None, 0, 0, skips, remote)
+        for p in ranges:  # a range read without its long lines: the views that read the file
+            # again (records, trace, hang stacks) need all of it without them, as a file read whole
+            if p in skips.long_ranges and p not in skips.substitutes:
+                shortened = shortened_copy(p, duckdb_sql.SHORTEN_TO)
+                if shortened is not None:
+                    skips.substitutes[p] = shortened[0]
         for paths in json_by_sid.values():  # files read from copies without their long lines
             paths[:] = [skips.substitutes.get(p, p) for p in paths]
         if cache is not None:
