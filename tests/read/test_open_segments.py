@@ -258,3 +258,26 @@ def test_a_line_too_long_to_read_after_the_kept_prefix_is_skipped_once(job: Job)
                              capture_output=True, text=True, check=False)
     assert records.returncode == 0, records.stderr
     assert json.loads(records.stdout)["skipped"] == {"too_long": 1}
+
+
+def test_reports_while_the_ranks_write_lose_and_double_nothing(job: Job) -> None:
+    """Reports taken while both ranks append (each report reads the files up to where they
+    were listed, and keeps whole lines of that); once the ranks pause, a report from the cache
+    is the cold one."""
+    job.steps(20)
+    overlapped = 0
+    for _ in range(3):
+        for proc in job.procs:  # the ranks write 1,000 steps each, flushing every step ...
+            assert proc.stdin is not None
+            proc.stdin.write("1000\n")
+            proc.stdin.flush()
+        _report(job.run, cache=True)  # ... while this report reads
+        during = job.size()
+        for proc in job.procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "done"
+        overlapped += job.size() > during
+    assert overlapped  # at least one report read files that were still growing
+    cold, _ = _report(job.run, cache=False)
+    warm, read = _report(job.run, cache=True)
+    assert warm == cold and read < job.size()
+    assert len(json.loads(cold)["steps"]) == 20 + 3 * 1000
