@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -281,3 +282,44 @@ def test_reports_while_the_ranks_write_lose_and_double_nothing(job: Job) -> None
     warm, read = _report(job.run, cache=True)
     assert warm == cold and read < job.size()
     assert len(json.loads(cold)["steps"]) == 20 + 3 * 1000
+
+
+def test_prefix_chunks_of_files_that_grew_at_different_times_are_merged(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten ranks, each growing past the re-store threshold in a report of its own: each report
+    keeps a chunk with one file, and each old chunk lives while it holds some file's longest
+    prefix; past MAX_CHUNKS of them, the next report's chunk holds every open file and
+    replaces them. Every report is the cold one."""
+    from goodtrace.read.segment_cache import MAX_CHUNKS
+    from helpers.builders import Proc
+
+    monkeypatch.setenv(ENV_SEGMENT_CACHE, "1")
+    run = tmp_path / "run"
+    first, grown = 200, 4_700  # steps; 3 lines each (data span, step, sync): about 1.2 MB grown
+    procs, paths = [], []
+    for rank in range(10):
+        proc = Proc(run, rank=rank, world=10)
+        proc.loop(range(grown), 1.0 + rank * 0.01, step_s=0.5, data_s=0.05)
+        procs.append(proc)
+        paths.append(proc.write())
+        text = paths[-1].read_text().splitlines(keepends=True)
+        paths[-1].write_text("".join(text[:1 + 3 * first]))  # the header and the first steps
+    assert _report(run, cache=True)[0] == _report(run, cache=False)[0]
+    counts = []
+    for rank, proc in enumerate(procs):
+        lines = [json.dumps(line, separators=(",", ":")) + "\n" for line in proc.lines[3 * first:]]
+        with open(paths[rank], "a") as handle:
+            handle.write("".join(lines))
+        warm, read = _report(run, cache=True)
+        assert warm == _report(run, cache=False)[0]
+        assert read == paths[rank].stat().st_size - len("".join(proc_text(proc, first)))
+        counts.append(sum(json.loads(index.read_text())["kind"] == "model-open"
+                          for index in (run / COMPACT_DIR / CACHE_DIR).glob("*.json")))
+    # one chunk more each report (the first one's lives while it holds a rank not grown yet),
+    # until MAX_CHUNKS: then one chunk of every file
+    assert counts == [*range(2, MAX_CHUNKS + 1), 1, 2, 3]
+
+
+def proc_text(proc: Any, steps: int) -> list[str]:
+    """The lines of ``proc``'s file that hold its header and first ``steps`` steps."""
+    return [json.dumps(line, separators=(",", ":")) + "\n" for line in [proc.header, *proc.lines[:3 * steps]]]

@@ -255,7 +255,10 @@ def _store_prefixes(
     hits: dict[int, Hit], closed: set[str], identities: dict[str, FileIdentity], fid_of: dict[str, int],
 ) -> None:
     """Keep the rows of the files still being written as prefixes (``ends``: how much of each,
-    :func:`_prefix_ends`), where enough was read after the prefix the cache held (``hits``)."""
+    :func:`_prefix_ends`), where enough was read after the prefix the cache held (``hits``).
+    When the folder holds many chunks of ``kind`` (files that grew at different times), the
+    new one holds every file of ``ends`` and replaces them."""
+    replace = cache.crowded(kind)
     files: dict[int, FileIdentity] = {}
     counts: dict[int, dict[str, int]] = {}
     prefixes: dict[int, tuple[int, str]] = {}
@@ -263,8 +266,8 @@ def _store_prefixes(
         fid = fid_of[path]
         hit = hits.get(fid)
         ident = identities.get(path)
-        if path in closed or ident is None or ident.inode is None or (
-                hit is not None and hit.prefix is not None and n - hit.prefix < max(PREFIX_STEP_BYTES, hit.prefix // 4)):
+        if path in closed or ident is None or ident.inode is None or (not replace and hit is not None and (
+                hit.prefix is not None and n - hit.prefix < max(PREFIX_STEP_BYTES, hit.prefix // 4))):
             continue
         digest = prefix_digest(path, n)
         if digest is None:
@@ -272,7 +275,7 @@ def _store_prefixes(
         files[fid] = dataclasses.replace(ident, size=n)
         counts[fid] = skipped
         prefixes[fid] = (n, digest)
-    cache.store(con, kind, tables, files, counts, prefixes=prefixes)
+    cache.store(con, kind, tables, files, counts, prefixes=prefixes, replace=replace)
 
 
 def _store(
