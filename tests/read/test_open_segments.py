@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from goodtrace.analysis import analyze
+from goodtrace.read.cache_keep import PREFIX_STEP_BYTES
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
-from goodtrace.read.load import PREFIX_STEP_BYTES, load_run
+from goodtrace.read.load import load_run
 from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
 from goodtrace.renderers.json_report import render_json
 from helpers.many_ranks import NOW

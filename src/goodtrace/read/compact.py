@@ -13,6 +13,7 @@ from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
 from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
+from goodtrace.read.file_skips import FileSkips
 from goodtrace.read.loaded import LoadError, Progress
 from goodtrace.read.segment_cache import FileIdentity, open_cache, process_alive, write_chunk
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
@@ -47,7 +48,7 @@ MODEL_PREFIX = "model-"  # RUN/compact/model-<chunk>-<table>.parquet: the run's 
 
 
 def _store_reduction(
-    con: Any, entries: list[dict[str, Any]], segments: list[str], out_dir: str, skips: duckdb_sql.FileSkips,
+    con: Any, entries: list[dict[str, Any]], segments: list[str], out_dir: str, skips: FileSkips,
 ) -> dict[str, Any]:
     """The fold's reduction of every segment, extracted once here and stored beside the
     Parquet copy as one chunk of the segment cache (:mod:`goodtrace.read.segment_cache`,
@@ -169,7 +170,7 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
             duckdb_sql.create_records_table(con)
             con.execute("ALTER TABLE records RENAME COLUMN sid TO fid")
             con.execute("CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)")
-            skips = duckdb_sql.FileSkips()
+            skips = FileSkips()
             duckdb_sql.insert_json(con, segments, {p: i for i, p in enumerate(segments)}, progress, 0,
                                    len(segments), skips)
             records = int(con.execute("SELECT count(*) FROM records WHERE bad IS NULL").fetchone()[0])

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from goodtrace import schema
 from goodtrace.read.loaded import SessionInfo
@@ -31,6 +31,29 @@ def read_header(path: str) -> object:
         return None
 
 
+def last_newline(handle: BinaryIO, end: int, limit: int) -> int | None:
+    """Where the last line of a file's first ``end`` bytes starts: just after the last newline
+    before ``end`` (0 when there is none, from the file's start), searched back in growing
+    blocks; None when none is found within ``limit`` bytes of ``end`` (a line longer than that)
+    or the file is shorter than ``end``."""
+    position = end
+    block = 1 << 16
+    while position > 0:
+        if end - position >= limit:
+            return None
+        start = max(0, position - block)
+        handle.seek(start)
+        data = handle.read(position - start)
+        if len(data) != position - start:
+            return None
+        found = data.rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        position = start
+        block = min(block * 4, 1 << 24)
+    return 0
+
+
 def torn_tail(path: str) -> bool:
     """Whether the file ends in a partial line that is not JSON (a write cut short): the
     line DuckDB reads as an unreadable row and the segment reader counts as torn."""
@@ -41,16 +64,11 @@ def torn_tail(path: str) -> bool:
         handle.seek(-1, os.SEEK_END)
         if handle.read(1) == b"\n":
             return False
-        block = 1 << 16
-        tail = b""
-        position = size
-        while b"\n" not in tail and position > 0 and len(tail) <= MAX_LINE_BYTES:
-            step = min(block, position)
-            position -= step
-            handle.seek(position)
-            tail = handle.read(step) + tail
-            block = min(block * 4, 1 << 24)
-    line = tail.rsplit(b"\n", 1)[-1]
+        start = last_newline(handle, size, MAX_LINE_BYTES + 1)
+        if start is None:
+            return True  # longer than a record may be
+        handle.seek(start)
+        line = handle.read(size - start)
     if not line.strip():
         return False
     if len(line) > MAX_LINE_BYTES:

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 from goodtrace import schema
 from goodtrace.read.discovery import torn_tail, where_of
 from goodtrace.read.duckdb_connection import execute_all, insert_rows, sql_str
+from goodtrace.read.file_skips import FileSkips, range_copy
 from goodtrace.read.loaded import Progress
-from goodtrace.read.long_lines import shortened_copy
 from goodtrace.read.validate import MAX_LINE_BYTES, invalid_sql
 
 # Columns read from every record line. Fields a record kind does not have are NULL.
@@ -71,119 +71,12 @@ def read_json_sql(paths: Sequence[str]) -> str:
 
 # DuckDB reads lines through a buffer twice this size and refuses a batch of files with a line
 # that does not fit (~32 MiB, validate.MAX_LINE_BYTES); those files are read from copies without
-# the lines longer than SHORTEN_TO (a little under it, so that the retry always fits).
+# the lines longer than file_skips.SHORTEN_TO (a little under it, so that the retry always fits).
 DUCKDB_OBJECT_BYTES = MAX_LINE_BYTES // 2
-SHORTEN_TO = MAX_LINE_BYTES - 65536
 
 # Valid records of a relation of read_json rows (``r.``) / of a table with a ``bad`` column.
 VALID_JSON = f"({invalid_sql('r.')}) IS NULL"
 INVALID = f"({invalid_sql()})"
-
-
-class FileSkips:
-    """Lines skipped in each file, by reason (validate.SKIP_REASONS), and the warnings that
-    name them; ``substitutes`` maps a file to the copy read instead (its long lines left out),
-    ``ranged`` a copy of some of a file's bytes (:func:`range_copy`) to the file and the byte
-    the copy starts at."""
-
-    def __init__(self) -> None:
-        self.by_file: dict[str, dict[str, int]] = {}
-        self.substitutes: dict[str, str] = {}
-        self.ranged: dict[str, tuple[str, int]] = {}
-        self.unranged: set[str] = set()  # files to read by range that were read whole (no copy)
-        self.long_ranges: set[str] = set()  # files whose range was read without its long lines
-        self.notes: list[str] = []
-
-    def add(self, path: str, reason: str, count: int) -> None:
-        if count:
-            counts = self.by_file.setdefault(path, {})
-            counts[reason] = counts.get(reason, 0) + count
-
-    def add_rows(self, path: str, rows: dict[str, int], torn: bool) -> None:
-        """What DuckDB found in one file: rows by reason (its first line is the header the
-        session came from, not an extra one; an unreadable row that is the file's torn tail is a
-        torn last line)."""
-        rows = dict(rows)
-        if rows.get("extra_header"):
-            rows["extra_header"] -= 1
-        elif rows.get("unreadable"):  # the header line itself, which DuckDB could not decode
-            rows["unreadable"] -= 1
-        if torn and rows.get("unreadable"):
-            rows["unreadable"] -= 1
-            rows["torn_last_line"] = rows.get("torn_last_line", 0) + 1
-        for reason, count in rows.items():
-            self.add(path, reason, count)
-
-    def shorten(self, paths: Sequence[str]) -> dict[str, str]:
-        """Copies of the files among ``paths`` that have lines over the limit (DuckDB refused
-        their batch); the long lines are counted and named."""
-        done: dict[str, str] = {}
-        shortened = set(self.substitutes.values())
-        for path in paths:
-            if path in shortened:
-                continue
-            found = shortened_copy(path, SHORTEN_TO)
-            if found is None:
-                continue
-            copy, left_out = found
-            original = self.original(path)
-            done[path] = self.substitutes[path] = copy
-            self.add(original, "too_long", left_out.too_long)
-            self.add(original, "torn_last_line", 1 if left_out.torn else 0)
-            numbers = left_out.numbers
-            start = self.ranged.get(path, ("", 0))[1]
-            if start:  # a range copy's line k (its line 1: the file's header) is the file's line before + k - 1
-                before = _lines_before(original, start)
-                numbers = [before + k - 1 for k in numbers]
-            shown = ", ".join(str(n) for n in numbers[:5]) + (" ..." if len(numbers) > 5 else "")
-            self.notes.append(f"{where_of(original)}: line(s) {shown} longer than {MAX_LINE_BYTES // 2**20} "
-                              "MiB; skipped (the rest of the file is read)")
-        return done
-
-    def original(self, path: str) -> str:
-        for original, copy in self.substitutes.items():
-            if copy == path:
-                path = original
-                break
-        return self.ranged[path][0] if path in self.ranged else path
-
-
-def _lines_before(path: str, end: int) -> int:
-    """The lines a file's first ``end`` bytes hold (each ends in a newline)."""
-    count = 0
-    with open(path, "rb") as handle:
-        left = end
-        while left > 0:
-            block = handle.read(min(left, 1 << 22))
-            if not block:
-                break
-            count += block.count(b"\n")
-            left -= len(block)
-    return count
-
-
-def range_copy(path: str, start: int, end: int, folder: str) -> str:
-    """A copy of bytes ``start`` to ``end`` of a record file in ``folder``, after the file's
-    header line when ``start`` is past it (so that the copy reads as a segment of the same
-    session): the part of a file still being written that a report reads, once and whole
-    lines (:mod:`goodtrace.read.segment_cache` keeps the reduction of the part before
-    ``start``). Raises OSError."""
-    os.makedirs(folder, exist_ok=True)
-    target = os.path.join(folder, f"{len(os.listdir(folder))}-{os.path.basename(path)}")
-    with open(path, "rb") as source, open(target, "wb") as out:
-        if start > 0:
-            header = source.readline(MAX_LINE_BYTES)
-            if len(header) <= start:  # else the range starts in the header: all of the file
-                out.write(header if header.endswith(b"\n") else header + b"\n")
-        source.seek(start)
-        left = end - start
-        while left > 0:
-            block = source.read(min(left, 1 << 22))
-            if not block:
-                break
-            out.write(block)
-            left -= len(block)
-    return target
 
 
 def _is_too_long(exc: Exception) -> bool:

@@ -24,6 +24,7 @@ from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
 from goodtrace.read.environment import count_from_environment
+from goodtrace.read.file_skips import SHORTEN_TO, FileSkips
 from goodtrace.read.loaded import Progress
 from goodtrace.read.long_lines import shortened_copy
 
@@ -114,7 +115,7 @@ class FoldTask:
 @dataclasses.dataclass
 class FoldResult:
     """A task's segment tables (table -> Parquet file, or its bytes), the lines it skipped
-    (as :class:`~goodtrace.read.duckdb_sql.FileSkips` holds them), or DuckDB's error."""
+    (as :class:`~goodtrace.read.FileSkips` holds them), or DuckDB's error."""
 
     index: int
     tables: dict[str, str | bytes]
@@ -131,7 +132,7 @@ def run_task(task: FoldTask) -> FoldResult:
     import duckdb
 
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-task-")
-    skips = duckdb_sql.FileSkips()
+    skips = FileSkips()
     result = FoldResult(task.index, {}, {}, [], [])
     # fold_json puts a copy without long lines in place of its file: on lists of this task's
     # own, since in the driver's thread task.files are the driver's lists
@@ -226,7 +227,7 @@ def _workers(engine: Engine, sizes: dict[str, int]) -> int:
 
 def fold_sessions(
     con: Any, files_by_sid: dict[int, list[str]], fid_of: dict[str, int], main_tids: dict[int, int | None], tmpdir: str,
-    engine: Engine, progress: Progress | None, done: int, total: int, skips: duckdb_sql.FileSkips,
+    engine: Engine, progress: Progress | None, done: int, total: int, skips: FileSkips,
     remote: RemoteRun | None = None, ranges: Mapping[str, tuple[int, int]] | None = None,
 ) -> int:
     """:func:`~goodtrace.read.duckdb_sql.fold_json` of ``files_by_sid`` (``fid_of``: each
@@ -377,7 +378,7 @@ def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int],
 
 
 def _reduce(
-    con: Any, results: Sequence[FoldResult], files_by_sid: dict[int, list[str]], skips: duckdb_sql.FileSkips,
+    con: Any, results: Sequence[FoldResult], files_by_sid: dict[int, list[str]], skips: FileSkips,
 ) -> None:
     """The tasks' tables into ``con``'s, in task order (the rows in the order one process
     inserts them), and what they skipped into ``skips``."""
@@ -407,7 +408,7 @@ def _reduce(
         skips.unranged.update(result.unranged)
         skips.long_ranges.update(result.long_ranges)
         for path in result.shortened:  # the worker's copy is gone: this process makes its own
-            found = shortened_copy(path, duckdb_sql.SHORTEN_TO)
+            found = shortened_copy(path, SHORTEN_TO)
             if found is None:
                 continue
             skips.substitutes[path] = found[0]

@@ -23,8 +23,16 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from goodtrace import schema
 from goodtrace.read import duckdb_connection, duckdb_sql, model_fetch
+from goodtrace.read.cache_keep import (
+    closed_files,
+    file_identities,
+    last_segments,
+    open_run_cache,
+    prefix_ends,
+    store_closed,
+    store_prefixes,
+)
 from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
 from goodtrace.read.discovery import (
     collect_sessions,
@@ -38,6 +46,7 @@ from goodtrace.read.discovery import (
     where_of,
 )
 from goodtrace.read.engine import Engine, RemoteRun, fold_sessions
+from goodtrace.read.file_skips import SHORTEN_TO, FileSkips, range_copy
 from goodtrace.read.hangs import hang_details, hang_events_in
 from goodtrace.read.loaded import (
     LoadedRun,
@@ -54,13 +63,10 @@ from goodtrace.read.segment_cache import (
     FileIdentity,
     Hit,
     SegmentCache,
-    identity_of,
-    open_cache,
-    prefix_digest,
 )
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.sessions import number_attempts
-from goodtrace.read.validate import MAX_LINE_BYTES, SKIP_REASONS, describe_skipped
+from goodtrace.read.validate import SKIP_REASONS, describe_skipped
 from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = [
@@ -79,10 +85,6 @@ __all__ = [
 
 MAX_FILE_WARNINGS = 20  # files named one by one in the warnings; the rest are summed
 _YEAR_NS = 366 * 86_400 * 10**9
-# A file still being written is kept in the cache again (as a longer prefix) once this many
-# bytes, or a quarter of the prefix kept, were read after the prefix: a re-report reads at most
-# that much twice, and writes the file's reduction again that seldom.
-PREFIX_STEP_BYTES = 1 << 20
 
 
 def _unchanged(path: str, entry: dict[str, Any]) -> bool:
@@ -128,7 +130,7 @@ def _segment_paths(root: str, warnings: list[str]) -> list[str]:
     return [path for _, path in list_segments(root, warnings)]
 
 
-def _warn_skipped(skips: duckdb_sql.FileSkips, skipped: dict[str, int], warnings: list[str]) -> None:
+def _warn_skipped(skips: FileSkips, skipped: dict[str, int], warnings: list[str]) -> None:
     """One warning per file with skipped lines (the first few files), and the run's totals."""
     files = sorted(skips.by_file.items())
     shown = 0
@@ -153,155 +155,6 @@ def _warn_skipped(skips: duckdb_sql.FileSkips, skipped: dict[str, int], warnings
         warnings.append(f"in all, {describe_skipped(bad)}; the numbers leave them out")
 
 
-def _file_identities(
-    root: str, drafts: dict[str, Any], main_tids: dict[int, int | None], parquet_ok: dict[str, dict[str, Any]],
-) -> dict[str, FileIdentity]:
-    """Each file's identity for the segment cache: as it is on disk, or (its JSON gone, read
-    from the compacted copy) as the compaction's manifest recorded it."""
-    out: dict[str, FileIdentity] = {}
-    for sid, draft in enumerate(drafts.values()):
-        for p in draft.files:
-            ident = identity_of(root, p, main_tids.get(sid))
-            entry = parquet_ok.get(p)
-            if ident is None and entry is not None and isinstance(entry.get("size"), int) \
-                    and isinstance(entry.get("mtime_ns"), int):
-                ident = FileIdentity(os.path.relpath(p, root).replace(os.sep, "/"), entry["size"], entry["mtime_ns"],
-                                     None, main_tids.get(sid))
-            if ident is not None:
-                out[p] = ident
-    return out
-
-
-def _open_cache(root: str, manifest: dict[str, Any] | None, use_cache: bool) -> SegmentCache | None:
-    """The run's segment cache, with the reduction a compaction stored (one more chunk)."""
-    if not use_cache:
-        return None
-    stored = manifest.get("model") if manifest is not None else None
-    extra = [(os.path.join(root, COMPACT_DIR), stored)] if isinstance(stored, dict) else []
-    return open_cache(root, extra)
-
-
-def _segment_number(header: object) -> int:
-    value = header.get(schema.H_SEGMENT) if isinstance(header, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _closed_files(con: Any, drafts: dict[str, Any], files: list[tuple[str, object]]) -> set[str]:
-    """The files no writer will append to: every file of a finished session, and every file
-    of a session but its last segment (the writer rotated away from it)."""
-    finished = {int(row[0]) for row in con.execute("SELECT DISTINCT sid FROM seg_summ WHERE has_finish > 0").fetchall()}
-    number = {p: _segment_number(header) for p, header in files}
-    closed: set[str] = set()
-    for sid, draft in enumerate(drafts.values()):
-        last = max(number.get(p, 0) for p in draft.files)
-        closed.update(p for p in draft.files if sid in finished or number.get(p, 0) < last)
-    return closed
-
-
-def _last_segments(drafts: dict[str, Any], files: list[tuple[str, object]]) -> list[str]:
-    """Each session's last segment: the file a writer may still be appending to."""
-    number = {p: _segment_number(header) for p, header in files}
-    return [max(draft.files, key=lambda p: number.get(p, 0)) for draft in drafts.values()]
-
-
-def _whole_lines(path: str, end: int) -> int | None:
-    """Where the last whole line of a file's first ``end`` bytes ends (None: none found, or
-    the file cannot be read)."""
-    try:
-        with open(path, "rb") as handle:
-            position = end
-            block = 1 << 16
-            while position > 0 and end - position <= 2 * MAX_LINE_BYTES:
-                start = max(0, position - block)
-                handle.seek(start)
-                data = handle.read(position - start)
-                if len(data) != position - start:
-                    return None
-                found = data.rfind(b"\n")
-                if found >= 0:
-                    return start + found + 1
-                position = start
-                block = min(block * 4, 1 << 24)
-    except OSError:
-        return None
-    return None
-
-
-def _prefix_ends(ranges: dict[str, tuple[int, int]], skips: duckdb_sql.FileSkips) -> dict[str, tuple[int, dict[str, int]]]:
-    """Of the files read up to a point (``ranges``), how much the cache may keep as a prefix and
-    the lines skipped in it: up to the last whole line read, when a partial line after it
-    (a write in progress) was counted as torn, not read as a record. A file with a line too
-    long to read is not kept (as a closed one is not)."""
-    out: dict[str, tuple[int, dict[str, int]]] = {}
-    for path, (_, end) in ranges.items():
-        if path in skips.unranged or path in skips.long_ranges:  # read whole (to wherever it ended then),
-            continue  # or with lines too long to read: not kept, as a closed file is not
-        counts = dict(skips.by_file.get(path, {}))
-        n = _whole_lines(path, end) if end > 0 else None
-        if n is None or "too_long" in counts:
-            continue
-        if n < end:
-            if counts.get("torn_last_line", 0) < 1:
-                continue  # the partial line read as a record: the next report could not start after it
-            counts["torn_last_line"] -= 1
-            if not counts["torn_last_line"]:
-                del counts["torn_last_line"]
-        out[path] = (n, counts)
-    return out
-
-
-def _store_prefixes(
-    cache: SegmentCache, con: Any, kind: str, tables: Sequence[str], ends: dict[str, tuple[int, dict[str, int]]],
-    hits: dict[int, Hit], closed: set[str], identities: dict[str, FileIdentity], fid_of: dict[str, int],
-) -> None:
-    """Keep the rows of the files still being written as prefixes (``ends``: how much of each,
-    :func:`_prefix_ends`), where enough was read after the prefix the cache held (``hits``).
-    When the folder holds many chunks of ``kind`` (files that grew at different times), the
-    new one holds every file of ``ends`` and replaces them."""
-    replace = cache.crowded(kind)
-    files: dict[int, FileIdentity] = {}
-    counts: dict[int, dict[str, int]] = {}
-    prefixes: dict[int, tuple[int, str]] = {}
-    for path, (n, skipped) in ends.items():
-        fid = fid_of[path]
-        hit = hits.get(fid)
-        ident = identities.get(path)
-        if path in closed or ident is None or ident.inode is None or (not replace and hit is not None and (
-                hit.prefix is not None and n - hit.prefix < max(PREFIX_STEP_BYTES, hit.prefix // 4))):
-            continue
-        digest = prefix_digest(path, n)
-        if digest is None:
-            continue
-        files[fid] = dataclasses.replace(ident, size=n)
-        counts[fid] = skipped
-        prefixes[fid] = (n, digest)
-    cache.store(con, kind, tables, files, counts, prefixes=prefixes, replace=replace)
-
-
-def _store(
-    cache: SegmentCache, con: Any, root: str, kind: str, tables: Sequence[str], closed: dict[int, FileIdentity],
-    hits: dict[int, Hit], skips: duckdb_sql.FileSkips, path_of: dict[int, str],
-) -> None:
-    """Keep the rows of the closed files just read (``closed``: every closed file, ``hits``: those
-    read from the cache), unless a file changed while it was read or had lines too long to read
-    (the views that read its records again need the copy). When the folder holds many chunks,
-    the new one holds its hits too, and replaces them."""
-    replace = cache.crowded(kind)
-    files = {fid: ident for fid, ident in closed.items()
-             if fid not in hits or (replace and cache.own(hits[fid]))}
-    keep: dict[int, FileIdentity] = {}
-    for fid, ident in files.items():
-        path = path_of[fid]
-        if path in skips.substitutes or "too_long" in skips.by_file.get(path, {}):
-            continue
-        if os.path.exists(path):
-            now = identity_of(root, path, ident.main_tid)
-            if now != ident:
-                continue
-        keep[fid] = ident
-    cache.store(con, kind, tables, keep, {fid: skips.by_file.get(path_of[fid], {}) for fid in keep}, replace=replace)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Growing:
     """The files still being written, as the fold read them: the bytes read of each
@@ -314,7 +167,7 @@ class _Growing:
 
 def _read_details(
     con: Any, root: str, cache: SegmentCache | None, references: Sequence[int], drafts: Sequence[Any], fid_of: dict[str, int],
-    identities: dict[str, FileIdentity], closed: set[str], skips: duckdb_sql.FileSkips,
+    identities: dict[str, FileIdentity], closed: set[str], skips: FileSkips,
     parquet_ok: dict[str, dict[str, Any]], path_of: dict[int, str], growing: _Growing,
 ) -> None:
     """The reference sessions' detail into the ``det_*`` tables: from the cache, or read from
@@ -343,12 +196,12 @@ def _read_details(
         elif p in growing.ranges:  # the bytes the fold read, after the prefix the cache holds
             hit = open_hits.get(fid)
             try:
-                copy = duckdb_sql.range_copy(p, hit.prefix if hit is not None and hit.prefix is not None else 0,
+                copy = range_copy(p, (hit.prefix or 0) if hit is not None else 0,
                                              growing.ranges[p][1], growing.folder)
             except OSError:  # gone since the fold: DuckDB says so, and the run is read again
                 copy = p
             if p in skips.long_ranges:
-                found = shortened_copy(copy, duckdb_sql.SHORTEN_TO)
+                found = shortened_copy(copy, SHORTEN_TO)
                 copy = found[0] if found is not None else copy
             json_rows.append((copy, sid, fid))
         else:
@@ -358,10 +211,10 @@ def _read_details(
     finally:
         shutil.rmtree(growing.folder, ignore_errors=True)
     if cache is not None:
-        _store(cache, con, root, "detail", model_fetch.DETAIL_NAMES,
+        store_closed(cache, con, root, "detail", model_fetch.DETAIL_NAMES,
                {fid: identities[p] for fid, (_, p) in wanted.items() if p in closed and p in identities}, hits, skips,
                path_of)
-        _store_prefixes(cache, con, kind, model_fetch.DETAIL_NAMES,
+        store_prefixes(cache, con, kind, model_fetch.DETAIL_NAMES,
                         {p: end for fid, (_, p) in wanted.items() if fid not in hits and (end := growing.ends.get(p))},
                         open_hits, closed, identities, fid_of)
 
@@ -450,7 +303,7 @@ def _load_run(
     if not json_paths and not parquet_ok:
         raise NotARunError(f"{path!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
     files: list[tuple[str, object]] = []
-    skips = duckdb_sql.FileSkips()
+    skips = FileSkips()
     for p, entry in parquet_ok.items():
         files.append((p, entry.get("header")))
     readable: list[str] = []
@@ -490,8 +343,8 @@ def _load_run(
     for sid, draft in enumerate(drafts.values()):
         for f in draft.files:
             sid_of_fid[fid_of.setdefault(f, len(fid_of))] = sid
-    identities = _file_identities(root, drafts, main_tids, parquet_ok)
-    cache = _open_cache(root, manifest, use_cache)
+    identities = file_identities(root, drafts, main_tids, parquet_ok)
+    cache = open_run_cache(root, manifest, use_cache)
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-load-")
     parquet_fids: dict[int, list[int]] = {}
     json_by_sid: dict[int, list[str]] = {}
@@ -531,14 +384,14 @@ def _load_run(
         ranges: dict[str, tuple[int, int]] = {}
         if cache is not None and remote is None:
             json_set = set(json_paths)
-            growing = {fid_of[p]: p for p in _last_segments(drafts, files)
+            growing = {fid_of[p]: p for p in last_segments(drafts, files)
                        if p in json_set and p in identities and fid_of[p] not in hits}
             open_hits = cache.find_prefixes(OPEN_KINDS["model"], {fid: (p, identities[p]) for fid, p in growing.items()})
             for fid in cache.load(con, OPEN_KINDS["model"], open_hits, sid_of_fid):
                 del open_hits[fid]
             for fid, p in growing.items():
                 found = open_hits.get(fid)
-                ranges[p] = (found.prefix if found is not None and found.prefix is not None else 0, identities[p].size)
+                ranges[p] = ((found.prefix or 0) if found is not None else 0, identities[p].size)
                 for reason, count in (found.skipped.items() if found is not None else ()):
                     if reason in SKIP_REASONS and isinstance(count, int):
                         skips.add(p, reason, count)
@@ -591,17 +444,17 @@ def _load_run(
         for p in ranges:  # a range read without its long lines: the views that read the file
             # again (records, trace, hang stacks) need all of it without them, as a file read whole
             if p in skips.long_ranges and p not in skips.substitutes:
-                shortened = shortened_copy(p, duckdb_sql.SHORTEN_TO)
+                shortened = shortened_copy(p, SHORTEN_TO)
                 if shortened is not None:
                     skips.substitutes[p] = shortened[0]
         for paths in json_by_sid.values():  # files read from copies without their long lines
             paths[:] = [skips.substitutes.get(p, p) for p in paths]
         if cache is not None:
-            closed = _closed_files(con, drafts, files)
-            _store(cache, con, root, "model", duckdb_sql.SEGMENT_NAMES,
+            closed = closed_files(con, drafts, files)
+            store_closed(cache, con, root, "model", duckdb_sql.SEGMENT_NAMES,
                    {fid_of[p]: identities[p] for p in closed if p in identities}, hits, skips, path_of)
-            ends = _prefix_ends(ranges, skips)
-            _store_prefixes(cache, con, OPEN_KINDS["model"], duckdb_sql.SEGMENT_NAMES, ends, open_hits, closed,
+            ends = prefix_ends(ranges, skips)
+            store_prefixes(cache, con, OPEN_KINDS["model"], duckdb_sql.SEGMENT_NAMES, ends, open_hits, closed,
                             identities, fid_of)
             cache.prune({ident.path: ident for ident in identities.values()})
         else:

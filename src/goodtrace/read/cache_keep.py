@@ -1,0 +1,170 @@
+"""What the segment cache keeps of a load (:mod:`goodtrace.read.segment_cache` stores it):
+which files are closed and kept whole, which are still being written and how much of each is
+kept as a prefix (whole lines, a partial last line counted as torn), and each file's identity.
+:mod:`goodtrace.read.load` decides with these what to read and what to keep."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from goodtrace import schema
+from goodtrace.read.compact import COMPACT_DIR
+from goodtrace.read.discovery import last_newline
+from goodtrace.read.file_skips import FileSkips
+from goodtrace.read.segment_cache import (
+    FileIdentity,
+    Hit,
+    SegmentCache,
+    identity_of,
+    open_cache,
+    prefix_digest,
+)
+from goodtrace.read.validate import MAX_LINE_BYTES
+
+__all__ = ["PREFIX_STEP_BYTES", "closed_files", "file_identities", "last_segments", "open_run_cache", "prefix_ends",
+           "store_closed", "store_prefixes"]
+
+# A file still being written is kept in the cache again (as a longer prefix) once this many
+# bytes, or a quarter of the prefix kept, were read after the prefix: a re-report reads at most
+# that much twice, and writes the file's reduction again that seldom.
+PREFIX_STEP_BYTES = 1 << 20
+
+
+def file_identities(
+    root: str, drafts: dict[str, Any], main_tids: dict[int, int | None], parquet_ok: dict[str, dict[str, Any]],
+) -> dict[str, FileIdentity]:
+    """Each file's identity for the segment cache: as it is on disk, or (its JSON gone, read
+    from the compacted copy) as the compaction's manifest recorded it."""
+    out: dict[str, FileIdentity] = {}
+    for sid, draft in enumerate(drafts.values()):
+        for p in draft.files:
+            ident = identity_of(root, p, main_tids.get(sid))
+            entry = parquet_ok.get(p)
+            if ident is None and entry is not None and isinstance(entry.get("size"), int) \
+                    and isinstance(entry.get("mtime_ns"), int):
+                ident = FileIdentity(os.path.relpath(p, root).replace(os.sep, "/"), entry["size"], entry["mtime_ns"],
+                                     None, main_tids.get(sid))
+            if ident is not None:
+                out[p] = ident
+    return out
+
+
+def open_run_cache(root: str, manifest: dict[str, Any] | None, use_cache: bool) -> SegmentCache | None:
+    """The run's segment cache, with the reduction a compaction stored (one more chunk)."""
+    if not use_cache:
+        return None
+    stored = manifest.get("model") if manifest is not None else None
+    extra = [(os.path.join(root, COMPACT_DIR), stored)] if isinstance(stored, dict) else []
+    return open_cache(root, extra)
+
+
+def _segment_number(header: object) -> int:
+    value = header.get(schema.H_SEGMENT) if isinstance(header, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def closed_files(con: Any, drafts: dict[str, Any], files: list[tuple[str, object]]) -> set[str]:
+    """The files no writer will append to: every file of a finished session, and every file
+    of a session but its last segment (the writer rotated away from it)."""
+    finished = {int(row[0]) for row in con.execute("SELECT DISTINCT sid FROM seg_summ WHERE has_finish > 0").fetchall()}
+    number = {p: _segment_number(header) for p, header in files}
+    closed: set[str] = set()
+    for sid, draft in enumerate(drafts.values()):
+        last = max(number.get(p, 0) for p in draft.files)
+        closed.update(p for p in draft.files if sid in finished or number.get(p, 0) < last)
+    return closed
+
+
+def last_segments(drafts: dict[str, Any], files: list[tuple[str, object]]) -> list[str]:
+    """Each session's last segment: the file a writer may still be appending to."""
+    number = {p: _segment_number(header) for p, header in files}
+    return [max(draft.files, key=lambda p: number.get(p, 0)) for draft in drafts.values()]
+
+
+def _whole_lines(path: str, end: int) -> int | None:
+    """Where the last whole line of a file's first ``end`` bytes ends (None: none found within
+    two record lengths, or the file cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            start = last_newline(handle, end, 2 * MAX_LINE_BYTES)
+    except OSError:
+        return None
+    return start or None  # 0: no newline at all
+
+
+def prefix_ends(ranges: dict[str, tuple[int, int]], skips: FileSkips) -> dict[str, tuple[int, dict[str, int]]]:
+    """Of the files read up to a point (``ranges``), how much the cache may keep as a prefix and
+    the lines skipped in it: up to the last whole line read, when a partial line after it
+    (a write in progress) was counted as torn, not read as a record. A file with a line too
+    long to read is not kept (as a closed one is not)."""
+    out: dict[str, tuple[int, dict[str, int]]] = {}
+    for path, (_, end) in ranges.items():
+        if path in skips.unranged or path in skips.long_ranges:  # read whole (to wherever it ended then),
+            continue  # or with lines too long to read: not kept, as a closed file is not
+        counts = dict(skips.by_file.get(path, {}))
+        n = _whole_lines(path, end) if end > 0 else None
+        if n is None or "too_long" in counts:
+            continue
+        if n < end:
+            if counts.get("torn_last_line", 0) < 1:
+                continue  # the partial line read as a record: the next report could not start after it
+            counts["torn_last_line"] -= 1
+            if not counts["torn_last_line"]:
+                del counts["torn_last_line"]
+        out[path] = (n, counts)
+    return out
+
+
+def store_prefixes(
+    cache: SegmentCache, con: Any, kind: str, tables: Sequence[str], ends: dict[str, tuple[int, dict[str, int]]],
+    hits: dict[int, Hit], closed: set[str], identities: dict[str, FileIdentity], fid_of: dict[str, int],
+) -> None:
+    """Keep the rows of the files still being written as prefixes (``ends``: how much of each,
+    :func:`prefix_ends`), where enough was read after the prefix the cache held (``hits``).
+    When the folder holds many chunks of ``kind`` (files that grew at different times), the
+    new one holds every file of ``ends`` and replaces them."""
+    replace = cache.crowded(kind)
+    files: dict[int, FileIdentity] = {}
+    counts: dict[int, dict[str, int]] = {}
+    prefixes: dict[int, tuple[int, str]] = {}
+    for path, (n, skipped) in ends.items():
+        fid = fid_of[path]
+        hit = hits.get(fid)
+        ident = identities.get(path)
+        if path in closed or ident is None or ident.inode is None or (not replace and hit is not None and (
+                hit.prefix is not None and n - hit.prefix < max(PREFIX_STEP_BYTES, hit.prefix // 4))):
+            continue
+        digest = prefix_digest(path, n)
+        if digest is None:
+            continue
+        files[fid] = dataclasses.replace(ident, size=n)
+        counts[fid] = skipped
+        prefixes[fid] = (n, digest)
+    cache.store(con, kind, tables, files, counts, prefixes=prefixes, replace=replace)
+
+
+def store_closed(
+    cache: SegmentCache, con: Any, root: str, kind: str, tables: Sequence[str], closed: dict[int, FileIdentity],
+    hits: dict[int, Hit], skips: FileSkips, path_of: dict[int, str],
+) -> None:
+    """Keep the rows of the closed files just read (``closed``: every closed file, ``hits``: those
+    read from the cache), unless a file changed while it was read or had lines too long to read
+    (the views that read its records again need the copy). When the folder holds many chunks,
+    the new one holds its hits too, and replaces them."""
+    replace = cache.crowded(kind)
+    files = {fid: ident for fid, ident in closed.items()
+             if fid not in hits or (replace and cache.own(hits[fid]))}
+    keep: dict[int, FileIdentity] = {}
+    for fid, ident in files.items():
+        path = path_of[fid]
+        if path in skips.substitutes or "too_long" in skips.by_file.get(path, {}):
+            continue
+        if os.path.exists(path):
+            now = identity_of(root, path, ident.main_tid)
+            if now != ident:
+                continue
+        keep[fid] = ident
+    cache.store(con, kind, tables, keep, {fid: skips.by_file.get(path_of[fid], {}) for fid in keep}, replace=replace)
