@@ -23,15 +23,15 @@ from goodtrace.read.engine import Engine
 from goodtrace.read.load import load_run
 from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
 from goodtrace.renderers.json_report import render_json
+from helpers.growing import WORK
 from helpers.many_ranks import NOW
 
 # One rank of a training loop through the public API, all in one segment (the writer's
 # default size), each step flushed by hand and no flush on a timer: the file stays as it is
 # while the test reads it. Each line on stdin: a number of steps to write ("done" after
 # them), or "finish".
-WRITER = r"""
-import sys, time
-import goodtrace as gt
+WRITER = WORK + r"""
+import sys
 run, rank = sys.argv[1], int(sys.argv[2])
 gt.init(run, rank=rank, world_size=2, flush_interval_s=3600)
 k = 0
@@ -39,15 +39,7 @@ for line in sys.stdin:
     if line.strip() == "finish":
         break
     for _ in range(int(line)):
-        with gt.step(k):
-            with gt.span("data", "data"):
-                time.sleep(0.0002)
-            with gt.span("forward", "compute"):
-                time.sleep(0.0005 * (1 + rank))
-            gt.metric("loss", 1.0 / (k + 1), step=k)
-            if k % 7 == 0:
-                gt.tag("eval_window", step=k)
-        gt.flush()
+        work(k, 0.0005 * (1 + rank))
         k += 1
     print("done", flush=True)
 gt.finish()

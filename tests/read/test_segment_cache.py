@@ -25,35 +25,23 @@ from goodtrace.read.load import compact_run, load_run
 from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE, MAX_CHUNKS
 from goodtrace.renderers.json_report import render_json
 from helpers.builders import Proc
+from helpers.growing import WORK
 from helpers.many_ranks import NOW, write_many_ranks
 
 # One rank of a training loop through the public API, in segments of 4 KiB; it writes STEPS
 # steps, says "paused" and waits for a line on stdin, then writes as many more and finishes.
 # No heartbeat while it waits (one flush an hour; each step is flushed by hand), so that the
 # files stay as they are while the test reads them.
-WRITER = r"""
-import sys, time
-import goodtrace as gt
+WRITER = WORK + r"""
+import sys
 run, rank, world, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 gt.init(run, rank=rank, world_size=world, segment_bytes=4096, flush_interval_s=3600)
-
-def work(k):
-    with gt.step(k):
-        with gt.span("data", "data"):
-            time.sleep(0.0002)
-        with gt.span("forward", "compute"):
-            time.sleep(0.001 * (1 + rank))
-        gt.metric("loss", 1.0 / (k + 1), step=k)
-        if k % 7 == 0:
-            gt.tag("eval_window", step=k)
-    gt.flush()
-
 for k in range(steps):
-    work(k)
+    work(k, 0.001 * (1 + rank))
 print("paused", flush=True)
 sys.stdin.readline()
 for k in range(steps, 2 * steps):
-    work(k)
+    work(k, 0.001 * (1 + rank))
 gt.finish()
 """
 
