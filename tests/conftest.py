@@ -80,6 +80,7 @@ MODULE_MARKS: dict[str, tuple[str, ...]] = {
     "integrations/test_torchtitan.py": ("processes",),
     "read/test_open_segments.py": ("processes", "slow"),
     "read/test_ray_engine.py": ("processes",),
+    "read/test_rank_compact.py": ("processes", "slow"),
     "read/test_segment_cache.py": ("processes",),
     "read/test_torchtitan_logs.py": ("processes",),
     "record/test_hang.py": ("processes",),  # a hang dumps native frames with py-spy, a process

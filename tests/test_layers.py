@@ -54,7 +54,9 @@ MAY_IMPORT = {
 # built-in sinks (record/live/sink_hub.py BUILTIN_SINKS): when a job names one, its module is
 # imported on first use, and at finish() it reads the run back with read/ and analysis/ on the
 # sink's own thread, inside the job. Nothing else in the recording layer may load a higher layer.
-LOADED_BY_NAME = {"goodtrace.record.live.sink_hub": {"sinks"}}
+# The recorder starts the rank's own compactor (record/io/compactor.py, when a job asks for it)
+# as ``python -m goodtrace.read.rank_compact``: a process of its own, never an import into the job.
+LOADED_BY_NAME = {"goodtrace.record.live.sink_hub": {"sinks"}, "goodtrace.record.io.compactor": {"read"}}
 # What each layer, imported alone, must not load (its own lazy imports run only when used).
 HEAVY = ("torch", "jax", "numpy", "duckdb", "rich", "fsspec", "tensorboard", "tensorboardX", "wandb", "mlflow",
          "prometheus_client", "transformers", "lightning")
@@ -108,10 +110,21 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             found.append((node.lineno, node.args[0].value))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and BY_NAME.fullmatch(node.value):
             found.append((node.lineno, node.value.partition(":")[0]))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _is_module(node.value):
+            found.append((node.lineno, node.value))  # a module run by name: python -m goodtrace.read.x
     return found
 
 
-BY_NAME = re.compile(r"goodtrace(\.\w+)+:\w+(\.\w+)*")  # "goodtrace.sinks.wandb:WandbSink.from_spec"
+BY_NAME = re.compile(r"goodtrace(\.\w+)+:\w+(\.\w+)*")
+MODULE_NAME = re.compile(r"goodtrace(\.\w+)+")
+
+
+def _is_module(text: str) -> bool:
+    """Whether ``text`` names one of goodtrace's modules (a string a process is started with)."""
+    if not MODULE_NAME.fullmatch(text):
+        return False
+    path = PACKAGE.parent.joinpath(*text.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()  # "goodtrace.sinks.wandb:WandbSink.from_spec"
 
 
 def _module_name(path: Path) -> str:

@@ -21,6 +21,7 @@ from goodtrace.read.segment_cache import (
     identity_of,
     open_cache,
     prefix_digest,
+    rank_chunks,
 )
 from goodtrace.read.validate import MAX_LINE_BYTES
 
@@ -58,7 +59,7 @@ def open_run_cache(root: str, manifest: dict[str, Any] | None, use_cache: bool) 
         return None
     stored = manifest.get("model") if manifest is not None else None
     extra = [(os.path.join(root, COMPACT_DIR), stored)] if isinstance(stored, dict) else []
-    return open_cache(root, extra)
+    return open_cache(root, extra + rank_chunks(root))
 
 
 def _segment_number(header: object) -> int:

@@ -40,9 +40,10 @@ from goodtrace.read import duckdb_connection, duckdb_sql
 from goodtrace.read.environment import cache_root
 from goodtrace.record.errors import warn
 
-__all__ = ["CACHE_DIR", "ENV_SEGMENT_CACHE", "FileIdentity", "Hit", "SegmentCache", "open_cache", "prefix_digest"]
+__all__ = ["CACHE_DIR", "ENV_SEGMENT_CACHE", "RANKS_DIR", "FileIdentity", "Hit", "SegmentCache", "open_cache", "prefix_digest"]
 
 CACHE_DIR = "cache"  # RUN/compact/cache/
+RANKS_DIR = "ranks"  # RUN/compact/cache/ranks/<rank dir>/<session>/: a rank's own compactor's (read.rank_compact)
 ENV_SEGMENT_CACHE = "GOODTRACE_SEGMENT_CACHE"
 CACHE_FORMAT = 1  # the index's layout; the tables' is duckdb_sql.RUN_MODEL_VERSION
 _INDEX = ".json"
@@ -149,6 +150,36 @@ def open_cache(root: str, extra: Sequence[tuple[str, dict[str, Any]]] = ()) -> S
         if _writable_dir(folder):
             return SegmentCache(folder, extra)
     return SegmentCache(None, extra)
+
+
+def rank_chunks(root: str) -> list[tuple[str, dict[str, Any]]]:
+    """The chunks the ranks' own compactors kept (:mod:`goodtrace.read.rank_compact`), each with
+    its folder: read beside the report's own, never written or removed by a report."""
+    from goodtrace.read.compact import COMPACT_DIR
+
+    base = os.path.join(root, COMPACT_DIR, CACHE_DIR, RANKS_DIR)
+    found: list[tuple[str, dict[str, Any]]] = []
+    try:
+        rank_dirs = sorted(os.listdir(base))
+    except OSError:
+        return found
+    for rank_dir in rank_dirs:
+        try:
+            sessions = sorted(os.listdir(os.path.join(base, rank_dir)))
+        except OSError:
+            continue
+        for session in sessions:
+            folder = os.path.join(base, rank_dir, session)
+            try:
+                names = sorted(os.listdir(folder))
+            except OSError:
+                continue
+            for name in names:
+                if name.endswith(_INDEX):
+                    index = read_index(os.path.join(folder, name))
+                    if index is not None and index.get("chunk") == name[: -len(_INDEX)]:
+                        found.append((folder, index))
+    return found
 
 
 def process_alive(pid: int) -> bool:
@@ -278,6 +309,15 @@ class SegmentCache:
         by_chunk: dict[str, list[tuple[int, int, int]]] = {}
         for fid, hit in hits.items():
             by_chunk.setdefault(hit.chunk, []).append((hit.number, sid_of[fid], fid))
+        if len(by_chunk) > 1:
+            # one query per table over every chunk's file (thousands of ranks' compactors keep
+            # chunks of their own); a chunk that cannot be read makes it fail whole, undone,
+            # and the chunks are read one by one below to find it
+            try:
+                self._load_together(con, by_chunk, tables, filters or {})
+                return set()
+            except (duckdb.Error, KeyError):
+                pass
         failed: set[int] = set()
         con.execute("CREATE OR REPLACE TEMP TABLE cachemap (number INTEGER, sid INTEGER, fid INTEGER)")
         for chunk, rows in sorted(by_chunk.items()):
@@ -298,11 +338,45 @@ class SegmentCache:
                 for table in done:
                     con.execute(f"DELETE FROM {table} WHERE fid IN ({fids})")
                 failed.update(fid for _, _, fid in rows)
+                if folder != self.folder and not os.path.exists(os.path.join(folder, chunk + _INDEX)) \
+                        and os.path.basename(os.path.dirname(os.path.dirname(folder))) == RANKS_DIR:
+                    continue  # a rank's compactor merged it into a new chunk since it was listed: read again, quietly
                 self._warn(f"has a chunk that cannot be read ({chunk}: {str(exc).splitlines()[0]})", folder)
                 if folder == self.folder:
                     self._remove(chunk, index)
         con.execute("DROP TABLE cachemap")
         return failed
+
+    def _load_together(
+        self, con: Any, by_chunk: Mapping[str, list[tuple[int, int, int]]], tables: Callable[[str], bool],
+        filters: Mapping[str, str],
+    ) -> None:
+        """:meth:`load` of several chunks, a query per table (in one transaction: all or nothing)."""
+        chunks = sorted(by_chunk)
+        names = [table for table in self._chunks[chunks[0]][1]["tables"] if tables(table)]
+        con.execute("CREATE OR REPLACE TEMP TABLE cachemap (path VARCHAR, number INTEGER, sid INTEGER, fid INTEGER)")
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for table in names:
+                paths = []
+                rows: list[tuple[str, int, int, int]] = []
+                for chunk in chunks:
+                    folder, index = self._chunks[chunk]
+                    path = os.path.join(folder, index["tables"][table])
+                    paths.append(path)
+                    rows.extend((path, number, sid, fid) for number, sid, fid in by_chunk[chunk])
+                con.execute("DELETE FROM cachemap")
+                duckdb_connection.insert_rows(con, "cachemap", rows)
+                listed = ", ".join(duckdb_connection.sql_str(path) for path in paths)
+                con.execute(f"INSERT INTO {table} SELECT m.sid, m.fid, p.* EXCLUDE (fid, filename) "
+                            f"FROM read_parquet([{listed}], filename=true) p "
+                            f"JOIN cachemap m ON p.filename = m.path AND p.fid = m.number {filters.get(table, '')}")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            con.execute("DROP TABLE IF EXISTS cachemap")
 
     # ------------------------------------------------------------------ writing
     def own(self, hit: Hit) -> bool:

@@ -41,6 +41,10 @@ class Config:
     # recreated within a flush interval. The native writer checks at every heartbeat whatever this says.
     storage_check_interval_s: float = 0.0
     finish_timeout_s: float = 10.0
+    # A process of the rank's own reduces its closed segments for reports every this many seconds
+    # (record/io/compactor.py, read/rank_compact.py; needs goodtrace[report] and a local or NFS run
+    # directory). 0: off (the default).
+    compact_interval_s: float = 0.0
     overhead_categories: tuple[str, ...] = ()
     blocking_categories: tuple[str, ...] = ()
     categories: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -62,6 +66,8 @@ class Config:
         )
         _check_float("storage_check_interval_s", self.storage_check_interval_s, minimum=0.0, maximum=86400)
         _check_float("finish_timeout_s", self.finish_timeout_s, minimum=0.0, maximum=3600)
+        if self.compact_interval_s != 0:
+            _check_float("compact_interval_s", self.compact_interval_s, minimum=0.1, maximum=86400)
         for field in ("overhead_categories", "blocking_categories"):
             value = getattr(self, field)
             if isinstance(value, str) or not all(isinstance(c, str) and c for c in value):

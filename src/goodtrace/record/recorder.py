@@ -39,6 +39,7 @@ from goodtrace.record.arguments import (
 from goodtrace.record.config import Config
 from goodtrace.record.errors import describe, warn
 from goodtrace.record.io.choice import open_writer
+from goodtrace.record.io.compactor import Compactor, start_compactor
 from goodtrace.record.io.encoding import RecordBuffer
 from goodtrace.record.io.storage import Storage, open_storage
 from goodtrace.record.process import ProcessIdentity, process_start_mono_ns, submit_wall_ns
@@ -155,6 +156,10 @@ class Recorder:
         self.buffer, self.writer = open_writer(
             self.storage, config, self._header, f"rank-{identity.rank:05d}/{self.session}", clock
         )
+        self.compactor: Compactor | None = None  # the rank's own compactor (off by default)
+        if config.compact_interval_s > 0:
+            self.compactor = start_compactor(run_dir, f"rank-{identity.rank:05d}", self.session,
+                                             config.compact_interval_s, lambda text: self._warn("compactor", text))
 
     def activate(self) -> None:
         """Make this the process's recorder: point the hot path at its buffer and clock."""
@@ -497,6 +502,8 @@ class Recorder:
             closed = False
             self._warn("close", f"finish(): the writer failed ({exc!r}); at least {self.writer.dropped_records} "
                        "records did not reach storage")
+        if self.compactor is not None:  # its last pass reads the finished files; the job does not wait for it
+            self.compactor.stop()
         for listener in list(self.after_finish_listeners):
             try:
                 listener(completed, reason)
@@ -511,6 +518,9 @@ class Recorder:
         self.buffer = RecordBuffer(0)  # a forked child records nothing
         self.sync = SyncPoints(self)  # nothing pending, no lock another thread could hold
         self.readiness = None  # its thread does not exist in the child
+        if self.compactor is not None:
+            self.compactor.forget_after_fork()
+            self.compactor = None
         spans.disable_after_fork(self, collections.deque(maxlen=1))
         try:
             gc.callbacks.remove(self._on_gc)

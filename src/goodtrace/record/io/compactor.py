@@ -1,0 +1,77 @@
+"""The rank's own compactor (optional, off by default): a process that reduces the session's
+closed segments for reports while the job runs (``Config.compact_interval_s``).
+
+The recorder starts it when it opens a session on a local or NFS run directory and the
+reader's extra is installed, as a fresh interpreter (``python -m goodtrace.read.rank_compact``,
+not :mod:`multiprocessing`: nothing of the training program runs in it), at the lowest CPU
+priority, in a process session of its own (a Ctrl-C of the job does not cut its last pass).
+The job never waits for it: its standard input is a pipe whose end the recorder closes at
+``finish()`` (or the kernel closes when the process dies), after which it reads the session's
+files a last time and exits. Starting it is the only thing done here; what it does is
+:mod:`goodtrace.read.rank_compact`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+from goodtrace.record.io.storage import is_url, local_path
+
+__all__ = ["Compactor", "start_compactor"]
+
+COMPACTOR_MODULE = "goodtrace.read.rank_compact"
+
+
+class Compactor:
+    """The running compactor of one session: :meth:`stop` tells it the session ended."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+    def stop(self) -> None:
+        """Close its pipe (it then reads the session's files once more, and exits); never waits."""
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: close this copy of the pipe without telling the compactor anything
+        (the parent's copy keeps it open)."""
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.process.stdin.fileno())
+
+
+def start_compactor(
+    run_dir: str, rank_dir: str, session: str, interval_s: float, warn: Callable[[str], None],
+) -> Compactor | None:
+    """Start the compactor of ``session`` (files ``run_dir/rank_dir/session.*.jsonl``); None, with
+    one warning, where it cannot run."""
+    if is_url(run_dir):
+        warn("compact_interval_s: a rank compacts its own segments only on a local or NFS run directory; "
+             "not started (run `goodtrace compact` where the run is mirrored)")
+        return None
+    if importlib.util.find_spec("duckdb") is None or importlib.util.find_spec("numpy") is None:
+        warn("compact_interval_s: compacting a rank's segments needs the reader "
+             "(pip install 'goodtrace[report]'); not started")
+        return None
+    root = os.path.abspath(local_path(run_dir))
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH", "")) if p)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", COMPACTOR_MODULE, root, rank_dir, session, repr(float(interval_s)),
+             str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+            start_new_session=True, env=env,
+        )
+    except (OSError, ValueError) as exc:
+        warn(f"compact_interval_s: the rank's compactor could not be started ({exc}); the job goes on without it")
+        return None
+    return Compactor(process)
