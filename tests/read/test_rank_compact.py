@@ -96,13 +96,17 @@ class Job:
 
     def kept(self, rank: int, kind: str = "model") -> dict[str, int]:
         """The files the rank's compactor kept (path in the run -> size), from its chunks' indexes."""
-        out: dict[str, int] = {}
         folder = self.folder(rank)
-        for index_path in folder.glob("*.json") if folder.is_dir() else ():
-            index = json.loads(index_path.read_text())
-            if index["kind"] == kind:
-                out.update({e["path"]: e["size"] for e in index["files"]})
-        return out
+        while True:
+            out: dict[str, int] = {}
+            try:
+                for index_path in folder.glob("*.json") if folder.is_dir() else ():
+                    index = json.loads(index_path.read_text())
+                    if index["kind"] == kind:
+                        out.update({e["path"]: e["size"] for e in index["files"]})
+            except FileNotFoundError:  # merged into a new chunk while listed: list again
+                continue
+            return out
 
     def compactors(self) -> list[int]:
         """The pids of this run's compactors still running."""
@@ -169,6 +173,9 @@ def test_ranks_compact_their_closed_segments_while_the_job_runs(job: Job) -> Non
     open_bytes = sum(job.segments(rank)[-1].stat().st_size for rank in range(2))
     assert warm_read == open_bytes < cold_read  # only the segments still being written were parsed
     assert len(job.compactors()) == 2
+    for pid in job.compactors():  # at the lowest priority: the job's threads first
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 19
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
 
     job.finish()
     wait_for("the compactors' last pass, and their exit", lambda: not job.compactors())

@@ -169,8 +169,9 @@ def _log(folder: str, text: str) -> None:
 def serve(root: str, rank_dir: str, session: str, interval: float, parent: int) -> None:
     """Compact every ``interval`` seconds until standard input ends or ``parent`` is gone; then
     once more, finally."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.nice(19)  # the job's threads first, always
+    if os.getpriority(os.PRIO_PROCESS, 0) < 19:  # started by hand: the job's threads first, always
+        with contextlib.suppress(OSError):
+            os.nice(19 - os.getpriority(os.PRIO_PROCESS, 0))
     folder = rank_cache_folder(root, rank_dir, session)
     final = False
     while not final:

@@ -2,9 +2,10 @@
 closed segments for reports while the job runs (``Config.compact_interval_s``).
 
 The recorder starts it when it opens a session on a local or NFS run directory and the
-reader's extra is installed, as a fresh interpreter (``python -m goodtrace.read.rank_compact``,
-not :mod:`multiprocessing`: nothing of the training program runs in it), at the lowest CPU
-priority, in a process session of its own (a Ctrl-C of the job does not cut its last pass).
+reader's extra is installed, as a fresh interpreter (``goodtrace.read.rank_compact`` run as
+``python -m`` runs it, not :mod:`multiprocessing`: nothing of the training program runs in it),
+at the lowest CPU priority (nice 19 and, where the OS has it, ``SCHED_IDLE``: set before anything
+is imported), ignoring SIGINT (a Ctrl-C of the job does not cut its last pass).
 The job never waits for it: its standard input is a pipe whose end the recorder closes at
 ``finish()`` (or the kernel closes when the process dies), after which it reads the session's
 files a last time and exits. Starting it is the only thing done here; what it does is
@@ -25,6 +26,19 @@ from goodtrace.record.io.storage import is_url, local_path
 __all__ = ["Compactor", "start_compactor"]
 
 COMPACTOR_MODULE = "goodtrace.read.rank_compact"
+# The lowest CPU priority first, before the reader's imports (a preexec_fn would be unsafe in a
+# process with threads); then the module runs as ``python -m`` would run it.
+# SCHED_IDLE where the OS has it: it runs only on a core nothing else wants. A Ctrl-C of the
+# job does not cut its last pass (it is in the job's process group, and so in its scheduling
+# group: a session of its own would be a group of its own where the kernel groups by session,
+# sched_autogroup, and get a fair share of the machine beside the whole job whatever its nice).
+_BOOTSTRAP = ("import os, runpy, signal, sys\n"
+              "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+              "try:\n    os.nice(19)\nexcept OSError:\n    pass\n"
+              "try:\n    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+              "except (AttributeError, OSError):\n    pass\n"
+              "sys.argv = sys.argv[1:]\n"
+              "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n")
 
 
 class Compactor:
@@ -66,10 +80,9 @@ def start_compactor(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH", "")) if p)
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", COMPACTOR_MODULE, root, rank_dir, session, repr(float(interval_s)),
+            [sys.executable, "-c", _BOOTSTRAP, COMPACTOR_MODULE, root, rank_dir, session, repr(float(interval_s)),
              str(os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-            start_new_session=True, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True, env=env,
         )
     except (OSError, ValueError) as exc:
         warn(f"compact_interval_s: the rank's compactor could not be started ({exc}); the job goes on without it")
