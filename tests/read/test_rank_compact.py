@@ -215,6 +215,53 @@ def test_a_killed_ranks_compactor_makes_its_last_pass_and_exits(job: Job) -> Non
     assert warm_read < sum(p.stat().st_size for rank in range(2) for p in job.segments(rank))
 
 
+FORKING = WORK + r"""
+import os, sys, time
+gt.init(sys.argv[1], flush_interval_s=3600, segment_bytes=4096, compact_interval_s=0.1)
+for k in range(60):
+    work(k, 0.0002)
+child = os.fork()  # a worker forked by the program (a data loader's) outlives the recorder's finish
+if child == 0:
+    time.sleep(600)
+    os._exit(0)
+gt.finish()
+print(child, flush=True)
+sys.stdin.readline()
+os.kill(child, 9)
+os.waitpid(child, 0)
+"""
+
+
+def test_a_forked_child_does_not_keep_the_compactor_waiting(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", FORKING, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        child = int(proc.stdout.readline())
+        probe = Job.__new__(Job)
+        probe.run = run
+        assert os.path.exists(f"/proc/{child}")
+        # the child holds a copy of every descriptor the parent had at the fork, but not the
+        # compactor's pipe (closed in the child): the parent's finish ends the compactor
+        wait_for("the compactor's exit after finish(), the forked child alive", lambda: not probe.compactors())
+        assert os.path.exists(f"/proc/{child}")
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+    session = next((run / "rank-00000").glob("*.jsonl")).name.split(".")[0]
+    folder = run / COMPACT_DIR / CACHE_DIR / RANKS_DIR / "rank-00000" / session
+    kept = {e["path"] for p in folder.glob("*.json") for e in json.loads(p.read_text())["files"]}
+    assert kept == {p.relative_to(run).as_posix() for p in (run / "rank-00000").glob("*.jsonl")}
+
+
 def test_compact_interval_is_checked_and_needs_a_local_run(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="compact_interval_s"):
         Config(compact_interval_s=-1)
