@@ -113,13 +113,10 @@ def _piece_columns(timeline: Timeline) -> tuple[Any, Any, Any, list[str]]:
     """The timeline's pieces as columns: start, end, label code; and the labels in order."""
     import numpy as np
 
-    pieces = timeline.pieces
-    n = len(pieces)
-    codes: dict[str, int] = {}
-    starts = np.fromiter((p.start for p in pieces), dtype=np.int64, count=n)
-    ends = np.fromiter((p.end for p in pieces), dtype=np.int64, count=n)
-    labels = np.fromiter((codes.setdefault(p.label, len(codes)) for p in pieces), dtype=np.int64, count=n)
-    return starts, ends, labels, list(codes)
+    c = timeline.columns
+    if c is None:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), []
+    return c.start, c.end, c.label, list(c.labels)
 
 
 def width_ns(seconds: float) -> int:
@@ -151,7 +148,7 @@ def periodic_partitions(timeline: Timeline, width_ns: int, *, origin: int = 0, a
     count = int(last - first + 1)
     if count > MAX_PERIODS:
         raise AnalysisError(f"{count:,} periods of {width_ns / NS:g} s: at most {MAX_PERIODS:,} (choose a wider period)")
-    if not timeline.pieces and timeline.buckets:
+    if (timeline.columns is None or not len(timeline.columns)) and timeline.buckets:
         raise AnalysisError("a totals-only timeline (pieces=False) cannot be cut into periods")
     starts, ends, labels, names = _piece_columns(timeline)
     starts = np.maximum(starts, lo)

@@ -25,6 +25,17 @@ def _np(values: Any) -> Array:
     return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
 
 
+def distinct_sorted(values: Array) -> Array:
+    """``np.unique(values)`` of an integer column, by sorting: NumPy 2.4's hash-based unique
+    took 6.5 s for 4 M distinct times that a sort takes 0.3 s for."""
+    import numpy as np
+
+    ordered = np.sort(values)
+    if not len(ordered):
+        return ordered
+    return ordered[np.r_[True, ordered[1:] != ordered[:-1]]]
+
+
 def _out(values: Array) -> array[int]:
     import numpy as np
 
@@ -112,7 +123,7 @@ def flatten_overhead(
         return starts, ends, labels
     _, d0, d1 = merge_intervals(t0[data], t1[data])
     # data loading where no overhead interval is: the data intervals cut at every overhead boundary
-    points = np.unique(np.concatenate((d0, d1, starts, ends)))
+    points = distinct_sorted(np.concatenate((d0, d1, starts, ends)))
     seg0, seg1 = points[:-1], points[1:]
     in_data = covered_at(seg1, d0, d1) - covered_at(seg0, d0, d1) == seg1 - seg0
     in_over = covered_at(seg1, starts, ends) - covered_at(seg0, starts, ends) > 0

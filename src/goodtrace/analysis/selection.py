@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from goodtrace.analysis.overhead import distinct_sorted
+
 if TYPE_CHECKING:
     from goodtrace.analysis import RunAnalysis
 
@@ -66,7 +68,7 @@ def choose_range(
         done = np.frombuffer(cut.exec_interval, dtype=np.int64) >= 0
         parts.setdefault(analysis.attempt_of.get(i, -1), []).append(np.frombuffer(cut.exec_step, dtype=np.int64)[done])
     # each attempt's executed step numbers, sorted, once each
-    executed = {a: np.unique(np.concatenate(p)) for a, p in parts.items()}
+    executed = {a: distinct_sorted(np.concatenate(p)) for a, p in parts.items()}
     executed = {a: s for a, s in executed.items() if len(s)}
     if not executed:
         return None

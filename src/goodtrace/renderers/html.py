@@ -243,7 +243,9 @@ def report_data(
     gantt = Gantt(analysis, chosen)
     for session, records in session_records(run, gantt.wanted(), spans_only=True, progress=progress):
         gantt.add(session, records)
-    legend = sorted({p.label for p in analysis.timeline.pieces} | {"productive"})
+    columns = analysis.timeline.columns
+    used = {columns.labels[code] for code in set(columns.label.tolist())} if columns is not None else set()
+    legend = sorted(used | {"productive"})
     return {
         "format": "goodtrace.html/2",
         "summary": _summary(analysis, run),
