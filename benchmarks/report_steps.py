@@ -11,6 +11,9 @@ each second. Then, each in a fresh process with its peak RSS:
   ``goodtrace report RUN`` (the console report);
   ``goodtrace report RUN --html FILE`` (the HTML report; also the page's size).
 
+``--synchronous``: the sync point at each step's host exit, so that each step's data loading is a
+badput piece of its interval (the loop shape whose timeline has a piece or two a step).
+
 It prints, per size, time and memory per step and the ratios that say whether they stay flat:
 each report's time over the baseline's (measured in the same run), and its time per step over
 the smallest size's. ``--json``: the last line is one JSON object with every figure.
@@ -57,16 +60,18 @@ CKPT, INIT = _key("checkpoint", "checkpoint_save"), _key("init", "init")
 
 
 def step_lines(encode: Any, k: int, t: int, step_ns: int, mono0: int, next_heartbeat: int,
-               lines: list[str]) -> tuple[int, int]:
+               lines: list[str], synchronous: bool = False) -> tuple[int, int]:
     """Step ``k`` (entered at ``t``) appended to ``lines``: returns the next step's entry and the
-    next heartbeat's time."""
+    next heartbeat's time. ``synchronous``: the sync point at the step's host exit, before the
+    next step enters (a synchronous loop: its in-step data loading is badput, a piece of every
+    interval), not at the next step's entry (an asynchronous one)."""
     length = step_ns * (3 if k % 500 == 250 else 1) + (k * 7_919) % 5_000_000
     lines.append(encode((DATA, t, t + length // 20, k, 1, None, None)))
     lines.append(encode((FWD, t + length // 20, t + length * 17 // 20, k, 1, None, None)))
     lines.append(encode((OPT, t + length * 17 // 20, t + length * 19 // 20, k, 1, None, None)))
     # numbered as the recorder numbers them (seq: the execution, one a step here)
     lines.append(encode((schema.STEP, k, t, t + length * 19 // 20, k)))
-    lines.append(encode((schema.SYNC, k, t + length, schema.SYNC_LAG, k)))
+    lines.append(encode((schema.SYNC, k, t + (length * 19 // 20 if synchronous else length), schema.SYNC_LAG, k)))
     lines.append(encode((schema.METRIC, "loss", k, 2.0 / (1 + k * 1e-4), "mean", t + length)))
     if k % 100 == 0:
         lines.append(encode((schema.TAG, k, "eval_window", t)))
@@ -81,7 +86,7 @@ def step_lines(encode: Any, k: int, t: int, step_ns: int, mono0: int, next_heart
     return t, next_heartbeat
 
 
-def write_rank(root: Path, rank: int, world: int, steps: int) -> int:
+def write_rank(root: Path, rank: int, world: int, steps: int, synchronous: bool = False) -> int:
     """One rank's file, written in chunks (memory stays small for a million steps)."""
     encode = _Encoder().encode
     mono0 = 5_000 * SECOND + rank * 7_919
@@ -98,7 +103,7 @@ def write_rank(root: Path, rank: int, world: int, steps: int) -> int:
         step_ns = SECOND // 2 + rank * 1_000_000
         for k in range(steps):
             before = len(lines)
-            t, next_heartbeat = step_lines(encode, k, t, step_ns, mono0, next_heartbeat, lines)
+            t, next_heartbeat = step_lines(encode, k, t, step_ns, mono0, next_heartbeat, lines, synchronous)
             records += len(lines) - before
             if len(lines) > 100_000:
                 handle.write("".join(lines))
@@ -108,9 +113,9 @@ def write_rank(root: Path, rank: int, world: int, steps: int) -> int:
     return records + 1
 
 
-def measure(root: Path, steps: int, ranks: int) -> dict[str, Any]:
+def measure(root: Path, steps: int, ranks: int, synchronous: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
-    records = sum(write_rank(root, r, ranks, steps) for r in range(ranks))
+    records = sum(write_rank(root, r, ranks, steps, synchronous) for r in range(ranks))
     row: dict[str, Any] = {"steps": steps, "ranks": ranks, "records": records,
                            "generate_s": round(time.perf_counter() - t0, 2),
                            "jsonl_mb": round(sum(p.stat().st_size for p in root.rglob("*.jsonl")) / 1e6, 1)}
@@ -138,13 +143,15 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with the figures")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, nargs="+", help="the sizes (steps per rank)")
+    parser.add_argument("--synchronous", action="store_true",
+                        help="a synchronous loop: each step's data loading a badput piece of its interval")
     args = parser.parse_args()
     sizes = args.steps or ([10_000, 30_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000])
     rows = []
     for steps in sizes:
         root = Path(tempfile.mkdtemp(prefix="goodtrace-steps-"))
         try:
-            row = measure(root, steps, args.ranks)
+            row = measure(root, steps, args.ranks, args.synchronous)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         rows.append(row)
@@ -164,7 +171,8 @@ def main() -> None:
           f"--html {last['html_per_step_vs_smallest']}x "
           "(1.0 = linear)")
     if args.json:
-        print(json.dumps({"ranks": args.ranks, "quick": args.quick, "cpus": os.cpu_count(), "sizes": rows}))
+        print(json.dumps({"ranks": args.ranks, "quick": args.quick, "synchronous": args.synchronous,
+                          "cpus": os.cpu_count(), "sizes": rows}))
 
 
 if __name__ == "__main__":
