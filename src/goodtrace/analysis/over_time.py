@@ -151,13 +151,19 @@ def periodic_partitions(timeline: Timeline, width_ns: int, *, origin: int = 0, a
     if (timeline.columns is None or not len(timeline.columns)) and timeline.buckets:
         raise AnalysisError("a totals-only timeline (pieces=False) cannot be cut into periods")
     starts, ends, labels, names = _piece_columns(timeline)
-    starts = np.maximum(starts, lo)
-    ends = np.minimum(ends, hi)
+    # the pieces in [lo, hi) (in time order, disjoint): a slice, clipped at its two ends
+    i = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)
+    j = max(i, int(np.searchsorted(starts, hi, side="left")))
+    starts, ends, labels = np.maximum(starts[i:j], lo), np.minimum(ends[i:j], hi), labels[i:j]
     keep = ends > starts
-    starts, ends, labels = starts[keep], ends[keep], labels[keep]
+    if not keep.all():
+        starts, ends, labels = starts[keep], ends[keep], labels[keep]
+    del keep
     edge0 = origin + first * width_ns  # the start of period 0 (may be before lo)
-    p_start = (starts - edge0) // width_ns
-    p_end = (ends - 1 - edge0) // width_ns
+    p_start = starts - edge0
+    p_start //= width_ns
+    p_end = ends - (1 + edge0)
+    p_end //= width_ns
     totals = np.zeros((count, len(names)), dtype=np.int64)
     inside = p_start == p_end
     np.add.at(totals, (p_start[inside], labels[inside]), ends[inside] - starts[inside])

@@ -125,19 +125,28 @@ def flatten_overhead(
     # data loading where no overhead interval is: the data intervals cut at every overhead boundary
     points = distinct_sorted(np.concatenate((d0, d1, starts, ends)))
     seg0, seg1 = points[:-1], points[1:]
-    in_data = covered_at(seg1, d0, d1) - covered_at(seg0, d0, d1) == seg1 - seg0
-    in_over = covered_at(seg1, starts, ends) - covered_at(seg0, starts, ends) > 0
-    keep = in_data & ~in_over
+    # one column of millions at a time: data covers the whole piece, overhead none of it
+    keep = covered_at(seg1, d0, d1)
+    keep -= covered_at(seg0, d0, d1)
+    keep = keep == seg1 - seg0
+    over = covered_at(seg1, starts, ends)
+    over -= covered_at(seg0, starts, ends)
+    keep &= over == 0
+    del over
     g0, g1 = seg0[keep], seg1[keep]
+    del points, seg0, seg1, keep
     if len(g0):  # adjacent pieces are one
         first = np.flatnonzero(np.r_[True, g0[1:] != g1[:-1]])
         last = np.r_[first[1:] - 1, len(g0) - 1]
         g0, g1 = g0[first], g1[last]
     all0 = np.concatenate((starts, g0))
     all1 = np.concatenate((ends, g1))
-    all_labels = labels + [DATA] * len(g0)
+    all_labels = np.empty(len(labels) + len(g0), dtype=object)  # references to the few shared strings
+    all_labels[:len(labels)] = labels
+    all_labels[len(labels):] = DATA
+    del labels
     order = np.argsort(all0, kind="stable")
-    return all0[order], all1[order], [all_labels[k] for k in order.tolist()]
+    return all0[order], all1[order], all_labels[order].tolist()
 
 
 def overhead_per_interval(
