@@ -2,7 +2,13 @@
 public API, as source text for their child processes (``work(k, compute_s)``): a data span, a
 compute span of ``compute_s`` seconds, a loss metric, a tag every 7 steps, then a flush by hand
 (their ranks have no flush on a timer, so that the files stay as they are while a test reads
-them)."""
+them); and :class:`Ranks`, which drives such ranks step by step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 WORK = r"""
 import time
@@ -19,3 +25,43 @@ def work(k, compute_s):
             gt.tag("eval_window", step=k)
     gt.flush()
 """
+
+
+class Ranks:
+    """Two ranks running ``script`` (``python -c script RUN RANK``), driven over their stdin:
+    a number of steps (each answers "done" once they are written), or "finish"."""
+
+    def __init__(self, script: str, run: Path, ranks: int = 2) -> None:
+        self.run = run
+        self.procs = [subprocess.Popen([sys.executable, "-c", script, str(run), str(rank)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True) for rank in range(ranks)]
+
+    @staticmethod
+    def line(proc: subprocess.Popen[str]) -> str:
+        assert proc.stdout is not None
+        return proc.stdout.readline().strip()
+
+    def send(self, text: str) -> None:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{text}\n")
+            proc.stdin.flush()
+
+    def steps(self, count: int) -> None:
+        self.send(str(count))
+        for proc in self.procs:
+            assert self.line(proc) == "done"
+
+    def finish(self) -> None:
+        self.send("finish")
+        for proc in self.procs:
+            assert proc.wait(timeout=120) == 0
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()

@@ -23,7 +23,7 @@ from goodtrace.read.engine import Engine
 from goodtrace.read.load import load_run
 from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
 from goodtrace.renderers.json_report import render_json
-from helpers.growing import WORK
+from helpers.growing import WORK, Ranks
 from helpers.many_ranks import NOW
 
 # One rank of a training loop through the public API, all in one segment (the writer's
@@ -46,38 +46,11 @@ gt.finish()
 """
 
 
-class Job:
+class Job(Ranks):
     """Two ranks of :data:`WRITER`, driven step by step."""
 
     def __init__(self, run: Path) -> None:
-        self.run = run
-        self.procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(run), str(rank)], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, text=True) for rank in range(2)]
-
-    def steps(self, count: int) -> None:
-        for proc in self.procs:
-            assert proc.stdin is not None
-            proc.stdin.write(f"{count}\n")
-            proc.stdin.flush()
-        for proc in self.procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "done"
-
-    def finish(self) -> None:
-        for proc in self.procs:
-            assert proc.stdin is not None
-            proc.stdin.write("finish\n")
-            proc.stdin.flush()
-        for proc in self.procs:
-            assert proc.wait(timeout=120) == 0
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    stream.close()
+        super().__init__(WRITER, run)
 
     def segments(self) -> list[Path]:
         return sorted(self.run.glob("rank-*/*.jsonl"))

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +24,7 @@ from goodtrace.read.rank_compact import LOG_NAME
 from goodtrace.read.segment_cache import CACHE_DIR, MAX_CHUNKS, RANKS_DIR
 from goodtrace.record.config import Config, ConfigError
 from goodtrace.renderers.json_report import render_json
-from helpers.growing import WORK
+from helpers.growing import WORK, Ranks
 from helpers.many_ranks import NOW
 
 # One rank in small segments (4 KiB: a segment every ~15 steps), flushed by hand each step,
@@ -51,42 +49,12 @@ gt.finish()
 WAIT_S = 120  # a bound on a loaded machine, never reached when the compactor works
 
 
-class Job:
+class Job(Ranks):
+    """Two ranks of :data:`WRITER`; each says its session first."""
+
     def __init__(self, run: Path) -> None:
-        self.run = run
-        self.procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(run), str(rank)], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, text=True) for rank in range(2)]
-        self.sessions = [self._line(proc) for proc in self.procs]
-
-    @staticmethod
-    def _line(proc: subprocess.Popen[str]) -> str:
-        assert proc.stdout is not None
-        return proc.stdout.readline().strip()
-
-    def steps(self, count: int) -> None:
-        for proc in self.procs:
-            assert proc.stdin is not None
-            proc.stdin.write(f"{count}\n")
-            proc.stdin.flush()
-        for proc in self.procs:
-            assert self._line(proc) == "done"
-
-    def finish(self) -> None:
-        for proc in self.procs:
-            assert proc.stdin is not None
-            proc.stdin.write("finish\n")
-            proc.stdin.flush()
-        for proc in self.procs:
-            assert proc.wait(timeout=120) == 0
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    stream.close()
+        super().__init__(WRITER, run)
+        self.sessions = [self.line(proc) for proc in self.procs]
 
     def segments(self, rank: int) -> list[Path]:
         return sorted((self.run / f"rank-{rank:05d}").glob(f"{self.sessions[rank]}.*.jsonl"))
@@ -108,19 +76,20 @@ class Job:
                 continue
             return out
 
-    def compactors(self) -> list[int]:
-        """The pids of this run's compactors still running."""
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"goodtrace.read.rank_compact" in cmdline and os.fsencode(os.path.abspath(self.run)) in cmdline:
-                found.append(int(entry))
-        return found
+
+def compactors(run: Path) -> list[int]:
+    """The pids of the compactors of ``run`` still running."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"goodtrace.read.rank_compact" in cmdline and os.fsencode(os.path.abspath(run)) in cmdline:
+            found.append(int(entry))
+    return found
 
 
 def wait_for(what: str, done: Callable[[], bool]) -> None:
@@ -172,13 +141,13 @@ def test_ranks_compact_their_closed_segments_while_the_job_runs(job: Job) -> Non
     assert warm == cold
     open_bytes = sum(job.segments(rank)[-1].stat().st_size for rank in range(2))
     assert warm_read == open_bytes < cold_read  # only the segments still being written were parsed
-    assert len(job.compactors()) == 2
-    for pid in job.compactors():  # at the lowest priority: the job's threads first
+    assert len(compactors(job.run)) == 2
+    for pid in compactors(job.run):  # at the lowest priority: the job's threads first
         assert os.getpriority(os.PRIO_PROCESS, pid) == 19
         assert os.sched_getscheduler(pid) == os.SCHED_IDLE
 
     job.finish()
-    wait_for("the compactors' last pass, and their exit", lambda: not job.compactors())
+    wait_for("the compactors' last pass, and their exit", lambda: not compactors(job.run))
     for rank in range(2):  # the session finished: its last segment is closed, and kept
         assert set(job.kept(rank)) == {relative(job, p) for p in job.segments(rank)}
     cold, _ = report(job.run, cache=False)
@@ -199,11 +168,11 @@ def test_ranks_compact_their_closed_segments_while_the_job_runs(job: Job) -> Non
 
 def test_a_killed_ranks_compactor_makes_its_last_pass_and_exits(job: Job) -> None:
     job.steps(100)
-    wait_for("two compactors", lambda: len(job.compactors()) == 2)
+    wait_for("two compactors", lambda: len(compactors(job.run)) == 2)
     for proc in job.procs:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    wait_for("the compactors' exit once their job is gone", lambda: not job.compactors())
+    wait_for("the compactors' exit once their job is gone", lambda: not compactors(job.run))
     for rank in range(2):
         kept = job.kept(rank)
         segments = job.segments(rank)
@@ -234,28 +203,18 @@ os.waitpid(child, 0)
 
 def test_a_forked_child_does_not_keep_the_compactor_waiting(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-c", FORKING, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    job = Ranks(FORKING, run, ranks=1)
     try:
-        assert proc.stdout is not None and proc.stdin is not None
-        child = int(proc.stdout.readline())
-        probe = Job.__new__(Job)
-        probe.run = run
+        child = int(job.line(job.procs[0]))
         assert os.path.exists(f"/proc/{child}")
         # the child holds a copy of every descriptor the parent had at the fork, but not the
         # compactor's pipe (closed in the child): the parent's finish ends the compactor
-        wait_for("the compactor's exit after finish(), the forked child alive", lambda: not probe.compactors())
+        wait_for("the compactor's exit after finish(), the forked child alive", lambda: not compactors(run))
         assert os.path.exists(f"/proc/{child}")
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert proc.wait(timeout=60) == 0
+        job.send("")
+        assert job.procs[0].wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
+        job.close()
     session = next((run / "rank-00000").glob("*.jsonl")).name.split(".")[0]
     folder = run / COMPACT_DIR / CACHE_DIR / RANKS_DIR / "rank-00000" / session
     kept = {e["path"] for p in folder.glob("*.json") for e in json.loads(p.read_text())["files"]}
