@@ -54,11 +54,11 @@ class Compactor:
                 self.process.stdin.close()
 
     def forget_after_fork(self) -> None:
-        """In a forked child: close this copy of the pipe without telling the compactor anything
-        (the parent's copy keeps it open)."""
-        if self.process.stdin is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.process.stdin.fileno())
+        """In a forked child: close this process's copy of the pipe (the parent's keeps it open,
+        so the compactor is told nothing). Through the file object, so that it is never closed
+        twice: a bare close of the descriptor would leave the object to close, later, whatever
+        file the child opened under the same number."""
+        self.stop()
 
 
 def start_compactor(
@@ -70,7 +70,11 @@ def start_compactor(
         warn("compact_interval_s: a rank compacts its own segments only on a local or NFS run directory; "
              "not started (run `goodtrace compact` where the run is mirrored)")
         return None
-    if importlib.util.find_spec("duckdb") is None or importlib.util.find_spec("numpy") is None:
+    try:
+        missing = importlib.util.find_spec("duckdb") is None or importlib.util.find_spec("numpy") is None
+    except (ImportError, ValueError):  # a module of that name that is no package, or half imported
+        missing = True
+    if missing:
         warn("compact_interval_s: compacting a rank's segments needs the reader "
              "(pip install 'goodtrace[report]'); not started")
         return None
