@@ -166,7 +166,8 @@ def segment_interval(segment: Segment, w: int) -> StepInterval:
 class PieceColumns:
     """A timeline's pieces as columns (a long run has millions): each piece's start and end
     (ns, on the wall clock), its label and its startup part as codes into ``labels`` and
-    ``parts`` (part code 0 is "": none), labels numbered in the order they first appear."""
+    ``parts`` (part code 0 is "": none), labels numbered in the order they first appear (every
+    label listed is some piece's)."""
 
     start: Any  # int64 arrays
     end: Any

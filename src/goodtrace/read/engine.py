@@ -82,13 +82,6 @@ def workers_from_environment() -> int | None:
     return count_from_environment(ENV_WORKERS, "workers")
 
 
-def python_path() -> str:
-    """``PYTHONPATH`` for a worker process: the directory this goodtrace was imported from
-    first, so that workers run the driver's goodtrace."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.pathsep.join([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
-
-
 def local_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -16,8 +16,9 @@ import subprocess
 import sys
 from typing import IO, Any
 
-from goodtrace.read.engine import FoldResult, FoldTask, python_path, run_task
+from goodtrace.read.engine import FoldResult, FoldTask, run_task
 from goodtrace.read.loaded import LoadError
+from goodtrace.record.process import python_path
 
 __all__ = ["WorkerProcess"]
 

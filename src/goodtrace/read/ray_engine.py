@@ -14,8 +14,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from goodtrace.read.engine import LOCAL_RAY, FoldResult, FoldTask, python_path, run_task
+from goodtrace.read.engine import LOCAL_RAY, FoldResult, FoldTask, run_task
 from goodtrace.read.loaded import LoadError
+from goodtrace.record.process import python_path
 
 __all__ = ["RaySession"]
 

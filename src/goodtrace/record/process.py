@@ -19,6 +19,13 @@ from goodtrace import schema
 _IMPORT_MONO_NS = time.perf_counter_ns()
 
 
+def python_path() -> str:
+    """``PYTHONPATH`` for a process goodtrace starts (a reader's worker, a rank's compactor): the
+    directory this goodtrace was imported from first, so that it runs this goodtrace."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.pathsep.join([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+
 @dataclasses.dataclass(frozen=True)
 class ProcessIdentity:
     rank: int

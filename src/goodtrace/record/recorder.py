@@ -518,8 +518,8 @@ class Recorder:
         self.buffer = RecordBuffer(0)  # a forked child records nothing
         self.sync = SyncPoints(self)  # nothing pending, no lock another thread could hold
         self.readiness = None  # its thread does not exist in the child
-        if self.compactor is not None:
-            self.compactor.forget_after_fork()
+        if self.compactor is not None:  # the parent's end stays open: the compactor is told nothing
+            self.compactor.stop()
             self.compactor = None
         spans.disable_after_fork(self, collections.deque(maxlen=1))
         try:

@@ -244,8 +244,7 @@ def report_data(
     for session, records in session_records(run, gantt.wanted(), spans_only=True, progress=progress):
         gantt.add(session, records)
     columns = analysis.timeline.columns
-    used = {columns.labels[code] for code in set(columns.label.tolist())} if columns is not None else set()
-    legend = sorted(used | {"productive"})
+    legend = sorted(set(columns.labels if columns is not None else ()) | {"productive"})
     return {
         "format": "goodtrace.html/2",
         "summary": _summary(analysis, run),

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable
 
 from goodtrace.record.io.storage import is_url, local_path
+from goodtrace.record.process import python_path
 
 __all__ = ["Compactor", "start_compactor"]
 
@@ -48,17 +49,14 @@ class Compactor:
         self.process = process
 
     def stop(self) -> None:
-        """Close its pipe (it then reads the session's files once more, and exits); never waits."""
+        """Close this process's end of its pipe; never waits. Once every copy is closed (a child
+        forked with one closes its own, :meth:`Recorder.after_fork_in_child`) the compactor reads
+        the session's files once more and exits. Through the file object, so that the descriptor
+        is never closed twice (a bare close would leave the object to close, later, whatever file
+        was opened under that number since)."""
         if self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
-
-    def forget_after_fork(self) -> None:
-        """In a forked child: close this process's copy of the pipe (the parent's keeps it open,
-        so the compactor is told nothing). Through the file object, so that it is never closed
-        twice: a bare close of the descriptor would leave the object to close, later, whatever
-        file the child opened under the same number."""
-        self.stop()
 
 
 def start_compactor(
@@ -79,9 +77,7 @@ def start_compactor(
              "(pip install 'goodtrace[report]'); not started")
         return None
     root = os.path.abspath(local_path(run_dir))
-    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=python_path())
     try:
         process = subprocess.Popen(
             [sys.executable, "-c", _BOOTSTRAP, COMPACTOR_MODULE, root, rank_dir, session, repr(float(interval_s)),
