@@ -209,6 +209,10 @@ class SegmentCache:
                     and self._complete(folder_of, index)):
                 self._chunks[str(index["chunk"])] = (folder_of, index)
         self._read_indexes()
+        # the chunks listed from an index file (not from compact's manifest): one whose file is
+        # gone by the time it is read was replaced by its writer, not damaged
+        self._indexed = {chunk for chunk, (folder_of, _) in self._chunks.items()
+                         if os.path.exists(os.path.join(folder_of, chunk + _INDEX))}
 
     # ------------------------------------------------------------------ reading
     def _warn(self, what: str, folder: str | None = None) -> None:
@@ -338,9 +342,8 @@ class SegmentCache:
                 for table in done:
                     con.execute(f"DELETE FROM {table} WHERE fid IN ({fids})")
                 failed.update(fid for _, _, fid in rows)
-                if folder != self.folder and not os.path.exists(os.path.join(folder, chunk + _INDEX)) \
-                        and os.path.basename(os.path.dirname(os.path.dirname(folder))) == RANKS_DIR:
-                    continue  # a rank's compactor merged it into a new chunk since it was listed: read again, quietly
+                if chunk in self._indexed and not os.path.exists(os.path.join(folder, chunk + _INDEX)):
+                    continue  # its writer (a rank's compactor, another report) merged it away since: read again, quietly
                 self._warn(f"has a chunk that cannot be read ({chunk}: {str(exc).splitlines()[0]})", folder)
                 if folder == self.folder:
                     self._remove(chunk, index)
