@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from goodtrace.read.discovery import where_of
 from goodtrace.read.long_lines import shortened_copy
-from goodtrace.read.validate import MAX_LINE_BYTES
+from goodtrace.read.validate import MAX_LINE_BYTES, SKIP_REASONS
 
 __all__ = ["SHORTEN_TO", "FileSkips", "range_copy"]
 
@@ -39,6 +39,14 @@ class FileSkips:
         if count:
             counts = self.by_file.setdefault(path, {})
             counts[reason] = counts.get(reason, 0) + count
+
+    def add_stored(self, path: str, counts: Mapping[str, object]) -> None:
+        """The lines a chunk index or compact's manifest says were skipped in ``path`` (what it
+        holds is read as written elsewhere: reasons this reader does not know, and counts that
+        are not whole numbers, are left out)."""
+        for reason, count in counts.items():
+            if reason in SKIP_REASONS and isinstance(count, int) and not isinstance(count, bool):
+                self.add(path, reason, count)
 
     def add_rows(self, path: str, rows: dict[str, int], torn: bool) -> None:
         """What DuckDB found in one file: rows by reason (its first line is the header the

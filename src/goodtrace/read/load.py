@@ -66,7 +66,7 @@ from goodtrace.read.segment_cache import (
 )
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.sessions import number_attempts
-from goodtrace.read.validate import SKIP_REASONS, describe_skipped
+from goodtrace.read.validate import describe_skipped
 from goodtrace.record.io.storage import is_url, local_path
 
 __all__ = [
@@ -373,9 +373,7 @@ def _load_run(
                 del hits[fid]
         path_of = {fid: p for p, fid in fid_of.items()}
         for fid, hit in hits.items():
-            for reason, count in hit.skipped.items():
-                if reason in SKIP_REASONS and isinstance(count, int):
-                    skips.add(path_of[fid], reason, count)
+            skips.add_stored(path_of[fid], hit.skipped)
         # The files still being written: the longest prefix of each the cache holds is loaded,
         # and only the bytes after it are read, from a copy (whole lines up to there are kept).
         # Not for a mirror of object storage: it replaces a grown file (a new inode) with the
@@ -392,14 +390,11 @@ def _load_run(
             for fid, p in growing.items():
                 found = open_hits.get(fid)
                 ranges[p] = ((found.prefix or 0) if found is not None else 0, identities[p].size)
-                for reason, count in (found.skipped.items() if found is not None else ()):
-                    if reason in SKIP_REASONS and isinstance(count, int):
-                        skips.add(p, reason, count)
+                if found is not None:
+                    skips.add_stored(p, found.skipped)
         for p, entry in parquet_ok.items():  # lines the compacted copy skipped, of the files read from it
             if p in sid_of_file and fid_of[p] not in hits:
-                for reason, count in (entry.get("skipped") or {}).items():
-                    if reason in SKIP_REASONS and isinstance(count, int):
-                        skips.add(p, reason, count)
+                skips.add_stored(p, entry.get("skipped") or {})
         fold_json_by_sid = {sid: [p for p in paths if fid_of[p] not in hits] for sid, paths in json_by_sid.items()}
         fold_json_by_sid = {sid: paths for sid, paths in fold_json_by_sid.items() if paths}
         fold_parquet = [(int(entry["fid"]), sid_of_file[p], fid_of[p]) for p, entry in parquet_ok.items()
@@ -431,9 +426,7 @@ def _load_run(
                     entry = parquet_ok.get(path_of[fid])
                     if entry is not None:
                         again_parquet.append((int(entry["fid"]), sid_of_fid[fid], fid))
-                        for reason, count in (entry.get("skipped") or {}).items():
-                            if reason in SKIP_REASONS and isinstance(count, int):
-                                skips.add(path_of[fid], reason, count)
+                        skips.add_stored(path_of[fid], entry.get("skipped") or {})
                     else:
                         again.setdefault(sid_of_fid[fid], []).append(path_of[fid])
                 if again_parquet:

@@ -37,7 +37,6 @@ from goodtrace.read.engine import Engine, fold_sessions
 from goodtrace.read.file_skips import FileSkips
 from goodtrace.read.segment_cache import CACHE_DIR, RANKS_DIR, Hit, SegmentCache
 from goodtrace.read.segments import SEGMENT_SUFFIX
-from goodtrace.read.validate import SKIP_REASONS
 
 __all__ = ["compact_session", "rank_cache_folder"]
 
@@ -113,9 +112,7 @@ def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> i
             for fid in _load_for_merge(cache, con, "model", model_hits, sid_of_fid):
                 del model_hits[fid]
             for fid, hit in model_hits.items():
-                for reason, count in hit.skipped.items():
-                    if reason in SKIP_REASONS and isinstance(count, int):
-                        skips.add(path_of[fid], reason, count)
+                skips.add_stored(path_of[fid], hit.skipped)
             fold = [p for p in wanted if fid_of[p] not in model_hits]
             fold_sessions(con, {0: fold} if fold else {}, fid_of, main_tids, tmpdir, Engine(workers=1), None, 0,
                           len(fold), skips)
