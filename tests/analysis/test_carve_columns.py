@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodtrace.analysis.cut import RULE_ASYNC, RULE_SYNC, SessionCut
-from goodtrace.analysis.partition import PieceColumns, Timeline, _PieceBuilder
+from goodtrace.analysis.partition import Timeline
+from goodtrace.analysis.pieces import PieceBuilder, PieceColumns
 
 LABELS = ["data", "checkpoint_save", "eval", "gc", "compile"]
 
@@ -54,7 +55,7 @@ def test_the_columns_are_the_pieces(layout: tuple[SessionCut, int, int]) -> None
 def test_totals_from_columns_are_the_pieces_added_up(
     steps: list[tuple[int, int, str, str, bool]], a: int, b: int,
 ) -> None:
-    builder = _PieceBuilder()
+    builder = PieceBuilder()
     t = 0
     run: tuple[list[int], list[int], list[str]] = ([], [], [])
 

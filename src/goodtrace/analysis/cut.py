@@ -34,6 +34,7 @@ from typing import NamedTuple
 from goodtrace import schema
 from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, overhead_per_interval
 from goodtrace.analysis.rewinds import Rewind, charge_recovery, find_rewinds
+from goodtrace.analysis.sync_match import assign_syncs, member, occurrence
 from goodtrace.read.loaded import NO_TIME, SessionInfo, SessionRecords
 
 __all__ = [
@@ -186,7 +187,7 @@ class SessionCut:
 
     def repeat_index(self) -> Array:
         """Each execution's run of its step in the session: 0 the first, 1 the second, ..."""
-        return _occurrence(_np(self.exec_step))
+        return occurrence(_np(self.exec_step))
 
     def _carve(self, a: int, b: int, default: str, *, skip_data: bool = False) -> list[Piece]:
         out: list[Piece] = []
@@ -323,77 +324,6 @@ _DEVICE_DATED = frozenset({schema.SYNC_LAG, schema.SYNC_POLL, schema.SYNC_BLOCKI
 _LOOKED_LATER = frozenset({schema.SYNC_LAG, schema.SYNC_POLL, schema.SYNC_BLOCKING, schema.SYNC_FINISH,
                            schema.SYNC_BARRIER})
 
-def _occurrence(keys: Array) -> Array:
-    """For each position, how many earlier positions hold the same key (0, 1, 2, ...)."""
-    import numpy as np
-
-    n = len(keys)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    order = np.lexsort((np.arange(n), keys))
-    sorted_keys = keys[order]
-    starts = np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]
-    first = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
-    occurrence = np.empty(n, dtype=np.int64)
-    occurrence[order] = np.arange(n) - first
-    return occurrence
-
-
-def _assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) -> tuple[Array, Array, int]:
-    """The sync time of each execution (NO_TIME: none), how each was taken (an object array of
-    the few shared strings, "" for none), and the count of sync records that name no execution
-    or come before its entry. A sync record names its execution (seq); in older files the k-th
-    sync point of step n belongs to the k-th execution of n. When several name one execution,
-    the earliest counts."""
-    import numpy as np
-
-    n = len(seqs)
-    times = np.full(n, NO_TIME, dtype=np.int64)
-    hows = np.full(n, "", dtype=object)
-    s_seq, s_step, s_t = _np(rec.sync_seq), _np(rec.sync_step), _np(rec.sync_t)
-    if len(s_t) == 0 or n == 0:
-        return times, hows, len(s_t)
-    index = np.full(len(s_t), -1, dtype=np.int64)
-    named = s_seq >= 0
-    if named.any():
-        order = np.argsort(seqs, kind="stable")
-        pos = np.searchsorted(seqs[order], s_seq[named])
-        pos = np.minimum(pos, n - 1)
-        found = seqs[order][pos] == s_seq[named]
-        index[np.flatnonzero(named)[found]] = order[pos[found]]
-    if (~named).any():  # older files: match the k-th sync point of a step to its k-th execution
-        if n < 2 or bool((numbers[1:] > numbers[:-1]).all()):
-            unique, dense = numbers, np.arange(n)  # every number once, in order (the common case)
-        else:
-            unique, dense = np.unique(numbers, return_inverse=True)
-        width = n + 1
-        ex_key = dense * width + _occurrence(dense)
-        legacy = np.flatnonzero(~named)
-        at = np.searchsorted(unique, s_step[legacy])
-        at_ok = (at < len(unique)) & (unique[np.minimum(at, len(unique) - 1)] == s_step[legacy])
-        legacy, at = legacy[at_ok], at[at_ok]
-        sy_key = at * width + _occurrence(at)
-        order = np.argsort(ex_key)
-        pos = np.minimum(np.searchsorted(ex_key[order], sy_key), n - 1)
-        found = ex_key[order][pos] == sy_key
-        index[legacy[found]] = order[pos[found]]
-    ok = index >= 0
-    ok[ok] &= (numbers[index[ok]] == s_step[ok]) & (s_t[ok] >= t0s[index[ok]])
-    ignored = int(len(s_t) - ok.sum())
-    candidates = np.flatnonzero(ok)  # sync records sorted by time: the first per execution is the earliest
-    named_executions = index[candidates]
-    if len(named_executions) < 2 or bool((named_executions[1:] > named_executions[:-1]).all()):
-        executions, chosen = named_executions, candidates  # the common case: one each, in order
-    else:
-        executions, first = np.unique(named_executions, return_index=True)
-        chosen = candidates[first]
-    times[executions] = s_t[chosen]
-    how = np.empty(len(rec.sync_how), dtype=object)
-    how[:] = rec.sync_how
-    hows[executions] = how[chosen]
-    return times, hows, ignored
-
-
 def cut_session(
     info: SessionInfo,
     rec: SessionRecords,
@@ -421,13 +351,13 @@ def cut_session(
     # A session's columns are as long as its run (millions of executions): each result is
     # stored once it is made and viewed from there, and what is not needed any more is
     # released, so that the cut's temporaries stay a few columns at a time.
-    times, hows, ignored = _assign_syncs(rec, seqs, numbers, t0s)
+    times, hows, ignored = assign_syncs(rec, seqs, numbers, t0s)
     host_timed = n > 0 and bool((times == NO_TIME).all())
     if host_timed:
         times, hows = t1s.copy(), np.full(n, schema.SYNC_HOST, dtype=object)
     out = SessionCut(info.index, start, end, RULE_UNKNOWN, host_timed, tail_label)
     flags = np.zeros(n, dtype=np.int64)
-    flags[_occurrence(numbers) > 0] |= FLAG_REPEATED
+    flags[occurrence(numbers) > 0] |= FLAG_REPEATED
     if n > 1:
         flags[1:][numbers[1:] < numbers[:-1]] |= FLAG_DECREASING
     thrown, out.rewinds = find_rewinds(numbers, t0s, rec.events)
@@ -489,7 +419,7 @@ def cut_session(
     out.interval_how = interval_how
     out.data_rule = data_rule or _data_rule(times, hows, t0s, host_timed)
     # the device-dated sync point of each execution (a blocking span may have waited for it)
-    dated = _member(hows, _DEVICE_DATED)
+    dated = member(hows, _DEVICE_DATED)
     del hows
     device_dated = np.where(dated & ((flags & FLAG_UNORDERED_SYNC) == 0), times, NO_TIME)
     del dated, times, flags
@@ -531,22 +461,6 @@ def _compute_of(rec: SessionRecords, seqs: Array) -> Array:
     return np.where(keys[at] == seqs, values[at], 0)
 
 
-def _member(values: Array, wanted: frozenset[str]) -> Array:
-    """``[v in wanted for v in values]`` as a bool array: one comparison per distinct value
-    (a few sync kinds), not one Python step per value."""
-    import numpy as np
-
-    out = np.zeros(len(values), dtype=bool)
-    kinds = set(values)
-    if kinds <= wanted:
-        out[:] = True
-    elif kinds & wanted:
-        array_ = np.array(values, dtype=object)
-        for kind in kinds & wanted:
-            out |= array_ == kind
-    return out
-
-
 def _data_rule(times: Array, hows: Array, t0s: Array, host_timed: bool) -> str:
     """Asynchronous when the host entered the next step before most steps were ready (on a
     tie, by how the sync point was taken: looked at later, or already complete at the step's
@@ -555,7 +469,7 @@ def _data_rule(times: Array, hows: Array, t0s: Array, host_timed: bool) -> str:
     if host_timed or len(times) < 2:
         return RULE_UNKNOWN
     t, nxt = times[:-1], t0s[1:]
-    later = _member(hows[:-1], _LOOKED_LATER)
+    later = member(hows[:-1], _LOOKED_LATER)
     has = t != NO_TIME
     ahead = int((has & ((nxt < t) | ((nxt == t) & later))).sum())
     behind = int(has.sum()) - ahead

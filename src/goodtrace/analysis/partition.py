@@ -22,6 +22,7 @@ from typing import Any, overload
 
 from goodtrace import schema
 from goodtrace.analysis.cut import FLAG_REWOUND, Piece, Relabels, SessionCut, label_totals, relabel
+from goodtrace.analysis.pieces import PieceBuilder, PieceColumns, ordered_sums
 from goodtrace.read.loaded import SessionInfo
 
 __all__ = [
@@ -32,7 +33,6 @@ __all__ = [
     "WARMUP",
     "WASTED",
     "IntervalList",
-    "PieceColumns",
     "StepInterval",
     "Timeline",
     "assemble",
@@ -162,114 +162,6 @@ def segment_interval(segment: Segment, w: int) -> StepInterval:
     return StepInterval(cut, w, segment.attempt, cut.interval_start[w] + delta, cut.interval_end[w] + delta, wall, lost, w == 0, warm)
 
 
-@dataclasses.dataclass(frozen=True)
-class PieceColumns:
-    """A timeline's pieces as columns (a long run has millions): each piece's start and end
-    (ns, on the wall clock), its label and its startup part as codes into ``labels`` and
-    ``parts`` (part code 0 is "": none), labels numbered in the order they first appear (every
-    label listed is some piece's)."""
-
-    start: Any  # int64 arrays
-    end: Any
-    label: Any
-    part: Any
-    labels: list[str]
-    parts: list[str]
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-
-class _PieceBuilder:
-    """The pieces :func:`assemble` emits, merged with the one before when adjacent and alike:
-    single pieces into Python lists, runs of pieces (a stretch carved in numpy) as arrays."""
-
-    def __init__(self) -> None:
-        import numpy as np
-
-        self._np = np
-        self.codes: dict[str, int] = {}
-        self.part_codes: dict[str, int] = {"": 0}
-        self._blocks: list[tuple[Any, Any, Any, Any]] = []
-        self._s: list[int] = []
-        self._e: list[int] = []
-        self._l: list[int] = []
-        self._p: list[int] = []
-
-    def _last(self) -> tuple[int, int, int] | None:
-        """The last piece's end, label and part codes."""
-        if self._s:
-            return self._e[-1], self._l[-1], self._p[-1]
-        if self._blocks:
-            _, e, label, part = self._blocks[-1]
-            return int(e[-1]), int(label[-1]), int(part[-1])
-        return None
-
-    def _extend_last(self, end: int) -> None:
-        if self._s:
-            self._e[-1] = end
-        else:
-            self._blocks[-1][1][-1] = end
-
-    def add(self, s: int, e: int, label: str, part: str) -> None:
-        code = self.codes.setdefault(label, len(self.codes))
-        part_code = self.part_codes.setdefault(part, len(self.part_codes))
-        if self._last() == (s, code, part_code):
-            self._extend_last(e)
-            return
-        self._s.append(s)
-        self._e.append(e)
-        self._l.append(code)
-        self._p.append(part_code)
-
-    def add_run(self, starts: Any, ends: Any, labels: Any, names: list[str]) -> Any:
-        """Pieces without a part, already merged among themselves, in order (``labels``: codes
-        into ``names``); returns their label codes here."""
-        np = self._np
-        if not len(starts):
-            return np.zeros(0, dtype=np.int64)
-        found, first = np.unique(labels, return_index=True)
-        for k in found[np.argsort(first, kind="stable")].tolist():  # numbered in the order they appear
-            self.codes.setdefault(names[k], len(self.codes))
-        codes = np.array([self.codes.get(name, -1) for name in names], dtype=np.int64)[labels]
-        first = 0
-        if self._last() == (int(starts[0]), int(codes[0]), 0):
-            self._extend_last(int(ends[0]))
-            first = 1
-        if first < len(starts):
-            self._flush()
-            self._blocks.append((np.array(starts[first:], dtype=np.int64), np.array(ends[first:], dtype=np.int64),
-                                 codes[first:], np.zeros(len(codes) - first, dtype=np.int64)))
-        return codes
-
-    def _flush(self) -> None:
-        if self._s:
-            np = self._np
-            self._blocks.append((np.array(self._s, dtype=np.int64), np.array(self._e, dtype=np.int64),
-                                 np.array(self._l, dtype=np.int64), np.array(self._p, dtype=np.int64)))
-            self._s, self._e, self._l, self._p = [], [], [], []
-
-    def columns(self) -> PieceColumns:
-        np = self._np
-        self._flush()
-        joined = [np.concatenate([block[k] for block in self._blocks]) if self._blocks else np.zeros(0, dtype=np.int64)
-                  for k in range(4)]
-        return PieceColumns(joined[0], joined[1], joined[2], joined[3], list(self.codes), list(self.part_codes))
-
-
-def _ordered_sums(codes: Any, lengths: Any, names: list[str], skip_zero: bool) -> dict[str, int]:
-    """Per code, the sum of ``lengths``, keyed by name in the order the codes first appear
-    (``skip_zero``: code 0 left out)."""
-    import numpy as np
-
-    found, first = np.unique(codes, return_index=True)
-    out: dict[str, int] = {}
-    for code in found[np.argsort(first, kind="stable")].tolist():
-        if not (skip_zero and code == 0):
-            out[names[code]] = int(lengths[codes == code].sum())
-    return out
-
-
 @dataclasses.dataclass
 class Timeline:
     """One rank's job timeline: pieces tiling [start, end) on the wall clock, as columns (empty
@@ -311,7 +203,7 @@ class Timeline:
         lengths = np.minimum(c.end[i:j], hi) - np.maximum(c.start[i:j], lo)
         keep = lengths > 0
         lengths, labels, parts = lengths[keep], c.label[i:j][keep], c.part[i:j][keep]
-        return _ordered_sums(labels, lengths, c.labels, False), _ordered_sums(parts, lengths, c.parts, True)
+        return ordered_sums(labels, lengths, c.labels, False), ordered_sums(parts, lengths, c.parts, True)
 
 
 def weighted_median(values: Sequence[tuple[float, int]]) -> float | None:
@@ -427,7 +319,7 @@ def assemble(
     import numpy as np
 
     ordered = sorted(cuts, key=lambda c: (c[1].start_wall, c[0]))
-    out = _PieceBuilder() if pieces else None
+    out = PieceBuilder() if pieces else None
     intervals = IntervalList()
     buckets: dict[str, int] = {}
     parts: dict[str, int] = {}
@@ -497,7 +389,7 @@ def assemble(
                     if len(run_s):
                         run_s, run_e = run_s + delta, run_e + delta
                         codes = out.add_run(run_s, run_e, run_labels, run_names)
-                        for label, ns in _ordered_sums(codes, run_e - run_s, list(out.codes), False).items():
+                        for label, ns in ordered_sums(codes, run_e - run_s, list(out.codes), False).items():
                             buckets[label] = buckets.get(label, 0) + ns
                         cursor = int(run_e[-1])
                     w = last
