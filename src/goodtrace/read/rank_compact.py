@@ -59,13 +59,13 @@ def _session_files(root: str, rank_dir: str, session: str) -> list[str]:
                   and os.path.isfile(os.path.join(folder, name)))
 
 
-def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> int:
+def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> None:
     """Reduce the closed segments of ``session`` not kept yet into its folder of the segment
     cache; ``final``: the session's process is gone, so its last segment is read too (and kept
-    when the session finished). Returns the files kept."""
+    when the session finished)."""
     paths = _session_files(root, rank_dir, session)
     if not paths:
-        return 0
+        return
     files: list[tuple[str, object]] = []
     for p in paths:
         with contextlib.suppress(OSError):
@@ -79,7 +79,7 @@ def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> i
 
     drafts = collect_sessions(files, [], lines_of, {})
     if not drafts:
-        return 0
+        return
     draft = next(iter(drafts.values()))
     drafts = {session: draft}
     main_tids = {0: int_or_none(draft.header.get("main_tid"))}
@@ -97,9 +97,8 @@ def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> i
     found = {kind: cache.find(kind, {fid_of[p]: identities[p] for p in wanted}) for kind, _ in kinds}
     todo = [p for p in wanted if any(fid_of[p] not in hits for hits in found.values())]
     if not todo:
-        return 0
+        return
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-compact-")
-    closed: set[str] = set()
     try:
         con = duckdb_connection.connect(tmpdir)
         try:
@@ -132,7 +131,6 @@ def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> i
             con.close()
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    return sum(1 for p in todo if p in closed)
 
 
 def _load_for_merge(cache: SegmentCache, con: object, kind: str, hits: dict[int, Hit],
