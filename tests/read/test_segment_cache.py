@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from goodtrace.analysis import analyze
+from goodtrace.read import segment_cache
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
 from goodtrace.read.load import compact_run, load_run
@@ -223,6 +224,41 @@ def test_chunks_of_many_reports_are_merged_into_one(many_ranks: Path, tmp_path: 
     # parsed: only the segments never closed (each rank's first attempt crashed, without a
     # finish) and rank 1's file with a line too long for DuckDB (never kept)
     assert {total for _, total in read} == {len(list(run.glob("rank-*"))) + 1}
+
+
+def test_merges_rewrite_the_small_chunks_not_a_large_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks merge by level (``SegmentCache.merging``): a report that finds MAX_CHUNKS small
+    chunks merges those, and leaves the large chunk of an earlier report as it is (rewriting
+    it every MAX_CHUNKS reports made the re-reports of a long run cost its square)."""
+    source = write_many_ranks(tmp_path / "source", ranks=12 + MAX_CHUNKS + 1, steps=1000)
+    ranks = sorted(source.glob("rank-*"))
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in ranks[:12]:
+        shutil.copytree(rank, run / rank.name)
+    assert _report(run, cache=True) == _report(run, cache=False)
+
+    def model_chunks() -> dict[str, int]:  # index file -> the chunk's bytes
+        out = {}
+        for index in _chunks(run):
+            found = json.loads(index.read_text())
+            if found["kind"] == "model":
+                out[index.name] = sum((index.parent / name).stat().st_size for name in found["tables"].values())
+        return out
+
+    ((large, size),) = model_chunks().items()
+    monkeypatch.setattr(segment_cache, "MERGE_FLOOR", size // MAX_CHUNKS)  # the large chunk: level 1
+    for rank in ranks[12:]:  # a rank's finished sessions more each time: a small chunk each
+        if len(model_chunks()) == 1 + MAX_CHUNKS:
+            assert all(n < size // MAX_CHUNKS for name, n in model_chunks().items() if name != large)  # level 0
+        shutil.copytree(rank, run / rank.name)
+        assert _report(run, cache=True) == _report(run, cache=False)
+    kept = model_chunks()
+    assert large in kept and kept[large] == size  # never rewritten
+    assert len(kept) == 2  # the MAX_CHUNKS small ones and the last report's files, merged into one
+    read: list[tuple[str, int]] = []
+    assert _report(run, cache=True, labels=read) == _report(run, cache=False)
+    assert {total for _, total in read} == {len(ranks)}  # each rank's crashed first attempt, never closed
 
 
 def test_a_run_directory_it_cannot_write_keeps_its_cache_in_the_cache_dir(

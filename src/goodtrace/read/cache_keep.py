@@ -127,7 +127,7 @@ def store_prefixes(
     :func:`prefix_ends`), where enough was read after the prefix the cache held (``hits``).
     When the folder holds many chunks of ``kind`` (files that grew at different times), the
     new one holds every file of ``ends`` and replaces them."""
-    replace = cache.crowded(kind)
+    replace = cache.merging(kind)
     files: dict[int, FileIdentity] = {}
     counts: dict[int, dict[str, int]] = {}
     prefixes: dict[int, tuple[int, str]] = {}
@@ -153,11 +153,10 @@ def store_closed(
 ) -> None:
     """Keep the rows of the closed files just read (``closed``: every closed file, ``hits``: those
     read from the cache), unless a file changed while it was read or had lines too long to read
-    (the views that read its records again need the copy). When the folder holds many chunks,
-    the new one holds its hits too, and replaces them."""
-    replace = cache.crowded(kind)
-    files = {fid: ident for fid, ident in closed.items()
-             if fid not in hits or (replace and cache.own(hits[fid]))}
+    (the views that read its records again need the copy). The files of the chunks it merges
+    (:meth:`SegmentCache.merging`) are kept in the new one too, which replaces them."""
+    replace = cache.merging(kind)
+    files = {fid: ident for fid, ident in closed.items() if fid not in hits or hits[fid].chunk in replace}
     keep: dict[int, FileIdentity] = {}
     for fid, ident in files.items():
         path = path_of[fid]

@@ -85,6 +85,7 @@ __all__ = [
 
 MAX_FILE_WARNINGS = 20  # files named one by one in the warnings; the rest are summed
 _YEAR_NS = 366 * 86_400 * 10**9
+_STARTS = "seg_starts"  # the span starts: read from the cache last, as a sample where it can (see _load_run)
 
 
 def _unchanged(path: str, entry: dict[str, Any]) -> bool:
@@ -369,7 +370,7 @@ def _load_run(
         if cache is not None:
             hits = cache.find("model", {fid_of[p]: ident for p, ident in identities.items()})
             # every table but the span starts, of which only a sample is kept (below)
-            for fid in cache.load(con, "model", hits, sid_of_fid, tables=lambda table: table != "seg_starts"):
+            for fid in cache.load(con, "model", hits, sid_of_fid, tables=_STARTS.__ne__):
                 del hits[fid]
         path_of = {fid: p for p, fid in fid_of.items()}
         for fid, hit in hits.items():
@@ -413,9 +414,12 @@ def _load_run(
                              remote, ranges)
         if hits and cache is not None:
             # the span starts: only the sample finish_model keeps, now that every file's summary
-            # is in (all of them when this load's chunk will replace the others: it keeps them)
-            failed = cache.load(con, "model", hits, sid_of_fid, tables=lambda table: table == "seg_starts",
-                                filters=None if cache.crowded("model") else {"seg_starts": duckdb_sql.SAMPLED_STARTS})
+            # is in (all of them of the chunks this load's chunk will replace: it keeps them)
+            merged = cache.merging("model")
+            failed = cache.load(con, "model", {fid: hit for fid, hit in hits.items() if hit.chunk in merged},
+                                sid_of_fid, tables=_STARTS.__eq__)
+            failed |= cache.load(con, "model", {fid: hit for fid, hit in hits.items() if hit.chunk not in merged},
+                                 sid_of_fid, tables=_STARTS.__eq__, filters={"seg_starts": duckdb_sql.SAMPLED_STARTS})
             if failed:  # read again, whole
                 duckdb_sql.delete_files(con, failed)
                 again: dict[int, list[str]] = {}

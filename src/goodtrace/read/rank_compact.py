@@ -9,7 +9,7 @@ rotated away from (every one but the last) into the segment cache, as a report w
 kind ``model``; the reference rank's detail too when the rank is 0), in a folder of its own,
 ``RUN/compact/cache/ranks/<rank dir>/<session>/``: one writer per folder, whatever the other
 ranks do, and the report reads every such folder beside its own (``segment_cache.rank_chunks``).
-Past ``MAX_CHUNKS`` chunks of a kind the next one holds them all (as a report merges its own).
+Chunks are merged as a report merges its own (``SegmentCache.merging``).
 
 When its standard input ends (the recorder's ``finish()`` closed the pipe, or the job's process
 died) or the job's process is gone, it reduces the session's files once more, this time also
@@ -135,11 +135,11 @@ def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> N
 
 def _load_for_merge(cache: SegmentCache, con: object, kind: str, hits: dict[int, Hit],
                     sid_of_fid: dict[int, int]) -> set[int]:
-    """When the folder holds ``MAX_CHUNKS`` chunks of ``kind``, the next one holds them all: their
-    rows are loaded first (returns the files whose chunk could not be read)."""
-    if not hits or not cache.crowded(kind):
-        return set()
-    return cache.load(con, kind, hits, sid_of_fid)
+    """The rows of the chunks the next one of ``kind`` will hold (:meth:`SegmentCache.merging`),
+    loaded first (returns the files whose chunk could not be read)."""
+    merged = cache.merging(kind)
+    wanted = {fid: hit for fid, hit in hits.items() if hit.chunk in merged}
+    return cache.load(con, kind, wanted, sid_of_fid) if wanted else set()
 
 
 def _parent_gone(parent: int) -> bool:

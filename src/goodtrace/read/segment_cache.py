@@ -47,9 +47,14 @@ RANKS_DIR = "ranks"  # RUN/compact/cache/ranks/<rank dir>/<session>/: a rank's o
 ENV_SEGMENT_CACHE = "GOODTRACE_SEGMENT_CACHE"
 CACHE_FORMAT = 1  # the index's layout; the tables' is duckdb_sql.RUN_MODEL_VERSION
 _INDEX = ".json"
-# Chunks of a kind a folder holds before a report merges them into one (each report of a
-# growing run adds one; reading a chunk costs a query per table)
+# How chunks of a kind are merged (:meth:`SegmentCache.merging`): a chunk's *level* is how many
+# times its size is MAX_CHUNKS times MERGE_FLOOR's (below the floor: level 0); once a level
+# holds MAX_CHUNKS chunks, the next chunk stored holds their files too and replaces them. Each
+# report of a growing run adds a chunk; a file's rows are rewritten once per level, not once per
+# MAX_CHUNKS reports (which made the cost of a long run's re-reports grow with its square), and
+# a folder holds at most MAX_CHUNKS - 1 chunks per level (one query per table reads them all).
 MAX_CHUNKS = 8
+MERGE_FLOOR = 1 << 20
 _CHUNK_NAME = re.compile(r"(?:model-)?(c([0-9]+)-[0-9a-f]{12})")
 # The kinds of the prefixes of open files (see the module's docstring)
 OPEN_KINDS = {"model": "model-open", "detail": "detail-open"}
@@ -382,26 +387,45 @@ class SegmentCache:
             con.execute("DROP TABLE IF EXISTS cachemap")
 
     # ------------------------------------------------------------------ writing
-    def own(self, hit: Hit) -> bool:
-        """Whether ``hit`` is in a chunk of this folder (not in one kept elsewhere)."""
-        return hit.chunk in self._chunks and self._chunks[hit.chunk][0] == self.folder
+    def merging(self, kind: str) -> frozenset[str]:
+        """The chunks of ``kind`` in this folder that the next chunk of ``kind`` stored should hold
+        (their files' rows too) and replace: those of the lowest level that holds
+        :data:`MAX_CHUNKS` of them (see :data:`MERGE_FLOOR`), or none. Of an open kind, every
+        chunk once there are :data:`MAX_CHUNKS` (their size is bounded by the open files')."""
+        if self.folder is None:
+            return frozenset()
+        own = [(chunk, index) for chunk, (folder, index) in self._chunks.items()
+               if folder == self.folder and index.get("kind") == kind]
+        if len(own) < MAX_CHUNKS:
+            return frozenset()
+        if kind in OPEN_KINDS.values():
+            return frozenset(chunk for chunk, _ in own)
+        levels: dict[int, list[str]] = {}
+        for chunk, index in own:
+            levels.setdefault(_level(self._bytes(index)), []).append(chunk)
+        for level in sorted(levels):
+            if len(levels[level]) >= MAX_CHUNKS:
+                return frozenset(levels[level])
+        return frozenset()
 
-    def crowded(self, kind: str) -> bool:
-        """Whether this folder holds :data:`MAX_CHUNKS` chunks of ``kind`` or more: the next
-        store should hold every file of theirs, and replace them."""
-        return self.folder is not None and sum(
-            1 for folder, index in self._chunks.values() if folder == self.folder and index.get("kind") == kind
-        ) >= MAX_CHUNKS
+    def _bytes(self, index: dict[str, Any]) -> int:
+        """The size of a chunk of this folder: its tables' files."""
+        assert self.folder is not None
+        total = 0
+        for name in index["tables"].values():
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(self.folder, name))
+        return total
 
     def store(
         self, con: Any, kind: str, tables: Iterable[str], files: Mapping[int, FileIdentity],
-        skipped: Mapping[int, dict[str, int]], *, replace: bool = False,
+        skipped: Mapping[int, dict[str, int]], *, replace: Iterable[str] = (),
         prefixes: Mapping[int, tuple[int, str]] | None = None,
     ) -> dict[str, Any] | None:
         """A new chunk of the rows of ``files`` (this load's file number -> identity) in
         ``con``'s ``tables``; returns its index, None when it could not be written (the cache
-        is then left as it was). ``replace``: the other chunks of ``kind`` in this folder go
-        (the new one holds their files). ``prefixes``: of a file kept as a prefix, the bytes
+        is then left as it was). ``replace``: chunks of this folder that go once it is written
+        (the new one holds their files: :meth:`merging`). ``prefixes``: of a file kept as a prefix, the bytes
         its rows cover and their :func:`prefix_digest`."""
         import duckdb
 
@@ -413,8 +437,9 @@ class SegmentCache:
         except (OSError, duckdb.Error) as exc:
             self._warn(f"cannot be written ({exc})")
             return None
-        if replace:
-            self.clear(kind)
+        for chunk in replace:
+            if chunk in self._chunks and self._chunks[chunk][0] == self.folder:
+                self._remove(chunk, self._chunks[chunk][1])
         self._chunks[index["chunk"]] = (self.folder, index)
         return index
 
@@ -466,6 +491,14 @@ class SegmentCache:
             if name.endswith(".partial") or not os.path.exists(os.path.join(self.folder, found.group(1) + _INDEX)):
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(self.folder, name))
+
+
+def _level(size: int) -> int:
+    """A chunk's level by its size (:data:`MERGE_FLOOR`)."""
+    level, bound = 0, MERGE_FLOOR * MAX_CHUNKS
+    while size >= bound:
+        level, bound = level + 1, bound * MAX_CHUNKS
+    return level
 
 
 def write_chunk(
