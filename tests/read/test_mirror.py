@@ -19,8 +19,12 @@ import pytest
 
 from goodtrace.analysis import analyze
 from goodtrace.read.duckdb_sql import SEGMENT_NAMES
+from goodtrace.read.engine import Engine
 from goodtrace.read.load import NotARunError, compact_run, load_run
 from goodtrace.read.mirror import RemoteReadError, mirror_cache_dir, mirror_run
+from goodtrace.read.segment_cache import ENV_SEGMENT_CACHE
+from goodtrace.renderers.json_report import render_json
+from helpers.many_ranks import NOW
 from helpers.storage_servers import S3Server
 
 RESTART = Path(__file__).parent.parent / "data" / "runs" / "restart_2ranks"  # 2 ranks, 4 segments
@@ -104,6 +108,61 @@ def test_one_listing_then_only_new_or_changed_files(tmp_path: Path, s3_env: S3Se
     mirror_run(url)
     assert _requests(s3_env) == {"LIST": 1}
     assert _files(local) == _files(run)
+
+
+def _beats(segment: Path, first: int, count: int) -> None:
+    """Heartbeats of the crashed first session of rank 1 (0.1 ms apart, before its restart): what
+    a live rank's open segment gains."""
+    with open(segment, "a", encoding="utf-8") as handle:
+        handle.writelines(f'{{"kind":"heartbeat","wall":{1700000007200000000 + k * 100_000},'
+                          f'"mono":{7008200000007 + k * 100_000},"dropped":0}}\n' for k in range(first, first + count))
+
+
+def test_a_grown_open_segment_is_fetched_and_parsed_as_its_new_bytes(
+    tmp_path: Path, s3_env: S3Server, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An object that grew (a live rank's open segment) is fetched as the bytes after those
+    mirrored and appended to the mirror's file, whose inode stays, so that the segment cache's
+    prefix of it holds and a report parses only the new lines; one rewritten is fetched whole."""
+    monkeypatch.setenv(ENV_SEGMENT_CACHE, "1")
+    run = tmp_path / "run"
+    shutil.copytree(RESTART, run)
+    segment = sorted(run.glob("rank-00001/*.jsonl"))[0]  # its session crashed: the open segment
+    _beats(segment, 0, 16_000)
+    assert segment.stat().st_size > 2**20
+    url = _upload(run, s3_env)
+    rel = segment.relative_to(run).as_posix()
+
+    def report(cache: bool) -> tuple[str, int]:
+        loaded = load_run(url, engine=Engine(workers=1), use_cache=cache)
+        return render_json(analyze(loaded, now_wall_ns=NOW, release_records=True)), loaded.read_bytes
+
+    report(cache=True)  # mirrors the run, keeps the open segment's prefix
+    mirrored = Path(mirror_cache_dir(url)) / rel
+    inode = mirrored.stat().st_ino
+    before = segment.stat().st_size
+    _beats(segment, 16_000, 100)
+    _fs().put_file(str(segment), f"{url}/{rel}")
+    s3_env.reset()
+    warm, read = report(cache=True)
+    stats = s3_env.stats()
+    new = segment.stat().st_size - before
+    assert stats["operations"] == {"LIST": 1, "GET": 3}  # the mirrored head and tail, checked; the new bytes
+    assert stats["bytes_out"] < 4096 + 65536 + new + 16_384 < before  # not the object whole (the rest: the listing)
+    assert mirrored.stat().st_ino == inode and mirrored.read_bytes() == segment.read_bytes()
+    assert read == new  # the report parsed only the lines the segment gained
+    assert warm == report(cache=False)[0]
+
+    # rewritten, not grown (another job's file under the same name, longer): fetched whole
+    data = bytearray(segment.read_bytes())
+    data[data.index(b'"host":"') + 8] ^= 1
+    segment.write_bytes(bytes(data))
+    _beats(segment, 16_100, 100)
+    _fs().put_file(str(segment), f"{url}/{rel}")
+    warm, read = report(cache=True)
+    assert mirrored.read_bytes() == segment.read_bytes() and mirrored.stat().st_ino != inode
+    assert read == segment.stat().st_size
+    assert warm == report(cache=False)[0]
 
 
 def test_a_compacted_run_is_fetched_as_its_parquet_copy(tmp_path: Path, s3_env: S3Server) -> None:

@@ -377,11 +377,11 @@ def _load_run(
             skips.add_stored(path_of[fid], hit.skipped)
         # The files still being written: the longest prefix of each the cache holds is loaded,
         # and only the bytes after it are read, from a copy (whole lines up to there are kept).
-        # Not for a mirror of object storage: it replaces a grown file (a new inode) with the
-        # whole new object, so that a prefix would never be found again.
+        # In the mirror of a run on object storage too: it appends what a grown object gained
+        # to its file (the same inode), unless the object was rewritten (then a new file).
         open_hits: dict[int, Hit] = {}
         ranges: dict[str, tuple[int, int]] = {}
-        if cache is not None and remote is None:
+        if cache is not None:
             json_set = set(json_paths)
             growing = {fid_of[p]: p for p in last_segments(drafts, files)
                        if p in json_set and p in identities and fid_of[p] not in hits}

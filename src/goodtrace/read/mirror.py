@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -29,6 +30,8 @@ from goodtrace.read.compact import (
 )
 from goodtrace.read.environment import cache_root, count_from_environment
 from goodtrace.read.loaded import Progress
+from goodtrace.read.segment_cache import DIGEST_HEAD as _DIGEST_HEAD
+from goodtrace.read.segment_cache import DIGEST_TAIL as _DIGEST_TAIL
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError
 
 __all__ = ["DEFAULT_THREADS", "MIRROR_STATE", "RemoteReadError", "fetch_files", "mirror_cache_dir", "mirror_run"]
@@ -39,6 +42,8 @@ _MANIFEST = f"{COMPACT_DIR}/{COMPACT_MANIFEST}"
 _PARQUET = f"{COMPACT_DIR}/{COMPACT_RECORDS}"
 # Listing fields that change when an object is rewritten, by filesystem (S3, GCS, Azure, local...).
 _BLOCK = 8 * 2**20  # bytes a fetch copies at a time
+# A grown object is fetched as its new bytes (three requests) from this size on, whole (one) below
+_APPEND_FROM = 2**20
 _TAG_FIELDS = ("ETag", "etag", "md5Hash", "generation", "content_md5", "mtime", "LastModified", "last_modified")
 
 
@@ -246,6 +251,11 @@ class _Fetcher:
         dest = os.path.join(self.local, *rel.split("/"))
         part = f"{dest}.{os.getpid()}.part"  # two readers of one URL never share a partial file
         try:
+            if self._append(rel, obj, dest):
+                return rel
+        except Exception:  # fetched whole below, which says what fails
+            pass
+        try:
             self.fs.get_file(obj.path, part)
             os.replace(part, dest)
         except Exception as exc:
@@ -253,6 +263,52 @@ class _Fetcher:
                 os.remove(part)
             raise RemoteReadError(f"{self.url!r}: cannot fetch {obj.path!r} ({_reason(exc)})") from None
         return rel
+
+
+    def _append(self, rel: str, obj: _Remote, dest: str) -> bool:
+        """Of an object that grew since it was mirrored whole (an open segment: a live run),
+        fetch only the bytes after the mirrored ones and append them to the mirror's file, which
+        keeps its inode, so that the segment cache's prefix of it stays valid and a report
+        parses only the new lines. From :data:`_APPEND_FROM` bytes mirrored; only while the object still begins with the mirrored bytes
+        (their first 4 KiB and last 64 KiB: the test the cache makes of a prefix); False when it
+        cannot be grown so (then it is fetched whole)."""
+        known = self.state.get(rel)
+        try:
+            have = os.path.getsize(dest)
+        except OSError:
+            return False
+        if not known or known[0] != have or have < _APPEND_FROM or obj.size is None or obj.size <= have:
+            return False
+        try:
+            import fcntl
+        except ImportError:  # not on a POSIX system: no lock to append under
+            return False
+        head, tail = min(_DIGEST_HEAD, have), max(min(_DIGEST_HEAD, have), have - _DIGEST_TAIL)
+        with open(dest, "rb") as mirrored:
+            first = mirrored.read(head)
+            mirrored.seek(tail)
+            last = mirrored.read(have - tail)
+        if bytes(self.fs.cat_file(obj.path, start=0, end=head)) != first or (
+                tail < have and bytes(self.fs.cat_file(obj.path, start=tail, end=have)) != last):
+            return False  # rewritten, not grown
+        part = f"{dest}.{os.getpid()}.grown"
+        try:
+            with open(part, "wb") as copy:  # ranged reads: no request for the object's size
+                for start in range(have, obj.size, _BLOCK):
+                    end = min(start + _BLOCK, obj.size)
+                    block = bytes(self.fs.cat_file(obj.path, start=start, end=end))
+                    if len(block) != end - start:
+                        return False  # shorter than listed: replaced since
+                    copy.write(block)
+            with open(dest, "ab") as target, open(part, "rb") as new:
+                fcntl.flock(target, fcntl.LOCK_EX)  # another reader of this URL appends too
+                if os.fstat(target.fileno()).st_size != have:
+                    return False  # it did, or replaced the file: fetched whole
+                shutil.copyfileobj(new, target, _BLOCK)
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(part)
+        return True
 
 
 def fetch_files(sources: dict[str, tuple[str, int]], dest: str, threads: int | None = None) -> dict[str, str]:

@@ -58,8 +58,8 @@ MERGE_FLOOR = 1 << 20
 _CHUNK_NAME = re.compile(r"(?:model-)?(c([0-9]+)-[0-9a-f]{12})")
 # The kinds of the prefixes of open files (see the module's docstring)
 OPEN_KINDS = {"model": "model-open", "detail": "detail-open"}
-_DIGEST_HEAD = 4096
-_DIGEST_TAIL = 65536
+DIGEST_HEAD = 4096
+DIGEST_TAIL = 65536
 
 
 def prefix_digest(path: str, size: int) -> str | None:
@@ -69,8 +69,8 @@ def prefix_digest(path: str, size: int) -> str | None:
     a prefix entry reduced."""
     try:
         with open(path, "rb") as handle:
-            head = handle.read(min(size, _DIGEST_HEAD))
-            start = max(0, size - _DIGEST_TAIL)
+            head = handle.read(min(size, DIGEST_HEAD))
+            start = max(0, size - DIGEST_TAIL)
             handle.seek(start)
             tail = handle.read(size - start)
     except OSError:
