@@ -2,7 +2,8 @@
 public API, as source text for their child processes (``work(k, compute_s)``): a data span, a
 compute span of ``compute_s`` seconds, a loss metric, a tag every 7 steps, then a flush by hand
 (their ranks have no flush on a timer, so that the files stay as they are while a test reads
-them); and :class:`Ranks`, which drives such ranks step by step."""
+them); :class:`Ranks`, which drives such ranks step by step; and :func:`beats`, which grows
+the open segment of a small run's crashed session as a live rank's grows."""
 
 from __future__ import annotations
 
@@ -65,3 +66,16 @@ class Ranks:
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     stream.close()
+
+
+# 2 ranks, each a session that crashed (its one segment open: no finish) and one that finished
+RESTART = Path(__file__).parent.parent / "data" / "runs" / "restart_2ranks"
+
+
+def beats(segment: Path, first: int, count: int) -> None:
+    """Heartbeats ``first`` to ``first + count`` appended to rank 1's crashed session of
+    :data:`RESTART` (0.1 ms apart from its last record on, before its restart): what a live
+    rank's open segment gains (16,000 of them are over 1 MiB)."""
+    with open(segment, "a", encoding="utf-8") as handle:
+        handle.writelines(f'{{"kind":"heartbeat","wall":{1700000007200000000 + k * 100_000},'
+                          f'"mono":{7008200000007 + k * 100_000},"dropped":0}}\n' for k in range(first, first + count))

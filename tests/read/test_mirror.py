@@ -24,10 +24,9 @@ from goodtrace.read.load import NotARunError, compact_run, load_run
 from goodtrace.read.mirror import RemoteReadError, mirror_cache_dir, mirror_run
 from goodtrace.read.segment_cache import ENV_SEGMENT_CACHE
 from goodtrace.renderers.json_report import render_json
+from helpers.growing import RESTART, beats
 from helpers.many_ranks import NOW
 from helpers.storage_servers import S3Server
-
-RESTART = Path(__file__).parent.parent / "data" / "runs" / "restart_2ranks"  # 2 ranks, 4 segments
 
 
 @pytest.fixture
@@ -110,14 +109,6 @@ def test_one_listing_then_only_new_or_changed_files(tmp_path: Path, s3_env: S3Se
     assert _files(local) == _files(run)
 
 
-def _beats(segment: Path, first: int, count: int) -> None:
-    """Heartbeats of the crashed first session of rank 1 (0.1 ms apart, before its restart): what
-    a live rank's open segment gains."""
-    with open(segment, "a", encoding="utf-8") as handle:
-        handle.writelines(f'{{"kind":"heartbeat","wall":{1700000007200000000 + k * 100_000},'
-                          f'"mono":{7008200000007 + k * 100_000},"dropped":0}}\n' for k in range(first, first + count))
-
-
 def test_a_grown_open_segment_is_fetched_and_parsed_as_its_new_bytes(
     tmp_path: Path, s3_env: S3Server, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -128,7 +119,7 @@ def test_a_grown_open_segment_is_fetched_and_parsed_as_its_new_bytes(
     run = tmp_path / "run"
     shutil.copytree(RESTART, run)
     segment = sorted(run.glob("rank-00001/*.jsonl"))[0]  # its session crashed: the open segment
-    _beats(segment, 0, 16_000)
+    beats(segment, 0, 16_000)
     assert segment.stat().st_size > 2**20
     url = _upload(run, s3_env)
     rel = segment.relative_to(run).as_posix()
@@ -141,7 +132,7 @@ def test_a_grown_open_segment_is_fetched_and_parsed_as_its_new_bytes(
     mirrored = Path(mirror_cache_dir(url)) / rel
     inode = mirrored.stat().st_ino
     before = segment.stat().st_size
-    _beats(segment, 16_000, 100)
+    beats(segment, 16_000, 100)
     _fs().put_file(str(segment), f"{url}/{rel}")
     s3_env.reset()
     warm, read = report(cache=True)
@@ -157,7 +148,7 @@ def test_a_grown_open_segment_is_fetched_and_parsed_as_its_new_bytes(
     data = bytearray(segment.read_bytes())
     data[data.index(b'"host":"') + 8] ^= 1
     segment.write_bytes(bytes(data))
-    _beats(segment, 16_100, 100)
+    beats(segment, 16_100, 100)
     _fs().put_file(str(segment), f"{url}/{rel}")
     warm, read = report(cache=True)
     assert mirrored.read_bytes() == segment.read_bytes() and mirrored.stat().st_ino != inode

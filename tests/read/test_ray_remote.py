@@ -6,6 +6,7 @@ pool does. Marked ``ray`` (a real local Ray cluster, ``ray.init(num_cpus=2)``)."
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from goodtrace.read.engine import Engine
 from goodtrace.read.mirror import RemoteReadError, fetch_files, mirror_run
+from helpers.growing import RESTART, beats
 from helpers.many_ranks import report_read_by as report
 from helpers.many_ranks import write_many_ranks
 from helpers.storage_servers import S3Server
@@ -77,6 +79,40 @@ def test_cluster_tasks_fetch_their_sessions_from_the_url(cluster: str, s3_env: S
     s3_env.reset()
     assert report(url, Engine(ray="local")) == one_process  # a local Ray reads the driver's mirror
     assert _gets(s3_env) == 0
+
+
+def test_a_cluster_task_fetches_an_open_segment_from_where_the_cache_left_off(
+    cluster: str, s3_env: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A live run's open segment that grew: the driver keeps the reduction of its first part
+    (the segment cache, in its mirror), and the task that reads the rest fetches the segment's
+    header line and the bytes after that part, not the segment whole; the report is the one
+    one process gives."""
+    monkeypatch.setenv("GOODTRACE_SEGMENT_CACHE", "1")
+    run = tmp_path / "run"
+    shutil.copytree(RESTART, run)
+    segment = sorted(run.glob("rank-00001/*.jsonl"))[0]  # its session crashed: the open segment
+    beats(segment, 0, 16_000)
+    url = _upload(run, s3_env)
+    report(url, Engine(workers=1))  # mirrors the run and keeps the open segment's prefix
+    before = segment.stat().st_size
+    beats(segment, 16_000, 200)
+    rel = segment.relative_to(run).as_posix()
+    import s3fs
+
+    s3fs.S3FileSystem().put_file(str(segment), f"{url}/{rel}")
+    mirror_run(url)  # the driver's mirror gains the new bytes (tests/read/test_mirror.py)
+    s3_env.reset()
+    labels: list[str] = []
+    on_cluster = report(url, Engine(ray=cluster), labels)
+    assert "reading rank files on Ray" in labels
+    stats = s3_env.stats()
+    # the task: the segment's first bytes (its header line) and the bytes it gained
+    # (and the other crashed session's, whose range is empty: its header line)
+    assert stats["operations"] == {"LIST": 1, "GET": 3}
+    assert stats["bytes_out"] < 2 * 4096 + (segment.stat().st_size - before) + 16_384 < before
+    monkeypatch.setenv("GOODTRACE_SEGMENT_CACHE", "0")
+    assert on_cluster == report(url, Engine(workers=1))
 
 
 def test_a_file_cut_short_or_gone_is_one_error(s3_env: S3Server, tmp_path: Path) -> None:

@@ -137,11 +137,16 @@ def run_task(task: FoldTask) -> FoldResult:
         if task.sources is not None:  # fetched into this node's temporary directory first
             from goodtrace.read.mirror import fetch_files
 
-            fetched = fetch_files(task.sources, os.path.join(tmpdir, "fetched"))
+            # of a file read from a byte on, its header line and the bytes from there
+            fetched = fetch_files(task.sources, os.path.join(tmpdir, "fetched"),
+                                  starts={p: start for p, (start, _) in task.ranges.items()})
             driver_path = {local: path for path, local in fetched.items()}
             files = {sid: [fetched[p] for p in paths] for sid, paths in task.files.items()}
             fids = {fetched[p]: fid for p, fid in task.fids.items()}
-            ranges = {fetched[p]: part for p, part in task.ranges.items()}  # the fetch holds at least that much
+            ranges = {}
+            for p, (start, end) in task.ranges.items():  # the copy holds at least that much; the
+                left_out = task.sources[p][1] - os.path.getsize(fetched[p])  # bytes left out before it
+                ranges[fetched[p]] = (start - left_out, end - left_out)
         con = duckdb_connection.connect(tmpdir, in_memory=True)
         try:
             con.execute("SET threads=1")

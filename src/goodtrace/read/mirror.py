@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -44,6 +44,8 @@ _PARQUET = f"{COMPACT_DIR}/{COMPACT_RECORDS}"
 _BLOCK = 8 * 2**20  # bytes a fetch copies at a time
 # A grown object is fetched as its new bytes (three requests) from this size on, whole (one) below
 _APPEND_FROM = 2**20
+# A file fetched from a byte on: its header line is found in its first this many bytes (else it is fetched whole)
+_HEADER_PROBE = 4096
 _TAG_FIELDS = ("ETag", "etag", "md5Hash", "generation", "content_md5", "mtime", "LastModified", "last_modified")
 
 
@@ -87,7 +89,8 @@ def mirror_run(
     Only files that are new, or whose size or tag (ETag, generation, mtime) changed since the
     last mirror of the same URL, are fetched, ``threads`` (``$GOODTRACE_MIRROR_THREADS``,
     default 32) at a time: rotated segments never change, so re-reading a live run fetches its
-    open segments only. Segments gone from the source go from the mirror. When the run has a
+    open segments only, and of an open segment that grew, only the bytes it gained (appended
+    to its mirrored file, which keeps its inode: see ``_Fetcher._append``). Segments gone from the source go from the mirror. When the run has a
     compacted copy this reader understands, it is fetched too, and a segment it covers (same
     size as when compacted) is read from it rather than fetched; ``use_compact=False`` (a
     reader of the JSON lines alone) fetches every segment and leaves the copy as it is."""
@@ -311,13 +314,16 @@ class _Fetcher:
         return True
 
 
-def fetch_files(sources: dict[str, tuple[str, int]], dest: str, threads: int | None = None) -> dict[str, str]:
+def fetch_files(sources: dict[str, tuple[str, int]], dest: str, threads: int | None = None,
+                starts: Mapping[str, int] | None = None) -> dict[str, str]:
     """Fetch files of a run on object storage into ``dest`` (what a Ray task on a cluster
     node does with its own sessions): ``sources`` maps a key to the file's URL and the bytes
     to fetch (its first ``size``: what the driver mirrored, so both read the same records of a
     growing file); returns key -> the local copy, at ``dest/rank-N/<file>`` (the name the
-    warnings give it). A file shorter than that, or one that cannot be fetched, is a
-    :class:`RemoteReadError`."""
+    warnings give it). ``starts``: of a file read from a byte on (the part of an open segment
+    after the prefix the segment cache holds), that byte: its copy is then its header line and
+    the bytes from there (shorter than ``size`` by what was left out). A file shorter than
+    ``size``, or one that cannot be fetched, is a :class:`RemoteReadError`."""
     try:
         import fsspec
     except ImportError:
@@ -331,6 +337,9 @@ def fetch_files(sources: dict[str, tuple[str, int]], dest: str, threads: int | N
         os.makedirs(os.path.dirname(local), exist_ok=True)
         try:
             fs, path = fsspec.core.url_to_fs(url)
+            start = (starts or {}).get(key, 0)
+            if start > 0 and _fetch_from(fs, path, start, size, local):
+                return local
             with fs.open(path, "rb") as source, open(local, "wb") as copy:
                 left = size
                 while left > 0:
@@ -348,6 +357,25 @@ def fetch_files(sources: dict[str, tuple[str, int]], dest: str, threads: int | N
     with ThreadPoolExecutor(max_workers=min(_threads(threads), len(sources)),
                             thread_name_prefix="goodtrace-fetch") as pool:
         return dict(zip(sources, pool.map(get, sources), strict=True))
+
+
+def _fetch_from(fs: Any, path: str, start: int, size: int, local: str) -> bool:
+    """Write to ``local`` the header line of the object at ``path`` and its bytes ``start`` to
+    ``size`` (ranged reads); False, having written nothing, when ``start`` is within the first
+    line or that line is longer than :data:`_HEADER_PROBE` (then the caller fetches it whole)."""
+    first = bytes(fs.cat_file(path, start=0, end=min(size, _HEADER_PROBE)))
+    header = first.find(b"\n") + 1
+    if not 0 < header <= start:
+        return False
+    with open(local, "wb") as copy:
+        copy.write(first[:header])
+        for begin in range(start, size, _BLOCK):
+            end = min(begin + _BLOCK, size)
+            block = bytes(fs.cat_file(path, start=begin, end=end))
+            if len(block) != end - begin:
+                raise EOFError(f"{size - begin - len(block):,} of its {size:,} bytes are gone (it was cut short or replaced)")
+            copy.write(block)
+    return True
 
 
 def _remove_unwanted(local: str, wanted: Iterable[str]) -> None:
