@@ -4,7 +4,9 @@ UTC hour (23:00) is at job time H0 = 2800 s; ``hourly_run`` starts at 22:30."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_analysis_properties import loaded_runs  # the property tests' random runs
 
-from goodtrace.analysis import AnalysisError, RangeEdge, analyze, interval_partition, rolling_goodput
+from goodtrace.analysis import (
+    AnalysisError,
+    RangeEdge,
+    analyze,
+    interval_partition,
+    over_time,
+    overhead,
+    rolling_goodput,
+)
 from goodtrace.analysis.over_time import goodput_over_time, periodic_partitions
 from goodtrace.read.loaded import LoadedRun
 from helpers.builders import H0, WALL0, Proc, hourly_run, load, ns
@@ -140,6 +150,17 @@ def test_window_and_time_range_together_are_refused(tmp_path: Path) -> None:
         analyze(load(hourly_run(tmp_path)), window=(0.0, 10.0), since=RangeEdge(offset_s=1.0))
 
 
+@contextlib.contextmanager
+def _blocks_of(size: int) -> Iterator[None]:
+    """The analysis working on its long columns ``size`` elements at a time (``overhead.BLOCK``)."""
+    saved = overhead.BLOCK, over_time.BLOCK
+    overhead.BLOCK = over_time.BLOCK = size
+    try:
+        yield
+    finally:
+        overhead.BLOCK, over_time.BLOCK = saved
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(loaded_runs(), st.integers(10**6, 4 * 10**9), st.integers(0, 10**18))
 def test_periods_are_the_clipped_partition_on_any_run(run: LoadedRun, width: int, origin: int) -> None:
@@ -148,6 +169,10 @@ def test_periods_are_the_clipped_partition_on_any_run(run: LoadedRun, width: int
     result = analyze(run)
     timeline = result.timeline
     periods = periodic_partitions(timeline, width, origin=origin % width)
+    with _blocks_of(2):  # the columns worked on two elements at a time: the same to the ns
+        small = analyze(run)
+        assert small.partition == result.partition and small.timeline.totals() == timeline.totals()
+        assert periodic_partitions(timeline, width, origin=origin % width) == periods
     if timeline.end <= timeline.start:
         assert periods == []
         return

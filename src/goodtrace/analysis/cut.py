@@ -219,12 +219,12 @@ class SessionCut:
         starts, ends = _np(self.over_start), _np(self.over_end)
         names = [PRODUCTIVE]  # code 0: the time between overhead intervals
         if b <= a:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), names
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), names
         i = max(0, int(np.searchsorted(starts, a, side="right")) - 1)
         j = max(i, int(np.searchsorted(starts, b, side="left")))
         s0, e0 = starts[i:j], np.minimum(ends[i:j], b)
         labels = self.over_label[i:j]
-        codes = np.zeros(len(labels), dtype=np.int64)
+        codes = np.zeros(len(labels), dtype=np.int32)
         found = [name for name in dict.fromkeys(labels) if name != PRODUCTIVE]
         if found:
             objects = np.array(labels, dtype=object)
@@ -241,17 +241,22 @@ class SessionCut:
         kept = e0 > cursor
         s0, e0, codes, cursor = s0[kept], e0[kept], codes[kept], cursor[kept]
         s = np.maximum(s0, cursor)
+        del s0, kept
         last = max(a, int(reach[-1])) if len(reach) else a
+        del reach
         n = len(s)
         # each interval as (the gap before it, itself), then the gap after the last: 2n + 1 pieces
         out_s = np.empty(2 * n + 1, dtype=np.int64)
         out_e = np.empty(2 * n + 1, dtype=np.int64)
-        out_l = np.zeros(2 * n + 1, dtype=np.int64)
+        out_l = np.zeros(2 * n + 1, dtype=np.int32)
         out_s[0:2 * n:2], out_e[0:2 * n:2] = cursor, s
         out_s[1:2 * n:2], out_e[1:2 * n:2], out_l[1:2 * n:2] = s, e0, codes
+        del s, e0, codes, cursor
         out_s[2 * n], out_e[2 * n] = last, b
         real = out_e > out_s
-        out_s, out_e, out_l = out_s[real], out_e[real], out_l[real]
+        if not real.all():
+            out_s, out_e, out_l = out_s[real], out_e[real], out_l[real]
+        del real
         if not len(out_s):
             return out_s, out_e, out_l, names
         # merged where adjacent and alike, as _add merges them one by one

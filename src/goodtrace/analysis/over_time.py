@@ -16,6 +16,7 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.analysis.goodput import AnalysisError
+from goodtrace.analysis.overhead import BLOCK
 from goodtrace.analysis.partition import PRODUCTIVE, Timeline
 
 __all__ = [
@@ -151,32 +152,18 @@ def periodic_partitions(timeline: Timeline, width_ns: int, *, origin: int = 0, a
     if (timeline.columns is None or not len(timeline.columns)) and timeline.buckets:
         raise AnalysisError("a totals-only timeline (pieces=False) cannot be cut into periods")
     starts, ends, labels, names = _piece_columns(timeline)
-    # the pieces in [lo, hi) (in time order, disjoint): a slice, clipped at its two ends
+    # the pieces in [lo, hi) (in time order, disjoint): a slice, clipped at its two ends, a
+    # block at a time (a long run has millions, and each step makes temporaries of a block)
     i = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)
     j = max(i, int(np.searchsorted(starts, hi, side="left")))
-    starts, ends, labels = np.maximum(starts[i:j], lo), np.minimum(ends[i:j], hi), labels[i:j]
-    keep = ends > starts
-    if not keep.all():
-        starts, ends, labels = starts[keep], ends[keep], labels[keep]
-    del keep
     edge0 = origin + first * width_ns  # the start of period 0 (may be before lo)
-    p_start = starts - edge0
-    p_start //= width_ns
-    p_end = ends - (1 + edge0)
-    p_end //= width_ns
     totals = np.zeros((count, len(names)), dtype=np.int64)
-    inside = p_start == p_end
-    np.add.at(totals, (p_start[inside], labels[inside]), ends[inside] - starts[inside])
-    cross = ~inside
-    if cross.any():
-        cs, ce, cl = p_start[cross], p_end[cross], labels[cross]
-        np.add.at(totals, (cs, cl), edge0 + (cs + 1) * width_ns - starts[cross])
-        np.add.at(totals, (ce, cl), ends[cross] - (edge0 + ce * width_ns))
-        full = np.zeros((count + 1, len(names)), dtype=np.int64)  # whole periods strictly between
-        between = ce - cs > 1
-        np.add.at(full, (cs[between] + 1, cl[between]), width_ns)
-        np.add.at(full, (ce[between], cl[between]), -width_ns)
-        totals += np.cumsum(full, axis=0)[:count]
+    full = np.zeros((count + 1, len(names)), dtype=np.int64)  # whole periods strictly between
+    for block in range(i, j, BLOCK):
+        stop = min(block + BLOCK, j)
+        _add_periods(totals, full, np.maximum(starts[block:stop], lo), np.minimum(ends[block:stop], hi),
+                     labels[block:stop], edge0, width_ns)
+    totals += np.cumsum(full, axis=0)[:count]
     out = []
     for k in range(count):
         s = max(lo, int(edge0 + k * width_ns))
@@ -184,6 +171,31 @@ def periodic_partitions(timeline: Timeline, width_ns: int, *, origin: int = 0, a
         row = totals[k].tolist()
         out.append(Period(s, e, _ordered({names[j]: row[j] for j in range(len(names)) if row[j]}), e - s < width_ns))
     return out
+
+
+def _add_periods(totals: Any, full: Any, starts: Any, ends: Any, labels: Any, edge0: int, width_ns: int) -> None:
+    """Add pieces to the period totals of :func:`periodic_partitions`: a piece inside one period
+    its length there; one crossing period edges its two ends to its first and last period and
+    the whole width to every period between (into the difference array ``full``)."""
+    import numpy as np
+
+    keep = ends > starts
+    if not keep.all():
+        starts, ends, labels = starts[keep], ends[keep], labels[keep]
+    p_start = starts - edge0
+    p_start //= width_ns
+    p_end = ends - (1 + edge0)
+    p_end //= width_ns
+    inside = p_start == p_end
+    np.add.at(totals, (p_start[inside], labels[inside]), ends[inside] - starts[inside])
+    cross = ~inside
+    if cross.any():
+        cs, ce, cl = p_start[cross], p_end[cross], labels[cross]
+        np.add.at(totals, (cs, cl), edge0 + (cs + 1) * width_ns - starts[cross])
+        np.add.at(totals, (ce, cl), ends[cross] - (edge0 + ce * width_ns))
+        between = ce - cs > 1
+        np.add.at(full, (cs[between] + 1, cl[between]), width_ns)
+        np.add.at(full, (ce[between], cl[between]), -width_ns)
 
 
 def _ordered(buckets: dict[str, int]) -> dict[str, int]:

@@ -17,6 +17,9 @@ DATA = schema.DATA
 # The cut works on numpy columns (a long run on thousands of ranks holds millions of
 # executions); its results are stored as arrays of Python ints.
 Array: TypeAlias = Any  # numpy.ndarray (numpy is imported when a session is cut)
+# Elements a column of millions is worked on at a time where a step makes temporaries of its
+# length (a long synchronous loop's reference rank: tens of MB each, several at once)
+BLOCK = 1 << 18
 
 
 def _np(values: Any) -> Array:
@@ -57,22 +60,40 @@ def merge_intervals(starts: Array, ends: Array) -> tuple[Array, Array, Array]:
 
 
 def covered_at(x: Array, starts: Array, ends: Array) -> Array:
-    """How much of the disjoint, sorted intervals lies before each time in ``x``."""
+    """How much of the disjoint, sorted intervals lies before each time in ``x`` (a block of
+    ``x`` at a time: its temporaries stay a block's, whatever its length)."""
     import numpy as np
 
+    out = np.zeros(len(x), dtype=np.int64)
     if len(starts) == 0:
-        return np.zeros(len(x), dtype=np.int64)
+        return out
     lengths = ends - starts
     cum = np.r_[np.int64(0), np.cumsum(lengths)]
-    j = np.searchsorted(starts, x, side="right") - 1
-    before = j < 0
-    np.maximum(j, 0, out=j)  # x holds millions of interval edges: two temporaries at a time
-    inside = x - starts[j]
-    np.clip(inside, 0, lengths[j], out=inside)
-    inside += cum[j]
-    del j
-    inside[before] = 0
-    return inside
+    for lo in range(0, len(x), BLOCK):
+        part = x[lo:lo + BLOCK]
+        j = np.searchsorted(starts, part, side="right") - 1
+        before = j < 0
+        np.maximum(j, 0, out=j)
+        inside = part - starts[j]
+        np.clip(inside, 0, lengths[j], out=inside)
+        inside += cum[j]
+        inside[before] = 0
+        out[lo:lo + BLOCK] = inside
+    return out
+
+
+def _data_only(seg0: Array, seg1: Array, d0: Array, d1: Array, starts: Array, ends: Array) -> Array:
+    """Of the pieces [seg0, seg1) (cut at every data and overhead boundary), those the data
+    intervals cover whole and the overhead intervals not at all (a block at a time)."""
+    import numpy as np
+
+    keep = np.zeros(len(seg0), dtype=bool)
+    for lo in range(0, len(seg0), BLOCK):
+        s0, s1 = seg0[lo:lo + BLOCK], seg1[lo:lo + BLOCK]
+        data = covered_at(s1, d0, d1) - covered_at(s0, d0, d1)
+        over = covered_at(s1, starts, ends) - covered_at(s0, starts, ends)
+        keep[lo:lo + BLOCK] = (data == s1 - s0) & (over == 0)
+    return keep
 
 
 def flatten_overhead(
@@ -101,9 +122,12 @@ def flatten_overhead(
             is_over |= mask
             if category in blocking:
                 is_block |= mask
+    del names
     over = np.flatnonzero(inside & is_over)
+    del is_over
     o0, o1 = t0[over].copy(), t1[over]
     block = is_block[over]
+    del is_block
     if block.any() and len(exec_t0):
         k = np.flatnonzero(block)
         i = np.searchsorted(exec_t0, o0[k], side="right") - 1
@@ -116,23 +140,18 @@ def flatten_overhead(
     kept, starts, ends = merge_intervals(o0, o1)
     labels = [cats[k] for k in over[kept].tolist()]
     wanted = inside & is_data
+    del inside, is_data
     if data_outside is not None:  # only data loading before the first step or after the last interval
         wanted &= (t0 < data_outside[0]) | (t1 > data_outside[1])
     data = np.flatnonzero(wanted)
+    del wanted
     if len(data) == 0:
         return starts, ends, labels
     _, d0, d1 = merge_intervals(t0[data], t1[data])
     # data loading where no overhead interval is: the data intervals cut at every overhead boundary
     points = distinct_sorted(np.concatenate((d0, d1, starts, ends)))
     seg0, seg1 = points[:-1], points[1:]
-    # one column of millions at a time: data covers the whole piece, overhead none of it
-    keep = covered_at(seg1, d0, d1)
-    keep -= covered_at(seg0, d0, d1)
-    keep = keep == seg1 - seg0
-    over = covered_at(seg1, starts, ends)
-    over -= covered_at(seg0, starts, ends)
-    keep &= over == 0
-    del over
+    keep = _data_only(seg0, seg1, d0, d1, starts, ends)
     g0, g1 = seg0[keep], seg1[keep]
     del points, seg0, seg1, keep
     if len(g0):  # adjacent pieces are one
@@ -140,13 +159,17 @@ def flatten_overhead(
         last = np.r_[first[1:] - 1, len(g0) - 1]
         g0, g1 = g0[first], g1[last]
     all0 = np.concatenate((starts, g0))
-    all1 = np.concatenate((ends, g1))
-    all_labels = np.empty(len(labels) + len(g0), dtype=object)  # references to the few shared strings
-    all_labels[:len(labels)] = labels
-    all_labels[len(labels):] = DATA
-    del labels
     order = np.argsort(all0, kind="stable")
-    return all0[order], all1[order], all_labels[order].tolist()
+    all0 = all0[order]  # one column of millions at a time
+    all1 = np.concatenate((ends, g1))[order]
+    found = sorted(set(labels) | {DATA})  # the few categories, as codes until the end
+    code_of = {name: k for k, name in enumerate(found)}
+    codes = np.full(len(order), code_of[DATA], dtype=np.int32)
+    codes[:len(labels)] = np.fromiter((code_of[label] for label in labels), dtype=np.int32, count=len(labels))
+    del labels
+    codes = codes[order]
+    del order
+    return all0, all1, np.array(found, dtype=object)[codes].tolist()  # references to the shared strings
 
 
 def overhead_per_interval(

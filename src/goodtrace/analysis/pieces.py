@@ -22,7 +22,7 @@ class PieceColumns:
 
     start: Any  # int64 arrays
     end: Any
-    label: Any
+    label: Any  # int32 arrays (codes: a few labels)
     part: Any
     labels: list[str]
     parts: list[str]
@@ -78,11 +78,11 @@ class PieceBuilder:
         into ``names``); returns their label codes here."""
         np = self._np
         if not len(starts):
-            return np.zeros(0, dtype=np.int64)
+            return np.zeros(0, dtype=np.int32)
         found, first = np.unique(labels, return_index=True)
         for k in found[np.argsort(first, kind="stable")].tolist():  # numbered in the order they appear
             self.codes.setdefault(names[k], len(self.codes))
-        codes = np.array([self.codes.get(name, -1) for name in names], dtype=np.int64)[labels]
+        codes = np.array([self.codes.get(name, -1) for name in names], dtype=np.int32)[labels]
         first = 0
         if self._last() == (int(starts[0]), int(codes[0]), 0):
             self._extend_last(int(ends[0]))
@@ -90,21 +90,23 @@ class PieceBuilder:
         if first < len(starts):
             self._flush()
             self._blocks.append((np.array(starts[first:], dtype=np.int64), np.array(ends[first:], dtype=np.int64),
-                                 codes[first:], np.zeros(len(codes) - first, dtype=np.int64)))
+                                 codes[first:], np.zeros(len(codes) - first, dtype=np.int32)))
         return codes
 
     def _flush(self) -> None:
         if self._s:
             np = self._np
             self._blocks.append((np.array(self._s, dtype=np.int64), np.array(self._e, dtype=np.int64),
-                                 np.array(self._l, dtype=np.int64), np.array(self._p, dtype=np.int64)))
+                                 np.array(self._l, dtype=np.int32), np.array(self._p, dtype=np.int32)))
             self._s, self._e, self._l, self._p = [], [], [], []
 
     def columns(self) -> PieceColumns:
+        """The pieces as columns (once: the builder lets go of its blocks)."""
         np = self._np
         self._flush()
-        joined = [np.concatenate([block[k] for block in self._blocks]) if self._blocks else np.zeros(0, dtype=np.int64)
-                  for k in range(4)]
+        joined = [np.concatenate([block[k] for block in self._blocks]) if self._blocks
+                  else np.zeros(0, dtype=np.int64 if k < 2 else np.int32) for k in range(4)]
+        self._blocks = []  # the columns hold them now
         return PieceColumns(joined[0], joined[1], joined[2], joined[3], list(self.codes), list(self.part_codes))
 
 
