@@ -296,13 +296,9 @@ class _Fetcher:
             return False  # rewritten, not grown
         part = f"{dest}.{os.getpid()}.grown"
         try:
-            with open(part, "wb") as copy:  # ranged reads: no request for the object's size
-                for start in range(have, obj.size, _BLOCK):
-                    end = min(start + _BLOCK, obj.size)
-                    block = bytes(self.fs.cat_file(obj.path, start=start, end=end))
-                    if len(block) != end - start:
-                        return False  # shorter than listed: replaced since
-                    copy.write(block)
+            with open(part, "wb") as copy:
+                if _copy_range(self.fs, obj.path, have, obj.size, copy):
+                    return False  # shorter than listed: replaced since
             with open(dest, "ab") as target, open(part, "rb") as new:
                 fcntl.flock(target, fcntl.LOCK_EX)  # another reader of this URL appends too
                 if os.fstat(target.fileno()).st_size != have:
@@ -369,13 +365,23 @@ def _fetch_from(fs: Any, path: str, start: int, size: int, local: str) -> bool:
         return False
     with open(local, "wb") as copy:
         copy.write(first[:header])
-        for begin in range(start, size, _BLOCK):
-            end = min(begin + _BLOCK, size)
-            block = bytes(fs.cat_file(path, start=begin, end=end))
-            if len(block) != end - begin:
-                raise EOFError(f"{size - begin - len(block):,} of its {size:,} bytes are gone (it was cut short or replaced)")
-            copy.write(block)
+        missing = _copy_range(fs, path, start, size, copy)
+    if missing:
+        raise EOFError(f"{missing:,} of its {size:,} bytes are gone (it was cut short or replaced)")
     return True
+
+
+def _copy_range(fs: Any, path: str, start: int, end: int, out: Any) -> int:
+    """Bytes ``start`` to ``end`` of the object at ``path`` written to ``out``, by ranged reads
+    of :data:`_BLOCK` (no request for the object's size); returns how many of them the object
+    lacked (0: all there)."""
+    for begin in range(start, end, _BLOCK):
+        stop = min(begin + _BLOCK, end)
+        block = bytes(fs.cat_file(path, start=begin, end=stop))
+        out.write(block)
+        if len(block) != stop - begin:
+            return end - begin - len(block)
+    return 0
 
 
 def _remove_unwanted(local: str, wanted: Iterable[str]) -> None:
