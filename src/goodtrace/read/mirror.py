@@ -90,10 +90,11 @@ def mirror_run(
     last mirror of the same URL, are fetched, ``threads`` (``$GOODTRACE_MIRROR_THREADS``,
     default 32) at a time: rotated segments never change, so re-reading a live run fetches its
     open segments only, and of an open segment that grew, only the bytes it gained (appended
-    to its mirrored file, which keeps its inode: see ``_Fetcher._append``). Segments gone from the source go from the mirror. When the run has a
-    compacted copy this reader understands, it is fetched too, and a segment it covers (same
-    size as when compacted) is read from it rather than fetched; ``use_compact=False`` (a
-    reader of the JSON lines alone) fetches every segment and leaves the copy as it is."""
+    to its mirrored file, which keeps its inode: see ``_Fetcher._append``). Segments gone from
+    the source go from the mirror. When the run has a compacted copy this reader understands,
+    it is fetched too, and a segment it covers (same size as when compacted) is read from it
+    rather than fetched; ``use_compact=False`` (a reader of the JSON lines alone) fetches every
+    segment and leaves the copy as it is."""
     workers = _threads(threads)
     try:
         import fsspec
@@ -272,9 +273,10 @@ class _Fetcher:
         """Of an object that grew since it was mirrored whole (an open segment: a live run),
         fetch only the bytes after the mirrored ones and append them to the mirror's file, which
         keeps its inode, so that the segment cache's prefix of it stays valid and a report
-        parses only the new lines. From :data:`_APPEND_FROM` bytes mirrored; only while the object still begins with the mirrored bytes
-        (their first 4 KiB and last 64 KiB: the test the cache makes of a prefix); False when it
-        cannot be grown so (then it is fetched whole)."""
+        parses only the new lines. From :data:`_APPEND_FROM` bytes mirrored, and only while the
+        object still begins with the mirrored bytes (their first 4 KiB and last 64 KiB: the
+        test the cache makes of a prefix); False when it cannot be grown so (then it is fetched
+        whole)."""
         known = self.state.get(rel)
         try:
             have = os.path.getsize(dest)
