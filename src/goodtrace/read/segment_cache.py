@@ -48,8 +48,9 @@ ENV_SEGMENT_CACHE = "GOODTRACE_SEGMENT_CACHE"
 CACHE_FORMAT = 1  # the index's layout; the tables' is duckdb_sql.RUN_MODEL_VERSION
 _INDEX = ".json"
 # How chunks of a kind are merged (:meth:`SegmentCache.merging`): a chunk's *level* is how many
-# times its size is MAX_CHUNKS times MERGE_FLOOR's (below the floor: level 0); once a level
-# holds MAX_CHUNKS chunks, the next chunk stored holds their files too and replaces them. Each
+# whole factors of MAX_CHUNKS its size is above MERGE_FLOOR (level 0 below MAX_CHUNKS x
+# MERGE_FLOOR); once a level holds MAX_CHUNKS chunks, the next chunk stored holds their files
+# too and replaces them. Each
 # report of a growing run adds a chunk; a file's rows are rewritten once per level, not once per
 # MAX_CHUNKS reports (which made the cost of a long run's re-reports grow with its square), and
 # a folder holds at most MAX_CHUNKS - 1 chunks per level (one query per table reads them all).
@@ -425,8 +426,8 @@ class SegmentCache:
         """A new chunk of the rows of ``files`` (this load's file number -> identity) in
         ``con``'s ``tables``; returns its index, None when it could not be written (the cache
         is then left as it was). ``replace``: chunks of this folder that go once it is written
-        (the new one holds their files: :meth:`merging`). ``prefixes``: of a file kept as a prefix, the bytes
-        its rows cover and their :func:`prefix_digest`."""
+        (the new one holds their files: :meth:`merging`). ``prefixes``: of a file kept as a
+        prefix, the bytes its rows cover and their :func:`prefix_digest`."""
         import duckdb
 
         if not files or self.folder is None:
