@@ -50,10 +50,10 @@ _INDEX = ".json"
 # How chunks of a kind are merged (:meth:`SegmentCache.merging`): a chunk's *level* is how many
 # whole factors of MAX_CHUNKS its size is above MERGE_FLOOR (level 0 below MAX_CHUNKS x
 # MERGE_FLOOR); once a level holds MAX_CHUNKS chunks, the next chunk stored holds their files
-# too and replaces them. Each
-# report of a growing run adds a chunk; a file's rows are rewritten once per level, not once per
-# MAX_CHUNKS reports (which made the cost of a long run's re-reports grow with its square), and
-# a folder holds at most MAX_CHUNKS - 1 chunks per level (one query per table reads them all).
+# too and replaces them. Each report of a growing run adds a chunk; a file's rows are rewritten
+# once per level, not once per MAX_CHUNKS reports (which made the cost of a long run's
+# re-reports grow with its square), and a folder holds at most MAX_CHUNKS - 1 chunks per level
+# (one query per table reads them all).
 MAX_CHUNKS = 8
 MERGE_FLOOR = 1 << 20
 _CHUNK_NAME = re.compile(r"(?:model-)?(c([0-9]+)-[0-9a-f]{12})")
