@@ -263,6 +263,7 @@ def test_anomaly_lists_what_overlapped(tmp_path: Path) -> None:
         length = 3.0 if k == 6 else 1.0
         p.step(k, t, t + length).sync(k, t + length)
         p.span("forward", t, t + 0.5, cat="compute", step=k)  # usual in every step
+        p.event("probe" if k != 6 else "nan_check", t + 0.25, step=k)  # an event every step
         if k == 6:
             p.tag(6, "lr_drop", t + 0.5)
             p.span("allreduce", t + 0.5, t + 2.5, cat="compute", step=6)
@@ -273,6 +274,8 @@ def test_anomaly_lists_what_overlapped(tmp_path: Path) -> None:
     (anomaly,) = result.anomalies
     assert anomaly.step == 6 and anomaly.productive_s == 3.0
     assert "tag:lr_drop" in anomaly.overlapped
+    # the events of its own step, not the other steps'
+    assert [x for x in anomaly.overlapped if x.startswith("event:")] == ["event:nan_check"]
     assert "span:allreduce 2.000s (usually 0.000s)" in anomaly.overlapped
     # a span that took its usual time in the slow step is not what made it slow: not listed
     assert not [x for x in anomaly.overlapped if x.startswith("span:forward")]

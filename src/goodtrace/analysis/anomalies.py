@@ -126,11 +126,7 @@ def _overlapping(w: StepInterval, table: StepTable, tags: tuple[str, ...]) -> tu
             found.append(f"{label}:{length / NS:.3f}s")
     steps = sorted({w.cut.exec_step[i] for i in w.executions})
     found.extend(_unusual(marks, steps))
-    events: dict[int, list[str]] = {}
-    for name, _, step, _ in marks.tl.events:
-        if step is not None:
-            events.setdefault(step, []).append(name)
-    found.extend(f"event:{name}" for step in steps for name in events.get(step, ()))
+    found.extend(f"event:{name}" for step in steps for name in marks.events(step))
     idle = sum(marks.metric_sum(step, schema.DEVICE_IDLE_METRIC) for step in steps)
     if idle > 0:
         found.append(f"device_idle:{idle:.3f}s")

@@ -365,6 +365,17 @@ class StepMarks:
         self._metric_steps = metric_steps[self._metric_order]
         self._span_steps = np.frombuffer(tl.span_step, dtype=np.int64)
         self._span_medians: dict[str, float] | None = None
+        self._events: dict[int, list[str]] | None = None
+
+    def events(self, step: int) -> list[str]:
+        """The names of the events recorded with ``step``, in time order (indexed once: an
+        anomaly asks for its own steps', and a run may record an event every step)."""
+        if self._events is None:
+            self._events = {}
+            for name, _, at, _ in self.tl.events:
+                if at is not None:
+                    self._events.setdefault(at, []).append(name)
+        return self._events.get(step, [])
 
     def tags(self, step: int) -> tuple[str, ...]:
         lo, hi = self._range(self._tag_steps, step)
