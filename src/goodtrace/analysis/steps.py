@@ -366,6 +366,7 @@ class StepMarks:
         self._span_steps = np.frombuffer(tl.span_step, dtype=np.int64)
         self._span_medians: dict[str, float] | None = None
         self._events: dict[int, list[str]] | None = None
+        self._rank: dict[int, int] | None = None
 
     def events(self, step: int) -> list[str]:
         """The names of the events recorded with ``step``, in time order (indexed once: an
@@ -425,32 +426,53 @@ class StepMarks:
         return total
 
     def span_totals(self, steps: Sequence[int]) -> dict[str, int]:
-        """Summed span time per name over ``steps`` (names in order of first appearance)."""
-        took = dict.fromkeys(self.tl.span_names, 0)
+        """Summed span time per name over ``steps``, of the names with a span there (in order of
+        first appearance: a run may have as many names as steps, so not all of them each time)."""
+        took: dict[int, int] = {}
         for step in steps:
             lo, hi = self._range(self._span_steps, step)
             for j in range(lo, hi):
-                took[self.tl.names[self.tl.span_name[j]]] += self.tl.span_ns[j]
-        return took
+                code = self.tl.span_name[j]
+                took[code] = took.get(code, 0) + self.tl.span_ns[j]
+        rank = self._name_rank()
+        return {self.tl.names[code]: took[code] for code in sorted(took, key=rank.__getitem__)}
+
+    def _name_codes(self) -> list[int]:
+        """The code of each span name (in order of first appearance): its first place in ``names``."""
+        code_of: dict[str, int] = {}
+        for k, name in enumerate(self.tl.names):
+            code_of.setdefault(name, k)
+        return [code_of[name] for name in self.tl.span_names]
+
+    def _name_rank(self) -> dict[int, int]:
+        """Each span name's code -> its place in the order of first appearance."""
+        if self._rank is None:
+            self._rank = {code: k for k, code in enumerate(self._name_codes())}
+        return self._rank
 
     def span_medians(self) -> dict[str, float]:
-        """Per span name, its median time per step over the steps that have any span."""
+        """Per span name, its median time per step over the steps that have any span (a step
+        without the name counts 0): from the values sorted per name, the zeros counted, not
+        made (a run may have as many names as steps)."""
         import numpy as np
 
         if self._span_medians is None:
-            sorted_steps = self._span_steps  # sorted by step (SessionTimeline): no sort to number them
-            new = np.r_[True, sorted_steps[1:] != sorted_steps[:-1]] if len(sorted_steps) else np.zeros(0, dtype=bool)
-            steps = sorted_steps[new]
-            where = np.cumsum(new) - 1
-            del new
+            sorted_steps = self._span_steps  # sorted by step (SessionTimeline)
+            count = int(np.count_nonzero(sorted_steps[1:] != sorted_steps[:-1])) + 1 if len(sorted_steps) else 0
             codes = np.frombuffer(self.tl.span_name, dtype=np.int32)
             totals = np.frombuffer(self.tl.span_ns, dtype=np.int64)
+            order = np.lexsort((totals, codes))  # by name, then by value
+            codes, totals = codes[order], totals[order]
+            bounds: dict[int, tuple[int, int]] = {}  # code -> its rows
+            if len(codes):
+                firsts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+                ends = np.r_[firsts[1:], len(codes)]
+                bounds = {code: (lo, hi) for code, lo, hi in
+                          zip(codes[firsts].tolist(), firsts.tolist(), ends.tolist(), strict=True)}
             self._span_medians = {}
-            for name in self.tl.span_names:
-                per_step = np.zeros(len(steps), dtype=np.int64)
-                mine = codes == self.tl.names.index(name)
-                per_step[where[mine]] = totals[mine]
-                self._span_medians[name] = float(np.median(per_step)) if len(per_step) else 0.0
+            for name, code in zip(self.tl.span_names, self._name_codes(), strict=True):
+                lo, hi = bounds.get(code, (0, 0))
+                self._span_medians[name] = _median_with_zeros(totals[lo:hi], count) if count else 0.0
         return self._span_medians
 
     @staticmethod
@@ -461,3 +483,22 @@ class StepMarks:
 
 
 _DEVICE_KEYS = (schema.DEVICE_BUSY_METRIC, "device_time_s")
+
+
+def _median_with_zeros(values: Any, count: int) -> float:
+    """``np.median`` of ``values`` (sorted) with ``count - len(values)`` zeros beside them, to
+    the bit: the middle element, or the float64 mean of the middle two."""
+    import numpy as np
+
+    zeros = count - len(values)
+    below = int(np.searchsorted(values, 0, side="left"))  # the values sorted before the zeros
+
+    def at(position: int) -> Any:
+        if position < below:
+            return values[position]
+        if position < below + zeros:
+            return np.int64(0)
+        return values[position - zeros]
+
+    lo, hi = (count - 1) // 2, count // 2
+    return float(np.mean(np.array([at(lo), at(hi)], dtype=np.int64))) if lo != hi else float(np.mean(np.array([at(lo)])))
