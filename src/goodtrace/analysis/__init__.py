@@ -78,7 +78,7 @@ from goodtrace.analysis.session_cuts import SessionCuts
 from goodtrace.analysis.slowdown import Slowdown, slowdowns_of
 from goodtrace.analysis.steps import StepRow, StepTable
 from goodtrace.analysis.time_range import RangeEdge, resolve_range, restrict_to_range
-from goodtrace.read.loaded import LoadedRun, SessionInfo
+from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
 __all__ = [
     "AnalysisError",
@@ -218,10 +218,11 @@ class RunAnalysis:
         return out
 
 
-def _events(run: LoadedRun, attempts: Sequence[Attempt], job_start: int) -> tuple[list[EventRow], int]:
+def _events(run: LoadedRun, attempts: Sequence[Attempt], job_start: int,
+            records_of: Mapping[int, SessionRecords]) -> tuple[list[EventRow], int]:
     """The job's first :data:`MAX_EVENTS` events, earliest first (attributes from the reference
-    sessions' timelines), and how many there are: only those kept are held (a week of 10,000
-    ranks has millions of events)."""
+    sessions' timelines; the others' as the analysis took them when it cut each session), and
+    how many there are: only those kept are held (a week of 10,000 ranks has millions of events)."""
     total = 0
 
     def rows() -> Iterator[EventRow]:
@@ -235,7 +236,7 @@ def _events(run: LoadedRun, attempts: Sequence[Attempt], job_start: int) -> tupl
                         total += 1
                         yield EventRow(info.rank, a.index, name, (info.wall(t) - job_start) / NS, step, attrs)
                     continue
-                records = run.session_records.get(index)
+                records = records_of.get(index)
                 for name, t, step in records.events if records is not None else ():
                     total += 1
                     yield EventRow(info.rank, a.index, name, (info.wall(t) - job_start) / NS, step)
@@ -343,7 +344,7 @@ def analyze(
                                   b=None if time_range is None else time_range[1])
     # every rank: its own partition (totals), step times, compute, lateness on the aligned clock
     job_sessions = [by_index[i] for a in attempts for i in a.sessions]
-    clocks = loaded_clocks(run, [a.sessions for a in attempts])
+    clocks = loaded_clocks(run, [a.sessions for a in attempts], reduced.records)
     relabels = reduced.relabels
     relabels.update(timeline.relabels)  # the reference timeline's, as its step table shows them
     figures = figures_of(reduced.samples, clocks, reduced.goodput_by_rank, reduced.name_codes)
@@ -357,7 +358,7 @@ def analyze(
         warnings,
     )
     _explain(rows, timeline, reduced.ignored_syncs, warnings)
-    events, events_total = _events(run, attempts, job_start)
+    events, events_total = _events(run, attempts, job_start, reduced.records)
     hangs = find_hangs(job_sessions, run.hang_events, attempt_of, clocks, job_start)
     warnings.extend(f"hang: {line}" for line in describe_hangs(hangs))
     slowdowns = slowdowns_of(job_sessions, reduced.series, attempt_of)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from goodtrace.read.loaded import LoadedRun
+from goodtrace.read.loaded import LoadedRun, SessionRecords
 
 __all__ = ["ClockSource", "SessionClock", "align", "loaded_clocks"]
 
@@ -108,14 +108,17 @@ def align(attempt: Sequence[ClockSource], *, reference_rank: int = 0, max_rtt_fa
     return result
 
 
-def loaded_clocks(run: LoadedRun, attempts: Sequence[Sequence[int]]) -> dict[int, SessionClock]:
-    """Per session index of a loaded run, its mapping (``attempts``: session indexes of each)."""
+def loaded_clocks(run: LoadedRun, attempts: Sequence[Sequence[int]],
+                  records_of: Mapping[int, SessionRecords] | None = None) -> dict[int, SessionClock]:
+    """Per session index of a loaded run, its mapping (``attempts``: session indexes of each;
+    ``records_of``: each session's clock samples, as the analysis took them when it cut it; by
+    default the run's records)."""
     out: dict[int, SessionClock] = {}
     for members in attempts:
         sources = []
         for index in members:
             info = run.sessions[index]
-            records = run.session_records.get(index)
+            records = (records_of if records_of is not None else run.session_records).get(index)
             sources.append(ClockSource(str(index), info.rank, info.wall_anchor - info.mono_anchor,
                                        records.clock if records is not None else array("q")))
         out.update({int(k): v for k, v in align(sources).items()})

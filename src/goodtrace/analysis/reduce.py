@@ -46,6 +46,10 @@ class Reduced:
     relabels: dict[int, Relabels]
     series: SeriesStore  # per session, what the slowdown rule compares (in a temporary file)
     ignored_syncs: int
+    # per session, the columns read after the cut (the clock alignment, the event list): taken
+    # as each session is cut, so that no later pass fetches a session again (a run of many
+    # sessions would fetch them one by one)
+    records: dict[int, SessionRecords] = dataclasses.field(default_factory=dict)
 
 
 def cut_and_reduce(
@@ -88,6 +92,7 @@ def cut_and_reduce(
             run.close()  # every session is fetched: the run model's buffers go before the last cut
         cut = cuts[index] = _cut(run, a, index, data_rule, records)
         reduced.ignored_syncs += cut.ignored_syncs
+        reduced.records[index] = SessionRecords(clock=records.clock, events=records.events)
         # the span-start sample the rank figures read (a rank's earlier session is not fetched again)
         starts[index] = SessionRecords(starts_step=records.starts_step, starts_name=records.starts_name,
                                        starts_t0=records.starts_t0)
