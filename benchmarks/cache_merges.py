@@ -11,7 +11,7 @@ a file's rows are rewritten once per level.
 The run: 2 ranks (``report_incremental.py``'s writer and step content) in segments of
 ``--segment-kib`` (256 KiB); before each report every rank writes ``--steps-per-report`` steps
 (400: about one segment closes per rank each time). For n reports at two sizes an order of
-magnitude apart (20 and 200; ``--quick``: 6 and 60 of 100 steps in 64 KiB segments), each
+magnitude apart (20 and 200; ``--quick``: 4 and 40 of 100 steps in 64 KiB segments), each
 policy in turn on the same run: "by level" (this version) and "all at once" (the previous
 policy, which is this one with ``MERGE_FLOOR`` above any chunk: every chunk on one level).
 "By level" runs with ``MERGE_FLOOR`` scaled down with the run (``--floor-kib``: 16 KiB, 8 KiB
@@ -82,7 +82,7 @@ def run_policy(root: Path, reports: int, steps: int, segment_bytes: int, floor: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="6 and 60 reports of a smaller run (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="4 and 40 reports of a smaller run (under a minute)")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with the figures")
     parser.add_argument("--reports", type=int, nargs="+", help="the sizes (reports of the growing run)")
     parser.add_argument("--steps-per-report", type=int, help="steps each rank writes before each report")
@@ -91,7 +91,7 @@ def main() -> None:
                         help="MERGE_FLOOR in KiB for 'by level' (default: 1/64 of the writer's 1 MiB, 1/128 with "
                              "--quick, as the run is smaller than a long run: see the docstring)")
     args = parser.parse_args()
-    sizes = args.reports or ([6, 60] if args.quick else [20, 200])
+    sizes = args.reports or ([4, 40] if args.quick else [20, 200])
     steps = args.steps_per_report or (100 if args.quick else 400)
     segment_bytes = (args.segment_kib or (64 if args.quick else 256)) * 1024
     policies = {"by level": (args.floor_kib or (8 if args.quick else 16)) * 1024, "all at once": ALL_AT_ONCE}
