@@ -11,18 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.read.chunk_files import FileIdentity, identity_of, prefix_digest
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.discovery import last_newline
 from goodtrace.read.file_skips import FileSkips
-from goodtrace.read.segment_cache import (
-    FileIdentity,
-    Hit,
-    SegmentCache,
-    identity_of,
-    open_cache,
-    prefix_digest,
-    rank_chunks,
-)
+from goodtrace.read.segment_cache import Hit, SegmentCache, open_cache, rank_chunks
 from goodtrace.read.validate import MAX_LINE_BYTES
 
 __all__ = ["PREFIX_STEP_BYTES", "closed_files", "file_identities", "last_segments", "open_run_cache", "prefix_ends",

@@ -12,10 +12,11 @@ import tempfile
 from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read.chunk_files import FileIdentity, write_chunk
 from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
 from goodtrace.read.file_skips import FileSkips
 from goodtrace.read.loaded import LoadError, Progress
-from goodtrace.read.segment_cache import FileIdentity, open_cache, process_alive, write_chunk
+from goodtrace.read.segment_cache import open_cache, process_alive
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.validate import check_header
 from goodtrace.record.io.storage import is_url, local_path

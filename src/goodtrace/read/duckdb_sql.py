@@ -207,7 +207,7 @@ def _sources_digest(*names: str) -> str:
 # A cached segment of another version is not used (its file is read again): the number is bumped
 # when the segment tables change, and the digest changes with any change of the code that fills
 # them (this module, the line checks, the record format, the cache itself).
-RUN_MODEL_VERSION = f"2-{_sources_digest('duckdb_sql.py', 'validate.py', 'segment_cache.py', '../schema.py')}"
+RUN_MODEL_VERSION = f"2-{_sources_digest('duckdb_sql.py', 'validate.py', 'segment_cache.py', 'chunk_files.py', '../schema.py')}"
 
 _MAIN = "(m.main_tid IS NULL OR b.tid IS NULL OR b.tid = m.main_tid)"
 

@@ -33,6 +33,7 @@ from goodtrace.read.cache_keep import (
     store_closed,
     store_prefixes,
 )
+from goodtrace.read.chunk_files import FileIdentity
 from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
 from goodtrace.read.discovery import (
     collect_sessions,
@@ -58,12 +59,7 @@ from goodtrace.read.loaded import (
 )
 from goodtrace.read.long_lines import shortened_copy
 from goodtrace.read.mirror import mirror_run
-from goodtrace.read.segment_cache import (
-    OPEN_KINDS,
-    FileIdentity,
-    Hit,
-    SegmentCache,
-)
+from goodtrace.read.segment_cache import OPEN_KINDS, Hit, SegmentCache
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.sessions import number_attempts
 from goodtrace.read.validate import describe_skipped

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from goodtrace.read.chunk_files import DIGEST_HEAD as _DIGEST_HEAD
+from goodtrace.read.chunk_files import DIGEST_TAIL as _DIGEST_TAIL
 from goodtrace.read.compact import (
     COMPACT_DIR,
     COMPACT_FORMAT,
@@ -30,8 +32,6 @@ from goodtrace.read.compact import (
 )
 from goodtrace.read.environment import cache_root, count_from_environment
 from goodtrace.read.loaded import Progress
-from goodtrace.read.segment_cache import DIGEST_HEAD as _DIGEST_HEAD
-from goodtrace.read.segment_cache import DIGEST_TAIL as _DIGEST_TAIL
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError
 
 __all__ = ["DEFAULT_THREADS", "MIRROR_STATE", "RemoteReadError", "fetch_files", "mirror_cache_dir", "mirror_run"]

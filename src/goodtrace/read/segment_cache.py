@@ -18,6 +18,10 @@ first 4 KiB and the 64 KiB before the cut); the next report reads only the bytes
 index last, each as a temporary file renamed into place, so a killed writer leaves at most
 files no index names, removed by the next writer once their process is gone.
 
+One chunk on disk (its tables, its index, the identities and digests above) is
+:mod:`goodtrace.read.chunk_files`; this module keeps a folder of them (finding, loading,
+merging, pruning).
+
 Where: ``RUN/compact/cache/`` when the run directory is writable (a mirror of a run on object
 storage is a writable directory), else ``$GOODTRACE_CACHE_DIR/segments/<hash of the run's
 real path>/`` (default ``~/.cache/goodtrace/runs/segments/...``). ``GOODTRACE_SEGMENT_CACHE=0``
@@ -29,24 +33,29 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import os
-import re
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read.chunk_files import (
+    CHUNK_NAME,
+    INDEX_SUFFIX,
+    FileIdentity,
+    index_ok,
+    prefix_digest,
+    prefix_of,
+    read_index,
+    write_chunk,
+)
 from goodtrace.read.environment import cache_root
 from goodtrace.record.errors import warn
 
-__all__ = ["CACHE_DIR", "ENV_SEGMENT_CACHE", "RANKS_DIR", "FileIdentity", "Hit", "SegmentCache", "open_cache", "prefix_digest"]
+__all__ = ["CACHE_DIR", "ENV_SEGMENT_CACHE", "RANKS_DIR", "Hit", "SegmentCache", "open_cache", "rank_chunks"]
 
 CACHE_DIR = "cache"  # RUN/compact/cache/
 RANKS_DIR = "ranks"  # RUN/compact/cache/ranks/<rank dir>/<session>/: a rank's own compactor's (read.rank_compact)
 ENV_SEGMENT_CACHE = "GOODTRACE_SEGMENT_CACHE"
-CACHE_FORMAT = 1  # the index's layout; the tables' is duckdb_sql.RUN_MODEL_VERSION
-_INDEX = ".json"
 # How chunks of a kind are merged (:meth:`SegmentCache.merging`): a chunk's *level* is how many
 # whole factors of MAX_CHUNKS its size is above MERGE_FLOOR (level 0 below MAX_CHUNKS x
 # MERGE_FLOOR); once a level holds MAX_CHUNKS chunks, the next chunk stored holds their files
@@ -56,68 +65,8 @@ _INDEX = ".json"
 # (one query per table reads them all).
 MAX_CHUNKS = 8
 MERGE_FLOOR = 1 << 20
-_CHUNK_NAME = re.compile(r"(?:model-)?(c([0-9]+)-[0-9a-f]{12})")
 # The kinds of the prefixes of open files (see the module's docstring)
 OPEN_KINDS = {"model": "model-open", "detail": "detail-open"}
-DIGEST_HEAD = 4096
-DIGEST_TAIL = 65536
-
-
-def prefix_digest(path: str, size: int) -> str | None:
-    """A digest of the first ``size`` bytes of a file, as a prefix entry keeps it: of its first
-    4 KiB and of the 64 KiB before ``size`` (None when the file is shorter or unreadable). With
-    the path, inode and main thread, it tells that a growing file still begins with the bytes
-    a prefix entry reduced."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(min(size, DIGEST_HEAD))
-            start = max(0, size - DIGEST_TAIL)
-            handle.seek(start)
-            tail = handle.read(size - start)
-    except OSError:
-        return None
-    if len(tail) != size - start:
-        return None
-    return hashlib.sha256(b"%d:" % size + head + tail).hexdigest()[:32]
-
-
-def prefix_of(entry: Mapping[str, Any]) -> int | None:
-    """The bytes a prefix entry covers (None for an entry of a whole file)."""
-    n = entry.get("prefix")
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 and isinstance(entry.get("digest"), str) \
-        else None
-
-
-@dataclasses.dataclass(frozen=True)
-class FileIdentity:
-    """What a file's cached rows are valid for: its path in the run, size, modification time
-    (ns), inode (None where the filesystem has none, or for a file read from the compacted
-    copy) and the main thread its session's header names."""
-
-    path: str
-    size: int
-    mtime_ns: int
-    inode: int | None
-    main_tid: int | None
-
-    def matches(self, entry: Mapping[str, Any]) -> bool:
-        inode = entry.get("inode")
-        return (entry.get("path") == self.path and entry.get("size") == self.size
-                and entry.get("mtime_ns") == self.mtime_ns and entry.get("main_tid") == self.main_tid
-                and (inode is None or self.inode is None or inode == self.inode))
-
-    def entry(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "inode": self.inode,
-                "main_tid": self.main_tid}
-
-
-def identity_of(root: str, path: str, main_tid: int | None) -> FileIdentity | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return FileIdentity(os.path.relpath(path, root).replace(os.sep, "/"), info.st_size, info.st_mtime_ns,
-                        info.st_ino or None, main_tid)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,9 +130,9 @@ def rank_chunks(root: str) -> list[tuple[str, dict[str, Any]]]:
             except OSError:
                 continue
             for name in names:
-                if name.endswith(_INDEX):
+                if name.endswith(INDEX_SUFFIX):
                     index = read_index(os.path.join(folder, name))
-                    if index is not None and index.get("chunk") == name[: -len(_INDEX)]:
+                    if index is not None and index.get("chunk") == name[: -len(INDEX_SUFFIX)]:
                         found.append((folder, index))
     return found
 
@@ -218,7 +167,7 @@ class SegmentCache:
         # the chunks listed from an index file (not from compact's manifest): one whose file is
         # gone by the time it is read was replaced by its writer, not damaged
         self._indexed = {chunk for chunk, (folder_of, _) in self._chunks.items()
-                         if os.path.exists(os.path.join(folder_of, chunk + _INDEX))}
+                         if os.path.exists(os.path.join(folder_of, chunk + INDEX_SUFFIX))}
 
     # ------------------------------------------------------------------ reading
     def _warn(self, what: str, folder: str | None = None) -> None:
@@ -235,9 +184,9 @@ class SegmentCache:
         except OSError:
             return
         for name in names:
-            if not name.endswith(_INDEX):
+            if not name.endswith(INDEX_SUFFIX):
                 continue
-            chunk = name[: -len(_INDEX)]
+            chunk = name[: -len(INDEX_SUFFIX)]
             index = read_index(os.path.join(self.folder, name))
             if index is None or index.get("chunk") != chunk or not self._complete(self.folder, index):
                 self._warn(f"has an unreadable or torn chunk ({name})")
@@ -260,7 +209,7 @@ class SegmentCache:
         if self.folder is None:
             return
         with contextlib.suppress(OSError):
-            os.remove(os.path.join(self.folder, chunk + _INDEX))
+            os.remove(os.path.join(self.folder, chunk + INDEX_SUFFIX))
         for name in os.listdir(self.folder) if os.path.isdir(self.folder) else ():
             if name.startswith(chunk + "-"):
                 with contextlib.suppress(OSError):
@@ -348,7 +297,7 @@ class SegmentCache:
                 for table in done:
                     con.execute(f"DELETE FROM {table} WHERE fid IN ({fids})")
                 failed.update(fid for _, _, fid in rows)
-                if chunk in self._indexed and not os.path.exists(os.path.join(folder, chunk + _INDEX)):
+                if chunk in self._indexed and not os.path.exists(os.path.join(folder, chunk + INDEX_SUFFIX)):
                     continue  # its writer (a rank's compactor, another report) merged it away since: read again, quietly
                 self._warn(f"has a chunk that cannot be read ({chunk}: {str(exc).splitlines()[0]})", folder)
                 if folder == self.folder:
@@ -486,10 +435,10 @@ class SegmentCache:
         """Files of chunks whose index was never written, by a process that is gone."""
         assert self.folder is not None
         for name in os.listdir(self.folder):
-            found = _CHUNK_NAME.match(name)
+            found = CHUNK_NAME.match(name)
             if found is None or found.group(1) in self._chunks or process_alive(int(found.group(2))):
                 continue
-            if name.endswith(".partial") or not os.path.exists(os.path.join(self.folder, found.group(1) + _INDEX)):
+            if name.endswith(".partial") or not os.path.exists(os.path.join(self.folder, found.group(1) + INDEX_SUFFIX)):
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(self.folder, name))
 
@@ -500,70 +449,3 @@ def _level(size: int) -> int:
     while size >= bound:
         level, bound = level + 1, bound * MAX_CHUNKS
     return level
-
-
-def write_chunk(
-    con: Any, folder: str, kind: str, tables: Iterable[str], files: Mapping[int, FileIdentity],
-    skipped: Mapping[int, dict[str, int]], *, prefix: str = "", index_file: bool = True,
-    prefixes: Mapping[int, tuple[int, str]] | None = None,
-) -> dict[str, Any]:
-    """Write the rows of ``files`` in ``con``'s ``tables`` as a chunk in ``folder`` (files
-    ``<prefix><chunk>-<table>.parquet``, each renamed into place once written; then, with
-    ``index_file``, the index ``<chunk>.json``: without it the caller keeps the index, as
-    ``goodtrace compact`` does in its manifest); returns the index. Raises OSError or
-    DuckDB's error, having removed what it wrote."""
-    chunk = f"c{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    fids = ", ".join(str(fid) for fid in sorted(files))
-    names: dict[str, str] = {}
-    written: list[str] = []
-    try:
-        for table in tables:
-            name = f"{prefix}{chunk}-{table}.parquet"
-            target = os.path.join(folder, name)
-            written.append(target + ".partial")
-            con.execute(f"COPY (SELECT * EXCLUDE (sid) FROM {table} WHERE fid IN ({fids})) TO "
-                        f"{duckdb_connection.sql_str(target + '.partial')} (FORMAT parquet, COMPRESSION zstd)")
-            os.replace(target + ".partial", target)
-            written[-1] = target
-            names[table] = name
-        entries = [dict(ident.entry(), number=fid, skipped=dict(skipped.get(fid, {})))
-                   for fid, ident in sorted(files.items())]
-        for entry in entries:
-            if prefixes and entry["number"] in prefixes:
-                entry["prefix"], entry["digest"] = prefixes[entry["number"]]
-        index = {"format": CACHE_FORMAT, "version": duckdb_sql.RUN_MODEL_VERSION, "chunk": chunk, "kind": kind,
-                 "tables": names, "files": entries}
-        if index_file:
-            write_index(os.path.join(folder, chunk + _INDEX), index)
-    except BaseException:
-        for path in written:
-            with contextlib.suppress(OSError):
-                os.remove(path)
-        raise
-    return index
-
-
-def read_index(path: str) -> dict[str, Any] | None:
-    """A chunk's index, None when it is unreadable, torn or of another layout."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            index = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return index if index_ok(index) else None
-
-
-def index_ok(index: object) -> bool:
-    """Whether ``index`` is a chunk's index of this layout."""
-    if not isinstance(index, dict) or index.get("format") != CACHE_FORMAT or not isinstance(index.get("files"), list) \
-            or not isinstance(index.get("chunk"), str):
-        return False
-    return all(isinstance(entry, dict) and isinstance(entry.get("number"), int) and isinstance(entry.get("path"), str)
-               for entry in index["files"])
-
-
-def write_index(path: str, index: dict[str, Any]) -> None:
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "w", encoding="utf-8") as handle:
-        json.dump(index, handle)
-    os.replace(partial, path)
