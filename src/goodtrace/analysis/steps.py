@@ -184,8 +184,13 @@ class StepTable(Sequence[StepRow]):
     def host_timed(self) -> Any:
         import numpy as np
 
-        return self._gather(lambda s: np.array([s.cut.host_timed or how == HOST_EXIT for how in s.cut.interval_how],
-                                               dtype=bool), by_interval=True)
+        def of(s: Segment) -> Any:
+            hows = s.cut.interval_how
+            if s.cut.host_timed or HOST_EXIT not in hows:  # the whole session, or none of it (no Python step per interval)
+                return np.full(len(hows), s.cut.host_timed, dtype=bool)
+            return np.array([how == HOST_EXIT for how in hows], dtype=bool)
+
+        return self._gather(of, by_interval=True)
 
     def __len__(self) -> int:
         return len(self.step_time_s)
