@@ -49,7 +49,7 @@ def test_three_workers_on_uneven_tasks_give_the_same(many_ranks: Path) -> None:
 
 def test_tasks_are_runs_of_whole_batches() -> None:
     files = {sid: [f"f{sid}-{i}" for i in range(1 + sid % 3)] for sid in range(100)}
-    batches = session_batches(files)
+    batches = session_batches(files, {p: 64 << 20 for paths in files.values() for p in paths})
     assert all(sum(len(files[s]) for s in b) <= 32 for b in batches)
     sizes = {sid: 1000 * (1 + sid % 7) for sid in files}
     weights = [sum(sizes[s] for s in batch) for batch in batches]
@@ -58,6 +58,21 @@ def test_tasks_are_runs_of_whole_batches() -> None:
     assert [index for group in groups for index in group] == list(range(len(batches)))  # consecutive, each once
     task_bytes = [sum(weights[i] for i in group) for group in groups]
     assert max(task_bytes) <= sum(weights) / 4 + max(weights)  # an even share, give or take a batch
+
+
+def test_small_files_share_a_batch_up_to_its_bytes() -> None:
+    """What a live run's re-report reads (a few KB of each rank's open segment) is parsed in
+    batches of many files, not of 32: a batch's fixed cost is a dozen statements."""
+    files = {sid: [f"r{sid}"] for sid in range(3000)}
+    assert [len(b) for b in session_batches(files, dict.fromkeys(files_of(files), 4096))] == [1024, 1024, 952]
+    assert {len(b) for b in session_batches(files, dict.fromkeys(files_of(files), 1 << 20))} == {64, 56}
+    batches = session_batches(files, dict.fromkeys(files_of(files), 64 << 20))
+    assert {len(b) for b in batches} == {32, 24}  # large files: 32 a batch, as before
+    assert [sid for batch in batches for sid in batch] == sorted(files)
+
+
+def files_of(files: dict[int, list[str]]) -> list[str]:
+    return [p for paths in files.values() for p in paths]
 
 
 def test_a_few_long_sessions_are_split_between_tasks_at_file_boundaries() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from goodtrace.analysis import analyze
+from goodtrace.read import duckdb_sql
 from goodtrace.read.cache_keep import PREFIX_STEP_BYTES
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
@@ -289,3 +290,40 @@ def test_prefix_chunks_of_files_that_grew_at_different_times_are_merged(tmp_path
 def proc_text(proc: Any, steps: int) -> list[str]:
     """The lines of ``proc``'s file that hold its header and first ``steps`` steps."""
     return [json.dumps(line, separators=(",", ":")) + "\n" for line in [proc.header, *proc.lines[:3 * steps]]]
+
+
+def test_the_new_bytes_are_copied_in_memory_or_on_disk_when_memory_is_full(
+    job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The parts a re-report reads are copied to shared memory when they are small; when a copy
+    fails there (the space filled up since it was checked: a disk-full error, injected), it is
+    made on disk instead, the report is the cold one, and nothing is left in either place."""
+    memory = tmp_path / "shm"
+    memory.mkdir()
+    monkeypatch.setattr(duckdb_sql, "SHARED_MEMORY", str(memory))
+    job.steps(30)
+    _report(job.run, cache=True)
+    job.steps(10)
+    copied: list[str] = []
+    full = [True]  # the first copy in memory fails
+    real_copy = duckdb_sql.range_copy
+
+    def copy(path: str, start: int, end: int, folder: str) -> str:
+        copied.append(folder)
+        if full and folder.startswith(str(memory)):
+            full.clear()
+            raise OSError(28, "No space left on device")
+        return real_copy(path, start, end, folder)
+
+    monkeypatch.setattr(duckdb_sql, "range_copy", copy)
+    cold, _ = _report(job.run, cache=False)
+    warm, read = _report(job.run, cache=True)
+    assert warm == cold and read > 0
+    assert len(copied) == 3  # two ranks' new bytes: the first copy failed in memory and went to disk
+    assert copied[0].startswith(str(memory)) and not copied[1].startswith(str(memory))
+    assert copied[2].startswith(str(memory))
+    assert not list(memory.iterdir())  # every copy and folder removed
+    job.steps(10)
+    copied.clear()
+    assert _report(job.run, cache=True)[0] == _report(job.run, cache=False)[0]
+    assert copied and all(folder.startswith(str(memory)) for folder in copied)  # small parts: in memory

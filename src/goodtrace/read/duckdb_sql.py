@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -358,21 +360,79 @@ def finish_model(con: Any) -> None:
 
 
 FOLD_BATCH_FILES = 32  # files parsed into one batch table (whole sessions: a longer session is one batch)
+# ... or more, while the batch's bytes stay under FOLD_BATCH_BYTES (up to FOLD_BATCH_MOST files): a
+# batch costs a dozen statements whatever it holds, which the small parts of the files a live
+# run's re-report reads (thousands of ranks' open segments, a few KB each) would pay per 32 files
+FOLD_BATCH_BYTES = 64 << 20
+FOLD_BATCH_MOST = 1024
 
 
-def session_batches(files_by_sid: Mapping[int, Sequence[str]]) -> list[list[int]]:
+def fold_sizes(files_by_sid: Mapping[int, Sequence[str]], ranges: Mapping[str, tuple[int, int]] | None) -> dict[str, int]:
+    """Each file's size, or that of the part of it to read (0 when it cannot be read: the fold
+    reports it)."""
+    sizes: dict[str, int] = {}
+    for paths in files_by_sid.values():
+        for path in paths:
+            if ranges and path in ranges:
+                sizes[path] = ranges[path][1] - ranges[path][0]
+                continue
+            try:
+                sizes[path] = os.path.getsize(path)
+            except OSError:
+                sizes[path] = 0
+    return sizes
+
+
+def session_batches(files_by_sid: Mapping[int, Sequence[str]], sizes: Mapping[str, int]) -> list[list[int]]:
     """The sessions of each batch :func:`fold_json` parses at once: in session order, whole
-    sessions of about :data:`FOLD_BATCH_FILES` files. :mod:`goodtrace.read.engine` gives each
-    worker a run of consecutive batches, so that a worker parses the batches one process would."""
+    sessions of about :data:`FOLD_BATCH_FILES` files, more while they are small (see
+    :data:`FOLD_BATCH_BYTES`). :mod:`goodtrace.read.engine` gives each worker a run of
+    consecutive batches, so that a worker parses the batches one process would."""
     batches: list[list[int]] = []
-    files = 0
+    files = held = 0
     for sid in sorted(files_by_sid):
-        if not batches or (files and files + len(files_by_sid[sid]) > FOLD_BATCH_FILES):
+        paths = files_by_sid[sid]
+        more = sum(sizes.get(p, 0) for p in paths)
+        if not batches or (files and files + len(paths) > FOLD_BATCH_FILES
+                           and (held + more > FOLD_BATCH_BYTES or files + len(paths) > FOLD_BATCH_MOST)):
             batches.append([])
-            files = 0
+            files = held = 0
         batches[-1].append(sid)
-        files += len(files_by_sid[sid])
+        files += len(paths)
+        held += more
     return batches
+
+
+SHARED_MEMORY = "/dev/shm"
+SHARED_MEMORY_BYTES = 16 << 20  # a batch's range copies kept in memory up to this (a quarter of its free space at most)
+
+
+def _copies_dir(size: int) -> str | None:
+    """Where a batch's range copies go: in memory (``/dev/shm``) when they are small (what a
+    live run's re-report reads of each rank's open segment: a file created there costs
+    microseconds, on a disk it may cost a millisecond, thousands of times) and fit four times
+    in its free space (a container's may be 64 MB); else the temporary directory."""
+    try:
+        if size <= SHARED_MEMORY_BYTES and os.access(SHARED_MEMORY, os.W_OK | os.X_OK):
+            free = os.statvfs(SHARED_MEMORY)
+            if free.f_bavail * free.f_frsize >= 4 * size:
+                return SHARED_MEMORY
+    except OSError:
+        pass
+    return None
+
+
+def _range_copy(path: str, part: tuple[int, int], folders: list[str]) -> str:
+    """:func:`range_copy` into the batch's folder, or, when that is in memory and the copy fails
+    there (full since it was checked), into a folder on disk added to ``folders``."""
+    try:
+        return range_copy(path, *part, folders[0])
+    except OSError:
+        if not folders[0].startswith(SHARED_MEMORY + os.sep):
+            raise
+    if len(folders) < 2:
+        folders.append(tempfile.mkdtemp(prefix="goodtrace-range-"))
+    return range_copy(path, *part, folders[1])
 
 
 def fold_json(
@@ -386,47 +446,45 @@ def fold_json(
     copy without its long lines is replaced by the copy in ``files_by_sid``. ``ranges``: of
     the files being written, the bytes to read (start, end): read from a copy of those
     (:func:`range_copy`, made as its batch is read and removed after it)."""
-    import shutil
-    import tempfile
-
     batches: list[list[tuple[str, int, int]]] = []
-    for sids in session_batches(files_by_sid):
+    for sids in session_batches(files_by_sid, fold_sizes(files_by_sid, ranges)):
         batches.append([(p, sid, fid_of[p]) for sid in sids for p in files_by_sid[sid]])
     names = ", ".join(f"r.{name}" for name in _COLUMNS)
     for batch in batches:
         if not batch:
             continue
-        folder = None
+        folders: list[str] = []  # the batch's range copies: in memory when small, on disk if that fails
         sent = batch
-        if ranges and any(p in ranges for p, _, _ in batch):
-            folder = tempfile.mkdtemp(prefix="goodtrace-range-")
-            sent = []
-            for p, sid, fid in batch:
-                if p in ranges:
-                    try:
-                        copy = range_copy(p, *ranges[p], folder)
-                    except OSError as exc:
-                        if ranges[p][0] > 0 and os.path.exists(p):  # its first part is read already
-                            import duckdb
-
-                            raise duckdb.IOException(f"cannot copy the new part of {where_of(p)}: {exc}") from None
-                        # gone since it was listed (DuckDB says so, as for any file), or read whole
-                        copy = None
-                        skips.unranged.add(p)
-                    if copy is not None:
-                        skips.ranged[copy] = p, ranges[p][0]
-                        p = copy
-                sent.append((p, sid, fid))
         try:
+            if ranges and any(p in ranges for p, _, _ in batch):
+                ranged = sum(ranges[p][1] - ranges[p][0] for p, _, _ in batch if p in ranges)
+                folders.append(tempfile.mkdtemp(prefix="goodtrace-range-", dir=_copies_dir(ranged)))
+                sent = []
+                for p, sid, fid in batch:
+                    if p in ranges:
+                        try:
+                            copy = _range_copy(p, ranges[p], folders)
+                        except OSError as exc:
+                            if ranges[p][0] > 0 and os.path.exists(p):  # its first part is read already
+                                import duckdb
+
+                                raise duckdb.IOException(f"cannot copy the new part of {where_of(p)}: {exc}") from None
+                            # gone since it was listed (DuckDB says so, as for any file), or read whole
+                            copy = None
+                            skips.unranged.add(p)
+                        if copy is not None:
+                            skips.ranged[copy] = p, ranges[p][0]
+                            p = copy
+                    sent.append((p, sid, fid))
             _fold_batch(con, batch, sent, files_by_sid, names, skips)
         finally:
-            if folder is not None:
-                for copy in [copy for copy in skips.ranged if os.path.dirname(copy) == folder]:
-                    shortened = skips.substitutes.pop(copy, None)  # its count is the file's
-                    if shortened is not None:
-                        skips.long_ranges.add(skips.ranged[copy][0])
-                        shutil.rmtree(os.path.dirname(shortened), ignore_errors=True)
-                    del skips.ranged[copy]
+            for copy in [copy for copy in skips.ranged if os.path.dirname(copy) in folders]:
+                shortened = skips.substitutes.pop(copy, None)  # its count is the file's
+                if shortened is not None:
+                    skips.long_ranges.add(skips.ranged[copy][0])
+                    shutil.rmtree(os.path.dirname(shortened), ignore_errors=True)
+                del skips.ranged[copy]
+            for folder in folders:
                 shutil.rmtree(folder, ignore_errors=True)
         done += len(batch)
         if progress is not None:

@@ -183,22 +183,6 @@ def run_task(task: FoldTask) -> FoldResult:
     return result
 
 
-def _sizes(files_by_sid: dict[int, list[str]], ranges: Mapping[str, tuple[int, int]]) -> dict[str, int]:
-    """Each file's size, or that of the part of it to read (0 when it cannot be read: the fold
-    reports it)."""
-    sizes: dict[str, int] = {}
-    for paths in files_by_sid.values():
-        for path in paths:
-            if path in ranges:
-                sizes[path] = ranges[path][1] - ranges[path][0]
-                continue
-            try:
-                sizes[path] = os.path.getsize(path)
-            except OSError:
-                sizes[path] = 0
-    return sizes
-
-
 def plan_tasks(weights: Sequence[int], tasks: int) -> list[list[int]]:
     """Consecutive units (given by their weights, in bytes) grouped into at most ``tasks`` runs
     of about equal bytes: each run as the indexes of its units."""
@@ -237,7 +221,7 @@ def fold_sessions(
     if not files_by_sid:  # all read from the compacted copy
         return done
     ranges = ranges or {}
-    sizes = _sizes(files_by_sid, ranges)
+    sizes = duckdb_sql.fold_sizes(files_by_sid, ranges)
     if engine.ray is not None:
         from goodtrace.read.ray_engine import RaySession
 
@@ -270,7 +254,7 @@ def _tasks(
     per worker and enough for the cap, else of whole sessions when there are enough of them,
     else of files (a long run of a few ranks: a session's files split between tasks; what the
     fold keeps of a file depends on no other file of its session, only on its main thread)."""
-    batches = duckdb_sql.session_batches(files_by_sid)
+    batches = duckdb_sql.session_batches(files_by_sid, sizes)
     total = sum(sizes.values())
     capped = -(-total // TASK_MAX_BYTES)  # tasks the cap asks for
     count = max(workers, min(workers * TASKS_PER_WORKER, total // TASK_BYTES), capped)
