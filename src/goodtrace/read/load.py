@@ -375,9 +375,11 @@ def _load_run(
         # and only the bytes after it are read, from a copy (whole lines up to there are kept).
         # In the mirror of a run on object storage too: it appends what a grown object gained
         # to its file (the same inode), unless the object was rewritten (then a new file).
+        # (Only where prefixes can be kept: with the cache off, or no folder to write it in, an open
+        # file is read as it is, not copied first.)
         open_hits: dict[int, Hit] = {}
         ranges: dict[str, tuple[int, int]] = {}
-        if cache is not None:
+        if cache is not None and cache.folder is not None:
             json_set = set(json_paths)
             growing = {fid_of[p]: p for p in last_segments(drafts, files)
                        if p in json_set and p in identities and fid_of[p] not in hits}
