@@ -55,7 +55,13 @@ class RankFigure:
     start_evidence: Evidence | None = None  # entry into ``late_span``
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # asdict's deep copy took ~100 us a rank (a second of 10,000 ranks' report): every
+        # field is a number, a string, None or an Evidence of numbers
+        return {f.name: (v.to_dict() if isinstance(v := getattr(self, f.name), Evidence) else v)
+                for f in _FIGURE_FIELDS}
+
+
+_FIGURE_FIELDS = dataclasses.fields(RankFigure)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +86,9 @@ class RankSpread:
     per_rank: tuple[RankFigure, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"per_rank": [r.to_dict() for r in self.per_rank]}
+        # the ranks' figures converted once, in their place among the fields (not by asdict first)
+        return {f.name: [r.to_dict() for r in self.per_rank] if f.name == "per_rank" else getattr(self, f.name)
+                for f in dataclasses.fields(self)}
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
