@@ -273,8 +273,10 @@ def _serve_nfs(args: argparse.Namespace) -> None:
                 st = os.fstat(fh) if fh is not None else os.lstat(self._full(path))
             except OSError as exc:
                 raise fuse.FuseOSError(exc.errno) from None
-            return {key: getattr(st, key) for key in (
-                "st_atime", "st_ctime", "st_gid", "st_mode", "st_mtime", "st_nlink", "st_size", "st_uid")}
+            out = {key: getattr(st, key) for key in ("st_gid", "st_mode", "st_nlink", "st_size", "st_uid")}
+            for key in ("st_atime", "st_ctime", "st_mtime"):  # in ns (use_ns), as NFS carries them
+                out[key] = getattr(st, key + "_ns")
+            return out
 
         def access(self, path: str, amode: int) -> int:
             self._trip("access")
