@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.read.chunk_files import FileIdentity, identity_of, prefix_digest
+from goodtrace.read.chunk_files import FileIdentity, identity_from, identity_of, prefix_digest
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.discovery import last_newline
 from goodtrace.read.file_skips import FileSkips
+from goodtrace.read.io_pool import io_map
 from goodtrace.read.segment_cache import Hit, SegmentCache, open_cache, rank_chunks
 from goodtrace.read.validate import MAX_LINE_BYTES
 
@@ -29,13 +30,19 @@ PREFIX_STEP_BYTES = 1 << 20
 
 def file_identities(
     root: str, drafts: dict[str, Any], main_tids: dict[int, int | None], parquet_ok: dict[str, dict[str, Any]],
+    known: Mapping[str, os.stat_result] | None = None,
 ) -> dict[str, FileIdentity]:
-    """Each file's identity for the segment cache: as it is on disk, or (its JSON gone, read
-    from the compacted copy) as the compaction's manifest recorded it."""
+    """Each file's identity for the segment cache: as it is on disk (``known``: the stats the
+    listing took, the others taken here), or (its JSON gone, read from the compacted copy) as
+    the compaction's manifest recorded it."""
+    known = known or {}
+    wanted = [p for draft in drafts.values() for p in draft.files if p not in known]
+    stats = dict(known) | {p: info for p, info in zip(wanted, io_map(_stat, wanted), strict=True) if info is not None}
     out: dict[str, FileIdentity] = {}
     for sid, draft in enumerate(drafts.values()):
         for p in draft.files:
-            ident = identity_of(root, p, main_tids.get(sid))
+            info = stats.get(p)
+            ident = identity_from(root, p, info, main_tids.get(sid)) if info is not None else None
             entry = parquet_ok.get(p)
             if ident is None and entry is not None and isinstance(entry.get("size"), int) \
                     and isinstance(entry.get("mtime_ns"), int):
@@ -44,6 +51,13 @@ def file_identities(
             if ident is not None:
                 out[p] = ident
     return out
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
 
 
 def open_run_cache(root: str, manifest: dict[str, Any] | None, use_cache: bool) -> SegmentCache | None:
@@ -95,12 +109,15 @@ def prefix_ends(ranges: dict[str, tuple[int, int]], skips: FileSkips) -> dict[st
     (a write in progress) was counted as torn, not read as a record. A file with a line too
     long to read is not kept (as a closed one is not)."""
     out: dict[str, tuple[int, dict[str, int]]] = {}
-    for path, (_, end) in ranges.items():
-        if path in skips.unranged or path in skips.long_ranges:  # read whole (to wherever it ended then),
-            continue  # or with lines too long to read: not kept, as a closed file is not
+    # read whole (to wherever it ended then), or with lines too long to read: not kept, as a
+    # closed file is not
+    kept = [(path, end) for path, (_, end) in ranges.items()
+            if path not in skips.unranged and path not in skips.long_ranges and "too_long" not in skips.by_file.get(path, {})]
+    # each file's last line found by reading back from the end: many files at once
+    for (path, end), n in zip(kept, io_map(lambda found: _whole_lines(*found) if found[1] > 0 else None, kept),
+                              strict=True):
         counts = dict(skips.by_file.get(path, {}))
-        n = _whole_lines(path, end) if end > 0 else None
-        if n is None or "too_long" in counts:
+        if n is None:
             continue
         if n < end:
             if counts.get("torn_last_line", 0) < 1:

@@ -18,7 +18,7 @@ from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
 
-__all__ = ["CACHE_FORMAT", "CHUNK_NAME", "DIGEST_HEAD", "DIGEST_TAIL", "INDEX_SUFFIX", "FileIdentity", "identity_of",
+__all__ = ["CACHE_FORMAT", "CHUNK_NAME", "DIGEST_HEAD", "DIGEST_TAIL", "INDEX_SUFFIX", "FileIdentity", "identity_from", "identity_of",
            "index_ok", "prefix_digest", "prefix_of", "read_index", "write_chunk", "write_index"]
 
 CACHE_FORMAT = 1  # the index's layout; the tables' is duckdb_sql.RUN_MODEL_VERSION
@@ -82,6 +82,11 @@ def identity_of(root: str, path: str, main_tid: int | None) -> FileIdentity | No
         info = os.stat(path)
     except OSError:
         return None
+    return identity_from(root, path, info, main_tid)
+
+
+def identity_from(root: str, path: str, info: os.stat_result, main_tid: int | None) -> FileIdentity:
+    """The identity of ``path`` as ``info`` (its stat) says."""
     return FileIdentity(os.path.relpath(path, root).replace(os.sep, "/"), info.st_size, info.st_mtime_ns,
                         info.st_ino or None, main_tid)
 

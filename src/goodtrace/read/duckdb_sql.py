@@ -17,10 +17,12 @@ without those lines (:mod:`goodtrace.read.long_lines`), which are counted too.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -28,6 +30,7 @@ from goodtrace import schema
 from goodtrace.read.discovery import torn_tail, where_of
 from goodtrace.read.duckdb_connection import execute_all, insert_rows, sql_str
 from goodtrace.read.file_skips import FileSkips, range_copy
+from goodtrace.read.io_pool import io_map
 from goodtrace.read.loaded import Progress
 from goodtrace.read.validate import MAX_LINE_BYTES, invalid_sql
 
@@ -422,16 +425,29 @@ def _copies_dir(size: int) -> str | None:
     return None
 
 
-def _range_copy(path: str, part: tuple[int, int], folders: list[str]) -> str:
+def _copy_of(ranges: Mapping[str, tuple[int, int]], folders: list[str], lock: threading.Lock,
+             row: tuple[str, int, int]) -> str | OSError | None:
+    """The range copy of a batch's file (None: read whole), or why it could not be made."""
+    if row[0] not in ranges:
+        return None
+    try:
+        return _range_copy(row[0], ranges[row[0]], folders, lock)
+    except OSError as exc:
+        return exc
+
+
+def _range_copy(path: str, part: tuple[int, int], folders: list[str], lock: threading.Lock) -> str:
     """:func:`range_copy` into the batch's folder, or, when that is in memory and the copy fails
-    there (full since it was checked), into a folder on disk added to ``folders``."""
+    there (full since it was checked), into a folder on disk added to ``folders`` (under
+    ``lock``: the copies of a batch are made on several threads)."""
     try:
         return range_copy(path, *part, folders[0])
     except OSError:
         if not folders[0].startswith(SHARED_MEMORY + os.sep):
             raise
-    if len(folders) < 2:
-        folders.append(tempfile.mkdtemp(prefix="goodtrace-range-"))
+    with lock:
+        if len(folders) < 2:
+            folders.append(tempfile.mkdtemp(prefix="goodtrace-range-"))
     return range_copy(path, *part, folders[1])
 
 
@@ -459,22 +475,19 @@ def fold_json(
             if ranges and any(p in ranges for p, _, _ in batch):
                 ranged = sum(ranges[p][1] - ranges[p][0] for p, _, _ in batch if p in ranges)
                 folders.append(tempfile.mkdtemp(prefix="goodtrace-range-", dir=_copies_dir(ranged)))
+                copy_of = functools.partial(_copy_of, ranges, folders, threading.Lock())
                 sent = []
-                for p, sid, fid in batch:
-                    if p in ranges:
-                        try:
-                            copy = _range_copy(p, ranges[p], folders)
-                        except OSError as exc:
-                            if ranges[p][0] > 0 and os.path.exists(p):  # its first part is read already
-                                import duckdb
+                for (p, sid, fid), copy in zip(batch, io_map(copy_of, batch), strict=True):  # many files at once
+                    if isinstance(copy, OSError):
+                        if ranges[p][0] > 0 and os.path.exists(p):  # its first part is read already
+                            import duckdb
 
-                                raise duckdb.IOException(f"cannot copy the new part of {where_of(p)}: {exc}") from None
-                            # gone since it was listed (DuckDB says so, as for any file), or read whole
-                            copy = None
-                            skips.unranged.add(p)
-                        if copy is not None:
-                            skips.ranged[copy] = p, ranges[p][0]
-                            p = copy
+                            raise duckdb.IOException(f"cannot copy the new part of {where_of(p)}: {copy}") from None
+                        # gone since it was listed (DuckDB says so, as for any file), or read whole
+                        skips.unranged.add(p)
+                    elif copy is not None:
+                        skips.ranged[copy] = p, ranges[p][0]
+                        p = copy
                     sent.append((p, sid, fid))
             _fold_batch(con, batch, sent, files_by_sid, names, skips)
         finally:

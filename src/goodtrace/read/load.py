@@ -49,6 +49,7 @@ from goodtrace.read.discovery import (
 from goodtrace.read.engine import Engine, RemoteRun, fold_sessions
 from goodtrace.read.file_skips import SHORTEN_TO, FileSkips, range_copy
 from goodtrace.read.hangs import hang_details, hang_events_in
+from goodtrace.read.io_pool import io_map
 from goodtrace.read.loaded import (
     LoadedRun,
     LoadError,
@@ -96,14 +97,25 @@ def _unchanged(path: str, entry: dict[str, Any]) -> bool:
 
 def _identities(paths: list[str]) -> dict[str, tuple[int, int]]:
     """Each file's (inode, size) now; a file that is gone is left out."""
-    out = {}
-    for path in paths:
-        try:
-            info = os.stat(path)
-        except OSError:
-            continue
-        out[path] = (info.st_ino, info.st_size)
-    return out
+    return {path: (info.st_ino, info.st_size) for path, info in zip(paths, io_map(_stat, paths), strict=True)
+            if info is not None}
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def _probe(path: str) -> tuple[object, os.stat_result | None] | OSError:
+    """A segment file's header (:func:`read_header`), then its stat (None: gone since), or why it
+    cannot be read: the per-file work of listing a run, done for many files at once."""
+    try:
+        header = read_header(path)
+    except OSError as exc:
+        return exc
+    return header, _stat(path)
 
 
 def _warn_changed(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], warnings: list[str]) -> None:
@@ -288,10 +300,10 @@ def _load_run(
     # A compacted file is used from Parquet unless it has changed since (then re-read as JSON).
     json_paths: list[str] = []
     parquet_ok: dict[str, dict[str, Any]] = {}
-    for p in segment_paths:
-        entry = compacted.get(p)
-        if entry is not None and _unchanged(p, entry):
-            parquet_ok[p] = entry
+    same = io_map(lambda p: p in compacted and _unchanged(p, compacted[p]), segment_paths)  # a stat each, many at once
+    for p, unchanged in zip(segment_paths, same, strict=True):
+        if unchanged:
+            parquet_ok[p] = compacted[p]
         else:
             json_paths.append(p)
     for p, entry in compacted.items():
@@ -304,16 +316,19 @@ def _load_run(
     for p, entry in parquet_ok.items():
         files.append((p, entry.get("header")))
     readable: list[str] = []
-    for p in json_paths:
-        try:
-            files.append((p, read_header(p)))
-            readable.append(p)
-        except OSError as exc:
-            warnings.append(f"{where_of(p)}: cannot be read ({exc.strerror or exc}); skipped")
+    stats: dict[str, os.stat_result] = {}  # each file as listed: its identity for the cache, and the check at the end
+    for p, probed in zip(json_paths, io_map(_probe, json_paths), strict=True):
+        if isinstance(probed, OSError):
+            warnings.append(f"{where_of(p)}: cannot be read ({probed.strerror or probed}); skipped")
+            continue
+        files.append((p, probed[0]))
+        readable.append(p)
+        if probed[1] is not None:
+            stats[p] = probed[1]
     json_paths = readable
     if listed is None:
         listed = {}
-    listed.update(_identities(json_paths))
+    listed.update({p: (info.st_ino, info.st_size) for p, info in stats.items()})
     skipped: dict[str, int] = {}
 
     def lines_of(p: str) -> int | None:
@@ -340,7 +355,7 @@ def _load_run(
     for sid, draft in enumerate(drafts.values()):
         for f in draft.files:
             sid_of_fid[fid_of.setdefault(f, len(fid_of))] = sid
-    identities = file_identities(root, drafts, main_tids, parquet_ok)
+    identities = file_identities(root, drafts, main_tids, parquet_ok, stats)
     cache = open_run_cache(root, manifest, use_cache)
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-load-")
     parquet_fids: dict[int, list[int]] = {}

@@ -49,6 +49,7 @@ from goodtrace.read.chunk_files import (
     write_chunk,
 )
 from goodtrace.read.environment import cache_root
+from goodtrace.read.io_pool import io_map
 from goodtrace.record.errors import warn
 
 __all__ = ["CACHE_DIR", "ENV_SEGMENT_CACHE", "RANKS_DIR", "Hit", "SegmentCache", "open_cache", "rank_chunks"]
@@ -244,15 +245,18 @@ class SegmentCache:
                 n = prefix_of(entry)
                 if n is not None:
                     by_path.setdefault(entry.get("path"), []).append((n, chunk, entry))
-        hits: dict[int, Hit] = {}
-        for fid, (path, ident) in wanted.items():
+        def longest(item: tuple[int, tuple[str, FileIdentity]]) -> Hit | None:
+            path, ident = item[1]
             for n, chunk, entry in sorted(by_path.get(ident.path, ()), key=lambda found: -found[0]):
                 if ident.inode is None or entry.get("inode") != ident.inode or entry.get("main_tid") != ident.main_tid \
                         or n > ident.size or prefix_digest(path, n) != entry["digest"]:
                     continue
-                hits[fid] = Hit(chunk, int(entry["number"]), dict(entry.get("skipped") or {}), prefix=n)
-                break
-        return hits
+                return Hit(chunk, int(entry["number"]), dict(entry.get("skipped") or {}), prefix=n)
+            return None
+
+        # each check reads two parts of its file: many files at once (a network filesystem)
+        found = io_map(longest, list(wanted.items()))
+        return {fid: hit for fid, hit in zip(wanted, found, strict=True) if hit is not None}
 
     def load(
         self, con: Any, kind: str, hits: Mapping[int, Hit], sid_of: Mapping[int, int], *,

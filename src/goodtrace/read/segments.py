@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.read.io_pool import io_map
 from goodtrace.read.ring import RING_SUFFIX, recover_rings
 from goodtrace.read.validate import MAX_LINE_BYTES, SKIP_REASONS, check_record
 from goodtrace.record.io.storage import is_url, local_path
@@ -65,34 +66,59 @@ def list_segments(run_dir: str, problems: list[str] | None = None) -> list[tuple
     root = local_path(run_dir)
     if not os.path.isdir(root):
         raise NotARunError(f"{run_dir!r} is not a directory")
-    for entry in sorted(os.listdir(root)):
+    rank_dirs = [name for name in sorted(os.listdir(root)) if name.startswith("rank-")]
+    # each rank directory listed (its entries' types from the listing, not a stat each), many
+    # at once: on a network filesystem each listing is a round trip or more
+    for entry, listed in zip(rank_dirs, io_map(lambda name: _list_rank_dir(os.path.join(root, name)), rank_dirs),
+                             strict=True):
+        if listed is None:
+            continue  # not a directory
         rank_dir = os.path.join(root, entry)
-        if not (entry.startswith("rank-") and os.path.isdir(rank_dir)):
-            continue
-        try:
-            names = sorted(os.listdir(rank_dir))
-        except OSError as exc:
+        if isinstance(listed, OSError):
             if problems is not None:
-                problems.append(f"{entry}: cannot be listed ({exc.strerror or exc}); skipped")
+                problems.append(f"{entry}: cannot be listed ({listed.strerror or listed}); skipped")
             continue
-        if any(name.endswith(RING_SUFFIX) for name in names):  # a killed process's last records
-            recover_rings(rank_dir, names, problems)
-            names = sorted(os.listdir(rank_dir))
-        for name in names:
-            if not name.endswith(SEGMENT_SUFFIX):
+        if any(e.name.endswith(RING_SUFFIX) for e in listed):  # a killed process's last records
+            recover_rings(rank_dir, [e.name for e in listed], problems)
+            again = _list_rank_dir(rank_dir)
+            listed = again if isinstance(again, list) else []
+        for e in listed:
+            if not e.name.endswith(SEGMENT_SUFFIX):
                 continue
-            path = os.path.join(rank_dir, name)
+            path = os.path.join(rank_dir, e.name)
+            if _is_file(e):
+                found.append((entry, path))
+                continue
             try:
                 mode = os.stat(path).st_mode
             except OSError as exc:  # a dangling link, a link loop, no permission
                 if problems is not None:
-                    problems.append(f"{entry}/{name}: cannot be read ({exc.strerror or exc}); skipped")
+                    problems.append(f"{entry}/{e.name}: cannot be read ({exc.strerror or exc}); skipped")
                 continue
             if stat.S_ISREG(mode):
                 found.append((entry, path))
             elif problems is not None:
-                problems.append(f"{entry}/{name}: {_file_kind(mode)}, not a segment file; skipped")
+                problems.append(f"{entry}/{e.name}: {_file_kind(mode)}, not a segment file; skipped")
     return found
+
+
+def _list_rank_dir(path: str) -> list[os.DirEntry[str]] | OSError | None:
+    """A rank directory's entries by name (None: not a directory), or why it cannot be listed."""
+    try:
+        if not os.path.isdir(path):
+            return None
+        with os.scandir(path) as entries:
+            return sorted(entries, key=lambda e: e.name)
+    except OSError as exc:
+        return exc
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    """A regular file (through a link), from the listing's type where it has one."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
 
 
 def read_bytes(run_dir: str, path: str, size: int | None = None) -> bytes:
