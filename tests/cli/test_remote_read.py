@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from goodtrace.read.chunk_files import on_network_filesystem
 from goodtrace.read.duckdb_sql import SEGMENT_NAMES
 from helpers.storage_servers import EmulatedNFS, S3Server
 
@@ -123,6 +124,29 @@ def test_report_and_trace_from_a_network_share(nfs: EmulatedNFS, tmp_path: Path)
     assert remote["path"] == shared
     assert comparable(remote) == comparable(local)
     assert trace(shared, tmp_path / "remote.json") == trace(str(GOLDEN), tmp_path / "local.json")
+
+
+def test_the_cache_on_a_network_share_is_written_locally_and_copied_over(nfs: EmulatedNFS, tmp_path: Path) -> None:
+    """The share is seen as a network filesystem; the first report keeps the segment cache's
+    chunks on it, each Parquet file written locally and copied over in a few calls (DuckDB's
+    own writes are many small ones, a round trip each), and the next report reads them."""
+    name = uuid.uuid4().hex[:8]
+    shutil.copytree(GOLDEN, Path(nfs.serve_dir) / name / "run")
+    shared = os.path.join(nfs.mountpoint, name, "run")
+    assert on_network_filesystem(shared) and not on_network_filesystem(str(tmp_path))
+    nfs.command("reset")
+    first = report(shared)
+    ops = nfs.stats()["ops"]
+    tables = sorted((Path(nfs.serve_dir) / name / "run" / "compact" / "cache").glob("*.parquet"))
+    assert tables and not list(Path(nfs.serve_dir).rglob("*.partial"))
+    # each table file created, written in a few large writes and renamed into place: none of
+    # DuckDB's own truncations of the file it writes (a setattr round trip each), nor its writes
+    assert ops.get("create", 0) >= len(tables) and ops.get("setattr", 0) == 0
+    assert ops.get("write", 0) <= 4 * len(tables) + 8
+    assert comparable(first) == comparable(report(str(GOLDEN)))
+    nfs.command("reset")
+    assert report(shared) == first  # from the chunks on the share
+    assert nfs.stats()["ops"].get("create", 0) == 0  # nothing new to keep
 
 
 def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:

@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -105,13 +107,20 @@ def write_chunk(
     fids = ", ".join(str(fid) for fid in sorted(files))
     names: dict[str, str] = {}
     written: list[str] = []
+    # On a network filesystem DuckDB's many small writes and stats of a Parquet file are a
+    # round trip each: the tables are written in a local folder, then copied over whole.
+    local = tempfile.mkdtemp(prefix="goodtrace-chunk-") if on_network_filesystem(folder) else None
     try:
         for table in tables:
             name = f"{prefix}{chunk}-{table}.parquet"
             target = os.path.join(folder, name)
             written.append(target + ".partial")
+            first = os.path.join(local, name) if local is not None else target + ".partial"
             con.execute(f"COPY (SELECT * EXCLUDE (sid) FROM {table} WHERE fid IN ({fids})) TO "
-                        f"{duckdb_connection.sql_str(target + '.partial')} (FORMAT parquet, COMPRESSION zstd)")
+                        f"{duckdb_connection.sql_str(first)} (FORMAT parquet, COMPRESSION zstd)")
+            if local is not None:
+                shutil.copyfile(first, target + ".partial")
+                os.remove(first)
             os.replace(target + ".partial", target)
             written[-1] = target
             names[table] = name
@@ -129,7 +138,38 @@ def write_chunk(
             with contextlib.suppress(OSError):
                 os.remove(path)
         raise
+    finally:
+        if local is not None:
+            shutil.rmtree(local, ignore_errors=True)
     return index
+
+
+# Filesystem types (``/proc/self/mounts``) whose every call is a round trip to a server; FUSE
+# ones too (sshfs, gcsfuse, s3fs, ...).
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "9p", "afs",
+    "wekafs", "pvfs2", "orangefs", "panfs",
+})
+
+
+def on_network_filesystem(path: str) -> bool:
+    """Whether ``path`` lies on a network (or FUSE) filesystem: the type of the mount that holds
+    it, from ``/proc/self/mounts`` (False where there is none to read)."""
+    try:
+        real = os.path.realpath(path)
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as handle:
+            mounts = handle.read().splitlines()
+    except OSError:
+        return False
+    found, kind = "", ""
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1])  # "\040" is a space
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(found):
+            found, kind = point, parts[2]
+    return kind in NETWORK_FILESYSTEMS or kind == "fuse" or kind.startswith("fuse.")
 
 
 def read_index(path: str) -> dict[str, Any] | None:
