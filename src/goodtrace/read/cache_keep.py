@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.read.chunk_files import FileIdentity, identity_from, identity_of, prefix_digest
+from goodtrace.read.chunk_files import FileIdentity, identity_from, identity_of, prefix_digest, stat_or_none
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.discovery import last_newline
 from goodtrace.read.file_skips import FileSkips
@@ -37,7 +37,7 @@ def file_identities(
     the compaction's manifest recorded it."""
     known = known or {}
     wanted = [p for draft in drafts.values() for p in draft.files if p not in known]
-    stats = dict(known) | {p: info for p, info in zip(wanted, io_map(_stat, wanted), strict=True) if info is not None}
+    stats = dict(known) | {p: info for p, info in zip(wanted, io_map(stat_or_none, wanted), strict=True) if info is not None}
     out: dict[str, FileIdentity] = {}
     for sid, draft in enumerate(drafts.values()):
         for p in draft.files:
@@ -51,13 +51,6 @@ def file_identities(
             if ident is not None:
                 out[p] = ident
     return out
-
-
-def _stat(path: str) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
 
 
 def open_run_cache(root: str, manifest: dict[str, Any] | None, use_cache: bool) -> SegmentCache | None:

@@ -21,7 +21,7 @@ from typing import Any
 from goodtrace.read import duckdb_connection, duckdb_sql
 
 __all__ = ["CACHE_FORMAT", "CHUNK_NAME", "DIGEST_HEAD", "DIGEST_TAIL", "INDEX_SUFFIX", "FileIdentity", "identity_from", "identity_of",
-           "index_ok", "prefix_digest", "prefix_of", "read_index", "write_chunk", "write_index"]
+           "index_ok", "prefix_digest", "prefix_of", "read_index", "stat_or_none", "write_chunk", "write_index"]
 
 CACHE_FORMAT = 1  # the index's layout; the tables' is duckdb_sql.RUN_MODEL_VERSION
 INDEX_SUFFIX = ".json"
@@ -79,12 +79,17 @@ class FileIdentity:
                 "main_tid": self.main_tid}
 
 
-def identity_of(root: str, path: str, main_tid: int | None) -> FileIdentity | None:
+def stat_or_none(path: str) -> os.stat_result | None:
+    """The file's stat, None when it is gone or cannot be reached."""
     try:
-        info = os.stat(path)
+        return os.stat(path)
     except OSError:
         return None
-    return identity_from(root, path, info, main_tid)
+
+
+def identity_of(root: str, path: str, main_tid: int | None) -> FileIdentity | None:
+    info = stat_or_none(path)
+    return identity_from(root, path, info, main_tid) if info is not None else None
 
 
 def identity_from(root: str, path: str, info: os.stat_result, main_tid: int | None) -> FileIdentity:

@@ -33,7 +33,7 @@ from goodtrace.read.cache_keep import (
     store_closed,
     store_prefixes,
 )
-from goodtrace.read.chunk_files import FileIdentity
+from goodtrace.read.chunk_files import FileIdentity, stat_or_none
 from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
 from goodtrace.read.discovery import (
     collect_sessions,
@@ -97,15 +97,8 @@ def _unchanged(path: str, entry: dict[str, Any]) -> bool:
 
 def _identities(paths: list[str]) -> dict[str, tuple[int, int]]:
     """Each file's (inode, size) now; a file that is gone is left out."""
-    return {path: (info.st_ino, info.st_size) for path, info in zip(paths, io_map(_stat, paths), strict=True)
+    return {path: (info.st_ino, info.st_size) for path, info in zip(paths, io_map(stat_or_none, paths), strict=True)
             if info is not None}
-
-
-def _stat(path: str) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
 
 
 def _probe(path: str) -> tuple[object, os.stat_result | None] | OSError:
@@ -115,7 +108,7 @@ def _probe(path: str) -> tuple[object, os.stat_result | None] | OSError:
         header = read_header(path)
     except OSError as exc:
         return exc
-    return header, _stat(path)
+    return header, stat_or_none(path)
 
 
 def _warn_changed(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], warnings: list[str]) -> None:
