@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.read.chunk_files import FileIdentity, identity_from, identity_of, prefix_digest, stat_or_none
+from goodtrace.read.chunk_files import FileIdentity, identity_from, identity_of, prefix_digest
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.discovery import last_newline
 from goodtrace.read.file_skips import FileSkips
-from goodtrace.read.io_pool import io_map
+from goodtrace.read.io_pool import io_map, stat_or_none
 from goodtrace.read.segment_cache import Hit, SegmentCache, open_cache, rank_chunks
 from goodtrace.read.validate import MAX_LINE_BYTES
 

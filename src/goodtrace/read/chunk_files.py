@@ -19,9 +19,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read.io_pool import stat_or_none
 
 __all__ = ["CACHE_FORMAT", "CHUNK_NAME", "DIGEST_HEAD", "DIGEST_TAIL", "INDEX_SUFFIX", "FileIdentity", "identity_from", "identity_of",
-           "index_ok", "prefix_digest", "prefix_of", "read_index", "stat_or_none", "write_chunk", "write_index"]
+           "index_ok", "prefix_digest", "prefix_of", "read_index", "write_chunk", "write_index"]
 
 CACHE_FORMAT = 1  # the index's layout; the tables' is duckdb_sql.RUN_MODEL_VERSION
 INDEX_SUFFIX = ".json"
@@ -77,14 +78,6 @@ class FileIdentity:
     def entry(self) -> dict[str, Any]:
         return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "inode": self.inode,
                 "main_tid": self.main_tid}
-
-
-def stat_or_none(path: str) -> os.stat_result | None:
-    """The file's stat, None when it is gone or cannot be reached."""
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
 
 
 def identity_of(root: str, path: str, main_tid: int | None) -> FileIdentity | None:

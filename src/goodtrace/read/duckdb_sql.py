@@ -30,7 +30,7 @@ from goodtrace import schema
 from goodtrace.read.discovery import torn_tail, where_of
 from goodtrace.read.duckdb_connection import execute_all, insert_rows, sql_str
 from goodtrace.read.file_skips import FileSkips, range_copy
-from goodtrace.read.io_pool import io_map
+from goodtrace.read.io_pool import io_map, stat_or_none
 from goodtrace.read.loaded import Progress
 from goodtrace.read.validate import MAX_LINE_BYTES, invalid_sql
 
@@ -372,18 +372,12 @@ FOLD_BATCH_MOST = 1024
 
 def fold_sizes(files_by_sid: Mapping[int, Sequence[str]], ranges: Mapping[str, tuple[int, int]] | None) -> dict[str, int]:
     """Each file's size, or that of the part of it to read (0 when it cannot be read: the fold
-    reports it)."""
-    sizes: dict[str, int] = {}
-    for paths in files_by_sid.values():
-        for path in paths:
-            if ranges and path in ranges:
-                sizes[path] = ranges[path][1] - ranges[path][0]
-                continue
-            try:
-                sizes[path] = os.path.getsize(path)
-            except OSError:
-                sizes[path] = 0
-    return sizes
+    reports it); the stats many at once (a network filesystem)."""
+    paths = [path for paths in files_by_sid.values() for path in paths]
+    whole = [path for path in paths if not (ranges and path in ranges)]
+    found = dict(zip(whole, io_map(stat_or_none, whole), strict=True))
+    return {path: ranges[path][1] - ranges[path][0] if ranges and path in ranges
+            else (info.st_size if (info := found[path]) is not None else 0) for path in paths}
 
 
 def session_batches(files_by_sid: Mapping[int, Sequence[str]], sizes: Mapping[str, int]) -> list[list[int]]:
@@ -454,6 +448,7 @@ def _range_copy(path: str, part: tuple[int, int], folders: list[str], lock: thre
 def fold_json(
     con: Any, files_by_sid: dict[int, list[str]], fid_of: Mapping[str, int], progress: Progress | None, done: int,
     total: int, skips: FileSkips, ranges: Mapping[str, tuple[int, int]] | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> int:
     """Parse the JSON files, whole sessions of about 32 files at a time: each batch is parsed
     once into a table (every line, with why it is no valid record) that the extraction queries
@@ -463,7 +458,7 @@ def fold_json(
     the files being written, the bytes to read (start, end): read from a copy of those
     (:func:`range_copy`, made as its batch is read and removed after it)."""
     batches: list[list[tuple[str, int, int]]] = []
-    for sids in session_batches(files_by_sid, fold_sizes(files_by_sid, ranges)):
+    for sids in session_batches(files_by_sid, sizes if sizes is not None else fold_sizes(files_by_sid, ranges)):
         batches.append([(p, sid, fid_of[p]) for sid in sids for p in files_by_sid[sid]])
     names = ", ".join(f"r.{name}" for name in _COLUMNS)
     for batch in batches:

@@ -234,7 +234,7 @@ def fold_sessions(
     else:
         workers = _workers(engine, sizes)
         if workers <= 1 or len(sizes) <= 1:
-            return duckdb_sql.fold_json(con, files_by_sid, fid_of, progress, done, total, skips, ranges)
+            return duckdb_sql.fold_json(con, files_by_sid, fid_of, progress, done, total, skips, ranges, sizes)
         out_dir = os.path.join(tmpdir, "tasks")
         os.makedirs(out_dir, exist_ok=True)
         tasks = _tasks(files_by_sid, fid_of, main_tids, sizes, workers, out_dir, ranges)

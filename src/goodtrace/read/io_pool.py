@@ -6,11 +6,12 @@ while they wait), in order, and on local disk costs little more than the loop.""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["IO_THREADS", "io_map"]
+__all__ = ["IO_THREADS", "io_map", "stat_or_none"]
 
 IO_THREADS = 16  # calls in flight (an NFS client sends them over one connection: the server's slots decide)
 _MANY = 8  # fewer items: a plain loop
@@ -28,3 +29,11 @@ def io_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         return [fn(x) for x in work]
     with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(work)), thread_name_prefix="goodtrace-io") as pool:
         return list(pool.map(fn, work))
+
+
+def stat_or_none(path: str) -> os.stat_result | None:
+    """The file's stat, None when it is gone or cannot be reached (a per-file call for :func:`io_map`)."""
+    try:
+        return os.stat(path)
+    except OSError:
+        return None

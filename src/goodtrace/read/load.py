@@ -33,7 +33,7 @@ from goodtrace.read.cache_keep import (
     store_closed,
     store_prefixes,
 )
-from goodtrace.read.chunk_files import FileIdentity, stat_or_none
+from goodtrace.read.chunk_files import FileIdentity
 from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
 from goodtrace.read.discovery import (
     collect_sessions,
@@ -49,7 +49,7 @@ from goodtrace.read.discovery import (
 from goodtrace.read.engine import Engine, RemoteRun, fold_sessions
 from goodtrace.read.file_skips import SHORTEN_TO, FileSkips, range_copy
 from goodtrace.read.hangs import hang_details, hang_events_in
-from goodtrace.read.io_pool import io_map
+from goodtrace.read.io_pool import io_map, stat_or_none
 from goodtrace.read.loaded import (
     LoadedRun,
     LoadError,
@@ -293,9 +293,11 @@ def _load_run(
     # A compacted file is used from Parquet unless it has changed since (then re-read as JSON).
     json_paths: list[str] = []
     parquet_ok: dict[str, dict[str, Any]] = {}
-    same = io_map(lambda p: p in compacted and _unchanged(p, compacted[p]), segment_paths)  # a stat each, many at once
-    for p, unchanged in zip(segment_paths, same, strict=True):
-        if unchanged:
+    listed_compacted = [p for p in segment_paths if p in compacted]  # a stat each, many at once
+    same = {p for p, unchanged in zip(listed_compacted, io_map(lambda p: _unchanged(p, compacted[p]), listed_compacted),
+                                      strict=True) if unchanged}
+    for p in segment_paths:
+        if p in same:
             parquet_ok[p] = compacted[p]
         else:
             json_paths.append(p)
