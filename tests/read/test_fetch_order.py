@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 
 import duckdb
+import numpy as np
+import pytest
 
 from goodtrace import schema
 from goodtrace.read import duckdb_sql, model_fetch
@@ -45,6 +47,23 @@ def test_the_reference_detail_is_fetched_in_one_order_whatever_the_rows_order() 
     assert first[1:4] == (["bwd", "fwd", "z", "bwd", "fwd"], [1, 1, 1, 2, 2], [30, 20, 15, 7, 8])  # by step, name
     for seed in range(1, 12):
         assert _timeline(random.Random(seed)) == first
+
+
+def test_span_time_summed_over_files_past_int64_is_an_error_not_a_wrapped_number() -> None:
+    con = duckdb.connect()
+    model_fetch.create_detail_tables(con)
+    con.executemany("INSERT INTO det_spans VALUES (?, ?, ?, ?, ?, ?)",
+                    [(0, 0, 5, "fwd", 2**62 + 1, 10), (0, 1, 5, "fwd", 2**62, 20), (0, 0, 6, "fwd", 1, 30)])
+    with pytest.raises(duckdb.ConversionException, match="out of range"):
+        model_fetch.load_timelines(con, [0])
+
+
+def test_rows_are_ordered_by_one_combined_key_or_key_by_key_alike() -> None:
+    rng = np.random.default_rng(3)
+    for lo, hi in ((0, 7), (-(2**62), 2**62)):  # the second: too wide to combine
+        sid, step, name = rng.integers(0, 3, 500), rng.integers(lo, hi, 500), rng.integers(0, 4, 500)
+        step[::7] = step[0]  # ties on the first two keys
+        assert model_fetch._order_of(sid, step, name).tolist() == np.lexsort((name, step, sid)).tolist()
 
 
 def _records(order: random.Random) -> tuple[object, ...]:
