@@ -60,10 +60,30 @@ def test_span_time_summed_over_files_past_int64_is_an_error_not_a_wrapped_number
 
 def test_rows_are_ordered_by_one_combined_key_or_key_by_key_alike() -> None:
     rng = np.random.default_rng(3)
-    for lo, hi in ((0, 7), (-(2**62), 2**62)):  # the second: too wide to combine
-        sid, step, name = rng.integers(0, 3, 500), rng.integers(lo, hi, 500), rng.integers(0, 4, 500)
+    unique = rng.permutation(500)
+    for first, lo, hi in ((None, 0, 7), (None, -(2**62), 2**62), (unique, -(2**62), 2**62)):
+        # all keys combined; the first combined and tied (then key by key); the first combined, untied
+        sid = rng.integers(0, 3, 500) if first is None else first
+        step, name = rng.integers(lo, hi, 500), rng.integers(0, 4, 500)
         step[::7] = step[0]  # ties on the first two keys
         assert model_fetch._order_of(sid, step, name).tolist() == np.lexsort((name, step, sid)).tolist()
+    wide = rng.integers(-(2**62), 2**62, 500)  # the first key too wide to combine
+    assert model_fetch._order_of(wide, sid).tolist() == np.lexsort((sid, wide)).tolist()
+
+
+def test_rows_ordered_here_come_in_duckdbs_order_descending_keys_and_nulls_too() -> None:
+    rng = random.Random(5)
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (sid INTEGER, t0 BIGINT, t1 BIGINT, step BIGINT, v INTEGER)")
+    rows = [(rng.randrange(3), rng.randrange(5), rng.randrange(-3, 3), rng.choice([None, 1, 2, -(2**40)]), i)
+            for i in range(400)]
+    con.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?)", rows)
+    ours = [(sid, c["t0"].tolist(), c["t1"].tolist(), c["step"].tolist())
+            for sid, c in model_fetch._by_session(con, "SELECT sid, t0, t1, step FROM t", ("sid", "t0", "-t1", "step"))]
+    theirs = [(sid, c["t0"].tolist(), c["t1"].tolist(), c["step"].tolist()) for sid, c in model_fetch._by_session(
+        con, "SELECT sid, t0, t1, step FROM t ORDER BY sid, t0, t1 DESC, step")]
+    assert ours == theirs
+    assert any(None in steps for _, _, _, steps in ours)
 
 
 def _records(order: random.Random) -> tuple[object, ...]:

@@ -50,10 +50,28 @@ def _interned(value: object) -> str:
     return _STRINGS.setdefault(text, text) if len(_STRINGS) < 10_000 else text
 
 
-def _by_session(con: Any, sql: str) -> Iterable[tuple[int, dict[str, Any]]]:
+def _by_session(con: Any, sql: str, order: Sequence[str] = ()) -> Iterable[tuple[int, dict[str, Any]]]:
     """``(sid, {column: numpy array})`` per session of a query ordered by sid (its first
-    column): the columns come out of DuckDB as arrays in one go, then are cut per session."""
-    yield from _per_session(con.execute(sql).fetchnumpy())
+    column): the columns come out of DuckDB as arrays in one go, then are cut per session.
+    ``order``: the query has no ORDER BY, and its rows are put in the order of these integer
+    columns here (``sid`` first; ``-name``: descending; NULL last, as DuckDB orders), the
+    rows fetched as they lie (nearly in order: a session's records are), since DuckDB's sort
+    of a million rows costs several times their fetch (see :func:`_order_of`)."""
+    columns = con.execute(sql).fetchnumpy()
+    if order:
+        import numpy as np
+
+        keys: list[Any] = []
+        for spec in order:
+            values = columns[spec.lstrip("-")]
+            if isinstance(values, np.ma.MaskedArray):
+                keys.append(np.ma.getmaskarray(values).astype(np.int64))  # NULL last
+                values = values.filled(0)
+            values = np.asarray(values, dtype=np.int64)
+            keys.append(~values if spec.startswith("-") else values)  # ~x: x descending, never overflowing
+        rows = _order_of(*keys)
+        columns = {name: values[rows] for name, values in columns.items()}
+    yield from _per_session(columns)
 
 
 def _per_session(columns: dict[str, Any]) -> Iterable[tuple[int, dict[str, Any]]]:
@@ -195,9 +213,10 @@ def fill_compute(con: Any, rows: Sequence[int]) -> None:
     for k, lo in enumerate(starts):
         hi = starts[k + 1] - 1 if k + 1 < len(starts) else len(rows) - 1
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
-        executions = dict(_by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"))
+        executions = dict(_by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where}", ("sid", "seq", "t0")))
         sids, seqs, totals = [], [], []
-        for sid, c in _by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where} ORDER BY sid, t0, t1 DESC, step"):
+        for sid, c in _by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where}",
+                                     ("sid", "t0", "-t1", "step")):
             e = executions.pop(sid, None)
             if e is None:
                 continue
@@ -235,24 +254,24 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
     how, cat, name = vocab
     for lo, hi in _sid_ranges(sorted(out), SESSION_BATCH):
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
-        for sid, c in _by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where} ORDER BY sid, seq, t0"):
+        for sid, c in _by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where}", ("sid", "seq", "t0")):
             r = out[sid]
             r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(c["seq"]), _ints(c["step"]), _ints(c["t0"]), _ints(c["t1"])
         for sid, c in _by_session(
             con, f"SELECT t.sid, t.seq, t.step, t.t, t.after, v.code AS how FROM m_syncs t JOIN vocab_how v "
-                 f"ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where} ORDER BY t.sid, t.t, t.seq, t.step"
+                 f"ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where}", ("sid", "t", "seq", "step")
         ):
             r = out[sid]
             r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"]), _ints(c["after"])
             r.sync_how = how[c["how"]].tolist()
         for sid, c in _by_session(
             con, f"SELECT t.sid, v.code AS cat, t.t0, t.t1, t.step FROM m_spans t JOIN vocab_cat v "
-                 f"ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where} ORDER BY t.sid, t.t0, t.t1 DESC, v.code"
+                 f"ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where}", ("sid", "t0", "-t1", "cat")
         ):
             r = out[sid]
             r.span_category = cat[c["cat"]].tolist()
             r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
-        for sid, c in _by_session(con, f"SELECT sid, seq, ns FROM m_compute WHERE {where} ORDER BY sid, seq"):
+        for sid, c in _by_session(con, f"SELECT sid, seq, ns FROM m_compute WHERE {where}", ("sid", "seq")):
             out[sid].compute_seq, out[sid].compute_ns = _ints(c["seq"]), _ints(c["ns"])
         for sid, c in _by_session(
             con, f"SELECT t.sid, t.step, v.code AS name, t.t0 FROM (SELECT sid, step, name, min(t0) AS t0 "
@@ -513,22 +532,32 @@ def _span_totals(con: Any) -> dict[str, Any]:
 
 def _order_of(*keys: Any) -> Any:
     """The stable order of rows by ``keys`` (integer columns, the first key first): one sort of
-    one key combining them where their ranges allow (nearly always; rows nearly in order
-    already, as they lie, sort fast), else one sort per key (``np.lexsort``)."""
+    one key combining the first keys whose ranges allow it (rows nearly in order, as they lie,
+    sort fast); when that leaves no two rows tied, the other keys cannot reorder them (a
+    session's executions by ``seq``), else every key is sorted on in turn (``np.lexsort``)."""
     import numpy as np
 
     if not len(keys[0]):
         return np.zeros(0, dtype=np.int64)
     combined = np.zeros(len(keys[0]), dtype=np.int64)
     room = 1
+    used = 0
     for key in keys:
         lo, hi = int(key.min()), int(key.max())
+        if room * (hi - lo + 1) >= 1 << 62:
+            break
         room *= hi - lo + 1
-        if room >= 1 << 62:
-            return np.lexsort(tuple(reversed(keys)))
         combined *= hi - lo + 1
         combined += key - lo
-    return np.argsort(combined, kind="stable")
+        used += 1
+    if used:
+        order = np.argsort(combined, kind="stable")
+        if used == len(keys):
+            return order
+        ordered = combined[order]
+        if not (ordered[1:] == ordered[:-1]).any():
+            return order
+    return np.lexsort(tuple(reversed(keys)))
 
 
 def _json_object(text: object) -> dict[str, Any]:
