@@ -90,3 +90,21 @@ def test_the_events_listed_are_the_first_of_all_of_them(tmp_path: Path, monkeypa
     first = analyze(load(run))
     assert first.events == every.events[:12] and first.events_total == every.events_total
     assert [(e.time_s, e.rank) for e in every.events] == sorted((e.time_s, e.rank) for e in every.events)
+
+
+def test_the_median_helper_is_numpys_to_the_bit() -> None:
+    """``evidence.median`` replaces ``np.median`` on the per-session arrays (its machinery cost
+    more than the arithmetic at thousands of ranks): the same float, odd and even lengths,
+    integers far past 2**53, float64, NaN, and the dtypes it leaves to numpy."""
+    import numpy as np
+
+    from goodtrace.analysis.evidence import median
+
+    rng = np.random.default_rng(7)
+    for n in [*range(1, 25), 999, 1000]:
+        for values in (rng.integers(-(10**15), 10**15, n), rng.integers(0, 2**62, n), rng.integers(0, 3, n),
+                       rng.normal(size=n) * 1e9, rng.normal(size=n).astype(np.float32), rng.integers(0, 9, n).astype(np.uint8)):
+            assert median(values.copy()) == float(np.median(values)), (n, values.dtype)
+    with_nan = rng.normal(size=9)
+    with_nan[2] = np.nan
+    assert np.isnan(median(with_nan))

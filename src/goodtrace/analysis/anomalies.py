@@ -12,6 +12,7 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.analysis.cut import FLAG_DECREASING, FLAG_REPEATED
+from goodtrace.analysis.evidence import median
 from goodtrace.analysis.partition import WARMUP, WASTED, StepInterval
 from goodtrace.analysis.steps import NS, StepMarks, StepTable
 
@@ -101,9 +102,9 @@ def find_anomalies(table: StepTable, *, k: float = 5.0) -> tuple[list[Anomaly], 
     steady = table.productive_s[~table.first_of_attempt]
     if len(steady) < 3:
         return [], None
-    median = float(np.median(steady))
-    mad = float(np.median(np.abs(steady - median)))
-    threshold = median + max(k * 1.4826 * mad, 0.05 * median)
+    middle = median(steady)
+    mad = median(np.abs(steady - middle))
+    threshold = middle + max(k * 1.4826 * mad, 0.05 * middle)
     found = []
     for i in np.flatnonzero(~table.first_of_attempt & (table.productive_s > threshold)).tolist():
         r = table[i]

@@ -237,7 +237,7 @@ class SessionCut:
             s0, e0, codes = s0[keep], e0[keep], codes[keep]
         # the cursor before each overhead interval: where the pieces before it end
         reach = np.maximum.accumulate(e0) if len(e0) else e0
-        cursor = np.maximum(np.r_[np.int64(a), reach[:-1]], a)
+        cursor = np.maximum(np.concatenate(([np.int64(a)], reach[:-1])), a)
         kept = e0 > cursor
         s0, e0, codes, cursor = s0[kept], e0[kept], codes[kept], cursor[kept]
         s = np.maximum(s0, cursor)
@@ -263,7 +263,7 @@ class SessionCut:
         new = np.ones(len(out_s), dtype=bool)
         new[1:] = (out_l[1:] != out_l[:-1]) | (out_s[1:] != out_e[:-1])
         firsts = np.flatnonzero(new)
-        lasts = np.r_[firsts[1:] - 1, len(out_s) - 1]
+        lasts = np.concatenate((firsts[1:] - 1, [len(out_s) - 1]))
         return out_s[firsts], out_e[lasts], out_l[firsts], names
 
     def carve(self, a: int, b: int) -> list[Piece]:
@@ -373,7 +373,7 @@ def cut_session(
     first_start = int(t0s[0]) if n else start
     if len(has):
         at = times[has]
-        in_order = at > np.maximum.accumulate(np.r_[np.int64(first_start), at[:-1]])
+        in_order = at > np.maximum.accumulate(np.concatenate(([np.int64(first_start)], at[:-1])))
         del at
     else:
         in_order = np.zeros(0, dtype=bool)
@@ -382,8 +382,8 @@ def cut_session(
     ignored += len(has) - len(accepted)
     del has, in_order
     interval_end = times[accepted]
-    interval_start = np.r_[np.int64(first_start), interval_end[:-1]] if len(accepted) else interval_end
-    interval_first = np.r_[np.int64(0), accepted[:-1] + 1] if len(accepted) else accepted
+    interval_start = np.concatenate(([np.int64(first_start)], interval_end[:-1])) if len(accepted) else interval_end
+    interval_first = np.concatenate(([np.int64(0)], accepted[:-1] + 1)) if len(accepted) else accepted
     interval_count = accepted - interval_first + 1
     interval_how = hows[accepted].tolist()
     interval_of = np.full(n, -1, dtype=np.int64)
@@ -400,10 +400,10 @@ def cut_session(
         if exit_t > cursor:
             interval_of[trailing:] = len(interval_end)
             flags[trailing:] |= FLAG_HOST_TIMED
-            interval_start = np.r_[interval_start, cursor]
-            interval_end = np.r_[interval_end, exit_t]
-            interval_first = np.r_[interval_first, trailing]
-            interval_count = np.r_[interval_count, n - trailing]
+            interval_start = np.concatenate((interval_start, [cursor]))
+            interval_end = np.concatenate((interval_end, [exit_t]))
+            interval_first = np.concatenate((interval_first, [trailing]))
+            interval_count = np.concatenate((interval_count, [n - trailing]))
             interval_how.append(HOST_EXIT)
         elif len(interval_end):
             interval_of[trailing:] = len(interval_end) - 1

@@ -36,7 +36,7 @@ def distinct_sorted(values: Array) -> Array:
     ordered = np.sort(values)
     if not len(ordered):
         return ordered
-    return ordered[np.r_[True, ordered[1:] != ordered[:-1]]]
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
 def _out(values: Array) -> array[int]:
@@ -54,7 +54,7 @@ def merge_intervals(starts: Array, ends: Array) -> tuple[Array, Array, Array]:
 
     if len(starts) == 0:
         return np.zeros(0, dtype=np.int64), starts, ends
-    reach = np.maximum.accumulate(np.r_[np.int64(NO_TIME), ends[:-1]])
+    reach = np.maximum.accumulate(np.concatenate(([np.int64(NO_TIME)], ends[:-1])))
     keep = np.flatnonzero(ends > reach)
     return keep, np.maximum(starts[keep], reach[keep]), ends[keep]
 
@@ -68,7 +68,7 @@ def covered_at(x: Array, starts: Array, ends: Array) -> Array:
     if len(starts) == 0:
         return out
     lengths = ends - starts
-    cum = np.r_[np.int64(0), np.cumsum(lengths)]
+    cum = np.concatenate(([np.int64(0)], np.cumsum(lengths)))
     for lo in range(0, len(x), BLOCK):
         part = x[lo:lo + BLOCK]
         j = np.searchsorted(starts, part, side="right") - 1
@@ -155,8 +155,8 @@ def flatten_overhead(
     g0, g1 = seg0[keep], seg1[keep]
     del points, seg0, seg1, keep
     if len(g0):  # adjacent pieces are one
-        first = np.flatnonzero(np.r_[True, g0[1:] != g1[:-1]])
-        last = np.r_[first[1:] - 1, len(g0) - 1]
+        first = np.flatnonzero(np.concatenate(([True], g0[1:] != g1[:-1])))
+        last = np.concatenate((first[1:] - 1, [len(g0) - 1]))
         g0, g1 = g0[first], g1[last]
     all0 = np.concatenate((starts, g0))
     order = np.argsort(all0, kind="stable")

@@ -22,6 +22,7 @@ from typing import Any, overload
 
 from goodtrace import schema
 from goodtrace.analysis.cut import FLAG_REWOUND, Piece, Relabels, SessionCut, label_totals, relabel
+from goodtrace.analysis.evidence import median
 from goodtrace.analysis.pieces import PieceBuilder, PieceColumns, ordered_sums
 from goodtrace.read.loaded import SessionInfo
 
@@ -261,7 +262,7 @@ def ideal_step_ns(cuts: Sequence[SessionCut], steady: Steady | None = None) -> f
     if not len(steady.per_step):
         return weighted_median([(cut.interval_productive[0] / cut.interval_count[0], cut.interval_count[0])
                                 for cut in cuts if cut.intervals])
-    return float(np.median(np.repeat(steady.per_step, steady.steps)))
+    return median(np.repeat(steady.per_step, steady.steps))
 
 
 def noise_threshold_ns(cuts: Sequence[SessionCut], steady: Steady | None = None) -> float:
@@ -271,10 +272,10 @@ def noise_threshold_ns(cuts: Sequence[SessionCut], steady: Steady | None = None)
 
     values = (steady_steps(cuts) if steady is None else steady).per_step
     if len(values) < 3:
-        return 0.05 * (float(np.median(values)) if len(values) else 0.0)
-    median = float(np.median(values))
-    mad = float(np.median(np.abs(values - median)))
-    return max(5 * 1.4826 * mad, 0.05 * median)
+        return 0.05 * (median(values) if len(values) else 0.0)
+    middle = median(values)
+    mad = median(np.abs(values - middle))
+    return max(5 * 1.4826 * mad, 0.05 * middle)
 
 
 def _warmup(cut: SessionCut, ideal: float | None, noise: float) -> int:

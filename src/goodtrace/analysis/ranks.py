@@ -27,7 +27,7 @@ from typing import Any
 
 from goodtrace.analysis.clock import SessionClock
 from goodtrace.analysis.cut import SessionCut
-from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence, robust_noise
+from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence, median, robust_noise
 from goodtrace.read.loaded import SessionInfo, SessionRecords
 
 NS = 1e9
@@ -359,10 +359,10 @@ def sample_rank(
     return RankSample(
         rank=rank,
         host=members[-1].host,
-        step_time_median_s=float(np.median(step_times)) if len(step_times) else None,
+        step_time_median_s=median(step_times) if len(step_times) else None,
         step_time_p90_s=float(np.quantile(step_times, 0.9)) if len(step_times) else None,
         step_noise_s=robust_noise(step_times),
-        compute_ns=float(np.median(joined)) if len(joined) else None,
+        compute_ns=median(joined) if len(joined) else None,
         arrivals=tuple(arrivals),
         computes=tuple(computes),
         starts=tuple(starts),

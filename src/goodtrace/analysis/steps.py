@@ -413,7 +413,7 @@ class StepMarks:
                 continue
             mine = codes == self.tl.names.index(key)
             at_steps, at_values = self._metric_steps[mine], values[mine]
-            last = np.r_[at_steps[1:] != at_steps[:-1], True] if len(at_steps) else np.zeros(0, dtype=bool)
+            last = np.concatenate((at_steps[1:] != at_steps[:-1], [True])) if len(at_steps) else np.zeros(0, dtype=bool)
             at_steps, at_values = at_steps[last], at_values[last]  # the last value of each step
             where = np.minimum(np.searchsorted(at_steps, steps), max(len(at_steps) - 1, 0))
             hit = ~found & (at_steps[where] == steps) if len(at_steps) else np.zeros(len(steps), dtype=bool)
@@ -470,8 +470,8 @@ class StepMarks:
             codes, totals = codes[order], totals[order]
             bounds: dict[int, tuple[int, int]] = {}  # code -> its rows
             if len(codes):
-                firsts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-                ends = np.r_[firsts[1:], len(codes)]
+                firsts = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1])))
+                ends = np.concatenate((firsts[1:], [len(codes)]))
                 bounds = {code: (lo, hi) for code, lo, hi in
                           zip(codes[firsts].tolist(), firsts.tolist(), ends.tolist(), strict=True)}
             self._span_medians = {}

@@ -19,7 +19,7 @@ def occurrence(keys: Array) -> Array:
         return np.zeros(n, dtype=np.int64)  # every key once (step numbers that only rise: the common case)
     order = np.lexsort((np.arange(n), keys))
     sorted_keys = keys[order]
-    starts = np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]
+    starts = np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1]))
     first = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
     occurrence = np.empty(n, dtype=np.int64)
     occurrence[order] = np.arange(n) - first
