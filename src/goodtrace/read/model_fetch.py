@@ -65,12 +65,13 @@ def _by_session(con: Any, sql: str, order: Sequence[str] = ()) -> Iterable[tuple
         for spec in order:
             values = columns[spec.lstrip("-")]
             if isinstance(values, np.ma.MaskedArray):
-                keys.append(np.ma.getmaskarray(values).astype(np.int64))  # NULL last
+                keys.append(np.ma.getmaskarray(values))  # NULL last
                 values = values.filled(0)
-            values = np.asarray(values, dtype=np.int64)
             keys.append(~values if spec.startswith("-") else values)  # ~x: x descending, never overflowing
         rows = _order_of(*keys)
-        columns = {name: values[rows] for name, values in columns.items()}
+        del keys
+        for name in list(columns):  # one column's two copies at a time, not every column's
+            columns[name] = columns[name][rows]
     yield from _per_session(columns)
 
 
@@ -510,24 +511,29 @@ def _span_totals(con: Any) -> dict[str, Any]:
     import duckdb
     import numpy as np
 
-    c = con.execute("SELECT d.sid, d.step, v.code AS name, d.ns, d.first FROM det_spans d "
-                    "JOIN vocab_detail v ON d.name = v.name").fetchnumpy()
-    sid, step, name = (np.asarray(c[k], dtype=np.int64) for k in ("sid", "step", "name"))
-    order = _order_of(sid, step, name)
-    sid, step, name = sid[order], step[order], name[order]
-    ns, first = np.asarray(c["ns"], dtype=np.int64)[order], np.asarray(c["first"], dtype=np.int64)[order]
+    c: dict[str, Any] = con.execute("SELECT d.sid, d.step, v.code AS name, d.ns, d.first FROM det_spans d "
+                                    "JOIN vocab_detail v ON d.name = v.name").fetchnumpy()
+    order = _order_of(c["sid"], c["step"], c["name"])
+    for key in list(c):  # one column's two copies at a time
+        c[key] = np.asarray(c[key])[order]
+    del order
+    sid, step, name, ns = c["sid"], c["step"], c["name"], c["ns"]
     if len(sid) < 2:
-        return {"sid": sid, "step": step, "name": name, "ns": ns, "first": first}
+        return c
     new = np.ones(len(sid), dtype=bool)
     new[1:] = (sid[1:] != sid[:-1]) | (step[1:] != step[:-1]) | (name[1:] != name[:-1])
     if new.all():
-        return {"sid": sid, "step": step, "name": name, "ns": ns, "first": first}
+        return c
     starts = np.flatnonzero(new)
-    total = np.add.reduceat(ns, starts)
-    if float(np.add.reduceat(ns.astype(np.float64), starts).max()) >= 2.0**63:  # as DuckDB's cast would say
+    del new
+    sizes = np.diff(starts, append=len(sid))
+    shared = sizes > 1  # the (session, step, name) rows of two files or more: summed
+    rows = np.flatnonzero(np.repeat(shared, sizes))
+    exact = np.add.reduceat(ns[rows].astype(np.float64), np.cumsum(sizes[shared]) - sizes[shared])
+    if float(exact.max()) >= 2.0**63:  # as DuckDB's cast of the sum would say
         raise duckdb.ConversionException("a span time summed over a step is out of range for INT64")
-    return {"sid": sid[starts], "step": step[starts], "name": name[starts], "ns": total,
-            "first": np.minimum.reduceat(first, starts)}
+    return {"sid": sid[starts], "step": step[starts], "name": name[starts], "ns": np.add.reduceat(ns, starts),
+            "first": np.minimum.reduceat(c["first"], starts)}
 
 
 def _order_of(*keys: Any) -> Any:
@@ -548,7 +554,7 @@ def _order_of(*keys: Any) -> Any:
             break
         room *= hi - lo + 1
         combined *= hi - lo + 1
-        combined += key - lo
+        combined += np.subtract(key, lo, dtype=np.int64)  # in int64 whatever the key's type
         used += 1
     if used:
         order = np.argsort(combined, kind="stable")
