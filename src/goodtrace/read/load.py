@@ -477,11 +477,12 @@ def _load_run(
         references = reference_sessions(sessions, attempts)
         _read_details(con, root, cache, references, list(drafts.values()), fid_of, identities, closed, skips, parquet_ok,
                       path_of, _Growing(ranges, ends, os.path.join(tmpdir, "detail")))
+        # DuckDB's memory cut before the reference timelines are fetched and ordered in numpy
+        duckdb_connection.settle(con)
         timelines = model_fetch.load_timelines(con, references)
         models = model_fetch.model_events(con)
         for sid, timeline in timelines.items():
             timeline.model = models.get(sid, {})
-        duckdb_connection.settle(con)
         model_fetch.fill_compute(con, [s.step_count for s in sessions])  # within the settled memory
         hangs = hang_events_in(con)
         # the analysis fetches each session's columns when it cuts it (a block at a time)
