@@ -20,6 +20,7 @@ from goodtrace.read.duckdb_sql import (
     create_records_table,
     read_json_sql,
 )
+from goodtrace.read.fetch_order import by_session, order_of, per_session
 from goodtrace.read.loaded import NO_TIME, EventColumns, EventRecord, SessionRecords, SessionTimeline
 from goodtrace.read.validate import json_object
 
@@ -48,45 +49,6 @@ def _interned(value: object) -> str:
     """One string object per distinct category or how (millions of them otherwise)."""
     text = str(value)
     return _STRINGS.setdefault(text, text) if len(_STRINGS) < 10_000 else text
-
-
-def _by_session(con: Any, sql: str, order: Sequence[str] = ()) -> Iterable[tuple[int, dict[str, Any]]]:
-    """``(sid, {column: numpy array})`` per session of a query ordered by sid (its first
-    column): the columns come out of DuckDB as arrays in one go, then are cut per session.
-    ``order``: the query has no ORDER BY, and its rows are put in the order of these integer
-    columns here (``sid`` first; ``-name``: descending; NULL last, as DuckDB orders), the
-    rows fetched as they lie (nearly in order: a session's records are), since DuckDB's sort
-    of a million rows costs several times their fetch (see :func:`_order_of`)."""
-    columns = con.execute(sql).fetchnumpy()
-    if order:
-        import numpy as np
-
-        keys: list[Any] = []
-        for spec in order:
-            values = columns[spec.lstrip("-")]
-            if isinstance(values, np.ma.MaskedArray):
-                keys.append(np.ma.getmaskarray(values))  # NULL last
-                values = values.filled(0)
-            keys.append(~values if spec.startswith("-") else values)  # ~x: x descending, never overflowing
-        rows = _order_of(*keys)
-        del keys
-        for name in list(columns):  # one column's two copies at a time, not every column's
-            columns[name] = columns[name][rows]
-    yield from _per_session(columns)
-
-
-def _per_session(columns: dict[str, Any]) -> Iterable[tuple[int, dict[str, Any]]]:
-    """``(sid, {column: numpy array})`` per session of columns ordered by ``sid``."""
-    import numpy as np
-
-    sid = columns.pop("sid")
-    if len(sid) == 0:
-        return
-    cuts = np.flatnonzero(np.diff(sid)) + 1
-    starts = np.concatenate(([0], cuts))
-    ends = np.concatenate((cuts, [len(sid)]))
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-        yield int(sid[a]), {name: values[a:b] for name, values in columns.items()}
 
 
 def _ints(values: Any) -> array[int]:
@@ -214,9 +176,9 @@ def fill_compute(con: Any, rows: Sequence[int]) -> None:
     for k, lo in enumerate(starts):
         hi = starts[k + 1] - 1 if k + 1 < len(starts) else len(rows) - 1
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
-        executions = dict(_by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where}", ("sid", "seq", "t0")))
+        executions = dict(by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where}", ("sid", "seq", "t0")))
         sids, seqs, totals = [], [], []
-        for sid, c in _by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where}",
+        for sid, c in by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where}",
                                      ("sid", "t0", "-t1", "step")):
             e = executions.pop(sid, None)
             if e is None:
@@ -255,26 +217,26 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -
     how, cat, name = vocab
     for lo, hi in _sid_ranges(sorted(out), SESSION_BATCH):
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
-        for sid, c in _by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where}", ("sid", "seq", "t0")):
+        for sid, c in by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where}", ("sid", "seq", "t0")):
             r = out[sid]
             r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(c["seq"]), _ints(c["step"]), _ints(c["t0"]), _ints(c["t1"])
-        for sid, c in _by_session(
+        for sid, c in by_session(
             con, f"SELECT t.sid, t.seq, t.step, t.t, t.after, v.code AS how FROM m_syncs t JOIN vocab_how v "
                  f"ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where}", ("sid", "t", "seq", "step")
         ):
             r = out[sid]
             r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"]), _ints(c["after"])
             r.sync_how = how[c["how"]].tolist()
-        for sid, c in _by_session(
+        for sid, c in by_session(
             con, f"SELECT t.sid, v.code AS cat, t.t0, t.t1, t.step FROM m_spans t JOIN vocab_cat v "
                  f"ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where}", ("sid", "t0", "-t1", "cat")
         ):
             r = out[sid]
             r.span_category = cat[c["cat"]].tolist()
             r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
-        for sid, c in _by_session(con, f"SELECT sid, seq, ns FROM m_compute WHERE {where}", ("sid", "seq")):
+        for sid, c in by_session(con, f"SELECT sid, seq, ns FROM m_compute WHERE {where}", ("sid", "seq")):
             out[sid].compute_seq, out[sid].compute_ns = _ints(c["seq"]), _ints(c["ns"])
-        for sid, c in _by_session(
+        for sid, c in by_session(
             con, f"SELECT t.sid, t.step, v.code AS name, t.t0 FROM (SELECT sid, step, name, min(t0) AS t0 "
                  f"FROM m_starts WHERE {where} GROUP BY ALL) t JOIN vocab_name v ON t.name IS NOT DISTINCT FROM v.name "
                  "ORDER BY t.sid, t.step, t.name"
@@ -475,19 +437,19 @@ def load_timelines(con: Any, sids: Iterable[int]) -> dict[int, SessionTimeline]:
     def codes(values: Any) -> array[int]:
         return array("i", np.asarray(values, dtype=np.int32).tobytes())
 
-    for sid, c in _by_session(
+    for sid, c in by_session(
         con, "SELECT d.sid, d.step, v.code AS name FROM det_tags d JOIN vocab_detail v ON d.name = v.name "
              "ORDER BY d.sid, d.t, v.code"
     ):
         timelines[sid].tag_step, timelines[sid].tag_name = _ints(c["step"]), codes(c["name"])
-    for sid, c in _by_session(
+    for sid, c in by_session(
         con, "SELECT d.sid, d.step, v.code AS name, d.value FROM det_metrics d JOIN vocab_detail v "
              "ON d.name = v.name ORDER BY d.sid, d.t, v.code, d.value"
     ):
         tl = timelines[sid]
         tl.metric_step, tl.metric_name = _ints(c["step"]), codes(c["name"])
         tl.metric_value = array("d", np.asarray(c["value"], dtype=np.float64).tobytes())
-    for sid, c in _per_session(_span_totals(con)):
+    for sid, c in per_session(_span_totals(con)):
         tl = timelines[sid]
         tl.span_step, tl.span_ns = _ints(c["step"]), _ints(c["ns"])
         tl.span_name = codes(c["name"])
@@ -513,7 +475,7 @@ def _span_totals(con: Any) -> dict[str, Any]:
 
     c: dict[str, Any] = con.execute("SELECT d.sid, d.step, v.code AS name, d.ns, d.first FROM det_spans d "
                                     "JOIN vocab_detail v ON d.name = v.name").fetchnumpy()
-    order = _order_of(c["sid"], c["step"], c["name"])
+    order = order_of(c["sid"], c["step"], c["name"])
     for key in list(c):  # one column's two copies at a time
         c[key] = np.asarray(c[key])[order]
     del order
@@ -534,36 +496,6 @@ def _span_totals(con: Any) -> dict[str, Any]:
         raise duckdb.ConversionException("a span time summed over a step is out of range for INT64")
     return {"sid": sid[starts], "step": step[starts], "name": name[starts], "ns": np.add.reduceat(ns, starts),
             "first": np.minimum.reduceat(c["first"], starts)}
-
-
-def _order_of(*keys: Any) -> Any:
-    """The stable order of rows by ``keys`` (integer columns, the first key first): one sort of
-    one key combining the first keys whose ranges allow it (rows nearly in order, as they lie,
-    sort fast); when that leaves no two rows tied, the other keys cannot reorder them (a
-    session's executions by ``seq``), else every key is sorted on in turn (``np.lexsort``)."""
-    import numpy as np
-
-    if not len(keys[0]):
-        return np.zeros(0, dtype=np.int64)
-    combined = np.zeros(len(keys[0]), dtype=np.int64)
-    room = 1
-    used = 0
-    for key in keys:
-        lo, hi = int(key.min()), int(key.max())
-        if room * (hi - lo + 1) >= 1 << 62:
-            break
-        room *= hi - lo + 1
-        combined *= hi - lo + 1
-        combined += np.subtract(key, lo, dtype=np.int64)  # in int64 whatever the key's type
-        used += 1
-    if used:
-        order = np.argsort(combined, kind="stable")
-        if used == len(keys):
-            return order
-        ordered = combined[order]
-        if not (ordered[1:] == ordered[:-1]).any():
-            return order
-    return np.lexsort(tuple(reversed(keys)))
 
 
 def _json_object(text: object) -> dict[str, Any]:
