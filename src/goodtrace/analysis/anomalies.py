@@ -107,10 +107,10 @@ def find_anomalies(table: StepTable, *, k: float = 5.0) -> tuple[list[Anomaly], 
     threshold = middle + max(k * 1.4826 * mad, 0.05 * middle)
     found = []
     for i in np.flatnonzero(~table.first_of_attempt & (table.productive_s > threshold)).tolist():
-        r = table[i]
+        r, interval = table.row_at(i)
         found.append(
             Anomaly(r.step, r.attempt, r.productive_s, threshold, r.step_time_s,
-                    _overlapping(table.interval_at(i), table, r.tags), r.seq)
+                    _overlapping(interval, table, r.tags), r.seq)
         )
     return found, threshold
 

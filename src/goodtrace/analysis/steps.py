@@ -206,10 +206,15 @@ class StepTable(Sequence[StepRow]):
             return [self[i] for i in range(*index.indices(len(self)))]
         if index < 0:
             index += len(self)
+        return self.row_at(index)[0]
+
+    def row_at(self, index: int) -> tuple[StepRow, StepInterval]:
+        """Row ``index`` (not negative) and its step interval, made once for both."""
         if not 0 <= index < len(self):
             raise IndexError(index)
-        return self._row(self.interval_at(index), int(self._position[index]), float(self.step_time_s[index]),
-                         float(self.device_s()[index]))
+        interval = self.interval_at(index)
+        return self._row(interval, int(self._position[index]), float(self.step_time_s[index]),
+                         float(self.device_s()[index])), interval
 
     def __iter__(self) -> Iterator[StepRow]:
         last: tuple[int, int] | None = None
@@ -466,6 +471,13 @@ class StepMarks:
             count = int(np.count_nonzero(sorted_steps[1:] != sorted_steps[:-1])) + 1 if len(sorted_steps) else 0
             codes = np.frombuffer(self.tl.span_name, dtype=np.int32)
             totals = np.frombuffer(self.tl.span_ns, dtype=np.int64)
+            present = np.flatnonzero(np.bincount(codes)) if len(codes) else np.zeros(0, dtype=np.int64)
+            if len(present) <= _FEW_NAMES:  # a pass per name, no sort of every row (millions: one per step and name)
+                by_code = {code: _median_with_zeros_unsorted(totals[codes == code], count)
+                           for code in present.tolist()}
+                self._span_medians = {name: by_code.get(code, 0.0) if count else 0.0
+                                      for name, code in zip(self.tl.span_names, self._name_codes(), strict=True)}
+                return self._span_medians
             order = np.lexsort((totals, codes))  # by name, then by value
             codes, totals = codes[order], totals[order]
             bounds: dict[int, tuple[int, int]] = {}  # code -> its rows
@@ -490,13 +502,31 @@ class StepMarks:
 _DEVICE_KEYS = (schema.DEVICE_BUSY_METRIC, "device_time_s")
 
 
-def _median_with_zeros(values: Any, count: int) -> float:
-    """``np.median`` of ``values`` (sorted) with ``count - len(values)`` zeros beside them, to
-    the bit: the middle element, or the float64 mean of the middle two."""
+_FEW_NAMES = 16  # span names up to which their medians are taken name by name (else from one sort)
+
+
+def _median_with_zeros_unsorted(values: Any, count: int) -> float:
+    """:func:`_median_with_zeros` of ``values`` in any order: the two places it reads, from a
+    partition of them."""
     import numpy as np
 
     zeros = count - len(values)
-    below = int(np.searchsorted(values, 0, side="left"))  # the values sorted before the zeros
+    below = int(np.count_nonzero(values < 0))  # the values sorted before the zeros
+    lo, hi = (count - 1) // 2, count // 2
+    places = sorted({p if p < below else p - zeros for p in (lo, hi) if not below <= p < below + zeros})
+    part = np.partition(values, places) if places else values
+    return _median_with_zeros(part, count, below)
+
+
+def _median_with_zeros(values: Any, count: int, below: int | None = None) -> float:
+    """``np.median`` of ``values`` (sorted, or partitioned at the places read; ``below``: how many
+    are negative) with ``count - len(values)`` zeros beside them, to the bit: the middle
+    element, or the float64 mean of the middle two."""
+    import numpy as np
+
+    zeros = count - len(values)
+    if below is None:
+        below = int(np.searchsorted(values, 0, side="left"))  # the values sorted before the zeros
 
     def at(position: int) -> Any:
         if position < below:
