@@ -130,6 +130,8 @@ TEST_MARKS: dict[str, tuple[str, ...]] = {
     "integrations/test_transformers.py::test_sinks_given_to_the_callback_get_the_trainer_s_live_lines": ("slow",),
     "integrations/test_transformers.py::test_the_trainer_s_steps_evaluations_and_saves_are_in_the_report": ("slow",),
     "read/test_compact_kill.py::test_a_killed_compaction_leaves_its_files_in_the_run_and_the_next_one_removes_them": ("processes",),
+    "read/test_detail_columns.py::test_a_report_with_kept_detail_reads_only_the_other_files_and_is_the_cold_one": ("slow",),
+    "read/test_session_columns.py::test_reports_with_kept_columns_are_the_cold_one_and_a_replaced_file_reads_the_run_again": ("processes",),
     "read/test_engine.py::test_a_small_run_is_read_in_process_unless_workers_are_asked": ("processes",),
     "read/test_engine.py::test_bad_worker_counts_are_clear_errors": ("processes",),
     "read/test_engine.py::test_no_task_reads_more_than_the_cap": ("processes",),

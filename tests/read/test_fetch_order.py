@@ -104,7 +104,7 @@ def _records(order: random.Random) -> tuple[object, ...]:
         order.shuffle(shuffled)
         con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(shuffled[0]))})", shuffled)
     duckdb_sql.finish_model(con)
-    model_fetch.fill_compute(con, [3])
+    model_fetch.fill_compute(con, [3], model_fetch.model_vocab(con))
     r = model_fetch.session_records(con, [0])[0]
     return (list(r.step_seq), list(r.step_number), list(r.sync_t), list(r.sync_step), r.sync_how,
             r.span_category, list(r.span_step), r.device, r.clock, r.events)

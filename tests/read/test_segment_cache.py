@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from goodtrace.analysis import analyze
-from goodtrace.read import segment_cache
+from goodtrace.read import load, segment_cache
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
 from goodtrace.read.load import compact_run, load_run
@@ -63,6 +63,9 @@ def _chunks(run: Path) -> list[Path]:
 @pytest.fixture(autouse=True)
 def _cache_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_SEGMENT_CACHE, "1")
+    # every session's long columns kept (not only those of 10,000 executions or more): each
+    # test here holds reports that use them to the cold one
+    monkeypatch.setattr(load, "KEEP_MIN_STEPS", 0)
 
 
 def test_a_growing_run_reads_only_its_new_segments_and_reports_as_a_cold_read(tmp_path: Path) -> None:
@@ -139,7 +142,8 @@ def _finished_run(many_ranks: Path, tmp_path: Path) -> tuple[Path, str]:
 def test_a_damaged_chunk_is_ignored_once_and_rebuilt(many_ranks: Path, tmp_path: Path) -> None:
     run, cold = _finished_run(many_ranks, tmp_path)
     [index] = [p for p in _chunks(run) if json.loads(p.read_text())["kind"] == "model"]
-    table = run / COMPACT_DIR / CACHE_DIR / json.loads(index.read_text())["tables"]["seg_steps"]
+    # the summaries: read whatever is kept beside the chunk (a session's long columns are not)
+    table = run / COMPACT_DIR / CACHE_DIR / json.loads(index.read_text())["tables"]["seg_summ"]
     table.write_bytes(table.read_bytes()[:100])  # torn
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

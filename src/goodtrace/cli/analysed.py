@@ -93,7 +93,8 @@ def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any)
         # the analysis (keep_cuts: the HTML report, the trace): those cuts are made again when
         # read, one rank at a time, from the records kept
         release = not options.get("keep_cuts", True)
-        analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, release_records=release, **options)
+        with reading_errors("read", run_dir):  # the analysis fetches each session's columns as it goes
+            analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, release_records=release, **options)
     except AnalysisError as exc:
         raise CommandError(str(exc)) from None
     if caveat is not None:

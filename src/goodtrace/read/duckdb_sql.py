@@ -339,13 +339,13 @@ def finish_model(con: Any) -> None:
     for table, segment in (("summ", "seg_summ"), ("m_syncs", "seg_syncs"), ("m_spans", "seg_spans"),
                            ("m_device", "seg_device"), ("m_clock", "seg_clock"), ("m_events", "seg_events"),
                            ("m_model", "seg_model")):
-        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * EXCLUDE (fid) FROM {segment}")
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {segment}")
     # Executions: the recorder numbers them (seq); older files are numbered by entry order.
     if con.execute("SELECT count(*) = count(seq) FROM seg_steps").fetchone()[0]:
-        con.execute("CREATE OR REPLACE VIEW m_steps AS SELECT * EXCLUDE (fid) FROM seg_steps")
+        con.execute("CREATE OR REPLACE VIEW m_steps AS SELECT * FROM seg_steps")
     else:
         con.execute(
-            "CREATE OR REPLACE TABLE m_steps AS SELECT sid, "
+            "CREATE OR REPLACE TABLE m_steps AS SELECT sid, fid, "
             "coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0, t1, step) - 1) AS seq, step, t0, t1 FROM seg_steps"
         )
         con.execute("DROP TABLE seg_steps")

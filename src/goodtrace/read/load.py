@@ -33,8 +33,10 @@ from goodtrace.read.cache_keep import (
     store_closed,
     store_prefixes,
 )
-from goodtrace.read.chunk_files import FileIdentity
+from goodtrace.read.chunk_files import FileIdentity, identity_of
 from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
+from goodtrace.read.detail_columns import DetailColumns, load_kept, prune_kept
+from goodtrace.read.detail_columns import keep as keep_detail
 from goodtrace.read.discovery import (
     collect_sessions,
     count_lines,
@@ -62,6 +64,8 @@ from goodtrace.read.long_lines import shortened_copy
 from goodtrace.read.mirror import mirror_run
 from goodtrace.read.segment_cache import OPEN_KINDS, Hit, SegmentCache
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
+from goodtrace.read.session_columns import KeptChanged, KeptColumns, find_kept
+from goodtrace.read.session_columns import prune_kept as prune_columns
 from goodtrace.read.sessions import number_attempts
 from goodtrace.read.validate import describe_skipped
 from goodtrace.record.io.storage import is_url, local_path
@@ -167,16 +171,104 @@ class _Growing:
     folder: str
 
 
+_LONG = frozenset(("seg_steps", "seg_syncs", "seg_spans", "seg_compute"))  # the tables of session_columns.TABLES
+KEEP_MIN_STEPS = 10_000  # a session's columns are kept once its closed files hold this many executions
+
+
+def _kept_columns(
+    cache: SegmentCache, hits: dict[int, Hit], drafts: dict[str, Any], fid_of: dict[str, int],
+    identities: dict[str, FileIdentity],
+) -> KeptColumns | None:
+    """The sessions whose long columns are kept of files the cache holds as they are now: those
+    files' chunks are loaded without their long tables. Not where one of those chunks is
+    about to be merged into a new one (it must hold every table of its files)."""
+    if cache.folder is None:
+        return None
+    names = dict(enumerate(drafts))
+    kept = KeptColumns(cache.folder, duckdb_sql.RUN_MODEL_VERSION, names)
+    files_of = {sid: [(fid_of[p], identities[p]) for p in draft.files if p in identities]
+                for sid, draft in enumerate(drafts.values())}
+    merging = cache.merging("model")
+    for sid, found in find_kept(cache.folder, kept.version, names, files_of).items():
+        fids = found.fids.tolist()
+        if all(fid in hits and hits[fid].chunk not in merging for fid in fids):
+            kept.sessions[sid] = found
+    return kept
+
+
+def _closing_columns(
+    con: Any, kept: KeptColumns, root: str, drafts: dict[str, Any], sessions: Sequence[Any], fid_of: dict[str, int],
+    identities: dict[str, FileIdentity], closed: set[str], skips: FileSkips,
+) -> None:
+    """The sessions whose closed files not yet kept join their kept columns in this load
+    (``kept.closing``): of :data:`KEEP_MIN_STEPS` executions or more, numbered by the recorder,
+    the files as they were listed (a file that changed while it was read is read again)."""
+    unnumbered = {int(row[0]) for row in con.execute("SELECT DISTINCT sid FROM seg_steps WHERE seq IS NULL").fetchall()} \
+        if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'seg_steps'").fetchone()[0] else None
+    for sid, draft in enumerate(drafts.values()):
+        if unnumbered is None or sid in unnumbered or sessions[sid].step_count < KEEP_MIN_STEPS:
+            continue
+        mine = kept.sessions.get(sid)
+        covered = set(mine.fids.tolist()) if mine is not None else set()
+        closable = [p for p in draft.files if p in closed and p in identities
+                    and p not in skips.substitutes and "too_long" not in skips.by_file.get(p, {})
+                    and (fid_of[p] in covered or not os.path.exists(p)
+                         or identity_of(root, p, identities[p].main_tid) == identities[p])]
+        joining = [fid_of[p] for p in closable if fid_of[p] not in covered]
+        if joining and covered <= {fid_of[p] for p in closable}:
+            kept.closing[sid] = (joining, [identities[p] for p in closable])
+
+
+@dataclasses.dataclass
+class _KeptDetail:
+    """The reference sessions' detail kept as columns (:mod:`goodtrace.read.detail_columns`):
+    per session, the columns kept of its closed files (``columns``; those files are not in the
+    ``det_*`` tables), the files whose rows join them this time (``closing``, by ``fid``) and
+    the files the new columns will be of (``files``)."""
+
+    folder: str | None = None
+    columns: dict[int, DetailColumns] = dataclasses.field(default_factory=dict)
+    closing: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    files: dict[int, list[FileIdentity]] = dataclasses.field(default_factory=dict)
+
+
+def _kept_detail(
+    cache: SegmentCache | None, references: Sequence[int], drafts: Sequence[Any], names: Sequence[str],
+    identities: dict[str, FileIdentity], closed: set[str],
+) -> tuple[_KeptDetail, dict[int, set[str]]]:
+    """The columns kept of each reference session's closed files, where every file they are of
+    is as it was (and closed); with the files they cover, per session."""
+    kept = _KeptDetail(cache.folder if cache is not None else None)
+    covered: dict[int, set[str]] = {}
+    if kept.folder is None:
+        return kept, covered
+    for sid in sorted(set(references)):
+        found = load_kept(kept.folder, names[sid], duckdb_sql.RUN_MODEL_VERSION)
+        if found is None:
+            continue
+        entries, columns = found
+        by_path = {identities[p].path: p for p in drafts[sid].files if p in identities}
+        paths = [by_path.get(str(entry.get("path"))) for entry in entries]
+        if (len(set(paths)) == len(paths) and all(p is not None and p in closed and identities[p].matches(entry)
+                                                  for p, entry in zip(paths, entries, strict=True))):
+            kept.columns[sid] = columns
+            covered[sid] = {p for p in paths if p is not None}
+    return kept, covered
+
+
 def _read_details(
     con: Any, root: str, cache: SegmentCache | None, references: Sequence[int], drafts: Sequence[Any], fid_of: dict[str, int],
     identities: dict[str, FileIdentity], closed: set[str], skips: FileSkips,
-    parquet_ok: dict[str, dict[str, Any]], path_of: dict[int, str], growing: _Growing,
-) -> None:
+    parquet_ok: dict[str, dict[str, Any]], path_of: dict[int, str], growing: _Growing, names: Sequence[str],
+) -> _KeptDetail:
     """The reference sessions' detail into the ``det_*`` tables: from the cache, or read from
     their files (JSON, or the compacted copy) and kept when closed; of a file still being
-    written, the prefix the cache holds and the bytes the fold read after it."""
+    written, the prefix the cache holds and the bytes the fold read after it. The files whose
+    detail is kept as columns (:func:`_kept_detail`) are left out; returns what to combine."""
     model_fetch.create_detail_tables(con)
-    wanted = {fid_of[p]: (sid, p) for sid in sorted(set(references)) for p in drafts[sid].files}
+    kept, covered = _kept_detail(cache, references, drafts, names, identities, closed)
+    wanted = {fid_of[p]: (sid, p) for sid in sorted(set(references)) for p in drafts[sid].files
+              if p not in covered.get(sid, ())}
     hits: dict[int, Hit] = {}
     open_hits: dict[int, Hit] = {}
     kind = OPEN_KINDS["detail"]
@@ -219,6 +311,17 @@ def _read_details(
         store_prefixes(cache, con, kind, model_fetch.DETAIL_NAMES,
                         {p: end for fid, (_, p) in wanted.items() if fid not in hits and (end := growing.ends.get(p))},
                         open_hits, closed, identities, fid_of)
+    if kept.folder is not None:  # the closed files not yet in the kept columns join them
+        for sid in sorted(set(references)):
+            closable = [p for p in drafts[sid].files if p in closed and p in identities
+                        and p not in skips.substitutes and "too_long" not in skips.by_file.get(p, {})
+                        and (p in covered.get(sid, ()) or not os.path.exists(p)
+                             or identity_of(root, p, identities[p].main_tid) == identities[p])]
+            joining = [fid_of[p] for p in closable if p not in covered.get(sid, ())]
+            if joining:
+                kept.closing[sid] = joining
+                kept.files[sid] = [identities[p] for p in closable]
+    return kept
 
 
 def load_run(
@@ -246,8 +349,12 @@ def load_run(
 
     listed: dict[str, tuple[int, int]] = {}  # the JSON segments as the first try found them
     try:
-        return _load_run(run_dir, progress=progress, use_compact=use_compact, engine=engine or Engine(),
-                         listed=listed, use_cache=use_cache)
+        try:
+            return _load_run(run_dir, progress=progress, use_compact=use_compact, engine=engine or Engine(),
+                             listed=listed, use_cache=use_cache)
+        except KeptChanged:  # another report replaced a session's kept columns while this one read: without them
+            return _load_run(run_dir, progress=progress, use_compact=use_compact, engine=engine or Engine(),
+                             listed=listed, use_cache=use_cache, keep_columns=False)
     except duckdb.Error as exc:
         changed: list[str] = []
         _warn_changed(listed, _identities(list(listed)), changed)
@@ -274,6 +381,7 @@ def _load_run(
     engine: Engine,
     listed: dict[str, tuple[int, int]] | None = None,
     use_cache: bool = True,
+    keep_columns: bool = True,
 ) -> LoadedRun:
     path = os.fspath(run_dir)
     warnings: list[str] = []
@@ -373,10 +481,24 @@ def _load_run(
             con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_connection.sql_str(parquet)})")
         # Closed segments the cache holds as they are now are not read again
         hits: dict[int, Hit] = {}
+        kept: KeptColumns | None = None
         if cache is not None:
             hits = cache.find("model", {fid_of[p]: ident for p, ident in identities.items()})
-            # every table but the span starts, of which only a sample is kept (below)
-            for fid in cache.load(con, "model", hits, sid_of_fid, tables=_STARTS.__ne__):
+            kept = _kept_columns(cache, hits, drafts, fid_of, identities) if keep_columns else None
+            covered = kept.covered() if kept is not None else set()
+            # every table but the span starts, of which only a sample is kept (below); of the
+            # files whose long columns are kept, only the small tables
+            failed = cache.load(con, "model", {fid: hit for fid, hit in hits.items() if fid not in covered},
+                                sid_of_fid, tables=_STARTS.__ne__)
+            failed |= cache.load(con, "model", {fid: hit for fid, hit in hits.items() if fid in covered},
+                                 sid_of_fid, tables=lambda t: t != _STARTS and t not in _LONG)
+            if kept is not None and failed & covered:  # those sessions' long tables from the cache after all
+                for sid in {sid_of_fid[fid] for fid in failed & covered}:
+                    lost = kept.sessions.pop(sid)
+                    failed |= cache.load(con, "model", {fid: hits[fid] for fid in lost.fids.tolist() if fid not in failed},
+                                         sid_of_fid, tables=_LONG.__contains__)
+                duckdb_sql.delete_files(con, failed)  # whatever was loaded of them: they are read again whole
+            for fid in failed:
                 del hits[fid]
         path_of = {fid: p for p, fid in fid_of.items()}
         for fid, hit in hits.items():
@@ -475,20 +597,31 @@ def _load_run(
         record_count = sum(int(s.get("records") or 0) for s in summaries.values())
         attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
         references = reference_sessions(sessions, attempts)
-        _read_details(con, root, cache, references, list(drafts.values()), fid_of, identities, closed, skips, parquet_ok,
-                      path_of, _Growing(ranges, ends, os.path.join(tmpdir, "detail")))
+        detail = _read_details(con, root, cache, references, list(drafts.values()), fid_of, identities, closed, skips,
+                               parquet_ok, path_of, _Growing(ranges, ends, os.path.join(tmpdir, "detail")), list(drafts))
         # DuckDB's memory cut before the reference timelines are fetched and ordered in numpy
         duckdb_connection.settle(con)
-        timelines = model_fetch.load_timelines(con, references)
+        folder, names = detail.folder, list(drafts)
+        timelines = model_fetch.load_timelines(
+            con, references, detail.columns, detail.closing,
+            None if folder is None else lambda sid, columns: keep_detail(
+                folder, names[sid], duckdb_sql.RUN_MODEL_VERSION, detail.files[sid], columns))
+        if folder is not None:
+            prune_kept(folder, drafts)
         models = model_fetch.model_events(con)
         for sid, timeline in timelines.items():
             timeline.model = models.get(sid, {})
-        model_fetch.fill_compute(con, [s.step_count for s in sessions])  # within the settled memory
+        if kept is not None:
+            _closing_columns(con, kept, root, drafts, sessions, fid_of, identities, closed, skips)
+        vocab = model_fetch.model_vocab(con, kept)
+        model_fetch.fill_compute(con, [s.step_count for s in sessions], vocab, kept)  # within the settled memory
+        if kept is not None:
+            prune_columns(kept.folder, drafts)
         hangs = hang_events_in(con)
         # the analysis fetches each session's columns when it cuts it (a block at a time)
         records = model_fetch.SessionRecordsSource(
             con, len(sessions), [s.step_count for s in sessions],
-            lambda: shutil.rmtree(tmpdir, ignore_errors=True))
+            lambda: shutil.rmtree(tmpdir, ignore_errors=True), vocab, kept)
     except BaseException:
         if con is not None:
             con.close()

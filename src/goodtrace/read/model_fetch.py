@@ -9,10 +9,11 @@ from __future__ import annotations
 import bisect
 import weakref
 from array import array
-from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.read.detail_columns import DetailColumns, combine, fetch_detail, take, vocabulary
 from goodtrace.read.duckdb_connection import execute_all, insert_rows, release_buffers
 from goodtrace.read.duckdb_sql import (
     MAX_EVENT_ATTRS,
@@ -20,8 +21,18 @@ from goodtrace.read.duckdb_sql import (
     create_records_table,
     read_json_sql,
 )
-from goodtrace.read.fetch_order import by_session, order_of, per_session
+from goodtrace.read.fetch_order import by_session
 from goodtrace.read.loaded import NO_TIME, EventColumns, EventRecord, SessionRecords, SessionTimeline
+from goodtrace.read.session_columns import (
+    ORDER,
+    TABLES,
+    KeptColumns,
+    KeptSession,
+    dtype_of,
+    merge,
+    read_kept,
+    write_kept,
+)
 from goodtrace.read.validate import json_object
 
 
@@ -64,14 +75,15 @@ def _ints(values: Any) -> array[int]:
 SESSION_BATCH = 1024  # sessions whose model rows are fetched together (bounds the columns in flight)
 
 
-def _vocab(con: Any, table: str, column: str, into: str | None = None) -> Any:
+def _vocab(con: Any, table: str, column: str, into: str | None = None, extra: Iterable[str] = ()) -> Any:
     """The distinct strings of a low-cardinality ``column`` (categories, how a sync was taken,
-    span names) as one shared Python object each, numbered in table ``vocab_<column>`` in their
-    sorted order: queries join it and hand out codes, millions of integers instead of millions
-    of strings, and order by a code where they would order by the string."""
+    span names), and ``extra`` ones (those of the kept columns), as one shared Python object
+    each, numbered in table ``vocab_<column>`` in their sorted order: queries join it and hand
+    out codes, millions of integers instead of millions of strings, and order by a code where
+    they would order by the string."""
     import numpy as np
 
-    found = [row[0] for row in con.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall()]
+    found = {row[0] for row in con.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall()} | set(extra)
     values = sorted(found, key=lambda v: (v is not None, "" if v is None else str(v)))  # sorted here: a few values
     vocab = np.empty(len(values), dtype=object)
     vocab[:] = [_interned(v) for v in values]
@@ -94,7 +106,8 @@ class SessionRecordsSource(MutableMapping[int, SessionRecords]):
     once cut) replace the fetched ones. It owns the DuckDB connection (and the directory of
     its database file) until :meth:`close`."""
 
-    def __init__(self, con: Any, count: int, rows: Sequence[int], cleanup: Callable[[], None]) -> None:
+    def __init__(self, con: Any, count: int, rows: Sequence[int], cleanup: Callable[[], None],
+                 vocab: tuple[Any, Any, Any], kept: KeptColumns | None = None) -> None:
         self._con: Any = con
         self._count = count
         self._cleanup = cleanup
@@ -102,7 +115,8 @@ class SessionRecordsSource(MutableMapping[int, SessionRecords]):
         self._set: dict[int, SessionRecords] = {}
         self._block: dict[int, SessionRecords] = {}
         self._fetched = -1  # the last block fetched whole
-        self._vocab: tuple[Any, Any, Any] | None = None
+        self._vocab = vocab
+        self._kept = kept
         self._starts = session_blocks(count, rows)
 
     def __getitem__(self, sid: int) -> SessionRecords:
@@ -120,10 +134,7 @@ class SessionRecordsSource(MutableMapping[int, SessionRecords]):
             lo, hi = (sid, sid + 1) if k <= self._fetched else (self._starts[k], hi)
             self._fetched = max(self._fetched, k)
             self._block = {}  # the previous block's columns go first
-            if self._vocab is None:
-                self._vocab = _vocab(self._con, "m_syncs", "how"), _vocab(self._con, "m_spans", "cat"), \
-                    _vocab(self._con, "m_starts", "name")
-            self._block = _fetch_records(self._con, range(lo, hi), self._vocab)
+            self._block = _fetch_records(self._con, range(lo, hi), self._vocab, self._kept)
             release_buffers(self._con)
         return self._block[sid]
 
@@ -164,11 +175,21 @@ def session_blocks(count: int, rows: Sequence[int]) -> list[int]:
     return starts
 
 
-def fill_compute(con: Any, rows: Sequence[int]) -> None:
+def model_vocab(con: Any, kept: KeptColumns | None = None) -> tuple[Any, Any, Any]:
+    """The codes of how a sync was taken, of span categories and of span names (with the values
+    of the kept columns), numbered in DuckDB's ``vocab_*`` tables for the fetch to join."""
+    return (_vocab(con, "m_syncs", "how", extra=kept.vocab("how") if kept else ()),
+            _vocab(con, "m_spans", "cat", extra=kept.vocab("cat") if kept else ()),
+            _vocab(con, "m_starts", "name"))
+
+
+def fill_compute(con: Any, rows: Sequence[int], vocab: tuple[Any, Any, Any], kept: KeptColumns | None = None) -> None:
     """Table ``m_compute`` (sid, seq, ns): each session's outermost compute per execution
     (:func:`outermost_compute`), from its compute spans (``seg_compute``, dropped after) and
     its executions, a block of sessions at a time (:func:`session_blocks`; ``rows``: each
-    session's executions), before the analysis holds anything."""
+    session's executions), before the analysis holds anything. With ``kept``: each session's
+    kept columns joined to its rows in DuckDB, and those of its files closed since written
+    into the new kept file (``kept.closing``: :func:`_keep_closing`)."""
     import numpy as np
 
     con.execute("CREATE OR REPLACE TABLE m_compute (sid INTEGER, seq BIGINT, ns BIGINT)")
@@ -176,25 +197,119 @@ def fill_compute(con: Any, rows: Sequence[int]) -> None:
     for k, lo in enumerate(starts):
         hi = starts[k + 1] - 1 if k + 1 < len(starts) else len(rows) - 1
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
-        executions = dict(by_session(con, f"SELECT sid, seq, step, t0 FROM m_steps WHERE {where}", ("sid", "seq", "t0")))
+        if kept is not None:
+            _keep_closing(con, kept, [sid for sid in sorted(kept.closing) if lo <= sid <= hi], vocab)
+        tables = _block_tables(con, where, ("steps", "compute"), range(lo, hi + 1), vocab, kept)
         sids, seqs, totals = [], [], []
-        for sid, c in by_session(con, f"SELECT sid, t0, t1, step FROM seg_compute WHERE {where}",
-                                     ("sid", "t0", "-t1", "step")):
-            e = executions.pop(sid, None)
-            if e is None:
+        for sid in range(lo, hi + 1):
+            mine = tables.pop(sid, None)
+            if mine is None:
                 continue
-            seq, ns = outermost_compute(c["t0"], c["t1"], c["step"], e["seq"], e["step"], e["t0"])
-            del e
+            e, c = mine["steps"], mine["compute"]
+            if not len(c["t0"]):
+                continue
+            seq, ns = outermost_compute(c["t0"], c["t1"], np.ma.MaskedArray(c["step"], mask=c["nostep"]),
+                                        e["seq"], e["step"], e["t0"])
+            del mine, e, c
             sids.append(np.full(len(seq), sid, dtype=np.int32))
             seqs.append(seq)
             totals.append(ns)
-        del executions
+        del tables
         if sids:  # the block's rows in one insert (a wide run has thousands of short sessions)
             con.register("compute_part", {"sid": np.concatenate(sids), "seq": np.concatenate(seqs),
                                           "ns": np.concatenate(totals)})
             con.execute("INSERT INTO m_compute SELECT sid, seq, ns FROM compute_part")
             con.unregister("compute_part")
     con.execute("DROP TABLE seg_compute")
+
+
+_BLOCK_SQL = {
+    "steps": "SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where}",
+    "syncs": "SELECT t.sid, t.seq, t.step, t.t, t.after, v.code AS how FROM m_syncs t JOIN vocab_how v "
+             "ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where}",
+    "spans": "SELECT t.sid, v.code AS cat, t.t0, t.t1, t.step FROM m_spans t JOIN vocab_cat v "
+             "ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where}",
+    "compute": "SELECT sid, t0, t1, step FROM seg_compute WHERE {where}",
+}
+
+
+def _block_tables(
+    con: Any, where: str, tables: Sequence[str], sids: Iterable[int], vocab: tuple[Any, Any, Any],
+    kept: KeptColumns | None,
+) -> dict[int, dict[str, dict[str, Any]]]:
+    """Per session of ``sids`` (those of ``where``) with rows, the long ``tables`` (of
+    :data:`~goodtrace.read.session_columns.TABLES`) as plain columns in their order (NULL as
+    NO_TIME; a compute span's missing step in ``nostep``): the session's kept columns, then the
+    rows DuckDB holds of its other files."""
+    import numpy as np
+
+    wanted = list(sids)
+    out: dict[int, dict[str, dict[str, Any]]] = {sid: {} for sid in wanted}
+    codes = {"how": [str(v) for v in vocab[0].tolist()], "cat": [str(v) for v in vocab[1].tolist()]}
+    covered = sorted({fid for sid in wanted if kept is not None and (mine := kept.sessions.get(sid)) is not None
+                      for fid in mine.fids.tolist()})
+    if covered:  # the rows of the files kept columns are of (DuckDB holds them in the load that keeps them)
+        where = f"{where} AND fid NOT IN ({', '.join(str(fid) for fid in covered)})"
+    for table in tables:
+        columns = TABLES[table]
+        # the fetch's order: a compute span's step NULL last, as ``nostep`` then ``step`` order
+        order = ["sid", *(spec for spec in ORDER[table] if spec != "nostep")]
+        for sid, c in by_session(con, _BLOCK_SQL[table].format(where=where), order):
+            if sid not in out:
+                continue
+            cols = {}
+            for column in columns:
+                if column == "nostep":
+                    cols[column] = np.ma.getmaskarray(c["step"])
+                    continue
+                values = c[column]
+                if isinstance(values, np.ma.MaskedArray):
+                    values = values.filled(0 if table == "compute" else NO_TIME)
+                cols[column] = np.asarray(values, dtype=dtype_of(column))
+            out[sid][table] = cols
+        for sid in wanted:
+            if table not in out[sid]:
+                out[sid][table] = {column: np.zeros(0, dtype=dtype_of(column)) for column in columns}
+    if kept is not None:
+        for sid in wanted:
+            mine = kept.sessions.get(sid)
+            if mine is None:
+                continue
+            for table in tables:  # a table at a time: its kept columns and their join, not every table's
+                held = read_kept(mine, {table: TABLES[table]}, codes)[table]
+                out[sid][table] = merge(table, held, out[sid][table])
+                del held
+    return {sid: mine_ for sid, mine_ in out.items() if any(len(cols[TABLES[t][0]]) for t, cols in mine_.items())}
+
+
+def _keep_closing(con: Any, kept: KeptColumns, sids: Sequence[int], vocab: tuple[Any, Any, Any]) -> None:
+    """For each of ``sids`` (sessions in ``kept.closing``): its kept columns with the rows of
+    its files closed since, written as its new kept file, which the rest of the load uses. A
+    session and a table at a time: its rows of those files fetched, joined to its kept ones,
+    written, released."""
+    import numpy as np
+
+    codes = {"how": [str(v) for v in vocab[0].tolist()], "cat": [str(v) for v in vocab[1].tolist()]}
+    for sid in sids:
+        joining, files = kept.closing.pop(sid)
+        ending = np.array(sorted(joining), dtype=np.int64)
+        previous = kept.sessions.get(sid)
+        where = f"sid = {int(sid)} AND fid IN ({', '.join(str(f) for f in ending.tolist())})"
+
+        def tables(sid: int = sid, where: str = where, previous: KeptSession | None = previous) -> Iterator[tuple[str, Any]]:
+            for table in TABLES:
+                closing = _block_tables(con, where, (table,), [sid], vocab, None).get(sid, {}).get(table)
+                if closing is None:
+                    closing = {column: np.zeros(0, dtype=dtype_of(column)) for column in TABLES[table]}
+                held = read_kept(previous, {table: TABLES[table]}, codes)[table] if previous is not None else None
+                yield table, merge(table, held, closing)
+
+        path = write_kept(kept.folder, kept.names[sid], kept.version, files, codes, tables())
+        if path is None:
+            continue
+        covered = ending if previous is None else np.union1d(previous.fids, ending)
+        kept.sessions[sid] = KeptSession(path, [f.entry() for f in files], covered,
+                                         {k: tuple(v) for k, v in codes.items()})
 
 
 def _close_connection(con: Any, cleanup: Callable[[], None]) -> None:
@@ -208,32 +323,33 @@ BLOCK_ROWS = 500_000  # step executions whose columns are fetched together (a lo
 def session_records(con: Any, sids: Iterable[int]) -> dict[int, SessionRecords]:
     """Every session's :class:`SessionRecords`, as compact columns, fetched for
     :data:`SESSION_BATCH` sessions at a time."""
-    vocab = _vocab(con, "m_syncs", "how"), _vocab(con, "m_spans", "cat"), _vocab(con, "m_starts", "name")
-    return _fetch_records(con, sids, vocab)
+    return _fetch_records(con, sids, model_vocab(con))
 
 
-def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any]) -> dict[int, SessionRecords]:
+def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any],
+                   kept: KeptColumns | None = None) -> dict[int, SessionRecords]:
     out = {sid: SessionRecords() for sid in sids}
     how, cat, name = vocab
     for lo, hi in _sid_ranges(sorted(out), SESSION_BATCH):
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
-        for sid, c in by_session(con, f"SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where}", ("sid", "seq", "t0")):
-            r = out[sid]
-            r.step_seq, r.step_number, r.step_t0, r.step_t1 = _ints(c["seq"]), _ints(c["step"]), _ints(c["t0"]), _ints(c["t1"])
-        for sid, c in by_session(
-            con, f"SELECT t.sid, t.seq, t.step, t.t, t.after, v.code AS how FROM m_syncs t JOIN vocab_how v "
-                 f"ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where}", ("sid", "t", "seq", "step")
-        ):
-            r = out[sid]
-            r.sync_seq, r.sync_step, r.sync_t, r.sync_after = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"]), _ints(c["after"])
-            r.sync_how = how[c["how"]].tolist()
-        for sid, c in by_session(
-            con, f"SELECT t.sid, v.code AS cat, t.t0, t.t1, t.step FROM m_spans t JOIN vocab_cat v "
-                 f"ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where}", ("sid", "t0", "-t1", "cat")
-        ):
-            r = out[sid]
-            r.span_category = cat[c["cat"]].tolist()
-            r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
+        for table in ("steps", "syncs", "spans"):  # a table at a time: its columns, then their compact copies
+            tables = _block_tables(con, where, (table,), range(lo, hi + 1), vocab, kept)
+            for sid in range(lo, hi + 1):
+                mine = tables.pop(sid, None)
+                if mine is None or sid not in out:
+                    continue
+                r, c = out[sid], mine[table]
+                if table == "steps":
+                    r.step_seq, r.step_number = _ints(c["seq"]), _ints(c["step"])
+                    r.step_t0, r.step_t1 = _ints(c["t0"]), _ints(c["t1"])
+                elif table == "syncs":
+                    r.sync_seq, r.sync_step, r.sync_t = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"])
+                    r.sync_after, r.sync_how = _ints(c["after"]), how[c["how"]].tolist()
+                else:
+                    r.span_category = cat[c["cat"]].tolist()
+                    r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
+                del mine, c
+            del tables
         for sid, c in by_session(con, f"SELECT sid, seq, ns FROM m_compute WHERE {where}", ("sid", "seq")):
             out[sid].compute_seq, out[sid].compute_ns = _ints(c["seq"]), _ints(c["ns"])
         for sid, c in by_session(
@@ -413,89 +529,74 @@ def extract_details(con: Any, json_rows: Sequence[tuple[str, int, int]], parquet
     con.execute("DROP TABLE records_none")
 
 
-def load_timelines(con: Any, sids: Iterable[int]) -> dict[int, SessionTimeline]:
+def load_timelines(
+    con: Any, sids: Iterable[int], kept: MutableMapping[int, DetailColumns] | None = None,
+    closing: Mapping[int, Iterable[int]] | None = None, keep: Callable[[int, DetailColumns], None] | None = None,
+) -> dict[int, SessionTimeline]:
     """What the step table needs of the wanted sessions, per step and as columns (see
-    :class:`SessionTimeline`), from the ``det_*`` tables (every file of each wanted session
-    extracted or read from the cache)."""
-    wanted = sorted(set(sids))
-    timelines = {sid: SessionTimeline() for sid in wanted}
-    if not wanted:
-        return timelines
-
+    :class:`SessionTimeline`), from the ``det_*`` tables and, per session, the columns kept of
+    files not in them (``kept``, taken from it as used; :mod:`goodtrace.read.detail_columns`),
+    combined in one place (:func:`~goodtrace.read.detail_columns.combine`). ``closing``: per
+    session, the files (their ``fid``) whose rows join what is kept; ``keep`` is handed those
+    new columns. A session at a time, each part released as soon as it is combined."""
     import numpy as np
 
-    by_sid: dict[int, list[Any]] = {}
-    for row in con.execute("SELECT sid, name, t, step, attrs FROM det_events ORDER BY sid, t, name, step, attrs").fetchall():
-        by_sid.setdefault(row[0], []).append(row[1:])
-    flops: dict[int, list[float]] = {}
-    for sid, value in con.execute("SELECT sid, value FROM det_flops ORDER BY sid, t, value").fetchall():
-        flops.setdefault(int(sid), []).append(float(value))
-    names = _vocab(con, "(SELECT name FROM det_tags UNION ALL SELECT name FROM det_metrics "
-                        "UNION ALL SELECT name FROM det_spans)", "name", into="vocab_detail")
-    vocabulary = tuple(names.tolist())
+    wanted = sorted(set(sids))
+    kept = kept if kept is not None else {}
+    closing = closing or {}
+    fetched = fetch_detail(con, wanted)
+    names = vocabulary([columns for columns, _ in fetched.values()] + [kept[sid] for sid in wanted if sid in kept])
+    timelines: dict[int, SessionTimeline] = {}
+    for sid in wanted:
+        rows, fids = fetched.pop(sid)
+        parts = [kept.pop(sid)] if sid in kept else []
+        if sid in closing and keep is not None:
+            ending = np.array(sorted(set(closing[sid])), dtype=np.int64)
+            joining = {table: np.isin(fid, ending) for table, fid in fids.items()}
+            parts.append(take(rows, joining))
+            rest = take(rows, {table: ~mask for table, mask in joining.items()})
+            del rows, fids, joining
+            columns = combine(parts, names, consume=True)
+            keep(sid, columns)
+            parts = [columns, rest]
+            del columns, rest
+        else:
+            parts.append(rows)
+            del rows, fids
+        timelines[sid] = _timeline(combine(parts, names, consume=True))
+        del parts
+    return timelines
+
+
+def _timeline(detail: DetailColumns) -> SessionTimeline:
+    """A :class:`SessionTimeline` of a session's combined detail."""
+    import numpy as np
+
+    tl = SessionTimeline()
+    tl.names = detail.names
+    tags, metrics, spans = detail.tables.pop("tags"), detail.tables.pop("metrics"), detail.tables.pop("spans")
 
     def codes(values: Any) -> array[int]:
         return array("i", np.asarray(values, dtype=np.int32).tobytes())
 
-    for sid, c in by_session(
-        con, "SELECT d.sid, d.step, v.code AS name FROM det_tags d JOIN vocab_detail v ON d.name = v.name "
-             "ORDER BY d.sid, d.t, v.code"
-    ):
-        timelines[sid].tag_step, timelines[sid].tag_name = _ints(c["step"]), codes(c["name"])
-    for sid, c in by_session(
-        con, "SELECT d.sid, d.step, v.code AS name, d.value FROM det_metrics d JOIN vocab_detail v "
-             "ON d.name = v.name ORDER BY d.sid, d.t, v.code, d.value"
-    ):
-        tl = timelines[sid]
-        tl.metric_step, tl.metric_name = _ints(c["step"]), codes(c["name"])
-        tl.metric_value = array("d", np.asarray(c["value"], dtype=np.float64).tobytes())
-    for sid, c in per_session(_span_totals(con)):
-        tl = timelines[sid]
-        tl.span_step, tl.span_ns = _ints(c["step"]), _ints(c["ns"])
-        tl.span_name = codes(c["name"])
-        first = np.asarray(c["first"], dtype=np.int64)
-        order = np.lexsort((np.asarray(c["name"]), first))  # first appearance in time, then the name (codes sort as names)
-        tl.span_names = tuple(vocabulary[code] for code in dict.fromkeys(np.asarray(c["name"])[order].tolist()))
-    for sid, tl in timelines.items():
-        tl.names = vocabulary
-        tl.events = [EventRecord(n, t, s, _json_object(a) or None) for n, t, s, a in by_sid.get(sid, [])]
-        tl.flops = flops.get(sid, [])
-    return timelines
-
-
-def _span_totals(con: Any) -> dict[str, Any]:
-    """``det_spans`` summed per session, step and span name (a step's spans may lie in two
-    files): columns ``sid``, ``step``, ``name`` (its code in ``vocab_detail``), ``ns`` (the
-    sum), ``first`` (the earliest start), ordered by session, step and name. The rows are
-    fetched as they lie and grouped and ordered here: a reference rank of a million steps has
-    millions of rows (one per span name and step), which DuckDB's GROUP BY and ORDER BY took
-    5x as long to group and order (1 s of a 2-rank, 1 M-step report)."""
-    import duckdb
-    import numpy as np
-
-    c: dict[str, Any] = con.execute("SELECT d.sid, d.step, v.code AS name, d.ns, d.first FROM det_spans d "
-                                    "JOIN vocab_detail v ON d.name = v.name").fetchnumpy()
-    order = order_of(c["sid"], c["step"], c["name"])
-    for key in list(c):  # one column's two copies at a time
-        c[key] = np.asarray(c[key])[order]
-    del order
-    sid, step, name, ns = c["sid"], c["step"], c["name"], c["ns"]
-    if len(sid) < 2:
-        return c
-    new = np.ones(len(sid), dtype=bool)
-    new[1:] = (sid[1:] != sid[:-1]) | (step[1:] != step[:-1]) | (name[1:] != name[:-1])
-    if new.all():
-        return c
-    starts = np.flatnonzero(new)
-    del new
-    sizes = np.diff(starts, append=len(sid))
-    shared = sizes > 1  # the (session, step, name) rows of two files or more: summed
-    rows = np.flatnonzero(np.repeat(shared, sizes))
-    exact = np.add.reduceat(ns[rows].astype(np.float64), np.cumsum(sizes[shared]) - sizes[shared])
-    if float(exact.max()) >= 2.0**63:  # as DuckDB's cast of the sum would say
-        raise duckdb.ConversionException("a span time summed over a step is out of range for INT64")
-    return {"sid": sid[starts], "step": step[starts], "name": name[starts], "ns": np.add.reduceat(ns, starts),
-            "first": np.minimum.reduceat(c["first"], starts)}
+    tl.tag_step, tl.tag_name = _ints(tags["step"]), codes(tags["name"])
+    del tags
+    tl.metric_step, tl.metric_name = _ints(metrics["step"]), codes(metrics["name"])
+    tl.metric_value = array("d", np.asarray(metrics["value"], dtype=np.float64).tobytes())
+    del metrics
+    tl.span_step, tl.span_ns, tl.span_name = _ints(spans.pop("step")), _ints(spans.pop("ns")), codes(spans["name"])
+    # in order of first appearance in time, then of the name (codes sort as names): each name's
+    # earliest start, from a pass over the rows, not a sort of them (millions: a row per step)
+    first = np.full(len(detail.names), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, spans["name"], spans["first"])
+    present = np.flatnonzero(np.bincount(spans["name"], minlength=len(detail.names)))
+    tl.span_names = tuple(detail.names[code] for code in present[np.lexsort((present, first[present]))].tolist())
+    tl.flops = [float(v) for v in detail.tables["flops"]["value"].tolist()]
+    events = detail.tables["events"]
+    tl.events = [EventRecord(n, t, None if nostep else s, _json_object(a) or None) for t, s, nostep, n, a in zip(
+        events["t"].tolist(), events["step"].tolist(), events["nostep"].tolist(), events["name"].tolist(),
+        events["attrs"].tolist(), strict=True)]
+    return tl
 
 
 def _json_object(text: object) -> dict[str, Any]:
