@@ -127,7 +127,7 @@ def test_a_report_with_kept_detail_reads_only_the_other_files_and_is_the_cold_on
         loaded_hits.append(found is not None)
         return found
 
-    monkeypatch.setattr("goodtrace.read.load.load_kept", loading)
+    monkeypatch.setattr("goodtrace.read.cache_keep.load_kept", loading)
     assert _report(run, cache=True) == cold
     used = loaded_hits.count(True)  # the reference sessions with a closed file (a crashed one may have none)
     assert used >= 1

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from goodtrace.analysis import analyze
-from goodtrace.read import load, segment_cache
+from goodtrace.read import cache_keep, segment_cache
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
 from goodtrace.read.load import compact_run, load_run
@@ -65,7 +65,7 @@ def _cache_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_SEGMENT_CACHE, "1")
     # every session's long columns kept (not only those of 10,000 executions or more): each
     # test here holds reports that use them to the cold one
-    monkeypatch.setattr(load, "KEEP_MIN_STEPS", 0)
+    monkeypatch.setattr(cache_keep, "KEEP_MIN_STEPS", 0)
 
 
 def test_a_growing_run_reads_only_its_new_segments_and_reports_as_a_cold_read(tmp_path: Path) -> None:

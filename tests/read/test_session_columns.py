@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from goodtrace.analysis import analyze
-from goodtrace.read import duckdb_sql, load, session_columns
+from goodtrace.read import cache_keep, duckdb_sql, load, session_columns
 from goodtrace.read.chunk_files import FileIdentity
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
@@ -112,7 +112,7 @@ def test_a_kept_file_reads_back_its_codes_into_the_fetch_s_vocabulary(tmp_path: 
 @pytest.fixture
 def keep_every_session(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_SEGMENT_CACHE, "1")
-    monkeypatch.setattr(load, "KEEP_MIN_STEPS", 0)
+    monkeypatch.setattr(cache_keep, "KEEP_MIN_STEPS", 0)
 
 
 @pytest.mark.usefixtures("keep_every_session")
@@ -133,7 +133,7 @@ def test_reports_with_kept_columns_are_the_cold_one_and_a_replaced_file_reads_th
         used.append(len(found))
         return found
 
-    monkeypatch.setattr(load, "find_kept", finding)
+    monkeypatch.setattr(cache_keep, "find_kept", finding)
     assert _report(run, cache=True) == cold
     assert used[-1] == len(kept)
     assert _report(run, cache=True, workers=2) == cold
@@ -144,7 +144,7 @@ def test_reports_with_kept_columns_are_the_cold_one_and_a_replaced_file_reads_th
             found[sid] = KeptSession(mine.path, [*mine.files[:-1], dict(mine.files[-1], size=-1)], mine.fids, mine.vocab)
         return found
 
-    monkeypatch.setattr(load, "find_kept", replaced)
+    monkeypatch.setattr(cache_keep, "find_kept", replaced)
     tries: list[bool] = []
     real_load = load._load_run
 
@@ -155,7 +155,7 @@ def test_reports_with_kept_columns_are_the_cold_one_and_a_replaced_file_reads_th
     monkeypatch.setattr(load, "_load_run", counting)
     assert _report(run, cache=True) == cold
     assert tries == [True, False]
-    monkeypatch.setattr(load, "find_kept", finding)
+    monkeypatch.setattr(cache_keep, "find_kept", finding)
     # damaged: a warning each, the sessions read from the segment cache, and kept again
     for path in kept:
         path.write_bytes(b"goodtrace-columns\n" + b"\x00" * 8)

@@ -1,6 +1,7 @@
 """What the segment cache keeps of a load (:mod:`goodtrace.read.segment_cache` stores it):
 which files are closed and kept whole, which are still being written and how much of each is
-kept as a prefix (whole lines, a partial last line counted as torn), and each file's identity.
+kept as a prefix (whole lines, a partial last line counted as torn), and each file's identity;
+which sessions' columns kept beside the chunks a load uses, and which it keeps anew.
 :mod:`goodtrace.read.load` decides with these what to read and what to keep."""
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.read import duckdb_sql
 from goodtrace.read.chunk_files import FileIdentity, identity_from, identity_of, prefix_digest
 from goodtrace.read.compact import COMPACT_DIR
+from goodtrace.read.detail_columns import DetailColumns, load_kept
 from goodtrace.read.discovery import last_newline
 from goodtrace.read.file_skips import FileSkips
 from goodtrace.read.io_pool import io_map, stat_or_none
 from goodtrace.read.segment_cache import Hit, SegmentCache, open_cache, rank_chunks
+from goodtrace.read.session_columns import KeptColumns, find_kept
 from goodtrace.read.validate import MAX_LINE_BYTES
 
-__all__ = ["PREFIX_STEP_BYTES", "closed_files", "file_identities", "last_segments", "open_run_cache", "prefix_ends",
+__all__ = ["KEEP_MIN_STEPS", "LONG_TABLES", "PREFIX_STEP_BYTES", "KeptDetail", "closed_files", "closing_columns",
+           "file_identities", "kept_columns", "kept_detail", "last_segments", "open_run_cache", "prefix_ends",
            "store_closed", "store_prefixes"]
 
 # A file still being written is kept in the cache again (as a longer prefix) once this many
@@ -171,3 +176,88 @@ def store_closed(
                 continue
         keep[fid] = ident
     cache.store(con, kind, tables, keep, {fid: skips.by_file.get(path_of[fid], {}) for fid in keep}, replace=replace)
+
+
+LONG_TABLES = frozenset(("seg_steps", "seg_syncs", "seg_spans", "seg_compute"))  # the tables of session_columns.TABLES
+KEEP_MIN_STEPS = 10_000  # a session's columns are kept once its closed files hold this many executions
+
+
+def kept_columns(
+    cache: SegmentCache, hits: dict[int, Hit], drafts: dict[str, Any], fid_of: dict[str, int],
+    identities: dict[str, FileIdentity],
+) -> KeptColumns | None:
+    """The sessions whose long columns are kept of files the cache holds as they are now: those
+    files' chunks are loaded without their long tables. Not where one of those chunks is
+    about to be merged into a new one (it must hold every table of its files)."""
+    if cache.folder is None:
+        return None
+    names = dict(enumerate(drafts))
+    kept = KeptColumns(cache.folder, duckdb_sql.RUN_MODEL_VERSION, names)
+    files_of = {sid: [(fid_of[p], identities[p]) for p in draft.files if p in identities]
+                for sid, draft in enumerate(drafts.values())}
+    merging = cache.merging("model")
+    for sid, found in find_kept(cache.folder, kept.version, names, files_of).items():
+        fids = found.fids.tolist()
+        if all(fid in hits and hits[fid].chunk not in merging for fid in fids):
+            kept.sessions[sid] = found
+    return kept
+
+
+def closing_columns(
+    con: Any, kept: KeptColumns, root: str, drafts: dict[str, Any], sessions: Sequence[Any], fid_of: dict[str, int],
+    identities: dict[str, FileIdentity], closed: set[str], skips: FileSkips,
+) -> None:
+    """The sessions whose closed files not yet kept join their kept columns in this load
+    (``kept.closing``): of :data:`KEEP_MIN_STEPS` executions or more, numbered by the recorder,
+    the files as they were listed (a file that changed while it was read is read again)."""
+    unnumbered = {int(row[0]) for row in con.execute("SELECT DISTINCT sid FROM seg_steps WHERE seq IS NULL").fetchall()} \
+        if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'seg_steps'").fetchone()[0] else None
+    for sid, draft in enumerate(drafts.values()):
+        if unnumbered is None or sid in unnumbered or sessions[sid].step_count < KEEP_MIN_STEPS:
+            continue
+        mine = kept.sessions.get(sid)
+        covered = set(mine.fids.tolist()) if mine is not None else set()
+        closable = [p for p in draft.files if p in closed and p in identities
+                    and p not in skips.substitutes and "too_long" not in skips.by_file.get(p, {})
+                    and (fid_of[p] in covered or not os.path.exists(p)
+                         or identity_of(root, p, identities[p].main_tid) == identities[p])]
+        joining = [fid_of[p] for p in closable if fid_of[p] not in covered]
+        if joining and covered <= {fid_of[p] for p in closable}:
+            kept.closing[sid] = (joining, [identities[p] for p in closable])
+
+
+@dataclasses.dataclass
+class KeptDetail:
+    """The reference sessions' detail kept as columns (:mod:`goodtrace.read.detail_columns`):
+    per session, the columns kept of its closed files (``columns``; those files are not in the
+    ``det_*`` tables), the files whose rows join them this time (``closing``, by ``fid``) and
+    the files the new columns will be of (``files``)."""
+
+    folder: str | None = None
+    columns: dict[int, DetailColumns] = dataclasses.field(default_factory=dict)
+    closing: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    files: dict[int, list[FileIdentity]] = dataclasses.field(default_factory=dict)
+
+
+def kept_detail(
+    cache: SegmentCache | None, references: Sequence[int], drafts: Sequence[Any], names: Sequence[str],
+    identities: dict[str, FileIdentity], closed: set[str],
+) -> tuple[KeptDetail, dict[int, set[str]]]:
+    """The columns kept of each reference session's closed files, where every file they are of
+    is as it was (and closed); with the files they cover, per session."""
+    kept = KeptDetail(cache.folder if cache is not None else None)
+    covered: dict[int, set[str]] = {}
+    if kept.folder is None:
+        return kept, covered
+    for sid in sorted(set(references)):
+        found = load_kept(kept.folder, names[sid], duckdb_sql.RUN_MODEL_VERSION)
+        if found is None:
+            continue
+        entries, columns = found
+        by_path = {identities[p].path: p for p in drafts[sid].files if p in identities}
+        paths = [by_path.get(str(entry.get("path"))) for entry in entries]
+        if (len(set(paths)) == len(paths) and all(p is not None and p in closed and identities[p].matches(entry)
+                                                  for p, entry in zip(paths, entries, strict=True))):
+            kept.columns[sid] = columns
+            covered[sid] = {p for p in paths if p is not None}
+    return kept, covered

@@ -11,6 +11,7 @@ bytes at its offset (aligned to 64 bytes)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -21,11 +22,18 @@ from typing import Any
 
 from goodtrace.read.chunk_files import on_network_filesystem
 
-__all__ = ["ColumnFileError", "read_arrays", "read_head", "remove_stale", "write"]
+__all__ = ["ColumnFileError", "prune", "read_arrays", "read_head", "session_path", "write"]
 
 MAGIC = b"goodtrace-columns\n"
 _ALIGN = 64
 PARTIAL = ".partial"
+SUFFIX = ".columns"
+GRACE_S = 900.0  # a kept file of no session of the run, or left aside, is removed this old
+
+
+def session_path(folder: str, prefix: str, session: str) -> str:
+    """Where the file ``prefix`` of ``session`` (its name hashed: any string) is kept in ``folder``."""
+    return os.path.join(folder, prefix + hashlib.sha256(session.encode()).hexdigest()[:20] + SUFFIX)
 
 
 class ColumnFileError(ValueError):
@@ -133,10 +141,11 @@ def read_arrays(path: str, head: dict[str, Any], names: Iterable[str]) -> dict[s
     return out
 
 
-def remove_stale(folder: str, prefix: str, keep: set[str], grace_s: float) -> None:
-    """Remove the files of ``folder`` named ``prefix``... that are not in ``keep``, and what a
-    writer left aside, once they are ``grace_s`` old (a report that began before may still
+def prune(folder: str, prefix: str, sessions: Iterable[str], grace_s: float = GRACE_S) -> None:
+    """Remove the files ``prefix`` of sessions the run no longer has (``sessions``: all it has),
+    and what a writer left aside, once ``grace_s`` old (a report that began before may still
     read them)."""
+    keep = {os.path.basename(session_path(folder, prefix, s)) for s in sessions}
     try:
         names = os.listdir(folder)
     except OSError:

@@ -16,15 +16,13 @@ re-report to the cold one, byte for byte)."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from goodtrace.read import column_file
 from goodtrace.read.chunk_files import FileIdentity
 from goodtrace.read.duckdb_connection import insert_rows
-from goodtrace.read.fetch_order import order_of
+from goodtrace.read.fetch_order import order_of, per_session
 from goodtrace.record.errors import warn
 
 __all__ = ["DetailColumns", "combine", "fetch_detail", "keep", "load_kept", "prune_kept", "vocabulary"]
@@ -41,9 +39,7 @@ _DTYPES = {"t": "int64", "step": "int64", "name": "int32", "value": "float64", "
            "nostep": "bool", "attrs": "object"}
 _OBJECTS = {("events", "name"), ("events", "attrs")}
 KEPT_FORMAT = 1
-_KEPT_PREFIX = "detail-"
-_KEPT_SUFFIX = ".columns"
-GRACE_S = 900.0  # a kept file of no session of the run, or left aside, is removed this old
+PREFIX = "detail-"
 
 
 def _dtype(table: str, column: str) -> Any:
@@ -244,34 +240,25 @@ def fetch_detail(con: Any, sids: Iterable[int]) -> dict[int, tuple[DetailColumns
 def _split(out: dict[int, tuple[DetailColumns, dict[str, Any]]], table: str, c: dict[str, Any]) -> None:
     import numpy as np
 
-    sid = c.pop("sid")
-    if not len(sid):
-        return
-    order = None if bool((sid == sid[0]).all()) else order_of(sid)  # stable: each session's rows as they lie
-    if order is not None:
-        sid = sid[order]
-    cuts = np.flatnonzero(np.diff(sid)) + 1
-    for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(sid)])).tolist(), strict=True):
-        if int(sid[lo]) not in out:
-            continue
-        columns, fids = out[int(sid[lo])]
-        rows = order[lo:hi] if order is not None else slice(lo, hi)  # one session's rows: as they are
-        fids[table] = c["fid"][rows]
-        columns.tables[table] = {column: np.asarray(c[column][rows], dtype=_dtype(table, column))
-                                 for column in TABLES[table]}
+    sid = c["sid"]
+    if len(sid) and not bool((sid == sid[0]).all()):  # stable: each session's rows as they lie
+        order = order_of(sid)
+        c = {column: values[order] for column, values in c.items()}
+    for sid_, rows in per_session(c):
+        if sid_ in out:
+            columns, fids = out[sid_]
+            fids[table] = rows["fid"]
+            columns.tables[table] = {column: np.asarray(rows[column], dtype=_dtype(table, column))
+                                     for column in TABLES[table]}
 
 
 # ------------------------------------------------------------------------------- kept columns
-def _kept_path(folder: str, session: str) -> str:
-    return os.path.join(folder, _KEPT_PREFIX + hashlib.sha256(session.encode()).hexdigest()[:20] + _KEPT_SUFFIX)
-
-
 def load_kept(folder: str, session: str, version: str) -> tuple[list[dict[str, Any]], DetailColumns] | None:
     """The columns kept for ``session`` and the identities of the files they are of; None when
     none are kept (or of another version); a damaged file is a warning, and ignored."""
     import numpy as np
 
-    path = _kept_path(folder, session)
+    path = column_file.session_path(folder, PREFIX, session)
     try:
         head = column_file.read_head(path)
         if head is None:
@@ -321,12 +308,11 @@ def keep(folder: str, session: str, version: str, files: Sequence[FileIdentity],
         "events": [[n, a] for n, a in zip(events["name"].tolist(), events["attrs"].tolist(), strict=True)],
     }
     try:
-        column_file.write(_kept_path(folder, session), head, [name for name, _ in arrays], arrays)
+        column_file.write(column_file.session_path(folder, PREFIX, session), head, [name for name, _ in arrays], arrays)
     except OSError as exc:
         warn(f"the step detail of session {session} cannot be kept in {folder} ({exc})")
 
 
-def prune_kept(folder: str, sessions: Iterable[str], grace_s: float = GRACE_S) -> None:
-    """Remove the kept columns of sessions the run no longer has (``sessions``: all it has), and
-    what a writer left aside, once ``grace_s`` old."""
-    column_file.remove_stale(folder, _KEPT_PREFIX, {os.path.basename(_kept_path(folder, s)) for s in sessions}, grace_s)
+def prune_kept(folder: str, sessions: Iterable[str], grace_s: float = column_file.GRACE_S) -> None:
+    """Remove the kept detail of sessions the run no longer has (:func:`column_file.prune`)."""
+    column_file.prune(folder, PREFIX, sessions, grace_s)

@@ -25,8 +25,13 @@ from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql, model_fetch
 from goodtrace.read.cache_keep import (
+    LONG_TABLES,
+    KeptDetail,
     closed_files,
+    closing_columns,
     file_identities,
+    kept_columns,
+    kept_detail,
     last_segments,
     open_run_cache,
     prefix_ends,
@@ -35,8 +40,8 @@ from goodtrace.read.cache_keep import (
 )
 from goodtrace.read.chunk_files import FileIdentity, identity_of
 from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
-from goodtrace.read.detail_columns import DetailColumns, load_kept, prune_kept
 from goodtrace.read.detail_columns import keep as keep_detail
+from goodtrace.read.detail_columns import prune_kept
 from goodtrace.read.discovery import (
     collect_sessions,
     count_lines,
@@ -64,7 +69,7 @@ from goodtrace.read.long_lines import shortened_copy
 from goodtrace.read.mirror import mirror_run
 from goodtrace.read.segment_cache import OPEN_KINDS, Hit, SegmentCache
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
-from goodtrace.read.session_columns import KeptChanged, KeptColumns, find_kept
+from goodtrace.read.session_columns import KeptChanged, KeptColumns
 from goodtrace.read.session_columns import prune_kept as prune_columns
 from goodtrace.read.sessions import number_attempts
 from goodtrace.read.validate import describe_skipped
@@ -171,102 +176,17 @@ class _Growing:
     folder: str
 
 
-_LONG = frozenset(("seg_steps", "seg_syncs", "seg_spans", "seg_compute"))  # the tables of session_columns.TABLES
-KEEP_MIN_STEPS = 10_000  # a session's columns are kept once its closed files hold this many executions
-
-
-def _kept_columns(
-    cache: SegmentCache, hits: dict[int, Hit], drafts: dict[str, Any], fid_of: dict[str, int],
-    identities: dict[str, FileIdentity],
-) -> KeptColumns | None:
-    """The sessions whose long columns are kept of files the cache holds as they are now: those
-    files' chunks are loaded without their long tables. Not where one of those chunks is
-    about to be merged into a new one (it must hold every table of its files)."""
-    if cache.folder is None:
-        return None
-    names = dict(enumerate(drafts))
-    kept = KeptColumns(cache.folder, duckdb_sql.RUN_MODEL_VERSION, names)
-    files_of = {sid: [(fid_of[p], identities[p]) for p in draft.files if p in identities]
-                for sid, draft in enumerate(drafts.values())}
-    merging = cache.merging("model")
-    for sid, found in find_kept(cache.folder, kept.version, names, files_of).items():
-        fids = found.fids.tolist()
-        if all(fid in hits and hits[fid].chunk not in merging for fid in fids):
-            kept.sessions[sid] = found
-    return kept
-
-
-def _closing_columns(
-    con: Any, kept: KeptColumns, root: str, drafts: dict[str, Any], sessions: Sequence[Any], fid_of: dict[str, int],
-    identities: dict[str, FileIdentity], closed: set[str], skips: FileSkips,
-) -> None:
-    """The sessions whose closed files not yet kept join their kept columns in this load
-    (``kept.closing``): of :data:`KEEP_MIN_STEPS` executions or more, numbered by the recorder,
-    the files as they were listed (a file that changed while it was read is read again)."""
-    unnumbered = {int(row[0]) for row in con.execute("SELECT DISTINCT sid FROM seg_steps WHERE seq IS NULL").fetchall()} \
-        if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'seg_steps'").fetchone()[0] else None
-    for sid, draft in enumerate(drafts.values()):
-        if unnumbered is None or sid in unnumbered or sessions[sid].step_count < KEEP_MIN_STEPS:
-            continue
-        mine = kept.sessions.get(sid)
-        covered = set(mine.fids.tolist()) if mine is not None else set()
-        closable = [p for p in draft.files if p in closed and p in identities
-                    and p not in skips.substitutes and "too_long" not in skips.by_file.get(p, {})
-                    and (fid_of[p] in covered or not os.path.exists(p)
-                         or identity_of(root, p, identities[p].main_tid) == identities[p])]
-        joining = [fid_of[p] for p in closable if fid_of[p] not in covered]
-        if joining and covered <= {fid_of[p] for p in closable}:
-            kept.closing[sid] = (joining, [identities[p] for p in closable])
-
-
-@dataclasses.dataclass
-class _KeptDetail:
-    """The reference sessions' detail kept as columns (:mod:`goodtrace.read.detail_columns`):
-    per session, the columns kept of its closed files (``columns``; those files are not in the
-    ``det_*`` tables), the files whose rows join them this time (``closing``, by ``fid``) and
-    the files the new columns will be of (``files``)."""
-
-    folder: str | None = None
-    columns: dict[int, DetailColumns] = dataclasses.field(default_factory=dict)
-    closing: dict[int, list[int]] = dataclasses.field(default_factory=dict)
-    files: dict[int, list[FileIdentity]] = dataclasses.field(default_factory=dict)
-
-
-def _kept_detail(
-    cache: SegmentCache | None, references: Sequence[int], drafts: Sequence[Any], names: Sequence[str],
-    identities: dict[str, FileIdentity], closed: set[str],
-) -> tuple[_KeptDetail, dict[int, set[str]]]:
-    """The columns kept of each reference session's closed files, where every file they are of
-    is as it was (and closed); with the files they cover, per session."""
-    kept = _KeptDetail(cache.folder if cache is not None else None)
-    covered: dict[int, set[str]] = {}
-    if kept.folder is None:
-        return kept, covered
-    for sid in sorted(set(references)):
-        found = load_kept(kept.folder, names[sid], duckdb_sql.RUN_MODEL_VERSION)
-        if found is None:
-            continue
-        entries, columns = found
-        by_path = {identities[p].path: p for p in drafts[sid].files if p in identities}
-        paths = [by_path.get(str(entry.get("path"))) for entry in entries]
-        if (len(set(paths)) == len(paths) and all(p is not None and p in closed and identities[p].matches(entry)
-                                                  for p, entry in zip(paths, entries, strict=True))):
-            kept.columns[sid] = columns
-            covered[sid] = {p for p in paths if p is not None}
-    return kept, covered
-
-
 def _read_details(
     con: Any, root: str, cache: SegmentCache | None, references: Sequence[int], drafts: Sequence[Any], fid_of: dict[str, int],
     identities: dict[str, FileIdentity], closed: set[str], skips: FileSkips,
     parquet_ok: dict[str, dict[str, Any]], path_of: dict[int, str], growing: _Growing, names: Sequence[str],
-) -> _KeptDetail:
+) -> KeptDetail:
     """The reference sessions' detail into the ``det_*`` tables: from the cache, or read from
     their files (JSON, or the compacted copy) and kept when closed; of a file still being
     written, the prefix the cache holds and the bytes the fold read after it. The files whose
-    detail is kept as columns (:func:`_kept_detail`) are left out; returns what to combine."""
+    detail is kept as columns (:func:`kept_detail`) are left out; returns what to combine."""
     model_fetch.create_detail_tables(con)
-    kept, covered = _kept_detail(cache, references, drafts, names, identities, closed)
+    kept, covered = kept_detail(cache, references, drafts, names, identities, closed)
     wanted = {fid_of[p]: (sid, p) for sid in sorted(set(references)) for p in drafts[sid].files
               if p not in covered.get(sid, ())}
     hits: dict[int, Hit] = {}
@@ -484,19 +404,19 @@ def _load_run(
         kept: KeptColumns | None = None
         if cache is not None:
             hits = cache.find("model", {fid_of[p]: ident for p, ident in identities.items()})
-            kept = _kept_columns(cache, hits, drafts, fid_of, identities) if keep_columns else None
+            kept = kept_columns(cache, hits, drafts, fid_of, identities) if keep_columns else None
             covered = kept.covered() if kept is not None else set()
             # every table but the span starts, of which only a sample is kept (below); of the
             # files whose long columns are kept, only the small tables
             failed = cache.load(con, "model", {fid: hit for fid, hit in hits.items() if fid not in covered},
                                 sid_of_fid, tables=_STARTS.__ne__)
             failed |= cache.load(con, "model", {fid: hit for fid, hit in hits.items() if fid in covered},
-                                 sid_of_fid, tables=lambda t: t != _STARTS and t not in _LONG)
+                                 sid_of_fid, tables=lambda t: t != _STARTS and t not in LONG_TABLES)
             if kept is not None and failed & covered:  # those sessions' long tables from the cache after all
                 for sid in {sid_of_fid[fid] for fid in failed & covered}:
                     lost = kept.sessions.pop(sid)
                     failed |= cache.load(con, "model", {fid: hits[fid] for fid in lost.fids.tolist() if fid not in failed},
-                                         sid_of_fid, tables=_LONG.__contains__)
+                                         sid_of_fid, tables=LONG_TABLES.__contains__)
                 duckdb_sql.delete_files(con, failed)  # whatever was loaded of them: they are read again whole
             for fid in failed:
                 del hits[fid]
@@ -612,7 +532,7 @@ def _load_run(
         for sid, timeline in timelines.items():
             timeline.model = models.get(sid, {})
         if kept is not None:
-            _closing_columns(con, kept, root, drafts, sessions, fid_of, identities, closed, skips)
+            closing_columns(con, kept, root, drafts, sessions, fid_of, identities, closed, skips)
         vocab = model_fetch.model_vocab(con, kept)
         model_fetch.fill_compute(con, [s.step_count for s in sessions], vocab, kept)  # within the settled memory
         if kept is not None:

@@ -20,8 +20,6 @@ read again); rows of the files a kept file covers are dropped from what DuckDB g
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -52,8 +50,6 @@ ORDER: dict[str, tuple[str, ...]] = {
 CODED = {"how": "syncs", "cat": "spans"}  # code column -> its table
 KEPT_FORMAT = 1
 PREFIX = "columns-"
-SUFFIX = ".columns"
-GRACE_S = 900.0  # a kept file of no session of the run, or left aside, is removed this old
 
 
 class KeptChanged(LoadError):
@@ -102,10 +98,6 @@ class KeptColumns:
         return {value for kept in self.sessions.values() for value in kept.vocab.get(column, ())}
 
 
-def _path(folder: str, session: str) -> str:
-    return os.path.join(folder, PREFIX + hashlib.sha256(session.encode()).hexdigest()[:20] + SUFFIX)
-
-
 def find_kept(
     folder: str, version: str, names: Mapping[int, str], files_of: Mapping[int, Sequence[tuple[int, FileIdentity]]],
 ) -> dict[int, KeptSession]:
@@ -116,7 +108,7 @@ def find_kept(
 
     found: dict[int, KeptSession] = {}
     for sid, session in names.items():
-        path = _path(folder, session)
+        path = column_file.session_path(folder, PREFIX, session)
         try:
             head = column_file.read_head(path)
             if head is None or head.get("format") != KEPT_FORMAT or head.get("version") != version \
@@ -214,7 +206,7 @@ def write_kept(folder: str, session: str, version: str, files: Sequence[FileIden
             for column in TABLES[table]:
                 yield f"{table}.{column}", columns[column]
 
-    path = _path(folder, session)
+    path = column_file.session_path(folder, PREFIX, session)
     try:
         column_file.write(path, head, names, arrays())
     except OSError as exc:
@@ -223,7 +215,6 @@ def write_kept(folder: str, session: str, version: str, files: Sequence[FileIden
     return path
 
 
-def prune_kept(folder: str, sessions: Iterable[str], grace_s: float = GRACE_S) -> None:
-    """Remove the kept files of sessions the run no longer has (``sessions``: all it has), and
-    what a writer left aside, once ``grace_s`` old."""
-    column_file.remove_stale(folder, PREFIX, {os.path.basename(_path(folder, s)) for s in sessions}, grace_s)
+def prune_kept(folder: str, sessions: Iterable[str], grace_s: float = column_file.GRACE_S) -> None:
+    """Remove the kept columns of sessions the run no longer has (:func:`column_file.prune`)."""
+    column_file.prune(folder, PREFIX, sessions, grace_s)
