@@ -210,10 +210,12 @@ def closing_columns(
     """The sessions whose closed files not yet kept join their kept columns in this load
     (``kept.closing``): of :data:`KEEP_MIN_STEPS` executions or more, numbered by the recorder,
     the files as they were listed (a file that changed while it was read is read again)."""
-    unnumbered = {int(row[0]) for row in con.execute("SELECT DISTINCT sid FROM seg_steps WHERE seq IS NULL").fetchall()} \
-        if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'seg_steps'").fetchone()[0] else None
+    # every execution numbered by the recorder: finish_model then keeps seg_steps as the view
+    # m_steps reads (else it numbers them into a table and drops it, and nothing is kept)
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'seg_steps'").fetchone()[0]:
+        return
     for sid, draft in enumerate(drafts.values()):
-        if unnumbered is None or sid in unnumbered or sessions[sid].step_count < KEEP_MIN_STEPS:
+        if sessions[sid].step_count < KEEP_MIN_STEPS:
             continue
         mine = kept.sessions.get(sid)
         covered = set(mine.fids.tolist()) if mine is not None else set()
