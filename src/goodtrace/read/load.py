@@ -72,6 +72,7 @@ from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.session_columns import KeptChanged, KeptColumns
 from goodtrace.read.session_columns import prune_kept as prune_columns
 from goodtrace.read.sessions import number_attempts
+from goodtrace.read.timelines import DETAIL_NAMES, create_detail_tables, extract_details, load_timelines
 from goodtrace.read.validate import describe_skipped
 from goodtrace.record.io.storage import is_url, local_path
 
@@ -185,7 +186,7 @@ def _read_details(
     their files (JSON, or the compacted copy) and kept when closed; of a file still being
     written, the prefix the cache holds and the bytes the fold read after it. The files whose
     detail is kept as columns (:func:`kept_detail`) are left out; returns what to combine."""
-    model_fetch.create_detail_tables(con)
+    create_detail_tables(con)
     kept, covered = kept_detail(cache, references, drafts, names, identities, closed)
     wanted = {fid_of[p]: (sid, p) for sid in sorted(set(references)) for p in drafts[sid].files
               if p not in covered.get(sid, ())}
@@ -221,14 +222,14 @@ def _read_details(
         else:
             json_rows.append((skips.substitutes.get(p, p), sid, fid))
     try:
-        model_fetch.extract_details(con, json_rows, parquet_rows)
+        extract_details(con, json_rows, parquet_rows)
     finally:
         shutil.rmtree(growing.folder, ignore_errors=True)
     if cache is not None:
-        store_closed(cache, con, root, "detail", model_fetch.DETAIL_NAMES,
+        store_closed(cache, con, root, "detail", DETAIL_NAMES,
                {fid: identities[p] for fid, (_, p) in wanted.items() if p in closed and p in identities}, hits, skips,
                path_of)
-        store_prefixes(cache, con, kind, model_fetch.DETAIL_NAMES,
+        store_prefixes(cache, con, kind, DETAIL_NAMES,
                         {p: end for fid, (_, p) in wanted.items() if fid not in hits and (end := growing.ends.get(p))},
                         open_hits, closed, identities, fid_of)
     if kept.folder is not None:  # the closed files not yet in the kept columns join them
@@ -522,7 +523,7 @@ def _load_run(
         # DuckDB's memory cut before the reference timelines are fetched and ordered in numpy
         duckdb_connection.settle(con)
         folder, names = detail.folder, list(drafts)
-        timelines = model_fetch.load_timelines(
+        timelines = load_timelines(
             con, references, detail.columns, detail.closing,
             None if folder is None else lambda sid, columns: keep_detail(
                 folder, names[sid], duckdb_sql.RUN_MODEL_VERSION, detail.files[sid], columns))

@@ -9,20 +9,12 @@ from __future__ import annotations
 import bisect
 import weakref
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from typing import Any
 
-from goodtrace import schema
-from goodtrace.read.detail_columns import DetailColumns, combine, fetch_detail, take, vocabulary
-from goodtrace.read.duckdb_connection import execute_all, insert_rows, release_buffers
-from goodtrace.read.duckdb_sql import (
-    MAX_EVENT_ATTRS,
-    VALID_JSON,
-    create_records_table,
-    read_json_sql,
-)
+from goodtrace.read.duckdb_connection import insert_rows, release_buffers
 from goodtrace.read.fetch_order import by_session
-from goodtrace.read.loaded import NO_TIME, EventColumns, EventRecord, SessionRecords, SessionTimeline
+from goodtrace.read.loaded import NO_TIME, EventColumns, SessionRecords
 from goodtrace.read.session_columns import (
     ORDER,
     TABLES,
@@ -62,7 +54,7 @@ def _interned(value: object) -> str:
     return _STRINGS.setdefault(text, text) if len(_STRINGS) < 10_000 else text
 
 
-def _ints(values: Any) -> array[int]:
+def int_column(values: Any) -> array[int]:
     """A numpy integer column (masked where NULL) as an array of int64, NULL as NO_TIME."""
     import numpy as np
 
@@ -340,25 +332,25 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any],
                     continue
                 r, c = out[sid], mine[table]
                 if table == "steps":
-                    r.step_seq, r.step_number = _ints(c["seq"]), _ints(c["step"])
-                    r.step_t0, r.step_t1 = _ints(c["t0"]), _ints(c["t1"])
+                    r.step_seq, r.step_number = int_column(c["seq"]), int_column(c["step"])
+                    r.step_t0, r.step_t1 = int_column(c["t0"]), int_column(c["t1"])
                 elif table == "syncs":
-                    r.sync_seq, r.sync_step, r.sync_t = _ints(c["seq"]), _ints(c["step"]), _ints(c["t"])
-                    r.sync_after, r.sync_how = _ints(c["after"]), how[c["how"]].tolist()
+                    r.sync_seq, r.sync_step, r.sync_t = int_column(c["seq"]), int_column(c["step"]), int_column(c["t"])
+                    r.sync_after, r.sync_how = int_column(c["after"]), how[c["how"]].tolist()
                 else:
                     r.span_category = cat[c["cat"]].tolist()
-                    r.span_t0, r.span_t1, r.span_step = _ints(c["t0"]), _ints(c["t1"]), _ints(c["step"])
+                    r.span_t0, r.span_t1, r.span_step = int_column(c["t0"]), int_column(c["t1"]), int_column(c["step"])
                 del mine, c
             del tables
         for sid, c in by_session(con, f"SELECT sid, seq, ns FROM m_compute WHERE {where}", ("sid", "seq")):
-            out[sid].compute_seq, out[sid].compute_ns = _ints(c["seq"]), _ints(c["ns"])
+            out[sid].compute_seq, out[sid].compute_ns = int_column(c["seq"]), int_column(c["ns"])
         for sid, c in by_session(
             con, f"SELECT t.sid, t.step, v.code AS name, t.t0 FROM (SELECT sid, step, name, min(t0) AS t0 "
                  f"FROM m_starts WHERE {where} GROUP BY ALL) t JOIN vocab_name v ON t.name IS NOT DISTINCT FROM v.name "
                  "ORDER BY t.sid, t.step, t.name"
         ):
             r = out[sid]
-            r.starts_step, r.starts_name, r.starts_t0 = _ints(c["step"]), name[c["name"]].tolist(), _ints(c["t0"])
+            r.starts_step, r.starts_name, r.starts_t0 = int_column(c["step"]), name[c["name"]].tolist(), int_column(c["t0"])
         for sid, name_, step, value in con.execute(
             # a step measured twice (re-done in a rollback): the value recorded last
             f"SELECT sid, name, step, arg_max(value, (coalesce(t, 0), value)) FROM m_device WHERE {where} "
@@ -470,133 +462,6 @@ def model_events(con: Any) -> dict[int, dict[str, Any]]:
     return {int(sid): _json_object(attrs) for sid, attrs in con.execute(
         "SELECT sid, arg_max(attrs, (t, coalesce(attrs, ''))) FROM m_model WHERE name = 'model' GROUP BY sid"
     ).fetchall()}
-
-
-# ---------------------------------------------------------------------------------- full timelines
-# What the step table needs of each file of the reference sessions (tags, metric values, each
-# span name's time per step, FLOPs metrics, events): rows, or sums and minima that merge
-# across a session's files; the segment cache keeps them for closed files (kind "detail").
-_DETAIL_TABLES = (
-    "CREATE TABLE det_tags (sid INTEGER, fid INTEGER, step BIGINT, name VARCHAR, t BIGINT)",
-    "CREATE TABLE det_metrics (sid INTEGER, fid INTEGER, step BIGINT, name VARCHAR, value DOUBLE, t BIGINT)",
-    "CREATE TABLE det_flops (sid INTEGER, fid INTEGER, value DOUBLE, t BIGINT)",
-    "CREATE TABLE det_spans (sid INTEGER, fid INTEGER, step BIGINT, name VARCHAR, ns BIGINT, first BIGINT)",
-    "CREATE TABLE det_events (sid INTEGER, fid INTEGER, name VARCHAR, t BIGINT, step BIGINT, attrs VARCHAR)",
-)
-DETAIL_NAMES = tuple(statement.split()[2] for statement in _DETAIL_TABLES)
-
-
-def create_detail_tables(con: Any) -> None:
-    execute_all(con, _DETAIL_TABLES)
-
-
-def extract_details(con: Any, json_rows: Sequence[tuple[str, int, int]], parquet_rows: Sequence[tuple[int, int, int]]) -> None:
-    """The detail of some files into the ``det_*`` tables: ``json_rows`` (path read, session,
-    file number) read as JSON lines, ``parquet_rows`` (number in the compacted copy, session,
-    file number) from the copy's rows (filtered on ``fid``, so DuckDB skips other row groups)."""
-    columns = "kind, name, t0, t1, t, step, value, attrs"
-    create_records_table(con, "records_none")
-    parts = [f"SELECT sid, 0 AS fid, {columns} FROM records_none WHERE false"]
-    if json_rows:
-        con.execute("DELETE FROM files_batch")
-        insert_rows(con, "files_batch", list(json_rows))
-        parts = [
-            f"SELECT f.sid, f.fid, {', '.join('r.' + c.strip() for c in columns.split(','))} "
-            f"FROM {read_json_sql([p for p, _, _ in json_rows])} r JOIN files_batch f ON r.filename = f.path WHERE {VALID_JSON}"
-        ]
-    if parquet_rows:
-        con.execute("CREATE OR REPLACE TEMP TABLE detailmap (cfid INTEGER, sid INTEGER, fid INTEGER)")
-        insert_rows(con, "detailmap", list(parquet_rows))
-        fid_list = ", ".join(str(f) for f, _, _ in sorted(parquet_rows))
-        parts.append(
-            f"SELECT m.sid, m.fid, {', '.join('p.' + c.strip() for c in columns.split(','))} FROM parquet_records p "
-            f"JOIN detailmap m ON p.fid = m.cfid WHERE p.fid IN ({fid_list}) AND p.bad IS NULL"
-        )
-    con.execute(f"CREATE OR REPLACE TEMP TABLE detail AS {' UNION ALL '.join(parts)}")
-    con.execute(f"INSERT INTO det_tags SELECT sid, fid, step, coalesce(name, '?'), t FROM detail "
-                f"WHERE kind = '{schema.TAG}' AND t IS NOT NULL AND step IS NOT NULL")
-    con.execute(f"INSERT INTO det_metrics SELECT sid, fid, step, coalesce(name, '?'), value, t FROM detail "
-                f"WHERE kind = '{schema.METRIC}' AND step IS NOT NULL AND value IS NOT NULL")
-    con.execute(f"INSERT INTO det_flops SELECT sid, fid, value, t FROM detail WHERE kind = '{schema.METRIC}' "
-                "AND value IS NOT NULL AND name IN ('model_flops_per_step', 'flops_per_step')")
-    con.execute("INSERT INTO det_spans SELECT sid, fid, step, coalesce(name, '?'), sum(greatest(t0, t1) - t0)::BIGINT, "
-                f"min(t0) FROM detail WHERE kind = '{schema.SPAN}' AND t0 IS NOT NULL AND t1 IS NOT NULL "
-                "AND step IS NOT NULL GROUP BY ALL")
-    con.execute(f"INSERT INTO det_events SELECT sid, fid, coalesce(name, '?'), t, step, "
-                f"CASE WHEN length(CAST(attrs AS VARCHAR)) <= {MAX_EVENT_ATTRS} THEN CAST(attrs AS VARCHAR) END "
-                f"FROM detail WHERE kind = '{schema.EVENT}' AND t IS NOT NULL")
-    con.execute("DROP TABLE detail")
-    con.execute("DROP TABLE records_none")
-
-
-def load_timelines(
-    con: Any, sids: Iterable[int], kept: MutableMapping[int, DetailColumns] | None = None,
-    closing: Mapping[int, Iterable[int]] | None = None, keep: Callable[[int, DetailColumns], None] | None = None,
-) -> dict[int, SessionTimeline]:
-    """What the step table needs of the wanted sessions, per step and as columns (see
-    :class:`SessionTimeline`), from the ``det_*`` tables and, per session, the columns kept of
-    files not in them (``kept``, taken from it as used; :mod:`goodtrace.read.detail_columns`),
-    combined in one place (:func:`~goodtrace.read.detail_columns.combine`). ``closing``: per
-    session, the files (their ``fid``) whose rows join what is kept; ``keep`` is handed those
-    new columns. A session at a time, each part released as soon as it is combined."""
-    import numpy as np
-
-    wanted = sorted(set(sids))
-    kept = kept if kept is not None else {}
-    closing = closing or {}
-    fetched = fetch_detail(con, wanted)
-    names = vocabulary([columns for columns, _ in fetched.values()] + [kept[sid] for sid in wanted if sid in kept])
-    timelines: dict[int, SessionTimeline] = {}
-    for sid in wanted:
-        rows, fids = fetched.pop(sid)
-        parts = [kept.pop(sid)] if sid in kept else []
-        if sid in closing and keep is not None:
-            ending = np.array(sorted(set(closing[sid])), dtype=np.int64)
-            joining = {table: np.isin(fid, ending) for table, fid in fids.items()}
-            parts.append(take(rows, joining))
-            rest = take(rows, {table: ~mask for table, mask in joining.items()})
-            del rows, fids, joining
-            columns = combine(parts, names, consume=True)
-            keep(sid, columns)
-            parts = [columns, rest]
-            del columns, rest
-        else:
-            parts.append(rows)
-            del rows, fids
-        timelines[sid] = _timeline(combine(parts, names, consume=True))
-        del parts
-    return timelines
-
-
-def _timeline(detail: DetailColumns) -> SessionTimeline:
-    """A :class:`SessionTimeline` of a session's combined detail."""
-    import numpy as np
-
-    tl = SessionTimeline()
-    tl.names = detail.names
-    tags, metrics, spans = detail.tables.pop("tags"), detail.tables.pop("metrics"), detail.tables.pop("spans")
-
-    def codes(values: Any) -> array[int]:
-        return array("i", np.asarray(values, dtype=np.int32).tobytes())
-
-    tl.tag_step, tl.tag_name = _ints(tags["step"]), codes(tags["name"])
-    del tags
-    tl.metric_step, tl.metric_name = _ints(metrics["step"]), codes(metrics["name"])
-    tl.metric_value = array("d", np.asarray(metrics["value"], dtype=np.float64).tobytes())
-    del metrics
-    tl.span_step, tl.span_ns, tl.span_name = _ints(spans.pop("step")), _ints(spans.pop("ns")), codes(spans["name"])
-    # in order of first appearance in time, then of the name (codes sort as names): each name's
-    # earliest start, from a pass over the rows, not a sort of them (millions: a row per step)
-    first = np.full(len(detail.names), np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, spans["name"], spans["first"])
-    present = np.flatnonzero(np.bincount(spans["name"], minlength=len(detail.names)))
-    tl.span_names = tuple(detail.names[code] for code in present[np.lexsort((present, first[present]))].tolist())
-    tl.flops = [float(v) for v in detail.tables["flops"]["value"].tolist()]
-    events = detail.tables["events"]
-    tl.events = [EventRecord(n, t, None if nostep else s, _json_object(a) or None) for t, s, nostep, n, a in zip(
-        events["t"].tolist(), events["step"].tolist(), events["nostep"].tolist(), events["name"].tolist(),
-        events["attrs"].tolist(), strict=True)]
-    return tl
 
 
 def _json_object(text: object) -> dict[str, Any]:
