@@ -26,7 +26,6 @@ from goodtrace.read.session_columns import (
     TABLES,
     KeptChanged,
     KeptSession,
-    merge,
     read_kept,
     write_kept,
 )
@@ -65,18 +64,28 @@ def _in_order(table: str, c: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("table", list(TABLES))
 @pytest.mark.parametrize("overlap", [False, True])
-def test_kept_columns_joined_to_new_rows_are_every_row_in_order(table: str, overlap: bool) -> None:
+def test_kept_columns_joined_to_new_rows_are_every_row_in_order(tmp_path: Path, table: str, overlap: bool) -> None:
     rng = np.random.default_rng(len(table) + overlap)
     files = [_rows(rng, table, 200, 0 if overlap else 40 * k) for k in range(3)]
     every = {column: np.concatenate([f[column] for f in files]) for column in TABLES[table]}
     whole = _in_order(table, every)
-    for kept_files in (1, 2):
-        kept = _in_order(table, {c: np.concatenate([f[c] for f in files[:kept_files]]) for c in TABLES[table]})
-        new = _in_order(table, {c: np.concatenate([f[c] for f in files[kept_files:]]) for c in TABLES[table]})
-        merged = merge(table, kept, new)
-        assert {c: v.tolist() for c, v in merged.items()} == {c: v.tolist() for c, v in whole.items()}
-    empty = {c: v[:0] for c, v in whole.items()}
-    assert merge(table, whole, empty)["t0" if "t0" in whole else "t"].tolist() == whole["t0" if "t0" in whole else "t"].tolist()
+    vocab = {"how": ["a", "b", "c"], "cat": ["d", "e", "f"]}
+
+    def joined(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+        """``kept`` written as a session's kept file, read back joined to ``new``."""
+        ident = FileIdentity("rank-00000/s.jsonl", 1, 2, 3, 4)
+        write_kept(str(tmp_path), "s", "v", [ident], vocab, [(t, kept if t == table else _rows(rng, t, 0, 0))
+                                                             for t in TABLES])
+        [found] = session_columns.find_kept(str(tmp_path), "v", {0: "s"}, {0: [(0, ident)]}).values()
+        return read_kept(found, {table: TABLES[table]}, vocab, then={table: new})[table]
+
+    for kept_files in (0, 1, 2, 3):
+        kept = _in_order(table, {c: np.concatenate([every[c][:0]] + [f[c] for f in files[:kept_files]])
+                                 for c in TABLES[table]})
+        new = _in_order(table, {c: np.concatenate([every[c][:0]] + [f[c] for f in files[kept_files:]])
+                                for c in TABLES[table]})
+        back = joined(kept, new)
+        assert {c: v.tolist() for c, v in back.items()} == {c: v.tolist() for c, v in whole.items()}
 
 
 def _kept_file(tmp_path: Path) -> tuple[str, list[FileIdentity], dict[str, dict[str, Any]]]:

@@ -28,14 +28,22 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from goodtrace import schema
-from goodtrace.analysis.overhead import Array, _np, _out, flatten_overhead, overhead_per_interval
+from goodtrace.analysis.overhead import (
+    Array,
+    _np,
+    _out,
+    codes_in,
+    flatten_overhead,
+    overhead_per_interval,
+    positions,
+)
 from goodtrace.analysis.rewinds import Rewind, charge_recovery, find_rewinds
-from goodtrace.analysis.sync_match import assign_syncs, member, occurrence
-from goodtrace.read.loaded import NO_TIME, SessionInfo, SessionRecords
+from goodtrace.analysis.sync_match import assign_syncs, occurrence
+from goodtrace.read.loaded import NO_TIME, Labels, SessionInfo, SessionRecords
 
 __all__ = [
     "DATA_RULE_TEXT",
@@ -153,7 +161,7 @@ class SessionCut:
     interval_end: array[int] = dataclasses.field(default_factory=_ints)
     interval_first: array[int] = dataclasses.field(default_factory=_ints)
     interval_count: array[int] = dataclasses.field(default_factory=_ints)
-    interval_how: list[str] = dataclasses.field(default_factory=list)
+    interval_how: Sequence[str] = dataclasses.field(default_factory=list)
     interval_productive: array[int] = dataclasses.field(default_factory=_ints)  # ns, before attempt relabels
     interval_overhead: dict[str, array[int]] = dataclasses.field(default_factory=dict)  # category -> ns per interval
     over_start: array[int] = dataclasses.field(default_factory=_ints)
@@ -356,10 +364,10 @@ def cut_session(
     # A session's columns are as long as its run (millions of executions): each result is
     # stored once it is made and viewed from there, and what is not needed any more is
     # released, so that the cut's temporaries stay a few columns at a time.
-    times, hows, ignored = assign_syncs(rec, seqs, numbers, t0s)
+    times, hows, how_names, ignored = assign_syncs(rec, seqs, numbers, t0s)
     host_timed = n > 0 and bool((times == NO_TIME).all())
     if host_timed:
-        times, hows = t1s.copy(), np.full(n, schema.SYNC_HOST, dtype=object)
+        times, hows, how_names = t1s.copy(), np.zeros(n, dtype=np.intc), (schema.SYNC_HOST,)
     out = SessionCut(info.index, start, end, RULE_UNKNOWN, host_timed, tail_label)
     flags = np.zeros(n, dtype=np.int64)
     flags[occurrence(numbers) > 0] |= FLAG_REPEATED
@@ -385,13 +393,17 @@ def cut_session(
     interval_start = np.concatenate(([np.int64(first_start)], interval_end[:-1])) if len(accepted) else interval_end
     interval_first = np.concatenate(([np.int64(0)], accepted[:-1] + 1)) if len(accepted) else accepted
     interval_count = accepted - interval_first + 1
-    interval_how = hows[accepted].tolist()
+    interval_how = array("i", hows[accepted].tobytes()) if len(accepted) else array("i")
     interval_of = np.full(n, -1, dtype=np.int64)
-    if len(accepted):
-        w = np.searchsorted(accepted, np.arange(n), side="left")
-        in_interval = w < len(accepted)
-        interval_of[in_interval] = w[in_interval]
-        del w, in_interval
+    if len(accepted):  # the interval of each execution: how many intervals closed before it
+        last = int(accepted[-1]) + 1
+        if last == len(accepted):  # each its own (the common case)
+            interval_of[:last] = np.arange(last)
+        else:
+            closed = np.zeros(last, dtype=np.int64)
+            closed[accepted[:-1] + 1] = 1
+            np.cumsum(closed, out=interval_of[:last])
+            del closed
     trailing = int(accepted[-1]) + 1 if len(accepted) else 0
     del accepted
     cursor = int(interval_end[-1]) if len(interval_end) else first_start
@@ -404,7 +416,7 @@ def cut_session(
             interval_end = np.concatenate((interval_end, [exit_t]))
             interval_first = np.concatenate((interval_first, [trailing]))
             interval_count = np.concatenate((interval_count, [n - trailing]))
-            interval_how.append(HOST_EXIT)
+            interval_how.append(len(how_names))  # HOST_EXIT
         elif len(interval_end):
             interval_of[trailing:] = len(interval_end) - 1
             interval_count = interval_count.copy()
@@ -421,10 +433,10 @@ def cut_session(
     del interval_first, interval_count
     interval_start, interval_end = _np(out.interval_start), _np(out.interval_end)
     out.exec_compute = _out(_compute_of(rec, seqs))
-    out.interval_how = interval_how
-    out.data_rule = data_rule or _data_rule(times, hows, t0s, host_timed)
+    out.interval_how = Labels(interval_how, (*how_names, HOST_EXIT))
+    out.data_rule = data_rule or _data_rule(times, codes_in(hows, how_names, _LOOKED_LATER), t0s, host_timed)
     # the device-dated sync point of each execution (a blocking span may have waited for it)
-    dated = member(hows, _DEVICE_DATED)
+    dated = codes_in(hows, how_names, _DEVICE_DATED)
     del hows
     device_dated = np.where(dated & ((flags & FLAG_UNORDERED_SYNC) == 0), times, NO_TIME)
     del dated, times, flags
@@ -462,11 +474,19 @@ def _compute_of(rec: SessionRecords, seqs: Array) -> Array:
         order = np.argsort(keys, kind="stable")
         keys, values = keys[order], values[order]
         del order
-    at = np.minimum(np.searchsorted(keys, seqs), len(keys) - 1)
-    return np.where(keys[at] == seqs, values[at], 0)
+    at = positions(keys, seqs) if bool((keys[1:] > keys[:-1]).all()) else _first_at(keys, seqs)
+    return np.where(at >= 0, values[np.maximum(at, 0)], 0)
 
 
-def _data_rule(times: Array, hows: Array, t0s: Array, host_timed: bool) -> str:
+def _first_at(keys: Array, wanted: Array) -> Array:
+    """Where each of ``wanted`` first is in ``keys`` (sorted, perhaps a key twice), -1 where it is not."""
+    import numpy as np
+
+    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    return np.where(keys[at] == wanted, at, -1)
+
+
+def _data_rule(times: Array, looked_later: Array, t0s: Array, host_timed: bool) -> str:
     """Asynchronous when the host entered the next step before most steps were ready (on a
     tie, by how the sync point was taken: looked at later, or already complete at the step's
     end)."""
@@ -474,7 +494,7 @@ def _data_rule(times: Array, hows: Array, t0s: Array, host_timed: bool) -> str:
     if host_timed or len(times) < 2:
         return RULE_UNKNOWN
     t, nxt = times[:-1], t0s[1:]
-    later = member(hows[:-1], _LOOKED_LATER)
+    later = looked_later[:-1]
     has = t != NO_TIME
     ahead = int((has & ((nxt < t) | ((nxt == t) & later))).sum())
     behind = int(has.sum()) - ahead

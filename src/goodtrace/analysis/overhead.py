@@ -7,10 +7,11 @@ covers and the productive rest. :mod:`goodtrace.analysis.cut` cuts the session w
 from __future__ import annotations
 
 from array import array
+from collections.abc import Collection, Sequence
 from typing import Any, TypeAlias
 
 from goodtrace import schema
-from goodtrace.read.loaded import NO_TIME, SessionRecords
+from goodtrace.read.loaded import NO_TIME, Labels, SessionRecords
 
 DATA = schema.DATA
 
@@ -26,6 +27,60 @@ def _np(values: Any) -> Array:
     import numpy as np
 
     return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
+
+
+def label_codes(values: Sequence[str]) -> tuple[Array, tuple[str, ...]]:
+    """A column of a few distinct strings as (int32 codes, names): the reader's :class:`Labels`
+    as they are, any other sequence (a test's list) coded here."""
+    import numpy as np
+
+    if isinstance(values, Labels):
+        return np.frombuffer(values.codes, dtype=np.intc) if len(values.codes) else np.zeros(0, np.intc), values.names
+    names = tuple(dict.fromkeys(values))
+    code_of = {name: k for k, name in enumerate(names)}
+    return np.fromiter((code_of[v] for v in values), dtype=np.intc, count=len(values)), names
+
+
+def positions(keys: Array, wanted: Array) -> Array:
+    """Where each of ``wanted`` is in ``keys`` (sorted, each once), -1 where it is not: through
+    a table by key when the keys are dense (executions numbered in order: no search), else by
+    binary search."""
+    import numpy as np
+
+    out = np.full(len(wanted), -1, dtype=np.int64)
+    if not len(keys) or not len(wanted):
+        return out
+    lo, hi = int(keys[0]), int(keys[-1])
+    if hi - lo < 4 * (len(keys) + len(wanted)):
+        inside = (wanted >= lo) & (wanted <= hi)
+        every = bool(inside.all())
+        if hi - lo + 1 == len(keys):  # every key from lo to hi: the position is the key's offset
+            found = wanted - lo
+        else:
+            table = np.full(hi - lo + 1, -1, dtype=np.int64)
+            table[keys - lo] = np.arange(len(keys))
+            found = table[wanted - lo] if every else table[np.where(inside, wanted - lo, 0)]
+            del table
+        if every:
+            return found
+        out[inside] = found[inside]
+        return out
+    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    found = np.flatnonzero(keys[at] == wanted)
+    out[found] = at[found]
+    return out
+
+
+def codes_in(codes: Array, names: Sequence[str], wanted: Collection[str]) -> Array:
+    """Where ``codes`` (into ``names``) name one of ``wanted``, as a bool column: a comparison
+    per wanted name present, not a Python step per row."""
+    import numpy as np
+
+    out = np.zeros(len(codes), dtype=bool)
+    for k, name in enumerate(names):
+        if name in wanted:
+            out |= codes == k
+    return out
 
 
 def distinct_sorted(values: Array) -> Array:
@@ -107,22 +162,12 @@ def flatten_overhead(
     waited for the device)."""
     import numpy as np
 
-    cats = rec.span_category
+    codes, names = label_codes(rec.span_category)
     t0, t1 = _np(rec.span_t0), _np(rec.span_t1)
     inside = (t1 > a) & (t0 < b)
-    names = np.array(cats, dtype=object) if cats else np.zeros(0, dtype=object)
-    is_data = np.zeros(len(cats), dtype=bool)
-    is_over = np.zeros(len(cats), dtype=bool)
-    is_block = np.zeros(len(cats), dtype=bool)
-    for category in set(cats):  # a few categories: one comparison each, not one per span
-        mask = names == category
-        if category == DATA:
-            is_data |= mask
-        elif category in categories:
-            is_over |= mask
-            if category in blocking:
-                is_block |= mask
-    del names
+    is_data = codes_in(codes, names, (DATA,))
+    is_over = codes_in(codes, names, categories - {DATA})
+    is_block = codes_in(codes, names, (categories & blocking) - {DATA})
     over = np.flatnonzero(inside & is_over)
     del is_over
     o0, o1 = t0[over].copy(), t1[over]
@@ -138,7 +183,7 @@ def flatten_overhead(
         order = np.lexsort((-o1, o0))
         over, o0, o1 = over[order], o0[order], o1[order]
     kept, starts, ends = merge_intervals(o0, o1)
-    labels = [cats[k] for k in over[kept].tolist()]
+    labels = np.array(names, dtype=object)[codes[over[kept]]].tolist() if len(kept) else []
     wanted = inside & is_data
     del inside, is_data
     if data_outside is not None:  # only data loading before the first step or after the last interval
@@ -181,14 +226,20 @@ def overhead_per_interval(
 
     used = np.zeros(len(interval_start), dtype=np.int64)
     overhead: dict[str, array[int]] = {}
+    # intervals that follow each other (a cut's): the cover before each edge, found once
+    edges = np.concatenate((interval_start[:1], interval_end)) if len(interval_start) > 1 and bool(
+        (interval_start[1:] == interval_end[:-1]).all()) else None
     label_array = np.array(labels, dtype=object) if labels else np.zeros(0, dtype=object)
     for label in sorted(set(labels)):
         if skip_data and label == DATA:
             continue
         mask = label_array == label
         s, e = starts[mask], ends[mask]
-        covered = covered_at(interval_end, s, e)
-        covered -= covered_at(interval_start, s, e)
+        if edges is not None:
+            covered = np.diff(covered_at(edges, s, e))
+        else:
+            covered = covered_at(interval_end, s, e)
+            covered -= covered_at(interval_start, s, e)
         if covered.any():
             overhead[label] = _out(covered)
             used += covered

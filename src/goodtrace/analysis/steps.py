@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, overload
 
 from goodtrace import schema
 from goodtrace.analysis.cut import FLAG_DECREASING, FLAG_REPEATED, HOST_EXIT
+from goodtrace.analysis.overhead import codes_in, label_codes
 from goodtrace.analysis.partition import (
     PRODUCTIVE,
     WARMUP,
@@ -188,7 +189,7 @@ class StepTable(Sequence[StepRow]):
             hows = s.cut.interval_how
             if s.cut.host_timed or HOST_EXIT not in hows:  # the whole session, or none of it (no Python step per interval)
                 return np.full(len(hows), s.cut.host_timed, dtype=bool)
-            return np.array([how == HOST_EXIT for how in hows], dtype=bool)
+            return codes_in(*label_codes(hows), (HOST_EXIT,))
 
         return self._gather(of, by_interval=True)
 

@@ -1,13 +1,13 @@
-"""Which sync point closes which step execution (:func:`assign_syncs`), and the numpy helpers
-the cut shares with it (:func:`occurrence`, :func:`member`): the first part of
+"""Which sync point closes which step execution (:func:`assign_syncs`), and the numpy helper
+the cut shares with it (:func:`occurrence`): the first part of
 :func:`goodtrace.analysis.cut.cut_session`."""
 
 from __future__ import annotations
 
-from goodtrace.analysis.overhead import Array, _np
+from goodtrace.analysis.overhead import Array, _np, label_codes, positions
 from goodtrace.read.loaded import NO_TIME, SessionRecords
 
-__all__ = ["assign_syncs", "member", "occurrence"]
+__all__ = ["assign_syncs", "occurrence"]
 
 
 def occurrence(keys: Array) -> Array:
@@ -26,9 +26,10 @@ def occurrence(keys: Array) -> Array:
     return occurrence
 
 
-def assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) -> tuple[Array, Array, int]:
-    """The sync time of each execution (NO_TIME: none), how each was taken (an object array of
-    the few shared strings, "" for none), and the count of sync records that name no execution
+def assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array,
+                 t0s: Array) -> tuple[Array, Array, tuple[str, ...], int]:
+    """The sync time of each execution (NO_TIME: none), how each was taken (int32 codes into the
+    names returned next, -1 for none), and the count of sync records that name no execution
     or come before its entry. A sync record names its execution (seq); in older files the k-th
     sync point of step n belongs to the k-th execution of n. When several name one execution,
     the earliest counts."""
@@ -36,18 +37,22 @@ def assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) -
 
     n = len(seqs)
     times = np.full(n, NO_TIME, dtype=np.int64)
-    hows = np.full(n, "", dtype=object)
+    hows = np.full(n, -1, dtype=np.intc)
     s_seq, s_step, s_t = _np(rec.sync_seq), _np(rec.sync_step), _np(rec.sync_t)
+    how_codes, how_names = label_codes(rec.sync_how)
     if len(s_t) == 0 or n == 0:
-        return times, hows, len(s_t)
+        return times, hows, how_names, len(s_t)
     index = np.full(len(s_t), -1, dtype=np.int64)
     named = s_seq >= 0
     if named.any():
-        order = np.argsort(seqs, kind="stable")
-        pos = np.searchsorted(seqs[order], s_seq[named])
-        pos = np.minimum(pos, n - 1)
-        found = seqs[order][pos] == s_seq[named]
-        index[np.flatnonzero(named)[found]] = order[pos[found]]
+        if bool((seqs[1:] > seqs[:-1]).all()):  # executions in entry order (the common case)
+            index[named] = positions(seqs, s_seq[named])
+        else:
+            order = np.argsort(seqs, kind="stable")
+            pos = np.searchsorted(seqs[order], s_seq[named])
+            pos = np.minimum(pos, n - 1)
+            found = seqs[order][pos] == s_seq[named]
+            index[np.flatnonzero(named)[found]] = order[pos[found]]
     if (~named).any():  # older files: match the k-th sync point of a step to its k-th execution
         if n < 2 or bool((numbers[1:] > numbers[:-1]).all()):
             unique, dense = numbers, np.arange(n)  # every number once, in order (the common case)
@@ -75,23 +80,5 @@ def assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array, t0s: Array) -
         executions, first = np.unique(named_executions, return_index=True)
         chosen = candidates[first]
     times[executions] = s_t[chosen]
-    how = np.empty(len(rec.sync_how), dtype=object)
-    how[:] = rec.sync_how
-    hows[executions] = how[chosen]
-    return times, hows, ignored
-
-
-def member(values: Array, wanted: frozenset[str]) -> Array:
-    """``[v in wanted for v in values]`` as a bool array: one comparison per distinct value
-    (a few sync kinds), not one Python step per value."""
-    import numpy as np
-
-    out = np.zeros(len(values), dtype=bool)
-    kinds = set(values)
-    if kinds <= wanted:
-        out[:] = True
-    elif kinds & wanted:
-        array_ = np.array(values, dtype=object)
-        for kind in kinds & wanted:
-            out |= array_ == kind
-    return out
+    hows[executions] = how_codes[chosen]
+    return times, hows, how_names, ignored

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from goodtrace.read.chunk_files import on_network_filesystem
@@ -124,19 +124,25 @@ def read_head(path: str) -> dict[str, Any] | None:
     return head
 
 
-def read_arrays(path: str, head: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
-    """The arrays ``names`` of ``path`` (whose header is ``head``). Raises ``ColumnFileError``
-    (or ``OSError``, ``KeyError`` for a name it lacks) when one cannot be read whole."""
+def read_arrays(path: str, head: dict[str, Any], names: Iterable[str],
+                then: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The arrays ``names`` of ``path`` (whose header is ``head``); with ``then`` (name -> an
+    array), each followed by that one's values, read into one array (no second copy to join
+    them). Raises ``ColumnFileError`` (or ``OSError``, ``KeyError`` for a name it lacks) when
+    one cannot be read whole."""
     import numpy as np
 
     out: dict[str, Any] = {}
     with open(path, "rb") as handle:
         for name in names:
             dtype, offset, length = head["arrays"][name]
-            values = np.empty(length, dtype=np.dtype(dtype))
+            after = then[name] if then is not None else ()
+            values = np.empty(length + len(after), dtype=np.dtype(dtype))
             handle.seek(offset)
-            if handle.readinto(values.data.cast("B")) != values.nbytes:
+            mine = values[:length]
+            if handle.readinto(mine.data.cast("B")) != mine.nbytes:
                 raise ColumnFileError(f"array {name} is cut short")
+            values[length:] = after
             out[name] = values
     return out
 

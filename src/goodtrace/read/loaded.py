@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any, NamedTuple, overload
 
 from goodtrace import schema
@@ -22,6 +22,7 @@ __all__ = [
     "EventColumns",
     "EventRecord",
     "HangEvent",
+    "Labels",
     "LoadError",
     "LoadedRun",
     "Progress",
@@ -152,6 +153,44 @@ class EventColumns(Sequence[tuple[str, int, "int | None"]]):
     __hash__ = None  # type: ignore[assignment]
 
 
+class Labels(Sequence[str]):
+    """A long column of a few distinct strings (how each sync point was taken, each span's
+    category) as codes into its ``names``: 4 bytes a row rather than a reference each, and the
+    analysis compares codes, a few comparisons a column, not a string a row."""
+
+    __slots__ = ("codes", "names")
+
+    def __init__(self, codes: array[int] | None = None, names: Sequence[str] = ()) -> None:
+        self.codes: array[int] = codes if codes is not None else array("i")
+        self.names: tuple[str, ...] = tuple(names)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self.names[code] for code in self.codes[index]]
+        return self.names[self.codes[index]]
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __contains__(self, name: object) -> bool:
+        return any(code in self.codes for code, known in enumerate(self.names) if known == name)
+
+    def __iter__(self) -> Iterator[str]:
+        names = self.names
+        return (names[code] for code in self.codes)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @dataclasses.dataclass
 class SessionRecords:
     """The records of one session that the run model is built from, as columns.
@@ -173,8 +212,8 @@ class SessionRecords:
     sync_step: array[int] = dataclasses.field(default_factory=_ints)
     sync_t: array[int] = dataclasses.field(default_factory=_ints)
     sync_after: array[int] = dataclasses.field(default_factory=_ints)
-    sync_how: list[str] = dataclasses.field(default_factory=list)
-    span_category: list[str] = dataclasses.field(default_factory=list)
+    sync_how: Sequence[str] = dataclasses.field(default_factory=list)  # the reader's: Labels
+    span_category: Sequence[str] = dataclasses.field(default_factory=list)  # the reader's: Labels
     span_t0: array[int] = dataclasses.field(default_factory=_ints)
     span_t1: array[int] = dataclasses.field(default_factory=_ints)
     span_step: array[int] = dataclasses.field(default_factory=_ints)

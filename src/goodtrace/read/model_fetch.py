@@ -14,14 +14,13 @@ from typing import Any
 
 from goodtrace.read.duckdb_connection import insert_rows, release_buffers
 from goodtrace.read.fetch_order import by_session
-from goodtrace.read.loaded import NO_TIME, EventColumns, SessionRecords
+from goodtrace.read.loaded import NO_TIME, EventColumns, Labels, SessionRecords
 from goodtrace.read.session_columns import (
     ORDER,
     TABLES,
     KeptColumns,
     KeptSession,
     dtype_of,
-    merge,
     read_kept,
     write_kept,
 )
@@ -62,6 +61,15 @@ def int_column(values: Any) -> array[int]:
     out = array("q")
     out.frombytes(np.ascontiguousarray(filled, dtype=np.int64).data.cast("B"))  # one copy, not two
     return out
+
+
+def labels_column(codes: Any, names: Sequence[str]) -> Labels:
+    """Codes into ``names`` (a numpy integer column) as :class:`Labels`."""
+    import numpy as np
+
+    out = array("i")
+    out.frombytes(np.ascontiguousarray(codes, dtype=np.intc).data.cast("B"))
+    return Labels(out, names)
 
 
 SESSION_BATCH = 1024  # sessions whose model rows are fetched together (bounds the columns in flight)
@@ -267,10 +275,8 @@ def _block_tables(
             mine = kept.sessions.get(sid)
             if mine is None:
                 continue
-            for table in tables:  # a table at a time: its kept columns and their join, not every table's
-                held = read_kept(mine, {table: TABLES[table]}, codes)[table]
-                out[sid][table] = merge(table, held, out[sid][table])
-                del held
+            for table in tables:  # a table at a time: its kept columns joined to the fetched ones
+                out[sid][table] = read_kept(mine, {table: TABLES[table]}, codes, then=out[sid])[table]
     return {sid: mine_ for sid, mine_ in out.items() if any(len(cols[TABLES[t][0]]) for t, cols in mine_.items())}
 
 
@@ -293,8 +299,8 @@ def _keep_closing(con: Any, kept: KeptColumns, sids: Sequence[int], vocab: tuple
                 closing = _block_tables(con, where, (table,), [sid], vocab, None).get(sid, {}).get(table)
                 if closing is None:
                     closing = {column: np.zeros(0, dtype=dtype_of(column)) for column in TABLES[table]}
-                held = read_kept(previous, {table: TABLES[table]}, codes)[table] if previous is not None else None
-                yield table, merge(table, held, closing)
+                yield table, (closing if previous is None else
+                              read_kept(previous, {table: TABLES[table]}, codes, then={table: closing})[table])
 
         path = write_kept(kept.folder, kept.names[sid], kept.version, files, codes, tables())
         if path is None:
@@ -322,6 +328,7 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any],
                    kept: KeptColumns | None = None) -> dict[int, SessionRecords]:
     out = {sid: SessionRecords() for sid in sids}
     how, cat, name = vocab
+    how_names, cat_names = how.tolist(), cat.tolist()
     for lo, hi in _sid_ranges(sorted(out), SESSION_BATCH):
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
         for table in ("steps", "syncs", "spans"):  # a table at a time: its columns, then their compact copies
@@ -336,9 +343,9 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any],
                     r.step_t0, r.step_t1 = int_column(c["t0"]), int_column(c["t1"])
                 elif table == "syncs":
                     r.sync_seq, r.sync_step, r.sync_t = int_column(c["seq"]), int_column(c["step"]), int_column(c["t"])
-                    r.sync_after, r.sync_how = int_column(c["after"]), how[c["how"]].tolist()
+                    r.sync_after, r.sync_how = int_column(c["after"]), labels_column(c["how"], how_names)
                 else:
-                    r.span_category = cat[c["cat"]].tolist()
+                    r.span_category = labels_column(c["cat"], cat_names)
                     r.span_t0, r.span_t1, r.span_step = int_column(c["t0"]), int_column(c["t1"]), int_column(c["step"])
                 del mine, c
             del tables

@@ -9,7 +9,7 @@ out per block of sessions and ordered them. With the columns kept here, the clos
 chunks give DuckDB only their small tables (the summaries, device values, clock offsets,
 events, the model's attributes, the span-start sample), and each session's columns are the
 kept ones followed by the new files' rows, joined end to end where they follow each other, as
-a growing session's do (else put in order together: :func:`merge`; either way the same
+a growing session's do (else put in order together: :func:`read_kept`; either way the same
 columns, in the order the fetch gives them, a test holds).
 
 A session's file is replaced whole (written aside, renamed) when more of its files have
@@ -29,7 +29,7 @@ from goodtrace.read.fetch_order import order_of
 from goodtrace.read.loaded import LoadError
 from goodtrace.record.errors import warn
 
-__all__ = ["KeptColumns", "KeptSession", "find_kept", "merge", "prune_kept", "read_kept", "write_kept"]
+__all__ = ["KeptColumns", "KeptSession", "find_kept", "prune_kept", "read_kept", "write_kept"]
 
 NO_VALUE = -(2**63)  # a NULL in an integer column (loaded.NO_TIME)
 
@@ -140,29 +140,38 @@ def find_kept(
     return found
 
 
-def read_kept(kept: KeptSession, tables: Mapping[str, Iterable[str]], vocab: Mapping[str, Sequence[str]]) -> dict[str, dict[str, Any]]:
+def read_kept(kept: KeptSession, tables: Mapping[str, Iterable[str]], vocab: Mapping[str, Sequence[str]], *,
+              then: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """The columns ``tables`` (table -> columns) of a kept file, codes into ``vocab`` (column ->
-    every value, sorted: the fetch's). Raises :class:`KeptChanged` when the file is not the one
-    decided on any more."""
+    every value, sorted: the fetch's); with ``then`` (table -> fetched columns, in order), each
+    table's kept rows joined to those rows (end to end when they follow each other, else put in
+    order together; ties: the kept rows first, as one stable sort of both gives), read into one array a column.
+    Raises :class:`KeptChanged` when the file is not the one decided on any more."""
     import numpy as np
 
+    after = {f"{table}.{column}": then[table][column] for table, columns in tables.items()
+             for column in columns} if then is not None else None
     try:
         head = column_file.read_head(kept.path)
         if head is None or head.get("files") != kept.files:
             raise KeptChanged(kept.path)
         wanted = [f"{table}.{column}" for table, columns in tables.items() for column in columns]
-        arrays = column_file.read_arrays(kept.path, head, wanted)
+        arrays = column_file.read_arrays(kept.path, head, wanted, after)
     except (OSError, ValueError, KeyError) as exc:
         raise KeptChanged(f"{kept.path}: {exc}") from None
     out: dict[str, dict[str, Any]] = {}
     for table, columns in tables.items():
         out[table] = {}
+        added = len(next(iter(then[table].values()))) if then is not None and then[table] else 0
         for column in columns:
             values = arrays.pop(f"{table}.{column}")
-            if column in CODED and len(values):
+            mine = values[:len(values) - added]
+            if column in CODED and len(mine):
                 where = {value: k for k, value in enumerate(vocab[column])}
-                values = np.array([where[v] for v in kept.vocab[column]], dtype=np.int32)[values]
+                mine[:] = np.array([where[v] for v in kept.vocab[column]], dtype=np.int32)[mine]
             out[table][column] = values
+        if then is not None:
+            out[table] = _in_order(table, out[table], len(out[table][TABLES[table][0]]) - added)
     return out
 
 
@@ -171,22 +180,12 @@ def _keys(table: str, c: Mapping[str, Any]) -> list[Any]:
 
 
 def _key_at(table: str, c: Mapping[str, Any], i: int) -> tuple[int, ...]:
-    return tuple(int(key[i]) for key in _keys(table, c))
+    return tuple(~int(c[spec[1:]][i]) if spec.startswith("-") else int(c[spec][i]) for spec in ORDER[table])
 
 
-def merge(table: str, first: Mapping[str, Any] | None, then: Mapping[str, Any]) -> dict[str, Any]:
-    """The rows of ``first`` (kept columns, in order) and ``then`` (fetched, in order) as one
-    table in order: end to end when ``then`` begins where ``first`` ends, else put in order
-    together (ties: ``first``'s rows first, as one stable sort of both gives)."""
-    import numpy as np
-
-    if first is None or not len(first[TABLES[table][0]]):
-        return dict(then)
-    if not len(then[TABLES[table][0]]):
-        return dict(first)
-    joined = {column: np.concatenate((first[column], then[column])) for column in then}
-    n = len(first[TABLES[table][0]])
-    if _key_at(table, joined, n - 1) <= _key_at(table, joined, n):
+def _in_order(table: str, joined: dict[str, Any], n: int) -> dict[str, Any]:
+    """``joined``, whose rows before ``n`` and from ``n`` on are each in order, in order."""
+    if n <= 0 or n >= len(joined[TABLES[table][0]]) or _key_at(table, joined, n - 1) <= _key_at(table, joined, n):
         return joined
     order = order_of(*_keys(table, joined))
     return {column: values[order] for column, values in joined.items()}
