@@ -1,7 +1,9 @@
 """Each execution's outermost compute time (``model_fetch.outermost_compute``), checked against
 a plain reading of its rule, one span at a time, on random sessions with nested and
 overlapping spans, spans without a step, steps entered twice (a re-done step), spans of a step
-that never entered, and executions entered at the same time."""
+that never entered, and executions entered at the same time; and the result kept for a
+session's closed files, the later files' spans added to it, checked against the whole session's
+wherever the reader would use it."""
 
 from __future__ import annotations
 
@@ -84,3 +86,73 @@ def test_no_spans_or_no_executions() -> None:
     for args in ((empty, empty, empty, one, one, one), (one, one + 1, one, empty, empty, empty)):
         seqs, ns = outermost_compute(*args)
         assert len(seqs) == 0 and len(ns) == 0
+
+
+def _columns(spans: list[tuple[int, int, int | None]], executions: list[tuple[int, int, int]]) -> tuple[dict, dict]:
+    """A session's compute spans in their kept order (start, the longer first) and its executions, as columns."""
+    ordered = sorted(spans, key=lambda s: (s[0], -s[1]))
+    compute = {"t0": np.array([s[0] for s in ordered], dtype=np.int64),
+               "t1": np.array([s[1] for s in ordered], dtype=np.int64),
+               "step": np.array([s[2] or 0 for s in ordered], dtype=np.int64),
+               "nostep": np.array([s[2] is None for s in ordered], dtype=bool)}
+    steps = {name: np.array([e[k] for e in executions], dtype=np.int64) for k, name in enumerate(("seq", "step", "t0"))}
+    return steps, compute
+
+
+def _resumed(spans: list[tuple[int, int, int | None]], executions: list[tuple[int, int, int]],
+             boundary: int, written: list[int] | None = None) -> dict[int, int] | None:
+    """The outermost compute of the records written by ``boundary`` (the kept files: a span is
+    written when it ends, an execution when it enters, or at ``written``), kept
+    (``kept_outer``), with the later spans' parts added to it, where ``_adds_to`` says they can
+    be; None where it says not."""
+    kept_spans = [s for s in spans if s[1] <= boundary]
+    new_spans = [s for s in spans if s[1] > boundary]
+    at = written or [e[2] for e in executions]
+    kept_steps, kept_compute = _columns(kept_spans, [e for e, w in zip(executions, at, strict=True) if w <= boundary])
+    outer = model_fetch.kept_outer(kept_steps, kept_compute)
+    steps, compute = _columns(new_spans, executions)
+    if not model_fetch._adds_to(outer["bounds"], steps["t0"], compute["t0"]):
+        return None
+    seq, ns = outermost_compute(compute["t0"], compute["t1"], np.ma.MaskedArray(compute["step"], mask=compute["nostep"]),
+                                steps["seq"], steps["step"], steps["t0"], reach=int(outer["bounds"][0]))
+    seq, ns = model_fetch._summed_by_seq(outer["seq"], outer["ns"], seq, ns)
+    assert list(seq) == sorted(set(seq.tolist()))
+    return dict(zip(seq.tolist(), ns.tolist(), strict=True))
+
+
+def test_the_kept_outermost_compute_with_new_spans_added_is_the_whole_session_s() -> None:
+    """Wherever the kept result is used (the new spans start after the kept ones, no new
+    execution entered before the kept spans end), it is the one computed over every span."""
+    used = 0
+    for seed in range(400):
+        rng = random.Random(seed)
+        spans, executions = _session(rng)
+        boundary = rng.randint(900, max(t1 for _, t1, _ in spans) + 10)
+        # an execution's record written when it entered, or later (when it left)
+        written = [e[2] + (rng.randint(0, 60) if seed % 2 else 0) for e in executions]
+        found = _resumed(spans, executions, boundary, written)
+        if found is not None:
+            used += 1
+            assert found == _reference(spans, executions), seed
+    assert used > 100  # the random sessions overlap a lot: still, many are resumed
+
+
+def test_a_growing_loop_s_kept_outermost_compute_is_resumed() -> None:
+    """A loop's steps one after another (a compute span or two in each, nested or not, some
+    without a step), the files closing between any two steps: the kept result is always used."""
+    for seed in range(200):
+        rng = random.Random(seed)
+        executions, spans, t = [], [], 1_000
+        for seq in range(rng.randint(2, 15)):
+            executions.append((seq, seq, t))
+            start = t + rng.randint(0, 3)
+            end = start + rng.randint(1, 20)
+            spans.append((start, end, rng.choice([seq, None])))
+            if rng.random() < 0.4:
+                spans.append((start + 1, end, seq))  # nested
+            t = end + rng.randint(1, 5)
+        cut = rng.randint(1, len(executions) - 1)
+        boundary = executions[cut][2] - 1  # between two steps
+        found = _resumed(spans, executions, boundary)
+        assert found is not None, seed
+        assert found == _reference(spans, executions), seed

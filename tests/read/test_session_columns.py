@@ -20,6 +20,7 @@ from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
 from goodtrace.read.fetch_order import order_of
 from goodtrace.read.load import load_run
+from goodtrace.read.model_fetch import kept_outer
 from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
 from goodtrace.read.session_columns import (
     ORDER,
@@ -56,6 +57,11 @@ def _rows(rng: np.random.Generator, table: str, n: int, t0: int) -> dict[str, An
     return out
 
 
+def _with_outer(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A session's kept tables with the outermost compute kept beside them."""
+    return tables | {"outer": kept_outer(tables["steps"], tables["compute"])}
+
+
 def _in_order(table: str, c: dict[str, Any]) -> dict[str, Any]:
     keys = [~c[spec[1:]] if spec.startswith("-") else c[spec] for spec in ORDER[table]]
     order = order_of(*keys)
@@ -74,8 +80,8 @@ def test_kept_columns_joined_to_new_rows_are_every_row_in_order(tmp_path: Path, 
     def joined(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         """``kept`` written as a session's kept file, read back joined to ``new``."""
         ident = FileIdentity("rank-00000/s.jsonl", 1, 2, 3, 4)
-        write_kept(str(tmp_path), "s", "v", [ident], vocab, [(t, kept if t == table else _rows(rng, t, 0, 0))
-                                                             for t in TABLES])
+        write_kept(str(tmp_path), "s", "v", [ident], vocab,
+                   _with_outer({t: kept if t == table else _rows(rng, t, 0, 0) for t in TABLES}).items())
         [found] = session_columns.find_kept(str(tmp_path), "v", {0: "s"}, {0: [(0, ident)]}).values()
         return read_kept(found, {table: TABLES[table]}, vocab, then={table: new})[table]
 
@@ -92,7 +98,8 @@ def _kept_file(tmp_path: Path) -> tuple[str, list[FileIdentity], dict[str, dict[
     rng = np.random.default_rng(3)
     tables = {table: _in_order(table, _rows(rng, table, 100, 0)) for table in TABLES}
     files = [FileIdentity("rank-00000/s.00000.jsonl", 10, 20, 30, 40)]
-    path = write_kept(str(tmp_path), "s", "v", files, {"how": ["a", "b", "c"], "cat": ["d", "e", "f"]}, tables.items())
+    path = write_kept(str(tmp_path), "s", "v", files, {"how": ["a", "b", "c"], "cat": ["d", "e", "f"]},
+                      _with_outer(tables).items())
     assert path is not None
     return path, files, tables
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import bisect
 import weakref
 from array import array
-from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from goodtrace.read.duckdb_connection import insert_rows, release_buffers
 from goodtrace.read.fetch_order import by_session
 from goodtrace.read.loaded import NO_TIME, EventColumns, Labels, SessionRecords
 from goodtrace.read.session_columns import (
+    KEPT,
     ORDER,
     TABLES,
     KeptColumns,
@@ -199,18 +200,30 @@ def fill_compute(con: Any, rows: Sequence[int], vocab: tuple[Any, Any, Any], kep
         where = f"sid BETWEEN {int(lo)} AND {int(hi)}"
         if kept is not None:
             _keep_closing(con, kept, [sid for sid in sorted(kept.closing) if lo <= sid <= hi], vocab)
-        tables = _block_tables(con, where, ("steps", "compute"), range(lo, hi + 1), vocab, kept)
+        # the compute spans of the files kept columns are of: only where the kept outermost
+        # compute cannot be used (below)
+        tables = _block_tables(con, where, ("steps", "compute"), range(lo, hi + 1), vocab, kept, join=("steps",))
         sids, seqs, totals = [], [], []
         for sid in range(lo, hi + 1):
             mine = tables.pop(sid, None)
             if mine is None:
                 continue
             e, c = mine["steps"], mine["compute"]
-            if not len(c["t0"]):
+            held = kept.sessions.get(sid) if kept is not None else None
+            outer = read_kept(held, {"outer": KEPT["outer"]}, {})["outer"] if held is not None else None
+            if outer is not None and not _adds_to(outer["bounds"], e["t0"], c["t0"]):
+                c = read_kept(held, {"compute": TABLES["compute"]}, {}, then=mine)["compute"]  # type: ignore[arg-type]
+                outer = None
+            if not len(c["t0"]) and outer is None:
                 continue
             seq, ns = outermost_compute(c["t0"], c["t1"], np.ma.MaskedArray(c["step"], mask=c["nostep"]),
-                                        e["seq"], e["step"], e["t0"])
-            del mine, e, c
+                                        e["seq"], e["step"], e["t0"],
+                                        reach=int(outer["bounds"][0]) if outer is not None else None)
+            if outer is not None:
+                seq, ns = _summed_by_seq(outer["seq"], outer["ns"], seq, ns)
+            del mine, e, c, outer
+            if not len(seq):
+                continue
             sids.append(np.full(len(seq), sid, dtype=np.int32))
             seqs.append(seq)
             totals.append(ns)
@@ -235,12 +248,13 @@ _BLOCK_SQL = {
 
 def _block_tables(
     con: Any, where: str, tables: Sequence[str], sids: Iterable[int], vocab: tuple[Any, Any, Any],
-    kept: KeptColumns | None,
+    kept: KeptColumns | None, *, join: Sequence[str] | None = None,
 ) -> dict[int, dict[str, dict[str, Any]]]:
     """Per session of ``sids`` (those of ``where``) with rows, the long ``tables`` (of
     :data:`~goodtrace.read.session_columns.TABLES`) as plain columns in their order (NULL as
     NO_TIME; a compute span's missing step in ``nostep``): the session's kept columns, then the
-    rows DuckDB holds of its other files."""
+    rows DuckDB holds of its other files (``join``: the tables given so, None every one; the
+    others only the rows DuckDB holds)."""
     import numpy as np
 
     wanted = list(sids)
@@ -275,16 +289,16 @@ def _block_tables(
             mine = kept.sessions.get(sid)
             if mine is None:
                 continue
-            for table in tables:  # a table at a time: its kept columns joined to the fetched ones
+            for table in tables if join is None else join:  # a table at a time: its kept columns joined to the fetched ones
                 out[sid][table] = read_kept(mine, {table: TABLES[table]}, codes, then=out[sid])[table]
     return {sid: mine_ for sid, mine_ in out.items() if any(len(cols[TABLES[t][0]]) for t, cols in mine_.items())}
 
 
 def _keep_closing(con: Any, kept: KeptColumns, sids: Sequence[int], vocab: tuple[Any, Any, Any]) -> None:
     """For each of ``sids`` (sessions in ``kept.closing``): its kept columns with the rows of
-    its files closed since, written as its new kept file, which the rest of the load uses. A
-    session and a table at a time: its rows of those files fetched, joined to its kept ones,
-    written, released."""
+    its files closed since, written as its new kept file, which the rest of the load uses, with
+    the outermost compute of its executions there (:func:`kept_outer`). A session and a table
+    at a time: its rows of those files fetched, joined to its kept ones, written, released."""
     import numpy as np
 
     codes = {"how": [str(v) for v in vocab[0].tolist()], "cat": [str(v) for v in vocab[1].tolist()]}
@@ -295,12 +309,21 @@ def _keep_closing(con: Any, kept: KeptColumns, sids: Sequence[int], vocab: tuple
         where = f"sid = {int(sid)} AND fid IN ({', '.join(str(f) for f in ending.tolist())})"
 
         def tables(sid: int = sid, where: str = where, previous: KeptSession | None = previous) -> Iterator[tuple[str, Any]]:
+            steps: dict[str, Any] = {}
             for table in TABLES:
                 closing = _block_tables(con, where, (table,), [sid], vocab, None).get(sid, {}).get(table)
                 if closing is None:
                     closing = {column: np.zeros(0, dtype=dtype_of(column)) for column in TABLES[table]}
-                yield table, (closing if previous is None else
-                              read_kept(previous, {table: TABLES[table]}, codes, then={table: closing})[table])
+                joined = (closing if previous is None else
+                          read_kept(previous, {table: TABLES[table]}, codes, then={table: closing})[table])
+                del closing
+                yield table, joined
+                if table == "steps":  # what the outermost compute of the kept executions reads
+                    steps = {column: joined[column] for column in ("seq", "step", "t0")}
+                elif table == "compute":
+                    outer = kept_outer(steps, joined)
+                    del steps, joined
+                    yield "outer", outer
 
         path = write_kept(kept.folder, kept.names[sid], kept.version, files, codes, tables())
         if path is None:
@@ -381,7 +404,8 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any],
 COMPUTE_CHUNK = 262_144  # compute spans handled at a time (bounds the temporaries, not the result)
 
 
-def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex_t0: Any) -> tuple[Any, Any]:
+def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex_t0: Any, *,
+                      reach: int | None = None) -> tuple[Any, Any]:
     """A session's outermost main-thread compute time per execution, from its compute spans
     (``t0``, ``t1``, ``step``: NULL, masked, where a span names no step) and its executions
     (``ex_*``): ``(seq, ns)``, the executions with compute time in ``seq`` order.
@@ -391,7 +415,9 @@ def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex
     its step (the span's ambient step) entered last at or before the part began (without a
     step: to the execution entered last), the later-numbered one where two entered at the same
     time; a part of a step that never entered belongs to none. The spans are taken
-    :data:`COMPUTE_CHUNK` at a time, in start order, the latest end so far carried across."""
+    :data:`COMPUTE_CHUNK` at a time, in start order, the latest end so far carried across
+    (``reach``: the latest end of spans before these, whose parts are counted elsewhere:
+    :func:`kept_outer`)."""
     import numpy as np
 
     no_seq = np.zeros(0, dtype=np.int64)
@@ -413,7 +439,7 @@ def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex
     by_time = None if bool((ex_t0[1:] > ex_t0[:-1]).all()) else np.lexsort((ex_seq, ex_t0))
     entered_t0 = ex_t0 if by_time is None else ex_t0[by_time]
     per_execution = np.zeros(len(ex_seq), dtype=np.int64)  # ns, by index into ex_*
-    reach = np.iinfo(np.int64).min  # the latest end of the spans before the chunk
+    reach = np.iinfo(np.int64).min if reach is None else reach  # the latest end of the spans before the chunk
     for lo in range(0, len(t0), COMPUTE_CHUNK):
         hi = min(lo + COMPUTE_CHUNK, len(t0))
         ends = t1[lo:hi]
@@ -461,6 +487,55 @@ def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex
         starts = np.flatnonzero(np.concatenate(([True], seqs[1:] != seqs[:-1])))
         seqs, totals = seqs[starts], np.add.reduceat(totals, starts)
     return seqs, totals
+
+
+def kept_outer(steps: Mapping[str, Any], compute: Mapping[str, Any]) -> dict[str, Any]:
+    """The outermost compute of a session's kept executions (``steps``: seq, step, t0) from its
+    kept compute spans (``compute``, in order), kept beside them: ``seq`` and ``ns`` as
+    :func:`outermost_compute` gives them, and ``bounds``: the latest end and the latest start
+    of those spans, and how many of the executions entered at or before that end. A re-report
+    adds the new files' spans to it (:func:`_adds_to`) rather than going over every span again."""
+    import numpy as np
+
+    t0, t1 = compute["t0"], compute["t1"]
+    seq, ns = outermost_compute(t0, t1, np.ma.MaskedArray(compute["step"], mask=compute["nostep"]),
+                                steps["seq"], steps["step"], steps["t0"])
+    least = np.iinfo(np.int64).min
+    reach = int(t1.max()) if len(t1) else least
+    bounds = np.array([reach, int(t0.max()) if len(t0) else least,
+                       int(np.count_nonzero(np.asarray(steps["t0"]) <= reach))], dtype=np.int64)
+    return {"seq": seq, "ns": ns, "bounds": bounds}
+
+
+def _adds_to(bounds: Any, ex_t0: Any, new_t0: Any) -> bool:
+    """Whether new compute spans (starting at ``new_t0``) and the executions now (entered at
+    ``ex_t0``) leave the kept outermost compute (:func:`kept_outer`'s ``bounds``) as it is, so
+    that the new spans' parts add to it: every new span starts after every kept one (they
+    follow in start order, the latest end carried over), and no new execution entered at or
+    before the kept spans' latest end (no kept part changes hands)."""
+    import numpy as np
+
+    reach, last_start, entered = (int(v) for v in bounds.tolist())
+    if len(new_t0) and int(new_t0.min()) <= last_start:
+        return False
+    return int(np.count_nonzero(np.asarray(ex_t0) <= reach)) == entered
+
+
+def _summed_by_seq(seq_a: Any, ns_a: Any, seq_b: Any, ns_b: Any) -> tuple[Any, Any]:
+    """Two (seq, ns) columns, each in seq order and each seq once, as one: ns summed by seq."""
+    import numpy as np
+
+    if not len(seq_b):
+        return seq_a, ns_a
+    if not len(seq_a):
+        return seq_b, ns_b
+    seqs, totals = np.concatenate((seq_a, seq_b)), np.concatenate((ns_a, ns_b))
+    if int(seq_b[0]) > int(seq_a[-1]):
+        return seqs, totals
+    order = np.argsort(seqs, kind="stable")
+    seqs, totals = seqs[order], totals[order]
+    starts = np.flatnonzero(np.concatenate(([True], seqs[1:] != seqs[:-1])))
+    return seqs[starts], np.add.reduceat(totals, starts)
 
 
 def model_events(con: Any) -> dict[int, dict[str, Any]]:

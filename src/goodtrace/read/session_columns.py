@@ -29,7 +29,7 @@ from goodtrace.read.fetch_order import order_of
 from goodtrace.read.loaded import LoadError
 from goodtrace.record.errors import warn
 
-__all__ = ["KeptColumns", "KeptSession", "find_kept", "prune_kept", "read_kept", "write_kept"]
+__all__ = ["KEPT", "KeptColumns", "KeptSession", "find_kept", "prune_kept", "read_kept", "write_kept"]
 
 NO_VALUE = -(2**63)  # a NULL in an integer column (loaded.NO_TIME)
 
@@ -47,8 +47,14 @@ ORDER: dict[str, tuple[str, ...]] = {
     "spans": ("t0", "-t1", "cat"),
     "compute": ("t0", "-t1", "nostep", "step"),
 }
+# what is kept beside the tables, made of them: the outermost compute of the kept executions
+# (model_fetch.kept_outer: each execution's ns, by seq; its bounds: the latest end and start of
+# the kept compute spans, and how many kept executions entered at or before that end), which a
+# re-report adds the new files' compute spans to, when they cannot change it
+DERIVED: dict[str, tuple[str, ...]] = {"outer": ("seq", "ns", "bounds")}
+KEPT = TABLES | DERIVED
 CODED = {"how": "syncs", "cat": "spans"}  # code column -> its table
-KEPT_FORMAT = 1
+KEPT_FORMAT = 2
 PREFIX = "columns-"
 
 
@@ -118,7 +124,7 @@ def find_kept(
             if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries) \
                     or not isinstance(vocab, dict):
                 raise ValueError("no file list")
-            for table, columns in TABLES.items():
+            for table, columns in KEPT.items():
                 for column in columns:
                     dtype = head["arrays"][f"{table}.{column}"][0]
                     if np.dtype(dtype) != dtype_of(column):
@@ -193,16 +199,16 @@ def _in_order(table: str, joined: dict[str, Any], n: int) -> dict[str, Any]:
 
 def write_kept(folder: str, session: str, version: str, files: Sequence[FileIdentity],
                vocab: Mapping[str, Sequence[str]], tables: Iterable[tuple[str, Mapping[str, Any]]]) -> str | None:
-    """Keep the tables ``tables`` yields (table, its every column of :data:`TABLES`, in order;
-    codes into ``vocab``), in the order of :data:`TABLES`, a table held at a time, as those of
+    """Keep the tables ``tables`` yields (table, its every column of :data:`KEPT`, in order;
+    codes into ``vocab``), in the order of :data:`KEPT`, a table held at a time, as those of
     ``session``'s ``files``; returns its path, None (a warning) when it cannot be written."""
     head = {"format": KEPT_FORMAT, "version": version, "session": session, "files": [f.entry() for f in files],
             "vocab": {k: list(v) for k, v in vocab.items()}}
-    names = [f"{table}.{column}" for table, columns in TABLES.items() for column in columns]
+    names = [f"{table}.{column}" for table, columns in KEPT.items() for column in columns]
 
     def arrays() -> Iterator[tuple[str, Any]]:
         for table, columns in tables:
-            for column in TABLES[table]:
+            for column in KEPT[table]:
                 yield f"{table}.{column}", columns[column]
 
     path = column_file.session_path(folder, PREFIX, session)
