@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -137,7 +138,7 @@ def read_arrays(path: str, head: dict[str, Any], names: Iterable[str],
         for name in names:
             dtype, offset, length = head["arrays"][name]
             after = then[name] if then is not None else ()
-            values = np.empty(length + len(after), dtype=np.dtype(dtype))
+            values = _empty(length + len(after), np.dtype(dtype))
             handle.seek(offset)
             mine = values[:length]
             if handle.readinto(mine.data.cast("B")) != mine.nbytes:
@@ -145,6 +146,16 @@ def read_arrays(path: str, head: dict[str, Any], names: Iterable[str],
             values[length:] = after
             out[name] = values
     return out
+
+
+def _empty(n: int, dtype: Any) -> Any:
+    """An array of ``n`` values to read into; an int64 one over an ``array("q")``, which the
+    reader's columns are (``model_fetch.int_column`` then takes it as it is, not a copy)."""
+    import numpy as np
+
+    if dtype == np.int64 and n:
+        return np.frombuffer(array("q", [0]) * n, dtype=np.int64)
+    return np.empty(n, dtype=dtype)
 
 
 def prune(folder: str, prefix: str, sessions: Iterable[str], grace_s: float = GRACE_S) -> None:

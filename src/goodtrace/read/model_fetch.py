@@ -59,6 +59,11 @@ def int_column(values: Any) -> array[int]:
     import numpy as np
 
     filled = values.filled(NO_TIME) if isinstance(values, np.ma.MaskedArray) else values
+    base = getattr(filled, "base", None)  # a kept column read into an array("q") whole: that array
+    if isinstance(base, memoryview) and isinstance(base.obj, array) and base.obj.typecode == "q" \
+            and filled.dtype == np.int64 and len(base.obj) == len(filled) and filled.flags.c_contiguous \
+            and base.obj.buffer_info()[0] == filled.ctypes.data:
+        return base.obj
     out = array("q")
     out.frombytes(np.ascontiguousarray(filled, dtype=np.int64).data.cast("B"))  # one copy, not two
     return out
