@@ -474,16 +474,8 @@ def _compute_of(rec: SessionRecords, seqs: Array) -> Array:
         order = np.argsort(keys, kind="stable")
         keys, values = keys[order], values[order]
         del order
-    at = positions(keys, seqs) if bool((keys[1:] > keys[:-1]).all()) else _first_at(keys, seqs)
+    at = positions(keys, seqs)
     return np.where(at >= 0, values[np.maximum(at, 0)], 0)
-
-
-def _first_at(keys: Array, wanted: Array) -> Array:
-    """Where each of ``wanted`` first is in ``keys`` (sorted, perhaps a key twice), -1 where it is not."""
-    import numpy as np
-
-    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
-    return np.where(keys[at] == wanted, at, -1)
 
 
 def _data_rule(times: Array, looked_later: Array, t0s: Array, host_timed: bool) -> str:

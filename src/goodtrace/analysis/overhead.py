@@ -42,16 +42,16 @@ def label_codes(values: Sequence[str]) -> tuple[Array, tuple[str, ...]]:
 
 
 def positions(keys: Array, wanted: Array) -> Array:
-    """Where each of ``wanted`` is in ``keys`` (sorted, each once), -1 where it is not: through
-    a table by key when the keys are dense (executions numbered in order: no search), else by
-    binary search."""
+    """Where each of ``wanted`` is in ``keys`` (sorted; a key there twice: its first place), -1
+    where it is not: through a table by key when the keys are each once and dense (executions
+    numbered in order: no search), else by binary search."""
     import numpy as np
 
     out = np.full(len(wanted), -1, dtype=np.int64)
     if not len(keys) or not len(wanted):
         return out
     lo, hi = int(keys[0]), int(keys[-1])
-    if hi - lo < 4 * (len(keys) + len(wanted)):
+    if hi - lo < 4 * (len(keys) + len(wanted)) and bool((keys[1:] > keys[:-1]).all()):
         inside = (wanted >= lo) & (wanted <= hi)
         every = bool(inside.all())
         if hi - lo + 1 == len(keys):  # every key from lo to hi: the position is the key's offset

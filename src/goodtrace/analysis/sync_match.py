@@ -45,14 +45,10 @@ def assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array,
     index = np.full(len(s_t), -1, dtype=np.int64)
     named = s_seq >= 0
     if named.any():
-        if bool((seqs[1:] > seqs[:-1]).all()):  # executions in entry order (the common case)
-            index[named] = positions(seqs, s_seq[named])
-        else:
-            order = np.argsort(seqs, kind="stable")
-            pos = np.searchsorted(seqs[order], s_seq[named])
-            pos = np.minimum(pos, n - 1)
-            found = seqs[order][pos] == s_seq[named]
-            index[np.flatnonzero(named)[found]] = order[pos[found]]
+        # executions in entry order (the common case): no sort
+        order = None if bool((seqs[1:] >= seqs[:-1]).all()) else np.argsort(seqs, kind="stable")
+        at = positions(seqs if order is None else seqs[order], s_seq[named])
+        index[named] = at if order is None else np.where(at >= 0, order[np.maximum(at, 0)], -1)
     if (~named).any():  # older files: match the k-th sync point of a step to its k-th execution
         if n < 2 or bool((numbers[1:] > numbers[:-1]).all()):
             unique, dense = numbers, np.arange(n)  # every number once, in order (the common case)
