@@ -20,7 +20,7 @@ from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
 from goodtrace.read.fetch_order import order_of
 from goodtrace.read.load import load_run
-from goodtrace.read.model_fetch import kept_outer
+from goodtrace.read.outermost import kept_outer
 from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
 from goodtrace.read.session_columns import (
     ORDER,

@@ -48,7 +48,7 @@ ORDER: dict[str, tuple[str, ...]] = {
     "compute": ("t0", "-t1", "nostep", "step"),
 }
 # what is kept beside the tables, made of them: the outermost compute of the kept executions
-# (model_fetch.kept_outer: each execution's ns, by seq; its bounds: the latest end and start of
+# (outermost.kept_outer: each execution's ns, by seq; its bounds: the latest end and start of
 # the kept compute spans, and how many kept executions entered at or before that end), which a
 # re-report adds the new files' compute spans to, when they cannot change it
 DERIVED: dict[str, tuple[str, ...]] = {"outer": ("seq", "ns", "bounds")}
