@@ -23,7 +23,7 @@ from typing import Any
 
 from goodtrace.read.chunk_files import on_network_filesystem
 
-__all__ = ["ColumnFileError", "prune", "read_arrays", "read_head", "session_path", "write"]
+__all__ = ["ColumnFileError", "array_of", "empty", "prune", "read_arrays", "read_head", "session_path", "write"]
 
 MAGIC = b"goodtrace-columns\n"
 _ALIGN = 64
@@ -138,7 +138,7 @@ def read_arrays(path: str, head: dict[str, Any], names: Iterable[str],
         for name in names:
             dtype, offset, length = head["arrays"][name]
             after = then[name] if then is not None else ()
-            values = _empty(length + len(after), np.dtype(dtype))
+            values = empty(length + len(after), np.dtype(dtype))
             handle.seek(offset)
             mine = values[:length]
             if handle.readinto(mine.data.cast("B")) != mine.nbytes:
@@ -148,14 +148,34 @@ def read_arrays(path: str, head: dict[str, Any], names: Iterable[str],
     return out
 
 
-def _empty(n: int, dtype: Any) -> Any:
-    """An array of ``n`` values to read into; an int64 one over an ``array("q")``, which the
-    reader's columns are (``model_fetch.int_column`` then takes it as it is, not a copy)."""
+_TYPECODES = {"int64": "q", "int32": "i", "float64": "d"}
+
+
+def empty(n: int, dtype: Any) -> Any:
+    """A numpy array of ``n`` values to fill; an int64, int32 or float64 one over an
+    ``array.array`` of its type (what the reader's columns are), which :func:`array_of` then
+    hands on as it is, not a copy."""
     import numpy as np
 
-    if dtype == np.int64 and n:
-        return np.frombuffer(array("q", [0]) * n, dtype=np.int64)
+    code = _TYPECODES.get(np.dtype(dtype).name)
+    if code is not None and n:
+        return np.frombuffer(array(code, [0]) * n, dtype=dtype)
     return np.empty(n, dtype=dtype)
+
+
+def array_of(values: Any, typecode: str) -> array[Any]:
+    """``values`` (a numpy column) as an ``array.array`` of ``typecode``: the array the
+    column lies on whole where :func:`empty` made it, else one copy of it."""
+    import numpy as np
+
+    base = getattr(values, "base", None)
+    if isinstance(base, memoryview) and isinstance(base.obj, array) and base.obj.typecode == typecode \
+            and values.dtype == np.dtype(typecode) and len(base.obj) == len(values) and values.flags.c_contiguous \
+            and base.obj.buffer_info()[0] == values.__array_interface__["data"][0]:
+        return base.obj
+    out = array(typecode)
+    out.frombytes(np.ascontiguousarray(values, dtype=np.dtype(typecode)).data.cast("B"))  # one copy, not two
+    return out
 
 
 def prune(folder: str, prefix: str, sessions: Iterable[str], grace_s: float = GRACE_S) -> None:

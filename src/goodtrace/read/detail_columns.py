@@ -118,12 +118,25 @@ def combine(parts: Sequence[DetailColumns], names: tuple[str, ...], *, consume: 
         elif len(runs) == 1:
             out.tables[table] = runs[0]
         else:
-            joined = {column: np.concatenate([run[column] for run in runs]) for column in columns}
+            joined = {column: _joined([run[column] for run in runs]) for column in columns}
             ends = np.cumsum([len(run[columns[0]]) for run in runs]).tolist()
             if all(_key(table, joined, end - 1) <= _key(table, joined, end) for end in ends[:-1]):
                 out.tables[table] = _summed(joined) if table == "spans" else joined
             else:
                 out.tables[table] = _ordered(table, joined)
+    return out
+
+
+def _joined(runs: Sequence[Any]) -> Any:
+    """``runs`` end to end, into an array the reader's columns can take as they are
+    (:func:`~goodtrace.read.column_file.empty`): one copy of the long kept columns, not two."""
+    import numpy as np
+
+    out = column_file.empty(sum(len(run) for run in runs), np.result_type(*runs))
+    at = 0
+    for run in runs:
+        out[at : at + len(run)] = run
+        at += len(run)
     return out
 
 

@@ -12,6 +12,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from typing import Any
 
+from goodtrace.read import column_file
 from goodtrace.read.duckdb_connection import insert_rows, release_buffers
 from goodtrace.read.fetch_order import by_session
 from goodtrace.read.loaded import NO_TIME, EventColumns, Labels, SessionRecords
@@ -60,23 +61,14 @@ def int_column(values: Any) -> array[int]:
     import numpy as np
 
     filled = values.filled(NO_TIME) if isinstance(values, np.ma.MaskedArray) else values
-    base = getattr(filled, "base", None)  # a kept column read into an array("q") whole: that array
-    if isinstance(base, memoryview) and isinstance(base.obj, array) and base.obj.typecode == "q" \
-            and filled.dtype == np.int64 and len(base.obj) == len(filled) and filled.flags.c_contiguous \
-            and base.obj.buffer_info()[0] == filled.ctypes.data:
-        return base.obj
-    out = array("q")
-    out.frombytes(np.ascontiguousarray(filled, dtype=np.int64).data.cast("B"))  # one copy, not two
-    return out
+    return column_file.array_of(filled, "q")
 
 
 def labels_column(codes: Any, names: Sequence[str]) -> Labels:
     """Codes into ``names`` (a numpy integer column) as :class:`Labels`."""
     import numpy as np
 
-    out = array("i")
-    out.frombytes(np.ascontiguousarray(codes, dtype=np.intc).data.cast("B"))
-    return Labels(out, names)
+    return Labels(column_file.array_of(np.asarray(codes, dtype=np.intc), "i"), names)
 
 
 SESSION_BATCH = 1024  # sessions whose model rows are fetched together (bounds the columns in flight)
