@@ -106,12 +106,16 @@ def find_anomalies(table: StepTable, *, k: float = 5.0) -> tuple[list[Anomaly], 
     mad = median(np.abs(steady - middle))
     threshold = middle + max(k * 1.4826 * mad, 0.05 * middle)
     found = []
-    for i in np.flatnonzero(~table.first_of_attempt & (table.productive_s > threshold)).tolist():
-        r, interval = table.row_at(i)
-        found.append(
-            Anomaly(r.step, r.attempt, r.productive_s, threshold, r.step_time_s,
-                    _overlapping(interval, table, r.tags), r.seq)
-        )
+    rows = np.flatnonzero(~table.first_of_attempt & (table.productive_s > threshold))
+    # the row's own columns, not its StepRow (its metrics and overhead per step are not read here)
+    for i, productive_s, step_time_s in zip(rows.tolist(), table.productive_s[rows].tolist(),
+                                            table.step_time_s[rows].tolist(), strict=True):
+        interval, execution = table.execution_at(i)
+        step, seq = interval.cut.exec_step[execution], interval.cut.exec_seq[execution]
+        marks = table.marks_of(interval.cut.session)
+        tags = marks.tags(step) if marks is not None else ()
+        found.append(Anomaly(step, interval.attempt, productive_s, threshold, step_time_s,
+                             _overlapping(interval, table, tags), seq))
     return found, threshold
 
 

@@ -217,6 +217,11 @@ class StepTable(Sequence[StepRow]):
         return self._row(interval, int(self._position[index]), float(self.step_time_s[index]),
                          float(self.device_s()[index])), interval
 
+    def execution_at(self, index: int) -> tuple[StepInterval, int]:
+        """Row ``index``'s step interval and its execution (an index into the interval's cut)."""
+        interval = self.interval_at(index)
+        return interval, interval.executions[int(self._position[index])]
+
     def __iter__(self) -> Iterator[StepRow]:
         last: tuple[int, int] | None = None
         interval: StepInterval | None = None
