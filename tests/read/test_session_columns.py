@@ -190,3 +190,30 @@ def test_reports_with_kept_columns_are_the_cold_one_and_a_replaced_file_reads_th
     assert used[-1] == 0
     assert _report(run, cache=True) == cold
     assert used[-1] == len(kept)
+
+
+@pytest.mark.parametrize("start", [0, 40, 99, 200])
+def test_the_compute_new_spans_add_is_joined_to_the_kept_one_by_seq(tmp_path: Path, start: int) -> None:
+    """What the new files' compute spans add to a kept session (``compute_added``, by seq) is
+    joined to its kept outermost compute when the session is fetched: end to end when the new
+    executions follow the kept ones, else summed by seq (a kept execution gains compute)."""
+    from goodtrace.read.model_fetch import _kept_compute
+    from goodtrace.read.outermost import summed_by_seq
+
+    path, files, tables = _kept_file(tmp_path)
+    [found] = session_columns.find_kept(str(tmp_path), "v", {0: "s"}, {0: [(5, files[0])]}).values()
+    kept = session_columns.KeptColumns(str(tmp_path), "v", {0: "s"}, {0: found})
+    outer = _with_outer(tables)["outer"]
+    assert len(outer["seq"]) > 1
+    rng = np.random.default_rng(start)
+    seq = np.unique(rng.integers(start, start + 60, 20)).astype(np.int64)
+    ns = rng.integers(1, 1_000, len(seq)).astype(np.int64)
+    kept.compute_added[0] = (seq, ns)
+    got_seq, got_ns = _kept_compute(kept, 0)
+    want_seq, want_ns = summed_by_seq(outer["seq"], outer["ns"], seq, ns)
+    assert (list(got_seq), list(got_ns)) == (want_seq.tolist(), want_ns.tolist())
+    assert list(got_seq) == sorted(set(got_seq))  # each seq once, in order
+    every = dict.fromkeys(outer["seq"].tolist() + seq.tolist(), 0)
+    for s, n in [*zip(outer["seq"].tolist(), outer["ns"].tolist(), strict=True), *zip(seq.tolist(), ns.tolist(), strict=True)]:
+        every[s] += n
+    assert dict(zip(got_seq, got_ns, strict=True)) == every

@@ -18,7 +18,6 @@ from goodtrace.read.fetch_order import by_session
 from goodtrace.read.loaded import NO_TIME, EventColumns, Labels, SessionRecords
 from goodtrace.read.outermost import adds_to, kept_outer, outermost_compute, summed_by_seq
 from goodtrace.read.session_columns import (
-    KEPT,
     ORDER,
     TABLES,
     KeptColumns,
@@ -188,7 +187,10 @@ def fill_compute(con: Any, rows: Sequence[int], vocab: tuple[Any, Any, Any], kep
     its executions, a block of sessions at a time (:func:`session_blocks`; ``rows``: each
     session's executions), before the analysis holds anything. With ``kept``: each session's
     kept columns joined to its rows in DuckDB, and those of its files closed since written
-    into the new kept file (``kept.closing``: :func:`_keep_closing`)."""
+    into the new kept file (``kept.closing``: :func:`_keep_closing`); a session whose kept
+    outermost compute the new spans add to (:func:`adds_to`) has only what they add put aside
+    (``kept.compute_added``), joined to the kept result when it is fetched (:func:`_kept_compute`),
+    not its million rows put into DuckDB and fetched back."""
     import numpy as np
 
     con.execute("CREATE OR REPLACE TABLE m_compute (sid INTEGER, seq BIGINT, ns BIGINT)")
@@ -208,7 +210,7 @@ def fill_compute(con: Any, rows: Sequence[int], vocab: tuple[Any, Any, Any], kep
                 continue
             e, c = mine["steps"], mine["compute"]
             held = kept.sessions.get(sid) if kept is not None else None
-            outer = read_kept(held, {"outer": KEPT["outer"]}, {})["outer"] if held is not None else None
+            outer = read_kept(held, {"outer": ("bounds",)}, {})["outer"] if held is not None else None
             if outer is not None and not adds_to(outer["bounds"], e["t0"], c["t0"]):
                 c = read_kept(held, {"compute": TABLES["compute"]}, {}, then=mine)["compute"]  # type: ignore[arg-type]
                 outer = None
@@ -217,9 +219,11 @@ def fill_compute(con: Any, rows: Sequence[int], vocab: tuple[Any, Any, Any], kep
             seq, ns = outermost_compute(c["t0"], c["t1"], np.ma.MaskedArray(c["step"], mask=c["nostep"]),
                                         e["seq"], e["step"], e["t0"],
                                         reach=int(outer["bounds"][0]) if outer is not None else None)
-            if outer is not None:
-                seq, ns = summed_by_seq(outer["seq"], outer["ns"], seq, ns)
-            del mine, e, c, outer
+            del mine, e, c
+            if outer is not None and kept is not None:  # the kept ones are joined when the session is fetched
+                kept.compute_added[sid] = (seq, ns)
+                continue
+            del outer
             if not len(seq):
                 continue
             sids.append(np.full(len(seq), sid, dtype=np.int32))
@@ -372,6 +376,10 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any],
             del tables
         for sid, c in by_session(con, f"SELECT sid, seq, ns FROM m_compute WHERE {where}", ("sid", "seq")):
             out[sid].compute_seq, out[sid].compute_ns = int_column(c["seq"]), int_column(c["ns"])
+        if kept is not None:
+            for sid in range(lo, hi + 1):
+                if sid in out and sid in kept.compute_added:
+                    out[sid].compute_seq, out[sid].compute_ns = _kept_compute(kept, sid)
         for sid, c in by_session(
             con, f"SELECT t.sid, t.step, v.code AS name, t.t0 FROM (SELECT sid, step, name, min(t0) AS t0 "
                  f"FROM m_starts WHERE {where} GROUP BY ALL) t JOIN vocab_name v ON t.name IS NOT DISTINCT FROM v.name "
@@ -397,6 +405,18 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any],
         for sid, columns in events.items():
             out[sid].events = columns
     return out
+
+
+def _kept_compute(kept: KeptColumns, sid: int) -> tuple[array[int], array[int]]:
+    """Session ``sid``'s outermost compute: its kept executions' (read from its kept file) and
+    what the new files' spans add (``kept.compute_added``), summed by seq."""
+    seq, ns = kept.compute_added[sid]
+    c = read_kept(kept.sessions[sid], {"outer": ("seq", "ns")}, {}, then={"outer": {"seq": seq, "ns": ns}})["outer"]
+    joined_seq, joined_ns = c["seq"], c["ns"]
+    k = len(joined_seq) - len(seq)
+    if len(seq) and k and int(seq[0]) <= int(joined_seq[k - 1]):  # a kept execution gains compute: not end to end
+        joined_seq, joined_ns = summed_by_seq(joined_seq[:k], joined_ns[:k], seq, ns)
+    return int_column(joined_seq), int_column(joined_ns)
 
 
 def model_events(con: Any) -> dict[int, dict[str, Any]]:

@@ -94,6 +94,9 @@ class KeptColumns:
     names: dict[int, str]
     sessions: dict[int, KeptSession] = dataclasses.field(default_factory=dict)
     closing: dict[int, tuple[list[int], list[FileIdentity]]] = dataclasses.field(default_factory=dict)
+    # per session whose kept outermost compute the new files' spans add to: the (seq, ns) they
+    # add, joined to the kept ones when the session is fetched (not a round trip through DuckDB)
+    compute_added: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
 
     def covered(self) -> set[int]:
         """The files the kept files in use hold the long columns of."""
@@ -176,7 +179,7 @@ def read_kept(kept: KeptSession, tables: Mapping[str, Iterable[str]], vocab: Map
                 where = {value: k for k, value in enumerate(vocab[column])}
                 mine[:] = np.array([where[v] for v in kept.vocab[column]], dtype=np.int32)[mine]
             out[table][column] = values
-        if then is not None:
+        if then is not None and table in ORDER:  # a derived table's caller joins it (outermost.summed_by_seq)
             out[table] = _in_order(table, out[table], len(out[table][TABLES[table][0]]) - added)
     return out
 
