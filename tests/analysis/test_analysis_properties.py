@@ -69,7 +69,7 @@ def loaded_runs(draw: Any) -> LoadedRun:
             for column, value in ((rec.step_seq, seq), (rec.step_number, step), (rec.step_t0, t0), (rec.step_t1, t1)):
                 column.append(value)
         for seq, step, t, how in syncs:
-            for column, value in ((rec.sync_seq, seq), (rec.sync_step, step), (rec.sync_t, t), (rec.sync_after, NO_TIME)):
+            for column, value in ((rec.sync_seq, seq), (rec.sync_step, step), (rec.sync_t, t)):
                 column.append(value)
             rec.sync_how.append(how)
         for category, t0, t1 in spans:

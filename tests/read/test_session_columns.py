@@ -200,7 +200,7 @@ def test_the_compute_new_spans_add_is_joined_to_the_kept_one_by_seq(tmp_path: Pa
     from goodtrace.read.model_fetch import _kept_compute
     from goodtrace.read.outermost import summed_by_seq
 
-    path, files, tables = _kept_file(tmp_path)
+    _, files, tables = _kept_file(tmp_path)
     [found] = session_columns.find_kept(str(tmp_path), "v", {0: "s"}, {0: [(5, files[0])]}).values()
     kept = session_columns.KeptColumns(str(tmp_path), "v", {0: "s"}, {0: found})
     outer = _with_outer(tables)["outer"]

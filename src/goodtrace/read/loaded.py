@@ -197,7 +197,8 @@ class SessionRecords:
 
     Step executions in entry order (``seq`` 0, 1, ... numbers them: the recorder writes it, for
     older files it is the entry order); sync points (``sync_seq`` is -1 where the record names
-    no execution; ``sync_after`` is :data:`NO_TIME` where it was not polled); main-thread spans
+    no execution; the time of the check before, which a record may keep, is read by no view
+    and not loaded); main-thread spans
     of every category but ``compute`` (overhead and data), sorted by start; the outermost
     main-thread compute time of each execution (compute spans belong to the execution entered
     last before they started); device metrics by step; clock samples; a sample of span start
@@ -211,7 +212,6 @@ class SessionRecords:
     sync_seq: array[int] = dataclasses.field(default_factory=_ints)
     sync_step: array[int] = dataclasses.field(default_factory=_ints)
     sync_t: array[int] = dataclasses.field(default_factory=_ints)
-    sync_after: array[int] = dataclasses.field(default_factory=_ints)
     sync_how: Sequence[str] = dataclasses.field(default_factory=list)  # the reader's: Labels
     span_category: Sequence[str] = dataclasses.field(default_factory=list)  # the reader's: Labels
     span_t0: array[int] = dataclasses.field(default_factory=_ints)

@@ -240,7 +240,7 @@ def fill_compute(con: Any, rows: Sequence[int], vocab: tuple[Any, Any, Any], kep
 
 _BLOCK_SQL = {
     "steps": "SELECT sid, seq, step, t0, t1 FROM m_steps WHERE {where}",
-    "syncs": "SELECT t.sid, t.seq, t.step, t.t, t.after, v.code AS how FROM m_syncs t JOIN vocab_how v "
+    "syncs": "SELECT t.sid, t.seq, t.step, t.t, v.code AS how FROM m_syncs t JOIN vocab_how v "
              "ON t.how IS NOT DISTINCT FROM v.how WHERE t.{where}",
     "spans": "SELECT t.sid, v.code AS cat, t.t0, t.t1, t.step FROM m_spans t JOIN vocab_cat v "
              "ON t.cat IS NOT DISTINCT FROM v.cat WHERE t.{where}",
@@ -368,7 +368,7 @@ def _fetch_records(con: Any, sids: Iterable[int], vocab: tuple[Any, Any, Any],
                     r.step_t0, r.step_t1 = int_column(c["t0"]), int_column(c["t1"])
                 elif table == "syncs":
                     r.sync_seq, r.sync_step, r.sync_t = int_column(c["seq"]), int_column(c["step"]), int_column(c["t"])
-                    r.sync_after, r.sync_how = int_column(c["after"]), labels_column(c["how"], how_names)
+                    r.sync_how = labels_column(c["how"], how_names)
                 else:
                     r.span_category = labels_column(c["cat"], cat_names)
                     r.span_t0, r.span_t1, r.span_step = int_column(c["t0"]), int_column(c["t1"]), int_column(c["step"])

@@ -37,7 +37,7 @@ NO_VALUE = -(2**63)  # a NULL in an integer column (loaded.NO_TIME)
 # order of its rows ("-x": x descending; nostep before step: a span without a step last)
 TABLES: dict[str, tuple[str, ...]] = {
     "steps": ("seq", "step", "t0", "t1"),
-    "syncs": ("seq", "step", "t", "after", "how"),
+    "syncs": ("seq", "step", "t", "how"),
     "spans": ("cat", "t0", "t1", "step"),
     "compute": ("t0", "t1", "step", "nostep"),
 }
@@ -54,7 +54,7 @@ ORDER: dict[str, tuple[str, ...]] = {
 DERIVED: dict[str, tuple[str, ...]] = {"outer": ("seq", "ns", "bounds")}
 KEPT = TABLES | DERIVED
 CODED = {"how": "syncs", "cat": "spans"}  # code column -> its table
-KEPT_FORMAT = 2
+KEPT_FORMAT = 3  # 3: no sync "after" column (no view reads it)
 PREFIX = "columns-"
 
 
