@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from goodtrace.analysis import analyze
-from goodtrace.analysis.ranks import rank_figures
-from goodtrace.analysis.slowdown import find_slowdowns
+from helpers.all_at_once import find_slowdowns, rank_figures
 from helpers.builders import Proc, load
 
 RANKS = 4

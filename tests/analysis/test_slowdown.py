@@ -9,9 +9,10 @@ from array import array
 import pytest
 
 from goodtrace.analysis.cut import SessionCut
-from goodtrace.analysis.slowdown import Series, SeriesStore, Slowdown, find_slowdowns, slowdowns_of
+from goodtrace.analysis.slowdown import Series, SeriesStore, Slowdown, slowdowns_of
 from goodtrace.read.loaded import SessionInfo
 from goodtrace.record.live.change_point import change_at, its_own, own_slowdown
+from helpers.all_at_once import find_slowdowns
 
 MS = 1_000_000
 

@@ -421,24 +421,6 @@ def figures_of(
     return figures
 
 
-def rank_figures(
-    sessions: Sequence[SessionInfo],
-    cuts: dict[int, SessionCut],
-    records: Mapping[int, SessionRecords],
-    attempt_of: dict[int, int],
-    clocks: dict[int, SessionClock],
-    goodput_by_rank: dict[int, float],
-) -> list[RankFigure]:
-    """One figure per rank over the given sessions (a rank's sessions combined): every rank
-    sampled (:func:`sample_rank`), then compared (:func:`figures_of`)."""
-    by_rank: dict[int, list[SessionInfo]] = {}
-    for s in sessions:
-        by_rank.setdefault(s.rank, []).append(s)
-    name_codes: dict[str, int] = {}
-    samples = [sample_rank(rank, members, cuts, records, attempt_of, name_codes) for rank, members in by_rank.items()]
-    return figures_of(samples, clocks, goodput_by_rank, name_codes)
-
-
 def _with_noise(evidence: Evidence | None, noise_s: float) -> Evidence | None:
     """Arrival times have no step-to-step noise of their own: the rank's step times' is used."""
     return None if evidence is None else dataclasses.replace(evidence, noise_s=noise_s)

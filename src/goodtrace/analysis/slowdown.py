@@ -28,7 +28,7 @@ from goodtrace.record.live.change_point import (
     slower_since,
 )
 
-__all__ = ["Series", "SeriesStore", "Slowdown", "find_slowdowns", "slowdown_of", "slowdown_series", "slowdowns_of"]
+__all__ = ["Series", "SeriesStore", "Slowdown", "slowdown_of", "slowdown_series", "slowdowns_of"]
 
 Series = tuple[str, Any, Any]  # (measure, steps, seconds per execution): numpy arrays (steps: or a range)
 
@@ -77,7 +77,7 @@ def _series(cut: SessionCut) -> Series | None:
 def slowdown_of(steps: Any, seconds: Any) -> tuple[int, float, float] | None:
     """One process's own slowdown in a series of times per execution (sequences or numpy
     arrays, in order): (onset step, median before, median after), or None. Without the
-    comparison with other ranks (see :func:`find_slowdowns`)."""
+    comparison with other ranks (see :func:`slowdowns_of`)."""
     return own_slowdown(steps, seconds)
 
 
@@ -160,19 +160,11 @@ class SeriesStore(Mapping[int, Series]):
             self._file = None
 
 
-def find_slowdowns(
-    sessions: Sequence[SessionInfo], cuts: Mapping[int, SessionCut], attempt_of: Mapping[int, int],
-) -> list[Slowdown]:
-    """The sessions whose own time per execution rose by a sustained margin, with the onset."""
-    series = {info.index: found for info in sessions
-              if (cut := cuts.get(info.index)) is not None and (found := _series(cut)) is not None}
-    return slowdowns_of(sessions, series, attempt_of)
-
-
 def slowdowns_of(
     sessions: Sequence[SessionInfo], series: Mapping[int, Series], attempt_of: Mapping[int, int],
 ) -> list[Slowdown]:
-    """:func:`find_slowdowns` over the sessions' series (:func:`slowdown_series`; a
+    """The sessions whose own time per execution rose by a sustained margin, with the onset,
+    from their series (:func:`slowdown_series`; a
     :class:`SeriesStore` reads them back one at a time), their cuts released, in two passes
     over the series: each session's own slowdown, then every session's change at each onset
     found in its attempt (each distinct onset once), which a slowed rank's change is compared

@@ -118,10 +118,6 @@ class Writer:
         self._io = threading.Thread(target=self._io_loop, name="goodtrace-io", daemon=True)
 
     @property
-    def current_segment(self) -> int:
-        return self._segment
-
-    @property
     def dropped_records(self) -> int:
         """Every record that will not reach storage: refused by the full buffer, dropped when
         storage was failing or too slow, or written into a deleted file."""
