@@ -348,3 +348,36 @@ def test_records_that_reach_across_segments_count_as_in_one_file(tmp_path: Path,
     read: list[tuple[str, int]] = []
     assert _report(split, cache=True, labels=read) == _report(split, cache=False)
     assert not read  # every segment from the cache: the session finished
+
+
+def test_the_listed_sample_steps_are_the_sample_s_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The span starts a warm report loads from a chunk are filtered by the sample's rule; the
+    steps it also lists (for the Parquet reader to skip row groups) are exactly the steps that
+    rule keeps of each session's range, so the list drops no row the rule keeps."""
+    import duckdb
+
+    from goodtrace.read import duckdb_sql
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE seg_summ (sid INTEGER, first_step BIGINT, last_step BIGINT)")
+    ranges = {0: (0, 999_999), 1: (5, 20), 2: (-40, 3_000), 3: (None, None)}
+    con.executemany("INSERT INTO seg_summ VALUES (?, ?, ?)", [(sid, lo, hi) for sid, (lo, hi) in ranges.items()])
+    con.execute("CREATE TABLE p (sid INTEGER, step BIGINT)")
+    con.execute("INSERT INTO p SELECT sid, step FROM (VALUES (0), (1), (2)) s(sid), range(-50, 1_000_001) r(step)")
+    con.execute("CREATE TABLE m AS SELECT DISTINCT sid FROM p")
+
+    def kept(rule: str) -> list[tuple[int, int]]:
+        return sorted(con.execute(f"SELECT p.sid, p.step FROM p JOIN m ON p.sid = m.sid {rule}").fetchall())
+
+    listed = duckdb_sql.sampled_starts(con)
+    assert " AND p.step IN (" in listed
+    every = kept(duckdb_sql.SAMPLED_STARTS)
+    assert kept(listed) == every
+    for sid in (0, 1, 2):  # about SAMPLE_STEPS steps of each range, every one inside it, both ends in
+        lo, hi = ranges[sid]
+        steps = [step for s, step in every if s == sid]
+        assert steps[0] == lo and lo <= min(steps) and max(steps) <= hi
+        assert duckdb_sql.SAMPLE_STEPS <= len(steps) <= 2 * duckdb_sql.SAMPLE_STEPS or hi - lo < duckdb_sql.SAMPLE_STEPS
+    assert {sid for sid, _ in every} == {0, 1, 2}
+    monkeypatch.setattr(duckdb_sql, "PRUNE_STEPS", 10)  # too many to list: the rule alone
+    assert duckdb_sql.sampled_starts(con) == duckdb_sql.SAMPLED_STARTS

@@ -30,6 +30,7 @@ INDEX_SUFFIX = ".json"
 CHUNK_NAME = re.compile(r"(?:model-)?(c([0-9]+)-[0-9a-f]{12})")
 DIGEST_HEAD = 4096
 DIGEST_TAIL = 65536
+STARTS_ROW_GROUP = 8_192  # rows of a chunk's span starts in a Parquet row group (a few steps' worth)
 
 
 def prefix_digest(path: str, size: int) -> str | None:
@@ -114,8 +115,11 @@ def write_chunk(
             target = os.path.join(folder, name)
             written.append(target + ".partial")
             first = os.path.join(local, name) if local is not None else target + ".partial"
+            # the span starts in small row groups: a report reads only its sample's steps of them
+            # (duckdb_sql.sampled_starts; DuckDB skips a row group by its steps' range)
+            groups = f", ROW_GROUP_SIZE {STARTS_ROW_GROUP}" if table == "seg_starts" else ""
             con.execute(f"COPY (SELECT * EXCLUDE (sid) FROM {table} WHERE fid IN ({fids})) TO "
-                        f"{duckdb_connection.sql_str(first)} (FORMAT parquet, COMPRESSION zstd)")
+                        f"{duckdb_connection.sql_str(first)} (FORMAT parquet, COMPRESSION zstd{groups})")
             if local is not None:
                 shutil.copyfile(first, target + ".partial")
                 os.remove(first)

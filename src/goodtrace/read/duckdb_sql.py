@@ -318,8 +318,27 @@ def extract_segments(con: Any, source: str) -> None:
 # segment, once every file's summary is in seg_summ.
 SAMPLED_STARTS = (
     "JOIN (SELECT sid, min(first_step) AS lo, max(last_step) AS hi FROM seg_summ GROUP BY sid) r ON r.sid = m.sid "
-    f"WHERE r.lo IS NOT NULL AND (p.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0"
+    f"WHERE p.step BETWEEN r.lo AND r.hi AND (p.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0"
 )
+
+
+PRUNE_STEPS = 4_096  # sampled steps listed for the Parquet reader to skip the row groups without them
+
+
+def sampled_starts(con: Any) -> str:
+    """:data:`SAMPLED_STARTS`, with the sampled steps of every session listed too (where they
+    are few; the same steps: the rule keeps none outside a session's range): a filter on the
+    Parquet column itself, with which DuckDB skips the row groups
+    that hold none of them (a closed file's span starts are a few rows a step, the sample
+    about :data:`SAMPLE_STEPS` steps of a session's run: most of them, read and dropped before)."""
+    steps: set[int] = set()
+    for lo, hi in con.execute("SELECT min(first_step), max(last_step) FROM seg_summ GROUP BY sid "
+                              "HAVING min(first_step) IS NOT NULL").fetchall():
+        stride = max(1, (int(hi) - int(lo)) // SAMPLE_STEPS)
+        steps.update(range(int(lo), int(hi) + 1, stride))
+        if len(steps) > PRUNE_STEPS:
+            return SAMPLED_STARTS
+    return f"{SAMPLED_STARTS} AND p.step IN ({', '.join(str(s) for s in sorted(steps))})" if steps else SAMPLED_STARTS
 
 
 def delete_files(con: Any, fids: Iterable[int]) -> None:
@@ -349,13 +368,14 @@ def finish_model(con: Any) -> None:
             "coalesce(seq, row_number() OVER (PARTITION BY sid ORDER BY t0, t1, step) - 1) AS seq, step, t0, t1 FROM seg_steps"
         )
         con.execute("DROP TABLE seg_steps")
-    # Span starts of about SAMPLE_STEPS steps of each session's step range
+    # Span starts of about SAMPLE_STEPS steps of each session's step range (of its executed
+    # steps: a start of another step has no entry to be late against, and is not kept)
     con.execute(
         f"""
         CREATE OR REPLACE TABLE m_starts AS
         WITH r AS (SELECT sid, min(first_step) AS lo, max(last_step) AS hi FROM seg_summ GROUP BY sid)
         SELECT s.sid, s.step, s.name, min(s.t0) AS t0 FROM seg_starts s JOIN r USING (sid)
-        WHERE r.lo IS NOT NULL AND (s.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0
+        WHERE s.step BETWEEN r.lo AND r.hi AND (s.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0
         GROUP BY ALL
         """
     )

@@ -470,7 +470,7 @@ def _load_run(
             failed = cache.load(con, "model", {fid: hit for fid, hit in hits.items() if hit.chunk in merged},
                                 sid_of_fid, tables=_STARTS.__eq__)
             failed |= cache.load(con, "model", {fid: hit for fid, hit in hits.items() if hit.chunk not in merged},
-                                 sid_of_fid, tables=_STARTS.__eq__, filters={"seg_starts": duckdb_sql.SAMPLED_STARTS})
+                                 sid_of_fid, tables=_STARTS.__eq__, filters={"seg_starts": duckdb_sql.sampled_starts(con)})
             if failed:  # read again, whole
                 duckdb_sql.delete_files(con, failed)
                 again: dict[int, list[str]] = {}
