@@ -115,7 +115,7 @@ def _resumed(spans: list[tuple[int, int, int | None]], executions: list[tuple[in
         return None
     seq, ns = outermost_compute(compute["t0"], compute["t1"], np.ma.MaskedArray(compute["step"], mask=compute["nostep"]),
                                 steps["seq"], steps["step"], steps["t0"], reach=int(outer["bounds"][0]))
-    seq, ns = outermost.summed_by_seq(outer["seq"], outer["ns"], seq, ns)
+    seq, ns = outermost.by_seq(np.concatenate((outer["seq"], seq)), np.concatenate((outer["ns"], ns)))
     assert list(seq) == sorted(set(seq.tolist()))
     return dict(zip(seq.tolist(), ns.tolist(), strict=True))
 

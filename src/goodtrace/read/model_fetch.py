@@ -16,7 +16,7 @@ from goodtrace.read import column_file
 from goodtrace.read.duckdb_connection import insert_rows, release_buffers
 from goodtrace.read.fetch_order import by_session
 from goodtrace.read.loaded import NO_TIME, EventColumns, Labels, SessionRecords
-from goodtrace.read.outermost import adds_to, kept_outer, outermost_compute, summed_by_seq
+from goodtrace.read.outermost import adds_to, by_seq, kept_outer, outermost_compute
 from goodtrace.read.session_columns import (
     ORDER,
     TABLES,
@@ -412,10 +412,7 @@ def _kept_compute(kept: KeptColumns, sid: int) -> tuple[array[int], array[int]]:
     what the new files' spans add (``kept.compute_added``), summed by seq."""
     seq, ns = kept.compute_added[sid]
     c = read_kept(kept.sessions[sid], {"outer": ("seq", "ns")}, {}, then={"outer": {"seq": seq, "ns": ns}})["outer"]
-    joined_seq, joined_ns = c["seq"], c["ns"]
-    k = len(joined_seq) - len(seq)
-    if len(seq) and k and int(seq[0]) <= int(joined_seq[k - 1]):  # a kept execution gains compute: not end to end
-        joined_seq, joined_ns = summed_by_seq(joined_seq[:k], joined_ns[:k], seq, ns)
+    joined_seq, joined_ns = by_seq(c["seq"], c["ns"])  # summed where a kept execution gains compute
     return int_column(joined_seq), int_column(joined_ns)
 
 

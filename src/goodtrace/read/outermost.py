@@ -1,7 +1,7 @@
 """Each execution's outermost main-thread compute time from a session's compute spans
 (:func:`outermost_compute`), and that of a session's kept executions, kept beside its columns
 (:func:`kept_outer`), which a re-report adds the new files' spans to (:func:`adds_to`,
-:func:`summed_by_seq`): :func:`goodtrace.read.model_fetch.fill_compute`'s pass."""
+:func:`by_seq`): :func:`goodtrace.read.model_fetch.fill_compute`'s pass."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["COMPUTE_CHUNK", "adds_to", "kept_outer", "outermost_compute", "summed_by_seq"]
+__all__ = ["COMPUTE_CHUNK", "adds_to", "by_seq", "kept_outer", "outermost_compute"]
 
 
 COMPUTE_CHUNK = 262_144  # compute spans handled at a time (bounds the temporaries, not the result)
@@ -91,13 +91,7 @@ def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex
             found[found] = keys_step[merged[prior[found]]] == keys_step[merged[parts[found]]]
             np.add.at(per_execution, mine[merged[prior[found]]], ns[other[merged[parts[found]] - n]])
     having = np.flatnonzero(per_execution)  # every part is longer than 0
-    seqs, totals = ex_seq[having], per_execution[having]
-    if not bool((seqs[1:] > seqs[:-1]).all()):  # executions not given in seq order, or numbered twice
-        order = np.argsort(seqs, kind="stable")
-        seqs, totals = seqs[order], totals[order]
-        starts = np.flatnonzero(np.concatenate(([True], seqs[1:] != seqs[:-1])))
-        seqs, totals = seqs[starts], np.add.reduceat(totals, starts)
-    return seqs, totals
+    return by_seq(ex_seq[having], per_execution[having])
 
 
 def kept_outer(steps: Mapping[str, Any], compute: Mapping[str, Any]) -> dict[str, Any]:
@@ -132,16 +126,12 @@ def adds_to(bounds: Any, ex_t0: Any, new_t0: Any) -> bool:
     return int(np.count_nonzero(np.asarray(ex_t0) <= reach)) == entered
 
 
-def summed_by_seq(seq_a: Any, ns_a: Any, seq_b: Any, ns_b: Any) -> tuple[Any, Any]:
-    """Two (seq, ns) columns, each in seq order and each seq once, as one: ns summed by seq."""
+def by_seq(seqs: Any, totals: Any) -> tuple[Any, Any]:
+    """(seq, ns) pairs in seq order, each seq once with its ns summed; as they are when they
+    already are so (no copy)."""
     import numpy as np
 
-    if not len(seq_b):
-        return seq_a, ns_a
-    if not len(seq_a):
-        return seq_b, ns_b
-    seqs, totals = np.concatenate((seq_a, seq_b)), np.concatenate((ns_a, ns_b))
-    if int(seq_b[0]) > int(seq_a[-1]):
+    if bool((seqs[1:] > seqs[:-1]).all()):
         return seqs, totals
     order = np.argsort(seqs, kind="stable")
     seqs, totals = seqs[order], totals[order]

@@ -179,7 +179,7 @@ def read_kept(kept: KeptSession, tables: Mapping[str, Iterable[str]], vocab: Map
                 where = {value: k for k, value in enumerate(vocab[column])}
                 mine[:] = np.array([where[v] for v in kept.vocab[column]], dtype=np.int32)[mine]
             out[table][column] = values
-        if then is not None and table in ORDER:  # a derived table's caller joins it (outermost.summed_by_seq)
+        if then is not None and table in ORDER:  # a derived table's caller joins it (outermost.by_seq)
             out[table] = _in_order(table, out[table], len(out[table][TABLES[table][0]]) - added)
     return out
 
