@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from _timing import CALL_TIMER
-from goodtrace.read.duckdb_sql import FOLD_BATCH_FILES  # files a worker parses at once (whole sessions)
 from goodtrace.read.engine import TASK_BYTES, TASK_MAX_BYTES, TASKS_PER_WORKER  # how a read is cut in tasks
+from goodtrace.read.fold_batches import FOLD_BATCH_FILES  # files a worker parses at once (whole sessions)
 from report_steps import write_rank
 
 _TASK = r"""

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from goodtrace.read import engine
-from goodtrace.read.duckdb_sql import session_batches
 from goodtrace.read.engine import Engine, plan_tasks
+from goodtrace.read.fold_batches import session_batches
 from helpers.many_ranks import report_read_by as report
 from helpers.many_ranks import write_many_ranks
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from goodtrace.analysis import analyze
-from goodtrace.read import duckdb_sql
+from goodtrace.read import fold_batches
 from goodtrace.read.cache_keep import PREFIX_STEP_BYTES
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
@@ -300,13 +300,13 @@ def test_the_new_bytes_are_copied_in_memory_or_on_disk_when_memory_is_full(
     made on disk instead, the report is the cold one, and nothing is left in either place."""
     memory = tmp_path / "shm"
     memory.mkdir()
-    monkeypatch.setattr(duckdb_sql, "SHARED_MEMORY", str(memory))
+    monkeypatch.setattr(fold_batches, "SHARED_MEMORY", str(memory))
     job.steps(30)
     _report(job.run, cache=True)
     job.steps(10)
     copied: list[str] = []
     full = [True]  # the first copy in memory fails
-    real_copy = duckdb_sql.range_copy
+    real_copy = fold_batches.range_copy
 
     def copy(path: str, start: int, end: int, folder: str) -> str:
         copied.append(folder)
@@ -315,7 +315,7 @@ def test_the_new_bytes_are_copied_in_memory_or_on_disk_when_memory_is_full(
             raise OSError(28, "No space left on device")
         return real_copy(path, start, end, folder)
 
-    monkeypatch.setattr(duckdb_sql, "range_copy", copy)
+    monkeypatch.setattr(fold_batches, "range_copy", copy)
     cold, _ = _report(job.run, cache=False)
     warm, read = _report(job.run, cache=True)
     assert warm == cold and read > 0

@@ -1,7 +1,8 @@
 """The DuckDB side of the analytical reader: record files -> per-session columns in SQL.
 
 DuckDB parses every rank's JSON-lines segments (a batch of whole sessions at a time,
-materialised once and queried several times) or reads the compacted Parquet copy, and keeps
+materialised once and queried several times: :mod:`goodtrace.read.fold_batches` decides the
+batches) or reads the compacted Parquet copy, and keeps
 only what the run model needs of every segment file (:func:`extract_segments`: what the
 segment cache keeps of a closed one), from which :func:`finish_model` makes each session's:
 a summary (last sign of life, finish, counts), step and sync records, main-thread overhead
@@ -17,25 +18,20 @@ without those lines (:mod:`goodtrace.read.long_lines`), which are counted too.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
-import shutil
-import tempfile
-import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from goodtrace import schema
-from goodtrace.read.discovery import torn_tail, where_of
+from goodtrace.read.discovery import torn_tail
 from goodtrace.read.duckdb_connection import execute_all, insert_rows, sql_str
-from goodtrace.read.file_skips import FileSkips, range_copy
-from goodtrace.read.io_pool import io_map, stat_or_none
+from goodtrace.read.file_skips import FileSkips
 from goodtrace.read.loaded import Progress
 from goodtrace.read.validate import MAX_LINE_BYTES, invalid_sql
 
 # Columns read from every record line. Fields a record kind does not have are NULL.
-_COLUMNS: dict[str, str] = {
+RECORD_COLUMNS: dict[str, str] = {
     schema.F_KIND: "VARCHAR",
     schema.F_NAME: "VARCHAR",
     schema.F_CATEGORY: "VARCHAR",
@@ -66,7 +62,7 @@ _DEVICE_METRICS = ", ".join(f"'{m}'" for m in schema.DEVICE_METRICS)
 
 
 def read_json_sql(paths: Sequence[str]) -> str:
-    columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in (*_COLUMNS.items(), (schema.F_ATTRS, "JSON"))) + "}"
+    columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in (*RECORD_COLUMNS.items(), (schema.F_ATTRS, "JSON"))) + "}"
     files = "[" + ", ".join(sql_str(p) for p in paths) + "]"
     return (
         f"read_json({files}, columns={columns}, format='newline_delimited', ignore_errors=true, "
@@ -91,14 +87,14 @@ def _is_too_long(exc: Exception) -> bool:
 def create_records_table(con: Any, table: str = "records") -> None:
     """Every line of some files: ``sid`` (or a file id), the record columns, the attributes of
     events, and ``bad``: why the line is no valid record (NULL for a valid one)."""
-    cols = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS.items())
+    cols = ", ".join(f"{name} {kind}" for name, kind in RECORD_COLUMNS.items())
     con.execute(f"CREATE TABLE {table} (sid INTEGER, {cols}, attrs VARCHAR, bad VARCHAR)")
 
 
 R = TypeVar("R", bound=tuple[Any, ...])
 
 
-def _read_batch(con: Any, rows: list[R], sql: str, skips: FileSkips) -> list[R]:
+def read_batch(con: Any, rows: list[R], sql: str, skips: FileSkips) -> list[R]:
     """Run ``sql`` (its ``{source}``: read_json joined to ``files_batch`` as ``r`` and ``f``)
     over the files of ``rows`` (rows of ``files_batch``: a path, then ids); when DuckDB refuses
     a line that is too long, again over copies without the long lines. Returns the rows as
@@ -142,11 +138,11 @@ def insert_json(
     id and why it is no valid record (``bad``, NULL for a valid one): ``goodtrace compact``.
     The skipped lines are counted in ``skips``."""
     batch = 32
-    names = ", ".join(f"r.{name}" for name in _COLUMNS)
+    names = ", ".join(f"r.{name}" for name in RECORD_COLUMNS)
     read: list[tuple[str, int]] = []
     for start in range(0, len(paths), batch):
         chunk = [(p, fid_of_file[p]) for p in paths[start:start + batch]]
-        read += _read_batch(
+        read += read_batch(
             con, chunk,
             # attributes are kept for events only (spans' attributes are not analysed)
             f"INSERT INTO {table} SELECT f.sid, {names}, CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END, "
@@ -212,7 +208,7 @@ def _sources_digest(*names: str) -> str:
 # A cached segment of another version is not used (its file is read again): the number is bumped
 # when the segment tables change, and the digest changes with any change of the code that fills
 # them (this module, the line checks, the record format, the cache itself).
-RUN_MODEL_VERSION = f"2-{_sources_digest('duckdb_sql.py', 'validate.py', 'segment_cache.py', 'chunk_files.py', '../schema.py')}"
+RUN_MODEL_VERSION = f"2-{_sources_digest('duckdb_sql.py', 'fold_batches.py', 'validate.py', 'segment_cache.py', 'chunk_files.py', '../schema.py')}"
 
 _MAIN = "(m.main_tid IS NULL OR b.tid IS NULL OR b.tid = m.main_tid)"
 
@@ -316,9 +312,15 @@ def extract_segments(con: Any, source: str) -> None:
 # The span starts finish_model keeps (the sample of each session's step range), as a filter of
 # rows ``p`` of seg_starts with their session in ``m``: the cache reads only those of a closed
 # segment, once every file's summary is in seg_summ.
+def _in_sample(step: str) -> str:
+    """Whether ``step`` (a column) is one of the sampled steps of its session's executed range
+    ``r.lo`` to ``r.hi``: every ``(hi - lo) // SAMPLE_STEPS``-th from ``lo``."""
+    return f"{step} BETWEEN r.lo AND r.hi AND ({step} - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0"
+
+
 SAMPLED_STARTS = (
     "JOIN (SELECT sid, min(first_step) AS lo, max(last_step) AS hi FROM seg_summ GROUP BY sid) r ON r.sid = m.sid "
-    f"WHERE p.step BETWEEN r.lo AND r.hi AND (p.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0"
+    f"WHERE {_in_sample('p.step')}"
 )
 
 
@@ -375,174 +377,11 @@ def finish_model(con: Any) -> None:
         CREATE OR REPLACE TABLE m_starts AS
         WITH r AS (SELECT sid, min(first_step) AS lo, max(last_step) AS hi FROM seg_summ GROUP BY sid)
         SELECT s.sid, s.step, s.name, min(s.t0) AS t0 FROM seg_starts s JOIN r USING (sid)
-        WHERE s.step BETWEEN r.lo AND r.hi AND (s.step - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0
+        WHERE {_in_sample('s.step')}
         GROUP BY ALL
         """
     )
     con.execute("DROP TABLE seg_starts")
-
-
-FOLD_BATCH_FILES = 32  # files parsed into one batch table (whole sessions: a longer session is one batch)
-# ... or more, while the batch's bytes stay under FOLD_BATCH_BYTES (up to FOLD_BATCH_MOST files): a
-# batch costs a dozen statements whatever it holds, which the small parts of the files a live
-# run's re-report reads (thousands of ranks' open segments, a few KB each) would pay per 32 files
-FOLD_BATCH_BYTES = 64 << 20
-FOLD_BATCH_MOST = 1024
-
-
-def fold_sizes(files_by_sid: Mapping[int, Sequence[str]], ranges: Mapping[str, tuple[int, int]] | None) -> dict[str, int]:
-    """Each file's size, or that of the part of it to read (0 when it cannot be read: the fold
-    reports it); the stats many at once (a network filesystem)."""
-    paths = [path for paths in files_by_sid.values() for path in paths]
-    whole = [path for path in paths if not (ranges and path in ranges)]
-    found = dict(zip(whole, io_map(stat_or_none, whole), strict=True))
-    return {path: ranges[path][1] - ranges[path][0] if ranges and path in ranges
-            else (info.st_size if (info := found[path]) is not None else 0) for path in paths}
-
-
-def session_batches(files_by_sid: Mapping[int, Sequence[str]], sizes: Mapping[str, int]) -> list[list[int]]:
-    """The sessions of each batch :func:`fold_json` parses at once: in session order, whole
-    sessions of about :data:`FOLD_BATCH_FILES` files, more while they are small (see
-    :data:`FOLD_BATCH_BYTES`). :mod:`goodtrace.read.engine` gives each worker a run of
-    consecutive batches, so that a worker parses the batches one process would."""
-    batches: list[list[int]] = []
-    files = held = 0
-    for sid in sorted(files_by_sid):
-        paths = files_by_sid[sid]
-        more = sum(sizes.get(p, 0) for p in paths)
-        if not batches or (files and files + len(paths) > FOLD_BATCH_FILES
-                           and (held + more > FOLD_BATCH_BYTES or files + len(paths) > FOLD_BATCH_MOST)):
-            batches.append([])
-            files = held = 0
-        batches[-1].append(sid)
-        files += len(paths)
-        held += more
-    return batches
-
-
-SHARED_MEMORY = "/dev/shm"
-SHARED_MEMORY_BYTES = 16 << 20  # a batch's range copies kept in memory up to this (a quarter of its free space at most)
-
-
-def _copies_dir(size: int) -> str | None:
-    """Where a batch's range copies go: in memory (``/dev/shm``) when they are small (what a
-    live run's re-report reads of each rank's open segment: a file created there costs
-    microseconds, on a disk it may cost a millisecond, thousands of times) and fit four times
-    in its free space (a container's may be 64 MB); else the temporary directory."""
-    try:
-        if size <= SHARED_MEMORY_BYTES and os.access(SHARED_MEMORY, os.W_OK | os.X_OK):
-            free = os.statvfs(SHARED_MEMORY)
-            if free.f_bavail * free.f_frsize >= 4 * size:
-                return SHARED_MEMORY
-    except OSError:
-        pass
-    return None
-
-
-def _copy_of(ranges: Mapping[str, tuple[int, int]], folders: list[str], lock: threading.Lock,
-             row: tuple[str, int, int]) -> str | OSError | None:
-    """The range copy of a batch's file (None: read whole), or why it could not be made."""
-    if row[0] not in ranges:
-        return None
-    try:
-        return _range_copy(row[0], ranges[row[0]], folders, lock)
-    except OSError as exc:
-        return exc
-
-
-def _range_copy(path: str, part: tuple[int, int], folders: list[str], lock: threading.Lock) -> str:
-    """:func:`range_copy` into the batch's folder, or, when that is in memory and the copy fails
-    there (full since it was checked), into a folder on disk added to ``folders`` (under
-    ``lock``: the copies of a batch are made on several threads)."""
-    try:
-        return range_copy(path, *part, folders[0])
-    except OSError:
-        if not folders[0].startswith(SHARED_MEMORY + os.sep):
-            raise
-    with lock:
-        if len(folders) < 2:
-            folders.append(tempfile.mkdtemp(prefix="goodtrace-range-"))
-    return range_copy(path, *part, folders[1])
-
-
-def fold_json(
-    con: Any, files_by_sid: dict[int, list[str]], fid_of: Mapping[str, int], progress: Progress | None, done: int,
-    total: int, skips: FileSkips, ranges: Mapping[str, tuple[int, int]] | None = None,
-    sizes: Mapping[str, int] | None = None,
-) -> int:
-    """Parse the JSON files, whole sessions of about 32 files at a time: each batch is parsed
-    once into a table (every line, with why it is no valid record) that the extraction queries
-    then read for its valid records, into the segment tables (each file's rows under its
-    number in ``fid_of``). Skipped lines are counted in ``skips``; a file read from a
-    copy without its long lines is replaced by the copy in ``files_by_sid``. ``ranges``: of
-    the files being written, the bytes to read (start, end): read from a copy of those
-    (:func:`range_copy`, made as its batch is read and removed after it)."""
-    batches: list[list[tuple[str, int, int]]] = []
-    for sids in session_batches(files_by_sid, sizes if sizes is not None else fold_sizes(files_by_sid, ranges)):
-        batches.append([(p, sid, fid_of[p]) for sid in sids for p in files_by_sid[sid]])
-    names = ", ".join(f"r.{name}" for name in _COLUMNS)
-    for batch in batches:
-        if not batch:
-            continue
-        folders: list[str] = []  # the batch's range copies: in memory when small, on disk if that fails
-        sent = batch
-        try:
-            if ranges and any(p in ranges for p, _, _ in batch):
-                ranged = sum(ranges[p][1] - ranges[p][0] for p, _, _ in batch if p in ranges)
-                folders.append(tempfile.mkdtemp(prefix="goodtrace-range-", dir=_copies_dir(ranged)))
-                copy_of = functools.partial(_copy_of, ranges, folders, threading.Lock())
-                sent = []
-                for (p, sid, fid), copy in zip(batch, io_map(copy_of, batch), strict=True):  # many files at once
-                    if isinstance(copy, OSError):
-                        if ranges[p][0] > 0 and os.path.exists(p):  # its first part is read already
-                            import duckdb
-
-                            raise duckdb.IOException(f"cannot copy the new part of {where_of(p)}: {copy}") from None
-                        # gone since it was listed (DuckDB says so, as for any file), or read whole
-                        skips.unranged.add(p)
-                    elif copy is not None:
-                        skips.ranged[copy] = p, ranges[p][0]
-                        p = copy
-                    sent.append((p, sid, fid))
-            _fold_batch(con, batch, sent, files_by_sid, names, skips)
-        finally:
-            for copy in [copy for copy in skips.ranged if os.path.dirname(copy) in folders]:
-                shortened = skips.substitutes.pop(copy, None)  # its count is the file's
-                if shortened is not None:
-                    skips.long_ranges.add(skips.ranged[copy][0])
-                    shutil.rmtree(os.path.dirname(shortened), ignore_errors=True)
-                del skips.ranged[copy]
-            for folder in folders:
-                shutil.rmtree(folder, ignore_errors=True)
-        done += len(batch)
-        if progress is not None:
-            progress("reading rank files", done, total)
-    return done
-
-
-def _fold_batch(
-    con: Any, batch: list[tuple[str, int, int]], sent: list[tuple[str, int, int]], files_by_sid: dict[int, list[str]],
-    names: str, skips: FileSkips,
-) -> None:
-    """One batch of :func:`fold_json` (``sent``: the batch's rows with range copies in place
-    of their files)."""
-    read = _read_batch(
-        con, sent,
-        f"CREATE OR REPLACE TEMP TABLE batch AS SELECT f.sid, f.fid, {names}, "
-        f"CASE WHEN r.kind = '{schema.EVENT}' THEN r.attrs END AS attrs FROM {{source}}", skips,
-    )
-    for (path, sid, _), (was, _, _), (copy, _, _) in zip(batch, sent, read, strict=True):
-        if copy != was and was == path:  # a range copy's shortened copy is not the file's
-            files_by_sid[sid][files_by_sid[sid].index(path)] = copy
-    # The lines that are no valid record (a few), checked once the batch is a table (the
-    # check inside the JSON scan slowed the scan), counted, then deleted from the batch.
-    con.execute(f"CREATE OR REPLACE TEMP TABLE batch_bad AS SELECT * FROM (SELECT rowid AS row, fid, {INVALID} "
-                "AS bad FROM batch) WHERE bad IS NOT NULL")
-    count_skips(con, "batch_bad", [(p, f) for p, _, f in read], skips)
-    con.execute("DELETE FROM batch WHERE rowid IN (SELECT row FROM batch_bad)")
-    extract_segments(con, "batch")
-    con.execute("DROP TABLE batch_bad")
-    con.execute("DROP TABLE batch")
 
 
 def fold_parquet(con: Any) -> None:

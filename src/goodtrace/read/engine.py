@@ -1,7 +1,7 @@
 """Where the reader's per-session map runs: in this process, on a pool of local processes, or
 as Ray tasks; the driver reduces.
 
-The map is :func:`goodtrace.read.duckdb_sql.fold_json`: files parsed and reduced to the
+The map is :func:`goodtrace.read.fold_batches.fold_json`: files parsed and reduced to the
 segment tables (``SEGMENT_NAMES``: each file's rows under its number in the load; the files
 the segment cache holds are not sent). A task is a run of consecutive fold batches (so a worker
 parses exactly the batches one process would), of whole sessions, or, for a few long
@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read import duckdb_connection, duckdb_sql, fold_batches
 from goodtrace.read.environment import count_from_environment
 from goodtrace.read.file_skips import SHORTEN_TO, FileSkips
 from goodtrace.read.loaded import Progress
@@ -154,7 +154,7 @@ def run_task(task: FoldTask) -> FoldResult:
                 con.execute(statement)
             duckdb_connection.insert_rows(con, "sessmain", task.main_tids)
             try:
-                duckdb_sql.fold_json(con, files, fids, None, 0, 0, skips, ranges)
+                fold_batches.fold_json(con, files, fids, None, 0, 0, skips, ranges)
             except duckdb.Error as exc:
                 result.error = str(exc)
                 return result
@@ -212,16 +212,16 @@ def fold_sessions(
     engine: Engine, progress: Progress | None, done: int, total: int, skips: FileSkips,
     remote: RemoteRun | None = None, ranges: Mapping[str, tuple[int, int]] | None = None,
 ) -> int:
-    """:func:`~goodtrace.read.duckdb_sql.fold_json` of ``files_by_sid`` (``fid_of``: each
+    """:func:`~goodtrace.read.fold_batches.fold_json` of ``files_by_sid`` (``fid_of``: each
     file's number) into ``con``'s segment tables, where ``engine`` says; same tables, skipped lines (in ``skips``) and substituted
     files (in ``files_by_sid``) as one process gives. Returns ``done`` plus the files folded.
     ``remote``: the files are the mirror of a run on object storage, which Ray tasks on a
     cluster (not a local Ray) fetch from its URL themselves. ``ranges``: the parts of files
-    being written to read (see :func:`~goodtrace.read.duckdb_sql.fold_json`)."""
+    being written to read (see :func:`~goodtrace.read.fold_batches.fold_json`)."""
     if not files_by_sid:  # all read from the compacted copy
         return done
     ranges = ranges or {}
-    sizes = duckdb_sql.fold_sizes(files_by_sid, ranges)
+    sizes = fold_batches.fold_sizes(files_by_sid, ranges)
     if engine.ray is not None:
         from goodtrace.read.ray_engine import RaySession
 
@@ -234,7 +234,7 @@ def fold_sessions(
     else:
         workers = _workers(engine, sizes)
         if workers <= 1 or len(sizes) <= 1:
-            return duckdb_sql.fold_json(con, files_by_sid, fid_of, progress, done, total, skips, ranges, sizes)
+            return fold_batches.fold_json(con, files_by_sid, fid_of, progress, done, total, skips, ranges, sizes)
         out_dir = os.path.join(tmpdir, "tasks")
         os.makedirs(out_dir, exist_ok=True)
         tasks = _tasks(files_by_sid, fid_of, main_tids, sizes, workers, out_dir, ranges)
@@ -254,7 +254,7 @@ def _tasks(
     per worker and enough for the cap, else of whole sessions when there are enough of them,
     else of files (a long run of a few ranks: a session's files split between tasks; what the
     fold keeps of a file depends on no other file of its session, only on its main thread)."""
-    batches = duckdb_sql.session_batches(files_by_sid, sizes)
+    batches = fold_batches.session_batches(files_by_sid, sizes)
     total = sum(sizes.values())
     capped = -(-total // TASK_MAX_BYTES)  # tasks the cap asks for
     count = max(workers, min(workers * TASKS_PER_WORKER, total // TASK_BYTES), capped)
