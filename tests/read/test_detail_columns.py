@@ -21,6 +21,7 @@ from goodtrace.read.detail_columns import TABLES, DetailColumns, combine, keep, 
 from goodtrace.read.engine import Engine
 from goodtrace.read.load import load_run
 from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
+from goodtrace.read.session_columns import KeptChanged
 from goodtrace.renderers.json_report import render_json
 from helpers.many_ranks import NOW, write_many_ranks
 
@@ -81,6 +82,52 @@ def test_kept_columns_combined_with_new_rows_equal_every_row_combined_at_once(ov
         _same(combine([joined, *files[kept_files + 1:]], names), whole)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_kept_columns_read_from_their_file_into_the_joined_arrays_equal_every_row_combined(
+    tmp_path: Path, overlap: bool,
+) -> None:
+    # as above, the kept columns written and found again: combine reads them (not read before)
+    # into the arrays it joins them to the rest in, and reads them alone when they come later
+    rng = np.random.default_rng(11 + overlap)
+    files = [_rows(rng, 300, ("bwd", "fwd", "z"), 0 if overlap else 40 * k) for k in range(3)]
+    files[2].names = ("a", "fwd", "zz")  # new names: the kept codes are mapped as they are read
+    names = vocabulary(files)
+    whole = combine(files, names)
+    keep(str(tmp_path), "s", "v1", [], combine(files[:2], vocabulary(files[:2])))
+
+    def found() -> DetailColumns:
+        loaded = load_kept(str(tmp_path), "s", "v1")
+        assert loaded is not None and loaded[1].unread is not None
+        return loaded[1]
+
+    _same(combine([found(), files[2]], names), whole)
+    _same(combine([found()], vocabulary(files[:2])), combine(files[:2], vocabulary(files[:2])))
+    _same(combine([files[2], found()], names), combine([files[2], *files[:2]], names))
+
+
+def test_kept_columns_changed_or_damaged_after_they_were_found_are_not_used(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    kept = combine([_rows(rng, 200, ("fwd", "bwd"), 0)], ("bwd", "fwd"))
+    keep(str(tmp_path), "s", "v1", [], kept)
+    found = load_kept(str(tmp_path), "s", "v1")
+    assert found is not None
+    [path] = tmp_path.glob("detail-*.columns")
+    keep(str(tmp_path), "s", "v1", [], combine([_rows(rng, 10, ("fwd",), 0)], ("fwd",)))  # replaced since
+    with pytest.raises(KeptChanged):
+        combine([found[1]], found[1].names)
+    keep(str(tmp_path), "s", "v1", [], kept)
+    found = load_kept(str(tmp_path), "s", "v1")
+    assert found is not None
+    head = found[1].unread.head if found[1].unread is not None else {}
+    _, offset, _ = head["arrays"]["spans.name"]
+    with path.open("r+b") as handle:  # a bit flipped in the span names' codes: the header is whole
+        handle.seek(offset)
+        handle.write(np.array([7], dtype=np.int32).tobytes())
+    with pytest.warns(UserWarning, match="kept step detail .*a name code out of range"), \
+            pytest.raises(KeptChanged):
+        combine([found[1], _rows(rng, 5, ("fwd",), 100)], ("bwd", "fwd"))
+
+
 def test_a_kept_file_reads_back_and_a_damaged_one_is_a_warning(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     kept = combine([_rows(rng, 500, ("fwd", "bwd"), 0)], ("bwd", "fwd"))
@@ -89,7 +136,8 @@ def test_a_kept_file_reads_back_and_a_damaged_one_is_a_warning(tmp_path: Path) -
     found = load_kept(str(tmp_path), "session-a", "v1")
     assert found is not None
     assert found[0] == [files[0].entry()]
-    _same(found[1], kept)
+    assert found[1].unread is not None and found[1].rows("spans") == kept.rows("spans")  # read when combined
+    _same(combine([found[1]], found[1].names), kept)
     assert found[1].combined
     assert load_kept(str(tmp_path), "session-a", "v2") is None  # another version: quietly not used
     assert load_kept(str(tmp_path), "session-b", "v1") is None  # none kept

@@ -243,13 +243,14 @@ class KeptDetail:
 
 def kept_detail(
     cache: SegmentCache | None, references: Sequence[int], drafts: Sequence[Any], names: Sequence[str],
-    identities: dict[str, FileIdentity], closed: set[str],
+    identities: dict[str, FileIdentity], closed: set[str], *, use_kept: bool = True,
 ) -> tuple[KeptDetail, dict[int, set[str]]]:
     """The columns kept of each reference session's closed files, where every file they are of
-    is as it was (and closed); with the files they cover, per session."""
+    is as it was (and closed); with the files they cover, per session. ``use_kept`` false: none
+    (they are kept anew)."""
     kept = KeptDetail(cache.folder if cache is not None else None)
     covered: dict[int, set[str]] = {}
-    if kept.folder is None:
+    if kept.folder is None or not use_kept:
         return kept, covered
     for sid in sorted(set(references)):
         found = load_kept(kept.folder, names[sid], duckdb_sql.RUN_MODEL_VERSION)

@@ -23,9 +23,10 @@ from goodtrace.read import column_file
 from goodtrace.read.chunk_files import FileIdentity
 from goodtrace.read.duckdb_connection import insert_rows
 from goodtrace.read.fetch_order import order_of, per_session
+from goodtrace.read.session_columns import KeptChanged
 from goodtrace.record.errors import warn
 
-__all__ = ["DetailColumns", "combine", "fetch_detail", "keep", "load_kept", "prune_kept", "vocabulary"]
+__all__ = ["DetailColumns", "KeptFile", "combine", "fetch_detail", "keep", "load_kept", "prune_kept", "vocabulary"]
 
 # each table's columns; ``name`` holds codes into the vocabulary (events: the name itself)
 TABLES: dict[str, tuple[str, ...]] = {
@@ -62,9 +63,61 @@ class DetailColumns:
     names: tuple[str, ...] = ()
     tables: dict[str, dict[str, Any]] = dataclasses.field(default_factory=lambda: {t: _empty(t) for t in TABLES})
     combined: bool = False  # made by combine(): each table in its order, spans summed
+    # columns kept in a file (:func:`load_kept`) and not read yet: :func:`combine` reads each
+    # table's into the arrays it joins them in (``tables`` is then empty)
+    unread: KeptFile | None = None
 
     def rows(self, table: str) -> int:
+        if self.unread is not None:
+            return self.unread.rows(table)
         return len(self.tables[table][TABLES[table][0]])
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptFile:
+    """A file of kept columns as :func:`load_kept` found it (its header checked, no array read)."""
+
+    path: str
+    head: dict[str, Any]
+    names: tuple[str, ...]
+
+    def rows(self, table: str) -> int:
+        return int(self.head["arrays"][f"{table}.{TABLES[table][0]}"][2])
+
+    def read(self, table: str, names: tuple[str, ...], then: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``table``'s kept columns, codes into ``names`` (which holds the file's), each followed
+        by ``then``'s column (the other parts' rows) in one array. Raises
+        :class:`~goodtrace.read.session_columns.KeptChanged` when the file is not the one found
+        any more, or its codes are not the file's names (damaged): the run is read without it."""
+        import numpy as np
+
+        wanted = [column for column in TABLES[table] if (table, column) not in _OBJECTS]
+        after = {f"{table}.{column}": then[column] for column in wanted} if then is not None else None
+        try:
+            if column_file.read_head(self.path) != self.head:
+                raise KeptChanged(self.path)
+            arrays = column_file.read_arrays(self.path, self.head, [f"{table}.{c}" for c in wanted], after)
+        except (OSError, ValueError, KeyError) as exc:
+            raise KeptChanged(f"{self.path}: {exc}") from None
+        out = {column: arrays.pop(f"{table}.{column}") for column in wanted}
+        kept = self.rows(table)
+        if "name" in out and table != "events" and kept:
+            codes = out["name"][:kept]
+            if int(codes.min()) < 0 or int(codes.max()) >= len(self.names):
+                warn(f"the kept step detail {self.path} cannot be read (a name code out of range); ignored (read again)")
+                raise KeptChanged(f"{self.path}: a name code out of range")
+            if self.names != names:
+                where = {name: k for k, name in enumerate(names)}
+                codes[:] = np.array([where[n] for n in self.names], dtype=np.int32)[codes]
+        if table == "events":
+            events = self.head["events"]
+            for column, k in (("name", 0), ("attrs", 1)):
+                objects = np.empty(kept + (len(then[column]) if then is not None else 0), dtype=object)
+                objects[:kept] = [e[k] for e in events]
+                if then is not None:
+                    objects[kept:] = then[column]
+                out[column] = objects
+        return {column: out[column] for column in TABLES[table]}
 
 
 def vocabulary(parts: Iterable[DetailColumns]) -> tuple[str, ...]:
@@ -94,7 +147,9 @@ def combine(parts: Sequence[DetailColumns], names: tuple[str, ...], *, consume: 
     Each part is put in order alone (a part combined before already is) and the parts are
     joined end to end when each begins where the one before ends, as the columns kept of a
     session's closed files and the rows of the files written since do: a re-report then
-    copies the long kept columns once rather than sorting and gathering them again. Else the
+    reads the long kept columns (a first part not read yet, :attr:`DetailColumns.unread`)
+    straight into the arrays that join them to the rest, rather than reading, copying or
+    sorting and gathering them again. Else the
     parts are put in order together; either way the result is the same, rows that tie keeping
     the parts' order. ``consume``: each part's table is let go as it is taken (the caller holds
     the parts for this only), so that its columns and their ordered copies are not all held."""
@@ -102,9 +157,14 @@ def combine(parts: Sequence[DetailColumns], names: tuple[str, ...], *, consume: 
 
     where = {name: k for k, name in enumerate(names)}
     out = DetailColumns(names, combined=True)
+    parts = list(parts)
+    unread = parts[0].unread if parts else None  # kept columns first: read joined to the rest
+    for k in range(1 if unread is not None else 0, len(parts)):
+        if parts[k].unread is not None:  # (kept columns after others: read alone, then combined)
+            parts[k] = combine([parts[k]], parts[k].names)
     for table, columns in TABLES.items():
         runs: list[dict[str, Any]] = []
-        for part in parts:
+        for part in parts[1 if unread is not None else 0:]:
             if not part.rows(table):
                 continue
             cols = dict(part.tables[table])
@@ -113,17 +173,25 @@ def combine(parts: Sequence[DetailColumns], names: tuple[str, ...], *, consume: 
             if "name" in cols and table != "events" and part.names != names:
                 cols["name"] = np.array([where[n] for n in part.names], dtype=np.int32)[cols["name"]]
             runs.append(cols if part.combined else _ordered(table, cols))
-        if not runs:
-            out.tables[table] = _empty(table)
+        lengths = [len(run[columns[0]]) for run in runs]
+        if unread is not None and unread.rows(table):
+            tail = {column: _joined([run[column] for run in runs]) for column in columns} if runs else None
+            joined = unread.read(table, names, tail)
+            lengths.insert(0, unread.rows(table))
         elif len(runs) == 1:
-            out.tables[table] = runs[0]
-        else:
+            joined = runs[0]
+        elif runs:
             joined = {column: _joined([run[column] for run in runs]) for column in columns}
-            ends = np.cumsum([len(run[columns[0]]) for run in runs]).tolist()
-            if all(_key(table, joined, end - 1) <= _key(table, joined, end) for end in ends[:-1]):
-                out.tables[table] = _summed(joined) if table == "spans" else joined
-            else:
-                out.tables[table] = _ordered(table, joined)
+        else:
+            out.tables[table] = _empty(table)
+            continue
+        ends = np.cumsum(lengths).tolist()
+        if len(ends) == 1:
+            out.tables[table] = joined
+        elif all(_key(table, joined, end - 1) <= _key(table, joined, end) for end in ends[:-1]):
+            out.tables[table] = _summed(joined) if table == "spans" else joined
+        else:
+            out.tables[table] = _ordered(table, joined)
     return out
 
 
@@ -267,8 +335,9 @@ def _split(out: dict[int, tuple[DetailColumns, dict[str, Any]]], table: str, c: 
 
 # ------------------------------------------------------------------------------- kept columns
 def load_kept(folder: str, session: str, version: str) -> tuple[list[dict[str, Any]], DetailColumns] | None:
-    """The columns kept for ``session`` and the identities of the files they are of; None when
-    none are kept (or of another version); a damaged file is a warning, and ignored."""
+    """The columns kept for ``session`` (not read yet: :func:`combine` reads them where it joins
+    them) and the identities of the files they are of; None when none are kept (or of another
+    version); a damaged file (its header) is a warning, and ignored."""
     import numpy as np
 
     path = column_file.session_path(folder, PREFIX, session)
@@ -278,32 +347,26 @@ def load_kept(folder: str, session: str, version: str) -> tuple[list[dict[str, A
             return None
         if head.get("format") != KEPT_FORMAT or head.get("version") != version or head.get("session") != session:
             return None
-        columns = DetailColumns(tuple(str(n) for n in head["names"]), combined=True)
-        wanted = [f"{table}.{column}" for table, cols in TABLES.items() for column in cols
-                  if (table, column) not in _OBJECTS]
-        arrays = column_file.read_arrays(path, head, wanted)
+        names = tuple(str(n) for n in head["names"])
         for table, cols in TABLES.items():
+            lengths = set()
             for column in cols:
                 if (table, column) in _OBJECTS:
                     continue
-                values = arrays.pop(f"{table}.{column}")
-                if values.dtype != _dtype(table, column):
-                    raise ValueError(f"{table}.{column} is {values.dtype}")
-                columns.tables[table][column] = values
+                dtype, _, length = head["arrays"][f"{table}.{column}"]
+                if np.dtype(dtype) != _dtype(table, column):
+                    raise ValueError(f"{table}.{column} is {np.dtype(dtype)}")
+                lengths.add(length)
+            if len(lengths) != 1:
+                raise ValueError("columns of unequal length")
         events = head["events"]
-        for column, k in (("name", 0), ("attrs", 1)):
-            objects = np.empty(len(events), dtype=object)
-            objects[:] = [e[k] for e in events]
-            columns.tables["events"][column] = objects
-        if any(len({len(columns.tables[table][c]) for c in cols}) != 1 for table, cols in TABLES.items()):
-            raise ValueError("columns of unequal length")
-        if any(len(columns.tables[t]["name"]) and int(columns.tables[t]["name"].max()) >= len(columns.names)
-               for t in ("tags", "metrics", "spans")):
-            raise ValueError("a name code out of range")
+        if not isinstance(events, list) or len(events) != head["arrays"]["events.t"][2] \
+                or not all(isinstance(e, list) and len(e) == 2 for e in events):
+            raise ValueError("the events' names and attributes do not match their columns")
         files = head["files"]
         if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
             raise ValueError("no file list")
-        return files, columns
+        return files, DetailColumns(names, {}, combined=True, unread=KeptFile(path, head, names))
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         warn(f"the kept step detail in {folder} cannot be read ({path}: {exc}); ignored (read again)")
         return None

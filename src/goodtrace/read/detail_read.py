@@ -36,14 +36,16 @@ class Growing:
 def read_details(
     con: Any, root: str, cache: SegmentCache | None, references: Sequence[int], drafts: Sequence[Any], fid_of: dict[str, int],
     identities: dict[str, FileIdentity], closed: set[str], skips: FileSkips,
-    parquet_ok: dict[str, dict[str, Any]], path_of: dict[int, str], growing: Growing, names: Sequence[str],
+    parquet_ok: dict[str, dict[str, Any]], path_of: dict[int, str], growing: Growing, names: Sequence[str], *,
+    use_kept: bool = True,
 ) -> KeptDetail:
     """The reference sessions' detail into the ``det_*`` tables: from the cache, or read from
     their files (JSON, or the compacted copy) and kept when closed; of a file still being
     written, the prefix the cache holds and the bytes the fold read after it. The files whose
-    detail is kept as columns (:func:`kept_detail`) are left out; returns what to combine."""
+    detail is kept as columns (:func:`kept_detail`; none with ``use_kept`` false) are left out;
+    returns what to combine."""
     create_detail_tables(con)
-    kept, covered = kept_detail(cache, references, drafts, names, identities, closed)
+    kept, covered = kept_detail(cache, references, drafts, names, identities, closed, use_kept=use_kept)
     wanted = {fid_of[p]: (sid, p) for sid in sorted(set(references)) for p in drafts[sid].files
               if p not in covered.get(sid, ())}
     hits: dict[int, Hit] = {}

@@ -191,7 +191,7 @@ def load_run(
         try:
             return _load_run(run_dir, progress=progress, use_compact=use_compact, engine=engine or Engine(),
                              listed=listed, use_cache=use_cache)
-        except KeptChanged:  # another report replaced a session's kept columns while this one read: without them
+        except KeptChanged:  # kept columns or detail replaced by another report while this one read, or damaged: without them
             return _load_run(run_dir, progress=progress, use_compact=use_compact, engine=engine or Engine(),
                              listed=listed, use_cache=use_cache, keep_columns=False)
     except duckdb.Error as exc:
@@ -437,7 +437,8 @@ def _load_run(
         attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
         references = reference_sessions(sessions, attempts)
         detail = read_details(con, root, cache, references, list(drafts.values()), fid_of, identities, closed, skips,
-                               parquet_ok, path_of, Growing(ranges, ends, os.path.join(tmpdir, "detail")), list(drafts))
+                               parquet_ok, path_of, Growing(ranges, ends, os.path.join(tmpdir, "detail")), list(drafts),
+                               use_kept=keep_columns)
         # DuckDB's memory cut before the reference timelines are fetched and ordered in numpy
         duckdb_connection.settle(con)
         folder, names = detail.folder, list(drafts)
