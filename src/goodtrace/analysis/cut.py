@@ -38,6 +38,7 @@ from goodtrace.analysis.overhead import (
     _out,
     codes_in,
     flatten_overhead,
+    ints,
     overhead_per_interval,
     positions,
 )
@@ -369,7 +370,7 @@ def cut_session(
     if host_timed:
         times, hows, how_names = t1s.copy(), np.zeros(n, dtype=np.intc), (schema.SYNC_HOST,)
     out = SessionCut(info.index, start, end, RULE_UNKNOWN, host_timed, tail_label)
-    flags = np.zeros(n, dtype=np.int64)
+    flags = ints(n)
     flags[occurrence(numbers) > 0] |= FLAG_REPEATED
     if n > 1:
         flags[1:][numbers[1:] < numbers[:-1]] |= FLAG_DECREASING
@@ -389,12 +390,18 @@ def cut_session(
     flags[has[~in_order]] |= FLAG_UNORDERED_SYNC
     ignored += len(has) - len(accepted)
     del has, in_order
-    interval_end = times[accepted]
-    interval_start = np.concatenate(([np.int64(first_start)], interval_end[:-1])) if len(accepted) else interval_end
-    interval_first = np.concatenate(([np.int64(0)], accepted[:-1] + 1)) if len(accepted) else accepted
-    interval_count = accepted - interval_first + 1
-    interval_how = array("i", hows[accepted].tobytes()) if len(accepted) else array("i")
-    interval_of = np.full(n, -1, dtype=np.int64)
+    closing = len(accepted)  # each column made where it is kept (ints), not made and copied
+    interval_end = np.take(times, accepted, out=ints(closing))
+    interval_start, interval_first = ints(closing), ints(closing)
+    if closing:
+        interval_start[0] = first_start
+        interval_start[1:] = interval_end[:-1]
+        np.add(accepted[:-1], 1, out=interval_first[1:])
+    interval_count = np.subtract(accepted, interval_first, out=ints(closing))
+    interval_count += 1
+    interval_how = array("i", hows[accepted].tobytes()) if closing else array("i")
+    interval_of = ints(n)
+    interval_of.fill(-1)
     if len(accepted):  # the interval of each execution: how many intervals closed before it
         last = int(accepted[-1]) + 1
         if last == len(accepted):  # each its own (the common case)
@@ -419,7 +426,6 @@ def cut_session(
             interval_how.append(len(how_names))  # HOST_EXIT
         elif len(interval_end):
             interval_of[trailing:] = len(interval_end) - 1
-            interval_count = interval_count.copy()
             interval_count[-1] += n - trailing
     if host_timed:
         flags |= FLAG_HOST_TIMED
@@ -467,7 +473,7 @@ def _compute_of(rec: SessionRecords, seqs: Array) -> Array:
     import numpy as np
 
     if not len(rec.compute_ns) or not len(seqs):
-        return np.zeros(len(seqs), dtype=np.int64)
+        return ints(len(seqs))
     keys = np.frombuffer(rec.compute_seq, dtype=np.int64)
     values = np.frombuffer(rec.compute_ns, dtype=np.int64)
     if not bool((keys[1:] >= keys[:-1]).all()):  # the loader sorts them by seq: no copy then
@@ -475,7 +481,9 @@ def _compute_of(rec: SessionRecords, seqs: Array) -> Array:
         keys, values = keys[order], values[order]
         del order
     at = positions(keys, seqs)
-    return np.where(at >= 0, values[np.maximum(at, 0)], 0)
+    out: Array = np.take(values, np.maximum(at, 0), out=ints(len(seqs)))
+    out[at < 0] = 0
+    return out
 
 
 def _data_rule(times: Array, looked_later: Array, t0s: Array, host_timed: bool) -> str:

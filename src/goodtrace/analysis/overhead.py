@@ -94,12 +94,20 @@ def distinct_sorted(values: Array) -> Array:
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
-def _out(values: Array) -> array[int]:
-    import numpy as np
+def ints(n: int) -> Array:
+    """An int64 column of ``n`` zeros to fill, over the ``array.array`` that :func:`_out` then
+    hands on as it is (a cut's columns are as long as its run: made once, not made and copied)."""
+    from goodtrace.read.column_file import empty
 
-    out = array("q")
-    out.frombytes(np.ascontiguousarray(values, dtype=np.int64).data.cast("B"))  # one copy, not two
-    return out
+    return empty(n, "int64")
+
+
+def _out(values: Array) -> array[int]:
+    """``values`` as the int64 ``array.array`` a cut's columns are: the one they lie on whole
+    (made by :func:`ints`, or a reader's column), else one copy."""
+    from goodtrace.read.column_file import array_of
+
+    return array_of(values, "q")
 
 
 def merge_intervals(starts: Array, ends: Array) -> tuple[Array, Array, Array]:
@@ -236,11 +244,15 @@ def overhead_per_interval(
         mask = label_array == label
         s, e = starts[mask], ends[mask]
         if edges is not None:
-            covered = np.diff(covered_at(edges, s, e))
+            cover = covered_at(edges, s, e)
+            covered = np.subtract(cover[1:], cover[:-1], out=ints(len(cover) - 1))
+            del cover
         else:
             covered = covered_at(interval_end, s, e)
             covered -= covered_at(interval_start, s, e)
         if covered.any():
             overhead[label] = _out(covered)
             used += covered
-    return _out(interval_end - interval_start - used), overhead
+    rest = np.subtract(interval_end, interval_start, out=ints(len(interval_start)))
+    rest -= used
+    return _out(rest), overhead
