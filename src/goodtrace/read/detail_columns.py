@@ -84,18 +84,26 @@ class KeptFile:
     def rows(self, table: str) -> int:
         return int(self.head["arrays"][f"{table}.{TABLES[table][0]}"][2])
 
+    def check(self) -> None:
+        """Raises :class:`~goodtrace.read.session_columns.KeptChanged` when the file is not the
+        one found any more (another report replaced it). :func:`combine` checks before it reads
+        the tables and after: a file replaced between would not be the same at both ends."""
+        try:
+            if column_file.read_head(self.path) != self.head:
+                raise KeptChanged(self.path)
+        except (OSError, ValueError) as exc:
+            raise KeptChanged(f"{self.path}: {exc}") from None
+
     def read(self, table: str, names: tuple[str, ...], then: Mapping[str, Any] | None) -> dict[str, Any]:
         """``table``'s kept columns, codes into ``names`` (which holds the file's), each followed
         by ``then``'s column (the other parts' rows) in one array. Raises
-        :class:`~goodtrace.read.session_columns.KeptChanged` when the file is not the one found
-        any more, or its codes are not the file's names (damaged): the run is read without it."""
+        :class:`~goodtrace.read.session_columns.KeptChanged` when it cannot be read whole, or its
+        codes are not the file's names (damaged): the run is then read without it."""
         import numpy as np
 
         wanted = [column for column in TABLES[table] if (table, column) not in _OBJECTS]
         after = {f"{table}.{column}": then[column] for column in wanted} if then is not None else None
         try:
-            if column_file.read_head(self.path) != self.head:
-                raise KeptChanged(self.path)
             arrays = column_file.read_arrays(self.path, self.head, [f"{table}.{c}" for c in wanted], after)
         except (OSError, ValueError, KeyError) as exc:
             raise KeptChanged(f"{self.path}: {exc}") from None
@@ -159,6 +167,8 @@ def combine(parts: Sequence[DetailColumns], names: tuple[str, ...], *, consume: 
     out = DetailColumns(names, combined=True)
     parts = list(parts)
     unread = parts[0].unread if parts else None  # kept columns first: read joined to the rest
+    if unread is not None:
+        unread.check()
     for k in range(1 if unread is not None else 0, len(parts)):
         if parts[k].unread is not None:  # (kept columns after others: read alone, then combined)
             parts[k] = combine([parts[k]], parts[k].names)
@@ -192,6 +202,8 @@ def combine(parts: Sequence[DetailColumns], names: tuple[str, ...], *, consume: 
             out.tables[table] = _summed(joined) if table == "spans" else joined
         else:
             out.tables[table] = _ordered(table, joined)
+    if unread is not None:
+        unread.check()
     return out
 
 
