@@ -120,6 +120,15 @@ def test_a_kept_file_reads_back_its_codes_into_the_fetch_s_vocabulary(tmp_path: 
     stale = KeptSession(path, [FileIdentity("rank-00000/other.jsonl", 1, 2, 3, 4).entry()], found.fids, found.vocab)
     with pytest.raises(KeptChanged, match="another report"):
         read_kept(stale, {"steps": ("seq",)}, {"how": [], "cat": []})
+    # a code past its vocabulary (a damaged array, its header whole): said, not read
+    head = session_columns.column_file.read_head(path)
+    assert head is not None
+    _, offset, _ = head["arrays"]["syncs.how"]
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(np.array([9], dtype=np.int32).tobytes())
+    with pytest.raises(KeptChanged, match="how: a code out of the range"):
+        read_kept(found, {"syncs": TABLES["syncs"]}, {"how": ["0", "a", "b", "c"], "cat": []})
     Path(path).write_bytes(Path(path).read_bytes()[:200])  # torn
     with pytest.warns(UserWarning, match="kept columns .* cannot be read"):
         assert not session_columns.find_kept(str(tmp_path), "v", {0: "s"}, {0: [(5, files[0])]})

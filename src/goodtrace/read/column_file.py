@@ -23,7 +23,8 @@ from typing import Any
 
 from goodtrace.read.chunk_files import on_network_filesystem
 
-__all__ = ["ColumnFileError", "array_of", "empty", "prune", "read_arrays", "read_head", "session_path", "write"]
+__all__ = ["ColumnFileError", "array_of", "empty", "prune", "read_arrays", "read_head", "recode", "session_path",
+           "write"]
 
 MAGIC = b"goodtrace-columns\n"
 _ALIGN = 64
@@ -176,6 +177,20 @@ def array_of(values: Any, typecode: str) -> array[Any]:
     out = array(typecode)
     out.frombytes(np.ascontiguousarray(values, dtype=np.dtype(typecode)).data.cast("B"))  # one copy, not two
     return out
+
+
+def recode(codes: Any, names: Sequence[str], into: Sequence[str]) -> Any:
+    """``codes`` (int32, into ``names``) as codes into ``into``, which holds every one of
+    ``names``: ``codes`` itself where the names are the same, else a new array. Raises
+    ``ColumnFileError`` when one is not a code of ``names`` (a damaged file's)."""
+    import numpy as np
+
+    if len(codes) and (int(codes.min()) < 0 or int(codes.max()) >= len(names)):
+        raise ColumnFileError("a code out of the range of its names")
+    if tuple(names) == tuple(into):
+        return codes
+    where = {name: k for k, name in enumerate(into)}
+    return np.array([where[name] for name in names], dtype=np.int32)[codes]
 
 
 def prune(folder: str, prefix: str, sessions: Iterable[str], grace_s: float = GRACE_S) -> None:

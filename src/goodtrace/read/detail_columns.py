@@ -111,12 +111,13 @@ class KeptFile:
         kept = self.rows(table)
         if "name" in out and table != "events" and kept:
             codes = out["name"][:kept]
-            if int(codes.min()) < 0 or int(codes.max()) >= len(self.names):
+            try:
+                recoded = column_file.recode(codes, self.names, names)
+            except column_file.ColumnFileError:
                 warn(f"the kept step detail {self.path} cannot be read (a name code out of range); ignored (read again)")
-                raise KeptChanged(f"{self.path}: a name code out of range")
-            if self.names != names:
-                where = {name: k for k, name in enumerate(names)}
-                codes[:] = np.array([where[n] for n in self.names], dtype=np.int32)[codes]
+                raise KeptChanged(f"{self.path}: a name code out of range") from None
+            if recoded is not codes:
+                codes[:] = recoded
         if table == "events":
             events = self.head["events"]
             for column, k in (("name", 0), ("attrs", 1)):
@@ -163,7 +164,6 @@ def combine(parts: Sequence[DetailColumns], names: tuple[str, ...], *, consume: 
     the parts for this only), so that its columns and their ordered copies are not all held."""
     import numpy as np
 
-    where = {name: k for k, name in enumerate(names)}
     out = DetailColumns(names, combined=True)
     parts = list(parts)
     unread = parts[0].unread if parts else None  # kept columns first: read joined to the rest
@@ -180,8 +180,8 @@ def combine(parts: Sequence[DetailColumns], names: tuple[str, ...], *, consume: 
             cols = dict(part.tables[table])
             if consume:
                 part.tables[table] = _empty(table)
-            if "name" in cols and table != "events" and part.names != names:
-                cols["name"] = np.array([where[n] for n in part.names], dtype=np.int32)[cols["name"]]
+            if "name" in cols and table != "events":
+                cols["name"] = column_file.recode(cols["name"], part.names, names)
             runs.append(cols if part.combined else _ordered(table, cols))
         lengths = [len(run[columns[0]]) for run in runs]
         if unread is not None and unread.rows(table):

@@ -155,9 +155,8 @@ def read_kept(kept: KeptSession, tables: Mapping[str, Iterable[str]], vocab: Map
     every value, sorted: the fetch's); with ``then`` (table -> fetched columns, in order), each
     table's kept rows joined to those rows (end to end when they follow each other, else put in
     order together; ties: the kept rows first, as one stable sort of both gives), read into one array a column.
-    Raises :class:`KeptChanged` when the file is not the one decided on any more."""
-    import numpy as np
-
+    Raises :class:`KeptChanged` when the file is not the one decided on any more, or its codes
+    are not of its vocabulary (damaged)."""
     after = {f"{table}.{column}": then[table][column] for table, columns in tables.items()
              for column in columns} if then is not None else None
     try:
@@ -176,8 +175,12 @@ def read_kept(kept: KeptSession, tables: Mapping[str, Iterable[str]], vocab: Map
             values = arrays.pop(f"{table}.{column}")
             mine = values[:len(values) - added]
             if column in CODED and len(mine):
-                where = {value: k for k, value in enumerate(vocab[column])}
-                mine[:] = np.array([where[v] for v in kept.vocab[column]], dtype=np.int32)[mine]
+                try:
+                    recoded = column_file.recode(mine, kept.vocab[column], vocab[column])
+                except column_file.ColumnFileError as exc:
+                    raise KeptChanged(f"{kept.path}: {column}: {exc}") from None
+                if recoded is not mine:
+                    mine[:] = recoded
             out[table][column] = values
         if then is not None and table in ORDER:  # a derived table's caller joins it (outermost.by_seq)
             out[table] = _in_order(table, out[table], len(out[table][TABLES[table][0]]) - added)
