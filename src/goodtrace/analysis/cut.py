@@ -402,16 +402,16 @@ def cut_session(
     interval_how = array("i", hows[accepted].tobytes()) if closing else array("i")
     interval_of = ints(n)
     interval_of.fill(-1)
-    if len(accepted):  # the interval of each execution: how many intervals closed before it
+    if closing:  # the interval of each execution: how many intervals closed before it
         last = int(accepted[-1]) + 1
-        if last == len(accepted):  # each its own (the common case)
+        if last == closing:  # each its own (the common case)
             interval_of[:last] = np.arange(last)
         else:
             closed = np.zeros(last, dtype=np.int64)
             closed[accepted[:-1] + 1] = 1
             np.cumsum(closed, out=interval_of[:last])
             del closed
-    trailing = int(accepted[-1]) + 1 if len(accepted) else 0
+    trailing = int(accepted[-1]) + 1 if closing else 0
     del accepted
     cursor = int(interval_end[-1]) if len(interval_end) else first_start
     if trailing < n and close_trailing:  # executions after the last sync point, at a normal end
