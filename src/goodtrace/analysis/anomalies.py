@@ -63,7 +63,9 @@ def step_stats(table: StepTable, ideal_s: float | None) -> StepStats:
         times = np.partition(times, places)
     return StepStats(
         count=n,
-        mean_s=math.fsum(times.tolist()) / n if n else 0.0,  # exact: the order does not matter
+        # exact: the order does not matter; over the array's float64 values as they lie (a list of
+        # a million floats took 0.1 s)
+        mean_s=math.fsum(np.ascontiguousarray(times, dtype=np.float64).data) / n if n else 0.0,
         median_s=_quantile(times, 0.5),
         p90_s=_quantile(times, 0.9),
         p99_s=_quantile(times, 0.99),

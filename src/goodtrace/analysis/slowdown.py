@@ -127,7 +127,7 @@ class SeriesStore(Mapping[int, Series]):
             self._file = tempfile.TemporaryFile(prefix="goodtrace-series-")  # noqa: SIM115 (closed by close())
         at = self._end
         self._file.seek(at)
-        self._file.write(values.tobytes())
+        self._file.write(memoryview(values).cast("B"))  # its bytes as they lie, not a copy
         self._end = at + values.nbytes
         return at
 

@@ -15,7 +15,8 @@ slowdown when it is
   ranks' median change at the same step (a job-wide slowdown, or every rank waiting for one,
   names nobody).
 
-Linear in the series, but for the medians and the quantile (a sort each). The rule is written
+Linear in the series, but for the medians and the quantile (on an array, a selection of the order
+statistics they need; on the live line's short history, a sort). The rule is written
 once, in the standard library, for the live path; a numpy array (the report's series, millions
 of executions long) takes the same operations on arrays, in the same order, so that the
 results are equal to the bit (``tests/analysis/test_change_point_arrays.py``) while holding 8
@@ -86,10 +87,11 @@ def _change_point_array(x: Any) -> int | None:
     import numpy as np
 
     n = len(x)
-    ordered = np.sort(x)
     position = CLIP_QUANTILE * (n - 1)
     low = math.floor(position)
     high = min(low + 1, n - 1)
+    # the two order statistics the quantile needs (the values a full sort puts there), in linear time
+    ordered = np.partition(x, [low, high])
     cap = float(ordered[low]) + (float(ordered[high]) - float(ordered[low])) * (position - low)
     del ordered
     cumulative = np.cumsum(np.where(x < cap, x, cap))  # add.accumulate: one addition after another
