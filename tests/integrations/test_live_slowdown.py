@@ -4,23 +4,18 @@ the onset, with the onset and the size, as the report names it; a uniform run's 
 nobody. Compute is a busy loop until a deadline (a device of known speed), as in
 test_no_false_alarms.py.
 
-A busy loop until a deadline lasts as long as asked only while its process holds a core at the
-deadline: four busy ranks on two cores (and other suites on a loaded machine) can make one rank's
-steps last longer for a while, sustained and of its own, which the line then rightly names. Each
-rank therefore records how long its step bodies really took (the ground truth, on the host's
-clock), and on the uniform run a rank may be named only where that truth shows it slower,
-beyond the other ranks' change, by at least half the rule's margin."""
+Each rank records how long its step bodies really took (helpers/step_truth.py): on the uniform
+run a rank may be named only where that truth shows it slower beyond the others."""
 
 from __future__ import annotations
 
-import json
 import re
-import statistics
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers import step_truth
 from helpers.ranks import run_ranks
 
 torch = pytest.importorskip("torch")
@@ -70,7 +65,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, slow_rank: int, slow
             with gt.span("checkpoint"):
                 _spin(5 * (FORWARD_S + BACKWARD_S))
     gt.finish()
-    (Path(run_dir) / f"truth-{rank}.json").write_text(json.dumps(bodies))
+    step_truth.write(run_dir, rank, bodies)
     dist.destroy_process_group()
 
 
@@ -78,18 +73,6 @@ def _lines(tmp_path: Path, world: int, slow_rank: int, slower: float) -> tuple[l
     run_dir = tmp_path / "run"
     run_ranks(_worker, world, str(run_dir), slow_rank, slower, timeout=240)
     return (run_dir / "live-lines.txt").read_text().splitlines(), run_dir
-
-
-def _truly_slower(run_dir: Path, world: int, rank: int, onset: int, line_step: int) -> float:
-    """How much slower ``rank``'s step bodies really were from ``onset`` to ``line_step`` than
-    before it (the first step left out, as the line leaves it out), less the other ranks' median
-    change over the same steps: the ground truth of a slowdown of its own."""
-    truth = [json.loads((run_dir / f"truth-{r}.json").read_text()) for r in range(world)]
-
-    def change(r: int) -> float:
-        return statistics.median(truth[r][onset:line_step + 1]) / statistics.median(truth[r][1:onset]) - 1
-
-    return change(rank) - statistics.median(change(r) for r in range(world) if r != rank)
 
 
 def _named(lines: list[str]) -> list[tuple[int, re.Match[str]]]:
@@ -136,4 +119,5 @@ def test_a_uniform_run_s_live_lines_name_nobody(tmp_path: Path) -> None:
     lines, run_dir = _lines(tmp_path, world, -1, 1.0)
     assert [line for line in lines if line.startswith("step ")], lines
     for step, m in _named(lines):
-        assert _truly_slower(run_dir, world, int(m[1]), int(m[3]), step) >= 0.05, (step, m[0], lines)
+        truly = step_truth.slower_than_others(run_dir, world, int(m[1]), int(m[3]), step)
+        assert truly >= step_truth.MARGIN, (step, m[0], lines)
