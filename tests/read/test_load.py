@@ -196,3 +196,32 @@ def test_unreadable_urls_are_clear_errors(tmp_path: Path, monkeypatch: pytest.Mo
         load_run("nosuchprotocol://bucket/run")
     with pytest.raises(NotARunError, match="holds no goodtrace records"):
         load_run("memory://goodtrace-tests/empty")
+
+
+def test_the_run_model_in_memory_and_in_a_database_file_give_the_same_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small run model is held in memory, a large one in a database file (read/load.py,
+    IN_MEMORY_BYTES): the same report either way, over many blocks of sessions (64 ranks,
+    fetched a few at a time), and the connection is the one chosen."""
+    from goodtrace.read import duckdb_connection, model_fetch
+    from goodtrace.read import load as load_module
+    from goodtrace.read.engine import Engine
+    from helpers.many_ranks import report_read_by, write_many_ranks
+
+    run = write_many_ranks(tmp_path / "run", ranks=64)
+    monkeypatch.setenv("GOODTRACE_SEGMENT_CACHE", "0")
+    monkeypatch.setattr(model_fetch, "SESSION_BATCH", 8)  # eight blocks, each released after its fetch
+    modes: list[bool] = []
+    settle = duckdb_connection.settle
+
+    def noting(con: object) -> None:
+        modes.append(duckdb_connection.in_memory(con))
+        settle(con)
+
+    monkeypatch.setattr(duckdb_connection, "settle", noting)
+    in_memory = report_read_by(run, Engine(workers=1))
+    monkeypatch.setattr(load_module, "IN_MEMORY_BYTES", 0)
+    in_a_file = report_read_by(run, Engine(workers=1))
+    assert modes == [True, False]
+    assert in_memory == in_a_file
+    assert json.loads(in_memory)["partition"]["goodput"] > 0

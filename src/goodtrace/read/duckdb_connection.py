@@ -1,8 +1,8 @@
-"""DuckDB connections of the analytical reader: how one is opened (its database file, spill
-directory and memory limits), how its memory is handed back once the run model is extracted
-and after each block of sessions is fetched, and the few statements every reader module runs
-(many rows in one insert, a quoted string, a list of statements). The SQL of the run model is
-:mod:`goodtrace.read.duckdb_sql`'s."""
+"""DuckDB connections of the analytical reader: how one is opened (in memory or in a database
+file, its spill directory and memory limits), how its memory is handed back once the run model
+is extracted and after each block of sessions is fetched, and the few statements every reader
+module runs (many rows in one insert, a quoted string, a list of statements). The SQL of the
+run model is :mod:`goodtrace.read.duckdb_sql`'s."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ FETCH_MEMORY = "64MB"
 
 def connect(tmpdir: str, *, in_memory: bool = False) -> Any:
     """A connection whose database lives in ``tmpdir`` (``in_memory``: only what exceeds the
-    memory limit goes there: a worker's, whose tables are small and never checkpointed)."""
+    memory limit goes there: a worker's, whose tables are small and never checkpointed, and
+    the analytical reader's where its run model is small: ``load.IN_MEMORY_BYTES``)."""
     import duckdb
 
     con = duckdb.connect(":memory:" if in_memory else os.path.join(tmpdir, "run.duckdb"))
@@ -51,11 +52,18 @@ def connect(tmpdir: str, *, in_memory: bool = False) -> Any:
     return con
 
 
+def in_memory(con: Any) -> bool:
+    """Whether ``con``'s database is in memory (no database file)."""
+    return con.execute("SELECT path IS NULL FROM duckdb_databases() WHERE database_name = current_database()"
+                       ).fetchone()[0] is True
+
+
 def settle(con: Any) -> None:
-    """After the extraction: the run model's tables written to the database file and DuckDB's
-    memory cut to what fetching a block of sessions needs, so that its buffers do not sit
-    beside the analysis."""
-    con.execute("CHECKPOINT")
+    """After the extraction: the run model's tables written to the database file (in memory:
+    what exceeds the new limit goes to the spill directory) and DuckDB's memory cut to what
+    fetching a block of sessions needs, so that its buffers do not sit beside the analysis."""
+    if not in_memory(con):
+        con.execute("CHECKPOINT")
     con.execute(f"SET memory_limit='{FETCH_MEMORY}'")
     # its allocator hands freed memory back after each statement, not past 128 MB only
     con.execute("SET allocator_flush_threshold='8MB'")
@@ -65,9 +73,12 @@ def settle(con: Any) -> None:
 def release_buffers(con: Any) -> None:
     """After a block of sessions is fetched: DuckDB's cached pages of the run model (the next
     block reads others) and its allocator's free memory go back to the system, so that they do
-    not sit beside the analysis's cut of the block."""
+    not sit beside the analysis's cut of the block. (In memory, the pages are the model itself:
+    they stay, within the fetch's memory; evicting them would write them to the spill.)"""
     import duckdb
 
+    if in_memory(con):
+        return
     try:
         con.execute("SET memory_limit='1MB'")  # evicts every unpinned page
     except duckdb.Error:

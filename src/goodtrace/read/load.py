@@ -89,6 +89,14 @@ __all__ = [
 MAX_FILE_WARNINGS = 20  # files named one by one in the warnings; the rest are summed
 _YEAR_NS = 366 * 86_400 * 10**9
 _STARTS = "seg_starts"  # the span starts: read from the cache last, as a sample where it can (see _load_run)
+# The run model in memory (DuckDB spills beyond its limit) where the files whose rows it will
+# hold are at most this many bytes of JSON lines: a re-report of a long run, whose closed files'
+# long columns are kept, holds only the open files'. The model is about a third of the lines it
+# is folded from (500 MB from 1,458 MB), so this much stays within the fetch's memory
+# (duckdb_connection.FETCH_MEMORY), whose blocks then read it where it lies; a larger model is
+# written to a database file, compressed, which the blocks read back and decode (the spill,
+# uncompressed, cost a cold report of 1.4 GB of lines 0.5 s more to read back than the file).
+IN_MEMORY_BYTES = 192 * 2**20
 
 
 def _unchanged(path: str, entry: dict[str, Any]) -> bool:
@@ -311,20 +319,24 @@ def _load_run(
     parquet = os.path.join(root, COMPACT_DIR, COMPACT_RECORDS)
     con = None
     try:
-        con = duckdb_connection.connect(tmpdir)
+        # Closed segments the cache holds as they are now are not read again
+        hits: dict[int, Hit] = {}
+        kept: KeptColumns | None = None
+        covered: set[int] = set()
+        if cache is not None:
+            hits = cache.find("model", {fid_of[p]: ident for p, ident in identities.items()})
+            kept = kept_columns(cache, hits, drafts, fid_of, identities) if keep_columns else None
+            covered = kept.covered() if kept is not None else set()
+        # the files whose rows DuckDB will hold (all but those whose long columns are kept)
+        held = sum(ident.size for p, ident in identities.items() if fid_of.get(p) not in covered)
+        con = duckdb_connection.connect(tmpdir, in_memory=not parquet_ok and held <= IN_MEMORY_BYTES)
         for statement in duckdb_sql.MODEL_TABLES:
             con.execute(statement)
         duckdb_connection.insert_rows(con, "sessmain", list(main_tids.items()))
         if parquet_ok:
             # A view, not a copy: each query reads only the Parquet columns it needs.
             con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_connection.sql_str(parquet)})")
-        # Closed segments the cache holds as they are now are not read again
-        hits: dict[int, Hit] = {}
-        kept: KeptColumns | None = None
         if cache is not None:
-            hits = cache.find("model", {fid_of[p]: ident for p, ident in identities.items()})
-            kept = kept_columns(cache, hits, drafts, fid_of, identities) if keep_columns else None
-            covered = kept.covered() if kept is not None else set()
             # every table but the span starts, of which only a sample is kept (below); of the
             # files whose long columns are kept, only the small tables
             failed = cache.load(con, "model", {fid: hit for fid, hit in hits.items() if fid not in covered},
