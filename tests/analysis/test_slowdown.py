@@ -92,9 +92,10 @@ def _one_pass(sessions: list[SessionInfo], series: dict[int, Series], attempt_of
 @pytest.mark.parametrize("seed", range(6))
 def test_the_series_kept_in_a_file_give_the_slowdowns_of_the_rule_read_literally(seed: int) -> None:
     """Ranks of two attempts and both measures, some slowed at the same onset, some at their
-    own, one at a job-wide onset; steps as ranges and as arrays: the store (each series in a
-    temporary file, read back twice) names the same slowdowns, to the bit, as the rule
-    applied with every series in memory."""
+    own, one at a job-wide onset; steps as ranges and as arrays, some series views with a
+    stride (every other value of a longer column): the store (each series in a temporary file,
+    read back twice) names the same slowdowns, to the bit, as the rule applied with every
+    series in memory."""
     import numpy as np
 
     rng = random.Random(seed)
@@ -106,6 +107,10 @@ def test_the_series_kept_in_a_file_give_the_slowdowns_of_the_rule_read_literally
         slowed = rng.random() < 0.5
         x = np.array(_noisy(onset, 40.0, seed * 100 + i) + _noisy(n - onset, 52.0 if slowed else 40.0, seed * 100 + i + 50))
         steps: range | object = range(3, 3 + n) if rng.random() < 0.5 else np.cumsum(np.array([rng.choice([1, 1, 2]) for _ in range(n)]))
+        if i % 3 == 0:  # a strided view, not a contiguous array
+            x = np.repeat(x, 2)[::2]
+            if not isinstance(steps, range):
+                steps = np.repeat(steps, 2)[::2]
         one = ("compute" if rng.random() < 0.7 else "step", steps, x)
         sessions.append(_session(i, i))
         series[i] = one

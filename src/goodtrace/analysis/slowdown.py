@@ -117,8 +117,9 @@ class SeriesStore(Mapping[int, Series]):
         measure, steps, seconds = series
         try:
             steps_at: range | tuple[int, int] = steps if isinstance(steps, range) else \
-                (self._write(np.asarray(steps, dtype=np.int64)), len(steps))
-            self._where[index] = (measure, steps_at, self._write(np.asarray(seconds, dtype=np.float64)), len(seconds))
+                (self._write(np.ascontiguousarray(steps, dtype=np.int64)), len(steps))
+            self._where[index] = (measure, steps_at, self._write(np.ascontiguousarray(seconds, dtype=np.float64)),
+                                  len(seconds))
         except OSError:
             self._held[index] = series
 
@@ -127,7 +128,7 @@ class SeriesStore(Mapping[int, Series]):
             self._file = tempfile.TemporaryFile(prefix="goodtrace-series-")  # noqa: SIM115 (closed by close())
         at = self._end
         self._file.seek(at)
-        self._file.write(memoryview(values).cast("B"))  # its bytes as they lie, not a copy
+        self._file.write(memoryview(values).cast("B"))  # its bytes as they lie (contiguous: add()), not a copy
         self._end = at + values.nbytes
         return at
 
