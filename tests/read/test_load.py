@@ -215,7 +215,7 @@ def test_the_run_model_in_memory_and_in_a_database_file_give_the_same_report(
     settle = duckdb_connection.settle
 
     def noting(con: object) -> None:
-        modes.append(duckdb_connection.in_memory(con))
+        modes.append(duckdb_connection.is_in_memory(con))
         settle(con)
 
     monkeypatch.setattr(duckdb_connection, "settle", noting)

@@ -52,7 +52,7 @@ def connect(tmpdir: str, *, in_memory: bool = False) -> Any:
     return con
 
 
-def in_memory(con: Any) -> bool:
+def is_in_memory(con: Any) -> bool:
     """Whether ``con``'s database is in memory (no database file)."""
     return con.execute("SELECT path IS NULL FROM duckdb_databases() WHERE database_name = current_database()"
                        ).fetchone()[0] is True
@@ -62,7 +62,7 @@ def settle(con: Any) -> None:
     """After the extraction: the run model's tables written to the database file (in memory:
     what exceeds the new limit goes to the spill directory) and DuckDB's memory cut to what
     fetching a block of sessions needs, so that its buffers do not sit beside the analysis."""
-    if not in_memory(con):
+    if not is_in_memory(con):
         con.execute("CHECKPOINT")
     con.execute(f"SET memory_limit='{FETCH_MEMORY}'")
     # its allocator hands freed memory back after each statement, not past 128 MB only
@@ -77,7 +77,7 @@ def release_buffers(con: Any) -> None:
     they stay, within the fetch's memory; evicting them would write them to the spill.)"""
     import duckdb
 
-    if in_memory(con):
+    if is_in_memory(con):
         return
     try:
         con.execute("SET memory_limit='1MB'")  # evicts every unpinned page

@@ -328,7 +328,7 @@ def _load_run(
             kept = kept_columns(cache, hits, drafts, fid_of, identities) if keep_columns else None
             covered = kept.covered() if kept is not None else set()
         # the files whose rows DuckDB will hold (all but those whose long columns are kept)
-        held = sum(ident.size for p, ident in identities.items() if fid_of.get(p) not in covered)
+        held = sum(ident.size for p, ident in identities.items() if fid_of[p] not in covered)
         con = duckdb_connection.connect(tmpdir, in_memory=not parquet_ok and held <= IN_MEMORY_BYTES)
         for statement in duckdb_sql.MODEL_TABLES:
             con.execute(statement)
