@@ -115,10 +115,13 @@ def write_chunk(
             target = os.path.join(folder, name)
             written.append(target + ".partial")
             first = os.path.join(local, name) if local is not None else target + ".partial"
-            # the span starts in small row groups: a report reads only its sample's steps of them
-            # (duckdb_sql.sampled_starts; DuckDB skips a row group by its steps' range)
-            groups = f", ROW_GROUP_SIZE {STARTS_ROW_GROUP}" if table == "seg_starts" else ""
-            con.execute(f"COPY (SELECT * EXCLUDE (sid) FROM {table} WHERE fid IN ({fids})) TO "
+            # the span starts in small row groups, in order of step: a report reads only its
+            # sample's steps of them (duckdb_sql.sampled_starts; DuckDB skips a row group by its
+            # steps' range, which the fold's and a merge's parallel inserts leave interleaved)
+            starts = table == "seg_starts"
+            groups = f", ROW_GROUP_SIZE {STARTS_ROW_GROUP}" if starts else ""
+            order = " ORDER BY fid, step" if starts else ""
+            con.execute(f"COPY (SELECT * EXCLUDE (sid) FROM {table} WHERE fid IN ({fids}){order}) TO "
                         f"{duckdb_connection.sql_str(first)} (FORMAT parquet, COMPRESSION zstd{groups})")
             if local is not None:
                 shutil.copyfile(first, target + ".partial")
