@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from goodtrace.read.chunk_files import on_network_filesystem
 from goodtrace.read.duckdb_sql import SEGMENT_NAMES
+from goodtrace.read.io_pool import on_network_filesystem
 from helpers.storage_servers import EmulatedNFS, S3Server
 
 DATA = Path(__file__).parent.parent / "data"

@@ -42,7 +42,7 @@ def file_identities(
     the compaction's manifest recorded it."""
     known = known or {}
     wanted = [p for draft in drafts.values() for p in draft.files if p not in known]
-    stats = dict(known) | {p: info for p, info in zip(wanted, io_map(stat_or_none, wanted), strict=True) if info is not None}
+    stats = dict(known) | {p: info for p, info in zip(wanted, io_map(stat_or_none, wanted, root), strict=True) if info is not None}
     out: dict[str, FileIdentity] = {}
     for sid, draft in enumerate(drafts.values()):
         for p in draft.files:
@@ -112,7 +112,8 @@ def prefix_ends(ranges: dict[str, tuple[int, int]], skips: FileSkips) -> dict[st
     kept = [(path, end) for path, (_, end) in ranges.items()
             if path not in skips.unranged and path not in skips.long_ranges and "too_long" not in skips.by_file.get(path, {})]
     # each file's last line found by reading back from the end: many files at once
-    for (path, end), n in zip(kept, io_map(lambda found: _whole_lines(*found) if found[1] > 0 else None, kept),
+    for (path, end), n in zip(kept, io_map(lambda found: _whole_lines(*found) if found[1] > 0 else None, kept,
+                                                 next(iter(ranges), "")),
                               strict=True):
         counts = dict(skips.by_file.get(path, {}))
         if n is None:

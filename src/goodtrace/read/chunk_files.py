@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
-from goodtrace.read.io_pool import stat_or_none
+from goodtrace.read.io_pool import on_network_filesystem, stat_or_none
 
 __all__ = ["CACHE_FORMAT", "CHUNK_NAME", "DIGEST_HEAD", "DIGEST_TAIL", "INDEX_SUFFIX", "FileIdentity", "identity_from", "identity_of",
            "index_ok", "prefix_digest", "prefix_of", "read_index", "write_chunk", "write_index"]
@@ -147,34 +147,6 @@ def write_chunk(
         if local is not None:
             shutil.rmtree(local, ignore_errors=True)
     return index
-
-
-# Filesystem types (``/proc/self/mounts``) whose every call is a round trip to a server; FUSE
-# ones too (sshfs, gcsfuse, s3fs, ...).
-NETWORK_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "9p", "afs",
-    "wekafs", "pvfs2", "orangefs", "panfs",
-})
-
-
-def on_network_filesystem(path: str) -> bool:
-    """Whether ``path`` lies on a network (or FUSE) filesystem: the type of the mount that holds
-    it, from ``/proc/self/mounts`` (False where there is none to read)."""
-    try:
-        real = os.path.realpath(path)
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as handle:
-            mounts = handle.read().splitlines()
-    except OSError:
-        return False
-    found, kind = "", ""
-    for line in mounts:
-        parts = line.split()
-        if len(parts) < 3:
-            continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1])  # "\040" is a space
-        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(found):
-            found, kind = point, parts[2]
-    return kind in NETWORK_FILESYSTEMS or kind == "fuse" or kind.startswith("fuse.")
 
 
 def read_index(path: str) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from goodtrace.read.chunk_files import on_network_filesystem
+from goodtrace.read.io_pool import on_network_filesystem
 
 __all__ = ["ColumnFileError", "array_of", "empty", "prune", "read_arrays", "read_head", "recode", "session_path",
            "write"]

@@ -37,7 +37,7 @@ def fold_sizes(files_by_sid: Mapping[int, Sequence[str]], ranges: Mapping[str, t
     reports it); the stats many at once (a network filesystem)."""
     paths = [path for paths in files_by_sid.values() for path in paths]
     whole = [path for path in paths if not (ranges and path in ranges)]
-    found = dict(zip(whole, io_map(stat_or_none, whole), strict=True))
+    found = dict(zip(whole, io_map(stat_or_none, whole, next(iter(whole), "")), strict=True))
     return {path: ranges[path][1] - ranges[path][0] if ranges and path in ranges
             else (info.st_size if (info := found[path]) is not None else 0) for path in paths}
 
@@ -134,7 +134,7 @@ def fold_json(
                 folders.append(tempfile.mkdtemp(prefix="goodtrace-range-", dir=_copies_dir(ranged)))
                 copy_of = functools.partial(_copy_of, ranges, folders, threading.Lock())
                 sent = []
-                for (p, sid, fid), copy in zip(batch, io_map(copy_of, batch), strict=True):  # many files at once
+                for (p, sid, fid), copy in zip(batch, io_map(copy_of, batch, batch[0][0]), strict=True):  # many files at once
                     if isinstance(copy, OSError):
                         if ranges[p][0] > 0 and os.path.exists(p):  # its first part is read already
                             import duckdb

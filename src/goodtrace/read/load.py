@@ -111,7 +111,8 @@ def _unchanged(path: str, entry: dict[str, Any]) -> bool:
 
 def _identities(paths: list[str]) -> dict[str, tuple[int, int]]:
     """Each file's (inode, size) now; a file that is gone is left out."""
-    return {path: (info.st_ino, info.st_size) for path, info in zip(paths, io_map(stat_or_none, paths), strict=True)
+    return {path: (info.st_ino, info.st_size) for path, info in zip(paths, io_map(stat_or_none, paths, next(iter(paths), "")),
+                                                                               strict=True)
             if info is not None}
 
 
@@ -249,7 +250,7 @@ def _load_run(
     json_paths: list[str] = []
     parquet_ok: dict[str, dict[str, Any]] = {}
     listed_compacted = [p for p in segment_paths if p in compacted]  # a stat each, many at once
-    same = {p for p, unchanged in zip(listed_compacted, io_map(lambda p: _unchanged(p, compacted[p]), listed_compacted),
+    same = {p for p, unchanged in zip(listed_compacted, io_map(lambda p: _unchanged(p, compacted[p]), listed_compacted, root),
                                       strict=True) if unchanged}
     for p in segment_paths:
         if p in same:
@@ -267,7 +268,7 @@ def _load_run(
         files.append((p, entry.get("header")))
     readable: list[str] = []
     stats: dict[str, os.stat_result] = {}  # each file as listed: its identity for the cache, and the check at the end
-    for p, probed in zip(json_paths, io_map(_probe, json_paths), strict=True):
+    for p, probed in zip(json_paths, io_map(_probe, json_paths, root), strict=True):
         if isinstance(probed, OSError):
             warnings.append(f"{where_of(p)}: cannot be read ({probed.strerror or probed}); skipped")
             continue

@@ -255,7 +255,7 @@ class SegmentCache:
             return None
 
         # each check reads two parts of its file: many files at once (a network filesystem)
-        found = io_map(longest, list(wanted.items()))
+        found = io_map(longest, list(wanted.items()), next((path for path, _ in wanted.values()), ""))
         return {fid: hit for fid, hit in zip(wanted, found, strict=True) if hit is not None}
 
     def load(

@@ -69,7 +69,7 @@ def list_segments(run_dir: str, problems: list[str] | None = None) -> list[tuple
     rank_dirs = [name for name in sorted(os.listdir(root)) if name.startswith("rank-")]
     # each rank directory listed (its entries' types from the listing, not a stat each), many
     # at once: on a network filesystem each listing is a round trip or more
-    for entry, listed in zip(rank_dirs, io_map(lambda name: _list_rank_dir(os.path.join(root, name)), rank_dirs),
+    for entry, listed in zip(rank_dirs, io_map(lambda name: _list_rank_dir(os.path.join(root, name)), rank_dirs, root),
                              strict=True):
         if listed is None:
             continue  # not a directory
