@@ -225,3 +225,38 @@ def test_the_run_model_in_memory_and_in_a_database_file_give_the_same_report(
     assert modes == [True, False]
     assert in_memory == in_a_file
     assert json.loads(in_memory)["partition"]["goodput"] > 0
+
+
+def test_a_second_walk_over_the_sessions_fetches_them_a_block_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The analysis fetches a block of sessions at a time, and a session of a block fetched
+    before alone (the reference sessions, cut last). A second walk over every session (a view
+    cutting each rank again, a second analysis of the loaded run) fetches the rest of each block
+    once it is seen to walk in order, not one session a query (1,600 ranks: 43 s -> 1.8 s);
+    the same report."""
+    from goodtrace.read import model_fetch
+    from goodtrace.read.engine import Engine
+    from goodtrace.renderers.json_report import render_json
+    from helpers.many_ranks import write_many_ranks
+
+    run = write_many_ranks(tmp_path / "run", ranks=64)
+    monkeypatch.setenv("GOODTRACE_SEGMENT_CACHE", "0")
+    monkeypatch.setattr(model_fetch, "SESSION_BATCH", 8)
+    fetched: list[list[int]] = []
+    fetch = model_fetch._fetch_records
+
+    def noting(con: object, sids: range, *args: object) -> object:
+        fetched.append(list(sids))
+        return fetch(con, sids, *args)
+
+    monkeypatch.setattr(model_fetch, "_fetch_records", noting)
+    loaded = load_run(run, engine=Engine(workers=1))
+    first = render_json(analyze(loaded), include_steps=False)
+    sessions, blocks, attempts = len(loaded.sessions), -(-len(loaded.sessions) // 8), 2
+    assert sessions == 64 * attempts  # every rank crashed once and was restarted
+    assert len(fetched) == blocks + attempts, fetched  # the blocks, and each reference session again
+    del fetched[:]
+    second = render_json(analyze(loaded), include_steps=False)
+    assert second == first
+    assert sorted({sid for sids in fetched for sid in sids}) == list(range(sessions))
+    assert len(fetched) <= blocks + attempts + 2, fetched  # not a query a session

@@ -113,6 +113,7 @@ class SessionRecordsSource(MutableMapping[int, SessionRecords]):
         self._set: dict[int, SessionRecords] = {}
         self._block: dict[int, SessionRecords] = {}
         self._fetched = -1  # the last block fetched whole
+        self._next = -1  # the session after the last ones fetched
         self._vocab = vocab
         self._kept = kept
         self._starts = session_blocks(count, rows)
@@ -128,9 +129,16 @@ class SessionRecordsSource(MutableMapping[int, SessionRecords]):
             k = bisect.bisect_right(self._starts, sid) - 1
             hi = self._starts[k + 1] if k + 1 < len(self._starts) else self._count
             # a session of a block fetched before is a revisit (the analysis cuts the reference
-            # sessions last): it alone is fetched, not its block again
-            lo, hi = (sid, sid + 1) if k <= self._fetched else (self._starts[k], hi)
+            # sessions last): it alone is fetched, not its block again; but revisits that walk
+            # the sessions in order (a view cutting every rank again, a second analysis) fetch
+            # the rest of the block once the walk is seen (one query a session made 1,600 ranks
+            # take 30 s)
+            if k > self._fetched:
+                lo = self._starts[k]
+            else:
+                lo, hi = sid, (hi if sid == self._next else sid + 1)
             self._fetched = max(self._fetched, k)
+            self._next = hi
             self._block = {}  # the previous block's columns go first
             self._block = _fetch_records(self._con, range(lo, hi), self._vocab, self._kept)
             release_buffers(self._con)
