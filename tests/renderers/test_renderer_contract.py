@@ -59,3 +59,18 @@ def test_the_json_written_row_by_row_is_json_dumps_of_the_report(tmp_path: Path,
     assert render_json(analysis, include_steps=include_steps, indent=indent) == expected
     if include_steps:
         assert len(json.loads(expected)["steps"]) == len(analysis.steps) > 1
+
+
+def test_a_step_row_s_object_is_its_fields_in_order_and_a_copy(tmp_path: Path) -> None:
+    """A step row's object (what the JSON step table writes) holds every field in declaration
+    order, as ``dataclasses.asdict`` made it (without its deep copy of every value), its
+    containers copies of the row's."""
+    import dataclasses
+
+    analysis = analyze(load_run(write_small_run(tmp_path / "run")))
+    rows = list(analysis.steps)
+    assert any(row.tags for row in rows) and any(row.metrics for row in rows) and any(row.overhead_s for row in rows)
+    for row in rows:
+        made = row.to_dict()
+        assert list(made.items()) == list((dataclasses.asdict(row) | {"tags": list(row.tags)}).items())
+        assert made["metrics"] is not row.metrics and made["overhead_s"] is not row.overhead_s

@@ -58,7 +58,11 @@ class StepRow:
     compute_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"tags": list(self.tags)}
+        # every field in order (a frozen dataclass's instance dict), the containers copied:
+        # dataclasses.asdict's deep copy of every field took 20 us a row, of a million rows
+        out = dict(vars(self))
+        out["overhead_s"], out["metrics"], out["tags"] = dict(self.overhead_s), dict(self.metrics), list(self.tags)
+        return out
 
     def explain(self) -> str:
         """``3.420 s = 0.610 s productive + 2.810 s checkpoint_save`` (units that fit: ``ms``,

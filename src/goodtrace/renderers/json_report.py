@@ -15,6 +15,7 @@ from typing import IO, Any
 
 from goodtrace.analysis import RunAnalysis
 from goodtrace.read.loaded import LoadedRun
+from goodtrace.renderers.json_text import dumps_indented
 
 
 def report_object(analysis: RunAnalysis, *, include_steps: bool = True) -> dict[str, Any]:
@@ -33,11 +34,14 @@ def finite(value: Any) -> Any:
     return value
 
 
-def _dumps(value: Any, indent: int | None) -> str:
+def _dumps(value: Any, indent: int | None, newline: str = "\n") -> str:
+    """``json.dumps(value, indent=indent)`` (``newline``: the line break and indentation the
+    text sits at, with an indent), every float JSON cannot hold written as null."""
     try:
-        return json.dumps(value, indent=indent, allow_nan=False)
+        return json.dumps(value, allow_nan=False) if indent is None else dumps_indented(value, indent, newline)
     except ValueError:  # a non-finite float somewhere: written as null
-        return json.dumps(finite(value), indent=indent, allow_nan=False)
+        return json.dumps(finite(value), allow_nan=False) if indent is None else \
+            dumps_indented(finite(value), indent, newline)
 
 
 def iter_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int | None = 2) -> Iterator[str]:
@@ -59,7 +63,7 @@ def iter_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int 
     yield head[:-2] + ",\n" + " " * indent + '"steps": ['
     rows = 0
     for rows, row in enumerate(analysis.steps, start=1):
-        yield ("," if rows > 1 else "") + inner + _dumps(row.to_dict(), indent).replace("\n", inner)
+        yield ("," if rows > 1 else "") + inner + _dumps(row.to_dict(), indent, inner)
     yield ("\n" + " " * indent + "]" if rows else "]") + "\n}"
 
 
