@@ -15,6 +15,9 @@ the JSON report without the step table, as ``report --json --no-steps``, timed a
        the open ones and the new ones are parsed);
   cold again: the grown run with the cache off, in the same run of this script.
 
+Each report process first makes the allocator setting ``goodtrace report`` makes
+(``cli.analysed.return_freed_memory``: large blocks handed back at once, which bounds the
+memory and costs fresh pages), so that the times are the command's.
 goodtrace's modules are compiled to bytecode first, as ``pip install`` does, so that no report
 compiles their source (where ``PYTHONDONTWRITEBYTECODE`` is set, about 0.25 s a process).
 The JSON reports of warm and cold-again must be identical (the script fails otherwise).
@@ -46,6 +49,8 @@ NOW = WALL0 + 10**6 * SECOND  # "now" for the analysis: fixed, so that two repor
 REPORT = """
 import json, sys, time
 t0 = time.perf_counter()
+from goodtrace.cli import analysed  # the allocator setting goodtrace report makes (its memory, and its time)
+(getattr(analysed, "return_freed_memory", None) or analysed._return_freed_memory)()  # (private before 2026-11-28)
 from goodtrace.analysis import analyze
 from goodtrace.read.engine import Engine
 from goodtrace.read.load import load_run

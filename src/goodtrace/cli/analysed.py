@@ -21,7 +21,7 @@ from goodtrace.read.mirror import RemoteReadError
 from goodtrace.read.torchtitan import CAVEAT, converted_run, is_torchtitan_logs
 from goodtrace.record.io.storage import is_url, local_path, missing_path
 
-__all__ = ["alive_here", "load_and_analyse", "reading_errors"]
+__all__ = ["alive_here", "load_and_analyse", "reading_errors", "return_freed_memory"]
 
 
 def alive_here(host: str, pid: int) -> bool | None:
@@ -52,11 +52,14 @@ def reading_errors(action: str, run_dir: str) -> Iterator[None]:
         raise CommandError(str(exc)) from None
 
 
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """Large numpy columns come and go while each session is read and cut; with glibc's
     default, the threshold for giving such blocks back to the system rises with every one
     freed, and a long run's report held twice the memory it used (measured: 665 MiB resident
-    for 420 MiB in use on 2 ranks x 1 M steps). A fixed threshold returns them at once."""
+    for 420 MiB in use on 2 ranks x 1 M steps). A fixed threshold returns them at once. The
+    price is time: every such block is fresh memory, faulted in page by page (a re-report of
+    that run: 2.4 s against 1.7 s with glibc's default; raised to 8 MiB, the synchronous
+    loop's report peaked at 522 MiB against 468 MiB). Benchmarks of the report set it too."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -69,7 +72,7 @@ def _return_freed_memory() -> None:
 def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any) -> tuple[LoadedRun, RunAnalysis]:
     """The run and its analysis, read where ``engine`` says (``options``:
     :func:`goodtrace.analysis.analyze` keywords)."""
-    _return_freed_memory()
+    return_freed_memory()
     if not is_url(run_dir) and not os.path.exists(local_path(run_dir)):  # URLs: the loader mirrors them
         raise CommandError(missing_path(local_path(run_dir)))
     try:
