@@ -150,6 +150,21 @@ def test_window_and_time_range_together_are_refused(tmp_path: Path) -> None:
         analyze(load(hourly_run(tmp_path)), window=(0.0, 10.0), since=RangeEdge(offset_s=1.0))
 
 
+def test_an_analysis_refused_after_the_cut_leaves_no_file_open(tmp_path: Path) -> None:
+    """A time range is resolved after every session is cut: the refusal leaves nothing the cut
+    opened (the slowdown series' temporary file) for the garbage collector to find open."""
+    import gc
+    import warnings
+
+    loaded = load(hourly_run(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(AnalysisError, match="after the end of the job"):
+            analyze(loaded, since=RangeEdge(offset_s=9000.0))
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
+
+
 @contextlib.contextmanager
 def _blocks_of(size: int) -> Iterator[None]:
     """The analysis working on its long columns ``size`` elements at a time (``overhead.BLOCK``)."""

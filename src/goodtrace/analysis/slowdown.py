@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
@@ -126,6 +127,8 @@ class SeriesStore(Mapping[int, Series]):
     def _write(self, values: Any) -> int:
         if self._file is None:
             self._file = tempfile.TemporaryFile(prefix="goodtrace-series-")  # noqa: SIM115 (closed by close())
+            # and when the store goes without close() (an analysis that raised after the cut)
+            weakref.finalize(self, self._file.close)
         at = self._end
         self._file.seek(at)
         self._file.write(memoryview(values).cast("B"))  # its bytes as they lie (contiguous: add()), not a copy
