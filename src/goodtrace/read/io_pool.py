@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["IO_THREADS", "NETWORK_FILESYSTEMS", "io_map", "on_network_filesystem", "stat_or_none"]
+__all__ = ["IO_THREADS", "MOUNT_TABLE", "NETWORK_FILESYSTEMS", "io_map", "on_network_filesystem", "stat_or_none"]
 
 IO_THREADS = 16  # calls in flight (an NFS client sends them over one connection: the server's slots decide)
 _MANY = 8  # fewer items: a plain loop
@@ -29,7 +29,9 @@ def io_map(fn: Callable[[T], R], items: Iterable[T], where: str) -> list[R]:
     returns its errors rather than raising them (the first one raised is re-raised here, the
     other calls having run)."""
     work = list(items)
-    if len(work) < _MANY or not on_network_filesystem(where):
+    # where the mount table cannot be read (macOS), threads: on a local disk they cost a little
+    # contention, on a network share a loop would wait for every round trip in turn
+    if len(work) < _MANY or not on_network_filesystem(where, unknown=True):
         return [fn(x) for x in work]
     with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(work)), thread_name_prefix="goodtrace-io") as pool:
         return list(pool.map(fn, work))
@@ -51,15 +53,18 @@ NETWORK_FILESYSTEMS = frozenset({
 })
 
 
-def on_network_filesystem(path: str) -> bool:
+MOUNT_TABLE = "/proc/self/mounts"  # Linux's; other systems have none to read
+
+
+def on_network_filesystem(path: str, *, unknown: bool = False) -> bool:
     """Whether ``path`` lies on a network (or FUSE) filesystem: the type of the mount that holds
-    it, from ``/proc/self/mounts`` (False where there is none to read)."""
+    it, from the mount table (:data:`MOUNT_TABLE`); ``unknown`` where there is none to read."""
     try:
         real = os.path.realpath(path)
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as handle:
+        with open(MOUNT_TABLE, encoding="utf-8", errors="replace") as handle:
             mounts = handle.read().splitlines()
     except OSError:
-        return False
+        return unknown
     found, kind = "", ""
     for line in mounts:
         parts = line.split()
