@@ -4,6 +4,7 @@ outside the cut computes an interval's length per execution again or borrows its
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -105,3 +106,18 @@ def test_the_step_table_s_columns_are_its_rows(tmp_path: Path) -> None:
             assert {"checkpoint_save", "eval", "warmup"} <= set(columns.overhead_s)
             assert max(columns.shared) == 2 and columns.tags and not np.isnan(columns.device_s).all()
             assert 0.5 in columns.device_s.tolist()  # the device-busy metric before device_time_s
+
+
+def test_a_row_read_alone_is_the_row_the_table_walk_makes(tmp_path: Path) -> None:
+    # the walk looks its rows' tags and metrics up a block at a time and makes each row from
+    # its fields; a row read by index looks them up alone: the same rows, every field in order
+    from goodtrace.analysis.steps import StepRow
+
+    names = [f.name for f in dataclasses.fields(StepRow)]
+    for run in (RUN, _rich_run(tmp_path / "rich")):
+        table = analyze(load_run(run)).steps
+        rows = list(table)
+        assert rows == [table[i] for i in range(len(table))] == table[:]
+        assert all(list(vars(row)) == names and row == StepRow(**vars(row)) for row in rows)
+        if run != RUN:
+            assert any(row.tags for row in rows) and all(row.metrics for row in rows)

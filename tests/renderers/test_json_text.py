@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodtrace.renderers.json_text import dumps_indented
+from goodtrace.renderers.json_text import dumps_indented, dumps_items
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
@@ -37,6 +37,15 @@ def test_the_text_is_json_dumps_s(value: Any, indent: int) -> None:
     # set in a text at some indentation: every line after the first indented further
     assert dumps_indented(value, indent, "\n    ") == json.dumps(value, indent=indent, allow_nan=False).replace(
         "\n", "\n    ")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(keys, values, max_size=6), st.integers(0, 4))
+def test_an_object_written_from_its_pairs_is_the_object_s_text(value: dict[Any, Any], indent: int) -> None:
+    # twice: the second time the keys' text comes from what the first one kept
+    for _ in range(2):
+        assert dumps_items(value.items(), indent, "\n  ") == json.dumps(value, indent=indent, allow_nan=False).replace(
+            "\n", "\n  ")
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, {"a": [1, math.nan]}, {math.inf: 1}])

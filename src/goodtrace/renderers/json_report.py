@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from goodtrace.analysis import RunAnalysis
+from goodtrace.analysis.steps import StepRow
 from goodtrace.read.loaded import LoadedRun
-from goodtrace.renderers.json_text import dumps_indented
+from goodtrace.renderers.json_text import dumps_indented, dumps_items
 
 
 def report_object(analysis: RunAnalysis, *, include_steps: bool = True) -> dict[str, Any]:
@@ -44,6 +45,14 @@ def _dumps(value: Any, indent: int | None, newline: str = "\n") -> str:
             dumps_indented(finite(value), indent, newline)
 
 
+def _row_text(row: StepRow, indent: int, newline: str) -> str:
+    """``_dumps(row.to_dict(), indent, newline)``, written from the row's fields (no copy)."""
+    try:
+        return dumps_items(row.items(), indent, newline)
+    except ValueError:  # a non-finite float: written as null
+        return _dumps(row.to_dict(), indent, newline)
+
+
 def iter_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int | None = 2) -> Iterator[str]:
     """The text of :func:`render_json` in pieces: everything but the step table, then the step
     table a row at a time (its last key), so that a report of a million steps is written
@@ -63,7 +72,7 @@ def iter_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int 
     yield head[:-2] + ",\n" + " " * indent + '"steps": ['
     rows = 0
     for rows, row in enumerate(analysis.steps, start=1):
-        yield ("," if rows > 1 else "") + inner + _dumps(row.to_dict(), indent, inner)
+        yield ("," if rows > 1 else "") + inner + _row_text(row, indent, inner)
     yield ("\n" + " " * indent + "]" if rows else "]") + "\n}"
 
 

@@ -9,10 +9,11 @@ empty containers, escapes, non-string keys, subclasses of int and float)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-__all__ = ["dumps_indented"]
+__all__ = ["dumps_indented", "dumps_items"]
 
 
 def dumps_indented(value: Any, indent: int, newline: str = "\n") -> str:
@@ -22,6 +23,15 @@ def dumps_indented(value: Any, indent: int, newline: str = "\n") -> str:
     ``TypeError`` for a value or key it cannot encode, as ``json.dumps`` does."""
     out: list[str] = []
     _write(value, out, newline, " " * indent)
+    return "".join(out)
+
+
+def dumps_items(items: Iterable[tuple[Any, Any]], indent: int, newline: str = "\n") -> str:
+    """:func:`dumps_indented` of the object of ``items`` (pairs with distinct keys, in order),
+    from the pairs themselves: an object written row after row (a step table's) is not copied
+    into a dict first."""
+    out: list[str] = []
+    _write_items(items, out, newline, " " * indent)
     return "".join(out)
 
 
@@ -74,31 +84,44 @@ def _write(value: Any, out: list[str], newline: str, step: str) -> None:
             _write(item, out, inner, step)
         out.append(newline + "]")
     elif isinstance(value, dict):
-        if not value:
-            out.append("{}")
-            return
-        inner = newline + step
-        out.append("{" + inner)
-        first = True
-        for key, item in value.items():
-            if not first:
-                out.append("," + inner)
-            first = False
-            name = encode_basestring_ascii(key if type(key) is str else _key(key)) + ": "
-            # an entry of a plain str, int, finite float, bool or None in one piece (most of a report's):
-            # not a call each; anything else (a container, a subclass) as above
-            kind = type(item)
-            if kind is str:
-                out.append(name + encode_basestring_ascii(item))
-            elif kind is float and math.isfinite(item):
-                out.append(name + float.__repr__(item))
-            elif kind is int:
-                out.append(name + int.__repr__(item))
-            elif item is None or kind is bool:
-                out.append(name + ("null" if item is None else "true" if item else "false"))
-            else:
-                out.append(name)
-                _write(item, out, inner, step)
-        out.append(newline + "}")
+        _write_items(value.items(), out, newline, step)
     else:
         raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
+
+
+_KEY_TEXT: dict[str, str] = {}  # a short str key -> its text and ": " (the same few keys, row after row)
+_KEYS_KEPT = 1 << 16
+
+
+def _write_items(items: Iterable[tuple[Any, Any]], out: list[str], newline: str, step: str) -> None:
+    inner = newline + step
+    first = True
+    for key, item in items:
+        if first:
+            out.append("{" + inner)
+            first = False
+        else:
+            out.append("," + inner)
+        if type(key) is str:
+            name = _KEY_TEXT.get(key)
+            if name is None:
+                name = encode_basestring_ascii(key) + ": "
+                if len(_KEY_TEXT) < _KEYS_KEPT and len(key) <= 64:
+                    _KEY_TEXT[key] = name
+        else:
+            name = encode_basestring_ascii(_key(key)) + ": "
+        # an entry of a plain str, int, finite float, bool or None in one piece (most of a report's):
+        # not a call each; anything else (a container, a subclass) as above
+        kind = type(item)
+        if kind is str:
+            out.append(name + encode_basestring_ascii(item))
+        elif kind is float and math.isfinite(item):
+            out.append(name + float.__repr__(item))
+        elif kind is int:
+            out.append(name + int.__repr__(item))
+        elif item is None or kind is bool:
+            out.append(name + ("null" if item is None else "true" if item else "false"))
+        else:
+            out.append(name)
+            _write(item, out, inner, step)
+    out.append("{}" if first else newline + "}")
