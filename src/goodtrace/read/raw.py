@@ -50,6 +50,9 @@ class RawRecord:
         return self.t0 if self.t0 is not None else (self.t if self.t is not None else 0)
 
 
+_SHARED_STRINGS = 1 << 16  # distinct strings kept as one object each (then a string each, as read)
+
+
 def _attrs(text: object) -> dict[str, Any] | None:
     return json_object(text, 65536)
 
@@ -155,6 +158,9 @@ def _stream(
         )
         current: int | None = None
         records: list[RawRecord] = []
+        # one object per distinct kind, name and category (a window of a long run holds
+        # millions of records of a few names: a string each was about 60 bytes a field)
+        shared: dict[str, str] = {}
         while True:
             rows = cursor.fetchmany(65536)
             if not rows:
@@ -167,6 +173,12 @@ def _stream(
                         yield current, records
                     current, records = sid, []
                 kind, name, cat, t0, t1, t, step, tid, err, value, attrs = row[1:]
+                if len(shared) < _SHARED_STRINGS:
+                    kind = shared.setdefault(kind, kind)
+                    if name is not None:
+                        name = shared.setdefault(name, name)
+                    if cat is not None:
+                        cat = shared.setdefault(cat, cat)
                 records.append(RawRecord(kind, name, cat, t0, None if t1 is None else max(t1, t0 or t1), t, step,
                                          tid, bool(err), value, _attrs(attrs) if attrs is not None else None))
         if current is not None:
