@@ -15,12 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from goodtrace.analysis import RunAnalysis, analyze
 from goodtrace.analysis.intervals import session_intervals
 from goodtrace.cli.ranges import format_ranks, parse_ranks, parse_steps
+from goodtrace.read import raw
 from goodtrace.read.load import load_run
 from goodtrace.read.loaded import LoadedRun
+from goodtrace.read.raw import RawRecord
 from goodtrace.renderers import perfetto
 from goodtrace.renderers.perfetto import PerfettoRenderer, Selection
 from helpers.browser import (
@@ -401,3 +405,43 @@ def test_perfetto_ui_loads_a_run_from_the_real_recorder(ui: PerfettoUI, tmp_path
     )
     assert overhead == [{"step": "step 2"}]  # saved after step 1: inside step 2's interval
     assert loaded.query("SELECT count(*) AS n FROM slice WHERE name = 'data' AND category = 'data'") == [{"n": 4}]
+
+
+_SPAN_TIMES = st.tuples(st.integers(0, 20), st.integers(-3, 20), st.one_of(st.none(), st.integers(0, 5)),
+                        st.booleans(), st.sampled_from([None, "a", "b"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_SPAN_TIMES, max_size=40), st.lists(_SPAN_TIMES, max_size=5))
+def test_a_track_s_spans_are_walked_as_sorted_walks_them(read: list[Any], drawn: list[Any]) -> None:
+    # spans as the reader hands them over (by start, then end descending), then spans drawn
+    # later in any order (the device busy time): walked as the writer's sort of them all walked
+    # them, ties in the order added, every field as added
+    def record(n: int, t0: int, t1: int, step: int | None, error: bool, name: str | None) -> RawRecord:
+        return RawRecord("span", name, "device", t0, max(t1, t0), None, step, None, error, None,
+                         {"n": n} if n % 3 == 0 else None)
+
+    spans = [record(n, *fields) for n, fields in enumerate(sorted(read, key=lambda f: (f[0], -max(f[1], f[0]))))]
+    spans += [record(len(spans) + n, *fields) for n, fields in enumerate(drawn)]
+    track = perfetto._LaneSpans()
+    for span in spans:
+        track.add(span)
+    assert len(track) == len(spans)
+    assert list(track.in_order()) == sorted(spans, key=lambda r: (r.t0 or 0, -(r.t1 or 0)))
+
+
+def test_a_session_s_records_come_in_parts_of_at_most_a_chunk(small_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the trace writes a session's records as they are read: a session's parts, one after the
+    # other, make the records it is read whole as
+    analysis, loaded = _analysed(small_run)
+    ranges = {i: None for i in analysis.cuts}
+    whole = dict(raw.session_records(loaded, ranges))
+    monkeypatch.setattr(raw, "CHUNK_RECORDS", 7)
+    parts = list(raw.session_record_chunks(loaded, ranges))
+    assert all(len(chunk) <= 7 for _, chunk in parts) and max(len(chunk) for _, chunk in parts) == 7
+    order = [sid for k, (sid, _) in enumerate(parts) if k == 0 or parts[k - 1][0] != sid]
+    assert len(order) == len(set(order)) == len(whole)  # each session's parts together
+    joined: dict[int, list[RawRecord]] = {}
+    for sid, chunk in parts:
+        joined.setdefault(sid, []).extend(chunk)
+    assert joined == whole and sum(map(len, whole.values())) > 7 * len(whole)

@@ -10,6 +10,7 @@ from the same :class:`goodtrace.analysis.cut.SessionCut`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from goodtrace.analysis.cut import NO_RELABELS, Piece, label_totals
@@ -19,7 +20,7 @@ from goodtrace.analysis.selection import StepRange
 if TYPE_CHECKING:
     from goodtrace.analysis import RunAnalysis
 
-__all__ = ["IntervalView", "session_intervals", "slice_clock_range"]
+__all__ = ["IntervalView", "iter_session_intervals", "session_intervals", "slice_clock_range"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,19 +85,23 @@ def _intervals_in_range(cut: Any, selected: StepRange | None) -> list[int]:
 
 def session_intervals(analysis: RunAnalysis, session: int, selected: StepRange | None = None) -> list[IntervalView]:
     """The session's intervals (those holding a step of ``selected``), from the run model."""
+    return list(iter_session_intervals(analysis, session, selected))
+
+
+def iter_session_intervals(analysis: RunAnalysis, session: int, selected: StepRange | None = None) -> Iterator[IntervalView]:
+    """:func:`session_intervals` one at a time (a view of a window of a long run writes each as
+    it is made: hundreds of thousands)."""
     cut = analysis.cuts.get(session)
     if cut is None:
-        return []
+        return
     relabels = analysis.relabels.get(session, NO_RELABELS)
     attempt = analysis.attempt_of.get(session, -1)
-    out = []
     for w in _intervals_in_range(cut, selected):
         executions = cut.executions_of(w)
         steps = tuple(cut.exec_step[i] for i in executions)
         pieces, lost = interval_pieces(cut, w, relabels)
-        out.append(IntervalView(session, w, attempt, cut.interval_start[w], cut.interval_end[w], cut.interval_how[w], steps,
-                              tuple(cut.exec_seq[i] for i in executions), tuple(pieces), lost))
-    return out
+        yield IntervalView(session, w, attempt, cut.interval_start[w], cut.interval_end[w], cut.interval_how[w], steps,
+                           tuple(cut.exec_seq[i] for i in executions), tuple(pieces), lost)
 
 
 def slice_clock_range(analysis: RunAnalysis, session: int, selected: StepRange | None) -> tuple[int, int] | None:
@@ -108,5 +113,5 @@ def slice_clock_range(analysis: RunAnalysis, session: int, selected: StepRange |
         return None
     if selected is None:
         return (cut.start, max(cut.end, cut.last_end))
-    intervals = session_intervals(analysis, session, selected)
-    return (intervals[0].start, intervals[-1].end) if intervals else None
+    found = _intervals_in_range(cut, selected)  # the intervals' bounds alone: no pieces carved
+    return (cut.interval_start[found[0]], cut.interval_end[found[-1]]) if found else None

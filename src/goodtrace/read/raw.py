@@ -3,8 +3,10 @@
 The run model (:mod:`goodtrace.analysis`) says which sessions a view shows and which part of
 each (a range of its own clock, or all of it); :func:`session_records` then has DuckDB read
 just those sessions' files (or their rows of the Parquet copy), keep the records inside those
-ranges, and hand them over one session at a time, sorted by time, as plain tuples. Memory
-holds one batch of sessions' kept records; a 20-step slice of 10,000 ranks is a small read.
+ranges, and hand them over one session at a time, sorted by time, as plain tuples
+(:func:`session_record_chunks`: a part of a session at a time, for a view that writes them as
+it reads them). Memory holds one batch of sessions' kept records (one part of them, read in
+parts); a 20-step slice of 10,000 ranks is a small read.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from goodtrace.read import duckdb_connection, duckdb_sql
 from goodtrace.read.loaded import LoadedRun, Progress
 from goodtrace.read.validate import json_object
 
-__all__ = ["ClockRange", "RawRecord", "session_records"]
+__all__ = ["CHUNK_RECORDS", "ClockRange", "RawRecord", "session_record_chunks", "session_records"]
 
 # (t0, t1) of a session's own clock; None: all of it
 ClockRange = tuple[int, int] | None
 
 _BATCH_FILES = 64
+CHUNK_RECORDS = 16384  # records of a session handed over at a time (session_record_chunks): a few MB
 _PARQUET_SHARE = 8  # compacted sessions read per query for each JSON file
 
 
@@ -74,6 +77,31 @@ def session_records(
     None: any) or, without a step, whose time is inside the range; device metrics always.
     ``spans_only``: the spans alone (what a chart of a few steps draws: the marks of every step
     of a long run are not read)."""
+    current: int | None = None
+    records: list[RawRecord] = []
+    for sid, chunk in session_record_chunks(run, clock_ranges, steps=steps, progress=progress,
+                                            spans_only=spans_only):
+        if sid != current:
+            if current is not None:
+                yield current, records
+            current, records = sid, []
+        records.extend(chunk)
+    if current is not None:
+        yield current, records
+
+
+def session_record_chunks(
+    run: LoadedRun,
+    clock_ranges: Mapping[int, ClockRange],
+    *,
+    steps: tuple[int | None, int | None] | None = None,
+    progress: Progress | None = None,
+    spans_only: bool = False,
+) -> Iterator[tuple[int, list[RawRecord]]]:
+    """:func:`session_records` a part at a time: ``(session index, some of its records)``, a
+    session's parts one after the other, in time order, at most :data:`CHUNK_RECORDS` each
+    (a view that writes records as it reads them holds no more: a window of a long run has
+    millions); each session at least once (with none, when nothing of it is in its range)."""
     wanted = sorted(clock_ranges)
     if not wanted:
         return
@@ -162,12 +190,12 @@ def _stream(
         # millions of records of a few names: a string each was about 60 bytes a field)
         shared: dict[str, str] = {}
         while True:
-            rows = cursor.fetchmany(65536)
+            rows = cursor.fetchmany(CHUNK_RECORDS)
             if not rows:
                 break
             for row in rows:
                 sid = row[0]
-                if sid != current:
+                if sid != current or len(records) >= CHUNK_RECORDS:
                     if current is not None:
                         seen.add(current)
                         yield current, records

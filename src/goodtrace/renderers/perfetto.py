@@ -11,8 +11,10 @@ time is in the trace's ``otherData``).
 
 ``run`` is the :class:`goodtrace.read.loaded.LoadedRun` the analysis came from: the raw spans,
 marks and metrics of the selected sessions are read from its files by DuckDB
-(:func:`goodtrace.read.raw.session_records`), only the part of its clock a slice covers, one batch of
-sessions at a time, and their events go straight to the (gzip) file.
+(:func:`goodtrace.read.raw.session_record_chunks`), only the part of its clock a slice covers, one batch of
+sessions at a time, and their events go straight to the (gzip) file: a session's tags, events
+and metrics as they are read, its spans kept as columns per track until its tracks are written
+(a window of a long run has millions of records).
 """
 
 from __future__ import annotations
@@ -20,17 +22,19 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import io
+import itertools
 import math
 import os
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
 from goodtrace import schema
 from goodtrace.analysis import RunAnalysis
-from goodtrace.analysis.intervals import IntervalView, session_intervals, slice_clock_range
+from goodtrace.analysis.intervals import iter_session_intervals, slice_clock_range
 from goodtrace.analysis.selection import Selection
 from goodtrace.read.loaded import LoadedRun, Progress
-from goodtrace.read.raw import RawRecord, session_records
+from goodtrace.read.raw import RawRecord, session_record_chunks
 from goodtrace.renderers.trace_events import (
     COMFORTABLE_TRACE_BYTES,
     JSON,
@@ -82,7 +86,7 @@ class PerfettoRenderer:
     def _too_big(self, analysis: RunAnalysis, json_bytes: int) -> str:
         sessions = self.sessions(analysis)
         steps = sorted({
-            step for i in sessions for w in session_intervals(analysis, i, self.selection.steps) for step in w.steps
+            step for i in sessions for w in iter_session_intervals(analysis, i, self.selection.steps) for step in w.steps
             if self.selection.step_in_range(step)
         })
         fraction = COMFORTABLE_TRACE_BYTES / json_bytes * 0.8
@@ -173,7 +177,9 @@ class PerfettoRenderer:
                 emit(meta("thread_sort_index", pid, found.tid, {"sort_index": found.sort}))
             return found
 
-        for written, (i, records) in enumerate(session_records(run, clock_ranges, steps=selection.steps), 1):
+        chunks = session_record_chunks(run, clock_ranges, steps=selection.steps)
+        for written, (i, parts) in enumerate(itertools.groupby(chunks, key=lambda part: part[0]), 1):
+            records = itertools.chain.from_iterable(chunk for _, chunk in parts)  # a part of the session at a time
             self._emit_session(analysis, i, clock_ranges[i], records, lane, origin, emit, counts)
             if progress is not None:
                 progress("writing", written, len(clock_ranges))
@@ -190,7 +196,7 @@ class PerfettoRenderer:
         analysis: RunAnalysis,
         i: int,
         clock_range: tuple[int, int] | None,
-        records: list[RawRecord],
+        records: Iterable[RawRecord],
         lane: Callable[[int, Any, str], Lane],
         origin: int,
         emit: Callable[[str], None],
@@ -207,8 +213,11 @@ class PerfettoRenderer:
             return us(to_wall(i, mono) - origin)
 
         steps_lane = lane(i, "steps", "steps")
-        intervals: list[IntervalView] = session_intervals(analysis, i, selection.steps)
-        for iv in intervals:
+        # each interval written as it is made (a window of a long run has hundreds of
+        # thousands); their steps and bounds kept for the device busy time drawn below
+        bounds = array("q")  # step, start, end of each
+        for iv in iter_session_intervals(analysis, i, selection.steps):
+            bounds.extend((iv.step, iv.start, iv.end))
             label = f"step {iv.step}" if not iv.is_shared else f"steps {iv.first_step}-{iv.step}"
             args: dict[str, Any] = {
                 "step": iv.step,
@@ -243,7 +252,7 @@ class PerfettoRenderer:
                 emit(instant(f"rollback to step {r.to_step}", "rollback", pid, steps_lane.tid, ts(r.t), {
                     "attempt": attempt, "from_step": r.from_step, "to_step": r.to_step, "resume_step": r.resume_step,
                     "redone": r.redone, "skipped": r.skipped, "explicit": r.explicit}))
-        spans_by_lane: dict[Any, list[RawRecord]] = {}
+        spans_by_lane: dict[Any, _LaneSpans] = {}
         device: dict[str, dict[int, float]] = {}
         main_tid = info.main_tid
         for record in records:
@@ -253,7 +262,9 @@ class PerfettoRenderer:
                     continue
                 category = record.category or schema.COMPUTE
                 key: Any = "device" if category == schema.DEVICE_CATEGORY else ("main" if record.tid == main_tid else record.tid)
-                spans_by_lane.setdefault(key, []).append(record)
+                if key not in spans_by_lane:
+                    spans_by_lane[key] = _LaneSpans()
+                spans_by_lane[key].add(record)
             elif record.t is None:
                 continue
             elif kind == schema.TAG:
@@ -275,13 +286,16 @@ class PerfettoRenderer:
         # exact, its position is not recorded; it is drawn ending at the step's sync point.
         busy_by_step = device.get(schema.DEVICE_BUSY_METRIC, {})
         idle_by_step = device.get(schema.DEVICE_IDLE_METRIC, {})
-        for iv in intervals:
-            busy = busy_by_step.get(iv.step)
+        for k in range(0, len(bounds) if busy_by_step else 0, 3):
+            at_step, start, end = bounds[k], bounds[k + 1], bounds[k + 2]
+            busy = busy_by_step.get(at_step)
             if busy is not None and math.isfinite(busy) and busy > 0:
-                idle = idle_by_step.get(iv.step)
-                spans_by_lane.setdefault("device", []).append(RawRecord(
-                    schema.SPAN, "device busy", schema.DEVICE_CATEGORY, max(iv.start, iv.end - round(busy * 1e9)),
-                    iv.end, None, iv.step, None, False, None,
+                idle = idle_by_step.get(at_step)
+                if "device" not in spans_by_lane:
+                    spans_by_lane["device"] = _LaneSpans()
+                spans_by_lane["device"].add(RawRecord(
+                    schema.SPAN, "device busy", schema.DEVICE_CATEGORY, max(start, end - round(busy * 1e9)),
+                    end, None, at_step, None, False, None,
                     {"busy_ms": ms(round(busy * 1e9)),
                      "idle_before_ms": ms(round(idle * 1e9)) if idle is not None and math.isfinite(idle) else None,
                      "placement": "duration from device events; drawn ending at the sync point"},
@@ -295,7 +309,7 @@ class PerfettoRenderer:
             base = lane(i, key, name)
             overflow: Lane | None = None
             stack: list[int] = []  # end times of the open slices on the base lane
-            for record in sorted(spans_by_lane[key], key=lambda r: (r.t0 or 0, -(r.t1 or 0))):
+            for record in spans_by_lane[key].in_order():
                 t0, t1 = int(record.t0 or 0), int(record.t1 or 0)
                 while stack and stack[-1] <= t0:
                     stack.pop()
@@ -322,3 +336,62 @@ class PerfettoRenderer:
                 emit(f'{{"ph":"X","name":{string(record.name)},"cat":{string(record.category)},"pid":{pid},'
                      f'"tid":{target.tid},"ts":{ts(t0)},"dur":{us(t1 - t0)},"args":{args_json}}}')
             counts["spans"] += len(spans_by_lane[key])
+
+
+class _LaneSpans:
+    """The spans of one track of a session, as columns (about 33 bytes a span where a record
+    object took about 250: a window of a long run has millions), walked in the order the track
+    is written: by start, the longer first on a tie, else as added (a stable sort). The reader
+    hands spans over in that order (:func:`~goodtrace.read.raw.session_record_chunks`: by time,
+    then end descending), so they are walked as added unless one came out of it (the device
+    busy spans, drawn at the end of the session's steps), and then sorted once."""
+
+    def __init__(self) -> None:
+        self._t0, self._t1, self._step = array("q"), array("q"), array("q")
+        self._has_step = bytearray()
+        self._name, self._category = array("i"), array("i")
+        self._texts: list[str | None] = []  # names and categories, by code
+        self._code: dict[str | None, int] = {}
+        self._extra: dict[int, tuple[bool, dict[str, Any] | None]] = {}  # row -> (error, attrs), where either is set
+        self._last: tuple[int, int] | None = None
+        self._in_order = True
+
+    def __len__(self) -> int:
+        return len(self._t0)
+
+    def _code_of(self, text: str | None) -> int:
+        code = self._code.get(text)
+        if code is None:
+            code = self._code[text] = len(self._texts)
+            self._texts.append(text)
+        return code
+
+    def add(self, record: RawRecord) -> None:
+        t0, t1 = record.t0 or 0, record.t1 or 0
+        key = (t0, -t1)
+        if self._last is not None and key < self._last:
+            self._in_order = False
+        self._last = key
+        if record.error or record.attrs is not None:
+            self._extra[len(self._t0)] = (record.error, record.attrs)
+        self._t0.append(t0)
+        self._t1.append(t1)
+        self._step.append(record.step if record.step is not None else 0)
+        self._has_step.append(record.step is not None)
+        self._name.append(self._code_of(record.name))
+        self._category.append(self._code_of(record.category))
+
+    def in_order(self) -> Iterator[RawRecord]:
+        """Each span, by (start, -end), stable."""
+        rows: Iterable[int] = range(len(self._t0))
+        if not self._in_order:
+            import numpy as np
+
+            t0, t1 = np.frombuffer(self._t0, dtype=np.int64), np.frombuffer(self._t1, dtype=np.int64)
+            rows = np.lexsort((~t1, t0)).tolist()  # ~t1: t1 descending, never overflowing; stable, as sorted()
+        texts, extra = self._texts, self._extra
+        for row in rows:
+            error, attrs = extra.get(row, (False, None))
+            yield RawRecord(schema.SPAN, texts[self._name[row]], texts[self._category[row]], self._t0[row],
+                            self._t1[row], None, self._step[row] if self._has_step[row] else None, None, error, None,
+                            attrs)
