@@ -223,12 +223,8 @@ class StepTable(Sequence[StepRow]):
         if not 0 <= index < len(self):
             raise IndexError(index)
         interval = self.interval_at(index)
-        position = int(self._position[index])
-        step = interval.cut.exec_step[interval.executions[position]]
-        marks = self._marks.get(interval.cut.session)
-        tags, metrics = (marks.tags(step), marks.metrics(step)) if marks is not None else ((), {})
-        return self._row(interval, position, float(self.step_time_s[index]), float(self.device_s()[index]),
-                         tags, metrics), interval
+        return self._row(interval, int(self._position[index]), float(self.step_time_s[index]),
+                         float(self.device_s()[index])), interval
 
     def execution_at(self, index: int) -> tuple[StepInterval, int]:
         """Row ``index``'s step interval and its execution (an index into the interval's cut)."""
@@ -258,7 +254,7 @@ class StepTable(Sequence[StepRow]):
                         self.device_s()[block].tolist(), tags, metrics, strict=True):
                     if w != last or interval is None:
                         interval, last = segment_interval(segment, w), w
-                    yield self._row(interval, position, step_time_s, device_s, row_tags, row_metrics)
+                    yield self._row(interval, position, step_time_s, device_s, (row_tags, row_metrics))
 
     def marks_of(self, session: int) -> StepMarks | None:
         """The per-step marks (tags, metrics, span time) of ``session``, None without them."""
@@ -345,8 +341,9 @@ class StepTable(Sequence[StepRow]):
         return [self[int(i)] for i in order]
 
     def _row(self, w: StepInterval, position: int, step_time_s: float, device_s: float,
-             tags: tuple[str, ...], metrics: dict[str, float]) -> StepRow:
-        """Row ``position`` of interval ``w`` (``tags``, ``metrics``: its step's marks)."""
+             marks_found: tuple[tuple[str, ...], dict[str, float]] | None = None) -> StepRow:
+        """Row ``position`` of interval ``w`` (``marks_found``: its step's tags and metrics, found
+        with its block's; else looked up here)."""
         cut = w.cut
         executions = w.executions
         i = executions[position]
@@ -357,6 +354,10 @@ class StepTable(Sequence[StepRow]):
         how = cut.interval_how[w.index]
         step = cut.exec_step[i]
         flags = cut.exec_flags[i]
+        if marks_found is None:
+            marks = self._marks.get(cut.session)
+            marks_found = (marks.tags(step), marks.metrics(step)) if marks is not None else ((), {})
+        tags, metrics = marks_found
         return _step_row({  # every field, in order
             "step": step,
             "attempt": w.attempt,
