@@ -9,9 +9,11 @@ Attempts are discovered here: by launcher restart counter when present, otherwis
 records (a rank cannot appear twice in one attempt). The analytical reader (DuckDB) builds on
 the same file layout and the same attempt rule (:func:`number_attempts`).
 
-:func:`read_run` holds every record of the run in memory: it is what ``goodtrace records``
-and the tests read, record by record. Reports read runs of any length through the analytical
-reader (:mod:`goodtrace.read.load`).
+:func:`read_run` holds every record of the run in memory (what the tests read, record by
+record), or, with ``keep_records=False``, only each session's header, counts, last sign of life
+and finish record, each segment's records decoded one at a time (what ``goodtrace records``
+lists of a run of any length; :func:`iter_records` reads them again, one at a time). Reports
+read runs of any length through the analytical reader (:mod:`goodtrace.read.load`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from goodtrace.read.discovery import fold_file_warnings
 from goodtrace.read.segments import (
     SEGMENT_SUFFIX,
     NotARunError,
+    SegmentRecords,
     list_segments,
-    parse_segment,
     read_bytes,
 )
 from goodtrace.read.validate import check_header, is_time
@@ -37,6 +39,7 @@ __all__ = [
     "Run",
     "Session",
     "assign_attempts",
+    "iter_records",
     "number_attempts",
     "read_run",
 ]
@@ -44,13 +47,35 @@ __all__ = [
 
 @dataclasses.dataclass
 class Session:
-    """One process of one rank: its header (first segment) and all records, in file order."""
+    """One process of one rank: its header (first segment) and all records, in file order
+    (none kept when read with ``read_run(keep_records=False)``: ``record_count``,
+    :attr:`last_seen_mono` and :attr:`finish` are kept as they are read either way)."""
 
     header: dict[str, Any]
     records: list[dict[str, Any]]
     segments: int = 0
     torn_lines: int = 0
     attempt: int = -1
+    record_count: int = 0
+    latest: int | None = None  # the latest time in any record read
+    last_finish: dict[str, Any] | None = None  # the last finish record read
+
+    def __post_init__(self) -> None:
+        given, self.records = self.records, []
+        for record in given:  # a session made with its records: counted as read
+            self.add(record, True)
+
+    def add(self, record: dict[str, Any], keep: bool) -> None:
+        """One more of the session's records, in file order (held in ``records`` when ``keep``)."""
+        self.record_count += 1
+        if keep:
+            self.records.append(record)
+        for field in (schema.F_T1, schema.F_T, schema.F_MONO):
+            value = record.get(field)
+            if is_time(value) and (self.latest is None or value > self.latest):
+                self.latest = value
+        if record.get(schema.F_KIND) == schema.FINISH:
+            self.last_finish = record
 
     @property
     def session_id(self) -> str:
@@ -77,21 +102,14 @@ class Session:
 
     @property
     def last_seen_mono(self) -> int:
-        """The last sign of life: the latest time in any record."""
-        latest = int(self.header[schema.F_MONO])
-        for record in self.records:
-            for field in (schema.F_T1, schema.F_T, schema.F_MONO):
-                value = record.get(field)
-                if is_time(value) and value > latest:
-                    latest = value
-        return latest
+        """The last sign of life: the latest time in any record (the header's, without one)."""
+        anchor = int(self.header[schema.F_MONO])
+        return anchor if self.latest is None or self.latest < anchor else self.latest
 
     @property
     def finish(self) -> dict[str, Any] | None:
-        for record in reversed(self.records):
-            if record.get(schema.F_KIND) == schema.FINISH:
-                return dict(record)
-        return None
+        """The session's last finish record (a copy), None without one."""
+        return dict(self.last_finish) if self.last_finish is not None else None
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r.get(schema.F_KIND) == kind]
@@ -154,12 +172,44 @@ def _session_of(by_session: dict[str, Any], header: dict[str, Any], make: type[S
         session.header = header
     return session_id, session
 
-def read_run(run_dir: str | os.PathLike[str]) -> Run:
-    """Load every rank's segments of a run directory into sessions, attempts assigned."""
+def read_run(run_dir: str | os.PathLike[str], *, keep_records: bool = True) -> Run:
+    """Load every rank's segments of a run directory into sessions, attempts assigned
+    (``keep_records=False``: each session's records counted, not held: see the module)."""
     path = os.fspath(run_dir)
     problems: list[str] = []
     skipped: dict[str, int] = {}
     by_session: dict[str, Session] = {}
+    for header, records, parsed in _segments(path, problems, skipped):
+        _, session = _session_of(by_session, header, Session)
+        for record in records:
+            session.add(record, keep_records)
+        session.segments += 1
+        session.torn_lines += parsed.torn
+    sessions = sorted(by_session.values(), key=lambda s: (s.start_wall_ns, s.rank))
+    assign_attempts(sessions)
+    return Run(path=path, sessions=sessions, problems=fold_file_warnings(problems), skipped=skipped)
+
+
+def iter_records(run: Run) -> Iterator[tuple[Session, dict[str, Any]]]:
+    """Every record of ``run`` read again from its files, one at a time, with its session (in
+    file order; the run read by :func:`read_run`, with or without its records kept). A file
+    still being written is read as it is now: it may hold more records than were counted."""
+    by_id = {s.session_id: s for s in run.sessions}
+    for header, records, _ in _segments(run.path, [], {}):
+        session = by_id.get(str(header.get(schema.H_SESSION)))
+        for record in records:
+            if session is not None:
+                yield session, record
+
+
+def _segments(
+    path: str, problems: list[str], skipped: dict[str, int],
+) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]], SegmentRecords]]:
+    """Each readable segment's checked header, its other records (decoded one at a time as they
+    are iterated; the iteration must end before the next segment is asked for) and their
+    decoder (its ``torn`` lines counted once they are). A file that cannot be read, or whose
+    header is unusable, is named in ``problems``; its lines are counted in ``skipped``
+    (``file_skipped``), as every skipped line is, by reason."""
     segments = list_segments(path, problems)
     if not segments:
         raise NotARunError(f"{path!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
@@ -172,23 +222,19 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
             continue
         own: dict[str, int] = {}
         own_problems: list[str] = []
-        records, torn = parse_segment(data, where, own_problems, own)
-        header = _checked_header(records[0], where, problems) if records else None
+        records = SegmentRecords(data, where, own_problems, own)
+        walk = iter(records)
+        first = next(walk, None)
+        header = _checked_header(first, where, problems) if first is not None else None
         if header is None:  # every line of the file is skipped with it
-            lines = len(records) + sum(own.values())
+            lines = (first is not None) + sum(1 for _ in walk) + sum(own.values())
             if lines:
                 skipped["file_skipped"] = skipped.get("file_skipped", 0) + lines
             continue
+        yield header, walk, records
         problems.extend(own_problems)
         for reason, count in own.items():
             skipped[reason] = skipped.get(reason, 0) + count
-        _, session = _session_of(by_session, header, Session)
-        session.records.extend(records[1:])
-        session.segments += 1
-        session.torn_lines += torn
-    sessions = sorted(by_session.values(), key=lambda s: (s.start_wall_ns, s.rank))
-    assign_attempts(sessions)
-    return Run(path=path, sessions=sessions, problems=fold_file_warnings(problems), skipped=skipped)
 
 
 def number_attempts(

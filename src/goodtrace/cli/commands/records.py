@@ -1,10 +1,11 @@
 """``goodtrace records RUN``: list a run's sessions and attempts (the raw view, no extras).
 
-Reads every line with the standard-library reader (:func:`goodtrace.read.sessions.read_run`):
-each session with its record count, and every line that was skipped, named by file and line
-(the first few of each file) and counted by reason. Run text is printed escaped; ``--json`` is
-always valid JSON. ``--since``/``--until`` add each session's count of records in the time
-range.
+Reads every line with the standard-library reader (:func:`goodtrace.read.sessions.read_run`),
+one record at a time, none held (a run of any length): each session with its record count,
+and every line that was skipped, named by file and line (the first few of each file) and
+counted by reason. Run text is printed escaped; ``--json`` is always valid JSON.
+``--since``/``--until`` add each session's count of records in the time range (the files read
+a second time).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from goodtrace.cli.time_range import add_range_arguments
 
 if TYPE_CHECKING:
     from goodtrace.analysis.time_range import RangeEdge
-    from goodtrace.read.sessions import Session
+    from goodtrace.read.sessions import Run, Session
 
 HELP = "list the sessions, attempts and record counts of a run directory"
 
@@ -41,12 +42,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     try:
-        loaded = read_run(_mirrored(args.run) if is_url(args.run) else args.run)
+        loaded = read_run(_mirrored(args.run) if is_url(args.run) else args.run, keep_records=False)
     except NotARunError as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"cannot read {args.run!r}: {exc.strerror or exc}") from None
-    in_range = (_counts_in_range(loaded.sessions, time_range.get("since"), time_range.get("until"))
+    in_range = (_counts_in_range(loaded, time_range.get("since"), time_range.get("until"))
                 if time_range else None)
     rows = []
     for number, session in enumerate(loaded.sessions):
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 "host": host if isinstance(host, str) else None,
                 "pid": pid if type(pid) is int else None,
                 "session": session.session_id,
-                "records": len(session.records),
+                "records": session.record_count,
                 "segments": session.segments,
                 "ended": "finished" if finish and finish.get("completed") is True else
                 ("exited" if finish else "no finish record (crashed or still running)"),
@@ -97,15 +98,18 @@ def _mirrored(url: str) -> str:
         stop()
 
 
-def _counts_in_range(sessions: list[Session], since: RangeEdge | None, until: RangeEdge | None) -> list[int]:
-    """Each session's records in the time range. A UTC time or a duration selects by the
-    record's time (a span record's start, else its time) on its session's wall clock; a duration counts from the
-    run's first process start (negative: back from its last sign of life), since this view does
-    not analyse the run; ``step:N`` selects by the record's step number."""
+def _counts_in_range(run: Run, since: RangeEdge | None, until: RangeEdge | None) -> list[int]:
+    """Each session's records in the time range (the run's files read again, a record at a
+    time). A UTC time or a duration selects by the record's time (a span record's start, else
+    its time) on its session's wall clock; a duration counts from the run's first process start
+    (negative: back from its last sign of life), since this view does not analyse the run;
+    ``step:N`` selects by the record's step number."""
     from goodtrace import schema
     from goodtrace.cli import CommandError
+    from goodtrace.read.sessions import iter_records
     from goodtrace.read.validate import is_time
 
+    sessions = run.sessions
     first = min(s.start_wall_ns for s in sessions)
     last = max(s.wall_ns(s.last_seen_mono) for s in sessions)
 
@@ -141,4 +145,8 @@ def _counts_in_range(sessions: list[Session], since: RangeEdge | None, until: Ra
                 return (a is None or wall >= a) and (b is None or wall < b)
         return False
 
-    return [sum(1 for record in s.records if kept(s, record)) for s in sessions]
+    counts = {id(s): 0 for s in sessions}
+    for session, record in iter_records(run):
+        if kept(session, record):
+            counts[id(session)] += 1
+    return [counts[id(s)] for s in sessions]
