@@ -12,8 +12,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodtrace.analysis import steps as steps_module
-from goodtrace.analysis.steps import StepMarks
+from goodtrace.analysis import step_marks as marks_module
+from goodtrace.analysis.step_marks import StepMarks
 from goodtrace.read.loaded import SessionTimeline
 
 
@@ -45,12 +45,12 @@ def test_span_medians_and_totals_equal_the_plain_computation(tl: SessionTimeline
         expected[name] = float(np.median(column)) if len(column) else 0.0
     assert marks.span_medians() == expected
     assert list(marks.span_medians()) == list(tl.span_names)
-    few = steps_module._FEW_NAMES
+    few = marks_module._FEW_NAMES
     try:  # the path of many names: one sort of every row, not a pass per name
-        steps_module._FEW_NAMES = 0
+        marks_module._FEW_NAMES = 0
         assert StepMarks(tl).span_medians() == expected
     finally:
-        steps_module._FEW_NAMES = few
+        marks_module._FEW_NAMES = few
 
     totals = dict.fromkeys(tl.span_names, 0)
     for step, code, ns in zip(tl.span_step, tl.span_name, tl.span_ns, strict=True):

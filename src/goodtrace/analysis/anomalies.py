@@ -14,7 +14,8 @@ from goodtrace import schema
 from goodtrace.analysis.cut import FLAG_DECREASING, FLAG_REPEATED
 from goodtrace.analysis.evidence import median
 from goodtrace.analysis.partition import WARMUP, WASTED, StepInterval
-from goodtrace.analysis.steps import NS, StepMarks, StepTable
+from goodtrace.analysis.step_marks import StepMarks
+from goodtrace.analysis.steps import NS, StepTable
 
 __all__ = ["Anomaly", "StepStats", "find_anomalies", "step_stats"]
 
