@@ -30,7 +30,6 @@ __all__ = [
     "NotARunError",
     "SegmentRecords",
     "list_segments",
-    "parse_segment",
     "read_bytes",
 ]
 
@@ -201,31 +200,14 @@ class _Lines:
         return record if self.accept(record, index) else None
 
 
-def parse_segment(
-    data: bytes, where: str, problems: list[str], skipped: dict[str, int] | None = None
-) -> tuple[list[dict[str, Any]], int]:
-    """Decode JSON lines; returns (records, lines that are not JSON). A torn *last* line is
-    expected; every skipped line is counted in ``skipped`` by reason."""
-    rules = _Lines(where, problems, skipped)
-    lines = data.split(b"\n")
-    records: list[dict[str, Any]] = []
-    last = len(lines) - 1
-    for index, line in enumerate(lines):
-        record = rules.line(line, index, last)
-        if record is not None:
-            records.append(record)
-    rules.done()
-    return records, rules.torn
-
-
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _FAST_LINE_CHARS = MAX_LINE_BYTES // 4  # a longer line may be over the byte limit: measured exactly
 
 
 class SegmentRecords:
-    """The records of one segment's bytes, one at a time, exactly as :func:`parse_segment`
-    returns them (same records, lines that are not JSON, problems and skip counts), about
-    twice as fast and without a list of them all: well-formed lines are decoded straight from
+    """The records of one segment's bytes, one at a time, exactly as the line-by-line rules
+    read them (same records, lines that are not JSON, problems and skip counts; a test holds
+    them equal), about twice as fast and without a list of them all: well-formed lines are decoded straight from
     the file's text by the JSON scanner; from the first line that is not one clean object
     (blank, CRLF, garbage, very long) on, the line-by-line rules take over. ``torn`` and
     ``skipped`` are complete once the iteration ends."""
@@ -264,7 +246,7 @@ class SegmentRecords:
                 rules.done()
                 self.torn = rules.torn
                 return
-        # The rest, line by line (the line numbers and the torn-last-line rule as parse_segment).
+        # The rest, line by line (the line numbers and the torn-last-line rule of the rules).
         offset = len(text[:pos].encode("utf-8", "surrogatepass")) if pos else 0
         lines = data[offset:].split(b"\n")
         last = index + len(lines) - 1

@@ -145,8 +145,8 @@ def _counts_in_range(run: Run, since: RangeEdge | None, until: RangeEdge | None)
                 return (a is None or wall >= a) and (b is None or wall < b)
         return False
 
-    counts = {id(s): 0 for s in sessions}
+    counts = dict.fromkeys((s.session_id for s in sessions), 0)
     for session, record in iter_records(run):
         if kept(session, record):
-            counts[id(session)] += 1
-    return [counts[id(s)] for s in sessions]
+            counts[session.session_id] += 1
+    return [counts[s.session_id] for s in sessions]
