@@ -38,11 +38,13 @@ def finite(value: Any) -> Any:
 def _dumps(value: Any, indent: int | None, newline: str = "\n") -> str:
     """``json.dumps(value, indent=indent)`` (``newline``: the line break and indentation the
     text sits at, with an indent), every float JSON cannot hold written as null."""
+    def text(of: Any) -> str:
+        return json.dumps(of, allow_nan=False) if indent is None else dumps_indented(of, indent, newline)
+
     try:
-        return json.dumps(value, allow_nan=False) if indent is None else dumps_indented(value, indent, newline)
+        return text(value)
     except ValueError:  # a non-finite float somewhere: written as null
-        return json.dumps(finite(value), allow_nan=False) if indent is None else \
-            dumps_indented(finite(value), indent, newline)
+        return text(finite(value))
 
 
 def _row_text(row: StepRow, indent: int, newline: str) -> str:
