@@ -96,6 +96,7 @@ def run_commands(cli: CliWorker, run_dir: Path, out: Path) -> dict[str, Result]:
         "trace": ("trace", str(run_dir), "-o", str(trace)),
         "records": ("records", str(run_dir)),
         "records --json": ("records", str(run_dir), "--json"),
+        "watch --once": ("watch", str(run_dir), "--once"),
         "compact": ("compact", str(run_dir)),
         "report --json (compacted)": ("report", str(run_dir), "--json"),
     }

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "records": ("records",),
     "records --json": ("records", "--json"),
     "compact": ("compact",),
+    "watch --once": ("watch", "--once"),
 }
 
 

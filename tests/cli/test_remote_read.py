@@ -8,6 +8,7 @@ missing."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from goodtrace.read.duckdb_sql import SEGMENT_NAMES
 from goodtrace.read.io_pool import on_network_filesystem
@@ -111,6 +113,29 @@ def test_records_from_s3_equal_the_local_ones(s3: S3Server, tmp_path: Path) -> N
     assert s3.stats()["operations"] == {"LIST": 1, "GET": 4}
     local = goodtrace("records", str(run), "--json")
     assert json.loads(remote.stdout)["sessions"] == json.loads(local.stdout)["sessions"]
+
+
+def test_watch_from_s3_shows_what_it_shows_of_the_local_copy(s3: S3Server, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from goodtrace.cli.commands.watch import View
+    from goodtrace.renderers.watch import render_watch
+
+    def frame(run: str, view: View) -> str:
+        view.look()
+        while view.follower.pending:
+            view.look()
+        console = Console(record=True, width=200, file=io.StringIO())
+        console.print(render_watch(view.state, 1_700_000_100 * 10**9, run))
+        return console.export_text().replace(run, "RUN")
+
+    url = upload(s3, RESTART)
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    # rank 1's newest process from its last two step completions, ranged reads; its first not read;
+    # rank 0's newest from its start a few hundred bytes a look
+    remote = frame(url, View(url, tail_steps=2, poll_bytes=512))
+    assert remote == frame(str(RESTART), View(str(RESTART), tail_steps=2, poll_bytes=512))
+    assert "finished" in remote and "goodput" in remote
 
 
 def test_report_and_trace_from_a_network_share(nfs: EmulatedNFS, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """``goodtrace watch RUN`` on real runs, as a subprocess: the goodput it shows is the report's,
-it follows a running job until the job finishes, and it names a hung rank."""
+it follows a running job until the job finishes, and it names a hung rank; a long run opens
+from its ranks' tails and shows what reading it whole shows."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+
+from rich.console import Console
+
+from goodtrace.analysis.watching import RECENT_STEPS, WatchState
+from goodtrace.cli.commands.watch import View
+from goodtrace.read.follow import RunFollower
+from goodtrace.renderers.watch import render_watch
 
 ENV = os.environ | {"COLUMNS": "200"}
 
@@ -38,10 +46,11 @@ JOB = textwrap.dedent('''
 ''')
 
 
-def _job(tmp_path: Path, steps: int, hang_at: int = -1) -> subprocess.Popen[str]:
+def _job(tmp_path: Path, steps: int, hang_at: int = -1, rank: int = 0) -> subprocess.Popen[str]:
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    return subprocess.Popen([sys.executable, str(script), str(tmp_path / "run"), str(steps), str(hang_at)], text=True)
+    return subprocess.Popen([sys.executable, str(script), str(tmp_path / "run"), str(steps), str(hang_at)], text=True,
+                            env=os.environ | {"RANK": str(rank), "WORLD_SIZE": "2"})
 
 
 def _watch(run_dir: Path, *options: str, timeout: float = 120) -> str:
@@ -75,8 +84,10 @@ def test_it_follows_a_running_job_to_its_end_and_shows_the_reports_goodput(tmp_p
 
 
 def test_it_names_a_hung_rank(tmp_path: Path) -> None:
-    job = _job(tmp_path, 80, hang_at=30)
     run_dir = tmp_path / "run"
+    subprocess.run([sys.executable, "-c", LONG_JOB, str(run_dir), "40"], check=True, timeout=120,
+                   env=os.environ | {"RANK": "0", "WORLD_SIZE": "2"})  # rank 0 ran to its end
+    job = _job(tmp_path, 80, hang_at=30, rank=1)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not any(
@@ -86,5 +97,87 @@ def test_it_names_a_hung_rank(tmp_path: Path) -> None:
     finally:
         job.kill()
         job.wait(timeout=30)
-    assert re.search(r"hang: rank 0 \(host .*\) stuck in block_forever \(job\.py:\d+\), after 'forward', at step 30", shown), shown
-    assert re.search(r"0 +│ .* +│ +30 │ .* │ hung", shown), shown  # it stopped after step 30
+    assert re.search(r"hang: rank 1 \(host .*\) stuck in block_forever \(job\.py:\d+\), after 'forward', at step 30", shown), shown
+    assert re.search(r"1 +│ .* +│ +30 │ .* │ hung", shown), shown  # it stopped after step 30
+    # found from rank 1's last five steps too (rank 0's records are read whole, for its goodput)
+    whole, _ = _read_whole(run_dir)
+    frame = _frame(whole, run_dir)
+    view = View(str(run_dir), tail_steps=5)
+    assert "hang: rank 1" in frame and _frame(_read_view(view), run_dir) == frame
+    assert all(view.follower.offsets[p] > 0 for p in map(str, run_dir.glob("rank-00001/*.jsonl")))  # a tail
+
+
+LONG_JOB = textwrap.dedent('''
+    import sys
+    import goodtrace as gt
+    from goodtrace.testing import FakeClock
+    run, steps = sys.argv[1], int(sys.argv[2])
+    clock = FakeClock()
+    gt.init(run, clock=clock, segment_bytes=8192)
+    for k in range(steps):
+        with gt.step(k) as s:
+            with gt.span("data"):
+                clock.advance(0.01)
+            with gt.span("forward"):  # a slower step now and then, and 40% slower at the end
+                clock.advance(0.1 + (0.05 if k % 17 == 0 else 0) + (0.04 if k >= steps - 600 else 0))
+            s.complete_on(1.0)
+        gt.metric("loss", 1.0 / (k + 1), step=k)
+        if k % 50 == 49:
+            with gt.span("checkpoint"):
+                clock.advance(0.3)
+        if k % 100 == 99:
+            gt.flush()  # a new segment (8 KiB) every 100 steps
+    gt.finish()
+''')
+
+
+def _read_whole(run_dir: Path) -> tuple[WatchState, RunFollower]:
+    """The view's state with every record of the run read, in one poll (what watch did first;
+    each session's clock anchor from its first file's header, as the view takes it)."""
+    follower, state = RunFollower(str(run_dir)), WatchState()
+    state.reading_plan(follower.first_headers())
+    for _, header, record in follower.poll():
+        state.add(header, record)
+    return state, follower
+
+
+def _read_view(view: View) -> WatchState:
+    view.look()
+    while view.follower.pending:
+        view.look()
+    return view.state
+
+
+def _frame(state: WatchState, run_dir: Path) -> str:
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))  # noqa: SIM115
+    last = max(s.last_seen_wall for s in state.sessions.values())
+    console.print(render_watch(state, last + 10**9, str(run_dir)))
+    console.file.close()
+    return console.export_text()
+
+
+def test_a_long_run_opens_from_its_tails_and_shows_what_reading_it_whole_shows(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    for rank, steps in ((0, 2_500), (1, 300), (1, 2_500), (2, 20_000)):  # rank 1 restarted once
+        subprocess.run([sys.executable, "-c", LONG_JOB, str(run_dir), str(steps)], check=True, timeout=120,
+                       env=os.environ | {"RANK": str(rank), "WORLD_SIZE": "3"})
+    whole, full = _read_whole(run_dir)
+    view = View(str(run_dir), poll_bytes=64 * 1024)  # rank 0's history read 64 KiB a look
+    view.look()
+    first = _frame(view.state, run_dir)  # a rank's past read so far is not shown as its present, nor alarmed on
+    assert view.follower.pending and "reading the lowest rank's records of this attempt" in first
+    assert len(re.findall(r"\d +│ .* +│ +— │ +— │ reading its records: \d+%", first)) == 3, first
+    assert "Worst recent steps" not in first and "slowdown" not in first
+    looks = 1
+    while view.follower.pending:
+        view.look()
+        looks += 1
+    assert looks > 10
+    frame = _frame(view.state, run_dir)
+    assert frame == _frame(whole, run_dir)
+    assert "goodput" in frame and "slowdown: rank 2" in frame and "Worst recent steps" in frame
+    assert [r.last_step for r in view.state.ranks()] == [2_499, 2_499, 19_999]
+    assert all(len(r.step_times) == RECENT_STEPS for r in view.state.ranks())
+    # what it read: rank 0 whole, the others' last RECENT_STEPS steps (twice: found, then decoded), not
+    # rank 1's first process, not rank 2's first 18,000 steps (70% of the run's bytes)
+    assert view.follower.bytes_read < 0.6 * full.bytes_read, (view.follower.bytes_read, full.bytes_read)

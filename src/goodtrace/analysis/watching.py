@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from goodtrace import schema
@@ -54,9 +55,27 @@ class WatchState:
 
     def __init__(self) -> None:
         self.sessions: dict[str, RankState] = {}
+        self.reading: dict[str, float] = {}  # sessions not read to their end yet (a long past): how far
+
+    def reading_plan(self, headers: Mapping[str, dict[str, Any]]) -> tuple[set[str], set[str]]:
+        """Given the header of each file there now (by path; their sessions opened here), the
+        sessions the view needs from their start (``whole``: the one whose goodput it shows) and
+        those it needs from their last :data:`RECENT_STEPS` step completions (``tail``: the newest
+        of every other rank, whose last step, age, hang and recent step times it shows); an
+        earlier process of a rank adds nothing to the view. So a run of any length opens at the
+        cost of one rank's history and every rank's tail."""
+        for path in sorted(headers):  # a session's first file first: its header is the session's
+            self.open(headers[path])
+        newest = [state.session for state in self.ranks()]
+        return set(newest[:1]), set(newest[1:])
+
+    def history_read(self) -> float | None:
+        """How much of the session whose goodput the view shows is read, while it is not all."""
+        ranks = self.ranks()
+        return self.reading.get(ranks[0].session) if ranks else None
 
     def add(self, header: dict[str, Any], record: dict[str, Any]) -> None:
-        state = self._session(header)
+        state = self.open(header)
         kind = record.get(schema.F_KIND)
         t = record.get(schema.F_T1, record.get(schema.F_T))
         if isinstance(t, int):
@@ -102,7 +121,8 @@ class WatchState:
                 state.step_times.append((step, when - state.last_sync))
             state.last_sync = max(when, state.last_sync or when)
 
-    def _session(self, header: dict[str, Any]) -> RankState:
+    def open(self, header: dict[str, Any]) -> RankState:
+        """The state of the session ``header`` (a segment's header) belongs to."""
         session = str(header.get(schema.H_SESSION))
         state = self.sessions.get(session)
         if state is None:
@@ -127,6 +147,11 @@ class WatchState:
                 newest[state.rank] = state
         return [newest[r] for r in sorted(newest)]
 
+    def read_ranks(self) -> list[RankState]:
+        """:meth:`ranks` but those not read to their end yet (what is read of them so far is
+        their past: no alarm is raised from it)."""
+        return [state for state in self.ranks() if state.session not in self.reading]
+
     def goodput(self, now_wall: int) -> float | None:
         """The lowest rank's goodput of its attempt so far (the live line's figure)."""
         ranks = self.ranks()
@@ -138,7 +163,7 @@ class WatchState:
 
     def hang_line(self) -> str | None:
         """The rank that stopped first and where the others wait (the live line's words)."""
-        hung = [s for s in self.ranks() if s.hang is not None and isinstance(s.hang.get("since"), int)]
+        hung = [s for s in self.read_ranks() if s.hang is not None and isinstance(s.hang.get("since"), int)]
         if not hung:
             return None
         first = min(hung, key=lambda s: stop_order(s.hang.get("step") if s.hang else None,
@@ -156,7 +181,7 @@ class WatchState:
         import numpy as np
 
         found = []
-        for state in self.ranks():
+        for state in self.read_ranks():
             if not state.step_times:
                 continue
             steps = np.array([s for s, _ in state.step_times], dtype=np.int64)
@@ -171,7 +196,7 @@ class WatchState:
     def worst_recent(self, n: int = 5) -> list[tuple[int, int, float]]:
         """The slowest of the recent steps of the lowest rank: (rank, step, seconds)."""
         ranks = self.ranks()
-        if not ranks:
+        if not ranks or ranks[0].session in self.reading:
             return []
         first = ranks[0]
         worst = sorted(first.step_times, key=lambda item: -item[1])[:n]

@@ -2,65 +2,222 @@
 segment file since the previous poll, up to the last complete line, and decodes them with the
 readers' rules (:mod:`goodtrace.read.segments`, :mod:`goodtrace.read.validate`). Local paths and
 fsspec URLs (a ranged read from the offset reached).
+
+A run of any length: before its first poll, a follower can be told where each session's reading
+starts (:meth:`RunFollower.start_sessions`): from its first byte, from where its last few step
+completions begin (found from the end of its newest file, a block at a time, so that a week-long
+session costs what its tail costs), or from the bytes written after now. A poll decodes at most
+``poll_bytes`` of one session's files, in file order (:attr:`RunFollower.pending` says that more
+was left for the next poll), so that a long history is read a part at a time between frames.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from goodtrace import schema
 from goodtrace.read.segments import SegmentRecords, list_segments
+from goodtrace.read.sessions import checked_header
 from goodtrace.read.validate import check_record
 from goodtrace.record.io.storage import is_url
 
-__all__ = ["RunFollower"]
+__all__ = ["POLL_BYTES", "RunFollower"]
+
+POLL_BYTES = 16 * 2**20  # the most bytes one poll decodes of one session's files
+TAIL_BLOCK = 2**20  # a tail is looked for a block at a time from the end of the files
+HEADER_GUESS = 4096  # a header line is read in one call of this many bytes, most often
+HEADER_BYTES = 2**20  # a header line longer than this is not read as one before the first poll
+# A step completion as the writers write it (counted in the raw bytes to find where a tail starts;
+# a line in another spelling is not counted, and the tail then starts earlier: more is read, not less)
+_SYNC_MARKS = (b'"kind":"sync"', b'"kind": "sync"')
+
+
+def _group(path: str) -> str:
+    """The files of one session: ``rank-NNNNN/<session>`` of ``<session>.<segment>.jsonl``."""
+    return path.rsplit(".", 2)[0]
 
 
 class RunFollower:
     """Poll a run directory for new records: ``for path, header, record in follower.poll()``."""
 
-    def __init__(self, run_dir: str) -> None:
+    def __init__(self, run_dir: str, *, poll_bytes: int = POLL_BYTES) -> None:
         self.run_dir = run_dir
-        self.offsets: dict[str, int] = {}  # segment path -> bytes decoded so far
+        self.poll_bytes = poll_bytes
+        self.offsets: dict[str, int] = {}  # segment path -> bytes decoded so far (or skipped)
+        self.sizes: dict[str, int] = {}  # segment path -> its size when last read
         self.headers: dict[str, dict[str, Any]] = {}  # segment path -> its header record
-        self.bytes_read = 0  # every byte read from the files, re-read partial lines included
+        self.bytes_read = 0  # every byte read from the files, re-read partial lines and tails' search included
+        self.pending = False  # the last poll left bytes of some session for the next (poll_bytes)
+        self._behind: set[str] = set()  # ... of these sessions' files (by _group)
         self.problems: list[str] = []
         self.skipped: dict[str, int] = {}
+        self._fs: Any = None
 
-    def _read_from(self, path: str, start: int) -> bytes:
+    # ------------------------------------------------------------------ bytes
+    def _read(self, path: str, start: int, limit: int | None) -> tuple[bytes, int]:
+        """Up to ``limit`` bytes from ``start`` (all that is there when None), and the file's size."""
         if is_url(self.run_dir):
-            import fsspec
+            size = self._size(path)
+            end = size if limit is None else min(size, start + limit)
+            data = bytes(self._fs.cat_file(path, start=start, end=end)) if end > start else b""
+        else:
+            with open(path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                handle.seek(start)
+                data = handle.read(-1 if limit is None else max(0, min(limit, size - start)))
+        self.bytes_read += len(data)
+        return data, size
 
-            fs, _ = fsspec.core.url_to_fs(self.run_dir)
-            size = int(fs.size(path))
-            return bytes(fs.cat_file(path, start=start, end=size)) if size > start else b""
-        with open(path, "rb") as handle:
-            handle.seek(start)
-            return handle.read()
+    def _size(self, path: str) -> int:
+        if is_url(self.run_dir):
+            if self._fs is None:
+                import fsspec
 
-    def poll(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
-        """The records appended since the last poll, file by file, in file order."""
-        for _, path in list_segments(self.run_dir, self.problems):
-            start = self.offsets.get(path, 0)
+                self._fs, _ = fsspec.core.url_to_fs(self.run_dir)
+            return int(self._fs.size(path))
+        return os.stat(path).st_size
+
+    def _line_start(self, path: str, at: int) -> int:
+        """Where the line holding byte ``at`` starts (``at`` itself after a newline)."""
+        while at > 0:
+            begin = max(0, at - TAIL_BLOCK)
+            block, _ = self._read(path, begin, at - begin)
+            found = block.rfind(b"\n")
+            if found >= 0:
+                return begin + found + 1
+            at = begin
+        return 0
+
+    # ------------------------------------------------------------------ where reading starts
+    def first_headers(self) -> dict[str, dict[str, Any]]:
+        """The header of every segment file there now, by path (kept for the polls; a file whose
+        first line is not a usable header is left out, named in ``problems``, and read by the
+        polls, which skip it as every reader does)."""
+        for rank_dir, path in list_segments(self.run_dir, self.problems):
+            if path in self.headers:
+                continue
             try:
-                data = self._read_from(path, start)
+                data, size = self._read(path, 0, HEADER_GUESS)
+                if b"\n" not in data and size > len(data):
+                    data, _ = self._read(path, 0, HEADER_BYTES)
             except OSError as exc:
                 self.problems.append(f"{path}: cannot be read ({exc}); retried at the next poll")
                 continue
-            self.bytes_read += len(data)
-            end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
+            end = data.find(b"\n") + 1
+            if end == 0:
+                continue  # no whole line yet: the first poll reads it
+            where = f"{rank_dir}/{os.path.basename(path)}"
+            first = next(iter(SegmentRecords(data[:end], where, [], {})), None)
+            header = checked_header(first, where, self.problems) if first is not None else None
+            if header is not None:
+                self.headers[path] = header
+        return dict(self.headers)
+
+    def start_sessions(self, whole: Iterable[str], tail: Iterable[str], steps: int) -> None:
+        """Before the first poll (after :meth:`first_headers`), where each session's reading
+        starts: the sessions in ``whole`` from their first byte; those in ``tail`` from the line
+        of the ``steps``-th step completion from the end (their first byte when they hold fewer);
+        any other from the end of its last complete line now."""
+        whole, tail = set(whole), set(tail)
+        files: dict[str, list[str]] = {}
+        for path in sorted(self.headers):
+            files.setdefault(str(self.headers[path].get(schema.H_SESSION)), []).append(path)
+        for session, paths in files.items():
+            if session in whole:
+                continue
+            try:
+                self._start_at_tail(paths, steps if session in tail else 0)
+            except OSError as exc:  # read from its start, as a session that came later
+                self.problems.append(f"{paths[-1]}: cannot be read ({exc}); read from its session's start")
+                for path in paths:
+                    self.offsets.pop(path, None)
+
+    def _start_at_tail(self, paths: list[str], steps: int) -> None:
+        """Offsets so that ``paths`` (one session's files, in order) are read from the line of
+        their ``steps``-th step completion from the end; with 0, from their last line start."""
+        for index in range(len(paths) - 1, -1, -1):
+            path = paths[index]
+            at = self.sizes[path] = self._size(path)
+            found = steps == 0
+            while at > 0 and not found:
+                begin = max(0, at - TAIL_BLOCK)
+                block, _ = self._read(path, begin, at - begin)
+                marks = sorted(i for mark in _SYNC_MARKS for i in _find_all(block, mark))
+                found = len(marks) >= steps
+                at = begin + marks[len(marks) - steps] if found else begin
+                steps -= 0 if found else len(marks)
+            self.offsets[path] = self._line_start(path, at)
+            if found:  # the earlier files are not read
+                for earlier in paths[:index]:
+                    self.offsets[earlier] = self.sizes[earlier] = self._size(earlier)
+                return
+
+    # ------------------------------------------------------------------ polls
+    def poll(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+        """The records appended since the last poll, file by file, in file order (at most
+        ``poll_bytes`` of each session's files; :attr:`pending` when some were left)."""
+        left: dict[str, int] = {}  # session's files -> bytes this poll may still decode of them
+        behind: set[str] = set()  # sessions' files with bytes left for the next poll
+        for rank_dir, path in list_segments(self.run_dir, self.problems):
+            group = _group(path)
+            if group in behind:
+                continue  # a file of the session before this one was read in part
+            start, budget = self.offsets.get(path, 0), left.get(group, self.poll_bytes)
+            if budget <= 0:
+                behind.add(group)
+                continue
+            try:
+                data, size = self._read(path, start, budget)
+                end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
+                if end == 0 and start + len(data) < size:
+                    if budget < self.poll_bytes:  # the next poll, with all of its bytes
+                        behind.add(group)
+                        continue
+                    data, size = self._read(path, start, None)  # a line longer than a poll's bytes
+                    end = data.rfind(b"\n") + 1
+            except OSError as exc:
+                self.problems.append(f"{path}: cannot be read ({exc}); retried at the next poll")
+                continue
+            self.sizes[path] = size
+            if start + len(data) < size:
+                behind.add(group)
             if end == 0:
                 continue
+            left[group] = budget - end
             self.offsets[path] = start + end
-            records = iter(SegmentRecords(data[:end], path, self.problems, self.skipped))
-            if start == 0:
-                header = next(records, None)
-                if header is not None and header.get(schema.F_KIND) == schema.HEADER:
-                    self.headers[path] = header
+            where = f"{rank_dir}/{os.path.basename(path)}"
+            records = iter(SegmentRecords(data[:end], where, self.problems, self.skipped))
+            del data
+            if start == 0:  # the header (already read when first_headers listed the file)
+                first = next(records, None)
+                if first is not None and path not in self.headers:
+                    header = checked_header(first, where, self.problems)
+                    if header is not None:
+                        self.headers[path] = header
             elif (first := next(records, None)) is not None and check_record(first) is None and path in self.headers:
                 yield path, self.headers[path], first  # (the stream takes a chunk's first line as a header)
             if path not in self.headers:
                 continue  # a file without a header line is skipped by every reader
             for record in records:
                 yield path, self.headers[path], record
+        self.pending = bool(behind)
+        self._behind = behind
+
+    def behind(self) -> dict[str, float]:
+        """The sessions whose files the last poll left bytes of, and how much of their files (as
+        large as it saw them) is read or skipped."""
+        files: dict[str, list[str]] = {}
+        for path, header in self.headers.items():
+            if _group(path) in self._behind:
+                files.setdefault(str(header.get(schema.H_SESSION)), []).append(path)
+        return {session: sum(self.offsets.get(p, 0) for p in paths) / max(1, sum(self.sizes.get(p, 0) for p in paths))
+                for session, paths in files.items()}
+
+
+def _find_all(data: bytes, mark: bytes) -> Iterator[int]:
+    at = data.find(mark)
+    while at >= 0:
+        yield at
+        at = data.find(mark, at + 1)

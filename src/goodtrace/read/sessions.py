@@ -39,6 +39,7 @@ __all__ = [
     "Run",
     "Session",
     "assign_attempts",
+    "checked_header",
     "iter_records",
     "number_attempts",
     "read_run",
@@ -140,7 +141,7 @@ class Run:
 S = TypeVar("S", bound="Session")
 
 
-def _checked_header(first: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any] | None:
+def checked_header(first: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any] | None:
     """The segment's header when usable (invalid optional fields left out, a missing session
     id replaced by the file's name), else None (the problem named; the caller counts the
     file's lines as skipped)."""
@@ -225,7 +226,7 @@ def _segments(
         records = SegmentRecords(data, where, own_problems, own)
         walk = iter(records)
         first = next(walk, None)
-        header = _checked_header(first, where, problems) if first is not None else None
+        header = checked_header(first, where, problems) if first is not None else None
         if header is None:  # every line of the file is skipped with it
             lines = (first is not None) + sum(1 for _ in walk) + sum(own.values())
             if lines:

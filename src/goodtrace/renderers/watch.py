@@ -17,12 +17,17 @@ from goodtrace.renderers.console import safe
 def render_watch(state: WatchState, now_wall: int, run: str) -> Any:
     """One frame of the view, at wall-clock ``now_wall`` (ns)."""
     parts: list[Any] = []
-    goodput = state.goodput(now_wall)
     head = Text()
     head.append("goodtrace watch ", style="bold")
     head.append(f"{Text.from_markup(safe(run)).plain}  ")
-    head.append("goodput " + ("—" if goodput is None else f"{100 * goodput:.1f}%"), style="bold green")
-    head.append(" (this attempt so far, lowest rank, the report's rules)", style="dim")
+    history = state.history_read()
+    if history is not None:  # a long run: its goodput is known once the shown rank is read from its start
+        head.append("goodput —", style="bold green")
+        head.append(f" (reading the lowest rank's records of this attempt: {100 * history:.0f}%)", style="dim")
+    else:
+        goodput = state.goodput(now_wall)
+        head.append("goodput " + ("—" if goodput is None else f"{100 * goodput:.1f}%"), style="bold green")
+        head.append(" (this attempt so far, lowest rank, the report's rules)", style="dim")
     parts.append(head)
     hang = state.hang_line()
     if hang is not None:
@@ -33,6 +38,10 @@ def render_watch(state: WatchState, now_wall: int, run: str) -> Any:
     for column in ("rank", "host", "last step", "seen", "state"):
         table.add_column(column, justify="left" if column in ("host", "state") else "right")
     for r in state.ranks():
+        read = state.reading.get(r.session)
+        if read is not None:  # its past so far: what it shows is not its present
+            table.add_row(str(r.rank), safe(r.host), "—", "—", f"reading its records: {100 * read:.0f}%")
+            continue
         age = max(0.0, (now_wall - r.last_seen_wall) / 1e9) if r.last_seen_wall else None
         status = (f"finished ({r.finished})" if r.finished else "hung" if r.hang is not None else "running")
         table.add_row(str(r.rank), safe(r.host), "—" if r.last_step is None else str(r.last_step),

@@ -9,7 +9,9 @@ process it saw has finished (or on Ctrl-C); ``--once`` draws one frame and ends.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from collections.abc import Iterator
 
 HELP = "a live view of a running run: goodput so far, each rank's last step, hangs, slowdowns"
 
@@ -31,43 +33,79 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="draw one frame and end")
 
 
+@contextlib.contextmanager
+def _not_a_run() -> Iterator[None]:
+    from goodtrace.cli import CommandError
+    from goodtrace.read.segments import NotARunError
+
+    try:
+        yield
+    except NotARunError as exc:
+        raise CommandError(str(exc)) from None
+
+
+class View:
+    """What ``watch`` reads of a run and shows: the follower of its files and the view's state.
+    Opened at the cost of the shown rank's history and every rank's tail, whatever the run's
+    length (:meth:`goodtrace.analysis.watching.WatchState.reading_plan`); each :meth:`look` reads
+    what is new, and a part of a long history at a time."""
+
+    def __init__(self, run_dir: str, *, tail_steps: int | None = None, poll_bytes: int | None = None) -> None:
+        """``tail_steps``: the step completions read of a rank's tail (default: what the view
+        shows, :data:`~goodtrace.analysis.watching.RECENT_STEPS`, and one); ``poll_bytes``: the
+        most a look reads of one session (:data:`~goodtrace.read.follow.POLL_BYTES`)."""
+        from goodtrace.analysis.watching import RECENT_STEPS, WatchState
+        from goodtrace.read.follow import POLL_BYTES, RunFollower
+
+        self.follower, self.state = RunFollower(run_dir, poll_bytes=poll_bytes or POLL_BYTES), WatchState()
+        with _not_a_run():
+            self.whole, tail = self.state.reading_plan(self.follower.first_headers())
+        self.follower.start_sessions(self.whole, tail, tail_steps or RECENT_STEPS + 1)
+
+    def look(self) -> float | None:
+        """Read what is new; the run's flush interval once known."""
+        follower, state = self.follower, self.state
+        with _not_a_run():
+            for _, header, record in follower.poll():
+                state.add(header, record)
+        state.reading = follower.behind()
+        configs = [h.get("config") for h in follower.headers.values()]
+        intervals = [c.get("flush_interval_s") for c in configs if isinstance(c, dict)]
+        known = [i for i in intervals if isinstance(i, (int, float)) and 0 < i <= 3600]
+        return min(known) if known else None
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from goodtrace.analysis.watching import WatchState
-    from goodtrace.cli import CommandError
-    from goodtrace.read.follow import RunFollower
-    from goodtrace.read.segments import NotARunError
+    from goodtrace.cli.progress import progress_bar
     from goodtrace.renderers.watch import render_watch
 
-    follower, state = RunFollower(args.run), WatchState()
-
-    def look() -> float | None:
-        """Read what is new; the run's flush interval once known."""
-        try:
-            for _, header, record in follower.poll():
-                state.add(header, record)
-        except NotARunError as exc:
-            raise CommandError(str(exc)) from None
-        intervals = [h.get("config", {}).get("flush_interval_s") for h in follower.headers.values()]
-        known = [i for i in intervals if isinstance(i, (int, float)) and i > 0]
-        return min(known) if known else None
-
-    interval = look() or 1.0
+    view = View(args.run)
     console = Console()
     if args.once:
-        console.print(render_watch(state, time.time_ns(), args.run))
+        update, stop = progress_bar()
+        try:
+            view.look()
+            while view.follower.pending:
+                if update is not None:
+                    update("reading the history", round(1000 * (view.state.history_read() or 1.0)), 1000)
+                view.look()
+        finally:
+            stop()
+        console.print(render_watch(view.state, time.time_ns(), args.run))
         return 0
-    every = args.interval or interval
+    every = args.interval or view.look() or 1.0
     try:
-        with Live(render_watch(state, time.time_ns(), args.run), console=console, auto_refresh=False) as live:
+        with Live(render_watch(view.state, time.time_ns(), args.run), console=console, auto_refresh=False) as live:
             while True:
-                look()
-                live.update(render_watch(state, time.time_ns(), args.run), refresh=True)
-                ranks = state.ranks()
-                if ranks and all(r.finished for r in ranks):
+                view.look()
+                live.update(render_watch(view.state, time.time_ns(), args.run), refresh=True)
+                ranks = view.state.ranks()
+                if ranks and all(r.finished for r in ranks) and not view.follower.pending:
                     return 0
-                time.sleep(every)
+                if not view.follower.pending:  # a long history is read a part between frames, without a pause
+                    time.sleep(every)
     except KeyboardInterrupt:
         return 0
