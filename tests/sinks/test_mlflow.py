@@ -114,3 +114,43 @@ def test_a_server_that_never_answers_is_waited_for_finish_timeout_s(tmp_path: Pa
     messages = [str(w.message) for w in caught]
     assert any("still opening after 0.5 s" in m for m in messages), messages
     assert any("did not close in time" in m for m in messages), messages
+
+
+def test_an_export_logs_every_point_and_tag_in_few_calls(tmp_path: Path) -> None:
+    """``goodtrace export`` (an export id set) logs MLflow's most points (1,000) and tags (100) a
+    call, not a call a step: every one arrives, with its step and time."""
+    from goodtrace.record.live.sink_hub import SinkRun
+    from goodtrace.sinks.mlflow import MlflowSink
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sink = MlflowSink(uri, experiment="export")
+    sink.export_id = "abc"
+    run = SinkRun(run_dir=str(tmp_path / "run"), session="", rank=0, world_size=1, local_rank=0, host="",
+                  restart=None)
+    sink.run = run
+    sink.start(run)
+    calls: list[int] = []
+    log_batch = sink._client.log_batch
+
+    def counted(*args: object, **kwargs: list[object]) -> None:
+        calls.append(sum(len(v) for v in kwargs.values()))
+        log_batch(*args, **kwargs)
+
+    sink._client.log_batch = counted
+    for step in range(250):  # 2,250 points
+        sink.scalars(step, {f"goodtrace/m{i}": step + i / 10 for i in range(9)}, wall_time_s=1_000 + step)
+    for k in range(150):
+        sink.event(k, "goodtrace/event/checkpoint", f"saved {k}")
+    sink.summary(249, {"goodtrace/summary/goodput": 0.5}, {f"goodtrace/summary/attempt_{i}": f"a{i}" for i in range(120)})
+    sink.shutdown()
+    assert sum(calls) == 2_250 + 1 + 150 + 120 and len(calls) <= 3 + 3, calls
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    logged = client.get_run(sink.run_id)
+    assert logged.info.status == "FINISHED"
+    for i in range(9):
+        history = sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(sink.run_id, f"goodtrace/m{i}"))
+        assert history == [(s, pytest.approx(s + i / 10), (1_000 + s) * 1_000) for s in range(250)]
+    assert logged.data.metrics["goodtrace/summary/goodput"] == 0.5
+    tags = logged.data.tags
+    assert [tags[f"goodtrace/event/checkpoint/{k + 1}"] for k in range(150)] == [f"step {k}, saved {k}" for k in range(150)]
+    assert all(tags[f"goodtrace/summary/attempt_{i}"] == f"a{i}" for i in range(120))

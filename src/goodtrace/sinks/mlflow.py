@@ -26,6 +26,7 @@ from goodtrace.record.live.sink_hub import SinkError, SinkRun
 from goodtrace.sinks._base import ScalarSink, rank_suffix
 
 _BATCH = 1000  # MLflow's limit of metrics per log_batch call
+_TAG_BATCH = 100  # ... and of tags
 EXPORT_TAG = "goodtrace.export_id"  # goodtrace export's run: replaced when the run is exported again
 _CONNECT_TIMEOUT_S = 5.0  # a tracking server that does not accept a connection in this is unreachable
 _OPEN_TRIES = 5  # ranks racing to create one experiment: the losers find it on the next try
@@ -54,6 +55,8 @@ class MlflowSink(ScalarSink):
         self._client: Any = None
         self._own = False
         self._events = 0
+        self._pending: list[Any] = []  # points not logged yet (goodtrace export logs them in batches)
+        self._tags: list[Any] = []  # event tags not logged yet (the same)
         # The run active on the creating thread (gt.init's): the sink opens on its own thread,
         # where MLflow's thread-local active run is never set.
         self._callers_run = _callers_active_run() if use_active_run and tracking_uri is None else None
@@ -103,30 +106,45 @@ class MlflowSink(ScalarSink):
         raise AssertionError("unreachable")
 
     def scalars(self, step: int, values: Mapping[str, float], wall_time_s: float | None = None) -> None:
+        """Logged at once in a live job; in ``goodtrace export``, :data:`_BATCH` points a call
+        (a call a step made a week-long run's export take most of an hour on a sqlite store)."""
         from mlflow.entities import Metric
 
         now = int((time.time() if wall_time_s is None else wall_time_s) * 1000)
-        metrics = [Metric(_metric_key(k), float(v), now, int(step)) for k, v in values.items()]
-        for i in range(0, len(metrics), _BATCH):
-            self._client.log_batch(self.run_id, metrics=metrics[i:i + _BATCH])
+        self._pending.extend(Metric(_metric_key(k), float(v), now, int(step)) for k, v in values.items())
+        self._log_pending(whole=self.export_id is None)
+
+    def _log_pending(self, *, whole: bool) -> None:
+        """The points and event tags not logged yet, as many a call as MLflow takes (with
+        ``whole``, the last part too)."""
+        for pending, batch, field in ((self._pending, _BATCH, "metrics"), (self._tags, _TAG_BATCH, "tags")):
+            done = len(pending) if whole else len(pending) - len(pending) % batch
+            for i in range(0, done, batch):
+                self._client.log_batch(self.run_id, **{field: pending[i:min(i + batch, done)]})
+            del pending[:done]
 
     def event(self, step: int, name: str, text: str) -> None:
         from mlflow.entities import RunTag
 
         self._events += 1
-        self._client.log_batch(self.run_id, tags=[RunTag(f"{name}/{self._events}", f"step {step}, {text}")])
+        self._tags.append(RunTag(f"{name}/{self._events}", f"step {step}, {text}"))
+        self._log_pending(whole=self.export_id is None)
 
     def summary(self, step: int, numbers: Mapping[str, float], texts: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
         self.scalars(step, numbers)
-        if texts:
-            self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in texts.items()])
+        self._tags.extend(RunTag(k, v) for k, v in texts.items())  # an attempt a tag: more than a call's 100
+        self._log_pending(whole=True)
 
     def shutdown(self) -> None:
-        if self._client is not None and self.run_id is not None and self._own:
-            self._client.set_terminated(self.run_id)
-        self._client = None
+        try:
+            if self._client is not None and self.run_id is not None:
+                self._log_pending(whole=True)
+        finally:
+            if self._client is not None and self.run_id is not None and self._own:
+                self._client.set_terminated(self.run_id)
+            self._client = None
 
 
 def _callers_active_run() -> tuple[str, str] | None:
