@@ -59,9 +59,6 @@ class TensorBoardSink(ScalarSink):
         self._writer.add_summary(merged, step, wall_time_s)
 
     def event(self, step: int, name: str, text: str) -> None:
-        self._text(step, name, text)
-
-    def _text(self, step: int, name: str, text: str) -> None:
         from tensorboardX.summary import text as text_summary
 
         self._writer.add_summary(text_summary(name, text), step)
@@ -74,7 +71,7 @@ class TensorBoardSink(ScalarSink):
     def summary(self, step: int, numbers: Mapping[str, float], texts: Mapping[str, str]) -> None:
         self.scalars(step, numbers)
         for name, text in texts.items():
-            self._text(step, name, text)
+            self.event(step, name, text)
 
     def shutdown(self) -> None:
         if self._writer is not None:

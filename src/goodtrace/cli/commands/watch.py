@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
             stop()
         console.print(render_watch(view.state, time.time_ns(), args.run))
         return 0
-    every = args.interval or view.look() or 1.0
+    interval = view.look()
+    every = args.interval or interval or 1.0
     try:
         with Live(render_watch(view.state, time.time_ns(), args.run), console=console, auto_refresh=False) as live:
             while True:
