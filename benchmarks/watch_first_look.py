@@ -38,7 +38,6 @@ import sys
 from goodtrace.analysis.watching import WatchState
 from goodtrace.read.follow import RunFollower
 follower, state = RunFollower(sys.argv[1], poll_bytes=2**62), WatchState()
-state.reading_plan(follower.first_headers())
 for _, header, record in follower.poll():
     state.add(header, record)
 print(follower.bytes_read)

@@ -85,8 +85,7 @@ def test_it_follows_a_running_job_to_its_end_and_shows_the_reports_goodput(tmp_p
 
 def test_it_names_a_hung_rank(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    subprocess.run([sys.executable, "-c", LONG_JOB, str(run_dir), "40"], check=True, timeout=120,
-                   env=os.environ | {"RANK": "0", "WORLD_SIZE": "2"})  # rank 0 ran to its end
+    _long_job(run_dir, 0, 40)  # rank 0 ran to its end
     job = _job(tmp_path, 80, hang_at=30, rank=1)
     try:
         deadline = time.monotonic() + 60
@@ -131,11 +130,15 @@ LONG_JOB = textwrap.dedent('''
 ''')
 
 
+def _long_job(run_dir: Path, rank: int, steps: int) -> None:
+    """One process of ``rank`` runs ``steps`` steps of LONG_JOB to its end (a fake clock: fast)."""
+    subprocess.run([sys.executable, "-c", LONG_JOB, str(run_dir), str(steps)], check=True, timeout=120,
+                   env=os.environ | {"RANK": str(rank), "WORLD_SIZE": "3"})
+
+
 def _read_whole(run_dir: Path) -> tuple[WatchState, RunFollower]:
-    """The view's state with every record of the run read, in one poll (what watch did first;
-    each session's clock anchor from its first file's header, as the view takes it)."""
+    """The view's state with every record of the run read, in one poll (what watch did first)."""
     follower, state = RunFollower(str(run_dir)), WatchState()
-    state.reading_plan(follower.first_headers())
     for _, header, record in follower.poll():
         state.add(header, record)
     return state, follower
@@ -159,8 +162,7 @@ def _frame(state: WatchState, run_dir: Path) -> str:
 def test_a_long_run_opens_from_its_tails_and_shows_what_reading_it_whole_shows(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     for rank, steps in ((0, 2_500), (1, 300), (1, 2_500), (2, 20_000)):  # rank 1 restarted once
-        subprocess.run([sys.executable, "-c", LONG_JOB, str(run_dir), str(steps)], check=True, timeout=120,
-                       env=os.environ | {"RANK": str(rank), "WORLD_SIZE": "3"})
+        _long_job(run_dir, rank, steps)
     whole, full = _read_whole(run_dir)
     view = View(str(run_dir), poll_bytes=64 * 1024)  # rank 0's history read 64 KiB a look
     view.look()
@@ -181,3 +183,20 @@ def test_a_long_run_opens_from_its_tails_and_shows_what_reading_it_whole_shows(t
     # what it read: rank 0 whole, the others' last RECENT_STEPS steps (twice: found, then decoded), not
     # rank 1's first process, not rank 2's first 18,000 steps (70% of the run's bytes)
     assert view.follower.bytes_read < 0.6 * full.bytes_read, (view.follower.bytes_read, full.bytes_read)
+
+
+def test_a_run_that_grows_while_its_history_is_read_is_followed(tmp_path: Path) -> None:
+    """Processes that start while the view still reads rank 0's history are read from their start
+    (a restart of a tailed rank, a rank that was not there): the view ends where a whole read is."""
+    run_dir = tmp_path / "run"
+    for rank in (0, 1):
+        _long_job(run_dir, rank, 3_000)
+    view = View(str(run_dir), poll_bytes=64 * 1024)
+    view.look()
+    assert view.follower.pending
+    _long_job(run_dir, 1, 500)  # rank 1 restarted
+    _long_job(run_dir, 2, 100)  # a rank that was not there
+    while view.follower.pending:
+        view.look()
+    assert [(r.rank, r.last_step) for r in view.state.ranks()] == [(0, 2_999), (1, 499), (2, 99)]
+    assert _frame(view.state, run_dir) == _frame(_read_whole(run_dir)[0], run_dir)

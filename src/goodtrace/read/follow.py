@@ -40,7 +40,8 @@ def _group(path: str) -> str:
 
 
 class RunFollower:
-    """Poll a run directory for new records: ``for path, header, record in follower.poll()``."""
+    """Poll a run directory for new records: ``for path, header, record in follower.poll()``
+    (``header``: the session's, its first file's header, as the readers take it)."""
 
     def __init__(self, run_dir: str, *, poll_bytes: int = POLL_BYTES) -> None:
         self.run_dir = run_dir
@@ -48,6 +49,7 @@ class RunFollower:
         self.offsets: dict[str, int] = {}  # segment path -> bytes decoded so far (or skipped)
         self.sizes: dict[str, int] = {}  # segment path -> its size when last read
         self.headers: dict[str, dict[str, Any]] = {}  # segment path -> its header record
+        self._first_headers: dict[str, dict[str, Any]] = {}  # session id -> its first file's header
         self.bytes_read = 0  # every byte read from the files, re-read partial lines and tails' search included
         self.pending = False  # the last poll left bytes of some session for the next (poll_bytes)
         self._behind: set[str] = set()  # ... of these sessions' files (by _group)
@@ -112,8 +114,12 @@ class RunFollower:
             first = next(iter(SegmentRecords(data[:end], where, [], {})), None)
             header = checked_header(first, where, self.problems) if first is not None else None
             if header is not None:
-                self.headers[path] = header
+                self._add_header(path, header)
         return dict(self.headers)
+
+    def _add_header(self, path: str, header: dict[str, Any]) -> None:
+        self.headers[path] = header
+        self._first_headers.setdefault(str(header.get(schema.H_SESSION)), header)  # files come in order
 
     def start_sessions(self, whole: Iterable[str], tail: Iterable[str], steps: int) -> None:
         """Before the first poll (after :meth:`first_headers`), where each session's reading
@@ -195,13 +201,14 @@ class RunFollower:
                 if first is not None and path not in self.headers:
                     header = checked_header(first, where, self.problems)
                     if header is not None:
-                        self.headers[path] = header
-            elif (first := next(records, None)) is not None and check_record(first) is None and path in self.headers:
-                yield path, self.headers[path], first  # (the stream takes a chunk's first line as a header)
+                        self._add_header(path, header)
             if path not in self.headers:
                 continue  # a file without a header line is skipped by every reader
+            session = self._first_headers[str(self.headers[path].get(schema.H_SESSION))]
+            if start > 0 and (first := next(records, None)) is not None and check_record(first) is None:
+                yield path, session, first  # (the stream takes a chunk's first line as a header)
             for record in records:
-                yield path, self.headers[path], record
+                yield path, session, record
         self.pending = bool(behind)
         self._behind = behind
 
