@@ -200,3 +200,23 @@ def test_a_run_that_grows_while_its_history_is_read_is_followed(tmp_path: Path) 
         view.look()
     assert [(r.rank, r.last_step) for r in view.state.ranks()] == [(0, 2_999), (1, 499), (2, 99)]
     assert _frame(view.state, run_dir) == _frame(_read_whole(run_dir)[0], run_dir)
+
+
+def test_what_it_could_not_read_is_said(tmp_path: Path) -> None:
+    """A line that is not JSON and a file whose header is not one: the frame says how many
+    problems there were and the latest, ``--once`` names each on stderr, and the rest is shown."""
+    run_dir = tmp_path / "run"
+    _long_job(run_dir, 0, 30)
+    _long_job(run_dir, 1, 30)
+    (last,) = sorted((run_dir / "rank-00001").glob("*.jsonl"))[-1:]
+    with last.open("ab") as handle:
+        handle.write(b'{"kind":"step",\n')  # cut short, then more records: not the torn last line
+        handle.write(b'{"kind":"heartbeat","mono":1,"wall":1,"dropped":0}\n')
+    (run_dir / "rank-00001" / "zz-not-a-header.00000.jsonl").write_text('{"kind":"span","t0":1,"t1":2}\n')
+    done = subprocess.run([sys.executable, "-m", "goodtrace", "watch", str(run_dir), "--once"], capture_output=True,
+                          text=True, timeout=120, env=ENV)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(r"2 problem\(s\) reading the run's files; the latest: rank-00001/.* is not valid JSON", done.stdout)
+    assert re.search(r"warning: rank-00001/.*\.jsonl: line \d+ is not valid JSON; skipped", done.stderr), done.stderr
+    assert "warning: rank-00001/zz-not-a-header.00000.jsonl: does not start with a header record" in done.stderr
+    assert re.search(r"1 +│ .* +│ +29 │ .* │ finished", done.stdout), done.stdout

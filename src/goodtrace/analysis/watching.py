@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from goodtrace import schema
@@ -24,6 +24,7 @@ from goodtrace.record.live.goodput import AttemptGoodput
 __all__ = ["RankState", "WatchState"]
 
 RECENT_STEPS = 2000  # step times kept per process for its slowdown and the worst recent steps
+MAX_PROBLEMS = 100  # the newest distinct problems reading the files kept to show
 
 
 @dataclasses.dataclass
@@ -56,6 +57,18 @@ class WatchState:
     def __init__(self) -> None:
         self.sessions: dict[str, RankState] = {}
         self.reading: dict[str, float] = {}  # sessions not read to their end yet (a long past): how far
+        self.problems: dict[str, None] = {}  # the newest distinct problems reading the files, oldest first
+        self.problem_count = 0  # ... and how many there were
+
+    def note_problems(self, problems: Iterable[str]) -> None:
+        """Problems the reader met (a file it could not read, a line it skipped), kept to show."""
+        for problem in problems:
+            if problem in self.problems:
+                continue
+            self.problems[problem] = None
+            self.problem_count += 1
+            if len(self.problems) > MAX_PROBLEMS:
+                del self.problems[next(iter(self.problems))]
 
     def reading_plan(self, headers: Mapping[str, dict[str, Any]]) -> tuple[set[str], set[str]]:
         """Given the header of each file there now (by path; their sessions opened here), the

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from goodtrace.analysis.watching import WatchState
 from goodtrace.renderers.console import safe
+from goodtrace.renderers.text import printable
 
 
 def render_watch(state: WatchState, now_wall: int, run: str) -> Any:
@@ -34,6 +35,10 @@ def render_watch(state: WatchState, now_wall: int, run: str) -> Any:
         parts.append(Text(f"hang: {hang}", style="bold red"))
     for slowdown in state.slowdowns():
         parts.append(Text(f"slowdown: {slowdown}", style="red"))
+    if state.problems:
+        latest = next(reversed(state.problems))
+        parts.append(Text(f"{state.problem_count} problem(s) reading the run's files; the latest: {printable(latest)}",
+                          style="yellow"))
     table = Table(title="Ranks", title_justify="left", show_edge=False)
     for column in ("rank", "host", "last step", "seen", "state"):
         table.add_column(column, justify="left" if column in ("host", "state") else "right")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
 from collections.abc import Iterator
 
@@ -69,6 +70,8 @@ class View:
             for _, header, record in follower.poll():
                 state.add(header, record)
         state.reading = follower.behind()
+        state.note_problems(follower.problems)
+        follower.problems.clear()
         configs = [h.get("config") for h in follower.headers.values()]
         intervals = [c.get("flush_interval_s") for c in configs if isinstance(c, dict)]
         known = [i for i in intervals if isinstance(i, (int, float)) and 0 < i <= 3600]
@@ -80,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.live import Live
 
     from goodtrace.cli.progress import progress_bar
+    from goodtrace.renderers.text import printable
     from goodtrace.renderers.watch import render_watch
 
     view = View(args.run)
@@ -95,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
         finally:
             stop()
         console.print(render_watch(view.state, time.time_ns(), args.run))
+        for problem in view.state.problems:
+            print(f"warning: {printable(problem)}", file=sys.stderr)
+        if view.state.problem_count > len(view.state.problems):
+            print(f"warning: {view.state.problem_count - len(view.state.problems)} more problems (not listed)",
+                  file=sys.stderr)
         return 0
     interval = view.look()
     every = args.interval or interval or 1.0
