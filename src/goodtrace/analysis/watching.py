@@ -46,6 +46,7 @@ class RankState:
     last_seq: int = -1  # the execution whose step record came last
     held_syncs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # sync points before their step
     step_times: deque[tuple[int, int]] = dataclasses.field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+    metered: bool = True  # its goodput fed (read from its start); a tail's is not: it would be wrong, and unused
 
     def wall(self, mono: int) -> int:
         return mono + self.wall_minus_mono
@@ -80,6 +81,8 @@ class WatchState:
         for path in sorted(headers):  # a session's first file first: its header is the session's
             self.open(headers[path])
         newest = [state.session for state in self.ranks()]
+        for session in self.sessions.keys() - set(newest[:1]):
+            self.sessions[session].metered = False
         return set(newest[:1]), set(newest[1:])
 
     def history_read(self) -> float | None:
@@ -93,17 +96,19 @@ class WatchState:
         t = record.get(schema.F_T1, record.get(schema.F_T))
         if isinstance(t, int):
             state.last_seen_wall = max(state.last_seen_wall, state.wall(t))
-        meter = state.goodput
+        meter = state.goodput if state.metered else None
         if kind == schema.STEP:  # written at the step's exit: its sync point may be in the file already
             step, t0, t1 = record[schema.F_STEP], record[schema.F_T0], record[schema.F_T1]
-            meter.on_step_begin(step, t0, thread=meter.training_thread)
+            if meter is not None:
+                meter.on_step_begin(step, t0, thread=meter.training_thread)
             state.last_step = step
             seq = record.get(schema.F_SEQ)
             state.last_seq = seq if isinstance(seq, int) else state.last_seq + 1
             held, state.held_syncs = state.held_syncs, []
             for sync in held:  # in the order the recorder told them: entry, sync point, exit
                 self._sync(state, sync)
-            meter.on_step_end(step, t0, t1)
+            if meter is not None:
+                meter.on_step_end(step, t0, t1)
         elif kind == schema.SYNC:
             seq = record.get(schema.F_SEQ)
             if isinstance(seq, int) and seq > state.last_seq:
@@ -112,7 +117,7 @@ class WatchState:
                 self._sync(state, record)
         elif kind == schema.SPAN:
             category = record.get(schema.F_CATEGORY)
-            if category in state.overhead or category == schema.DATA:
+            if meter is not None and (category in state.overhead or category == schema.DATA):
                 meter.on_span(str(category), record[schema.F_T0], record[schema.F_T1], thread=record.get(schema.F_THREAD))
         elif kind == schema.EVENT and record.get(schema.F_NAME) == "hang":
             attrs = record.get(schema.F_ATTRS)
@@ -128,7 +133,8 @@ class WatchState:
     @staticmethod
     def _sync(state: RankState, record: dict[str, Any]) -> None:
         step, when = record.get(schema.F_STEP), record[schema.F_T]
-        state.goodput.on_sync(step, when, str(record.get(schema.F_HOW)))
+        if state.metered:
+            state.goodput.on_sync(step, when, str(record.get(schema.F_HOW)))
         if isinstance(step, int):
             if state.last_sync is not None and when > state.last_sync:
                 state.step_times.append((step, when - state.last_sync))
@@ -168,7 +174,7 @@ class WatchState:
     def goodput(self, now_wall: int) -> float | None:
         """The lowest rank's goodput of its attempt so far (the live line's figure)."""
         ranks = self.ranks()
-        if not ranks:
+        if not ranks or not ranks[0].metered:
             return None
         first = ranks[0]
         end = first.finished_at if first.finished_at is not None else now_wall - first.wall_minus_mono
