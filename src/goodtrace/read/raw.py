@@ -12,6 +12,8 @@ parts); a 20-step slice of 10,000 ranks is a small read.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -77,17 +79,9 @@ def session_records(
     None: any) or, without a step, whose time is inside the range; device metrics always.
     ``spans_only``: the spans alone (what a chart of a few steps draws: the marks of every step
     of a long run are not read)."""
-    current: int | None = None
-    records: list[RawRecord] = []
-    for sid, chunk in session_record_chunks(run, clock_ranges, steps=steps, progress=progress,
-                                            spans_only=spans_only):
-        if sid != current:
-            if current is not None:
-                yield current, records
-            current, records = sid, []
-        records.extend(chunk)
-    if current is not None:
-        yield current, records
+    chunks = session_record_chunks(run, clock_ranges, steps=steps, progress=progress, spans_only=spans_only)
+    for sid, parts in itertools.groupby(chunks, key=operator.itemgetter(0)):  # a session's parts are adjacent
+        yield sid, [record for _, chunk in parts for record in chunk]
 
 
 def session_record_chunks(

@@ -24,6 +24,7 @@ import gzip
 import io
 import itertools
 import math
+import operator
 import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator
@@ -178,7 +179,7 @@ class PerfettoRenderer:
             return found
 
         chunks = session_record_chunks(run, clock_ranges, steps=selection.steps)
-        for written, (i, parts) in enumerate(itertools.groupby(chunks, key=lambda part: part[0]), 1):
+        for written, (i, parts) in enumerate(itertools.groupby(chunks, key=operator.itemgetter(0)), 1):
             records = itertools.chain.from_iterable(chunk for _, chunk in parts)  # a part of the session at a time
             self._emit_session(analysis, i, clock_ranges[i], records, lane, origin, emit, counts)
             if progress is not None:
