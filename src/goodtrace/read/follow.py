@@ -51,8 +51,7 @@ class RunFollower:
         self.headers: dict[str, dict[str, Any]] = {}  # segment path -> its header record
         self._first_headers: dict[str, dict[str, Any]] = {}  # session id -> its first file's header
         self.bytes_read = 0  # every byte read from the files, re-read partial lines and tails' search included
-        self.pending = False  # the last poll left bytes of some session for the next (poll_bytes)
-        self._behind: set[str] = set()  # ... of these sessions' files (by _group)
+        self._behind: set[str] = set()  # sessions' files (by _group) the last poll left bytes of
         self.problems: list[str] = []
         self.skipped: dict[str, int] = {}
         self._fs: Any = None
@@ -209,8 +208,12 @@ class RunFollower:
                 yield path, session, first  # (the stream takes a chunk's first line as a header)
             for record in records:
                 yield path, session, record
-        self.pending = bool(behind)
         self._behind = behind
+
+    @property
+    def pending(self) -> bool:
+        """The last poll left bytes of some session for the next (``poll_bytes``)."""
+        return bool(self._behind)
 
     def behind(self) -> dict[str, float]:
         """The sessions whose files the last poll left bytes of, and how much of their files (as
