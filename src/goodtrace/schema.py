@@ -93,6 +93,7 @@ H_PROC_START_SOURCE: Final = "proc_start_source"  # "os" or "import" (fallback)
 H_INIT: Final = "init_mono"  # when init() ran
 H_SUBMIT_WALL: Final = "submit_wall"  # job submission time (wall ns) when known
 H_CONFIG: Final = "config"
+DEFAULT_FLUSH_INTERVAL_S: Final = 1.0  # the recorder's flush interval; a header's config that names none is read with it
 H_VERSION: Final = "version"  # goodtrace package version
 H_MAIN_TID: Final = "main_tid"  # the thread that called init(): its spans are the main thread's
 H_RANK_SOURCE: Final = "rank_source"  # where the rank came from (argument, launcher variable, ...)

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from goodtrace.analysis.watching import RECENT_STEPS, WatchState
+from goodtrace.cli.analysed import alive_here
 from goodtrace.cli.commands.watch import View
 from goodtrace.read.follow import RunFollower
 from goodtrace.renderers.watch import render_watch
@@ -139,6 +140,7 @@ def _long_job(run_dir: Path, rank: int, steps: int) -> None:
 def _read_whole(run_dir: Path) -> tuple[WatchState, RunFollower]:
     """The view's state with every record of the run read, in one poll (what watch did first)."""
     follower, state = RunFollower(str(run_dir)), WatchState()
+    state.alive = alive_here  # as the view's
     for _, header, record in follower.poll():
         state.add(header, record)
     return state, follower
@@ -220,3 +222,37 @@ def test_what_it_could_not_read_is_said(tmp_path: Path) -> None:
     assert re.search(r"warning: rank-00001/.*\.jsonl: line \d+ is not valid JSON; skipped", done.stderr), done.stderr
     assert "warning: rank-00001/zz-not-a-header.00000.jsonl: does not start with a header record" in done.stderr
     assert re.search(r"1 +│ .* +│ +29 │ .* │ finished", done.stdout), done.stdout
+
+
+def test_a_killed_rank_is_lost_and_the_table_puts_it_first(tmp_path: Path) -> None:
+    """A rank killed hard (no finish record) is ``lost``, by the report's rule: at once when its
+    process is gone from this host, else once its heartbeats are 5 flush intervals (and 10 s)
+    older than now; with more ranks than rows, the table shows those that most need a look and
+    counts the others."""
+    run_dir = tmp_path / "run"
+    _long_job(run_dir, 0, 40)
+    _long_job(run_dir, 2, 40)
+    job = _job(tmp_path, 100_000, rank=1)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum(
+                f.read_bytes().count(b'"kind":"sync"') for f in run_dir.glob("rank-00001/*.jsonl")) < 5:
+            time.sleep(0.05)
+    finally:
+        job.kill()
+        job.wait(timeout=30)
+    shown = _watch(run_dir, "--once", "--rows", "1")
+    assert "Ranks: the 1 of 3 that most need a look" in shown, shown
+    assert re.search(r"^ +1 │ .* │ +\d+ │ .* │ lost \(no heartbeat since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", shown,
+                     re.MULTILINE), shown
+    assert "and 2 more: 2 finished (finish)" not in shown and "and 2 more: 2 finished" in shown, shown
+    # a rank of another host cannot be probed: lost once its last sign of life is stale
+    state, _ = _read_whole(run_dir)
+    state.alive = None
+    killed = next(s for s in state.ranks() if s.rank == 1)
+    assert state.status(killed, killed.last_seen_wall + 9 * 10**9) == "running"
+    assert state.status(killed, killed.last_seen_wall + 11 * 10**9).startswith("lost (no heartbeat since ")
+    shown, others = state.rank_rows(killed.last_seen_wall + 11 * 10**9, 3)
+    assert [(s.rank, status) for s, status in shown] == [
+        (0, "finished (finish)"), (1, state.status(killed, killed.last_seen_wall + 11 * 10**9)),
+        (2, "finished (finish)")] and others == []  # all of them fit: by rank

@@ -135,13 +135,22 @@ def session_ending(
         return Ending(EXITED)
     if later_attempt:
         return Ending(KILLED, "no finish record")
-    stale = max(5 * round(s.flush_interval_s * 1e9), MIN_STALE_NS)
-    seen = s.last_seen_wall
-    state = alive(s.host, s.pid) if alive is not None else None
-    if state is False or newest_wall - seen > stale or (
-        state is None and (now_wall_ns is None or now_wall_ns - seen > stale)
+    return lost_or_running(s.last_seen_wall, s.flush_interval_s, newest_wall=newest_wall, now_wall_ns=now_wall_ns,
+                           alive=alive(s.host, s.pid) if alive is not None else None)
+
+
+def lost_or_running(seen_wall: int, flush_interval_s: float, *, newest_wall: int, now_wall_ns: int | None,
+                    alive: bool | None) -> Ending:
+    """A process without a finish record, last seen at ``seen_wall`` (its newest record or
+    heartbeat): lost when its heartbeats are stale (more than 5 flush intervals, and at least
+    :data:`MIN_STALE_NS`, before the run's newest record, or before now when nothing on this
+    host can tell) or its process is gone (``alive``: the probe's answer), else running. The
+    report's rule and ``goodtrace watch``'s."""
+    stale = max(5 * round(flush_interval_s * 1e9), MIN_STALE_NS)
+    if alive is False or newest_wall - seen_wall > stale or (
+        alive is None and (now_wall_ns is None or now_wall_ns - seen_wall > stale)
     ):
-        return Ending(LOST, f"no heartbeat since {_wall_time(seen)}")
+        return Ending(LOST, f"no heartbeat since {_wall_time(seen_wall)}")
     return Ending(RUNNING)
 
 

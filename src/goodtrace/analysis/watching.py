@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.analysis.attempts import LOST, Liveness, lost_or_running
 from goodtrace.analysis.slowdown import slowdown_of
 from goodtrace.record.hang_peers import stop_order, summary_line, where_text
 from goodtrace.record.live.goodput import AttemptGoodput
@@ -33,6 +34,8 @@ class RankState:
 
     rank: int
     host: str
+    pid: int
+    flush_interval_s: float
     session: str
     wall_minus_mono: int
     overhead: frozenset[str]
@@ -60,6 +63,7 @@ class WatchState:
         self.reading: dict[str, float] = {}  # sessions not read to their end yet (a long past): how far
         self.problems: dict[str, None] = {}  # the newest distinct problems reading the files, oldest first
         self.problem_count = 0  # ... and how many there were
+        self.alive: Liveness | None = None  # a probe of a process on this host (the report's), where one may run
 
     def note_problems(self, problems: Iterable[str]) -> None:
         """Problems the reader met (a file it could not read, a line it skipped), kept to show."""
@@ -148,11 +152,16 @@ class WatchState:
             meter = AttemptGoodput(int(header.get(schema.H_PROC_START) or header[schema.F_MONO]))
             meter.training_thread = header.get("main_tid") if isinstance(header.get("main_tid"), int) else None
             overhead = header.get("overhead_categories")
+            pid = header.get(schema.H_PID)
+            # headers are checked by the readers' rule: a config is a dict, an interval in it a finite number above 0
+            interval = (header.get(schema.H_CONFIG) or {}).get("flush_interval_s", schema.DEFAULT_FLUSH_INTERVAL_S)
             state = self.sessions[session] = RankState(
-                rank=int(header.get(schema.H_RANK, 0)), host=str(header.get(schema.H_HOST, "?")), session=session,
+                rank=int(header.get(schema.H_RANK, 0)), host=str(header.get(schema.H_HOST, "?")),
+                pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else 0,
+                flush_interval_s=float(interval), session=session,
                 wall_minus_mono=int(header[schema.F_WALL]) - int(header[schema.F_MONO]),
                 overhead=frozenset(overhead) if isinstance(overhead, list) else schema.OVERHEAD_CATEGORIES,
-                goodput=meter)
+                goodput=meter, last_seen_wall=int(header[schema.F_WALL]))  # its start is a sign of life
         return state
 
     # ------------------------------------------------------------------ what the view shows
@@ -165,6 +174,38 @@ class WatchState:
                     held.goodput.process_start_ns + held.wall_minus_mono):
                 newest[state.rank] = state
         return [newest[r] for r in sorted(newest)]
+
+    def status(self, state: RankState, now_wall: int) -> str:
+        """How a process stands: finished (its reason), lost (no heartbeat since ...: the
+        report's rule, :func:`goodtrace.analysis.attempts.lost_or_running`), hung (a hang event
+        not over) or running."""
+        if state.finished:
+            return f"finished ({state.finished})"
+        newest = max(s.last_seen_wall for s in self.sessions.values())
+        ending = lost_or_running(state.last_seen_wall, state.flush_interval_s, newest_wall=newest, now_wall_ns=now_wall,
+                                 alive=self.alive(state.host, state.pid) if self.alive is not None else None)
+        if ending.kind == LOST:
+            return ending.text
+        return "hung" if state.hang is not None else "running"
+
+    def rank_rows(self, now_wall: int, limit: int) -> tuple[list[tuple[RankState, str | None]], list[str]]:
+        """The ranks to show, each with its :meth:`status` (None while its records are still
+        read), and the statuses of those left out: every rank, by rank, when there are at most
+        ``limit``; else the ``limit`` that most need a look, in that order (lost, hung, still
+        read, running, finished; then the furthest behind in steps, the longest unseen)."""
+        rows = [(state, None if state.session in self.reading else self.status(state, now_wall))
+                for state in self.ranks()]
+        if len(rows) <= limit:
+            return rows, []
+
+        def need(row: tuple[RankState, str | None]) -> tuple[int, int, int, int]:
+            state, status = row
+            kind = 2 if status is None else 0 if status.startswith(LOST) else 1 if status == "hung" else \
+                4 if status.startswith("finished") else 3
+            return kind, -1 if state.last_step is None else state.last_step, state.last_seen_wall, state.rank
+
+        rows.sort(key=need)
+        return rows[:limit], ["reading" if status is None else status for _, status in rows[limit:]]
 
     def read_ranks(self) -> list[RankState]:
         """:meth:`ranks` but those not read to their end yet (what is read of them so far is

@@ -217,7 +217,7 @@ def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> Se
         finish_exception=summary.get("finish_exception"),
         has_finish=bool(summary.get("has_finish")),
         last_heartbeat=summary.get("heartbeat"),
-        flush_interval_s=float(flush) if isinstance(flush, (int, float)) and flush > 0 else 1.0,
+        flush_interval_s=float(flush) if isinstance(flush, (int, float)) and flush > 0 else schema.DEFAULT_FLUSH_INTERVAL_S,
         main_tid=int_or_none(header.get(schema.H_MAIN_TID)),
         overhead_categories=frozenset(str(c) for c in overhead if isinstance(c, str)),
         blocking_categories=schema.BLOCKING_CATEGORIES | frozenset(str(c) for c in blocking if isinstance(c, str)),

@@ -84,7 +84,7 @@ class SessionInfo:
     finish_exception: str | None = None  # the uncaught exception that ended the process
     has_finish: bool = False
     last_heartbeat: int | None = None
-    flush_interval_s: float = 1.0
+    flush_interval_s: float = schema.DEFAULT_FLUSH_INTERVAL_S
     main_tid: int | None = None
     overhead_categories: frozenset[str] = frozenset()
     blocking_categories: frozenset[str] = frozenset()

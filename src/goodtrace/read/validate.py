@@ -267,7 +267,7 @@ def check_header(record: object, *, readable: frozenset[int] = frozenset(range(s
         if lag is not None and not _in(lag, (0, 2**31)):
             out.ignored.append("config.lag")
             del cleaned["lag"]
-        if flush is not None and not (isinstance(flush, (int, float)) and not isinstance(flush, bool)
+        if "flush_interval_s" in cleaned and not (isinstance(flush, (int, float)) and not isinstance(flush, bool)
                                       and math.isfinite(flush) and 0 < flush < 1e9):
             out.ignored.append("config.flush_interval_s")
             del cleaned["flush_interval_s"]

@@ -29,7 +29,7 @@ class Config:
     # then dated when goodtrace waits for it). A completion is dated at most one interval, plus
     # the thread's wake-up delay, after it became ready.
     poll_interval_s: float = 0.002
-    flush_interval_s: float = 1.0
+    flush_interval_s: float = schema.DEFAULT_FLUSH_INTERVAL_S
     gc_threshold_s: float = 0.001
     record_gc: bool = True
     max_buffer_records: int = 2_000_000

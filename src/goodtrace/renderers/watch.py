@@ -4,6 +4,7 @@ slowdown alarms, the worst recent steps (rich). Draws from :class:`goodtrace.ana
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from rich.console import Group
@@ -14,9 +15,12 @@ from goodtrace.analysis.watching import WatchState
 from goodtrace.renderers.console import safe
 from goodtrace.renderers.text import printable
 
+MAX_ROWS = 32  # ranks shown in the table (more: those that most need a look, and a line for the others)
+MAX_SLOWDOWNS = 5  # slowdown lines shown (more: how many)
 
-def render_watch(state: WatchState, now_wall: int, run: str) -> Any:
-    """One frame of the view, at wall-clock ``now_wall`` (ns)."""
+
+def render_watch(state: WatchState, now_wall: int, run: str, rows: int = MAX_ROWS) -> Any:
+    """One frame of the view, at wall-clock ``now_wall`` (ns), with at most ``rows`` ranks in its table."""
     parts: list[Any] = []
     head = Text()
     head.append("goodtrace watch ", style="bold")
@@ -33,25 +37,36 @@ def render_watch(state: WatchState, now_wall: int, run: str) -> Any:
     hang = state.hang_line()
     if hang is not None:
         parts.append(Text(f"hang: {hang}", style="bold red"))
-    for slowdown in state.slowdowns():
+    slowdowns = state.slowdowns()
+    for slowdown in slowdowns[:MAX_SLOWDOWNS]:
         parts.append(Text(f"slowdown: {slowdown}", style="red"))
+    if len(slowdowns) > MAX_SLOWDOWNS:
+        parts.append(Text(f"slowdown: {len(slowdowns) - MAX_SLOWDOWNS} more ranks", style="red"))
     if state.problems:
         latest = next(reversed(state.problems))
         parts.append(Text(f"{state.problem_count} problem(s) reading the run's files; the latest: {printable(latest)}",
                           style="yellow"))
-    table = Table(title="Ranks", title_justify="left", show_edge=False)
+    shown, others = state.rank_rows(now_wall, rows)
+    title = "Ranks" if not others else (
+        f"Ranks: the {len(shown)} of {len(shown) + len(others)} that most need a look "
+        "(lost, hung, furthest behind, longest unseen)")
+    table = Table(title=title, title_justify="left", show_edge=False)
     for column in ("rank", "host", "last step", "seen", "state"):
         table.add_column(column, justify="left" if column in ("host", "state") else "right")
-    for r in state.ranks():
-        read = state.reading.get(r.session)
-        if read is not None:  # its past so far: what it shows is not its present
+    for r, status in shown:
+        if status is None:  # its past so far: what it shows is not its present
+            read = state.reading.get(r.session, 0.0)
             table.add_row(str(r.rank), safe(r.host), "—", "—", f"reading its records: {100 * read:.0f}%")
             continue
-        age = max(0.0, (now_wall - r.last_seen_wall) / 1e9) if r.last_seen_wall else None
-        status = (f"finished ({r.finished})" if r.finished else "hung" if r.hang is not None else "running")
+        age = max(0.0, (now_wall - r.last_seen_wall) / 1e9)
+        style = "red" if status.startswith("lost") or status == "hung" else None
         table.add_row(str(r.rank), safe(r.host), "—" if r.last_step is None else str(r.last_step),
-                      "—" if age is None else f"{age:.1f} s ago", status)
+                      f"{age:.1f} s ago", Text(status, style=style or ""))
     parts.append(table)
+    if others:
+        counts = Counter(status.split(" (", 1)[0] for status in others)
+        parts.append(Text(f"and {len(others)} more: " + ", ".join(
+            f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))), style="dim"))
     worst = state.worst_recent()
     if worst:
         slow = Table(title="Worst recent steps", title_justify="left", show_edge=False)

@@ -28,11 +28,23 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _rows(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of rows, got {text!r}") from None
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"expected 1 to 100000 rows, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run directory (path or fsspec URL)")
     parser.add_argument("--interval", type=_seconds, default=None, metavar="S",
                         help="seconds between looks (default: the run's flush interval)")
     parser.add_argument("--once", action="store_true", help="draw one frame and end")
+    parser.add_argument("--rows", type=_rows, default=None, metavar="N",
+                        help="ranks shown in the table; with more, those that most need a look (default: 32)")
 
 
 @contextlib.contextmanager
@@ -57,9 +69,11 @@ class View:
         shows, :data:`~goodtrace.analysis.watching.RECENT_STEPS`, and one); ``poll_bytes``: the
         most a look reads of one session (:data:`~goodtrace.read.follow.POLL_BYTES`)."""
         from goodtrace.analysis.watching import RECENT_STEPS, WatchState
+        from goodtrace.cli.analysed import alive_here
         from goodtrace.read.follow import POLL_BYTES, RunFollower
 
         self.follower, self.state = RunFollower(run_dir, poll_bytes=poll_bytes or POLL_BYTES), WatchState()
+        self.state.alive = alive_here  # a process of this host that is gone is lost at once, as in the report
         with _not_a_run():
             self.whole, tail = self.state.reading_plan(self.follower.first_headers())
         self.follower.start_sessions(self.whole, tail, tail_steps or RECENT_STEPS + 1)
@@ -85,10 +99,10 @@ def run(args: argparse.Namespace) -> int:
 
     from goodtrace.cli.progress import progress_bar
     from goodtrace.renderers.text import printable
-    from goodtrace.renderers.watch import render_watch
+    from goodtrace.renderers.watch import MAX_ROWS, render_watch
 
     view = View(args.run)
-    console = Console()
+    console, rows = Console(), args.rows or MAX_ROWS
     if args.once:
         update, stop = progress_bar()
         try:
@@ -99,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                 view.look()
         finally:
             stop()
-        console.print(render_watch(view.state, time.time_ns(), args.run))
+        console.print(render_watch(view.state, time.time_ns(), args.run, rows))
         for problem in view.state.problems:
             print(f"warning: {printable(problem)}", file=sys.stderr)
         if view.state.problem_count > len(view.state.problems):
@@ -109,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
     interval = view.look()
     every = args.interval or interval or 1.0
     try:
-        with Live(render_watch(view.state, time.time_ns(), args.run), console=console, auto_refresh=False) as live:
+        with Live(render_watch(view.state, time.time_ns(), args.run, rows), console=console, auto_refresh=False) as live:
             while True:
                 view.look()
-                live.update(render_watch(view.state, time.time_ns(), args.run), refresh=True)
+                live.update(render_watch(view.state, time.time_ns(), args.run, rows), refresh=True)
                 ranks = view.state.ranks()
                 if ranks and all(r.finished for r in ranks) and not view.follower.pending:
                     return 0

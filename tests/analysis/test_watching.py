@@ -1,0 +1,52 @@
+"""Which ranks ``goodtrace watch``'s table shows when there are more than its rows: those that
+most need a look first (lost, hung, still read, running, finished; then the furthest behind in
+steps, then the longest unseen), fed records as the follower gives them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from goodtrace.analysis.watching import WatchState
+
+S = 10**9
+START = 1_700_000_000 * S
+
+
+def _header(rank: int) -> dict[str, Any]:
+    return {"kind": "header", "session": f"s{rank}", "rank": rank, "host": "elsewhere", "pid": 100 + rank,
+            "wall": START, "mono": 0, "proc_start_mono": 0, "config": {"flush_interval_s": 1.0}}
+
+
+def _steps(state: WatchState, rank: int, steps: int, step_s: float = 1.0) -> None:
+    header = _header(rank)
+    state.add(header, header)
+    for k in range(steps):
+        t0, t1 = round(k * step_s * S), round((k + 1) * step_s * S)
+        state.add(header, {"kind": "step", "step": k, "seq": k, "t0": t0, "t1": t1})
+        state.add(header, {"kind": "sync", "step": k, "seq": k, "t": t1, "how": "complete_on"})
+
+
+def test_the_ranks_that_most_need_a_look_come_first() -> None:
+    state = WatchState()
+    for rank in range(40):
+        _steps(state, rank, 100)
+    _steps(state, 41, 90, step_s=100 / 90)  # behind (slower), seen at 100 s as the others
+    _steps(state, 42, 95, step_s=100 / 95)  # behind, less
+    _steps(state, 43, 20, step_s=3.0)  # behind and stale: lost (its last sign of life at 60 s)
+    hung = _header(44)
+    _steps(state, 44, 100)
+    state.add(hung, {"kind": "event", "name": "hang", "t": 100 * S + 1, "attrs": {"since": 100 * S}})
+    finished = _header(45)
+    _steps(state, 45, 50)
+    state.add(finished, {"kind": "finish", "t": 50 * S + 1, "reason": "finish"})
+    state.reading["s46"] = 0.5
+    _steps(state, 46, 10)
+    now = START + 101 * S
+    shown, others = state.rank_rows(now, 6)
+    assert [(s.rank, status) for s, status in shown] == [
+        (43, state.status(state.sessions["s43"], now)), (44, "hung"), (46, None), (41, "running"), (42, "running"),
+        (0, "running")]
+    assert shown[0][1] is not None and shown[0][1].startswith("lost (no heartbeat since 2023-11-14 22:14:20 UTC)")
+    assert sorted(others) == ["finished (finish)"] + ["running"] * 39
+    everyone, none = state.rank_rows(now, 47)  # all of them fit: by rank
+    assert [s.rank for s, _ in everyone] == sorted(s.rank for s, _ in everyone) and none == []
