@@ -13,11 +13,13 @@ was left for the next poll), so that a long history is read a part at a time bet
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.read.io_pool import io_map
 from goodtrace.read.segments import SegmentRecords, list_segments
 from goodtrace.read.sessions import checked_header
 from goodtrace.read.validate import check_record
@@ -29,6 +31,7 @@ POLL_BYTES = 16 * 2**20  # the most bytes one poll decodes of one session's file
 TAIL_BLOCK = 2**20  # a tail is looked for a block at a time from the end of the files
 HEADER_GUESS = 4096  # a header line is read in one call of this many bytes, most often
 HEADER_BYTES = 2**20  # a header line longer than this is not read as one before the first poll
+WINDOW = 16  # files a poll reads before it decodes them (at once where that pays: io_map)
 # A step completion as the writers write it (counted in the raw bytes to find where a tail starts;
 # a line in another spelling is not counted, and the tail then starts earlier: more is read, not less)
 _SYNC_MARKS = (b'"kind":"sync"', b'"kind": "sync"')
@@ -52,60 +55,73 @@ class RunFollower:
         self._first_headers: dict[str, dict[str, Any]] = {}  # session id -> its first file's header
         self.bytes_read = 0  # every byte read from the files, re-read partial lines and tails' search included
         self._behind: set[str] = set()  # sessions' files (by _group) the last poll left bytes of
+        self._done: set[str] = set()  # closed files read to their end: not read again
         self.problems: list[str] = []
         self.skipped: dict[str, int] = {}
         self._fs: Any = None
 
     # ------------------------------------------------------------------ bytes
     def _read(self, path: str, start: int, limit: int | None) -> tuple[bytes, int]:
-        """Up to ``limit`` bytes from ``start`` (all that is there when None), and the file's size."""
-        if is_url(self.run_dir):
-            size = self._size(path)
-            end = size if limit is None else min(size, start + limit)
-            data = bytes(self._fs.cat_file(path, start=start, end=end)) if end > start else b""
-        else:
-            with open(path, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                handle.seek(start)
-                data = handle.read(-1 if limit is None else max(0, min(limit, size - start)))
+        """:meth:`_fetch`, its bytes counted."""
+        data, size = self._fetch(path, start, limit)
         self.bytes_read += len(data)
         return data, size
 
+    def _fetch(self, path: str, start: int, limit: int | None) -> tuple[bytes, int]:
+        """Up to ``limit`` bytes from ``start`` (all that is there when None), and the file's size
+        (nothing of the follower changed: it runs on :func:`io_map`'s threads)."""
+        if is_url(self.run_dir):
+            size = self._size(path)
+            end = size if limit is None else min(size, start + limit)
+            return (bytes(self._fs.cat_file(path, start=start, end=end)) if end > start else b""), size
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(start)
+            return handle.read(-1 if limit is None else max(0, min(limit, size - start))), size
+
+    def _connect(self) -> None:
+        """The URL's filesystem, made once, before threads use it."""
+        if is_url(self.run_dir) and self._fs is None:
+            import fsspec
+
+            self._fs, _ = fsspec.core.url_to_fs(self.run_dir)
+
     def _size(self, path: str) -> int:
         if is_url(self.run_dir):
-            if self._fs is None:
-                import fsspec
-
-                self._fs, _ = fsspec.core.url_to_fs(self.run_dir)
+            self._connect()
             return int(self._fs.size(path))
         return os.stat(path).st_size
 
-    def _line_start(self, path: str, at: int) -> int:
-        """Where the line holding byte ``at`` starts (``at`` itself after a newline)."""
+    def _line_start(self, path: str, at: int) -> tuple[int, int]:
+        """Where the line holding byte ``at`` starts (``at`` itself after a newline), and the bytes
+        read to find it."""
+        read = 0
         while at > 0:
             begin = max(0, at - TAIL_BLOCK)
-            block, _ = self._read(path, begin, at - begin)
+            block, _ = self._fetch(path, begin, at - begin)
+            read += len(block)
             found = block.rfind(b"\n")
             if found >= 0:
-                return begin + found + 1
+                return begin + found + 1, read
             at = begin
-        return 0
+        return 0, read
 
     # ------------------------------------------------------------------ where reading starts
     def first_headers(self) -> dict[str, dict[str, Any]]:
         """The header of every segment file there now, by path (kept for the polls; a file whose
         first line is not a usable header is left out, named in ``problems``, and read by the
-        polls, which skip it as every reader does)."""
-        for rank_dir, path in list_segments(self.run_dir, self.problems):
-            if path in self.headers:
+        polls, which skip it as every reader does). Many files are read at once on a network
+        filesystem or behind a URL (:func:`io_map`)."""
+        listed = [(rank_dir, path) for rank_dir, path in list_segments(self.run_dir, self.problems)
+                  if path not in self.headers]
+        self._connect()
+        for (rank_dir, path), got in zip(listed, io_map(self._header_line, [p for _, p in listed], self.run_dir),
+                                         strict=True):
+            if isinstance(got, OSError):
+                self.problems.append(f"{path}: cannot be read ({got}); retried at the next poll")
                 continue
-            try:
-                data, size = self._read(path, 0, HEADER_GUESS)
-                if b"\n" not in data and size > len(data):
-                    data, _ = self._read(path, 0, HEADER_BYTES)
-            except OSError as exc:
-                self.problems.append(f"{path}: cannot be read ({exc}); retried at the next poll")
-                continue
+            data, read = got
+            self.bytes_read += read
             end = data.find(b"\n") + 1
             if end == 0:
                 continue  # no whole line yet: the first poll reads it
@@ -116,6 +132,19 @@ class RunFollower:
                 self._add_header(path, header)
         return dict(self.headers)
 
+    def _header_line(self, path: str) -> tuple[bytes, int] | OSError:
+        """The first bytes of ``path``, its first line whole when it has one of at most
+        :data:`HEADER_BYTES`, and the bytes read; the error when it cannot be read."""
+        try:
+            data, size = self._fetch(path, 0, HEADER_GUESS)
+            read = len(data)
+            if b"\n" not in data and size > len(data):
+                data, _ = self._fetch(path, 0, HEADER_BYTES)
+                read += len(data)
+            return data, read
+        except OSError as exc:
+            return exc
+
     def _add_header(self, path: str, header: dict[str, Any]) -> None:
         self.headers[path] = header
         self._first_headers.setdefault(str(header.get(schema.H_SESSION)), header)  # files come in order
@@ -124,91 +153,145 @@ class RunFollower:
         """Before the first poll (after :meth:`first_headers`), where each session's reading
         starts: the sessions in ``whole`` from their first byte; those in ``tail`` from the line
         of the ``steps``-th step completion from the end (their first byte when they hold fewer);
-        any other from the end of its last complete line now."""
+        any other from the end of its last complete line now. Many sessions are looked at once on
+        a network filesystem or behind a URL."""
         whole, tail = set(whole), set(tail)
         files: dict[str, list[str]] = {}
         for path in sorted(self.headers):
             files.setdefault(str(self.headers[path].get(schema.H_SESSION)), []).append(path)
-        for session, paths in files.items():
-            if session in whole:
+        todo = [(paths, steps if session in tail else 0) for session, paths in files.items() if session not in whole]
+        self._connect()
+        for (paths, _), got in zip(todo, io_map(self._tail_start, todo, self.run_dir), strict=True):
+            if isinstance(got, OSError):  # read from its start, as a session that came later
+                self.problems.append(f"{paths[-1]}: cannot be read ({got}); read from its session's start")
                 continue
-            try:
-                self._start_at_tail(paths, steps if session in tail else 0)
-            except OSError as exc:  # read from its start, as a session that came later
-                self.problems.append(f"{paths[-1]}: cannot be read ({exc}); read from its session's start")
-                for path in paths:
-                    self.offsets.pop(path, None)
+            offsets, sizes, read = got
+            self.offsets.update(offsets)
+            self.sizes.update(sizes)
+            self.bytes_read += read
 
-    def _start_at_tail(self, paths: list[str], steps: int) -> None:
-        """Offsets so that ``paths`` (one session's files, in order) are read from the line of
-        their ``steps``-th step completion from the end; with 0, from their last line start."""
-        for index in range(len(paths) - 1, -1, -1):
-            path = paths[index]
-            at = self.sizes[path] = self._size(path)
-            found = steps == 0
-            while at > 0 and not found:
-                begin = max(0, at - TAIL_BLOCK)
-                block, _ = self._read(path, begin, at - begin)
-                marks = sorted(i for mark in _SYNC_MARKS for i in _find_all(block, mark))
-                found = len(marks) >= steps
-                at = begin + marks[len(marks) - steps] if found else begin
-                steps -= 0 if found else len(marks)
-            self.offsets[path] = self._line_start(path, at)
-            if found:  # the earlier files are not read
-                for earlier in paths[:index]:
-                    self.offsets[earlier] = self.sizes[earlier] = self._size(earlier)
-                return
+    def _tail_start(self, todo: tuple[list[str], int]) -> tuple[dict[str, int], dict[str, int], int] | OSError:
+        """Offsets (and sizes) so that one session's files (in order) are read from the line of
+        their ``steps``-th step completion from the end, with 0 from their last line start; the
+        bytes read to find it; the error when they cannot be read."""
+        paths, steps = todo
+        offsets: dict[str, int] = {}
+        sizes: dict[str, int] = {}
+        read = 0
+        try:
+            for index in range(len(paths) - 1, -1, -1):
+                path = paths[index]
+                at = sizes[path] = self._size(path)
+                found = steps == 0
+                while at > 0 and not found:
+                    begin = max(0, at - TAIL_BLOCK)
+                    block, _ = self._fetch(path, begin, at - begin)
+                    read += len(block)
+                    marks = sorted(i for mark in _SYNC_MARKS for i in _find_all(block, mark))
+                    found = len(marks) >= steps
+                    at = begin + marks[len(marks) - steps] if found else begin
+                    steps -= 0 if found else len(marks)
+                offsets[path], searched = self._line_start(path, at)
+                read += searched
+                if found:  # the earlier files are not read
+                    for earlier in paths[:index]:
+                        offsets[earlier] = sizes[earlier] = self._size(earlier)
+                    break
+        except OSError as exc:
+            return exc
+        return offsets, sizes, read
 
     # ------------------------------------------------------------------ polls
     def poll(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
         """The records appended since the last poll, file by file, in file order (at most
-        ``poll_bytes`` of each session's files; :attr:`pending` when some were left)."""
+        ``poll_bytes`` of each session's files; :attr:`pending` when some were left). The files
+        are read :data:`WINDOW` at a time, at once on a network filesystem or behind a URL, and
+        decoded in order."""
         left: dict[str, int] = {}  # session's files -> bytes this poll may still decode of them
         behind: set[str] = set()  # sessions' files with bytes left for the next poll
-        for rank_dir, path in list_segments(self.run_dir, self.problems):
-            group = _group(path)
-            if group in behind:
-                continue  # a file of the session before this one was read in part
-            start, budget = self.offsets.get(path, 0), left.get(group, self.poll_bytes)
-            if budget <= 0:
-                behind.add(group)
-                continue
-            try:
-                data, size = self._read(path, start, budget)
-                end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
-                if end == 0 and start + len(data) < size:
-                    if budget < self.poll_bytes:  # the next poll, with all of its bytes
-                        behind.add(group)
-                        continue
-                    data, size = self._read(path, start, None)  # a line longer than a poll's bytes
-                    end = data.rfind(b"\n") + 1
-            except OSError as exc:
-                self.problems.append(f"{path}: cannot be read ({exc}); retried at the next poll")
-                continue
-            self.sizes[path] = size
-            if start + len(data) < size:
-                behind.add(group)
-            if end == 0:
-                continue
-            left[group] = budget - end
-            self.offsets[path] = start + end
-            where = f"{rank_dir}/{os.path.basename(path)}"
-            records = iter(SegmentRecords(data[:end], where, self.problems, self.skipped))
-            del data
-            if start == 0:  # the header (already read when first_headers listed the file)
-                first = next(records, None)
-                if first is not None and path not in self.headers:
-                    header = checked_header(first, where, self.problems)
-                    if header is not None:
-                        self._add_header(path, header)
-            if path not in self.headers:
-                continue  # a file without a header line is skipped by every reader
-            session = self._first_headers[str(self.headers[path].get(schema.H_SESSION))]
-            if start > 0 and (first := next(records, None)) is not None and check_record(first) is None:
-                yield path, session, first  # (the stream takes a chunk's first line as a header)
-            for record in records:
-                yield path, session, record
+        listed = list_segments(self.run_dir, self.problems)
+        self._connect()
+        # a file with a later one of its session is closed (the writer moved on): once read to its
+        # end it is not read again (a week of a rank is a hundred files or more)
+        closed = {path for (_, path), (_, after) in itertools.pairwise(listed) if _group(path) == _group(after)}
+        listed = [(rank_dir, path) for rank_dir, path in listed if path not in self._done]
+        unread: set[str] = set()  # sessions' files with a file that may hold more than this poll decodes
+        for at in range(0, len(listed), WINDOW):
+            window = listed[at : at + WINDOW]
+            ahead = []  # read ahead, at once: a file of a session whose earlier files are all read
+            for _, path in window:
+                if _group(path) not in unread:
+                    ahead.append(path)
+                    if self.offsets.get(path, 0) < self.sizes.get(path, -1) or path not in self.sizes:
+                        unread.add(_group(path))  # its later files are read when it is decoded, if at all
+            fetched = dict(zip(ahead, io_map(self._poll_bytes, ahead, self.run_dir), strict=True))
+            for rank_dir, path in window:
+                yield from self._decode(rank_dir, path, fetched.pop(path, None), left, behind)
+                if path in closed and self.offsets.get(path, 0) == self.sizes.get(path):
+                    self._done.add(path)
         self._behind = behind
+
+    def _poll_bytes(self, path: str) -> tuple[bytes, int] | OSError:
+        """What a poll reads of ``path``: at most ``poll_bytes`` from where the last one ended, and
+        the file's size; the error when it cannot be read."""
+        try:
+            return self._fetch(path, self.offsets.get(path, 0), self.poll_bytes)
+        except OSError as exc:
+            return exc
+
+    def _decode(self, rank_dir: str, path: str, got: tuple[bytes, int] | OSError | None, left: dict[str, int],
+                behind: set[str]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+        """The records of what a poll read of ``path`` (``got``; None: not read ahead, read here),
+        within what is left of its session's bytes for this poll (``left``, ``behind``: updated)."""
+        group = _group(path)
+        if group in behind:
+            return  # a file of the session before this one was read in part
+        start, budget = self.offsets.get(path, 0), left.get(group, self.poll_bytes)
+        if budget <= 0:
+            behind.add(group)
+            return
+        try:
+            if isinstance(got, OSError):
+                raise got
+            if got is None:
+                data, size = self._read(path, start, budget)
+            else:
+                data, size = got
+                self.bytes_read += len(data)
+                data = data[:budget]
+            end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
+            if end == 0 and start + len(data) < size:
+                if budget < self.poll_bytes:  # the next poll, with all of its bytes
+                    behind.add(group)
+                    return
+                data, size = self._read(path, start, None)  # a line longer than a poll's bytes
+                end = data.rfind(b"\n") + 1
+        except OSError as exc:
+            self.problems.append(f"{path}: cannot be read ({exc}); retried at the next poll")
+            return
+        self.sizes[path] = size
+        if start + len(data) < size:
+            behind.add(group)
+        if end == 0:
+            return
+        left[group] = budget - end
+        self.offsets[path] = start + end
+        where = f"{rank_dir}/{os.path.basename(path)}"
+        records = iter(SegmentRecords(data[:end], where, self.problems, self.skipped))
+        del data
+        if start == 0:  # the header (already read when first_headers listed the file)
+            first = next(records, None)
+            if first is not None and path not in self.headers:
+                header = checked_header(first, where, self.problems)
+                if header is not None:
+                    self._add_header(path, header)
+        if path not in self.headers:
+            return  # a file without a header line is skipped by every reader
+        session = self._first_headers[str(self.headers[path].get(schema.H_SESSION))]
+        if start > 0 and (first := next(records, None)) is not None and check_record(first) is None:
+            yield path, session, first  # (the stream takes a chunk's first line as a header)
+        for record in records:
+            yield path, session, record
 
     @property
     def pending(self) -> bool:

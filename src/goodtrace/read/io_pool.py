@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from goodtrace.record.io.storage import is_url
+
 __all__ = ["IO_THREADS", "MOUNT_TABLE", "NETWORK_FILESYSTEMS", "io_map", "on_network_filesystem", "stat_or_none"]
 
 IO_THREADS = 16  # calls in flight (an NFS client sends them over one connection: the server's slots decide)
@@ -25,13 +27,14 @@ R = TypeVar("R")
 
 def io_map(fn: Callable[[T], R], items: Iterable[T], where: str) -> list[R]:
     """``[fn(x) for x in items]``, on :data:`IO_THREADS` threads when there are many items and
-    they lie on a network filesystem (``where``: a path on the filesystem the calls go to). ``fn``
-    returns its errors rather than raising them (the first one raised is re-raised here, the
-    other calls having run)."""
+    they lie on a network filesystem or behind a URL (``where``: a path on the filesystem the
+    calls go to, or the URL). ``fn`` returns its errors rather than raising them (the first one
+    raised is re-raised here, the other calls having run)."""
     work = list(items)
     # where the mount table cannot be read (macOS), threads: on a local disk they cost a little
-    # contention, on a network share a loop would wait for every round trip in turn
-    if len(work) < _MANY or not on_network_filesystem(where, unknown=True):
+    # contention, on a network share a loop would wait for every round trip in turn; a URL's
+    # calls are requests
+    if len(work) < _MANY or not (is_url(where) or on_network_filesystem(where, unknown=True)):
         return [fn(x) for x in work]
     with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(work)), thread_name_prefix="goodtrace-io") as pool:
         return list(pool.map(fn, work))

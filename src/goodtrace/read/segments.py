@@ -77,37 +77,39 @@ def list_segments(run_dir: str, problems: list[str] | None = None) -> list[tuple
             if problems is not None:
                 problems.append(f"{entry}: cannot be listed ({listed.strerror or listed}); skipped")
             continue
-        if any(e.name.endswith(RING_SUFFIX) for e in listed):  # a killed process's last records
-            recover_rings(rank_dir, [e.name for e in listed], problems)
+        if any(name.endswith(RING_SUFFIX) for name, _ in listed):  # a killed process's last records
+            recover_rings(rank_dir, [name for name, _ in listed], problems)
             again = _list_rank_dir(rank_dir)
             listed = again if isinstance(again, list) else []
-        for e in listed:
-            if not e.name.endswith(SEGMENT_SUFFIX):
+        for name, is_file in listed:
+            if not name.endswith(SEGMENT_SUFFIX):
                 continue
-            path = os.path.join(rank_dir, e.name)
-            if _is_file(e):
+            path = os.path.join(rank_dir, name)
+            if is_file:
                 found.append((entry, path))
                 continue
             try:
                 mode = os.stat(path).st_mode
             except OSError as exc:  # a dangling link, a link loop, no permission
                 if problems is not None:
-                    problems.append(f"{entry}/{e.name}: cannot be read ({exc.strerror or exc}); skipped")
+                    problems.append(f"{entry}/{name}: cannot be read ({exc.strerror or exc}); skipped")
                 continue
             if stat.S_ISREG(mode):
                 found.append((entry, path))
             elif problems is not None:
-                problems.append(f"{entry}/{e.name}: {_file_kind(mode)}, not a segment file; skipped")
+                problems.append(f"{entry}/{name}: {_file_kind(mode)}, not a segment file; skipped")
     return found
 
 
-def _list_rank_dir(path: str) -> list[os.DirEntry[str]] | OSError | None:
-    """A rank directory's entries by name (None: not a directory), or why it cannot be listed."""
+def _list_rank_dir(path: str) -> list[tuple[str, bool]] | OSError | None:
+    """A rank directory's entries by name, each segment file's with whether it is a regular file
+    (where the listing does not say, a stat: made here, on :func:`io_map`'s threads); None: not a
+    directory; or why it cannot be listed."""
     try:
         if not os.path.isdir(path):
             return None
         with os.scandir(path) as entries:
-            return sorted(entries, key=lambda e: e.name)
+            return sorted((e.name, e.name.endswith(SEGMENT_SUFFIX) and _is_file(e)) for e in entries)
     except OSError as exc:
         return exc
 
