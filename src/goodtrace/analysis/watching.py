@@ -49,6 +49,9 @@ class RankState:
     last_seq: int = -1  # the execution whose step record came last
     held_syncs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # sync points before their step
     step_times: deque[tuple[int, int]] = dataclasses.field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+    first_sync: tuple[int, int] | None = None  # (step, time) of the first step completion read (a tail's)
+    slowdown: tuple[int, float, float] | None = None  # the slowdown of its step times ...
+    slowdown_key: tuple[int, tuple[int, int]] | None = None  # ... when they were these many, and ended so
     metered: bool = True  # its goodput fed (read from its start); a tail's is not: it would be wrong, and unused
 
     def wall(self, mono: int) -> int:
@@ -61,6 +64,8 @@ class WatchState:
     def __init__(self) -> None:
         self.sessions: dict[str, RankState] = {}
         self.reading: dict[str, float] = {}  # sessions not read to their end yet (a long past): how far
+        self.history: dict[str, float] = {}  # sessions whose step times before their tail are still read: how far
+        self._before: dict[str, RankState] = {}  # ... and those step times so far (tail sessions' histories)
         self.problems: dict[str, None] = {}  # the newest distinct problems reading the files, oldest first
         self.problem_count = 0  # ... and how many there were
         self.alive: Liveness | None = None  # a probe of a process on this host (the report's), where one may run
@@ -88,6 +93,13 @@ class WatchState:
         for session in self.sessions.keys() - set(newest[:1]):
             self.sessions[session].metered = False
         return set(newest[:1]), set(newest[1:])
+
+    def read_so_far(self) -> float:
+        """How much of what the view reads before it is whole is read: the shown rank's records
+        and the ranks' step times before their tails, each session's share alike."""
+        parts = list(self.reading.values()) + list(self.history.values())
+        ranks = len(self.sessions)
+        return max(0.0, 1.0 - sum(1.0 - part for part in parts) / max(1, ranks))
 
     def history_read(self) -> float | None:
         """How much of the session whose goodput the view shows is read, while it is not all."""
@@ -134,12 +146,42 @@ class WatchState:
         elif kind == schema.HEARTBEAT and isinstance(record.get(schema.F_MONO), int):
             state.last_seen_wall = max(state.last_seen_wall, state.wall(record[schema.F_MONO]))
 
+    def add_history(self, header: dict[str, Any], record: dict[str, Any]) -> None:
+        """A step completion (a ``sync`` record) of a session's history: those before the tail the
+        view read first (:meth:`goodtrace.read.follow.RunFollower.poll_history`), in order."""
+        session = str(header.get(schema.H_SESSION))
+        before = self._before.get(session)
+        if before is None:
+            state = self.open(header)
+            before = self._before[session] = dataclasses.replace(
+                state, step_times=deque(maxlen=RECENT_STEPS), last_sync=None, first_sync=None, held_syncs=[],
+                metered=False)
+        self._sync(before, record)
+
+    def end_history(self, session: str) -> None:
+        """The history of ``session`` is read: its step times go before the tail's, as a read of
+        the whole session in order gives them (the first of the tail's is timed from the last
+        of the history's)."""
+        before = self._before.pop(session, None)
+        self.history.pop(session, None)
+        state = self.sessions.get(session)
+        if before is None or state is None:
+            return
+        times = list(before.step_times)
+        if state.first_sync is not None and before.last_sync is not None:
+            step, when = state.first_sync
+            if when > before.last_sync:
+                times.append((step, when - before.last_sync))
+        state.step_times = deque(times + list(state.step_times), maxlen=RECENT_STEPS)
+
     @staticmethod
     def _sync(state: RankState, record: dict[str, Any]) -> None:
         step, when = record.get(schema.F_STEP), record[schema.F_T]
         if state.metered:
             state.goodput.on_sync(step, when, str(record.get(schema.F_HOW)))
         if isinstance(step, int):
+            if state.last_sync is None:
+                state.first_sync = (step, when)  # a tail's first: its time is the history's to give
             if state.last_sync is not None and when > state.last_sync:
                 state.step_times.append((step, when - state.last_sync))
             state.last_sync = max(when, state.last_sync or when)
@@ -175,25 +217,30 @@ class WatchState:
                 newest[state.rank] = state
         return [newest[r] for r in sorted(newest)]
 
-    def status(self, state: RankState, now_wall: int) -> str:
+    def status(self, state: RankState, now_wall: int, newest: int | None = None) -> str:
         """How a process stands: finished (its reason), lost (no heartbeat since ...: the
         report's rule, :func:`goodtrace.analysis.attempts.lost_or_running`), hung (a hang event
-        not over) or running."""
+        not over) or running. (``newest``: :meth:`newest_seen`, when the caller has it.)"""
         if state.finished:
             return f"finished ({state.finished})"
-        newest = max(s.last_seen_wall for s in self.sessions.values())
+        newest = self.newest_seen() if newest is None else newest
         ending = lost_or_running(state.last_seen_wall, state.flush_interval_s, newest_wall=newest, now_wall_ns=now_wall,
                                  alive=self.alive(state.host, state.pid) if self.alive is not None else None)
         if ending.kind == LOST:
             return ending.text
         return "hung" if state.hang is not None else "running"
 
+    def newest_seen(self) -> int:
+        """When the run's newest record or heartbeat was written (wall ns)."""
+        return max((s.last_seen_wall for s in self.sessions.values()), default=0)
+
     def rank_rows(self, now_wall: int, limit: int) -> tuple[list[tuple[RankState, str | None]], list[str]]:
         """The ranks to show, each with its :meth:`status` (None while its records are still
         read), and the statuses of those left out: every rank, by rank, when there are at most
         ``limit``; else the ``limit`` that most need a look, in that order (lost, hung, still
         read, running, finished; then the furthest behind in steps, the longest unseen)."""
-        rows = [(state, None if state.session in self.reading else self.status(state, now_wall))
+        newest = self.newest_seen()
+        rows = [(state, None if state.session in self.reading else self.status(state, now_wall, newest))
                 for state in self.ranks()]
         if len(rows) <= limit:
             return rows, []
@@ -242,11 +289,14 @@ class WatchState:
 
         found = []
         for state in self.read_ranks():
-            if not state.step_times:
+            if not state.step_times or state.session in self.history:  # its step times are not all read yet
                 continue
-            steps = np.array([s for s, _ in state.step_times], dtype=np.int64)
-            seconds = np.array([ns / 1e9 for _, ns in state.step_times])
-            slowdown = slowdown_of(steps, seconds)
+            times = (len(state.step_times), state.step_times[-1])
+            if state.slowdown_key != times:  # a frame of thousands of ranks: only those with new step times
+                steps = np.array([s for s, _ in state.step_times], dtype=np.int64)
+                seconds = np.array([ns / 1e9 for _, ns in state.step_times])
+                state.slowdown_key, state.slowdown = times, slowdown_of(steps, seconds)
+            slowdown = state.slowdown
             if slowdown is not None:
                 onset, before, after = slowdown
                 found.append(f"rank {state.rank} on {state.host}: steps {after / before - 1:.0%} slower since step "

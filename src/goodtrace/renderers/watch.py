@@ -11,7 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from goodtrace.analysis.watching import WatchState
+from goodtrace.analysis.watching import RECENT_STEPS, WatchState
 from goodtrace.renderers.console import safe
 from goodtrace.renderers.text import printable
 
@@ -42,6 +42,10 @@ def render_watch(state: WatchState, now_wall: int, run: str, rows: int = MAX_ROW
         parts.append(Text(f"slowdown: {slowdown}", style="red"))
     if len(slowdowns) > MAX_SLOWDOWNS:
         parts.append(Text(f"slowdown: {len(slowdowns) - MAX_SLOWDOWNS} more ranks", style="red"))
+    if state.history:  # the ranks' present is shown; their slowdowns wait for their recent step times
+        read = sum(state.history.values()) / len(state.history)
+        parts.append(Text(f"slowdowns: reading the last {RECENT_STEPS:,} step times of {len(state.history)} "
+                          f"rank(s): {100 * read:.0f}%", style="dim"))
     if state.problems:
         latest = next(reversed(state.problems))
         parts.append(Text(f"{state.problem_count} problem(s) reading the run's files; the latest: {printable(latest)}",

@@ -14,6 +14,11 @@ import sys
 import time
 from collections.abc import Iterator
 
+# A rank's present (last step, hang, finish) is read from the line of its last PRESENT_STEPS step
+# completions, first; the step times before, for the slowdown alarm, a part a look after
+PRESENT_STEPS = 64
+HISTORY_S = 0.5  # the least a look spends on the ranks' step histories, while some are left
+ONCE_HISTORY_S = 5.0  # ... and one of --once, which draws no frame until they are read
 MAX_INTERVAL_S = 3600.0  # the longest wait between looks (a run's flush interval may be longer)
 HELP = "a live view of a running run: goodput so far, each rank's last step, hangs, slowdowns"
 
@@ -66,8 +71,9 @@ class View:
 
     def __init__(self, run_dir: str, *, tail_steps: int | None = None, poll_bytes: int | None = None) -> None:
         """``tail_steps``: the step completions read of a rank's tail (default: what the view
-        shows, :data:`~goodtrace.analysis.watching.RECENT_STEPS`, and one); ``poll_bytes``: the
-        most a look reads of one session (:data:`~goodtrace.read.follow.POLL_BYTES`)."""
+        shows, :data:`~goodtrace.analysis.watching.RECENT_STEPS`, and one), the last
+        :data:`PRESENT_STEPS` of them first; ``poll_bytes``: the most a look reads of one session
+        (:data:`~goodtrace.read.follow.POLL_BYTES`)."""
         from goodtrace.analysis.watching import RECENT_STEPS, WatchState
         from goodtrace.cli.analysed import alive_here
         from goodtrace.read.follow import POLL_BYTES, RunFollower
@@ -76,15 +82,28 @@ class View:
         self.state.alive = alive_here  # a process of this host that is gone is lost at once, as in the report
         with _not_a_run():
             self.whole, tail = self.state.reading_plan(self.follower.first_headers())
-        self.follower.start_sessions(self.whole, tail, tail_steps or RECENT_STEPS + 1)
+        steps = tail_steps or RECENT_STEPS + 1
+        self.follower.start_sessions(self.whole, tail, min(steps, PRESENT_STEPS), history=max(0, steps - PRESENT_STEPS))
 
-    def look(self) -> float | None:
-        """Read what is new; the run's flush interval once known."""
+    def look(self, history_s: float = HISTORY_S) -> float | None:
+        """Read what is new, then the ranks' step times before their tails for about as long
+        as that took, and at least ``history_s``; the run's flush interval once known. (A look at thousands of ranks on a network filesystem takes seconds: the
+        histories are read a part between frames, not a part a look.)"""
         follower, state = self.follower, self.state
+        start = time.monotonic()
         with _not_a_run():
             for _, header, record in follower.poll():
                 state.add(header, record)
-        state.reading = follower.behind()
+        until = time.monotonic() + max(history_s, time.monotonic() - start)
+        while follower.has_history:  # a part at least
+            for _, header, record in follower.poll_history():
+                state.add_history(header, record)
+            if time.monotonic() >= until:
+                break
+        for session in follower.histories_ended:
+            state.end_history(session)
+        follower.histories_ended.clear()
+        state.reading, state.history = follower.behind(), follower.history_behind()
         state.note_problems(follower.problems)
         follower.problems.clear()
         # headers checked by the readers' rule: a config is a dict, its interval a finite number above 0
@@ -106,11 +125,11 @@ def run(args: argparse.Namespace) -> int:
     if args.once:
         update, stop = progress_bar()
         try:
-            view.look()
+            view.look(ONCE_HISTORY_S)
             while view.follower.pending:
                 if update is not None:
-                    update("reading the history", round(1000 * (view.state.history_read() or 1.0)), 1000)
-                view.look()
+                    update("reading the history", round(1000 * view.state.read_so_far()), 1000)
+                view.look(ONCE_HISTORY_S)
         finally:
             stop()
         console.print(render_watch(view.state, time.time_ns(), args.run, rows))
