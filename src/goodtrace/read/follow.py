@@ -6,9 +6,12 @@ fsspec URLs (a ranged read from the offset reached).
 A run of any length: before its first poll, a follower can be told where each session's reading
 starts (:meth:`RunFollower.start_sessions`): from its first byte, from where its last few step
 completions begin (found from the end of its newest file, a block at a time, so that a week-long
-session costs what its tail costs), or from the bytes written after now. A poll decodes at most
-``poll_bytes`` of one session's files, in file order (:attr:`RunFollower.pending` says that more
-was left for the next poll), so that a long history is read a part at a time between frames.
+session costs what its tail costs), or from the bytes written after now; the step completions
+before a tail's are read back later, a part at a time (:meth:`RunFollower.poll_history`,
+:mod:`goodtrace.read.step_history`). A poll decodes at most ``poll_bytes`` of one session's
+files, in file order (:attr:`RunFollower.pending` says that more was left for the next poll),
+so that a long history is read a part at a time between frames. Many files are read at once on
+a network filesystem or behind a URL (:func:`goodtrace.read.io_pool.io_map`).
 """
 
 from __future__ import annotations
@@ -22,20 +25,17 @@ from goodtrace import schema
 from goodtrace.read.io_pool import io_map
 from goodtrace.read.segments import SegmentRecords, list_segments
 from goodtrace.read.sessions import checked_header
+from goodtrace.read.step_history import BLOCK, FIRST_BLOCK, SYNC_MARKS, StepHistory
 from goodtrace.read.validate import check_record
 from goodtrace.record.io.storage import is_url
 
 __all__ = ["POLL_BYTES", "RunFollower"]
 
 POLL_BYTES = 16 * 2**20  # the most bytes one poll decodes of one session's files
-TAIL_BLOCK = 2**20  # a tail is looked for a block at a time from the end of the files
 HEADER_GUESS = 4096  # a header line is read in one call of this many bytes, most often
 HEADER_BYTES = 2**20  # a header line longer than this is not read as one before the first poll
 WINDOW = 16  # files a poll reads before it decodes them (at once where that pays: io_map)
 HISTORY_BYTES = 64 * 2**20  # the most bytes of the sessions' histories one poll_history reads
-# A step completion as the writers write it (counted in the raw bytes to find where a tail starts;
-# a line in another spelling is not counted, and the tail then starts earlier: more is read, not less)
-_SYNC_MARKS = (b'"kind":"sync"', b'"kind": "sync"')
 
 
 def _group(path: str) -> str:
@@ -57,9 +57,7 @@ class RunFollower:
         self.bytes_read = 0  # every byte read from the files, re-read partial lines and tails' search included
         self._behind: set[str] = set()  # sessions' files (by _group) the last poll left bytes of
         self._done: set[str] = set()  # closed files read to their end: not read again
-        # session -> [its history's bytes, read so far, the ranges [path, start, end] left]: the
-        # step completions before a tail's, read by poll_history
-        self._history: dict[str, list[Any]] = {}
+        self._history: dict[str, StepHistory] = {}  # the step completions before a tail's, for poll_history
         self.histories_ended: list[str] = []  # sessions whose history poll_history read to its end
         self.problems: list[str] = []
         self.skipped: dict[str, int] = {}
@@ -102,7 +100,7 @@ class RunFollower:
         read to find it."""
         read = 0
         while at > 0:
-            begin = max(0, at - TAIL_BLOCK)
+            begin = max(0, at - BLOCK)
             block, _ = self._fetch(path, begin, at - begin)
             read += len(block)
             found = block.rfind(b"\n")
@@ -165,67 +163,53 @@ class RunFollower:
         files: dict[str, list[str]] = {}
         for path in sorted(self.headers):
             files.setdefault(str(self.headers[path].get(schema.H_SESSION)), []).append(path)
-        todo = [(paths, (steps, steps + history) if session in tail else (0, 0))
-                for session, paths in files.items() if session not in whole]
+        todo = [(paths, steps if session in tail else 0) for session, paths in files.items() if session not in whole]
         self._connect()
-        for (paths, _), got in zip(todo, io_map(self._tail_start, todo, self.run_dir), strict=True):
+        for (paths, counted), got in zip(todo, io_map(self._tail_start, todo, self.run_dir), strict=True):
             if isinstance(got, OSError):  # read from its start, as a session that came later
                 self.problems.append(f"{paths[-1]}: cannot be read ({got}); read from its session's start")
                 continue
-            offsets, earlier, before, read = got
-            self.offsets.update(offsets)
-            self._done.update(earlier)  # the polls start after them (what is needed of them is history)
+            (first, line), read = got
+            self.offsets[paths[first]] = line
+            self._done.update(paths[:first])  # the polls start after them (what is needed of them is history)
             self.bytes_read += read
-            if before:
+            if counted and history and (first, line) != (0, 0):
                 session = str(self.headers[paths[0]].get(schema.H_SESSION))
-                self._history[session] = [sum(end - begin for _, begin, end in before), 0, before]
+                self._history[session] = StepHistory(paths[:first + 1], history, first, line)
 
-    def _tail_start(self, todo: tuple[list[str], tuple[int, int]]) -> tuple[
-            dict[str, int], list[str], list[list[Any]], int] | OSError:
-        """For one session's files (in order) and step counts ``(steps, more)``: where the polls
-        read them from, the line of their ``steps``-th step completion from the end (with 0, the
-        end of their last whole line; their start when they hold fewer), as an offset in one file
-        (the later files are read whole, the earlier ones not at all: listed), the byte ranges
-        ``[path, start, end]`` from the line of the ``more``-th to there, and the bytes read to
-        find them; the error when they cannot be read."""
-        paths, (steps, more) = todo
-        sizes: dict[str, int] = {}
-        lines: list[tuple[int, int]] = []  # (file, line start) of each step completion from the end, up to more
+    def _tail_start(self, todo: tuple[list[str], int]) -> tuple[tuple[int, int], int] | OSError:
+        """For one session's files (in order) and a step count: where the polls read them from
+        (a file and an offset in it; the later files are read whole, the earlier ones not at
+        all), the line of their ``steps``-th step completion from the end (with 0, the end of
+        their last whole line; their start when they hold fewer), and the bytes read to find
+        it; the error when they cannot be read."""
+        paths, steps = todo
         read = 0
         try:
-            for index in range(len(paths) - 1, -1, -1):
-                path = paths[index]
-                at = sizes[path] = self._size(path)
-                while at > 0 and len(lines) < more:
-                    begin = max(0, at - TAIL_BLOCK)
-                    block, _ = self._fetch(path, begin, at - begin)
-                    read += len(block)
-                    for mark in sorted((i for m in _SYNC_MARKS for i in _find_all(block, m)), reverse=True):
-                        if len(lines) == more:
-                            break
-                        newline = block.rfind(b"\n", 0, mark)
-                        if newline >= 0:
-                            lines.append((index, begin + newline + 1))
-                        else:  # its line starts in an earlier block
-                            line, searched = self._line_start(path, begin + mark)
-                            lines.append((index, line))
-                            read += searched
-                    at = begin
-                if len(lines) >= more:
-                    break
             if steps == 0:
                 last = paths[-1]
-                end, searched = self._line_start(last, sizes[last])
-                here, read = (len(paths) - 1, end), read + searched
-            else:
-                here = lines[steps - 1] if len(lines) >= steps else (0, 0)
-            there = lines[more - 1] if more > steps and len(lines) >= more else here if more <= steps else (0, 0)
+                end, read = self._line_start(last, self._size(last))
+                return (len(paths) - 1, end), read
+            for index in range(len(paths) - 1, -1, -1):
+                path = paths[index]
+                at, span = self._size(path), FIRST_BLOCK
+                while at > 0:
+                    begin = max(0, at - span)
+                    block, _ = self._fetch(path, begin, at - begin)
+                    read += len(block)
+                    marks = sorted(i for m in SYNC_MARKS for i in _find_all(block, m))
+                    if len(marks) >= steps:
+                        mark = marks[len(marks) - steps]
+                        newline = block.rfind(b"\n", 0, mark)
+                        if newline >= 0:
+                            return (index, begin + newline + 1), read
+                        line, searched = self._line_start(path, begin + mark)  # its line starts in an earlier block
+                        return (index, line), read + searched
+                    steps -= len(marks)
+                    at, span = begin, BLOCK
         except OSError as exc:
             return exc
-        (first, line), (oldest, start) = here, there
-        before: list[list[Any]] = [[paths[k], start if k == oldest else 0, line if k == first else sizes[paths[k]]]
-                                   for k in range(oldest, first + 1)]  # files the search reached: sizes known
-        return {paths[first]: line}, paths[:first], [r for r in before if r[2] > r[1]], read
+        return (0, 0), read
 
     # ------------------------------------------------------------------ polls
     def poll(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -320,74 +304,47 @@ class RunFollower:
             yield path, session, record
 
     def poll_history(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
-        """The step completions of the sessions' histories (:meth:`start_sessions`), oldest
-        first: at most ``poll_bytes`` of a session and :data:`HISTORY_BYTES` in all a call, many
-        sessions at once. Only the lines that hold a step completion's mark are decoded (the
-        readers' rules), so a history costs a fraction of reading it whole, and what is wrong in
-        its other lines is not seen. A session whose history is read to its end, or cannot be
-        read (named in ``problems``), goes to :attr:`histories_ended`."""
-        chosen: list[tuple[str, str, int, int]] = []  # (session, path, start, bytes), ranges in order
+        """The step completions of the sessions' histories (:meth:`start_sessions`), read back
+        from their tails at most ``poll_bytes`` of a session and :data:`HISTORY_BYTES` in all a
+        call, many sessions at once (:class:`~goodtrace.read.step_history.StepHistory`: only the
+        lines that hold a step completion's mark are decoded, so what is wrong in the others is
+        not seen). A session's are handed on in file order once all are found, and the session
+        goes to :attr:`histories_ended`, as one whose history cannot be read (named in
+        ``problems``: what was found of it is handed on)."""
+        chosen: list[tuple[str, StepHistory, int]] = []  # (session, its history, bytes it may read)
         budget = HISTORY_BYTES
-        for session, (_, _, ranges) in self._history.items():
-            mine = min(self.poll_bytes, budget)
-            for path, start, end in ranges:
-                if mine <= 0:
-                    break
-                chosen.append((session, path, start, min(end - start, mine)))
-                mine -= chosen[-1][3]
-                budget -= chosen[-1][3]
+        for session, history in self._history.items():
             if budget <= 0:
                 break
+            chosen.append((session, history, min(self.poll_bytes, budget)))
+            budget -= chosen[-1][2]
         self._connect()
-        fetched = io_map(lambda c: self._history_bytes(c[1], c[2], c[3]), chosen, self.run_dir)
-        for (session, path, start, _), got in zip(chosen, fetched, strict=True):
-            entry = self._history.get(session)
-            if entry is None:
-                continue  # left out at an earlier range of this call
-            ranges = entry[2]
-            end = ranges[0][2]
-            if not isinstance(got, OSError) and got:
-                self.bytes_read += len(got)
-                cut = got.rfind(b"\n") + 1
-                if cut == 0 and start + len(got) < end:  # a line longer than a poll's bytes
-                    try:
-                        got, _ = self._fetch(path, start, end - start)
-                        self.bytes_read += len(got)
-                    except OSError as exc:
-                        got = exc
-                    cut = 0 if isinstance(got, OSError) else len(got)
-            if isinstance(got, OSError) or not got:
-                why = got if isinstance(got, OSError) else "it is shorter than it was"
-                self.problems.append(f"{path}: its step times before the tail cannot be read ({why}); left out")
-                del self._history[session]
-                self.histories_ended.append(session)
-                continue
-            cut = cut or len(got)  # (a range ends at a line start: its last line is whole)
-            ranges[0][1] = start + cut
-            entry[1] += cut
-            if ranges[0][1] >= end:
-                ranges.pop(0)
-            if not ranges:
-                del self._history[session]
-                self.histories_ended.append(session)
-            marked = _marked_lines(got, cut)
-            del got
-            if path not in self.headers or not marked:
-                continue
-            header = self._first_headers[str(self.headers[path].get(schema.H_SESSION))]
-            where = f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}"
-            records = iter(SegmentRecords(b"\n".join(marked) + b"\n", where, self.problems, self.skipped))
-            if (first := next(records, None)) is not None and check_record(first) is None:
-                records = itertools.chain((first,), records)  # (the stream takes a chunk's first line as a header)
-            for record in records:
-                if record.get(schema.F_KIND) == schema.SYNC:
-                    yield path, header, record
 
-    def _history_bytes(self, path: str, start: int, size: int) -> bytes | OSError:
-        try:
-            return self._fetch(path, start, size)[0]
-        except OSError as exc:
-            return exc
+        def step_back(item: tuple[str, StepHistory, int]) -> OSError | None:
+            try:
+                item[1].read_back(lambda path, start, size: self._fetch(path, start, size)[0], self._size, item[2])
+            except OSError as exc:
+                return exc
+            return None
+
+        for (session, history, _), failed in zip(chosen, io_map(step_back, chosen, self.run_dir), strict=True):
+            self.bytes_read += history.read
+            history.read = 0
+            if failed is not None:
+                self.problems.append(f"{history.paths[history.index]}: its step times before the tail cannot be "
+                                     f"read ({failed}); left out")
+            elif not history.done:
+                continue
+            del self._history[session]
+            self.histories_ended.append(session)
+            last = history.paths[-1]
+            header = self.headers.get(last)
+            if header is None:
+                continue
+            where = f"{os.path.basename(os.path.dirname(last))}/{os.path.basename(last)}"
+            session_header = self._first_headers[str(header.get(schema.H_SESSION))]
+            for record in history.records(f"{where} (before its tail)", self.problems, self.skipped):
+                yield last, session_header, record
 
     @property
     def has_history(self) -> bool:
@@ -395,8 +352,8 @@ class RunFollower:
         return bool(self._history)
 
     def history_behind(self) -> dict[str, float]:
-        """The sessions whose history is not read to its end yet, and how much of it is read."""
-        return {session: done / max(1, total) for session, (total, done, _) in self._history.items()}
+        """The sessions whose history is not read to its end yet, and how much of it is found."""
+        return {session: history.found / history.wanted for session, history in self._history.items()}
 
     @property
     def pending(self) -> bool:
@@ -413,20 +370,6 @@ class RunFollower:
                 files.setdefault(str(header.get(schema.H_SESSION)), []).append(path)
         return {session: sum(self.offsets.get(p, 0) for p in paths) / max(1, sum(self.sizes.get(p, 0) for p in paths))
                 for session, paths in files.items()}
-
-
-def _marked_lines(data: bytes, end: int) -> list[bytes]:
-    """The lines of ``data[:end]`` that hold a step completion's mark, in order (found by the
-    mark, not line by line: most lines of a history hold none)."""
-    lines: set[tuple[int, int]] = set()
-    for mark in _SYNC_MARKS:
-        at = data.find(mark, 0, end)
-        while at >= 0:
-            stop = data.find(b"\n", at, end)
-            stop = end if stop < 0 else stop
-            lines.add((data.rfind(b"\n", 0, at) + 1, stop))
-            at = data.find(mark, stop, end)
-    return [data[start:stop] for start, stop in sorted(lines)]
 
 
 def _find_all(data: bytes, mark: bytes) -> Iterator[int]:
