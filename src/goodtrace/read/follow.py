@@ -35,7 +35,8 @@ POLL_BYTES = 16 * 2**20  # the most bytes one poll decodes of one session's file
 HEADER_GUESS = 4096  # a header line is read in one call of this many bytes, most often
 HEADER_BYTES = 2**20  # a header line longer than this is not read as one before the first poll
 WINDOW = 16  # files a poll reads before it decodes them (at once where that pays: io_map)
-HISTORY_BYTES = 64 * 2**20  # the most bytes of the sessions' histories one poll_history reads
+HISTORY_BYTES = 64 * 2**20  # about the most bytes of the sessions' histories one poll_history reads ...
+HISTORY_SESSIONS = 64  # ... of this many sessions at most
 
 
 def _group(path: str) -> str:
@@ -305,19 +306,16 @@ class RunFollower:
 
     def poll_history(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
         """The step completions of the sessions' histories (:meth:`start_sessions`), read back
-        from their tails at most ``poll_bytes`` of a session and :data:`HISTORY_BYTES` in all a
-        call, many sessions at once (:class:`~goodtrace.read.step_history.StepHistory`: only the
-        lines that hold a step completion's mark are decoded, so what is wrong in the others is
-        not seen). A session's are handed on in file order once all are found, and the session
+        from their tails: about :data:`HISTORY_BYTES` of at most :data:`HISTORY_SESSIONS`
+        sessions a call (at most ``poll_bytes`` of one), many at once
+        (:class:`~goodtrace.read.step_history.StepHistory`: only the lines that hold a step
+        completion's mark are decoded, so what is wrong in the others is not seen). A session's are handed on in file order once all are found, and the session
         goes to :attr:`histories_ended`, as one whose history cannot be read (named in
         ``problems``: what was found of it is handed on)."""
-        chosen: list[tuple[str, StepHistory, int]] = []  # (session, its history, bytes it may read)
-        budget = HISTORY_BYTES
-        for session, history in self._history.items():
-            if budget <= 0:
-                break
-            chosen.append((session, history, min(self.poll_bytes, budget)))
-            budget -= chosen[-1][2]
+        # (session, its history, bytes it may read): many sessions a call, a share of the bytes each
+        sessions = list(itertools.islice(self._history.items(), HISTORY_SESSIONS))
+        share = min(self.poll_bytes, max(BLOCK, HISTORY_BYTES // max(1, len(sessions))))
+        chosen = [(session, history, share) for session, history in sessions]
         self._connect()
 
         def step_back(item: tuple[str, StepHistory, int]) -> OSError | None:

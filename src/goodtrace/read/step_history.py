@@ -54,7 +54,8 @@ class StepHistory:
     found: int = 0  # marked lines kept so far
     read: int = 0  # bytes read so far
     _blocks: list[list[bytes]] = dataclasses.field(default_factory=list)  # kept lines, the latest block first
-    _span: int = FIRST_BLOCK
+    _span: int = FIRST_BLOCK  # the next block's size
+    _long: bool = False  # ... whatever the budget (a line did not fit the last one)
 
     @property
     def done(self) -> bool:
@@ -69,7 +70,8 @@ class StepHistory:
                 self.at = size_of(self.paths[self.index])
                 continue
             path = self.paths[self.index]
-            begin = max(0, self.at - self._span)
+            size = self._span if self._long else min(self._span, max(budget, FIRST_BLOCK))  # within the budget ...
+            begin = max(0, self.at - size)
             block = fetch(path, begin, self.at - begin)
             if len(block) != self.at - begin:
                 raise OSError(f"{path} is shorter than it was")
@@ -77,14 +79,14 @@ class StepHistory:
             budget -= len(block)
             first = 0 if begin == 0 else block.find(b"\n") + 1  # the line it starts in begins earlier
             if begin > 0 and not 0 < first < len(block):
-                self._span *= 2  # no whole line in it (a line longer than the block): a larger one
+                self._span, self._long = 2 * len(block), True  # ... unless no line fit it: twice as large
                 continue
             lines = marked_lines(block, first)
             keep = lines[max(0, len(lines) - (self.wanted - self.found)):]
             self._blocks.append(keep)
             self.found += len(keep)
             self.at = begin + first
-            self._span = BLOCK
+            self._span, self._long = BLOCK, False
 
     def records(self, where: str, problems: list[str], skipped: dict[str, int]) -> Iterator[dict[str, Any]]:
         """The step completions kept, in file order, decoded by the readers' rules (``where``

@@ -85,20 +85,21 @@ class View:
         steps = tail_steps or RECENT_STEPS + 1
         self.follower.start_sessions(self.whole, tail, min(steps, PRESENT_STEPS), history=max(0, steps - PRESENT_STEPS))
 
-    def look(self, history_s: float = HISTORY_S) -> float | None:
+    def look(self, history_s: float | None = HISTORY_S) -> float | None:
         """Read what is new, then the ranks' step times before their tails for about as long
-        as that took, and at least ``history_s``; the run's flush interval once known. (A look at thousands of ranks on a network filesystem takes seconds: the
+        as that took, and at least ``history_s`` (None: one part of them); the run's flush
+        interval once known. (A look at thousands of ranks on a network filesystem takes seconds: the
         histories are read a part between frames, not a part a look.)"""
         follower, state = self.follower, self.state
         start = time.monotonic()
         with _not_a_run():
             for _, header, record in follower.poll():
                 state.add(header, record)
-        until = time.monotonic() + max(history_s, time.monotonic() - start)
+        until = time.monotonic() + max(history_s or 0.0, time.monotonic() - start)
         while follower.has_history:  # a part at least
             for _, header, record in follower.poll_history():
                 state.add_history(header, record)
-            if time.monotonic() >= until:
+            if history_s is None or time.monotonic() >= until:
                 break
         for session in follower.histories_ended:
             state.end_history(session)
