@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.read.io_pool import io_map
+from goodtrace.read.io_pool import io_map, on_network_filesystem
 from goodtrace.read.segments import SegmentRecords, list_segments
 from goodtrace.read.sessions import checked_header
 from goodtrace.read.step_history import BLOCK, FIRST_BLOCK, SYNC_MARKS, StepHistory
@@ -34,7 +34,7 @@ __all__ = ["POLL_BYTES", "RunFollower"]
 POLL_BYTES = 16 * 2**20  # the most bytes one poll decodes of one session's files
 HEADER_GUESS = 4096  # a header line is read in one call of this many bytes, most often
 HEADER_BYTES = 2**20  # a header line longer than this is not read as one before the first poll
-WINDOW = 16  # files a poll reads before it decodes them (at once where that pays: io_map)
+WINDOW = 16  # files a poll reads before it decodes them, at once, where that pays (io_map); elsewhere one
 HISTORY_BYTES = 64 * 2**20  # about the most bytes of the sessions' histories one poll_history reads ...
 HISTORY_SESSIONS = 64  # ... of this many sessions at most
 
@@ -63,6 +63,9 @@ class RunFollower:
         self.problems: list[str] = []
         self.skipped: dict[str, int] = {}
         self._fs: Any = None
+        # files read ahead of their decoding: many at once where each read is a round trip (up to
+        # WINDOW x poll_bytes held); on a local disk one at a time, as a loop reads them anyway
+        self._window = WINDOW if is_url(run_dir) or on_network_filesystem(run_dir, unknown=True) else 1
 
     # ------------------------------------------------------------------ bytes
     def _read(self, path: str, start: int, limit: int | None) -> tuple[bytes, int]:
@@ -216,8 +219,8 @@ class RunFollower:
     def poll(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
         """The records appended since the last poll, file by file, in file order (at most
         ``poll_bytes`` of each session's files; :attr:`pending` when some were left). The files
-        are read :data:`WINDOW` at a time, at once on a network filesystem or behind a URL, and
-        decoded in order."""
+        are read :data:`WINDOW` at a time, at once, on a network filesystem or behind a URL (one
+        at a time elsewhere), and decoded in order."""
         left: dict[str, int] = {}  # session's files -> bytes this poll may still decode of them
         behind: set[str] = set()  # sessions' files with bytes left for the next poll
         listed = list_segments(self.run_dir, self.problems)
@@ -227,8 +230,8 @@ class RunFollower:
         closed = {path for (_, path), (_, after) in itertools.pairwise(listed) if _group(path) == _group(after)}
         listed = [(rank_dir, path) for rank_dir, path in listed if path not in self._done]
         unread: set[str] = set()  # sessions' files with a file that may hold more than this poll decodes
-        for at in range(0, len(listed), WINDOW):
-            window = listed[at : at + WINDOW]
+        for at in range(0, len(listed), self._window):
+            window = listed[at : at + self._window]
             ahead = []  # read ahead, at once: a file of a session whose earlier files are all read
             for _, path in window:
                 if _group(path) not in unread:
