@@ -115,6 +115,8 @@ TEST_MARKS: dict[str, tuple[str, ...]] = {
     "cli/test_remote_read.py::test_report_and_trace_from_s3_equal_the_local_ones": ("processes", "s3"),
     "cli/test_remote_read.py::test_unreachable_store_is_one_error_line": ("processes",),
     "cli/test_remote_read.py::test_watch_from_s3_shows_what_it_shows_of_the_local_copy": ("processes", "s3"),
+    "cli/test_remote_read.py::test_watch_of_many_ranks_from_s3_and_a_network_share_shows_the_local_frame": (
+        "fuse", "processes", "s3"),
     "cli/test_time_range_cli.py::test_an_hour_between_attempts_is_the_worst": ("processes",),
     "cli/test_time_range_cli.py::test_bad_time_ranges_are_one_line_errors": ("processes",),
     "cli/test_time_range_cli.py::test_console_names_the_worst_hours": ("processes",),

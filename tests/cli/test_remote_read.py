@@ -138,6 +138,39 @@ def test_watch_from_s3_shows_what_it_shows_of_the_local_copy(s3: S3Server, tmp_p
     assert "finished" in remote and "goodput" in remote
 
 
+def test_watch_of_many_ranks_from_s3_and_a_network_share_shows_the_local_frame(
+        s3: S3Server, nfs: EmulatedNFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 ranks (two attempts, killed ranks' torn lines, lines that are no record): headers, tails,
+    step histories and each look's reads go to many files at once there, and the frame is the
+    local copy's (the table's 32 ranks that most need a look, the problems, the goodput)."""
+    from goodtrace.cli.commands.watch import View
+    from goodtrace.renderers.watch import render_watch
+    from helpers.many_ranks import write_many_ranks
+
+    def frame(run: str) -> str:
+        view = View(run, tail_steps=9, present_steps=3, poll_bytes=4096)  # 6 steps of each rank's past read back
+        view.state.alive = None  # (the written run's hosts and pids are not this machine's)
+        histories = len(view.follower.history_behind())  # ranks whose past is read back
+        view.look(history_s=None)
+        while view.follower.pending:
+            view.look(history_s=None)
+        assert not view.state.history and histories >= 32
+        console = Console(record=True, width=200, file=io.StringIO())
+        console.print(render_watch(view.state, view.state.newest_seen() + 10**9, run))
+        return console.export_text().replace(run, "RUN")
+
+    local = write_many_ranks(tmp_path / "run")
+    url = upload(s3, local)
+    shared = Path(nfs.serve_dir) / uuid.uuid4().hex[:8] / "run"
+    shutil.copytree(local, shared)
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    expected = frame(str(local))
+    assert "Ranks: the 32 of 64 that most need a look" in expected and "goodput" in expected, expected
+    assert frame(url) == expected
+    assert frame(os.path.join(nfs.mountpoint, shared.parent.name, "run")) == expected
+
+
 def test_report_and_trace_from_a_network_share(nfs: EmulatedNFS, tmp_path: Path) -> None:
     name = uuid.uuid4().hex[:8]
     shutil.copytree(GOLDEN, Path(nfs.serve_dir) / name / "run")

@@ -69,11 +69,12 @@ class View:
     length (:meth:`goodtrace.analysis.watching.WatchState.reading_plan`); each :meth:`look` reads
     what is new, and a part of a long history at a time."""
 
-    def __init__(self, run_dir: str, *, tail_steps: int | None = None, poll_bytes: int | None = None) -> None:
+    def __init__(self, run_dir: str, *, tail_steps: int | None = None, present_steps: int = 0,
+                 poll_bytes: int | None = None) -> None:
         """``tail_steps``: the step completions read of a rank's tail (default: what the view
         shows, :data:`~goodtrace.analysis.watching.RECENT_STEPS`, and one), the last
-        :data:`PRESENT_STEPS` of them first; ``poll_bytes``: the most a look reads of one session
-        (:data:`~goodtrace.read.follow.POLL_BYTES`)."""
+        ``present_steps`` (default :data:`PRESENT_STEPS`) of them first; ``poll_bytes``: the most
+        a look reads of one session (:data:`~goodtrace.read.follow.POLL_BYTES`)."""
         from goodtrace.analysis.watching import RECENT_STEPS, WatchState
         from goodtrace.cli.analysed import alive_here
         from goodtrace.read.follow import POLL_BYTES, RunFollower
@@ -82,8 +83,8 @@ class View:
         self.state.alive = alive_here  # a process of this host that is gone is lost at once, as in the report
         with _not_a_run():
             self.whole, tail = self.state.reading_plan(self.follower.first_headers())
-        steps = tail_steps or RECENT_STEPS + 1
-        self.follower.start_sessions(self.whole, tail, min(steps, PRESENT_STEPS), history=max(0, steps - PRESENT_STEPS))
+        steps, present = tail_steps or RECENT_STEPS + 1, present_steps or PRESENT_STEPS
+        self.follower.start_sessions(self.whole, tail, min(steps, present), history=max(0, steps - present))
 
     def look(self, history_s: float | None = HISTORY_S) -> float | None:
         """Read what is new, then the ranks' step times before their tails for about as long
