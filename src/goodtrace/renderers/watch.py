@@ -62,10 +62,9 @@ def render_watch(state: WatchState, now_wall: int, run: str, rows: int = MAX_ROW
             read = state.reading.get(r.session, 0.0)
             table.add_row(str(r.rank), safe(r.host), "—", "—", f"reading its records: {100 * read:.0f}%")
             continue
-        age = max(0.0, (now_wall - r.last_seen_wall) / 1e9)
         style = "red" if status.startswith("lost") or status == "hung" else None
         table.add_row(str(r.rank), safe(r.host), "—" if r.last_step is None else str(r.last_step),
-                      f"{age:.1f} s ago", Text(status, style=style or ""))
+                      _ago(max(0.0, (now_wall - r.last_seen_wall) / 1e9)), Text(status, style=style or ""))
     parts.append(table)
     if others:
         counts = Counter(status.split(" (", 1)[0] for status in others)
@@ -80,3 +79,11 @@ def render_watch(state: WatchState, now_wall: int, run: str, rows: int = MAX_ROW
             slow.add_row(str(rank), str(step), f"{seconds:.3f}")
         parts.append(slow)
     return Group(*parts)
+
+
+def _ago(seconds: float) -> str:
+    """How long ago, in a unit a person reads at a glance."""
+    for unit, size, below in (("s", 1, 120), ("min", 60, 7200), ("h", 3600, 172_800)):
+        if seconds < below:
+            return f"{seconds / size:.1f} {unit} ago"
+    return f"{seconds / 86_400:.1f} d ago"
