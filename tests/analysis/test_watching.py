@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from goodtrace.analysis.watching import WatchState
+from goodtrace.analysis.watching import RECENT_STEPS, RecentTimes, WatchState
 
 S = 10**9
 START = 1_700_000_000 * S
@@ -50,3 +50,15 @@ def test_the_ranks_that_most_need_a_look_come_first() -> None:
     assert sorted(others) == ["finished (finish)"] + ["running"] * 39
     everyone, none = state.rank_rows(now, 47)  # all of them fit: by rank
     assert [s.rank for s, _ in everyone] == sorted(s.rank for s, _ in everyone) and none == []
+
+
+def test_a_process_keeps_its_last_step_times_in_order() -> None:
+    times = RecentTimes()
+    for k in range(2 * RECENT_STEPS + 123):
+        times.append((k, 10 * k))
+        assert len(times) == min(k + 1, RECENT_STEPS)
+    kept = list(times)
+    assert kept == [(k, 10 * k) for k in range(RECENT_STEPS + 123, 2 * RECENT_STEPS + 123)]
+    steps, ns = times.columns()
+    assert steps.tolist() == [s for s, _ in kept] and ns.tolist() == [t for _, t in kept]
+    assert times.last() == kept[-1] and list(RecentTimes(kept[:3])) == kept[:3]

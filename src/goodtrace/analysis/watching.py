@@ -11,9 +11,10 @@ point (:func:`goodtrace.analysis.slowdown.slowdown_of`), on each process's step 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
-from collections import deque
-from collections.abc import Iterable, Mapping
+from array import array
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from goodtrace import schema
@@ -22,10 +23,47 @@ from goodtrace.analysis.slowdown import slowdown_of
 from goodtrace.record.hang_peers import stop_order, summary_line, where_text
 from goodtrace.record.live.goodput import AttemptGoodput
 
-__all__ = ["RankState", "WatchState"]
+__all__ = ["RankState", "RecentTimes", "WatchState"]
 
 RECENT_STEPS = 2000  # step times kept per process for its slowdown and the worst recent steps
 MAX_PROBLEMS = 100  # the newest distinct problems reading the files kept to show
+
+
+class RecentTimes:
+    """A process's last :data:`RECENT_STEPS` step times, (step, ns) each: two arrays of 8-byte
+    integers, cut back once twice as long (16 bytes a step, not a tuple of two ints: a view of
+    10,000 ranks holds 20 M of them)."""
+
+    __slots__ = ("_ns", "_steps")
+
+    def __init__(self, times: Iterable[tuple[int, int]] = ()) -> None:
+        self._steps, self._ns = array("q"), array("q")
+        for step, ns in times:
+            self.append((step, ns))
+
+    def append(self, item: tuple[int, int]) -> None:
+        self._steps.append(item[0])
+        self._ns.append(item[1])
+        if len(self._steps) >= 2 * RECENT_STEPS:
+            del self._steps[:-RECENT_STEPS], self._ns[:-RECENT_STEPS]
+
+    def __len__(self) -> int:
+        return min(len(self._steps), RECENT_STEPS)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        start = len(self._steps) - len(self)
+        return zip(self._steps[start:], self._ns[start:], strict=True)
+
+    def last(self) -> tuple[int, int]:
+        return self._steps[-1], self._ns[-1]
+
+    def columns(self) -> tuple[Any, Any]:
+        """(steps, ns) as numpy arrays."""
+        import numpy as np
+
+        start = len(self._steps) - len(self)
+        return (np.frombuffer(self._steps, dtype=np.int64)[start:].copy(),
+                np.frombuffer(self._ns, dtype=np.int64)[start:].copy())
 
 
 @dataclasses.dataclass
@@ -48,7 +86,7 @@ class RankState:
     last_sync: int | None = None
     last_seq: int = -1  # the execution whose step record came last
     held_syncs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # sync points before their step
-    step_times: deque[tuple[int, int]] = dataclasses.field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+    step_times: RecentTimes = dataclasses.field(default_factory=RecentTimes)
     first_sync: tuple[int, int] | None = None  # (step, time) of the first step completion read (a tail's)
     slowdown: tuple[int, float, float] | None = None  # the slowdown of its step times ...
     slowdown_key: tuple[int, tuple[int, int]] | None = None  # ... when they were these many, and ended so
@@ -154,7 +192,7 @@ class WatchState:
         if before is None:
             state = self.open(header)
             before = self._before[session] = dataclasses.replace(
-                state, step_times=deque(maxlen=RECENT_STEPS), last_sync=None, first_sync=None, held_syncs=[],
+                state, step_times=RecentTimes(), last_sync=None, first_sync=None, held_syncs=[],
                 metered=False)
         self._sync(before, record)
 
@@ -172,7 +210,7 @@ class WatchState:
             step, when = state.first_sync
             if when > before.last_sync:
                 times.append((step, when - before.last_sync))
-        state.step_times = deque(times + list(state.step_times), maxlen=RECENT_STEPS)
+        state.step_times = RecentTimes(itertools.chain(times[-RECENT_STEPS:], state.step_times))
 
     @staticmethod
     def _sync(state: RankState, record: dict[str, Any]) -> None:
@@ -285,17 +323,15 @@ class WatchState:
 
     def slowdowns(self) -> list[str]:
         """Each process whose step time so far shows a slowdown of its own."""
-        import numpy as np
 
         found = []
         for state in self.read_ranks():
             if not state.step_times or state.session in self.history:  # its step times are not all read yet
                 continue
-            times = (len(state.step_times), state.step_times[-1])
+            times = (len(state.step_times), state.step_times.last())
             if state.slowdown_key != times:  # a frame of thousands of ranks: only those with new step times
-                steps = np.array([s for s, _ in state.step_times], dtype=np.int64)
-                seconds = np.array([ns / 1e9 for _, ns in state.step_times])
-                state.slowdown_key, state.slowdown = times, slowdown_of(steps, seconds)
+                steps, ns = state.step_times.columns()
+                state.slowdown_key, state.slowdown = times, slowdown_of(steps, ns / 1e9)
             slowdown = state.slowdown
             if slowdown is not None:
                 onset, before, after = slowdown
