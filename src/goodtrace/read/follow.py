@@ -226,7 +226,7 @@ class RunFollower:
         listed = list_segments(self.run_dir, self.problems)
         self._connect()
         # a file with a later one of its session is closed (the writer moved on): once read to its
-        # end it is not read again (a week of a rank is a hundred files or more)
+        # end it is not read again (a long run's rank has many: a week is some ten 64 MiB segments, more when smaller)
         closed = {path for (_, path), (_, after) in itertools.pairwise(listed) if _group(path) == _group(after)}
         listed = [(rank_dir, path) for rank_dir, path in listed if path not in self._done]
         unread: set[str] = set()  # sessions' files with a file that may hold more than this poll decodes
