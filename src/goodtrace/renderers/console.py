@@ -42,7 +42,8 @@ def safe(text: object) -> str:
     return escape(printable(text))
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """A duration as the console shows it: "1.23 s", "12.3 s", "4:05.6", "1:02:03.4"."""
     if seconds < 60:
         return seconds_text(seconds) if seconds < 10 else f"{seconds:.1f} s"
     minutes, sec = divmod(seconds, 60)
@@ -55,7 +56,7 @@ def _pct(value: float | None) -> str:
 
 
 def _seconds(value: float | None) -> str:
-    return "—" if value is None else _duration(value)
+    return "—" if value is None else duration_text(value)
 
 
 def bucket_table(partition: Partition, title: str) -> Table:
@@ -95,8 +96,8 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
     console.print(
         Text.assemble(
             ("Goodput ", "bold"), (f"{p.goodput * 100:.1f}%", "bold green"),
-            f" of {_duration(p.total_ns / 1e9)} job time "
-            f"(productive {_duration(p.seconds('productive'))}, rank {analysis.reference_rank}'s timeline)",
+            f" of {duration_text(p.total_ns / 1e9)} job time "
+            f"(productive {duration_text(p.seconds('productive'))}, rank {analysis.reference_rank}'s timeline)",
         )
     )
     console.print()
@@ -118,7 +119,7 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
         for column in ("from", "to", "goodput"):
             table.add_column(column, justify="right")
         for r in analysis.rolling:
-            table.add_row(_duration(r.start_s), _duration(r.end_s), _pct(r.goodput))
+            table.add_row(duration_text(r.start_s), duration_text(r.end_s), _pct(r.goodput))
         console.print()
         console.print(table)
     console.print()
@@ -192,7 +193,7 @@ def _events(console: Console, analysis: RunAnalysis, top: int) -> None:
         table.add_column(column, justify="left" if column == "event" else "right")
     for e in shown:
         attrs = "" if not e.attrs else " " + ", ".join(f"{k}={v}" for k, v in list(e.attrs.items())[:4])
-        table.add_row(f"+{_duration(max(0.0, e.time_s))}", str(e.rank), str(e.attempt),
+        table.add_row(f"+{duration_text(max(0.0, e.time_s))}", str(e.rank), str(e.attempt),
                       "—" if e.step is None else str(e.step), safe((e.name + attrs)[:200]))
     console.print(table)
 
@@ -205,7 +206,7 @@ def _attempts(console: Console, analysis: RunAnalysis) -> None:
     for a in analysis.attempts:
         steps = "—" if a.first_step is None else f"{a.first_step}-{a.last_step}"
         style = {"crashed": "red", "killed": "red", "lost": "red", "preempted": "yellow", "running": "cyan"}.get(a.ended)
-        table.add_row(str(a.index), f"+{_duration((a.start_wall - origin) / 1e9)}", _duration(a.duration_ns / 1e9),
+        table.add_row(str(a.index), f"+{duration_text((a.start_wall - origin) / 1e9)}", duration_text(a.duration_ns / 1e9),
                       safe(a.ending.text), steps, f"{a.ranks}/{a.world}", style=style)
     console.print(table)
     for r in analysis.rewinds:  # rollbacks inside an attempt (the analysis words them)
@@ -218,9 +219,9 @@ def _steps(console: Console, analysis: RunAnalysis, top: int) -> None:
         console.print("[yellow]no steps recorded[/yellow]")
         return
     console.print(
-        f"[bold]Step time[/bold] over {s.count} step executions: mean {_duration(s.mean_s)}, "
-        f"median {_duration(s.median_s)}, p90 {_duration(s.p90_s)}, p99 {_duration(s.p99_s)}, "
-        f"max {_duration(s.max_s)}; ideal (median productive) {_seconds(s.ideal_s)}",
+        f"[bold]Step time[/bold] over {s.count} step executions: mean {duration_text(s.mean_s)}, "
+        f"median {duration_text(s.median_s)}, p90 {duration_text(s.p90_s)}, p99 {duration_text(s.p99_s)}, "
+        f"max {duration_text(s.max_s)}; ideal (median productive) {_seconds(s.ideal_s)}",
         highlight=False,
     )
     if s.shared_steps or s.host_timed_steps or s.repeated_steps or s.decreasing_steps:
@@ -233,7 +234,7 @@ def _steps(console: Console, analysis: RunAnalysis, top: int) -> None:
     for r in analysis.slowest_steps(top):
         flags = (" (avg)" if r.shared > 1 else "") + (" (host-timed)" if r.host_timed else "")
         flags += " (repeated)" if r.repeated else ""
-        table.add_row(str(r.step), str(r.attempt), _duration(r.step_time_s) + flags,
+        table.add_row(str(r.step), str(r.attempt), duration_text(r.step_time_s) + flags,
                       safe(r.explain().split("= ", 1)[1]),
                       safe(", ".join(r.tags)) + ("" if r.counted else " re-done later"))
     console.print(table)
@@ -243,7 +244,7 @@ def _steps(console: Console, analysis: RunAnalysis, top: int) -> None:
         for column in ("step", "attempt", "productive", "overlapping"):
             table.add_column(column)
         for a in analysis.anomalies[:top]:
-            table.add_row(str(a.step), str(a.attempt), _duration(a.productive_s), safe(", ".join(a.overlapped)) or "—")
+            table.add_row(str(a.step), str(a.attempt), duration_text(a.productive_s), safe(", ".join(a.overlapped)) or "—")
         console.print()
         console.print(table)
 

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from goodtrace.analysis.watching import RECENT_STEPS, WatchState
-from goodtrace.renderers.console import safe
+from goodtrace.renderers.console import duration_text, safe
 from goodtrace.renderers.text import printable
 
 MAX_ROWS = 32  # ranks shown in the table (more: those that most need a look, and a line for the others)
@@ -64,7 +64,7 @@ def render_watch(state: WatchState, now_wall: int, run: str, rows: int = MAX_ROW
             continue
         style = "red" if status.startswith("lost") or status == "hung" else None
         table.add_row(str(r.rank), safe(r.host), "—" if r.last_step is None else str(r.last_step),
-                      _ago(max(0.0, (now_wall - r.last_seen_wall) / 1e9)), Text(status, style=style or ""))
+                      f"{duration_text(max(0.0, (now_wall - r.last_seen_wall) / 1e9))} ago", Text(status, style=style or ""))
     parts.append(table)
     if others:
         counts = Counter(status.split(" (", 1)[0] for status in others)
@@ -80,10 +80,3 @@ def render_watch(state: WatchState, now_wall: int, run: str, rows: int = MAX_ROW
         parts.append(slow)
     return Group(*parts)
 
-
-def _ago(seconds: float) -> str:
-    """How long ago, in a unit a person reads at a glance."""
-    for unit, size, below in (("s", 1, 120), ("min", 60, 7200), ("h", 3600, 172_800)):
-        if seconds < below:
-            return f"{seconds / size:.1f} {unit} ago"
-    return f"{seconds / 86_400:.1f} d ago"
