@@ -43,11 +43,11 @@ def test_the_ranks_that_most_need_a_look_come_first() -> None:
     _steps(state, 46, 10)
     now = START + 101 * S
     shown, others = state.rank_rows(now, 6)
-    assert [(s.rank, status) for s, status in shown] == [
-        (43, state.status(state.sessions["s43"], now)), (44, "hung"), (46, None), (41, "running"), (42, "running"),
+    assert [(s.rank, status and status.text) for s, status in shown] == [
+        (43, state.status(state.sessions["s43"], now).text), (44, "hung"), (46, None), (41, "running"), (42, "running"),
         (0, "running")]
-    assert shown[0][1] is not None and shown[0][1].startswith("lost (no heartbeat since 2023-11-14 22:14:20 UTC)")
-    assert sorted(others) == ["finished (finish)"] + ["running"] * 39
+    assert shown[0][1] is not None and shown[0][1].text.startswith("lost (no heartbeat since 2023-11-14 22:14:20 UTC)")
+    assert sorted(others) == ["finished"] + ["running"] * 39  # the kinds of those left out
     everyone, none = state.rank_rows(now, 47)  # all of them fit: by rank
     assert [s.rank for s, _ in everyone] == sorted(s.rank for s, _ in everyone) and none == []
 

@@ -253,11 +253,11 @@ def test_a_killed_rank_is_lost_and_the_table_puts_it_first(tmp_path: Path) -> No
     state, _ = _read_whole(run_dir)
     state.alive = None
     killed = next(s for s in state.ranks() if s.rank == 1)
-    assert state.status(killed, killed.last_seen_wall + 9 * 10**9) == "running"
-    assert state.status(killed, killed.last_seen_wall + 11 * 10**9).startswith("lost (no heartbeat since ")
+    assert state.status(killed, killed.last_seen_wall + 9 * 10**9).text == "running"
+    assert state.status(killed, killed.last_seen_wall + 11 * 10**9).text.startswith("lost (no heartbeat since ")
     shown, others = state.rank_rows(killed.last_seen_wall + 11 * 10**9, 3)
-    assert [(s.rank, status) for s, status in shown] == [
-        (0, "finished (finish)"), (1, state.status(killed, killed.last_seen_wall + 11 * 10**9)),
+    assert [(s.rank, status and status.text) for s, status in shown] == [
+        (0, "finished (finish)"), (1, state.status(killed, killed.last_seen_wall + 11 * 10**9).text),
         (2, "finished (finish)")] and others == []  # all of them fit: by rank
 
 

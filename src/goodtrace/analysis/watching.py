@@ -18,13 +18,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.analysis.attempts import LOST, Liveness, lost_or_running
+from goodtrace.analysis.attempts import LOST, RUNNING, Ending, Liveness, lost_or_running
 from goodtrace.analysis.slowdown import slowdown_of
 from goodtrace.record.hang_peers import stop_order, summary_line, where_text
 from goodtrace.record.live.goodput import AttemptGoodput
 
 __all__ = ["RankState", "RecentTimes", "WatchState"]
 
+FINISHED, HANGING, READING = "finished", "hung", "reading"  # a process's status in the view (and LOST, RUNNING)
+NEED = (LOST, HANGING, READING, RUNNING, FINISHED)  # the order in which statuses need a look
 RECENT_STEPS = 2000  # step times kept per process for its slowdown and the worst recent steps
 MAX_PROBLEMS = 100  # the newest distinct problems reading the files kept to show
 
@@ -255,42 +257,40 @@ class WatchState:
                 newest[state.rank] = state
         return [newest[r] for r in sorted(newest)]
 
-    def status(self, state: RankState, now_wall: int, newest: int | None = None) -> str:
+    def status(self, state: RankState, now_wall: int, newest: int | None = None) -> Ending:
         """How a process stands: finished (its reason), lost (no heartbeat since ...: the
         report's rule, :func:`goodtrace.analysis.attempts.lost_or_running`), hung (a hang event
-        not over) or running. (``newest``: :meth:`newest_seen`, when the caller has it.)"""
+        not over) or running; ``.text`` says it. (``newest``: :meth:`newest_seen`, when the
+        caller has it.)"""
         if state.finished:
-            return f"finished ({state.finished})"
+            return Ending(FINISHED, state.finished)
         newest = self.newest_seen() if newest is None else newest
         ending = lost_or_running(state.last_seen_wall, state.flush_interval_s, newest_wall=newest, now_wall_ns=now_wall,
                                  alive=self.alive(state.host, state.pid) if self.alive is not None else None)
-        if ending.kind == LOST:
-            return ending.text
-        return "hung" if state.hang is not None else "running"
+        return ending if ending.kind == LOST else Ending(HANGING if state.hang is not None else RUNNING)
 
     def newest_seen(self) -> int:
         """When the run's newest record or heartbeat was written (wall ns)."""
         return max((s.last_seen_wall for s in self.sessions.values()), default=0)
 
-    def rank_rows(self, now_wall: int, limit: int) -> tuple[list[tuple[RankState, str | None]], list[str]]:
+    def rank_rows(self, now_wall: int, limit: int) -> tuple[list[tuple[RankState, Ending | None]], list[str]]:
         """The ranks to show, each with its :meth:`status` (None while its records are still
-        read), and the statuses of those left out: every rank, by rank, when there are at most
-        ``limit``; else the ``limit`` that most need a look, in that order (lost, hung, still
-        read, running, finished; then the furthest behind in steps, the longest unseen)."""
+        read), and the kinds of status of those left out (``"reading"`` for those): every rank, by
+        rank, when there are at most ``limit``; else the ``limit`` that most need a look, in the
+        order of :data:`NEED` (then the furthest behind in steps, the longest unseen)."""
         newest = self.newest_seen()
         rows = [(state, None if state.session in self.reading else self.status(state, now_wall, newest))
                 for state in self.ranks()]
         if len(rows) <= limit:
             return rows, []
 
-        def need(row: tuple[RankState, str | None]) -> tuple[int, int, int, int]:
+        def need(row: tuple[RankState, Ending | None]) -> tuple[int, int, int, int]:
             state, status = row
-            kind = 2 if status is None else 0 if status.startswith(LOST) else 1 if status == "hung" else \
-                4 if status.startswith("finished") else 3
-            return kind, -1 if state.last_step is None else state.last_step, state.last_seen_wall, state.rank
+            return (NEED.index(READING if status is None else status.kind), -1 if state.last_step is None
+                    else state.last_step, state.last_seen_wall, state.rank)
 
         rows.sort(key=need)
-        return rows[:limit], ["reading" if status is None else status for _, status in rows[limit:]]
+        return rows[:limit], [READING if status is None else status.kind for _, status in rows[limit:]]
 
     def read_ranks(self) -> list[RankState]:
         """:meth:`ranks` but those not read to their end yet (what is read of them so far is

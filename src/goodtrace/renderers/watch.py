@@ -11,7 +11,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from goodtrace.analysis.watching import RECENT_STEPS, WatchState
+from goodtrace.analysis.attempts import LOST
+from goodtrace.analysis.watching import HANGING, RECENT_STEPS, WatchState
 from goodtrace.renderers.console import duration_text, safe
 from goodtrace.renderers.text import printable
 
@@ -62,12 +63,12 @@ def render_watch(state: WatchState, now_wall: int, run: str, rows: int = MAX_ROW
             read = state.reading.get(r.session, 0.0)
             table.add_row(str(r.rank), safe(r.host), "—", "—", f"reading its records: {100 * read:.0f}%")
             continue
-        style = "red" if status.startswith("lost") or status == "hung" else None
         table.add_row(str(r.rank), safe(r.host), "—" if r.last_step is None else str(r.last_step),
-                      f"{duration_text(max(0.0, (now_wall - r.last_seen_wall) / 1e9))} ago", Text(status, style=style or ""))
+                      f"{duration_text(max(0.0, (now_wall - r.last_seen_wall) / 1e9))} ago",
+                      Text(status.text, style="red" if status.kind in (LOST, HANGING) else ""))
     parts.append(table)
     if others:
-        counts = Counter(status.split(" (", 1)[0] for status in others)
+        counts = Counter(others)
         parts.append(Text(f"and {len(others)} more: " + ", ".join(
             f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))), style="dim"))
     worst = state.worst_recent()
