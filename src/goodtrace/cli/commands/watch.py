@@ -89,8 +89,8 @@ class View:
     def look(self, history_s: float | None = HISTORY_S) -> float | None:
         """Read what is new, then the ranks' step times before their tails for about as long
         as that took, and at least ``history_s`` (None: one part of them); the run's flush
-        interval once known. (A look at thousands of ranks on a network filesystem takes seconds: the
-        histories are read a part between frames, not a part a look.)"""
+        interval once known. (A look at thousands of ranks on a network filesystem takes
+        seconds: the histories are read for a while between frames, not a part a look.)"""
         follower, state = self.follower, self.state
         start = time.monotonic()
         with _not_a_run():
