@@ -139,10 +139,14 @@ def test_a_loss_check_that_reloads_the_last_checkpoint(tmp_path: Path, said: boo
     # take-back the live figure would be higher by that time over the attempt's), and its
     # productive time goes down at most once, around the rollback (never on the
     # clean run). Whether it goes down there depends on how long the redone window took.
+    # The two live estimates of the redone window (when it ran, and when it is taken back) differ
+    # by more on a loaded machine, so the bound is the take-back's own size as this run measured
+    # it: the live figure must be four times nearer the report's than it would be without it.
     elapsed_s = report["partition"]["total_s"]
-    assert wasted / elapsed_s > 0.002  # the take-back is larger than the tolerance below
-    assert abs(rank0["final_goodput"] - report["partition"]["goodput"]) < 0.001, (
-        rank0["final_goodput"], report["partition"]["goodput"], wasted / elapsed_s)
+    take_back = wasted / elapsed_s
+    assert take_back > 0.002
+    assert abs(rank0["final_goodput"] - report["partition"]["goodput"]) < take_back / 4, (
+        rank0["final_goodput"], report["partition"]["goodput"], take_back)
     # (a line is completed a gather later than its step: the lines of the first pass of 9-11
     # and the first line after the rollback are the ones completed around it)
     productive, at = rank0["productive_s"], rank0["line_steps"]
