@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence
-from goodtrace.analysis.ranks import NS, _arrival_lateness, _effects, _leave_one_out
+from goodtrace.analysis.ranks import NS, _arrival_lateness, _effects, _groups, _leave_one_out, _sorted_within
 
 
 def _plain_arrivals(rows: list[tuple[int, int, int, int]]) -> tuple[dict[int, float], dict[int, float]]:
@@ -92,6 +92,22 @@ def test_effects_on_columns_equal_the_plain_definition(seed: int) -> None:
     for key, evidence in want.items():  # the noise is a sum of floats in another order: to rounding
         assert dataclasses.replace(got[key], noise_s=0.0) == dataclasses.replace(evidence, noise_s=0.0)
         assert got[key].noise_s == pytest.approx(evidence.noise_s, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_values_sorted_within_their_groups_as_one_sort_by_group_and_value(seed: int) -> None:
+    """Each group's values sorted on their own (a table of rows, or one sort where one group is
+    far larger than the others) are the sort by (group, value), NaN last in its group."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 30, rng.integers(10, 50))
+    if seed % 2:
+        sizes[0] = 40 * int(sizes.sum())  # one long group: past the table's limit
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    values = rng.choice([0.5, -1.0, 2.0, np.nan, 3.25, 0.0], len(group)) if seed % 4 < 2 else rng.normal(size=len(group))
+    first, size, pos = _groups(group)
+    want = values[np.lexsort((values, group))]
+    np.testing.assert_array_equal(_sorted_within(values, first, size, pos), want)
+    assert len(_sorted_within(values[:0], *(a[:0] for a in (first, size, pos)))) == 0
 
 
 def test_no_rows_no_figures() -> None:
