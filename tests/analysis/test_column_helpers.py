@@ -8,6 +8,7 @@ from __future__ import annotations
 from array import array
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,3 +96,23 @@ def test_overhead_per_interval_is_each_interval_s_cover(
         rest, expected = _cover(lo, hi, starts, ends, labels, skip_data)
         assert {k: list(v) for k, v in overhead.items()} == expected
         assert list(productive) == rest
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_quantile_is_numpys_to_the_bit(seed: int) -> None:
+    """``evidence.quantile`` (a partition and numpy's interpolation) equals ``np.quantile``'s
+    default (linear) method to the bit: sizes of one to thousands, ties, tiny and huge values,
+    the fractions around 0.5 where numpy interpolates from the other end, NaN."""
+    from goodtrace.analysis.evidence import quantile
+
+    rng = np.random.default_rng(seed)
+    for trial in range(2000):
+        n = int(rng.integers(1, 40)) if trial % 4 else int(rng.integers(1, 3000))
+        values = (rng.choice([0.5, 0.25, 1e-3, 3.0], n) if trial % 5 == 0
+                  else rng.random(n) * 10.0 ** float(rng.integers(-9, 9)))
+        if trial % 97 == 0:
+            values[int(rng.integers(0, n))] = np.nan
+        q = float(rng.choice([0.9, 0.5, 0.99, 0.1, 0.75, 1.0, 0.0, float(rng.random())]))
+        want = float(np.quantile(values, q))
+        got = quantile(values, q)
+        assert got == want or (np.isnan(got) and np.isnan(want)), (n, q, got, want)

@@ -10,6 +10,7 @@ robust spread of its own values) and against a fixed floor. Pure data, no I/O.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 MIN_SAMPLES = 8  # sampled steps a rank must share with other ranks before it can be named
@@ -62,6 +63,30 @@ def median(values: Any) -> float:
     if n % 2:
         return float(np.float64(part[half]))
     return (float(np.float64(part[half - 1])) + float(np.float64(part[half]))) / 2
+
+
+def quantile(values: Any, q: float) -> float:
+    """``float(np.quantile(values, q))`` of a numpy array of float64 values (its default, linear
+    method), to the bit: the two order statistics around ``q * (n - 1)`` by a partition, and
+    numpy's interpolation between them (from the upper one when the fraction is 0.5 or more),
+    without ``np.quantile``'s machinery (about 80 microseconds a call, one a rank: 10,000 ranks
+    made it a second). NaN in the values, an empty array and other dtypes: ``np.quantile``."""
+    import numpy as np
+
+    n = len(values)
+    if not n or values.dtype != np.float64:
+        return float(np.quantile(values, q))
+    position = (n - 1) * q
+    low = math.floor(position)
+    if low >= n - 1:
+        part = np.partition(values, n - 1)
+        return float("nan") if np.isnan(part[-1]) else float(part[-1])
+    part = np.partition(values, [low, low + 1, n - 1])
+    if np.isnan(part[-1]):
+        return float("nan")
+    a, b, t = float(part[low]), float(part[low + 1]), position - low
+    d = b - a
+    return b - d * (1 - t) if t >= 0.5 else a + d * t
 
 
 def robust_noise(values: Any) -> float:

@@ -27,7 +27,7 @@ from typing import Any
 
 from goodtrace.analysis.clock import SessionClock
 from goodtrace.analysis.cut import SessionCut
-from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence, median, robust_noise
+from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence, median, quantile, robust_noise
 from goodtrace.read.fetch_order import order_of
 from goodtrace.read.loaded import SessionInfo, SessionRecords
 
@@ -372,10 +372,8 @@ def sample_rank(
             wanted = np.frombuffer(rec.starts_step, dtype=np.int64)
             at = np.minimum(np.searchsorted(numbers, wanted), len(numbers) - 1)
             found = numbers[at] == wanted
-            codes = np.zeros(len(rec.starts_name), dtype=np.int64)
-            spans = np.array(rec.starts_name, dtype=object)
-            for n in set(rec.starts_name):  # a few span names: one comparison each
-                codes[spans == n] = name_codes.setdefault(n, len(name_codes))
+            # (a sample: about SAMPLE_STEPS steps' span starts, whatever the session's length)
+            codes = np.array([name_codes.setdefault(n, len(name_codes)) for n in rec.starts_name], dtype=np.int64)
             late_ns = np.frombuffer(rec.starts_t0, dtype=np.int64) - entered[at]
             starts.append((np.full(int(found.sum()), attempt, dtype=np.int64), wanted[found], codes[found],
                            np.full(int(found.sum()), rank, dtype=np.int64), late_ns[found]))
@@ -385,7 +383,7 @@ def sample_rank(
         rank=rank,
         host=members[-1].host,
         step_time_median_s=median(step_times) if len(step_times) else None,
-        step_time_p90_s=float(np.quantile(step_times, 0.9)) if len(step_times) else None,
+        step_time_p90_s=quantile(step_times, 0.9) if len(step_times) else None,
         step_noise_s=robust_noise(step_times),
         compute_ns=median(joined) if len(joined) else None,
         arrivals=tuple(arrivals),
