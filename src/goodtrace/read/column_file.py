@@ -167,15 +167,30 @@ def empty(n: int, dtype: Any) -> Any:
     return np.empty(n, dtype=dtype)
 
 
+def _dtype_of(typecode: str) -> Any:
+    """The numpy dtype of an ``array.array`` type code (made once a code)."""
+    dtype = _DTYPES.get(typecode)
+    if dtype is None:
+        import numpy as np
+
+        dtype = _DTYPES[typecode] = np.dtype(typecode)
+    return dtype
+
+
+_DTYPES: dict[str, Any] = {}
+
+
 def array_of(values: Any, typecode: str) -> array[Any]:
     """``values`` (a numpy column) as an ``array.array`` of ``typecode``: the array the
     column lies on whole where :func:`empty` made it, else one copy of it."""
     import numpy as np
 
     base = getattr(values, "base", None)
-    if isinstance(base, memoryview) and isinstance(base.obj, array) and base.obj.typecode == typecode \
-            and values.dtype == np.dtype(typecode) and len(base.obj) == len(values) and values.flags.c_contiguous \
-            and base.obj.buffer_info()[0] == values.__array_interface__["data"][0]:
+    # the whole of an array of this type: as long as it, the same item type, one item after the
+    # other from the start (a view as long as its buffer, ascending, can only start where it does)
+    if type(base) is memoryview and type(base.obj) is array and base.obj.typecode == typecode \
+            and len(base.obj) == len(values) and values.ndim == 1 and values.dtype == _dtype_of(typecode) \
+            and (len(values) < 2 or values.strides[0] == values.itemsize):
         return base.obj
     out = array(typecode)
     out.frombytes(np.ascontiguousarray(values, dtype=np.dtype(typecode)).data.cast("B"))  # one copy, not two
