@@ -98,6 +98,29 @@ def test_overhead_per_interval_is_each_interval_s_cover(
         assert list(productive) == rest
 
 
+@settings(max_examples=100, deadline=None)
+@given(tiling=tilings(), skip_data=st.booleans())
+def test_overhead_per_interval_a_few_intervals_at_a_time_is_the_same(
+    tiling: tuple[list[int], list[int], list[int], list[int], list[str]], skip_data: bool,
+) -> None:
+    """Intervals taken a block at a time (here 3, so that every tiling crosses block edges)
+    give each interval's cover as one block does."""
+    from goodtrace.analysis import overhead as module
+
+    a, b, starts, ends, labels = tiling
+    block = module.BLOCK
+    module.BLOCK = 3
+    try:
+        for lo, hi in ((a, b), (a[::2], b[::2])):
+            arrays = [np.array(x, dtype=np.int64) for x in (lo, hi, starts, ends)]
+            productive, overhead = overhead_per_interval(skip_data, *arrays, labels)
+            rest, expected = _cover(lo, hi, starts, ends, labels, skip_data)
+            assert {k: list(v) for k, v in overhead.items()} == expected
+            assert list(productive) == rest
+    finally:
+        module.BLOCK = block
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_quantile_is_numpys_to_the_bit(seed: int) -> None:
     """``evidence.quantile`` (a partition and numpy's interpolation) equals ``np.quantile``'s

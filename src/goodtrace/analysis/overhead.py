@@ -229,30 +229,64 @@ def overhead_per_interval(
     skip_data: bool, interval_start: Array, interval_end: Array, starts: Array, ends: Array, labels: list[str]
 ) -> tuple[array[int], dict[str, array[int]]]:
     """Per interval: the productive rest and the overhead per category (``skip_data``: an
-    asynchronous loop, where in-step data loading is productive)."""
+    asynchronous loop, where in-step data loading is productive). ``starts``/``ends``: disjoint
+    and sorted (:func:`flatten_overhead`'s), so each edge is placed once among all of them, and
+    a category's cover before an edge is its lengths before that place plus its part of the one
+    there (one search a session, not one a category; a block of intervals at a time, so that
+    the temporaries stay a block's)."""
     import numpy as np
 
-    used = np.zeros(len(interval_start), dtype=np.int64)
-    overhead: dict[str, array[int]] = {}
+    n = len(interval_start)
+    rest = np.subtract(interval_end, interval_start, out=ints(n))
+    wanted = [label for label in sorted(set(labels)) if not (skip_data and label == DATA)]
+    if not wanted or not len(starts) or not n:
+        return _out(rest), {}
     # intervals that follow each other (a cut's): the cover before each edge, found once
-    edges = np.concatenate((interval_start[:1], interval_end)) if len(interval_start) > 1 and bool(
-        (interval_start[1:] == interval_end[:-1]).all()) else None
-    label_array = np.array(labels, dtype=object) if labels else np.zeros(0, dtype=object)
-    for label in sorted(set(labels)):
-        if skip_data and label == DATA:
-            continue
-        mask = label_array == label
-        s, e = starts[mask], ends[mask]
-        if edges is not None:
-            cover = covered_at(edges, s, e)
-            covered = np.subtract(cover[1:], cover[:-1], out=ints(len(cover) - 1))
-            del cover
+    follow = n > 1 and bool((interval_start[1:] == interval_end[:-1]).all())
+    codes = np.array(labels, dtype=object)
+    lengths = ends - starts
+    mine = {label: np.where(codes == label, lengths, 0) for label in wanted}
+    del codes, lengths
+    cum = {label: np.concatenate(([np.int64(0)], np.cumsum(m))) for label, m in mine.items()}  # lengths before a place
+    covered = {label: ints(n) for label in wanted}
+    for lo in range(0, n, BLOCK):
+        hi = min(n, lo + BLOCK)
+        if follow:
+            j, offset = _places(np.concatenate((interval_start[lo:lo + 1], interval_end[lo:hi])), starts)
+            for label in wanted:
+                cover = _cover_at(j, offset, mine[label], cum[label])
+                np.subtract(cover[1:], cover[:-1], out=covered[label][lo:hi])
         else:
-            covered = covered_at(interval_end, s, e)
-            covered -= covered_at(interval_start, s, e)
-        if covered.any():
-            overhead[label] = _out(covered)
-            used += covered
-    rest = np.subtract(interval_end, interval_start, out=ints(len(interval_start)))
-    rest -= used
+            end_at, start_at = _places(interval_end[lo:hi], starts), _places(interval_start[lo:hi], starts)
+            for label in wanted:
+                np.subtract(_cover_at(*end_at, mine[label], cum[label]), _cover_at(*start_at, mine[label], cum[label]),
+                            out=covered[label][lo:hi])
+    overhead: dict[str, array[int]] = {}
+    for label in wanted:
+        if covered[label].any():
+            rest -= covered[label]
+            overhead[label] = _out(covered[label])
     return _out(rest), overhead
+
+
+def _places(x: Array, starts: Array) -> tuple[Array, Array]:
+    """Each time in ``x`` among the sorted ``starts``: the last interval starting at or before it
+    (0 before the first) and how far past that start it is, clipped at 0."""
+    import numpy as np
+
+    j = np.searchsorted(starts, x, side="right")
+    j -= 1
+    np.maximum(j, 0, out=j)
+    offset = x - starts[j]
+    np.maximum(offset, 0, out=offset)  # before the first start: 0 past it, and nothing before it
+    return j, offset
+
+
+def _cover_at(j: Array, offset: Array, lengths: Array, cum: Array) -> Array:
+    """The cover before each place (:func:`_places`) of intervals of ``lengths`` (0: not
+    counted; ``cum``: their running sum from 0): the whole ones before it, and its own part."""
+    import numpy as np
+
+    out = np.minimum(offset, lengths[j])
+    out += cum[j]
+    return out
