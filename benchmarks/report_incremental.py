@@ -17,7 +17,8 @@ the JSON report without the step table, as ``report --json --no-steps``, timed a
 
 Each report process first makes the allocator setting ``goodtrace report`` makes
 (``cli.analysed.return_freed_memory``: large blocks handed back at once, which bounds the
-memory and costs fresh pages), so that the times are the command's.
+memory and costs fresh pages) and its collector setting (``collect_less_often``), so that the
+times are the command's.
 goodtrace's modules are compiled to bytecode first, as ``pip install`` does, so that no report
 compiles their source (where ``PYTHONDONTWRITEBYTECODE`` is set, about 0.25 s a process).
 The JSON reports of warm and cold-again must be identical (the script fails otherwise).
@@ -51,6 +52,7 @@ import json, sys, time
 t0 = time.perf_counter()
 from goodtrace.cli import analysed  # the allocator setting goodtrace report makes (its memory, and its time)
 (getattr(analysed, "return_freed_memory", None) or analysed._return_freed_memory)()  # (private before 2026-11-28)
+getattr(analysed, "collect_less_often", lambda: None)()  # the command's collector setting (since 2026-11-28)
 from goodtrace.analysis import analyze
 from goodtrace.read.engine import Engine
 from goodtrace.read.load import load_run

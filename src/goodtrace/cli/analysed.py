@@ -21,7 +21,7 @@ from goodtrace.read.mirror import RemoteReadError
 from goodtrace.read.torchtitan import CAVEAT, converted_run, is_torchtitan_logs
 from goodtrace.record.io.storage import is_url, local_path, missing_path
 
-__all__ = ["alive_here", "load_and_analyse", "reading_errors", "return_freed_memory"]
+__all__ = ["alive_here", "collect_less_often", "load_and_analyse", "reading_errors", "return_freed_memory"]
 
 
 def alive_here(host: str, pid: int) -> bool | None:
@@ -69,10 +69,24 @@ def return_freed_memory() -> None:
             pass  # not glibc: nothing to tune
 
 
+def collect_less_often() -> None:
+    """A report makes a few dozen container objects a session (its records, its cut, their
+    columns' owners) and keeps many of them, so Python's cyclic collector, run every 700
+    allocations by default, walked ever more of them: a fifth of the analysis of 10,000 ranks
+    (10.4 s against 8.8 s without it). Young collections every 100,000 allocations instead:
+    the command makes no cycles worth collecting sooner (numpy columns and dataclasses of
+    them), and what it would collect later stays a few MB. Only the command's own process:
+    the library called inside a job leaves the job's collector as it is."""
+    import gc
+
+    gc.set_threshold(100_000, 50, 100)
+
+
 def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any) -> tuple[LoadedRun, RunAnalysis]:
     """The run and its analysis, read where ``engine`` says (``options``:
     :func:`goodtrace.analysis.analyze` keywords)."""
     return_freed_memory()
+    collect_less_often()
     if not is_url(run_dir) and not os.path.exists(local_path(run_dir)):  # URLs: the loader mirrors them
         raise CommandError(missing_path(local_path(run_dir)))
     try:
