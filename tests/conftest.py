@@ -109,6 +109,7 @@ TEST_MARKS: dict[str, tuple[str, ...]] = {
     "cli/test_fuzz_cli.py::test_the_seed_run_reads_clean": ("processes",),
     "cli/test_remote_read.py::test_a_url_without_a_run_says_so": ("processes",),
     "cli/test_remote_read.py::test_compacted_run_on_s3_is_read_from_parquet": ("processes",),
+    "cli/test_remote_read.py::test_export_from_s3_equals_the_local_export": ("processes",),
     "cli/test_remote_read.py::test_no_credentials_is_one_error_line": ("processes",),
     "cli/test_remote_read.py::test_records_from_s3_equal_the_local_ones": ("processes",),
     "cli/test_remote_read.py::test_report_and_trace_from_a_network_share": ("fuse", "processes"),

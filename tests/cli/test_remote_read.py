@@ -3,7 +3,7 @@ subprocesses against servers really started here: an S3-compatible store (moto o
 read through the local mirror) and an emulated network filesystem (a FUSE mount, read as a
 path). Each gives the same output as the local copy; a second read from S3 fetches nothing; a
 compacted run on S3 is read from Parquet; a store that cannot be reached, or no credentials, is
-one error line. ``goodtrace records`` reads a URL through the same mirror. Skipped, with the reason, only where FUSE may not mount or the S3 packages are
+one error line. ``goodtrace records`` and ``goodtrace export`` read a URL through the same mirror. Skipped, with the reason, only where FUSE may not mount or the S3 packages are
 missing."""
 
 from __future__ import annotations
@@ -113,6 +113,23 @@ def test_records_from_s3_equal_the_local_ones(s3: S3Server, tmp_path: Path) -> N
     assert s3.stats()["operations"] == {"LIST": 1, "GET": 4}
     local = goodtrace("records", str(run), "--json")
     assert json.loads(remote.stdout)["sessions"] == json.loads(local.stdout)["sessions"]
+
+
+def test_export_from_s3_equals_the_local_export(s3: S3Server, tmp_path: Path) -> None:
+    """``goodtrace export`` reads a URL as ``report`` does (it refused any path not on this
+    machine): the same points in TensorBoard as from the local copy."""
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    url = upload(s3, RESTART)
+    env = {**s3.env, "GOODTRACE_CACHE_DIR": str(tmp_path / "cache")}
+    scalars = {}
+    for where, source in (("remote", url), ("local", str(RESTART))):
+        done = goodtrace("export", source, "--to", "tensorboard", str(tmp_path / where), env=env)
+        assert done.returncode == 0, done.stderr
+        assert "exported 10 step rows" in done.stdout
+        reader = event_accumulator.EventAccumulator(str(tmp_path / where))
+        reader.Reload()
+        scalars[where] = {tag: [(e.step, e.value) for e in reader.Scalars(tag)] for tag in reader.Tags()["scalars"]}
+    assert scalars["remote"] == scalars["local"] and "goodtrace/summary/goodput" in scalars["local"]
 
 
 def test_watch_from_s3_shows_what_it_shows_of_the_local_copy(s3: S3Server, tmp_path: Path,

@@ -9,8 +9,6 @@ sink classes that record live. User errors are one-line ``CommandError``s.
 from __future__ import annotations
 
 import argparse
-import os
-import time
 from typing import TYPE_CHECKING
 
 from goodtrace.cli.time_range import add_range_arguments
@@ -78,19 +76,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     sink = _sink(args)
-    from goodtrace.analysis import AnalysisError, analyze
-    from goodtrace.read.load import LoadError, NotARunError, load_run
-    from goodtrace.record.io.storage import missing_path
+    from goodtrace.cli.analysed import load_and_analyse
     from goodtrace.sinks import replay
 
-    if not os.path.exists(args.run):
-        raise CommandError(missing_path(args.run))
-    try:
-        analysis = analyze(load_run(args.run), job=args.job, now_wall_ns=time.time_ns(), **time_range)
-    except NotARunError as exc:
-        raise CommandError(f"{exc}: not a goodtrace run directory") from None
-    except (LoadError, AnalysisError, OSError) as exc:
-        raise CommandError(str(exc)) from None
+    # read as ``report`` reads it (a path or a URL, torchtitan's logs, the progress bar, the
+    # same errors); the step rows are the reference rank's, so no other rank's cut is kept
+    _, analysis = load_and_analyse(args.run, job=args.job, keep_cuts=False, **time_range)
     kind = args.to[0].lower()
     try:
         rows = replay(analysis, sink)
