@@ -181,9 +181,22 @@ def test_gantt_past_its_limit_keeps_the_lowest_ranks(small_run: Path, monkeypatc
     full = report_data(analysis, loaded, gantt_steps=(3, 6))["gantt"]
     per_row = [sum(1 for item in full["items"] if item[0] == row) for row in range(3)]
     monkeypatch.setattr(html_charts, "MAX_GANTT_ITEMS", per_row[0] - 1)  # rank 0's spans pass it
-    gantt = report_data(analysis, loaded, gantt_steps=(3, 6))["gantt"]
-    assert gantt["truncated"] is True and gantt["rows"] == full["rows"][:1]
-    assert gantt["items"] == full["items"][:per_row[0]] and gantt["marks"] == full["marks"]
+    read: list[list[int]] = []
+    original = html.session_records
+
+    def session_records(run: Any, wanted: Any, **options: Any) -> Any:
+        read.append(sorted(wanted))
+        return original(run, wanted, **options)
+
+    monkeypatch.setattr(html, "session_records", session_records)
+    for rows_at_once in (1, 512):  # read a row at a time, or all three rows together
+        monkeypatch.setattr(html_charts, "READ_ROWS", rows_at_once)
+        read.clear()
+        gantt = report_data(analysis, loaded, gantt_steps=(3, 6))["gantt"]
+        assert gantt["truncated"] is True and gantt["rows"] == full["rows"][:1]
+        assert gantt["items"] == full["items"][:per_row[0]] and gantt["marks"] == full["marks"]
+        # the rows past the limit are not read at all when read a row at a time
+        assert len(read) == 1 and len(read[0]) == (1 if rows_at_once == 1 else 3)
 
 
 def test_page_is_self_contained_and_run_text_is_inert(evil_run: Path) -> None:

@@ -241,8 +241,16 @@ def report_data(
     """Everything the page draws, as one JSON-ready dict (also what the golden tests compare)."""
     chosen = choose_range(analysis, gantt_steps, gantt_attempt)
     gantt = Gantt(analysis, chosen)
-    for session, records in session_records(run, gantt.wanted(), spans_only=True, progress=progress):
-        gantt.add(session, records)
+    done = 0
+    for part in gantt.wanted():  # a few hundred rows at a time, until the chart holds what it draws
+
+        def read(label: str, n: int, total: int, before: int = done) -> None:
+            if progress is not None:
+                progress(label, before + n, len(gantt.order))
+
+        for session, records in session_records(run, part, spans_only=True, progress=read):
+            gantt.add(session, records)
+        done += len(part)
     columns = analysis.timeline.columns
     legend = sorted(set(columns.labels if columns is not None else ()) | {"productive"})
     return {

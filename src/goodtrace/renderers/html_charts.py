@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from goodtrace import schema
@@ -21,6 +21,7 @@ __all__ = ["MAX_GANTT_ITEMS", "MAX_HEATMAP_COLUMNS", "Gantt", "Heatmap", "rounde
 
 MAX_HEATMAP_COLUMNS = 240  # more step executions than this are averaged into bins
 MAX_GANTT_ITEMS = 600_000  # past this the gantt keeps the first ranks and says so
+READ_ROWS = 512  # the gantt's rows read together (Gantt.wanted)
 
 
 def rounded(value: float, digits: int = 3) -> float:
@@ -226,6 +227,15 @@ class Gantt:
         return {"attempt": attempt, "steps": [first, last], "rows": rows, "names": list(names),
                 "categories": list(categories), "items": items, "marks": marks, "truncated": truncated}
 
-    def wanted(self) -> Mapping[int, tuple[int, int] | None]:
-        """The sessions and intervals whose spans the chart needs (the rows that fit)."""
-        return {i: self.clock_ranges[i] for i in self.order}
+    def wanted(self) -> Iterator[Mapping[int, tuple[int, int] | None]]:
+        """The sessions and intervals whose spans the chart needs, :data:`READ_ROWS` rows at a
+        time in the chart's order, until the rows read hold more spans than it draws
+        (:data:`MAX_GANTT_ITEMS`: :meth:`result` stops at the same row), so that the rows past
+        it are not read at all (10,000 ranks of 20 steps read 2 M spans for 600,000 drawn)."""
+        read = 0
+        for lo in range(0, len(self.order), READ_ROWS):
+            part = self.order[lo:lo + READ_ROWS]
+            yield {i: self.clock_ranges[i] for i in part}  # the caller adds their spans
+            read += sum(len(self.rows[i].spans) for i in part)
+            if read > MAX_GANTT_ITEMS:
+                return
