@@ -6,6 +6,7 @@ a running cluster. Slow to start (about 10 s): marked ``ray`` (``-m ray`` / ``-m
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -54,6 +55,25 @@ def test_report_cli_joins_a_ray_cluster(cluster: str) -> None:
         return done.stdout
 
     assert cli("--ray", cluster) == cli("--workers", "1")
+
+
+def test_an_address_nothing_answers_at_is_one_error_at_once() -> None:
+    """Ray retries a cluster address that nothing answers at for some 12 minutes before it fails;
+    the report tries it once and says why in one line: an address, Ray Client's form of it, and
+    ``auto`` where RAY_ADDRESS names a cluster that is gone."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]  # free once closed: nothing listens there
+    env = dict(os.environ, GOODTRACE_PROGRESS="0", GOODTRACE_SEGMENT_CACHE="0", RAY_ADDRESS=f"127.0.0.1:{port}")
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}", "auto"):
+        done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(RESTART), "--json", "--ray", address],
+                              capture_output=True, text=True, env=env, timeout=240, check=False)
+        assert (done.returncode, done.stdout) == (2, "")
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert lines[0].startswith(f"goodtrace report: error: cannot connect to the Ray cluster {address!r}: "
+                                   "nothing answers at "), lines[0]
+        assert lines[0].endswith("Connection refused)"), lines[0]
 
 
 def test_ray_with_the_segment_cache_gives_the_cold_report(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +19,37 @@ from goodtrace.read.engine import LOCAL_RAY, FoldResult, FoldTask, run_task
 from goodtrace.read.loaded import LoadError
 from goodtrace.record.process import python_path
 
-__all__ = ["RaySession"]
+__all__ = ["PROBE_S", "RaySession", "unreachable"]
+
+# Ray retries a cluster address that nothing answers at 20 times, about 35 s each: a mistyped
+# or stale ``--ray ADDRESS`` held the report some 12 minutes before it failed. The address is
+# tried once first, for this long.
+PROBE_S = 10.0
+
+
+def unreachable(address: str) -> str | None:
+    """Why nothing answers at the Ray cluster ``address`` (``auto`` or ``host:port`` resolved as
+    Ray resolves them; ``ray://host:port``, Ray Client's, as it is), or None when something does
+    or it cannot be told here (then ``ray.init`` says). One TCP connection, closed at once."""
+    if address.startswith("ray://"):
+        target: str | None = address[len("ray://"):].split("/", 1)[0]
+    else:
+        try:  # Ray's own reading of the address: RAY_ADDRESS and the last cluster for "auto", the node's IP for localhost
+            from ray._private.services import canonicalize_bootstrap_address
+
+            target = canonicalize_bootstrap_address(address)
+        except Exception:  # a form Ray rejects (ray.init says why), or Ray's internals moved
+            return None
+    if not target:  # none found for "auto": ray.init says so at once
+        return None
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S):
+            return None
+    except ValueError:
+        return None
+    except OSError as exc:
+        return f"nothing answers at {target} ({exc or type(exc).__name__})"
 
 
 class RaySession:
@@ -39,6 +70,10 @@ class RaySession:
             options: dict[str, Any] = {}
             if self.address == LOCAL_RAY:  # its workers import the goodtrace this process imported
                 options["runtime_env"] = {"env_vars": {"PYTHONPATH": python_path()}}
+            else:
+                why = unreachable(self.address)
+                if why is not None:
+                    raise LoadError(f"cannot connect to the Ray cluster {self.address!r}: {why}")
             try:
                 ray.init(  # "local" is Ray's own word for a new local cluster, even where RAY_ADDRESS is set
                     address=self.address, include_dashboard=False,
