@@ -151,3 +151,26 @@ def test_a_peak_so_small_that_mfu_is_infinite_gives_no_mfu_and_a_warning_in_ever
     assert page.stat().st_size > 0 and "Infinity" not in page.read_text(encoding="utf-8")
     console = goodtrace("report", str(RESTART), "--flops-per-step", "1e12", "--peak-tflops", "1e-312")
     assert console.returncode == 0 and "MFU cannot be computed" in console.stdout
+
+
+def test_a_warning_is_one_line_of_the_command(tmp_path: Path) -> None:
+    """What goodtrace warns of while a command reads (here a torn chunk of the segment cache) is
+    one line of the command's, ``goodtrace report: warning: ...``, not Python's warning form
+    (a module's path and line, then its source line); the report is the one before."""
+    from goodtrace.read.compact import COMPACT_DIR
+    from goodtrace.read.segment_cache import CACHE_DIR
+    from helpers.many_ranks import write_many_ranks
+
+    run = write_many_ranks(tmp_path / "run", ranks=2)
+    first = goodtrace("report", str(run), "--json")
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    tables = sorted((run / COMPACT_DIR / CACHE_DIR).glob("*.parquet"))
+    assert tables, "the first report kept no chunk"
+    tables[0].write_bytes(tables[0].read_bytes()[:100])  # torn
+    done = goodtrace("report", str(run), "--json")
+    assert done.returncode == 0 and done.stdout == first.stdout
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"goodtrace report: warning: the segment cache in {run / COMPACT_DIR / CACHE_DIR} "
+                               "has a chunk that cannot be read ("), lines[0]
+    assert lines[0].endswith("; ignored (the files are read again and it is rebuilt)"), lines[0]

@@ -11,7 +11,9 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 from goodtrace.cli import commands
 
@@ -50,12 +52,37 @@ def _version() -> str:
         return "unknown"
 
 
+def _show_warnings(command: str) -> None:
+    """goodtrace's own warnings as the command's lines (``goodtrace report: warning: ...``, one
+    line, control characters escaped), not Python's form (the module's path and line, then the
+    source line that issued it); any other warning as Python shows it."""
+    from goodtrace.record.errors import GoodtraceWarning
+
+    default = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        if not issubclass(category, GoodtraceWarning):
+            default(message, category, filename, lineno, file, line)
+            return
+        from goodtrace.renderers.text import one_line
+
+        text = one_line(str(message)).removeprefix("goodtrace: ")
+        try:
+            print(f"goodtrace {command}: warning: {text}", file=file or sys.stderr)
+        except OSError:  # stderr gone: as Python's own showwarning, nothing to say it on
+            pass
+
+    warnings.showwarning = show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    _show_warnings(args.command)
     try:
         return int(args._module.run(args) or 0)
     except CommandError as exc:
