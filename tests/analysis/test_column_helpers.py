@@ -1,7 +1,8 @@
 """The numpy helpers the cut is built on give what a Python loop over the rows gives: where
 each execution is among the numbered ones (a table when they are numbered densely, a search
-when not), the labels of a long column as codes, and each interval's overhead per category
-(the intervals that follow each other, a cut's, found from their shared edges)."""
+when not), the labels of a long column as codes, which sync record closes which execution,
+and each interval's overhead per category (the intervals that follow each other, a cut's,
+found from their shared edges)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodtrace.analysis.overhead import codes_in, label_codes, overhead_per_interval, positions
-from goodtrace.read.loaded import Labels
+from goodtrace.analysis.sync_match import assign_syncs
+from goodtrace.read.loaded import NO_TIME, Labels, SessionRecords
 
 NAMES = ["poll", "lag", "blocking", "barrier", "exit", ""]
 
@@ -139,3 +141,63 @@ def test_quantile_is_numpys_to_the_bit(seed: int) -> None:
         want = float(np.quantile(values, q))
         got = quantile(values, q)
         assert got == want or (np.isnan(got) and np.isnan(want)), (n, q, got, want)
+
+
+def _syncs_read_literally(
+    seqs: list[int], numbers: list[int], t0s: list[int], syncs: list[tuple[int, int, int, str]],
+) -> tuple[list[int], list[str | None], int]:
+    """The rule of :func:`assign_syncs` as a loop: a record names its execution by seq (its
+    first place in entry order), or, where it names none (seq -1, older files), the k-th record
+    of step n the k-th execution of n; it counts when that execution has its step and entered
+    at or before it; the earliest counting record (records are in time order) closes it."""
+    first_of = {}
+    for i, q in enumerate(seqs):
+        first_of.setdefault(q, i)
+    runs_of: dict[int, list[int]] = {}
+    for i, number in enumerate(numbers):
+        runs_of.setdefault(number, []).append(i)
+    legacy_seen: dict[int, int] = {}
+    times, hows, ignored = [NO_TIME] * len(seqs), [None] * len(seqs), 0
+    for seq, step, t, how in syncs:
+        if seq >= 0:
+            execution = first_of.get(seq)
+        else:
+            k = legacy_seen[step] = legacy_seen.get(step, -1) + 1
+            runs = runs_of.get(step, [])
+            execution = runs[k] if k < len(runs) else None
+        if execution is None or numbers[execution] != step or t < t0s[execution]:
+            ignored += 1
+        elif times[execution] == NO_TIME:
+            times[execution], hows[execution] = t, how
+    return times, hows, ignored
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), n=st.integers(0, 12), numbered=st.sampled_from(["in order", "gaps", "shuffled"]))
+def test_each_execution_is_closed_by_its_earliest_sync_record(data: st.DataObject, n: int, numbered: str) -> None:
+    seqs = list(range(n))
+    if numbered == "gaps":
+        seqs = [3 * q + 1 for q in seqs]
+    elif numbered == "shuffled":
+        seqs = data.draw(st.permutations(seqs))
+    numbers = data.draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+    t0s = sorted(data.draw(st.lists(st.integers(0, 100), min_size=n, max_size=n)))
+    wanted = [*seqs, -1, -1, 99] if n else [-1, 99]
+    shape = data.draw(st.sampled_from(["the recorder's", "one each", "any"]))
+    if shape == "the recorder's":  # one record per execution, the k-th the k-th
+        syncs = [(q, numbers[i], t0s[i] + 5, "lag") for i, q in enumerate(seqs)]
+    elif shape == "one each":  # one record per execution, named or not, in time order but not entry order
+        syncs = [(data.draw(st.sampled_from([q, -1])), numbers[i], t0s[i] + data.draw(st.integers(0, 30)),
+                  data.draw(st.sampled_from(["lag", "poll"]))) for i, q in enumerate(seqs)]
+    else:
+        syncs = data.draw(st.lists(st.tuples(st.sampled_from(wanted), st.integers(0, 4), st.integers(0, 110),
+                                             st.sampled_from(["lag", "poll"])), max_size=16))
+    syncs.sort(key=lambda r: r[2])  # the reader gives them in time order
+    rec = SessionRecords(sync_seq=array("q", [r[0] for r in syncs]), sync_step=array("q", [r[1] for r in syncs]),
+                         sync_t=array("q", [r[2] for r in syncs]), sync_how=[r[3] for r in syncs])
+    times, hows, names, ignored = assign_syncs(rec, np.array(seqs, dtype=np.int64),
+                                               np.array(numbers, dtype=np.int64), np.array(t0s, dtype=np.int64))
+    want_times, want_hows, want_ignored = _syncs_read_literally(seqs, numbers, t0s, syncs)
+    assert times.tolist() == want_times
+    assert [None if code < 0 else names[code] for code in hows.tolist()] == want_hows
+    assert ignored == want_ignored

@@ -26,6 +26,18 @@ def occurrence(keys: Array) -> Array:
     return occurrence
 
 
+def _executions_named(seqs: Array, wanted: Array) -> Array:
+    """The execution (its first place in entry order) each of the seqs ``wanted`` names, -1
+    for none."""
+    import numpy as np
+
+    if bool((seqs[1:] >= seqs[:-1]).all()):  # executions in entry order (the common case): no sort
+        return positions(seqs, wanted)
+    order = np.argsort(seqs, kind="stable")
+    at = positions(seqs[order], wanted)
+    return np.where(at >= 0, order[np.maximum(at, 0)], -1)
+
+
 def assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array,
                  t0s: Array) -> tuple[Array, Array, tuple[str, ...], int]:
     """The sync time of each execution (NO_TIME: none), how each was taken (int32 codes into the
@@ -36,20 +48,19 @@ def assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array,
     import numpy as np
 
     n = len(seqs)
-    times = np.full(n, NO_TIME, dtype=np.int64)
-    hows = np.full(n, -1, dtype=np.intc)
     s_seq, s_step, s_t = _np(rec.sync_seq), _np(rec.sync_step), _np(rec.sync_t)
     how_codes, how_names = label_codes(rec.sync_how)
     if len(s_t) == 0 or n == 0:
-        return times, hows, how_names, len(s_t)
-    index = np.full(len(s_t), -1, dtype=np.int64)
+        return np.full(n, NO_TIME, dtype=np.int64), np.full(n, -1, dtype=np.intc), how_names, len(s_t)
     named = s_seq >= 0
-    if named.any():
-        # executions in entry order (the common case): no sort
-        order = None if bool((seqs[1:] >= seqs[:-1]).all()) else np.argsort(seqs, kind="stable")
-        at = positions(seqs if order is None else seqs[order], s_seq[named])
-        index[named] = at if order is None else np.where(at >= 0, order[np.maximum(at, 0)], -1)
-    if (~named).any():  # older files: match the k-th sync point of a step to its k-th execution
+    every_named = bool(named.all())
+    if every_named:  # what the recorder writes (the common case): no mask to apply
+        index = _executions_named(seqs, s_seq)
+    else:
+        index = np.full(len(s_t), -1, dtype=np.int64)
+        if named.any():
+            index[named] = _executions_named(seqs, s_seq[named])
+        # older files: match the k-th sync point of a step to its k-th execution
         if n < 2 or bool((numbers[1:] > numbers[:-1]).all()):
             unique, dense = numbers, np.arange(n)  # every number once, in order (the common case)
         else:
@@ -66,15 +77,26 @@ def assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array,
         found = ex_key[order][pos] == sy_key
         index[legacy[found]] = order[pos[found]]
     ok = index >= 0
-    ok[ok] &= (numbers[index[ok]] == s_step[ok]) & (s_t[ok] >= t0s[index[ok]])
+    if bool(ok.all()):  # every sync record names an execution (the common case): no mask to apply
+        ok = numbers[index] == s_step
+        ok &= s_t >= t0s[index]
+    else:
+        some = np.flatnonzero(ok)
+        executions_of = index[some]
+        ok[some] = (numbers[executions_of] == s_step[some]) & (s_t[some] >= t0s[executions_of])
+        del some, executions_of
     ignored = int(len(s_t) - ok.sum())
     candidates = np.flatnonzero(ok)  # sync records sorted by time: the first per execution is the earliest
     named_executions = index[candidates]
     if len(named_executions) < 2 or bool((named_executions[1:] > named_executions[:-1]).all()):
         executions, chosen = named_executions, candidates  # the common case: one each, in order
+        if len(executions) == n and len(chosen) == len(s_t):  # every execution and every record: the k-th, the k-th
+            return s_t.copy(), how_codes.astype(np.intc), how_names, ignored
     else:
         executions, first = np.unique(named_executions, return_index=True)
         chosen = candidates[first]
+    times = np.full(n, NO_TIME, dtype=np.int64)
+    hows = np.full(n, -1, dtype=np.intc)
     times[executions] = s_t[chosen]
     hows[executions] = how_codes[chosen]
     return times, hows, how_names, ignored
