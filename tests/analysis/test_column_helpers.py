@@ -6,6 +6,7 @@ found from their shared edges)."""
 
 from __future__ import annotations
 
+import itertools
 from array import array
 
 import numpy as np
@@ -121,6 +122,44 @@ def test_overhead_per_interval_a_few_intervals_at_a_time_is_the_same(
             assert list(productive) == rest
     finally:
         module.BLOCK = block
+
+
+@st.composite
+def disjoint(draw: st.DrawFn) -> tuple[list[int], list[int]]:
+    """Disjoint intervals in order, some empty, some touching."""
+    o, starts, ends = draw(st.integers(-3, 3)), [], []
+    for _ in range(draw(st.integers(0, 12))):
+        o += draw(st.integers(0, 4))
+        length = draw(st.integers(1, 5))
+        starts.append(o)
+        ends.append(o + length)
+        o += length
+    return starts, ends
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=disjoint(), over=disjoint(), block=st.sampled_from([1, 2, 3, 1 << 16]))
+def test_data_only_pieces_are_those_data_covers_and_overhead_does_not(
+    data: tuple[list[int], list[int]], over: tuple[list[int], list[int]], block: int,
+) -> None:
+    """Of the pieces between consecutive boundaries, those inside a data interval and outside
+    every overhead interval, as a loop over the pieces finds them; the same a few points at a
+    time (block edges crossed) as all at once."""
+    from goodtrace.analysis import overhead as module
+
+    (d0, d1), (o0, o1) = data, over
+    if not d0:
+        return
+    points = sorted(set(d0 + d1 + o0 + o1))
+    expected = [any(a <= p and q <= b for a, b in zip(d0, d1, strict=True))
+                and not any(a < q and p < b for a, b in zip(o0, o1, strict=True))
+                for p, q in itertools.pairwise(points)]
+    saved, module.BLOCK = module.BLOCK, block
+    try:
+        keep = module._data_only(*(np.array(x, dtype=np.int64) for x in (points, d0, d1, o0, o1)))
+    finally:
+        module.BLOCK = saved
+    assert keep.tolist() == expected
 
 
 @pytest.mark.parametrize("seed", range(6))
