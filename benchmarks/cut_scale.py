@@ -1,4 +1,4 @@
-"""Benchmark: does one session's cut stay linear in its executions?
+"""Benchmark: do one session's cut and its outermost compute stay linear in its executions?
 
 Builds one session's records in memory, as the reader hands them to the analysis (no file,
 no parse: the cut alone), in the shapes ``report_steps.py`` writes: per step a data span at
@@ -10,7 +10,10 @@ at S and 10 S steps (default 1,000,000 and 10,000,000; ``--quick``: 200,000 and 
 (the best of ``--repeat``) with :func:`goodtrace.analysis.cut.cut_session`, in a process with the
 report command's allocator setting (``cli.analysed.return_freed_memory``), against a baseline
 in the same run: one linear pass over the session's input columns (a copy and a running sum
-of each). It prints, per loop and size, the cut's time per execution, its ratio to the
+of each). A third case times what the reader computes before the cut, each execution's
+outermost compute (:func:`goodtrace.read.outermost.outermost_compute`), on a session where one
+compute span in 1,000 starts after the next step entered (its part goes to its own step's
+execution, found among the executions of the steps named). It prints, per loop and size, the cut's time per execution, its ratio to the
 baseline, and the time per execution at 10 S over that at S (1.0 = linear). ``--json``: the
 last line is one JSON object with every figure.
 """
@@ -29,6 +32,7 @@ from goodtrace import schema
 from goodtrace.analysis.cut import cut_session
 from goodtrace.cli.analysed import return_freed_memory
 from goodtrace.read.loaded import Labels, SessionInfo, SessionRecords
+from goodtrace.read.outermost import outermost_compute
 
 SECOND = 10**9
 STEP_NS = SECOND // 2
@@ -97,6 +101,23 @@ def measure(steps: int, synchronous: bool, repeat: int) -> dict[str, Any]:
             "cut_ns_per_step": round(cut_s / steps * 1e9, 1), "cut_over_baseline": round(cut_s / base_s, 2)}
 
 
+def measure_outermost(steps: int, repeat: int) -> dict[str, Any]:
+    k = np.arange(steps, dtype=np.int64)
+    entered = k * 1_000
+    t0 = entered + 100
+    t0[999::1_000] += 1_400  # starts after the next step entered (and its span ended)
+    t1 = t0 + 300
+    step = np.ma.MaskedArray(k, mask=np.zeros(steps, dtype=bool))
+    seqs, ns = outermost_compute(t0, t1, step, k, k, entered)
+    if len(seqs) != steps or int(ns.sum()) != 300 * steps:
+        raise SystemExit("the outermost compute of the generated session is not every span's")
+    took = best(lambda: outermost_compute(t0, t1, step, k, k, entered), repeat)
+    columns = [t0, t1, k, entered]
+    base_s = best(lambda: [np.cumsum(np.array(c)) for c in columns], repeat)
+    return {"loop": "outermost compute", "steps": steps, "cut_s": round(took, 4), "baseline_s": round(base_s, 4),
+            "cut_ns_per_step": round(took / steps * 1e9, 1), "cut_over_baseline": round(took / base_s, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200,000 and 2,000,000 steps (under a minute)")
@@ -107,15 +128,16 @@ def main() -> None:
     return_freed_memory()  # the report command's allocator setting: the cut's large temporaries are fresh pages
     small = args.steps or (200_000 if args.quick else 1_000_000)
     rows: list[dict[str, Any]] = []
-    for synchronous in (False, True):
-        pair = [measure(n, synchronous, args.repeat) for n in (small, 10 * small)]
+    for case in ("asynchronous", "synchronous", "outermost compute"):
+        pair = [measure_outermost(n, args.repeat) if case == "outermost compute"
+                else measure(n, case == "synchronous", args.repeat) for n in (small, 10 * small)]
         growth = round(pair[1]["cut_ns_per_step"] / pair[0]["cut_ns_per_step"], 2)
         for row in pair:
             row["per_step_vs_smallest"] = round(row["cut_ns_per_step"] / pair[0]["cut_ns_per_step"], 2)
-            print(f"{row['loop']:>12} {row['steps']:>10,} steps: cut {row['cut_s']:.3f} s "
+            print(f"{row['loop']:>17} {row['steps']:>10,} steps: {row['cut_s']:.3f} s "
                   f"({row['cut_ns_per_step']} ns a step, {row['cut_over_baseline']}x the baseline "
                   f"{row['baseline_s']:.3f} s)", flush=True)
-        print(f"{pair[0]['loop']:>12}: time per step at 10x the steps {growth}x (1.0 = linear)", flush=True)
+        print(f"{pair[0]['loop']:>17}: time per step at 10x the steps {growth}x (1.0 = linear)", flush=True)
         rows.extend(pair)
     if args.json:
         print(json.dumps({"benchmark": "cut_scale", "quick": args.quick, "rows": rows}))

@@ -51,6 +51,7 @@ def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex
     entered_t0 = ex_t0 if by_time is None else ex_t0[by_time]
     per_execution = np.zeros(len(ex_seq), dtype=np.int64)  # ns, by index into ex_*
     reach = np.iinfo(np.int64).min if reach is None else reach  # the latest end of the spans before the chunk
+    by_step: tuple[Any, Any] | None = None  # the executions ordered by step, made once when first needed
     for lo in range(0, len(t0), COMPUTE_CHUNK):
         hi = min(lo + COMPUTE_CHUNK, len(t0))
         ends = t1[lo:hi]
@@ -75,7 +76,10 @@ def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex
         other = np.flatnonzero(entered & ~same)
         del last, entered, same
         if len(other):  # of another step than the last entered: by (step, time) among that step's executions
-            mine = np.flatnonzero(np.isin(ex_step, part_step[other]))
+            if by_step is None:
+                order_by_step = np.argsort(ex_step, kind="stable")
+                by_step = order_by_step, ex_step[order_by_step]
+            mine = _executions_of(by_step[0], by_step[1], part_step[other])
             n = len(mine)
             kind = np.concatenate((np.zeros(n, dtype=np.int8), np.ones(len(other), dtype=np.int8)))
             keys_t = np.concatenate((ex_t0[mine], a[other]))
@@ -92,6 +96,26 @@ def outermost_compute(t0: Any, t1: Any, step: Any, ex_seq: Any, ex_step: Any, ex
             np.add.at(per_execution, mine[merged[prior[found]]], ns[other[merged[parts[found]] - n]])
     having = np.flatnonzero(per_execution)  # every part is longer than 0
     return by_seq(ex_seq[having], per_execution[having])
+
+
+def _executions_of(order_by_step: Any, sorted_steps: Any, steps: Any) -> Any:
+    """The executions (indexes, ascending) of any of ``steps``, from the executions ordered by
+    step: a search per distinct step, not a pass over every execution (once per chunk of spans,
+    that grew with the spans times the executions)."""
+    import numpy as np
+
+    wanted = np.sort(steps)  # distinct, by sorting (NumPy 2's hash-based unique is slower here)
+    if len(wanted) > 1:
+        wanted = wanted[np.concatenate(([True], wanted[1:] != wanted[:-1]))]
+    first = np.searchsorted(sorted_steps, wanted, side="left")
+    counts = np.searchsorted(sorted_steps, wanted, side="right") - first
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    # the runs [first, first + count) of the ordered executions, end to end
+    at = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(total)
+    found = order_by_step[at]
+    return found if bool((found[1:] > found[:-1]).all()) else np.sort(found)
 
 
 def kept_outer(steps: Mapping[str, Any], compute: Mapping[str, Any]) -> dict[str, Any]:
