@@ -309,6 +309,45 @@ def _split(proc: Proc, run: Path, cuts: list[int]) -> None:
             "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
 
 
+def _crossing(run: Path, seq: bool = True, steps: int = 8) -> Proc:
+    """A session whose records reach across the segments it is split into: an outer compute
+    span that ends steps after it began, a span without a step, a tag and a metric a step."""
+    p = Proc(run, seq=seq)
+    p.span("init", 0.0, 1.0, cat="init")
+    t = 1.0
+    for k in range(steps):
+        p.span("data", t, t + 0.1, cat="data", step=k)
+        p.span("forward", t + 0.1, t + 0.6, cat="compute", step=k)
+        p.step(k, t, t + 1.0)
+        p.sync(k, t + 1.0)
+        p.tag(k, "phase", t + 0.5)
+        p.metric("loss", k, 1.0 / (k + 1), t + 1.0)
+        t += 1.0
+    p.span("graph", 2.05, 6.9, cat="compute", step=1)  # outer: began in step 1, ends in step 5
+    p.span("tail", 8.5, 9.5, cat="compute")  # no step: the execution entered last
+    p.finish(t + 0.5)
+    return p
+
+
+def test_a_long_session_is_parsed_a_few_files_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session of many files is parsed in parts of a few files (``fold_batches._parts``) and
+    its detail read the same way (``timelines.DETAIL_FILES``): parsed whole, a session of 10 M
+    steps was one table DuckDB could not group within its memory. Here parts of one and of two
+    files of a session of eight give the report that one batch gives."""
+    from goodtrace.read import fold_batches, timelines
+
+    run = tmp_path / "run"
+    p = _crossing(run, steps=24)
+    _split(p, run, [len(p.lines) * k // 8 for k in range(1, 8)])
+    assert len(list(run.glob("rank-*/*.jsonl"))) == 8
+    whole = _report(run, cache=False)
+    for files in (1, 2):
+        monkeypatch.setattr(fold_batches, "FOLD_BATCH_FILES", files)
+        monkeypatch.setattr(fold_batches, "FOLD_BATCH_BYTES", 0)
+        monkeypatch.setattr(timelines, "DETAIL_FILES", files)
+        assert _report(run, cache=False) == whole
+
+
 def _without_path(report: str) -> dict[str, Any]:
     parsed: dict[str, Any] = json.loads(report)
     parsed.pop("path", None)
@@ -322,19 +361,7 @@ def test_records_that_reach_across_segments_count_as_in_one_file(tmp_path: Path,
     executions by entry order across files. One file, the same records in three segments read
     cold, and the three segments read from the cache give the same report."""
     def proc(run: Path) -> Proc:
-        p = Proc(run, seq=seq)
-        p.span("init", 0.0, 1.0, cat="init")
-        t = 1.0
-        for k in range(8):
-            p.span("data", t, t + 0.1, cat="data", step=k)
-            p.span("forward", t + 0.1, t + 0.6, cat="compute", step=k)
-            p.step(k, t, t + 1.0)
-            p.sync(k, t + 1.0)
-            t += 1.0
-        p.span("graph", 2.05, 6.9, cat="compute", step=1)  # outer: began in step 1, ends in step 5
-        p.span("tail", 8.5, 9.5, cat="compute")  # no step: the execution entered last
-        p.finish(t + 0.5)
-        return p
+        return _crossing(run, seq)
 
     one = proc(tmp_path / "one" / "run")
     one.write()

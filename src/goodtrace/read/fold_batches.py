@@ -24,7 +24,7 @@ from goodtrace.read.loaded import Progress
 
 __all__ = ["FOLD_BATCH_BYTES", "FOLD_BATCH_FILES", "FOLD_BATCH_MOST", "fold_json", "fold_sizes", "session_batches"]
 
-FOLD_BATCH_FILES = 32  # files parsed into one batch table (whole sessions: a longer session is one batch)
+FOLD_BATCH_FILES = 32  # files parsed into one batch table (whole sessions, but a long session's in parts of this many)
 # ... or more, while the batch's bytes stay under FOLD_BATCH_BYTES (up to FOLD_BATCH_MOST files): a
 # batch costs a dozen statements whatever it holds, which the small parts of the files a live
 # run's re-report reads (thousands of ranks' open segments, a few KB each) would pay per 32 files
@@ -120,8 +120,10 @@ def fold_json(
     the files being written, the bytes to read (start, end): read from a copy of those
     (:func:`range_copy`, made as its batch is read and removed after it)."""
     batches: list[list[tuple[str, int, int]]] = []
-    for sids in session_batches(files_by_sid, sizes if sizes is not None else fold_sizes(files_by_sid, ranges)):
-        batches.append([(p, sid, fid_of[p]) for sid in sids for p in files_by_sid[sid]])
+    sizes = sizes if sizes is not None else fold_sizes(files_by_sid, ranges)
+    for sids in session_batches(files_by_sid, sizes):
+        batch = [(p, sid, fid_of[p]) for sid in sids for p in files_by_sid[sid]]
+        batches.extend(_parts(batch, sizes))
     names = ", ".join(f"r.{name}" for name in RECORD_COLUMNS)
     for batch in batches:
         if not batch:
@@ -160,6 +162,17 @@ def fold_json(
         if progress is not None:
             progress("reading rank files", done, total)
     return done
+
+
+def _parts(batch: list[tuple[str, int, int]], sizes: Mapping[str, int]) -> list[list[tuple[str, int, int]]]:
+    """A batch that is one long session (more than :data:`FOLD_BATCH_FILES` files, more than
+    :data:`FOLD_BATCH_BYTES`) in parts of that many files: parsed whole, a session of 10 M steps
+    (7 GB of lines) was one table whose span starts DuckDB could not group within its memory.
+    What the fold keeps of a file depends on no other file of its session (the pool splits a
+    long session between its tasks the same way), so the tables are the same."""
+    if len(batch) <= FOLD_BATCH_FILES or sum(sizes.get(p, 0) for p, _, _ in batch) <= FOLD_BATCH_BYTES:
+        return [batch]
+    return [batch[k:k + FOLD_BATCH_FILES] for k in range(0, len(batch), FOLD_BATCH_FILES)]
 
 
 def _fold_batch(

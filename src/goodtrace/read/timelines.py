@@ -39,10 +39,22 @@ def create_detail_tables(con: Any) -> None:
     execute_all(con, _DETAIL_TABLES)
 
 
+# Files read into one detail table at once: a long session's detail read whole (a session of
+# 10 M steps, 7 GB of lines) was one table whose spans DuckDB could not group within its memory.
+# Each file's rows are grouped on their own (by file), so the tables are the same.
+DETAIL_FILES = 32
+
+
 def extract_details(con: Any, json_rows: Sequence[tuple[str, int, int]], parquet_rows: Sequence[tuple[int, int, int]]) -> None:
     """The detail of some files into the ``det_*`` tables: ``json_rows`` (path read, session,
     file number) read as JSON lines, ``parquet_rows`` (number in the compacted copy, session,
-    file number) from the copy's rows (filtered on ``fid``, so DuckDB skips other row groups)."""
+    file number) from the copy's rows (filtered on ``fid``, so DuckDB skips other row groups);
+    :data:`DETAIL_FILES` of each at a time."""
+    for k in range(0, max(len(json_rows), len(parquet_rows), 1), DETAIL_FILES):
+        _extract_part(con, json_rows[k:k + DETAIL_FILES], parquet_rows[k:k + DETAIL_FILES])
+
+
+def _extract_part(con: Any, json_rows: Sequence[tuple[str, int, int]], parquet_rows: Sequence[tuple[int, int, int]]) -> None:
     columns = "kind, name, t0, t1, t, step, value, attrs"
     create_records_table(con, "records_none")
     parts = [f"SELECT sid, 0 AS fid, {columns} FROM records_none WHERE false"]
