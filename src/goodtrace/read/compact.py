@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read import duckdb_connection, duckdb_sql, fold_batches
 from goodtrace.read.chunk_files import FileIdentity, write_chunk
 from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
 from goodtrace.read.file_skips import FileSkips
@@ -66,11 +66,16 @@ def _store_reduction(
     duckdb_connection.insert_rows(con, "session_files",
                            [(entry_of[p]["fid"], sid) for sid, d in enumerate(drafts.values()) for p in d.files])
     duckdb_sql.create_segment_tables(con)
-    con.execute(
-        "CREATE TEMP VIEW model_source AS SELECT s.sid, r.* EXCLUDE (bad) "
-        "FROM records r JOIN session_files s USING (fid) WHERE r.bad IS NULL"
-    )
-    duckdb_sql.extract_segments(con, "model_source")
+    # a few files at a time (fold_batches.file_parts), as the fold parses them: the whole run at
+    # once was one grouping of every span start, which DuckDB could not do within its memory for
+    # a session of 10 M steps; the files are numbered in order, so each part's rows are a range
+    for part in fold_batches.file_parts([e["size"] for e in entries]):
+        con.execute(
+            "CREATE OR REPLACE TEMP VIEW model_source AS SELECT s.sid, r.* EXCLUDE (bad) "
+            "FROM records r JOIN session_files s USING (fid) "
+            f"WHERE r.bad IS NULL AND r.fid BETWEEN {part.start} AND {part.stop - 1}"
+        )
+        duckdb_sql.extract_segments(con, "model_source")
     files: dict[int, FileIdentity] = {}
     for sid, draft in enumerate(drafts.values()):
         for p in draft.files:

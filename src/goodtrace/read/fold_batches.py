@@ -22,7 +22,8 @@ from goodtrace.read.file_skips import FileSkips, range_copy
 from goodtrace.read.io_pool import io_map, stat_or_none
 from goodtrace.read.loaded import Progress
 
-__all__ = ["FOLD_BATCH_BYTES", "FOLD_BATCH_FILES", "FOLD_BATCH_MOST", "fold_json", "fold_sizes", "session_batches"]
+__all__ = ["FOLD_BATCH_BYTES", "FOLD_BATCH_FILES", "FOLD_BATCH_MOST", "file_parts", "fold_json", "fold_sizes",
+           "session_batches"]
 
 FOLD_BATCH_FILES = 32  # files parsed into one batch table (whole sessions, but a long session's in parts of this many)
 # ... or more, while the batch's bytes stay under FOLD_BATCH_BYTES (up to FOLD_BATCH_MOST files): a
@@ -164,15 +165,30 @@ def fold_json(
     return done
 
 
+def file_parts(sizes: Sequence[int]) -> list[range]:
+    """Consecutive files (their sizes) in the parts one table of parsed lines holds: the rule
+    of :func:`session_batches` on files, not sessions (:data:`FOLD_BATCH_FILES` files, more
+    while they add up to under :data:`FOLD_BATCH_BYTES`, up to :data:`FOLD_BATCH_MOST`). Parsed
+    whole, one session of 10 M steps (7 GB of lines) was a table whose span starts DuckDB could
+    not group within its memory. What the fold keeps of a file depends on no other file of its
+    session (the pool splits a long session between its tasks the same way), so the tables are
+    the same whatever the parts."""
+    parts: list[range] = []
+    start = held = 0
+    for i, size in enumerate(sizes):
+        files = i - start
+        if files >= FOLD_BATCH_FILES and (held + size > FOLD_BATCH_BYTES or files >= FOLD_BATCH_MOST):
+            parts.append(range(start, i))
+            start, held = i, 0
+        held += size
+    if len(sizes) > start:
+        parts.append(range(start, len(sizes)))
+    return parts
+
+
 def _parts(batch: list[tuple[str, int, int]], sizes: Mapping[str, int]) -> list[list[tuple[str, int, int]]]:
-    """A batch that is one long session (more than :data:`FOLD_BATCH_FILES` files, more than
-    :data:`FOLD_BATCH_BYTES`) in parts of that many files: parsed whole, a session of 10 M steps
-    (7 GB of lines) was one table whose span starts DuckDB could not group within its memory.
-    What the fold keeps of a file depends on no other file of its session (the pool splits a
-    long session between its tasks the same way), so the tables are the same."""
-    if len(batch) <= FOLD_BATCH_FILES or sum(sizes.get(p, 0) for p, _, _ in batch) <= FOLD_BATCH_BYTES:
-        return [batch]
-    return [batch[k:k + FOLD_BATCH_FILES] for k in range(0, len(batch), FOLD_BATCH_FILES)]
+    """A batch in the parts :func:`file_parts` gives: itself but where it is one long session."""
+    return [batch[part.start:part.stop] for part in file_parts([sizes.get(p, 0) for p, _, _ in batch])]
 
 
 def _fold_batch(
