@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from goodtrace.analysis.overhead import distinct_sorted
+from goodtrace.read.column_file import distinct_sorted
 
 if TYPE_CHECKING:
     from goodtrace.analysis import RunAnalysis

@@ -23,7 +23,7 @@ from typing import Any
 
 from goodtrace.read.io_pool import on_network_filesystem
 
-__all__ = ["ColumnFileError", "array_of", "empty", "prune", "read_arrays", "read_head", "recode", "session_path",
+__all__ = ["ColumnFileError", "array_of", "distinct_sorted", "empty", "prune", "read_arrays", "read_head", "recode", "session_path",
            "write"]
 
 MAGIC = b"goodtrace-columns\n"
@@ -165,6 +165,17 @@ def empty(n: int, dtype: Any) -> Any:
     if code is not None and n:
         return np.frombuffer(array(code, [0]) * n, dtype=dtype)
     return np.empty(n, dtype=dtype)
+
+
+def distinct_sorted(values: Any) -> Any:
+    """``np.unique(values)`` of an integer column, by sorting: NumPy 2.4's hash-based unique
+    took 6.5 s for 4 M distinct times that a sort takes 0.3 s for."""
+    import numpy as np
+
+    ordered = np.sort(values)
+    if not len(ordered):
+        return ordered
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
 def _dtype_of(typecode: str) -> Any:

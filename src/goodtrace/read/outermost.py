@@ -9,6 +9,8 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
+from goodtrace.read.column_file import distinct_sorted
+
 __all__ = ["COMPUTE_CHUNK", "adds_to", "by_seq", "kept_outer", "outermost_compute"]
 
 
@@ -104,9 +106,7 @@ def _executions_of(order_by_step: Any, sorted_steps: Any, steps: Any) -> Any:
     that grew with the spans times the executions)."""
     import numpy as np
 
-    wanted = np.sort(steps)  # distinct, by sorting (NumPy 2's hash-based unique is slower here)
-    if len(wanted) > 1:
-        wanted = wanted[np.concatenate(([True], wanted[1:] != wanted[:-1]))]
+    wanted = distinct_sorted(steps)
     first = np.searchsorted(sorted_steps, wanted, side="left")
     counts = np.searchsorted(sorted_steps, wanted, side="right") - first
     total = int(counts.sum())
