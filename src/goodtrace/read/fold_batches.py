@@ -48,19 +48,27 @@ def session_batches(files_by_sid: Mapping[int, Sequence[str]], sizes: Mapping[st
     sessions of about :data:`FOLD_BATCH_FILES` files, more while they are small (see
     :data:`FOLD_BATCH_BYTES`). :mod:`goodtrace.read.engine` gives each worker a run of
     consecutive batches, so that a worker parses the batches one process would."""
-    batches: list[list[int]] = []
-    files = held = 0
-    for sid in sorted(files_by_sid):
-        paths = files_by_sid[sid]
-        more = sum(sizes.get(p, 0) for p in paths)
-        if not batches or (files and files + len(paths) > FOLD_BATCH_FILES
-                           and (held + more > FOLD_BATCH_BYTES or files + len(paths) > FOLD_BATCH_MOST)):
-            batches.append([])
-            files = held = 0
-        batches[-1].append(sid)
-        files += len(paths)
-        held += more
-    return batches
+    sids = sorted(files_by_sid)
+    groups = _groups([(len(files_by_sid[sid]), sum(sizes.get(p, 0) for p in files_by_sid[sid])) for sid in sids])
+    return [sids[group.start:group.stop] for group in groups]
+
+
+def _groups(items: Sequence[tuple[int, int]]) -> list[range]:
+    """Consecutive items (their files, their bytes) in groups of about :data:`FOLD_BATCH_FILES`
+    files, more while they add up to under :data:`FOLD_BATCH_BYTES` (up to
+    :data:`FOLD_BATCH_MOST` files); an item is never split. The one rule of a batch's size."""
+    groups: list[range] = []
+    start = files = held = 0
+    for i, (count, size) in enumerate(items):
+        if files and files + count > FOLD_BATCH_FILES and (held + size > FOLD_BATCH_BYTES
+                                                           or files + count > FOLD_BATCH_MOST):
+            groups.append(range(start, i))
+            start, files, held = i, 0, 0
+        files += count
+        held += size
+    if len(items) > start:
+        groups.append(range(start, len(items)))
+    return groups
 
 
 SHARED_MEMORY = "/dev/shm"
@@ -166,24 +174,12 @@ def fold_json(
 
 
 def file_parts(sizes: Sequence[int]) -> list[range]:
-    """Consecutive files (their sizes) in the parts one table of parsed lines holds: the rule
-    of :func:`session_batches` on files, not sessions (:data:`FOLD_BATCH_FILES` files, more
-    while they add up to under :data:`FOLD_BATCH_BYTES`, up to :data:`FOLD_BATCH_MOST`). Parsed
-    whole, one session of 10 M steps (7 GB of lines) was a table whose span starts DuckDB could
-    not group within its memory. What the fold keeps of a file depends on no other file of its
-    session (the pool splits a long session between its tasks the same way), so the tables are
-    the same whatever the parts."""
-    parts: list[range] = []
-    start = held = 0
-    for i, size in enumerate(sizes):
-        files = i - start
-        if files >= FOLD_BATCH_FILES and (held + size > FOLD_BATCH_BYTES or files >= FOLD_BATCH_MOST):
-            parts.append(range(start, i))
-            start, held = i, 0
-        held += size
-    if len(sizes) > start:
-        parts.append(range(start, len(sizes)))
-    return parts
+    """Consecutive files (their sizes) in the parts one table of parsed lines holds: the rule of
+    :func:`session_batches` on files, not sessions. Parsed whole, one session of 10 M steps
+    (7 GB of lines) was a table whose span starts DuckDB could not group within its memory.
+    What the fold keeps of a file depends on no other file of its session (the pool splits a
+    long session between its tasks the same way), so the tables are the same whatever the parts."""
+    return _groups([(1, size) for size in sizes])
 
 
 def _parts(batch: list[tuple[str, int, int]], sizes: Mapping[str, int]) -> list[list[tuple[str, int, int]]]:
