@@ -331,11 +331,11 @@ def _crossing(run: Path, seq: bool = True, steps: int = 8) -> Proc:
 
 def test_a_long_session_is_parsed_a_few_files_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A session of many files is parsed in parts of a few files (``fold_batches._parts``) and
-    its detail read the same way (``timelines.DETAIL_FILES``): parsed whole, a session of 10 M
+    its detail read the same way (``timelines.extract_details``): parsed whole, a session of 10 M
     steps was one table DuckDB could not group within its memory. Here parts of one and of two
     files of a session of eight give the report that one batch gives, read from the JSON lines
     and from the compacted copy (whose reduction is extracted in the same parts)."""
-    from goodtrace.read import fold_batches, timelines
+    from goodtrace.read import fold_batches
 
     run = tmp_path / "run"
     p = _crossing(run, steps=24)
@@ -345,7 +345,6 @@ def test_a_long_session_is_parsed_a_few_files_at_a_time(tmp_path: Path, monkeypa
     for files in (1, 2):
         monkeypatch.setattr(fold_batches, "FOLD_BATCH_FILES", files)
         monkeypatch.setattr(fold_batches, "FOLD_BATCH_BYTES", 0)
-        monkeypatch.setattr(timelines, "DETAIL_FILES", files)
         assert _report(run, cache=False) == whole
         compact_run(run)  # its reduction extracted a few files at a time too
         compacted, expected = json.loads(_report(run, cache=True)), json.loads(whole)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequenc
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.read import column_file
+from goodtrace.read import column_file, fold_batches
 from goodtrace.read.detail_columns import DetailColumns, combine, fetch_detail, take, vocabulary
 from goodtrace.read.duckdb_connection import execute_all, insert_rows
 from goodtrace.read.duckdb_sql import MAX_EVENT_ATTRS, VALID_JSON, create_records_table, read_json_sql
@@ -39,19 +39,17 @@ def create_detail_tables(con: Any) -> None:
     execute_all(con, _DETAIL_TABLES)
 
 
-# Files read into one detail table at once: a long session's detail read whole (a session of
-# 10 M steps, 7 GB of lines) was one table whose spans DuckDB could not group within its memory.
-# Each file's rows are grouped on their own (by file), so the tables are the same.
-DETAIL_FILES = 32
-
-
 def extract_details(con: Any, json_rows: Sequence[tuple[str, int, int]], parquet_rows: Sequence[tuple[int, int, int]]) -> None:
     """The detail of some files into the ``det_*`` tables: ``json_rows`` (path read, session,
     file number) read as JSON lines, ``parquet_rows`` (number in the compacted copy, session,
     file number) from the copy's rows (filtered on ``fid``, so DuckDB skips other row groups);
-    :data:`DETAIL_FILES` of each at a time."""
-    for k in range(0, max(len(json_rows), len(parquet_rows), 1), DETAIL_FILES):
-        _extract_part(con, json_rows[k:k + DETAIL_FILES], parquet_rows[k:k + DETAIL_FILES])
+    as many of each at a time as a fold batch holds files (``fold_batches.FOLD_BATCH_FILES``): a
+    long session's detail read whole (a session of 10 M steps, 7 GB of lines) was one table whose
+    spans DuckDB could not group within its memory. Each file's rows are grouped on their own
+    (by file), so the tables are the same."""
+    part = fold_batches.FOLD_BATCH_FILES
+    for k in range(0, max(len(json_rows), len(parquet_rows), 1), part):
+        _extract_part(con, json_rows[k:k + part], parquet_rows[k:k + part])
 
 
 def _extract_part(con: Any, json_rows: Sequence[tuple[str, int, int]], parquet_rows: Sequence[tuple[int, int, int]]) -> None:
