@@ -222,8 +222,8 @@ def test_what_it_could_not_read_is_said(tmp_path: Path) -> None:
                           text=True, timeout=120, env=ENV)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert re.search(r"2 problem\(s\) reading the run's files; the latest: rank-00001/.* is not valid JSON", done.stdout)
-    assert re.search(r"warning: rank-00001/.*\.jsonl: line \d+ is not valid JSON; skipped", done.stderr), done.stderr
-    assert "warning: rank-00001/zz-not-a-header.00000.jsonl: does not start with a header record" in done.stderr
+    assert re.search(r"(?m)^goodtrace watch: warning: rank-00001/.*\.jsonl: line \d+ is not valid JSON; skipped", done.stderr), done.stderr
+    assert "goodtrace watch: warning: rank-00001/zz-not-a-header.00000.jsonl: does not start with a header record" in done.stderr
     assert re.search(r"1 +│ .* +│ +29 │ .* │ finished", done.stdout), done.stdout
 
 

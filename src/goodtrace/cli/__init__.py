@@ -52,10 +52,21 @@ def _version() -> str:
         return "unknown"
 
 
+def warn(command: str, text: object, file: TextIO | None = None) -> None:
+    """One warning of the command ``command`` as its line on stderr: ``goodtrace report:
+    warning: ...`` (one line, control characters escaped), as its errors are."""
+    from goodtrace.renderers.text import one_line
+
+    try:
+        print(f"goodtrace {command}: warning: {one_line(text).removeprefix('goodtrace: ')}", file=file or sys.stderr)
+    except OSError:  # stderr gone: as Python's own showwarning, nothing to say it on
+        pass
+
+
 def _show_warnings(command: str) -> None:
-    """goodtrace's own warnings as the command's lines (``goodtrace report: warning: ...``, one
-    line, control characters escaped), not Python's form (the module's path and line, then the
-    source line that issued it); any other warning as Python shows it."""
+    """goodtrace's own warnings as the command's lines (:func:`warn`), not Python's form (the
+    module's path and line, then the source line that issued it); any other warning as Python
+    shows it."""
     from goodtrace.record.errors import GoodtraceWarning
 
     default = warnings.showwarning
@@ -65,13 +76,7 @@ def _show_warnings(command: str) -> None:
         if not issubclass(category, GoodtraceWarning):
             default(message, category, filename, lineno, file, line)
             return
-        from goodtrace.renderers.text import one_line
-
-        text = one_line(str(message)).removeprefix("goodtrace: ")
-        try:
-            print(f"goodtrace {command}: warning: {text}", file=file or sys.stderr)
-        except OSError:  # stderr gone: as Python's own showwarning, nothing to say it on
-            pass
+        warn(command, message, file)
 
     warnings.showwarning = show
 

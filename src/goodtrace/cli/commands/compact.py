@@ -10,7 +10,6 @@ unchanged, and reads JSON only for segments that changed or appeared since.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from goodtrace.record.live.line import format_bytes
 
@@ -24,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from goodtrace.cli import CommandError
+    from goodtrace.cli import CommandError, warn
     from goodtrace.cli.analysed import reading_errors
     from goodtrace.cli.progress import progress_bar
     from goodtrace.read.load import compact_run
@@ -43,11 +42,9 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(result.json_bytes)} of JSON lines -> {format_bytes(result.parquet_bytes)} of Parquet"
     )
     from goodtrace.read.validate import describe_skipped
-    from goodtrace.renderers.text import printable
 
     for problem in result.problems:
-        print(f"warning: {printable(problem)}", file=sys.stderr)
+        warn(args.command, problem)
     if result.skipped:
-        print(f"warning: {describe_skipped(result.skipped)}; they are not in the compacted copy's records",
-              file=sys.stderr)
+        warn(args.command, f"{describe_skipped(result.skipped)}; they are not in the compacted copy's records")
     return 0

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from goodtrace.cli import CommandError
+    from goodtrace.cli import CommandError, warn
     from goodtrace.cli.time_range import range_options
     from goodtrace.read.sessions import NotARunError, read_run
     from goodtrace.read.validate import describe_skipped
@@ -79,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
             + (f"  ({row['records_in_range']} in the time range)" if "records_in_range" in row else "")
         )
     for problem in loaded.problems:
-        print(f"warning: {printable(problem)}")
+        warn(args.command, problem)
     bad = {reason: count for reason, count in loaded.skipped.items() if reason != "torn_last_line" and count}
     if bad:
-        print(f"warning: in all, {describe_skipped(bad)}")
+        warn(args.command, f"in all, {describe_skipped(bad)}")
     return 0
 
 

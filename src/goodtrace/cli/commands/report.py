@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_html(loaded: Any, analysis: Any, target: str, gantt_steps: tuple[int | None, int | None] | None) -> None:
     """The HTML report: drawn from the analysis; the gantt chart's spans read for its steps only."""
-    from goodtrace.cli import CommandError
+    from goodtrace.cli import CommandError, warn
     from goodtrace.cli.progress import progress_bar
 
     try:
@@ -155,8 +155,7 @@ def _write_html(loaded: Any, analysis: Any, target: str, gantt_steps: tuple[int 
         stop()
     if gantt_steps is not None and data["gantt"] is None:
         first, last = ("" if v is None else v for v in gantt_steps)
-        print(f"warning: --gantt-steps {first}:{last} holds no step of the run; the report has no gantt chart",
-              file=sys.stderr)
+        warn("report", f"--gantt-steps {first}:{last} holds no step of the run; the report has no gantt chart")
     page = html_page(data)
     try:
         with open(target, "w", encoding="utf-8") as handle:

@@ -44,13 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from goodtrace.cli import CommandError
+    from goodtrace.cli import CommandError, warn
     from goodtrace.cli.analysed import load_and_analyse
     from goodtrace.cli.progress import progress_bar
     from goodtrace.cli.ranges import format_ranks, parse_ranks, parse_steps
     from goodtrace.cli.time_range import range_options
     from goodtrace.renderers.perfetto import PerfettoRenderer, Selection
-    from goodtrace.renderers.text import printable
 
     try:
         selection = Selection(
@@ -91,11 +90,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         stop()
     for problem in loaded.warnings:
-        print(f"warning: {printable(problem)}", file=sys.stderr)
+        warn(args.command, problem)
     if summary.processes == 0:
-        print("warning: the selection matched no rank with records; the trace is empty", file=sys.stderr)
+        warn(args.command, "the selection matched no rank with records; the trace is empty")
     if summary.warning:
-        print(f"warning: {summary.warning}", file=sys.stderr)
+        warn(args.command, summary.warning)
     print(
         f"wrote {summary.path}: {summary.processes} rank(s), {summary.spans} spans, "
         f"{summary.events} events, {format_bytes(summary.bytes_written)}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import time
 from collections.abc import Iterator
 
@@ -118,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
+    from goodtrace.cli import warn
     from goodtrace.cli.progress import progress_bar
-    from goodtrace.renderers.text import printable
     from goodtrace.renderers.watch import MAX_ROWS, render_watch
 
     view = View(args.run)
@@ -136,10 +135,9 @@ def run(args: argparse.Namespace) -> int:
             stop()
         console.print(render_watch(view.state, time.time_ns(), args.run, rows))
         for problem in view.state.problems:
-            print(f"warning: {printable(problem)}", file=sys.stderr)
+            warn(args.command, problem)
         if view.state.problem_count > len(view.state.problems):
-            print(f"warning: {view.state.problem_count - len(view.state.problems)} more problems (not listed)",
-                  file=sys.stderr)
+            warn(args.command, f"{view.state.problem_count - len(view.state.problems)} more problems (not listed)")
         return 0
     interval = view.look()
     every = args.interval or interval or 1.0
