@@ -98,7 +98,6 @@ class SimulatedDevice:
     def __init__(self) -> None:
         self._queue: queue.Queue[tuple[float, DeviceValue] | None] = queue.Queue()
         self.launched: list[DeviceValue] = []
-        self.busy_until_ns = 0
         self.synchronizes = 0  # calls of synchronize() (goodtrace's barrier included)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="simulated-device", daemon=True)

@@ -165,10 +165,6 @@ class NativeWriter:
         return int(self.ring.stats()["lost"])
 
     @property
-    def write_errors(self) -> int:
-        return int(self.ring.stats()["write_errors"])
-
-    @property
     def dropped_records(self) -> int:
         """Every record that will not reach storage: refused by the full ring, refused by
         storage, not encodable, or written into a deleted file."""

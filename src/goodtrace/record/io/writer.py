@@ -101,7 +101,6 @@ class Writer:
         self._dropped = 0  # records in chunks that storage refused or could not take in time
         self.lost_records = 0  # written into a file that was then deleted
         self.written_records = 0
-        self.write_errors = 0
         self.stats = WriterStats()
         self._warned: set[str] = set()
         # segment state: the I/O thread's alone (flush and close hand it actions, never touch it)
@@ -164,7 +163,6 @@ class Writer:
                         "be written (counted in the run's heartbeat)",
                     )
             except BaseException as exc:  # the thread must survive anything (it keeps the bound)
-                self.write_errors += 1
                 self.warn_once("flush", f"internal error in the writer: {exc!r}")
 
     def flush_once(self, deadline: float | None = None) -> None:
@@ -174,11 +172,9 @@ class Writer:
         try:
             self._drain(whole_chunks_only=False, deadline=deadline)
         except Exception as exc:
-            self.write_errors += 1
             self.warn_once("flush", f"internal error while encoding records: {exc!r}")
 
     def _encode_error(self, exc: Exception) -> None:
-        self.write_errors += 1
         self._dropped += 1
         self.warn_once("encode", f"could not encode a record ({exc!r}); it was skipped")
 
@@ -261,7 +257,6 @@ class Writer:
                     self._io_busy = True
                 self._do(item)
             except BaseException as exc:  # the thread must survive anything
-                self.write_errors += 1
                 if item is not None:
                     self._dropped += item.count
                 self.warn_once("io", f"internal error in the writer's I/O thread: {exc!r}")
@@ -333,7 +328,6 @@ class Writer:
         self._records_since_check += chunk.count
 
     def _failed(self, chunk: _Chunk, exc: BaseException) -> None:
-        self.write_errors += 1
         self._dropped += chunk.count
         loop = symlink_loop(self._storage.description) if getattr(exc, "errno", None) == errno.ELOOP else None
         self.warn_once(
@@ -374,7 +368,6 @@ class Writer:
             try:
                 self._storage.close_file(self._segment_path())
             except Exception as exc:
-                self.write_errors += 1
                 self.warn_once("close", f"could not close a segment on {self._storage.description}: {exc!r}")
             self._new_segment()
 
@@ -403,7 +396,6 @@ class Writer:
         try:
             self._timed(self._storage.put, self._segment_path(), bytes(self._segment_data))
         except Exception as exc:
-            self.write_errors += 1
             self.warn_once(f"io:{type(exc).__name__}", f"could not upload to {self._storage.description}: {exc!r}")
             return
         self._segment_uploaded = size
@@ -439,7 +431,6 @@ class Writer:
             self._enqueue(b"", 0, heartbeat=False, action="close")
             done = self._wait_idle(timeout)
         except Exception as exc:  # MemoryError: what is still buffered or queued is counted below
-            self.write_errors += 1
             self.warn_once("close-error", f"the writer failed while closing: {exc!r}")
             done = False
         if not done:

@@ -118,7 +118,6 @@ class LiveAggregator:
         self.lag = int(getattr(config, "lag", 1))
         clock: Callable[[], int] = getattr(recorder, "clock", time.perf_counter_ns)
         self._clock = clock
-        self._overhead_categories = sorted(getattr(config, "all_overhead_categories", schema.OVERHEAD_CATEGORIES))
         self._lock = threading.RLock()
         self._intervals = LogIntervals(self._warn)  # what this rank recorded since the last log step
         self._ends = 0
