@@ -14,7 +14,7 @@ Reported per loop: the poll interval, how many sync points each way of dating ga
 percentiles of (sync point - true end) in ms, with the same for ``poll_interval_s=0`` (dated
 only when the training thread waits) beside it.
 
-Usage: python benchmarks/completion_dating.py [--steps N] [--json]
+Usage: python benchmarks/completion_dating.py [--steps N] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -85,9 +85,11 @@ def sleep_overshoot_ms(interval_s: float, samples: int = 300) -> dict[str, float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, help="steps per loop (300; the tail loop a tenth, at least 20)")
+    parser.add_argument("--quick", action="store_true", help="100 steps per loop (a few seconds)")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args()
+    steps = args.steps or (100 if args.quick else 300)
     interval = gt.Config().poll_interval_s
     result: dict[str, Any] = {"poll_interval_ms": interval * 1e3, "sleep_overshoot": sleep_overshoot_ms(interval)}
     print(f"python {sys.version.split()[0]}; poll interval {interval * 1e3:.1f} ms; sleep({interval * 1e3:.0f} ms) "
@@ -96,7 +98,7 @@ def main() -> int:
     print(f"{'loop':<8} {'check':<5} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7}  (ms after the true end)  dated by")
     for shape in ("waiting", "busy", "tail"):
         for label, poll in (("on", interval), ("off", 0.0)):
-            stats = run(shape, args.steps if shape != "tail" else max(20, args.steps // 10), poll, seed=7)
+            stats = run(shape, steps if shape != "tail" else max(20, steps // 10), poll, seed=7)
             result[f"{shape}_{label}"] = stats
             print(f"{shape:<8} {label:<5} {stats['p50_ms']:7.3f} {stats['p90_ms']:7.3f} {stats['p99_ms']:7.3f} "
                   f"{stats['max_ms']:7.3f}  {stats['hows']}")

@@ -26,32 +26,34 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from goodtrace.analysis.cut import Piece
 from goodtrace.analysis.goodput import interval_partition, rolling_goodput
 from goodtrace.analysis.over_time import goodput_over_time
 from goodtrace.analysis.partition import Timeline
+from goodtrace.analysis.pieces import PieceBuilder
 
 SECOND = 1_000_000_000
 WALL0 = 1_700_000_000 * SECOND + 123_456_789  # not on a whole hour: partial first and last periods
 
 
 def timeline_of(steps: int) -> Timeline:
-    """One rank's timeline of ``steps`` one-second steps (see the module docstring)."""
-    pieces: list[Piece] = [Piece(WALL0, WALL0 + 120 * SECOND, "startup", "init")]
+    """One rank's timeline of ``steps`` one-second steps (see the module docstring), its pieces
+    as the analysis holds them (columns)."""
+    pieces = PieceBuilder()
+    pieces.add(WALL0, WALL0 + 120 * SECOND, "startup", "init")
     t = WALL0 + 120 * SECOND
     for k in range(steps):
         if k == steps // 2:
-            pieces.append(Piece(t, t + 1200 * SECOND, "disruption"))
+            pieces.add(t, t + 1200 * SECOND, "disruption", "")
             t += 1200 * SECOND
         if k % 1000 == 999:
-            pieces.append(Piece(t, t + 30 * SECOND, "checkpoint_save"))
+            pieces.add(t, t + 30 * SECOND, "checkpoint_save", "")
             t += 30 * SECOND
         data = 50_000_000 + (k * 7_919) % 20_000_000
-        pieces.append(Piece(t, t + data, "data"))
-        pieces.append(Piece(t + data, t + SECOND, "productive"))
+        pieces.add(t, t + data, "data", "")
+        pieces.add(t + data, t + SECOND, "productive", "")
         t += SECOND
-    pieces.append(Piece(t, t + 60 * SECOND, "teardown"))
-    return Timeline(WALL0, t + 60 * SECOND, pieces, [], [])  # type: ignore[arg-type]
+    pieces.add(t, t + 60 * SECOND, "teardown", "")
+    return Timeline(WALL0, t + 60 * SECOND, pieces.columns(), [], [])  # type: ignore[arg-type]
 
 
 def best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
