@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -59,7 +60,10 @@ _install_lock = threading.Lock()
 _installed = False
 _stats = CompileStats()
 _thread_state = _State()
-_tagged: tuple[int, int] = (-1, -1)  # (id of recorder, step) last tagged "compile"
+# the recorder and step last tagged "compile": the recorder by a weak reference, not by its id(),
+# which a later recorder of the same process (a restart without a new process) may be given
+# again once the first is gone, and its first compiling step would go untagged
+_tagged: tuple[weakref.ref[Any] | None, int] = (None, -1)
 
 
 def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
@@ -92,8 +96,8 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
                 _thread_state.saved_s = None
         rec.record_span(name, schema.COMPILE, t0, t1, attrs)  # live aggregators hear of it too
         step = rec.current_step
-        if step is not None and _tagged != (id(rec), step):
-            _tagged = (id(rec), step)
+        if step is not None and (_tagged[0] is None or _tagged[0]() is not rec or _tagged[1] != step):
+            _tagged = (weakref.ref(rec), step)
             rec.tag(schema.COMPILE, step)
     except Exception:
         pass
