@@ -89,6 +89,11 @@ def _worker(rank: int, world: int, port: int, run_dir: str, slow_rank: int, coll
         gc.collect(0)  # young collections, as a real loop has them
     gt.finish()
     step_truth.write(run_dir, rank, bodies)
+    # DDP's reducer gone and every rank here before the group goes: rank 0 of one run once
+    # aborted at exit ("terminate called without an active exception", a gloo thread left
+    # joinable) when it tore the group down while the others were still finishing
+    del model, optimizer, loss
+    dist.barrier()
     dist.destroy_process_group()
 
 
