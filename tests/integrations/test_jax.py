@@ -473,7 +473,7 @@ def test_each_recorder_of_a_process_tags_its_first_compiling_step(listeners: Non
     recorder: a memory of the step alone would leave every later recorder's step 0 untagged).
     It was remembered by the recorder's id(), which CPython gives again to a later object once
     the first is freed: in one CI run a recorder of a later test lost its tag so
-    (test_compile_spans_are_exactly_what_jax_reported); now by a weak reference. That reuse
+    (test_compile_spans_are_exactly_what_jax_reported); now keyed by the recorder itself, held weakly. That reuse
     cannot be forced here; the ids of this loop's recorders are in the message."""
     import gc
 

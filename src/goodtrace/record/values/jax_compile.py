@@ -60,15 +60,14 @@ _install_lock = threading.Lock()
 _installed = False
 _stats = CompileStats()
 _thread_state = _State()
-# the recorder and step last tagged "compile": the recorder by a weak reference, not by its id(),
-# which a later recorder of the same process (a restart without a new process) may be given
-# again once the first is gone, and its first compiling step would go untagged
-_tagged: tuple[weakref.ref[Any] | None, int] = (None, -1)
+# each recorder's step last tagged "compile", held weakly: keyed by the recorder itself, not by
+# its id(), which a later recorder of the same process (a restart without a new process) may be
+# given once the first is gone, and whose first compiling step would then go untagged
+_tagged: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
     """``jax.monitoring`` duration listener: called at the end of each phase, on its thread."""
-    global _tagged
     try:
         name = COMPILE_EVENTS.get(event)
         if name is None:
@@ -96,8 +95,8 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
                 _thread_state.saved_s = None
         rec.record_span(name, schema.COMPILE, t0, t1, attrs)  # live aggregators hear of it too
         step = rec.current_step
-        if step is not None and (_tagged[0] is None or _tagged[0]() is not rec or _tagged[1] != step):
-            _tagged = (weakref.ref(rec), step)
+        if step is not None and _tagged.get(rec) != step:
+            _tagged[rec] = step
             rec.tag(schema.COMPILE, step)
     except Exception:
         pass
