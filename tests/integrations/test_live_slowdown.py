@@ -66,6 +66,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, slow_rank: int, slow
                 _spin(5 * (FORWARD_S + BACKWARD_S))
     gt.finish()
     step_truth.write(run_dir, rank, bodies)
+    dist.barrier()  # every rank here before the group goes
     dist.destroy_process_group()
 
 

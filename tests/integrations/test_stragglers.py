@@ -57,6 +57,8 @@ def _ddp_worker(rank: int, world: int, port: int, run_dir: str) -> None:
                 optimizer.zero_grad()
             s.complete_on(loss.detach())
     gt.finish()
+    del model, optimizer, loss  # DDP's reducer gone, every rank here, before the group goes
+    dist.barrier()
     dist.destroy_process_group()
 
 

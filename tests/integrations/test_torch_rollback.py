@@ -95,6 +95,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, out_dir: str, said: 
         "printed": lines,
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()  # every rank here before the group goes
     dist.destroy_process_group()
 
 

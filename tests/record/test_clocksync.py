@@ -94,6 +94,7 @@ def _clock_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) 
     gt.finish()
     offsets = [(s.offset_ns, s.rtt_ns) for s in integration.clock_offsets]
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(offsets))
+    dist.barrier()  # every rank here before the group goes
     dist.destroy_process_group()
 
 
@@ -208,6 +209,7 @@ def _host_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -
     gt.finish()  # lets the asked-for rounds finish
     offsets = [(s.offset_ns, s.rtt_ns) for s in integration.clock_offsets]
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(offsets))
+    dist.barrier()  # every rank here before the group goes
     dist.destroy_process_group()
 
 

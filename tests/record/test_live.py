@@ -70,6 +70,7 @@ def _live_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -
         ],
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()  # every rank here before the group goes
     dist.destroy_process_group()
 
 
@@ -236,6 +237,7 @@ def _pipeline_worker(rank: int, world: int, port: int, run_dir: str, out_dir: st
         ],
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()  # every rank here before the group goes
     dist.destroy_process_group()
 
 

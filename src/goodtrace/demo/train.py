@@ -183,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if rank == 0:
                 print(f"eval after step {step}: validation loss {validation_loss:.4f}", flush=True)
     gt.finish(completed=True)
+    del ddp  # DDP's reducer gone and every rank here before the group goes (a gloo rank that
+    dist.barrier()  # tears it down while others still talk to it can abort at exit)
     dist.destroy_process_group()
     return 0
 
