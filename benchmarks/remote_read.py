@@ -28,7 +28,7 @@ average is printed before and after: on a shared machine, read the ratios, not t
 Usage: python benchmarks/remote_read.py [--quick] [--json] [--ranks 16,256] [--steps N]
        [--rtt-ms 0.5,3] [--s3-latency-ms 0,20] [--backends local,nfs,s3] [--keep DIR]
 
---quick: 4 and 40 ranks x 20 steps, S3 at 20 ms only (under a minute).
+--quick: 4 and 40 ranks x 20 steps, NFS at 0.5 ms and S3 at 20 ms only (under a minute).
 """
 
 from __future__ import annotations
@@ -283,7 +283,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with the figures")
     parser.add_argument("--ranks", help="comma-separated rank counts (default 16,256; --quick 4,40)")
     parser.add_argument("--steps", type=int, help="steps per rank (default 200; --quick 20)")
-    parser.add_argument("--rtt-ms", default="0.5,3", help="round trips of the emulated NFS, comma-separated")
+    parser.add_argument("--rtt-ms", help="round trips of the emulated NFS, comma-separated (default 0.5,3; "
+                                         "--quick 0.5)")
     parser.add_argument("--s3-latency-ms",
                         help="delay of every S3 request (time to first byte), comma-separated (default 0,20; "
                              "--quick 20)")
@@ -292,6 +293,7 @@ def main() -> None:
     args = parser.parse_args()
     ranks = [int(x) for x in (args.ranks or ("4,40" if args.quick else "16,256")).split(",")]
     s3_latencies = [float(x) for x in (args.s3_latency_ms or ("20" if args.quick else "0,20")).split(",")]
+    rtts = args.rtt_ms or ("0.5" if args.quick else "0.5,3")
     steps = args.steps or (20 if args.quick else 200)
     backends = set(args.backends.split(","))
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="goodtrace-remote-read-"))
@@ -312,7 +314,7 @@ def main() -> None:
             if reason:
                 skipped["nfs"] = reason
             else:
-                for rtt in (float(x) for x in args.rtt_ms.split(",")):
+                for rtt in (float(x) for x in rtts.split(",")):
                     bench_nfs(sizes, work, rtt, rows)
         if "s3" in backends:
             reason = s3_unavailable()
