@@ -199,14 +199,6 @@ def summarise(backend: str, ranks: int, results: list[dict[str, Any]], server: d
     return row
 
 
-def _du(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            total += os.path.getsize(os.path.join(root, name))
-    return total
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="N = 1, 4; 3 s per run (under a minute)")

@@ -92,16 +92,6 @@ class RankSpread:
                 for f in dataclasses.fields(self)}
 
 
-def _quantile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def _leave_one_out(values: dict[int, float]) -> dict[int, float]:
     """Per key, the median of the other keys' values (keys with a value only, at least two)."""
     import numpy as np
