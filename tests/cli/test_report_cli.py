@@ -88,6 +88,14 @@ def test_not_a_run_is_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 2 and "not a duration" in done.stderr
     done = goodtrace("report", str(RESTART), "--accelerator", "abacus", "--flops-per-step", "1e12")
     assert done.returncode == 2 and "unknown accelerator" in done.stderr
+    # a negative count was a slice from the end: "top -1" listed every step but one
+    done = goodtrace("report", str(RESTART), "--top", "-1")
+    assert done.returncode == 2 and "--top must be 0 or more, got -1" in done.stderr, done.stderr
+    for flag, value, message in (("--ideal-step", "nan", "--ideal-step must be a positive number"),
+                                 ("--devices-per-rank", "0", "--devices-per-rank must be at least 1"),
+                                 ("--workers", "0", "workers must be at least 1")):
+        done = goodtrace("report", str(RESTART), flag, value)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_compact_then_report_reads_parquet(tmp_path: Path) -> None:

@@ -53,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak-tflops", type=float, metavar="T", help="peak TFLOP/s of one device (overrides)")
     parser.add_argument("--devices-per-rank", type=int, default=1, metavar="N",
                         help="accelerators each rank drives (for MFU: peak FLOP/s x devices x ranks; default 1)")
-    parser.add_argument("--top", type=int, default=10, metavar="N", help="how many slowest steps to list")
+    parser.add_argument("--top", type=int, default=10, metavar="N",
+                        help="how many slowest steps (and anomalies) the console report lists (the JSON: "
+                             "10, and every step in its step table)")
     parser.add_argument("--no-steps", action="store_true", help="--json: leave out the full step table")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="local processes that read the rank files (default: one per core for a run of "
@@ -96,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
                          ("--ideal-step", args.ideal_step)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise CommandError(f"{label} must be a positive number, got {value}")
+    if args.top < 0:
+        raise CommandError(f"--top must be 0 or more, got {args.top}")
     if args.devices_per_rank < 1:
         raise CommandError(f"--devices-per-rank must be at least 1, got {args.devices_per_rank}")
     from goodtrace.read.engine import Engine
