@@ -22,7 +22,7 @@ from goodtrace.read.file_skips import FileSkips, range_copy
 from goodtrace.read.io_pool import io_map, stat_or_none
 from goodtrace.read.loaded import Progress
 
-__all__ = ["FOLD_BATCH_BYTES", "FOLD_BATCH_FILES", "FOLD_BATCH_MOST", "file_parts", "fold_json", "fold_sizes",
+__all__ = ["FOLD_BATCH_BYTES", "FOLD_BATCH_FILES", "FOLD_BATCH_MOST", "batch_parts", "file_parts", "fold_json", "fold_sizes",
            "session_batches"]
 
 FOLD_BATCH_FILES = 32  # files parsed into one batch table (whole sessions, but a long session's in parts of this many)
@@ -132,7 +132,7 @@ def fold_json(
     sizes = sizes if sizes is not None else fold_sizes(files_by_sid, ranges)
     for sids in session_batches(files_by_sid, sizes):
         batch = [(p, sid, fid_of[p]) for sid in sids for p in files_by_sid[sid]]
-        batches.extend(_parts(batch, sizes))
+        batches.extend(batch_parts(batch, sizes))
     names = ", ".join(f"r.{name}" for name in RECORD_COLUMNS)
     for batch in batches:
         if not batch:
@@ -182,8 +182,9 @@ def file_parts(sizes: Sequence[int]) -> list[range]:
     return _groups([(1, size) for size in sizes])
 
 
-def _parts(batch: list[tuple[str, int, int]], sizes: Mapping[str, int]) -> list[list[tuple[str, int, int]]]:
-    """A batch in the parts :func:`file_parts` gives: itself but where it is one long session."""
+def batch_parts(batch: list[tuple[str, int, int]], sizes: Mapping[str, int]) -> list[list[tuple[str, int, int]]]:
+    """A batch of (path, session, file number) in the parts :func:`file_parts` gives (``sizes``:
+    each path's bytes): itself but where it is one long session."""
     return [batch[part.start:part.stop] for part in file_parts([sizes.get(p, 0) for p, _, _ in batch])]
 
 

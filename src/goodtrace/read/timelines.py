@@ -6,6 +6,7 @@ turned into each session's :class:`~goodtrace.read.loaded.SessionTimeline`."""
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
@@ -43,18 +44,17 @@ def extract_details(con: Any, json_rows: Sequence[tuple[str, int, int]], parquet
     """The detail of some files into the ``det_*`` tables: ``json_rows`` (path read, session,
     file number) read as JSON lines, ``parquet_rows`` (number in the compacted copy, session,
     file number) from the copy's rows (filtered on ``fid``, so DuckDB skips other row groups);
-    the JSON files in the parts a fold batch holds (:func:`fold_batches.file_parts`, the fold's
+    the JSON files in the parts a fold batch holds (:func:`fold_batches.batch_parts`, the fold's
     one rule: by files and bytes), the copy's rows :data:`~fold_batches.FOLD_BATCH_FILES` files
     at a time (their bytes are not known here): a long session's detail read whole (a session of
     10 M steps, 7 GB of lines) was one table whose spans DuckDB could not group within its
     memory. Each file's rows are grouped on their own (by file), so the tables are the same."""
     sizes = fold_batches.fold_sizes({0: [path for path, _, _ in json_rows]}, None)
-    json_parts = [json_rows[r.start:r.stop] for r in fold_batches.file_parts([sizes[p] for p, _, _ in json_rows])]
     step = fold_batches.FOLD_BATCH_FILES
     parquet_parts = [parquet_rows[k:k + step] for k in range(0, len(parquet_rows), step)]
-    for k in range(max(len(json_parts), len(parquet_parts))):
-        _extract_part(con, json_parts[k] if k < len(json_parts) else [],
-                      parquet_parts[k] if k < len(parquet_parts) else [])
+    for json_part, parquet_part in itertools.zip_longest(fold_batches.batch_parts(list(json_rows), sizes), parquet_parts,
+                                                         fillvalue=()):
+        _extract_part(con, json_part, parquet_part)
 
 
 def _extract_part(con: Any, json_rows: Sequence[tuple[str, int, int]], parquet_rows: Sequence[tuple[int, int, int]]) -> None:
