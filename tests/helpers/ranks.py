@@ -15,6 +15,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def leave_group() -> None:
+    """A gloo rank's last call: every rank waits at a barrier, then the group is torn down. A
+    rank that tore it down while the others still talked to it aborted once at exit in CI
+    (``terminate called without an active exception``: a gloo thread left joinable). A DDP
+    worker drops its model (the reducer) before calling this."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def run_ranks(target: Any, world: int, *args: Any, timeout: float = 120) -> None:
     """``target(rank, world, port, *args)`` in ``world`` spawned processes sharing one free
     port; waits up to ``timeout`` s for each, kills what is left, and requires every one to

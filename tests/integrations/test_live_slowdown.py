@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import step_truth
-from helpers.ranks import run_ranks
+from helpers.ranks import leave_group, run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -66,8 +66,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, slow_rank: int, slow
                 _spin(5 * (FORWARD_S + BACKWARD_S))
     gt.finish()
     step_truth.write(run_dir, rank, bodies)
-    dist.barrier()  # every rank here before the group goes
-    dist.destroy_process_group()
+    leave_group()
 
 
 def _lines(tmp_path: Path, world: int, slow_rank: int, slower: float) -> tuple[list[str], Path]:

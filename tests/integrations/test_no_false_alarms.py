@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from helpers import step_truth
-from helpers.ranks import run_ranks
+from helpers.ranks import leave_group, run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -89,12 +89,8 @@ def _worker(rank: int, world: int, port: int, run_dir: str, slow_rank: int, coll
         gc.collect(0)  # young collections, as a real loop has them
     gt.finish()
     step_truth.write(run_dir, rank, bodies)
-    # DDP's reducer gone and every rank here before the group goes: rank 0 of one run once
-    # aborted at exit ("terminate called without an active exception", a gloo thread left
-    # joinable) when it tore the group down while the others were still finishing
-    del model, optimizer, loss
-    dist.barrier()
-    dist.destroy_process_group()
+    del model, optimizer, loss  # DDP's reducer, before the group goes
+    leave_group()
 
 
 def _named(tmp_path: Path, world: int, slow_rank: int, collective: str, kind: str = "spin",

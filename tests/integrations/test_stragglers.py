@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.ranks import run_ranks
+from helpers.ranks import leave_group, run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -57,9 +57,8 @@ def _ddp_worker(rank: int, world: int, port: int, run_dir: str) -> None:
                 optimizer.zero_grad()
             s.complete_on(loss.detach())
     gt.finish()
-    del model, optimizer, loss  # DDP's reducer gone, every rank here, before the group goes
-    dist.barrier()
-    dist.destroy_process_group()
+    del model, optimizer, loss  # DDP's reducer, before the group goes
+    leave_group()
 
 
 def test_a_slow_rank_is_named_when_a_collective_makes_every_rank_finish_together(tmp_path: Path) -> None:

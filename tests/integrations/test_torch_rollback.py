@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import goodtrace as gt
-from helpers.ranks import run_ranks
+from helpers.ranks import leave_group, run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -95,8 +95,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, out_dir: str, said: 
         "printed": lines,
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()  # every rank here before the group goes
-    dist.destroy_process_group()
+    leave_group()
 
 
 def _report(run_dir: Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from goodtrace.record.clocksync import (
     ping_reference,
     serve_pings,
 )
-from helpers.ranks import run_ranks
+from helpers.ranks import leave_group, run_ranks
 
 SHIFT_NS = 5_000_000_000 + 123_457  # rank 1's clock runs 5.000123457 s ahead of rank 0's
 
@@ -94,8 +94,7 @@ def _clock_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) 
     gt.finish()
     offsets = [(s.offset_ns, s.rtt_ns) for s in integration.clock_offsets]
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(offsets))
-    dist.barrier()  # every rank here before the group goes
-    dist.destroy_process_group()
+    leave_group()
 
 
 def test_injected_offset_is_measured_within_1ms_and_undone_by_the_reader(tmp_path: Path) -> None:
@@ -209,8 +208,7 @@ def _host_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -
     gt.finish()  # lets the asked-for rounds finish
     offsets = [(s.offset_ns, s.rtt_ns) for s in integration.clock_offsets]
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(offsets))
-    dist.barrier()  # every rank here before the group goes
-    dist.destroy_process_group()
+    leave_group()
 
 
 def test_one_rank_per_host_measures_and_its_host_shares_the_result(tmp_path: Path) -> None:

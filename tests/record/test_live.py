@@ -14,7 +14,7 @@ import pytest
 import goodtrace as gt
 from goodtrace.record.live.aggregator import LiveAggregator, LiveLine, LocalTransport, format_line
 from goodtrace.testing import FakeClock, capture
-from helpers.ranks import run_ranks
+from helpers.ranks import leave_group, run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -70,8 +70,7 @@ def _live_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -
         ],
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()  # every rank here before the group goes
-    dist.destroy_process_group()
+    leave_group()
 
 
 def _spawn(target: Any, world: int, *args: Any) -> None:
@@ -237,8 +236,7 @@ def _pipeline_worker(rank: int, world: int, port: int, run_dir: str, out_dir: st
         ],
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()  # every rank here before the group goes
-    dist.destroy_process_group()
+    leave_group()
 
 
 def test_ranks_with_different_metric_names_all_count(tmp_path: Path) -> None:
