@@ -10,9 +10,11 @@ bytes). Writes one rank of 100,000 and 1,000,000 steps (``--quick``: 10,000 and 
 every 100 steps, a checkpoint every 1,000), reads and analyses it once, then times in this
 process, alternated ``--repeat`` times (the medians):
 
-  report: the report's text with its step table (``iter_json``: the rows made and written);
+  report: the report's text with its step table (``iter_json``: the table's blocks of columns
+          written, no row made);
   baseline: the same text with every piece written by ``json.dumps(..., indent=2)`` (the
-            report object, then each row's object, as the report wrote them before).
+            report object, then each row's object, as the report wrote them before; the
+            rows made by the table's walk, from the same blocks).
 
 The two texts must be identical (the script fails otherwise). It prints per size the seconds
 of each, the time per row, their ratio (report / baseline) and the time per row against the

@@ -40,6 +40,7 @@ __all__ = [
     "ideal_step_ns",
     "interval_pieces",
     "noise_threshold_ns",
+    "plain_intervals",
 ]
 
 PRODUCTIVE = schema.BUCKET_PRODUCTIVE
@@ -420,10 +421,23 @@ def assemble(
 
 
 def _plain_runs(cut: SessionCut, warmup: int, limit: int | None) -> Any:
-    """For each interval, where the run of *plain* intervals it begins ends (the index after
-    it; the interval itself when it is not plain): an interval is plain when its pieces are
-    its carve alone (:meth:`SessionCut.interval_pieces` and :func:`interval_pieces` relabel
-    nothing in it: no warm-up, no execution thrown away, no data moved, no recovery)."""
+    """For each interval, where the run of *plain* intervals (:func:`plain_intervals`) it
+    begins ends (the index after it; the interval itself when it is not plain)."""
+    import numpy as np
+
+    n = cut.intervals
+    plain = plain_intervals(cut, warmup, limit)
+    # the end of each run: the next index that is not plain
+    index = np.arange(n)
+    stops = np.where(plain, n, index)
+    ends = np.minimum.accumulate(stops[::-1])[::-1]
+    return np.where(plain, ends, index)
+
+
+def plain_intervals(cut: SessionCut, warmup: int, limit: int | None) -> Any:
+    """Whether each interval of ``cut`` is *plain* (a bool column): its pieces are its carve
+    alone (:meth:`SessionCut.interval_pieces` and :func:`interval_pieces` relabel nothing in
+    it: no warm-up, no execution thrown away, no data moved, no recovery)."""
     import numpy as np
 
     n = cut.intervals
@@ -438,11 +452,7 @@ def _plain_runs(cut: SessionCut, warmup: int, limit: int | None) -> Any:
         if limit is not None:
             thrown |= np.frombuffer(cut.exec_step, dtype=np.int64) >= limit
         plain[interval[(interval >= 0) & thrown]] = False
-    # the end of each run: the next index that is not plain
-    index = np.arange(n)
-    stops = np.where(plain, n, index)
-    ends = np.minimum.accumulate(stops[::-1])[::-1]
-    return np.where(plain, ends, index)
+    return plain
 
 
 def interval_pieces(cut: SessionCut, w: int, relabels: Relabels) -> tuple[list[Piece], frozenset[int]]:

@@ -23,6 +23,7 @@ from goodtrace.analysis.partition import (
     IntervalList,
     Segment,
     StepInterval,
+    plain_intervals,
     segment_interval,
 )
 from goodtrace.analysis.step_marks import StepMarks
@@ -114,6 +115,9 @@ class StepColumns(NamedTuple):
     tags: list[tuple[int, tuple[str, ...]]]  # (row, its step's tags) of the rows with tags
 
 
+_ROW_BLOCK = 1 << 16  # rows made at a time when the table is walked (their marks looked up together)
+
+
 class StepTable(Sequence[StepRow]):
     """The step table: one row per execution of the reference rank, in time order, held as
     columns (a week-long run has hundreds of thousands of rows); a :class:`StepRow` is made
@@ -151,6 +155,7 @@ class StepTable(Sequence[StepRow]):
         self.productive_s = joined(productive, np.float64)
         self.first_of_attempt = (self._interval == 0) & (self._position == 0)
         self._device: Any = None  # device_s(), made when first read
+        self._simple_of: dict[int, Any] = {}  # _simple(k), made when first read
 
     def _rows_of(self, k: int) -> slice:
         """The rows of segment ``k``: consecutive, as the table is in segment order."""
@@ -222,9 +227,9 @@ class StepTable(Sequence[StepRow]):
         """Row ``index`` (not negative) and its step interval, made once for both."""
         if not 0 <= index < len(self):
             raise IndexError(index)
-        interval = self.interval_at(index)
-        return self._row(interval, int(self._position[index]), float(self.step_time_s[index]),
-                         float(self.device_s()[index])), interval
+        k = int(self._segment[index])
+        columns = self._block(k, slice(index, index + 1))
+        return _step_row(dict(zip(_FIELDS, (column[0] for column in columns), strict=True))), self.interval_at(index)
 
     def execution_at(self, index: int) -> tuple[StepInterval, int]:
         """Row ``index``'s step interval and its execution (an index into the interval's cut)."""
@@ -232,29 +237,19 @@ class StepTable(Sequence[StepRow]):
         return interval, interval.executions[int(self._position[index])]
 
     def __iter__(self) -> Iterator[StepRow]:
-        # a block of rows at a time: their steps' tags and metrics looked up together (a
-        # search per block, not two per row), each interval made once for its rows
-        for k, segment in enumerate(self._intervals.segments):
+        for columns in self.blocks():
+            for values in zip(*columns, strict=True):
+                yield _step_row(dict(zip(_FIELDS, values, strict=True)))
+
+    def blocks(self, size: int = _ROW_BLOCK) -> Iterator[list[list[Any]]]:
+        """The rows in order, ``size`` rows at a time (fewer at the end of a session), as
+        columns: one list per field of :class:`StepRow`, in its order, what the rows are made
+        of (:meth:`_block`). A view that writes every row (the JSON step table) reads these
+        without making a row each."""
+        for k in range(len(self._intervals.segments)):
             mine = self._rows_of(k)
-            marks = self._marks.get(segment.cut.session)
-            for lo in range(mine.start, mine.stop, _ROW_BLOCK):
-                block = slice(lo, min(lo + _ROW_BLOCK, mine.stop))
-                intervals, positions = self._interval[block], self._position[block]
-                if marks is not None:
-                    first = _np_ints(segment.cut.interval_first)[intervals]
-                    steps = _np_ints(segment.cut.exec_step)[first + positions]
-                    tags, metrics = marks.tags_of(steps), marks.metrics_of(steps)
-                    del first, steps
-                else:
-                    tags, metrics = [()] * (block.stop - block.start), [{} for _ in range(block.stop - block.start)]
-                interval: StepInterval | None = None
-                last = -1
-                for w, position, step_time_s, device_s, row_tags, row_metrics in zip(
-                        intervals.tolist(), positions.tolist(), self.step_time_s[block].tolist(),
-                        self.device_s()[block].tolist(), tags, metrics, strict=True):
-                    if w != last or interval is None:
-                        interval, last = segment_interval(segment, w), w
-                    yield self._row(interval, position, step_time_s, device_s, (row_tags, row_metrics))
+            for lo in range(mine.start, mine.stop, size):
+                yield self._block(k, slice(lo, min(lo + size, mine.stop)))
 
     def marks_of(self, session: int) -> StepMarks | None:
         """The per-step marks (tags, metrics, span time) of ``session``, None without them."""
@@ -272,6 +267,7 @@ class StepTable(Sequence[StepRow]):
         for name in ("_segment", "_interval", "_position", "step_time_s", "productive_s", "first_of_attempt"):
             setattr(out, name, getattr(self, name)[keep])
         out._device = None if self._device is None else self._device[keep]
+        out._simple_of = self._simple_of  # per interval: the same intervals
         return out
 
     def intervals(self) -> RowIntervals:
@@ -340,46 +336,80 @@ class StepTable(Sequence[StepRow]):
         order = np.argsort(-self.step_time_s, kind="stable")[:n]
         return [self[int(i)] for i in order]
 
-    def _row(self, w: StepInterval, position: int, step_time_s: float, device_s: float,
-             marks_found: tuple[tuple[str, ...], dict[str, float]] | None = None) -> StepRow:
-        """Row ``position`` of interval ``w`` (``marks_found``: its step's tags and metrics, found
-        with its block's; else looked up here)."""
-        cut = w.cut
-        executions = w.executions
-        i = executions[position]
-        n = len(executions)
-        overhead = w.overhead()
-        wasted = overhead.pop(WASTED, 0)
-        productive = w.total(PRODUCTIVE) + wasted
-        how = cut.interval_how[w.index]
-        step = cut.exec_step[i]
-        flags = cut.exec_flags[i]
-        if marks_found is None:
-            marks = self._marks.get(cut.session)
-            marks_found = (marks.tags(step), marks.metrics(step)) if marks is not None else ((), {})
-        tags, metrics = marks_found
-        return _step_row({  # every field, in order
-            "step": step,
-            "attempt": w.attempt,
-            "start_s": (w.start - self._job_start) / NS,
-            "step_time_s": step_time_s,
-            "productive_s": productive / n / NS,
-            "overhead_s": {k: v / n / NS for k, v in overhead.items()},
-            "shared": n,
-            "host_timed": cut.host_timed or how == HOST_EXIT,
-            "first_of_attempt": w.first_of_attempt and position == 0,
-            "counted": i not in w.lost,
-            "seq": cut.exec_seq[i],
-            "start_ns": w.start,
-            "end_ns": w.end,
-            "sync": how,
-            "repeated": bool(flags & FLAG_REPEATED),
-            "decreasing": bool(flags & FLAG_DECREASING),
-            "tags": tags,
-            "metrics": metrics,
-            "device_s": None if math.isnan(device_s) else device_s,
-            "compute_s": cut.exec_compute[i] / NS if cut.exec_compute[i] else None,
-        })
+    def _simple(self, k: int) -> Any:
+        """Which intervals of segment ``k`` are *simple* (a bool column, made once): plain
+        (:func:`plain_intervals`: nothing relabels them) and without overhead, so that each of
+        their rows is all productive and counted, read from the cut's columns alone."""
+        simple = self._simple_of.get(k)
+        if simple is None:
+            segment = self._intervals.segments[k]
+            simple = plain_intervals(segment.cut, *segment.relabels)
+            for values in segment.cut.interval_overhead.values():
+                simple &= _np_ints(values) == 0
+            self._simple_of[k] = simple
+        return simple
+
+    def _block(self, k: int, block: slice) -> list[list[Any]]:
+        """Rows ``block`` (rows of segment ``k``) as one list per field of :class:`StepRow`, in
+        its order: the one derivation of a row. The fields are the cut's columns at the rows'
+        executions and intervals; a row's productive time is its interval's, shared equally
+        (:attr:`productive_s`); where the interval is not simple (:meth:`_simple`), its
+        productive time, overhead and whether it counts are read from its pieces."""
+        import numpy as np
+
+        segment = self._intervals.segments[k]
+        cut = segment.cut
+        w, position = self._interval[block], self._position[block]
+        n = len(w)
+        i = _np_ints(cut.interval_first)[w] + position
+        steps = _np_ints(cut.exec_step)[i]
+        flags = _np_ints(cut.exec_flags)[i]
+        compute = _np_ints(cut.exec_compute)[i]
+        how_codes, how_names = label_codes(cut.interval_how)
+        how = how_codes[w]
+        marks = self._marks.get(cut.session)
+        if marks is not None:
+            tags, metrics = marks.tags_of(steps), marks.metrics_of(steps)
+        else:
+            tags, metrics = [()] * n, [{} for _ in range(n)]
+        productive = self.productive_s[block].tolist()
+        overhead: list[dict[str, float]] = [{} for _ in range(n)]
+        counted = [True] * n
+        interval: StepInterval | None = None
+        for j in np.flatnonzero(~self._simple(k)[w]).tolist():
+            if interval is None or interval.index != int(w[j]):
+                interval = segment_interval(segment, int(w[j]))
+            shares = len(interval.executions)
+            found = interval.overhead()
+            wasted = found.pop(WASTED, 0)
+            productive[j] = (interval.total(PRODUCTIVE) + wasted) / shares / NS
+            overhead[j] = {label: v / shares / NS for label, v in found.items()}
+            counted[j] = int(i[j]) not in interval.lost
+        start = _np_ints(cut.interval_start)[w] + segment.delta
+        host = np.full(n, True) if cut.host_timed else codes_in(how, how_names, (HOST_EXIT,))
+        device = self.device_s()[block]
+        return [
+            steps.tolist(),
+            [segment.attempt] * n,
+            ((start - self._job_start) / NS).tolist(),
+            self.step_time_s[block].tolist(),
+            productive,
+            overhead,
+            _np_ints(cut.interval_count)[w].tolist(),
+            host.tolist(),
+            self.first_of_attempt[block].tolist(),
+            counted,
+            _np_ints(cut.exec_seq)[i].tolist(),
+            start.tolist(),
+            (_np_ints(cut.interval_end)[w] + segment.delta).tolist(),
+            [how_names[code] for code in how.tolist()],
+            ((flags & FLAG_REPEATED) != 0).tolist(),
+            ((flags & FLAG_DECREASING) != 0).tolist(),
+            tags,
+            metrics,
+            [None if math.isnan(v) else v for v in device.tolist()],
+            [v / NS if v else None for v in compute.tolist()],
+        ]
 
 
 def _step_row(fields: dict[str, Any]) -> StepRow:
@@ -403,4 +433,4 @@ def _np_full(n: int, value: int) -> Any:
     return np.full(n, value, dtype=np.int64)
 
 
-_ROW_BLOCK = 1 << 16  # rows made at a time when the table is walked (their marks looked up together)
+_FIELDS = tuple(field.name for field in dataclasses.fields(StepRow))  # a row's fields, in order

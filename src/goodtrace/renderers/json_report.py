@@ -11,6 +11,7 @@ import json
 import math
 import os
 from collections.abc import Iterator
+from json.encoder import encode_basestring_ascii
 from typing import IO, Any
 
 from goodtrace.analysis import RunAnalysis
@@ -73,9 +74,78 @@ def iter_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int 
     inner = "\n" + " " * (2 * indent)  # a row is an object in a list in the report object
     yield head[:-2] + ",\n" + " " * indent + '"steps": ['
     rows = 0
-    for rows, row in enumerate(analysis.steps, start=1):
-        yield ("," if rows > 1 else "") + inner + _row_text(row, indent, inner)
+    for columns in analysis.steps.blocks(_TEXT_BLOCK):
+        text = _block_text(columns, indent, inner)
+        yield ("," if rows else "") + inner + ("," + inner).join(text)
+        rows += len(text)
     yield ("\n" + " " * indent + "]" if rows else "]") + "\n}"
+
+
+_TEXT_BLOCK = 4096  # rows written at a time (their text, about 600 bytes a row, held together)
+_BOOL = {True: "true", False: "false"}
+# each field of a step row and how its values are written (a field of a new type fails here)
+_STEP_FIELDS = tuple(field.name for field in dataclasses.fields(StepRow))
+_STEP_KINDS: dict[str, Any] = {field.name: {"int": int, "float": float, "bool": bool, "str": str, "float | None": None,
+                                            "dict[str, float]": dict, "tuple[str, ...]": tuple}[str(field.type)]
+                               for field in dataclasses.fields(StepRow)}
+
+
+def _block_text(columns: list[list[Any]], indent: int, newline: str) -> list[str]:
+    """Each row's text (:func:`_row_text`) of a block of the step table's rows as columns
+    (``StepTable.blocks``): each column written at once, then every row from one template of
+    its keys; a block with a float JSON cannot hold is written row by row (as null)."""
+    field = newline + " " * indent
+    text: list[Any] = []
+    try:
+        for name, column in zip(_STEP_FIELDS, columns, strict=True):
+            kind = _STEP_KINDS[name]
+            if kind is int:
+                text.append(map(int.__repr__, column))
+            elif kind is float:
+                if not all(map(math.isfinite, column)):
+                    raise ValueError(name)
+                text.append(map(float.__repr__, column))
+            elif kind is bool:
+                text.append(map(_BOOL.__getitem__, column))
+            elif kind is str:
+                known = {value: encode_basestring_ascii(value) for value in set(column)}
+                text.append(map(known.__getitem__, column))
+            elif kind is None:  # a float or None
+                if not all(math.isfinite(v) for v in column if v is not None):
+                    raise ValueError(name)
+                text.append(["null" if v is None else float.__repr__(v) for v in column])
+            elif kind is dict:
+                text.append(_objects_text(column, indent, field))
+            else:  # a list of strings (tags): written as dumps_indented writes it
+                text.append([dumps_indented(list(v), indent, field) if v else "[]" for v in column])
+        template = "{" + field + ("," + field).join(encode_basestring_ascii(name).replace("%", "%%") + ": %s"
+                                                    for name in _STEP_FIELDS) + newline + "}"
+        return [template % values for values in zip(*text, strict=True)]
+    except ValueError:  # a non-finite float: the rows one by one, it written as null
+        return [_row_text(StepRow(*values), indent, newline) for values in zip(*columns, strict=True)]
+
+
+def _objects_text(column: list[dict[str, Any]], indent: int, newline: str) -> list[str]:
+    """:func:`dumps_items` of each of ``column`` (objects at ``newline``): one of names and
+    finite floats (a step's overhead and metrics) written here, any other by it."""
+    inner = newline + " " * indent
+    names: dict[str, str] = {}  # a name -> its text after a line break
+    out: list[str] = []
+    for value in column:
+        if not value:
+            out.append("{}")
+            continue
+        parts: list[str] = []
+        for key, item in value.items():
+            if type(key) is not str or type(item) is not float or not math.isfinite(item):
+                parts = []
+                break
+            name = names.get(key)
+            if name is None:
+                name = names[key] = inner + encode_basestring_ascii(key) + ": "
+            parts.append(name + float.__repr__(item))
+        out.append("{" + ",".join(parts) + newline + "}" if parts else dumps_items(value.items(), indent, newline))
+    return out
 
 
 def render_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int | None = 2) -> str:
