@@ -186,6 +186,7 @@ TEST_MARKS: dict[str, tuple[str, ...]] = {
     "record/test_writer_faults.py::test_buffer_bound_holds_on_every_append_and_every_drop_is_counted": ("processes",),
     "record/test_writer_faults.py::test_sigkill_loses_at_most_one_interval_plus_one_chunk": ("processes",),
     "renderers/test_html.py::test_report_command_writes_the_page": ("processes",),
+    "renderers/test_html.py::test_the_gantt_of_a_few_steps_reads_only_the_files_around_them": ("processes",),
     "renderers/test_html.py::test_report_opens_offline_draws_and_hovers": ("browser", "processes"),
     "renderers/test_html_over_time.py::test_chart_draws_and_its_tooltip_names_the_buckets": ("browser", "processes"),
     "renderers/test_perfetto.py::test_cli_not_a_run": ("processes",),

@@ -199,6 +199,64 @@ def test_gantt_past_its_limit_keeps_the_lowest_ranks(small_run: Path, monkeypatc
         assert len(read) == 1 and len(read[0]) == (1 if rows_at_once == 1 else 3)
 
 
+LONG_SESSION = """
+import sys
+import goodtrace as gt
+from goodtrace.testing import FakeClock
+clock = FakeClock()
+gt.init(sys.argv[1], clock=clock, segment_bytes=4096)
+epoch = None
+for k in range(400):
+    if k == 100:
+        epoch = gt.span("epoch")  # from step 100 to step 300: written in a file after the window's
+        epoch.__enter__()
+    with gt.step(k) as s:
+        with gt.span("forward"):
+            clock.advance(0.1)
+        s.complete_on(1.0)
+    if k == 300:
+        epoch.__exit__(None, None, None)
+    if k % 20 == 19:
+        gt.flush()  # a new segment (4 KiB) every 20 steps or so
+gt.finish()
+"""
+
+
+def test_the_gantt_of_a_few_steps_reads_only_the_files_around_them(tmp_path: Path) -> None:
+    """The gantt of a few steps of a long session reads the files whose records' times reach
+    its range (each file's earliest and latest time, as loaded), not every file of the session,
+    and draws the same spans as a read of every file: a span that began long before the range
+    and ended long after it (written in a later file) among them."""
+    import subprocess
+    import sys
+
+    from goodtrace.read import raw
+
+    run_dir = tmp_path / "run"
+    subprocess.run([sys.executable, "-c", LONG_SESSION, str(run_dir)], check=True, timeout=120)
+    analysis, loaded = _analysed(run_dir)
+    files = loaded.files[0]
+    assert len(files) >= 10 and set(loaded.file_times) <= set(files) and len(loaded.file_times) >= len(files) - 1
+    window = _clock_range(analysis, 200, 204)
+    chosen = raw._files_for(loaded, 0, window, True)
+    # the range's file(s), the file the epoch span ends in, the first (no timed record) and the last
+    assert files[-1] in chosen and len(chosen) <= 6, (len(chosen), len(files))
+    assert raw._files_for(loaded, 0, window, False) == files  # every file, for the records of every kind
+    gantt = report_data(analysis, loaded, gantt_steps=(200, 204))["gantt"]
+    assert {"epoch", "forward"} <= set(gantt["names"]), gantt["names"]
+    times, loaded.file_times = loaded.file_times, {}  # no times: every file read
+    assert raw._files_for(loaded, 0, window, True) == files
+    assert report_data(analysis, loaded, gantt_steps=(200, 204))["gantt"] == gantt
+    loaded.file_times = times
+
+
+def _clock_range(analysis: RunAnalysis, first: int, last: int) -> tuple[int, int]:
+    from goodtrace.analysis.intervals import session_intervals
+
+    intervals = session_intervals(analysis, 0, (first, last))
+    return intervals[0].start, intervals[-1].end
+
+
 def test_page_is_self_contained_and_run_text_is_inert(evil_run: Path) -> None:
     html = render_html(*_analysed(evil_run))
     assert html.count("</script") == 3  # the data block, ECharts, the page script

@@ -169,7 +169,7 @@ _SEGMENT_TABLES = (
     "CREATE TABLE seg_summ (sid INTEGER, fid INTEGER, last_seen BIGINT, dropped BIGINT, first_step BIGINT, "
     "last_step BIGINT, step_count BIGINT, sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, "
     "finish_t BIGINT, finish_reason VARCHAR, finish_exception VARCHAR, preempt_events BIGINT, records BIGINT, "
-    "heartbeat BIGINT)",
+    "heartbeat BIGINT, first_t BIGINT)",
     "CREATE TABLE seg_steps (sid INTEGER, fid INTEGER, seq BIGINT, step BIGINT, t0 BIGINT, t1 BIGINT)",
     "CREATE TABLE seg_syncs (sid INTEGER, fid INTEGER, seq BIGINT, step BIGINT, t BIGINT, how VARCHAR, after BIGINT)",
     "CREATE TABLE seg_spans (sid INTEGER, fid INTEGER, cat VARCHAR, t0 BIGINT, t1 BIGINT, step BIGINT)",
@@ -213,6 +213,11 @@ RUN_MODEL_VERSION = f"2-{_sources_digest('duckdb_sql.py', 'fold_batches.py', 'va
 _MAIN = "(m.main_tid IS NULL OR b.tid IS NULL OR b.tid = m.main_tid)"
 
 
+# A file's first_t where none of its records has a time (first_t: the earliest time of its
+# records; with last_seen, the clock range a view of a few steps reads the file for, raw)
+NO_FIRST_T = 2**62
+
+
 def extract_segments(con: Any, source: str) -> None:
     """What the run model needs of the records in ``source`` (a relation of valid records with
     ``sid`` and ``fid`` columns), per segment file, into the ``seg_*`` tables. Nothing here
@@ -235,7 +240,8 @@ def extract_segments(con: Any, source: str) -> None:
                arg_max(exception, t) FILTER (WHERE kind = '{k.FINISH}'),
                count(*) FILTER (WHERE kind = '{k.EVENT}' AND lower(name) LIKE '%preempt%'),
                count(*),
-               max(mono) FILTER (WHERE kind = '{k.HEARTBEAT}')
+               max(mono) FILTER (WHERE kind = '{k.HEARTBEAT}'),
+               min(least(coalesce(t, {NO_FIRST_T}), coalesce(t0, {NO_FIRST_T}), coalesce(mono, {NO_FIRST_T})))
         FROM {source} WHERE kind IS NOT NULL GROUP BY sid, fid
         """
     )

@@ -274,6 +274,9 @@ class LoadedRun:
     records: int = 0
     # where each session's records are, for views that read raw records again (see read.raw)
     files: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # JSON segment files
+    # per JSON segment file (as in files): the earliest and latest time of its records as loaded,
+    # on its session's clock (a file without a timed record is not in it)
+    file_times: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     parquet_fids: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # rows of the Parquet copy
     parquet_path: str | None = None
     # lines that are no valid record, by reason (goodtrace.read.validate.SKIP_REASONS)

@@ -14,6 +14,7 @@ from typing import Any
 
 from goodtrace.read import column_file
 from goodtrace.read.duckdb_connection import insert_rows, release_buffers
+from goodtrace.read.duckdb_sql import NO_FIRST_T
 from goodtrace.read.fetch_order import by_session
 from goodtrace.read.loaded import NO_TIME, EventColumns, Labels, SessionRecords
 from goodtrace.read.outermost import adds_to, by_seq, kept_outer, outermost_compute
@@ -44,6 +45,15 @@ def session_summaries(con: Any) -> dict[int, dict[str, Any]]:
             "finish_completed", "finish_t", "finish_reason", "finish_exception", "preempt_events", "records",
             "heartbeat")
     return {int(row[0]): dict(zip(keys, row[1:], strict=True)) for row in rows}
+
+
+def file_times(con: Any) -> dict[int, tuple[int, int]]:
+    """Per file (its number), the earliest and the latest time of its records, on its session's
+    clock (``first_t``, ``last_seen``): files without a timed record are left out."""
+    rows = con.execute(
+        f"SELECT fid, min(first_t), max(last_seen) FROM summ GROUP BY fid HAVING min(first_t) < {NO_FIRST_T}"
+    ).fetchall()
+    return {int(fid): (int(first), int(last)) for fid, first, last in rows if first is not None and last is not None}
 
 
 _STRINGS: dict[str, str] = {}

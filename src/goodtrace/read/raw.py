@@ -110,6 +110,20 @@ def session_record_chunks(
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+def _files_for(run: LoadedRun, sid: int, clock_range: ClockRange, spans_only: bool) -> list[str]:
+    """The JSON files of session ``sid`` to read for ``clock_range``: for spans alone, not a
+    file whose records all end before the range or all begin after it (``LoadedRun.file_times``:
+    a view of a few steps of a week-long session reads the files around them, not the week),
+    but always the last (it may have grown since it was loaded); anything else is looked for
+    in every file (the marks of steps in range, the device metrics of every step)."""
+    files = run.files.get(sid, [])
+    if not spans_only or clock_range is None or len(files) < 2:
+        return list(files)
+    w0, w1 = clock_range
+    times = run.file_times
+    return [p for p in files[:-1] if not (p in times and (times[p][1] < w0 or times[p][0] > w1))] + files[-1:]
+
+
 def _stream(
     con: Any, run: LoadedRun, wanted: list[int], clock_ranges: Mapping[int, ClockRange],
     steps: tuple[int | None, int | None] | None, progress: Progress | None, spans_only: bool,
@@ -154,7 +168,7 @@ def _stream(
         con.execute("DELETE FROM fidmap")
         duckdb_connection.insert_rows(con, "clock_ranges", [(sid, *_bounds(clock_ranges[sid])) for sid in batch])
         parts = []
-        paths = [(p, sid) for sid in batch for p in run.files.get(sid, ())]
+        paths = [(p, sid) for sid in batch for p in _files_for(run, sid, clock_ranges[sid], spans_only)]
         if paths:
             duckdb_connection.insert_rows(con, "files_batch", paths)
             parts.append(
