@@ -1,21 +1,24 @@
-"""Benchmark: the HTML report's gantt chart of a few steps of a long session, the files it reads.
+"""Benchmark: a view of a few steps of a long session (the HTML report's gantt chart, a trace
+slice), the files it reads.
 
-The gantt chart draws every rank's spans in a range of about 20 steps, read again from the rank
-files (``raw.session_records(..., spans_only=True)``). It read every file of each session; it
-now reads only the files whose records' times reach the range (each file's earliest and latest
-record time, ``LoadedRun.file_times``, and always a session's last file). Writes one rank of
-each of ``--steps`` steps (``report_incremental.py``'s writer: three spans a step, its sync
-point, a loss metric, a tag every 100 steps, a checkpoint every 1,000; ``--segment-mib`` MiB
-segments), loads and analyses it once, then times in this process, alternated ``--repeat``
-times (the medians), the spans of 20 steps in the middle of the session read
+The gantt chart draws every rank's spans in a range of about 20 steps, and ``goodtrace trace
+--steps A:B`` writes a slice's spans, tags, events and metrics, both read again from the rank
+files (``raw.session_records``). They read every file of each session; they now read only the
+files that can hold what they draw (``LoadedRun.file_ranges``: each file's earliest and latest
+record time and its marks' lowest and highest step; always a session's last file). Writes one
+rank of each of ``--steps`` steps (``report_incremental.py``'s writer: three spans a step, its
+sync point, a loss metric, a tag every 100 steps, a checkpoint every 1,000; ``--segment-mib``
+MiB segments), loads and analyses it once, then times in this process, alternated ``--repeat``
+times (the medians), the records of 20 steps in the middle of the session read
 
-  files: as the gantt reads them now (the files around the range);
-  every: every file of the session (no file times: as the gantt read them before).
+  gantt: the spans, as the gantt reads them now (the files around the range);
+  trace: the spans and marks, as the trace reads them now (with the steps its intervals close on);
+  ... and each again from every file of the session (no file ranges: as they read before).
 
-Both must give the same spans (the script fails otherwise). It prints per size the files and
-seconds of each and their ratio; the time of ``files`` should not grow with the session (the
-same few files), that of ``every`` grows with it. ``--json``: the last line is one JSON object
-with every figure. ``--quick``: 20,000 and 200,000 steps in 4 MiB segments (under a minute).
+Each pair must give the same records (the script fails otherwise). It prints per size the files
+and seconds of each and their ratio; a read now should not grow with the session (the same few
+files), a read of every file grows with it. ``--json``: the last line is one JSON object with
+every figure. ``--quick``: 20,000 and 200,000 steps in 4 MiB segments (under a minute).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from goodtrace.analysis import analyze
-from goodtrace.analysis.intervals import session_intervals
+from goodtrace.analysis.intervals import slice_clock_range, slice_steps
 from goodtrace.read import raw
 from goodtrace.read.engine import Engine
 from goodtrace.read.load import load_run
@@ -40,10 +43,13 @@ from report_incremental import NOW, RankWriter
 WINDOW = 20
 
 
-def _spans(run: Any, window: tuple[int, int]) -> tuple[float, int]:
+def _read(run: Any, window: tuple[int, int], steps: tuple[int, int] | None, drawn: tuple[int, int] | None
+          ) -> tuple[float, list[Any]]:
     start = time.perf_counter()
-    count = sum(len(records) for _, records in raw.session_records(run, {0: window}, spans_only=True))
-    return time.perf_counter() - start, count
+    records = [r for _, chunk in raw.session_record_chunks(
+        run, {0: window}, steps=steps, spans_only=steps is None, drawn_steps={0: drawn} if drawn else None)
+        for r in chunk]
+    return time.perf_counter() - start, records
 
 
 def measure(work: Path, steps: int, segment_bytes: int, repeat: int) -> dict[str, Any]:
@@ -52,25 +58,31 @@ def measure(work: Path, steps: int, segment_bytes: int, repeat: int) -> dict[str
     run = load_run(root, engine=Engine(workers=1))
     analysis = analyze(run, now_wall_ns=NOW)
     middle = steps // 2
-    intervals = session_intervals(analysis, 0, (middle, middle + WINDOW - 1))
-    window = (intervals[0].start, intervals[-1].end)
-    times = dict(run.file_times)
-    files = len(run.files[0])
-    read = len(raw._files_for(run, 0, window, True))
-    seconds: dict[str, list[float]] = {"files": [], "every": []}
-    counts: dict[str, int] = {}
-    for _ in range(repeat):
-        for name in ("files", "every"):
-            run.file_times = times if name == "files" else {}
-            taken, counts[name] = _spans(run, window)
-            seconds[name].append(taken)
-    if counts["files"] != counts["every"]:
-        raise SystemExit(f"at {steps} steps the two reads found {counts['files']} and {counts['every']} spans")
+    selected = (middle, middle + WINDOW - 1)
+    window = slice_clock_range(analysis, 0, selected)
+    drawn = slice_steps(analysis, 0, selected)
+    assert window is not None
+    ranges = dict(run.file_ranges)
+    row: dict[str, Any] = {"steps": steps, "files": len(run.files[0])}
+    for view, view_steps in (("gantt", None), ("trace", selected)):
+        row[f"{view}_files_read"] = len(raw._files_for(run, 0, window, view_steps or selected, drawn, view == "gantt"))
+        seconds: dict[str, list[float]] = {"now": [], "every": []}
+        found: dict[str, list[Any]] = {}
+        for _ in range(repeat):
+            for name in ("now", "every"):
+                run.file_ranges = ranges if name == "now" else {}
+                taken, found[name] = _read(run, window, view_steps, drawn)
+                seconds[name].append(taken)
+        run.file_ranges = ranges
+        if found["now"] != found["every"]:
+            raise SystemExit(f"at {steps} steps the {view}'s two reads differ ({len(found['now'])} and "
+                             f"{len(found['every'])} records)")
+        now_s, every_s = statistics.median(seconds["now"]), statistics.median(seconds["every"])
+        row.update({f"{view}_records": len(found["now"]), f"{view}_s": round(now_s, 3),
+                    f"{view}_every_s": round(every_s, 3), f"{view}_over_every": round(now_s / every_s, 3)})
     run.close()
     shutil.rmtree(root, ignore_errors=True)
-    files_s, every_s = statistics.median(seconds["files"]), statistics.median(seconds["every"])
-    return {"steps": steps, "files": files, "files_read": read, "spans": counts["files"],
-            "files_s": round(files_s, 3), "every_s": round(every_s, 3), "files_over_every": round(files_s / every_s, 3)}
+    return row
 
 
 def main() -> None:
@@ -89,9 +101,10 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for row in rows:
-        print(f"{row['steps']:>10,} steps ({row['files']} files): the {WINDOW} steps' {row['spans']:,} spans from "
-              f"{row['files_read']} files {row['files_s']} s, from every file {row['every_s']} s: "
-              f"{row['files_over_every']}x")
+        for view in ("gantt", "trace"):
+            print(f"{row['steps']:>10,} steps ({row['files']} files), {view}: the {WINDOW} steps' "
+                  f"{row[f'{view}_records']:,} records from {row[f'{view}_files_read']} files {row[f'{view}_s']} s, "
+                  f"from every file {row[f'{view}_every_s']} s: {row[f'{view}_over_every']}x")
     if args.json:
         print(json.dumps({"benchmark": "gantt_files", "python": sys.version.split()[0], "window_steps": WINDOW,
                           "segment_bytes": segment_bytes, "sizes": rows}))

@@ -134,14 +134,20 @@ class Proc:
             t += step_s
         return t
 
-    def write(self, *, torn: bool = False) -> Path:
+    def write(self, *, torn: bool = False, segment_lines: int | None = None) -> Path:
+        """The session's file (``segment_lines``: its records in files of that many lines each,
+        as the writer rotates its segments, each file its header; the last file's path)."""
         rank_dir = self.run_dir / f"rank-{self.rank:05d}"
         rank_dir.mkdir(parents=True, exist_ok=True)
-        path = rank_dir / f"{self.session}.00000.jsonl"
-        text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in [self.header, *self.lines])
-        if torn:
-            text += '{"kind":"span","name":"tor'
-        path.write_text(text)
+        size = segment_lines or max(1, len(self.lines))
+        parts = [self.lines[i:i + size] for i in range(0, len(self.lines), size)] or [[]]
+        for segment, lines in enumerate(parts):
+            path = rank_dir / f"{self.session}.{segment:05d}.jsonl"
+            head = dict(self.header, segment=segment)
+            text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in [head, *lines])
+            if torn and segment == len(parts) - 1:
+                text += '{"kind":"span","name":"tor'
+            path.write_text(text)
         return path
 
 

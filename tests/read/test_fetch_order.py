@@ -90,7 +90,7 @@ def _records(order: random.Random) -> tuple[object, ...]:
     con = duckdb.connect()
     duckdb_sql.create_segment_tables(con)
     rows = {
-        "seg_summ": [(0, 0, 900, 0, 1, 2, 3, 3, 0, None, None, None, None, 0, 20, None, 100)],
+        "seg_summ": [(0, 0, 900, 0, 1, 2, 3, 3, 0, None, None, None, None, 0, 20, None, 100, 1, 2)],
         "seg_steps": [(0, 0, 0, 1, 100, 200), (0, 0, 1, 2, 200, 300), (0, 0, 2, 2, 300, 400)],  # step 2 re-done
         "seg_syncs": [(0, 0, -1, 1, 250, "lag", None), (0, 0, -1, 2, 250, "poll", None), (0, 0, -1, 2, 350, "lag", None)],
         "seg_spans": [(0, 0, "checkpoint_save", 120, 180, 1), (0, 0, "eval", 120, 180, 1), (0, 0, "data", 120, 180, 2)],

@@ -236,18 +236,18 @@ def test_the_gantt_of_a_few_steps_reads_only_the_files_around_them(tmp_path: Pat
     subprocess.run([sys.executable, "-c", LONG_SESSION, str(run_dir)], check=True, timeout=120)
     analysis, loaded = _analysed(run_dir)
     files = loaded.files[0]
-    assert len(files) >= 10 and set(loaded.file_times) <= set(files) and len(loaded.file_times) >= len(files) - 1
+    assert len(files) >= 10 and set(loaded.file_ranges) <= set(files) and len(loaded.file_ranges) >= len(files) - 1
     window = _clock_range(analysis, 200, 204)
-    chosen = raw._files_for(loaded, 0, window, True)
+    chosen = raw._files_for(loaded, 0, window, (200, 204), None, True)
     # the range's file(s), the file the epoch span ends in, the first (no timed record) and the last
     assert files[-1] in chosen and len(chosen) <= 6, (len(chosen), len(files))
-    assert raw._files_for(loaded, 0, window, False) == files  # every file, for the records of every kind
+    assert raw._files_for(loaded, 0, window, None, None, False) == files  # every mark of any step: every file
     gantt = report_data(analysis, loaded, gantt_steps=(200, 204))["gantt"]
     assert {"epoch", "forward"} <= set(gantt["names"]), gantt["names"]
-    times, loaded.file_times = loaded.file_times, {}  # no times: every file read
-    assert raw._files_for(loaded, 0, window, True) == files
+    ranges, loaded.file_ranges = loaded.file_ranges, {}  # no ranges: every file read
+    assert raw._files_for(loaded, 0, window, (200, 204), None, True) == files
     assert report_data(analysis, loaded, gantt_steps=(200, 204))["gantt"] == gantt
-    loaded.file_times = times
+    loaded.file_ranges = ranges
 
 
 def _clock_range(analysis: RunAnalysis, first: int, last: int) -> tuple[int, int]:

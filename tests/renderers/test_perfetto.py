@@ -18,8 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goodtrace import schema
 from goodtrace.analysis import RunAnalysis, analyze
-from goodtrace.analysis.intervals import session_intervals
+from goodtrace.analysis.intervals import session_intervals, slice_clock_range, slice_steps
 from goodtrace.cli.ranges import format_ranks, parse_ranks, parse_steps
 from goodtrace.read import raw
 from goodtrace.read.load import load_run
@@ -45,6 +46,57 @@ UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
 def _analysed(run_dir: Path) -> tuple[RunAnalysis, LoadedRun]:
     loaded = load_run(run_dir)
     return analyze(loaded), loaded
+
+
+def test_a_slice_reads_only_the_files_that_can_hold_what_it_draws(tmp_path: Path) -> None:
+    """A trace of a few steps of a long session reads the files whose records' times reach the
+    slice, or whose tags, events and metrics are of its steps, or of the steps its intervals
+    close on (a device metric): the same trace as a read of every file, from fewer files. The
+    session holds, each in a file of its own far from the slice, a tag of a step of the slice,
+    the device time of the step that closes the slice's last interval (shared: step 14 has no
+    sync point of its own), a device metric without a step, and a span from long before the
+    slice to long after it."""
+    from helpers.builders import Proc
+
+    run_dir = tmp_path / "run"
+    proc = Proc(run_dir, start=0.0)
+    t = 1.0
+    for k in range(60):
+        if k == 5:
+            proc.span("epoch", t, t + 30.0)  # from step 5 to step 35, in a file before the slice
+        proc.step(k, t, t + 1.0)
+        proc.span("forward", t + 0.1, t + 0.9, step=k)
+        if k != 14:
+            proc.sync(k, t + 1.0, "lag")
+        proc.metric("loss", k, 1.0 / (k + 1), t + 1.0)
+        if k == 40:
+            proc.tag(12, "late", t + 0.5)
+        if k == 50:
+            proc.metric(schema.DEVICE_BUSY_METRIC, 15, 0.25, t + 0.5)
+        if k == 45:  # a device metric without a step: the trace writes it whatever its time
+            proc.lines.append({"kind": "metric", "name": schema.DEVICE_IDLE_METRIC, "step": None, "value": 0.5,
+                               "reduce": "mean", "t": proc.mono(t)})
+        t += 1.0
+    proc.finish(t)
+    proc.write(segment_lines=10)
+    analysis, loaded = _analysed(run_dir)
+    files = loaded.files[0]
+    assert len(files) >= 20
+    selection = Selection(steps=(10, 14))
+    drawn = slice_steps(analysis, 0, selection.steps)
+    assert drawn == (10, 15)  # the last interval closes on step 15
+    window = slice_clock_range(analysis, 0, selection.steps)
+    chosen = raw._files_for(loaded, 0, window, selection.steps, drawn, False)
+    assert files[-1] in chosen and len(chosen) <= len(files) // 2, (len(chosen), len(files))
+    trace = PerfettoRenderer(selection).render(analysis, loaded)
+    events = _events(trace)
+    assert any(e.get("name") == "late" for e in events) and any(e.get("name") == "epoch" for e in events)
+    assert any(e.get("name") == "device busy" for e in events)
+    assert any(e.get("name") == schema.DEVICE_IDLE_METRIC and e.get("ph") == "C" for e in events)
+    ranges, loaded.file_ranges = loaded.file_ranges, {}  # no ranges: every file read
+    assert raw._files_for(loaded, 0, window, selection.steps, drawn, False) == files
+    assert PerfettoRenderer(selection).render(analysis, loaded) == trace
+    loaded.file_ranges = ranges
 
 
 def _render(run_dir: Path, selection: Selection | None = None) -> str:

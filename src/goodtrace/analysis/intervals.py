@@ -20,7 +20,7 @@ from goodtrace.analysis.selection import StepRange
 if TYPE_CHECKING:
     from goodtrace.analysis import RunAnalysis
 
-__all__ = ["IntervalView", "iter_session_intervals", "session_intervals", "slice_clock_range"]
+__all__ = ["IntervalView", "iter_session_intervals", "session_intervals", "slice_clock_range", "slice_steps"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +102,26 @@ def iter_session_intervals(analysis: RunAnalysis, session: int, selected: StepRa
         pieces, lost = interval_pieces(cut, w, relabels)
         yield IntervalView(session, w, attempt, cut.interval_start[w], cut.interval_end[w], cut.interval_how[w], steps,
                            tuple(cut.exec_seq[i] for i in executions), tuple(pieces), lost)
+
+
+def slice_steps(analysis: RunAnalysis, session: int, selected: StepRange | None) -> tuple[int, int] | None:
+    """The lowest and highest step of the executions in the intervals of a session that hold a
+    step of ``selected`` (what a slice of steps draws: a shared interval's steps past the
+    range too); None when ``selected`` is None or no interval holds one."""
+    import numpy as np
+
+    cut = analysis.cuts.get(session)
+    if cut is None or selected is None:
+        return None
+    found = _intervals_in_range(cut, selected)
+    if not found:
+        return None
+    first = np.frombuffer(cut.interval_first, dtype=np.int64)[found]
+    count = np.frombuffer(cut.interval_count, dtype=np.int64)[found]
+    # each found interval's executions, first to last (consecutive in the cut)
+    executions = np.arange(int(count.sum())) + np.repeat(first - (np.cumsum(count) - count), count)
+    steps = np.frombuffer(cut.exec_step, dtype=np.int64)[executions]
+    return int(steps.min()), int(steps.max())
 
 
 def slice_clock_range(analysis: RunAnalysis, session: int, selected: StepRange | None) -> tuple[int, int] | None:

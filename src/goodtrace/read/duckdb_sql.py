@@ -169,7 +169,7 @@ _SEGMENT_TABLES = (
     "CREATE TABLE seg_summ (sid INTEGER, fid INTEGER, last_seen BIGINT, dropped BIGINT, first_step BIGINT, "
     "last_step BIGINT, step_count BIGINT, sync_count BIGINT, has_finish BIGINT, finish_completed BOOLEAN, "
     "finish_t BIGINT, finish_reason VARCHAR, finish_exception VARCHAR, preempt_events BIGINT, records BIGINT, "
-    "heartbeat BIGINT, first_t BIGINT)",
+    "heartbeat BIGINT, first_t BIGINT, first_mark_step BIGINT, last_mark_step BIGINT)",
     "CREATE TABLE seg_steps (sid INTEGER, fid INTEGER, seq BIGINT, step BIGINT, t0 BIGINT, t1 BIGINT)",
     "CREATE TABLE seg_syncs (sid INTEGER, fid INTEGER, seq BIGINT, step BIGINT, t BIGINT, how VARCHAR, after BIGINT)",
     "CREATE TABLE seg_spans (sid INTEGER, fid INTEGER, cat VARCHAR, t0 BIGINT, t1 BIGINT, step BIGINT)",
@@ -214,8 +214,13 @@ _MAIN = "(m.main_tid IS NULL OR b.tid IS NULL OR b.tid = m.main_tid)"
 
 
 # A file's first_t where none of its records has a time (first_t: the earliest time of its
-# records; with last_seen, the clock range a view of a few steps reads the file for, raw)
+# records; with last_seen, the clock range a view of a few steps reads the file for, and with
+# first_mark_step and last_mark_step, the steps of its tags, events and metrics: raw)
 NO_FIRST_T = 2**62
+# a mark's step in first_mark_step / last_mark_step: a device metric without a step counts as
+# any step (a view that reads a file for the marks of its steps takes it from every file)
+_ANY_STEP = (f"CASE WHEN kind = '{schema.METRIC}' AND name IN ("
+             + ", ".join(f"'{name}'" for name in schema.DEVICE_METRICS) + ") THEN {} END")
 
 
 def extract_segments(con: Any, source: str) -> None:
@@ -241,7 +246,9 @@ def extract_segments(con: Any, source: str) -> None:
                count(*) FILTER (WHERE kind = '{k.EVENT}' AND lower(name) LIKE '%preempt%'),
                count(*),
                max(mono) FILTER (WHERE kind = '{k.HEARTBEAT}'),
-               min(least(coalesce(t, {NO_FIRST_T}), coalesce(t0, {NO_FIRST_T}), coalesce(mono, {NO_FIRST_T})))
+               min(least(coalesce(t, {NO_FIRST_T}), coalesce(t0, {NO_FIRST_T}), coalesce(mono, {NO_FIRST_T}))),
+               min(coalesce(step, {_ANY_STEP.format(-NO_FIRST_T)})) FILTER (WHERE kind IN ('{k.TAG}', '{k.EVENT}', '{k.METRIC}')),
+               max(coalesce(step, {_ANY_STEP.format(NO_FIRST_T)})) FILTER (WHERE kind IN ('{k.TAG}', '{k.EVENT}', '{k.METRIC}'))
         FROM {source} WHERE kind IS NOT NULL GROUP BY sid, fid
         """
     )

@@ -471,8 +471,8 @@ def _load_run(
         if kept is not None:
             prune_columns(kept.folder, drafts)
         hangs = hang_events_in(con)
-        file_times = {skips.substitutes.get(path_of[fid], path_of[fid]): times
-                      for fid, times in model_fetch.file_times(con).items() if fid in path_of}
+        file_ranges = {skips.substitutes.get(path_of[fid], path_of[fid]): found
+                       for fid, found in model_fetch.file_ranges(con).items() if fid in path_of}
         # the analysis fetches each session's columns when it cuts it (a block at a time)
         records = model_fetch.SessionRecordsSource(
             con, len(sessions), [s.step_count for s in sessions],
@@ -493,7 +493,7 @@ def _load_run(
     loaded = LoadedRun(
         path=path, sessions=sessions, timelines=timelines, session_records=records,
         warnings=fold_file_warnings(warnings),
-        form=form, records=record_count, files=json_by_sid, file_times=file_times, parquet_fids=parquet_fids,
+        form=form, records=record_count, files=json_by_sid, file_ranges=file_ranges, parquet_fids=parquet_fids,
         parquet_path=parquet if parquet_ok else None, skipped=skipped, read_bytes=read_bytes,
     )
     loaded.hang_events = hang_details(loaded, hangs)  # the few sessions with a hang: their events' details

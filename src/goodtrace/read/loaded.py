@@ -21,6 +21,7 @@ __all__ = [
     "NO_TIME",
     "EventColumns",
     "EventRecord",
+    "FileRange",
     "HangEvent",
     "Labels",
     "LoadError",
@@ -259,6 +260,18 @@ class SessionTimeline:
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # attrs of the last "model" event
 
 
+class FileRange(NamedTuple):
+    """What one JSON segment file held when it was loaded: the earliest and the latest time of
+    its records (its session's clock), and the lowest and highest step of its tags, events and
+    metrics (None: none has a step). A view of a few steps reads only the files that reach them
+    (:mod:`goodtrace.read.raw`)."""
+
+    first_t: int
+    last_t: int
+    first_mark_step: int | None
+    last_mark_step: int | None
+
+
 @dataclasses.dataclass
 class LoadedRun:
     """What the analysis reads: every session's summary and model records, and the full
@@ -274,9 +287,9 @@ class LoadedRun:
     records: int = 0
     # where each session's records are, for views that read raw records again (see read.raw)
     files: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # JSON segment files
-    # per JSON segment file (as in files): the earliest and latest time of its records as loaded,
-    # on its session's clock (a file without a timed record is not in it)
-    file_times: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # per JSON segment file (as in files): what it held as loaded (a file without a timed record
+    # is not in it)
+    file_ranges: dict[str, FileRange] = dataclasses.field(default_factory=dict)
     parquet_fids: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # rows of the Parquet copy
     parquet_path: str | None = None
     # lines that are no valid record, by reason (goodtrace.read.validate.SKIP_REASONS)

@@ -16,7 +16,7 @@ from goodtrace.read import column_file
 from goodtrace.read.duckdb_connection import insert_rows, release_buffers
 from goodtrace.read.duckdb_sql import NO_FIRST_T
 from goodtrace.read.fetch_order import by_session
-from goodtrace.read.loaded import NO_TIME, EventColumns, Labels, SessionRecords
+from goodtrace.read.loaded import NO_TIME, EventColumns, FileRange, Labels, SessionRecords
 from goodtrace.read.outermost import adds_to, by_seq, kept_outer, outermost_compute
 from goodtrace.read.session_columns import (
     ORDER,
@@ -47,13 +47,16 @@ def session_summaries(con: Any) -> dict[int, dict[str, Any]]:
     return {int(row[0]): dict(zip(keys, row[1:], strict=True)) for row in rows}
 
 
-def file_times(con: Any) -> dict[int, tuple[int, int]]:
+def file_ranges(con: Any) -> dict[int, FileRange]:
     """Per file (its number), the earliest and the latest time of its records, on its session's
-    clock (``first_t``, ``last_seen``): files without a timed record are left out."""
+    clock (``first_t``, ``last_seen``), and the lowest and highest step of its tags, events and
+    metrics (:class:`FileRange`): files without a timed record are left out."""
     rows = con.execute(
-        f"SELECT fid, min(first_t), max(last_seen) FROM summ GROUP BY fid HAVING min(first_t) < {NO_FIRST_T}"
+        "SELECT fid, min(first_t), max(last_seen), min(first_mark_step), max(last_mark_step) FROM summ "
+        f"GROUP BY fid HAVING min(first_t) < {NO_FIRST_T}"
     ).fetchall()
-    return {int(fid): (int(first), int(last)) for fid, first, last in rows if first is not None and last is not None}
+    return {int(fid): FileRange(int(first), int(last), None if lo is None else int(lo), None if hi is None else int(hi))
+            for fid, first, last, lo, hi in rows if first is not None and last is not None}
 
 
 _STRINGS: dict[str, str] = {}

@@ -21,7 +21,7 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.read import duckdb_connection, duckdb_sql
-from goodtrace.read.loaded import LoadedRun, Progress
+from goodtrace.read.loaded import FileRange, LoadedRun, Progress
 from goodtrace.read.validate import json_object
 
 __all__ = ["CHUNK_RECORDS", "ClockRange", "RawRecord", "session_record_chunks", "session_records"]
@@ -91,11 +91,15 @@ def session_record_chunks(
     steps: tuple[int | None, int | None] | None = None,
     progress: Progress | None = None,
     spans_only: bool = False,
+    drawn_steps: Mapping[int, tuple[int, int]] | None = None,
 ) -> Iterator[tuple[int, list[RawRecord]]]:
     """:func:`session_records` a part at a time: ``(session index, some of its records)``, a
     session's parts one after the other, in time order, at most :data:`CHUNK_RECORDS` each
     (a view that writes records as it reads them holds no more: a window of a long run has
-    millions); each session at least once (with none, when nothing of it is in its range)."""
+    millions); each session at least once (with none, when nothing of it is in its range).
+    ``drawn_steps``: per session, the lowest and highest step of the executions the view draws
+    (their device metrics are wanted, past ``steps`` too: a shared interval closing at the range's
+    end), so that only the files that can hold what is wanted are read (:func:`_files_for`)."""
     wanted = sorted(clock_ranges)
     if not wanted:
         return
@@ -103,30 +107,45 @@ def session_record_chunks(
     try:
         con = duckdb_connection.connect(tmpdir)
         try:
-            yield from _stream(con, run, wanted, clock_ranges, steps, progress, spans_only)
+            yield from _stream(con, run, wanted, clock_ranges, steps, progress, spans_only, drawn_steps or {})
         finally:
             con.close()
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _files_for(run: LoadedRun, sid: int, clock_range: ClockRange, spans_only: bool) -> list[str]:
-    """The JSON files of session ``sid`` to read for ``clock_range``: for spans alone, not a
-    file whose records all end before the range or all begin after it (``LoadedRun.file_times``:
-    a view of a few steps of a week-long session reads the files around them, not the week),
-    but always the last (it may have grown since it was loaded); anything else is looked for
-    in every file (the marks of steps in range, the device metrics of every step)."""
+def _files_for(run: LoadedRun, sid: int, clock_range: ClockRange, steps: tuple[int | None, int | None] | None,
+               drawn: tuple[int, int] | None, spans_only: bool) -> list[str]:
+    """The JSON files of session ``sid`` that can hold a record :func:`session_records` wants
+    (``LoadedRun.file_ranges``: a view of a few steps of a week-long session reads the files
+    around them, not the week): a span or an unstepped mark in ``clock_range`` needs a file whose
+    records' times reach it; a tag, event or metric of a step in ``steps``, or a device metric
+    of a step in ``drawn`` (the steps of the executions the view draws), one whose marks' steps
+    do (with no ``steps``: every file). A file loaded without a range, and a session's last
+    file (it may have grown since it was loaded), are always read."""
     files = run.files.get(sid, [])
-    if not spans_only or clock_range is None or len(files) < 2:
+    if clock_range is None or len(files) < 2 or (not spans_only and steps is None):
         return list(files)
     w0, w1 = clock_range
-    times = run.file_times
-    return [p for p in files[:-1] if not (p in times and (times[p][1] < w0 or times[p][0] > w1))] + files[-1:]
+    lo, hi = (None, None) if steps is None else steps
+    low, high = -(2**62) if lo is None else lo, 2**62 if hi is None else hi
+    if drawn is not None:
+        low, high = min(low, drawn[0]), max(high, drawn[1])
+
+    def wanted(found: FileRange | None) -> bool:
+        if found is None or not (found.last_t < w0 or found.first_t > w1):
+            return True
+        return not spans_only and found.first_mark_step is not None and found.last_mark_step is not None \
+            and not (found.last_mark_step < low or found.first_mark_step > high)
+
+    ranges = run.file_ranges
+    return [p for p in files[:-1] if wanted(ranges.get(p))] + files[-1:]
 
 
 def _stream(
     con: Any, run: LoadedRun, wanted: list[int], clock_ranges: Mapping[int, ClockRange],
     steps: tuple[int | None, int | None] | None, progress: Progress | None, spans_only: bool,
+    drawn_steps: Mapping[int, tuple[int, int]],
 ) -> Iterator[tuple[int, list[RawRecord]]]:
     con.execute("CREATE TEMP TABLE files_batch (path VARCHAR, sid INTEGER)")
     con.execute("CREATE TEMP TABLE clock_ranges (sid INTEGER, w0 BIGINT, w1 BIGINT)")
@@ -168,7 +187,7 @@ def _stream(
         con.execute("DELETE FROM fidmap")
         duckdb_connection.insert_rows(con, "clock_ranges", [(sid, *_bounds(clock_ranges[sid])) for sid in batch])
         parts = []
-        paths = [(p, sid) for sid in batch for p in _files_for(run, sid, clock_ranges[sid], spans_only)]
+        paths = [(p, sid) for sid in batch for p in _files_for(run, sid, clock_ranges[sid], steps, drawn_steps.get(sid), spans_only)]
         if paths:
             duckdb_connection.insert_rows(con, "files_batch", paths)
             parts.append(

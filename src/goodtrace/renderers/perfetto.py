@@ -32,7 +32,7 @@ from typing import IO, Any
 
 from goodtrace import schema
 from goodtrace.analysis import RunAnalysis
-from goodtrace.analysis.intervals import iter_session_intervals, slice_clock_range
+from goodtrace.analysis.intervals import iter_session_intervals, slice_clock_range, slice_steps
 from goodtrace.analysis.selection import Selection
 from goodtrace.read.loaded import LoadedRun, Progress
 from goodtrace.read.raw import RawRecord, session_record_chunks
@@ -178,7 +178,8 @@ class PerfettoRenderer:
                 emit(meta("thread_sort_index", pid, found.tid, {"sort_index": found.sort}))
             return found
 
-        chunks = session_record_chunks(run, clock_ranges, steps=selection.steps)
+        drawn = {i: found for i in clock_ranges if (found := slice_steps(analysis, i, selection.steps)) is not None}
+        chunks = session_record_chunks(run, clock_ranges, steps=selection.steps, drawn_steps=drawn)
         for written, (i, parts) in enumerate(itertools.groupby(chunks, key=operator.itemgetter(0)), 1):
             records = itertools.chain.from_iterable(chunk for _, chunk in parts)  # a part of the session at a time
             self._emit_session(analysis, i, clock_ranges[i], records, lane, origin, emit, counts)
