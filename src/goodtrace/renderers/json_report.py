@@ -114,38 +114,15 @@ def _block_text(columns: list[list[Any]], indent: int, newline: str) -> list[str
                 if not all(math.isfinite(v) for v in column if v is not None):
                     raise ValueError(name)
                 text.append(["null" if v is None else float.__repr__(v) for v in column])
-            elif kind is dict:
-                text.append(_objects_text(column, indent, field))
-            else:  # a list of strings (tags): written as dumps_indented writes it
+            elif kind is dict:  # a step's overhead and metrics: written as dumps_indented writes them
+                text.append([dumps_items(v.items(), indent, field) if v else "{}" for v in column])
+            else:  # a list of strings (tags)
                 text.append([dumps_indented(list(v), indent, field) if v else "[]" for v in column])
         template = "{" + field + ("," + field).join(encode_basestring_ascii(name).replace("%", "%%") + ": %s"
                                                     for name in _STEP_FIELDS) + newline + "}"
         return [template % values for values in zip(*text, strict=True)]
     except ValueError:  # a non-finite float: the rows one by one, it written as null
         return [_row_text(StepRow(*values), indent, newline) for values in zip(*columns, strict=True)]
-
-
-def _objects_text(column: list[dict[str, Any]], indent: int, newline: str) -> list[str]:
-    """:func:`dumps_items` of each of ``column`` (objects at ``newline``): one of names and
-    finite floats (a step's overhead and metrics) written here, any other by it."""
-    inner = newline + " " * indent
-    names: dict[str, str] = {}  # a name -> its text after a line break
-    out: list[str] = []
-    for value in column:
-        if not value:
-            out.append("{}")
-            continue
-        parts: list[str] = []
-        for key, item in value.items():
-            if type(key) is not str or type(item) is not float or not math.isfinite(item):
-                parts = []
-                break
-            name = names.get(key)
-            if name is None:
-                name = names[key] = inner + encode_basestring_ascii(key) + ": "
-            parts.append(name + float.__repr__(item))
-        out.append("{" + ",".join(parts) + newline + "}" if parts else dumps_items(value.items(), indent, newline))
-    return out
 
 
 def render_json(analysis: RunAnalysis, *, include_steps: bool = True, indent: int | None = 2) -> str:
