@@ -55,8 +55,7 @@ def file_ranges(con: Any) -> dict[int, FileRange]:
         "SELECT fid, min(first_t), max(last_seen), min(first_mark_step), max(last_mark_step) FROM summ "
         f"GROUP BY fid HAVING min(first_t) < {NO_FIRST_T}"
     ).fetchall()
-    return {int(fid): FileRange(int(first), int(last), None if lo is None else int(lo), None if hi is None else int(hi))
-            for fid, first, last, lo, hi in rows if first is not None and last is not None}
+    return {int(fid): FileRange(int(first), int(last), lo, hi) for fid, first, last, lo, hi in rows}
 
 
 _STRINGS: dict[str, str] = {}
