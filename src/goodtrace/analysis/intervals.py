@@ -2,7 +2,8 @@
 
 :func:`session_intervals` gives a session's intervals exactly as the analysis cut them (with
 the attempt-level relabels: warm-up, wasted progress), optionally only those holding a step of
-a range; :func:`slice_clock_range` the part of the session's clock a slice of steps covers. The
+a range; :func:`slice_clock_range` the part of the session's clock a slice of steps covers, and
+:func:`slice_steps` the steps of the executions it draws (which files a trace reads). The
 trace's steps track, the HTML heat map and gantt chart, and the report's step table all come
 from the same :class:`goodtrace.analysis.cut.SessionCut`.
 """
