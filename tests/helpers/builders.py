@@ -134,18 +134,19 @@ class Proc:
             t += step_s
         return t
 
-    def write(self, *, torn: bool = False, segment_lines: int | None = None) -> Path:
+    def write(self, *, torn: bool = False, segment_lines: int | None = None, first_segment: int = 0) -> Path:
         """The session's file (``segment_lines``: its records in files of that many lines each,
-        as the writer rotates its segments, each file its header; the last file's path)."""
+        as the writer rotates its segments, each file its header, numbered from
+        ``first_segment``; the last file's path)."""
         rank_dir = self.run_dir / f"rank-{self.rank:05d}"
         rank_dir.mkdir(parents=True, exist_ok=True)
         size = segment_lines or max(1, len(self.lines))
         parts = [self.lines[i:i + size] for i in range(0, len(self.lines), size)] or [[]]
-        for segment, lines in enumerate(parts):
+        for segment, lines in enumerate(parts, start=first_segment):
             path = rank_dir / f"{self.session}.{segment:05d}.jsonl"
             head = dict(self.header, segment=segment)
             text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in [head, *lines])
-            if torn and segment == len(parts) - 1:
+            if torn and segment == first_segment + len(parts) - 1:
                 text += '{"kind":"span","name":"tor'
             path.write_text(text)
         return path

@@ -59,3 +59,28 @@ def test_read_run_names_the_bad_lines_and_counts_segments_and_torn_lines(small_r
     problems = read_run(awkward).problems
     assert any("a1-r1.0.jsonl: line 18 is not valid JSON" in p for p in problems) and any("stray.jsonl" in p for p in problems)
     assert {(s.segments, s.torn_lines) for s in read_run(awkward).sessions if s.session_id == "a1-r1"} == {(2, 2)}
+
+
+def test_segments_past_99999_are_listed_in_the_order_they_were_written(tmp_path: Path) -> None:
+    """The writer pads a segment's number to five digits, so segment 100,000 of a session sorts
+    before 99,999 by name: the listing orders a session's files by number, so that a session's
+    last file (the one a view reads again, as it may have grown since the run was loaded) is
+    the one written last."""
+    from goodtrace.read import raw
+    from helpers.builders import Proc, load
+
+    run_dir = tmp_path / "run"
+    proc = Proc(run_dir, start=0.0)
+    t = proc.loop(range(30), 1.0)
+    proc.heartbeat(t)  # no finish: the last segment is still open
+    last = proc.write(segment_lines=-(-len(proc.lines) // 3), first_segment=99_998)
+    assert last.name.endswith(".100000.jsonl")
+    names = [Path(p).name for _, p in segments.list_segments(str(run_dir))]
+    assert [n.rsplit(".", 2)[1] for n in names] == ["99998", "99999", "100000"]
+    assert sorted(names) != names  # name order alone would not do
+    loaded = load(run_dir)
+    files = loaded.files[0]
+    assert Path(files[-1]) == last
+    assert raw._files_for(loaded, 0, (0, 1), (0, 0), None, False)[-1] == files[-1]
+    assert segments.segment_order("rank-00000/s.100000.jsonl") > segments.segment_order("rank-00000/s.99999.jsonl")
+    assert segments.segment_order("rank-00001/a.00000.jsonl") > segments.segment_order("rank-00000/z.99999.jsonl")

@@ -23,7 +23,7 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.read.io_pool import io_map, on_network_filesystem
-from goodtrace.read.segments import SegmentRecords, list_segments
+from goodtrace.read.segments import SegmentRecords, list_segments, segment_order
 from goodtrace.read.sessions import checked_header
 from goodtrace.read.step_history import BLOCK, FIRST_BLOCK, SYNC_MARKS, StepHistory
 from goodtrace.read.validate import check_record
@@ -165,7 +165,7 @@ class RunFollower:
         once on a network filesystem or behind a URL."""
         whole, tail = set(whole), set(tail)
         files: dict[str, list[str]] = {}
-        for path in sorted(self.headers):
+        for path in sorted(self.headers, key=segment_order):
             files.setdefault(str(self.headers[path].get(schema.H_SESSION)), []).append(path)
         todo = [(paths, steps if session in tail else 0) for session, paths in files.items() if session not in whole]
         self._connect()

@@ -36,7 +36,7 @@ from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none,
 from goodtrace.read.engine import Engine, fold_sessions
 from goodtrace.read.file_skips import FileSkips
 from goodtrace.read.segment_cache import CACHE_DIR, RANKS_DIR, Hit, SegmentCache
-from goodtrace.read.segments import SEGMENT_SUFFIX
+from goodtrace.read.segments import SEGMENT_SUFFIX, segment_order
 
 __all__ = ["compact_session", "rank_cache_folder"]
 
@@ -54,9 +54,8 @@ def _session_files(root: str, rank_dir: str, session: str) -> list[str]:
         names = os.listdir(folder)
     except OSError:
         return []
-    return sorted(os.path.join(folder, name) for name in names
-                  if name.startswith(session + ".") and name.endswith(SEGMENT_SUFFIX)
-                  and os.path.isfile(os.path.join(folder, name)))
+    return [os.path.join(folder, name) for name in sorted(names, key=segment_order)
+            if name.startswith(session + ".") and name.endswith(SEGMENT_SUFFIX) and os.path.isfile(os.path.join(folder, name))]
 
 
 def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> None:

@@ -31,10 +31,24 @@ __all__ = [
     "SegmentRecords",
     "list_segments",
     "read_bytes",
+    "segment_order",
 ]
 
 SEGMENT_SUFFIX = ".jsonl"
 MAX_PROBLEMS_PER_FILE = 20  # lines named one by one; the rest of a file's are counted
+
+
+def segment_order(path: str) -> tuple[str, str, int, str]:
+    """The key that lists segment files (paths or names) in the order they were written: by
+    folder and session, then segment number as a number (the writer pads it to five digits, so
+    past segment 99,999 name order would put ``.100000`` before ``.99999``, and what reads "a
+    session's last file" would take a closed one for the open one)."""
+    folder, _, name = path.rpartition("/")
+    stem = name[:-len(SEGMENT_SUFFIX)] if name.endswith(SEGMENT_SUFFIX) else name
+    session, dot, number = stem.rpartition(".")
+    if dot and number.isascii() and number.isdigit():
+        return folder, session, int(number), name
+    return folder, stem, -1, name
 
 
 class NotARunError(ValueError):
@@ -59,7 +73,7 @@ def list_segments(run_dir: str, problems: list[str] | None = None) -> list[tuple
         import fsspec
 
         fs, root = fsspec.core.url_to_fs(run_dir)
-        for path in sorted(fs.glob(root.rstrip("/") + "/rank-*/*" + SEGMENT_SUFFIX)):
+        for path in sorted(fs.glob(root.rstrip("/") + "/rank-*/*" + SEGMENT_SUFFIX), key=segment_order):
             found.append((path.rsplit("/", 2)[-2], path))
         return found
     root = local_path(run_dir)
@@ -109,7 +123,8 @@ def _list_rank_dir(path: str) -> list[tuple[str, bool]] | OSError | None:
         if not os.path.isdir(path):
             return None
         with os.scandir(path) as entries:
-            return sorted((e.name, e.name.endswith(SEGMENT_SUFFIX) and _is_file(e)) for e in entries)
+            return sorted(((e.name, e.name.endswith(SEGMENT_SUFFIX) and _is_file(e)) for e in entries),
+                          key=lambda entry: segment_order(entry[0]))
     except OSError as exc:
         return exc
 
