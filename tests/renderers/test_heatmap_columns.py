@@ -59,3 +59,33 @@ def test_heatmap_cells_equal_the_plain_loop(run: Path, limit: int, monkeypatch: 
     assert heat.sums == plain["sums"] and heat.counts == plain["counts"]
     assert len(heat.columns) == len(plain["counts"][0])
     assert sum(map(sum, heat.counts)) > 0
+
+
+@pytest.mark.parametrize("far", [0, 2**31, -(2**31) - 1, 2**62], ids=["packed", "step-2^31", "step-below", "step-2^62"])
+def test_the_keys_are_the_distinct_rows_and_each_execution_finds_its_own(far: int) -> None:
+    """The heat map's distinct (attempt, step, k) keys, packed in one integer each while they fit
+    and as rows of three once one does not (a step beyond +-2**31), gathered session by session:
+    the same keys in the same order as ``np.unique(axis=0)`` of them all, and each execution's
+    index its key's place."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    sessions = []
+    for s in range(4):
+        n = 500
+        attempt = np.full(n, s // 2 - 1, dtype=np.int64)  # -1: a session in no attempt
+        step = rng.integers(-5, 200, n).astype(np.int64)
+        if s == 2 and far:
+            step[::50] = far
+        k = rng.integers(0, 3, n).astype(np.int64)
+        sessions.append((attempt, step, k))
+    keys = html_charts._Keys()
+    for columns in sessions:
+        keys.add(*columns)
+    assert (keys.rows is None) == (far == 0)
+    table = keys.table()
+    expected = np.unique(np.concatenate([np.stack(c, axis=1) for c in sessions]), axis=0)
+    assert table.tolist() == expected.tolist()
+    for columns in sessions:
+        index = keys.index(*columns)
+        assert table[index].tolist() == np.stack(columns, axis=1).tolist()
