@@ -130,12 +130,14 @@ def test_the_series_kept_in_a_file_give_the_slowdowns_of_the_rule_read_literally
 def test_a_series_that_cannot_be_written_stays_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
 
+    from goodtrace.analysis.spill import SpillFile
+
     store = SeriesStore()
 
-    def full(self: SeriesStore, values: object) -> int:
+    def full(self: SpillFile, value: object) -> tuple[int, int]:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(SeriesStore, "_write", full)
+    monkeypatch.setattr(SpillFile, "put", full)
     x = np.array(_noisy(15, 40.0, 1) + _noisy(25, 52.0, 2))
     store.add(0, ("compute", range(40), x))
     assert store[0][2] is x and len(store) == 1

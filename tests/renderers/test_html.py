@@ -126,29 +126,54 @@ def test_a_long_step_table_is_drawn_as_bars_of_consecutive_rows(
         assert set(tags) <= set(bars["tags"][bar_of[i]])
 
 
-def test_views_read_every_rank_s_cut_made_again_when_it_is_not_kept(
-    small_run: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("release", [True, False], ids=["records-released", "records-kept"])
+def test_views_read_every_rank_s_cut_back_from_the_temporary_file_when_it_is_not_kept(
+    small_run: Path, monkeypatch: pytest.MonkeyPatch, release: bool,
 ) -> None:
-    """Past KEEP_CUTS_BYTES the analysis keeps the reference sessions' cuts alone and the views
-    get the others cut again when they read them (a long run of many ranks): the page and the
-    trace are the same as with every cut kept, and only the last cut made is held."""
+    """Past KEEP_CUTS_BYTES the analysis keeps the reference sessions' cuts alone in memory and
+    writes the others to a temporary file, from which the views read them back (a long run of
+    many ranks; the records released as each session is cut, as the commands do, or kept): the
+    page and the trace are the same as with every cut in memory, and only the last cut read
+    back is held."""
     from goodtrace.analysis import session_cuts
     from goodtrace.renderers.perfetto import PerfettoRenderer
 
     kept, loaded = _analysed(small_run)
     page, trace = report_data(kept, loaded), PerfettoRenderer().render(kept, loaded)
     monkeypatch.setattr(session_cuts, "KEEP_CUTS_BYTES", 0)
-    analysis, loaded = _analysed(small_run)
+    loaded = load_run(small_run)
+    analysis = analyze(loaded, release_records=release)
+    assert loaded.released == release
     cuts = analysis.cuts
     assert isinstance(cuts, session_cuts.SessionCuts) and list(cuts) == list(kept.cuts)
     references = {a.reference_session for a in analysis.attempts}
-    assert set(cuts._held) == references and len(cuts) > len(references)  # the others are made again
+    others = [i for i in cuts if i not in references]
+    assert set(cuts._held) == references and others and set(cuts._spilled) == set(others)
     assert report_data(analysis, loaded) == page
     assert PerfettoRenderer().render(analysis, loaded) == trace
-    assert len(cuts._made) == 1  # the last one made, alone
-    others = [i for i in cuts if i not in references]
-    assert cuts[others[0]] is cuts[others[0]]  # asked twice in a row: made once
-    assert cuts[others[0]].exec_step == kept.cuts[others[0]].exec_step
+    assert len(cuts._read) == 1  # the last one read back, alone
+    assert cuts[others[0]] is cuts[others[0]]  # asked twice in a row: read once
+    assert cuts[others[0]] == kept.cuts[others[0]]
+
+
+def test_a_cut_that_cannot_be_written_stays_in_memory(small_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk: the cuts past KEEP_CUTS_BYTES are held in memory, the page the same."""
+    from goodtrace.analysis import session_cuts, spill
+
+    kept, loaded = _analysed(small_run)
+    page = report_data(kept, loaded)
+    monkeypatch.setattr(session_cuts, "KEEP_CUTS_BYTES", 0)
+
+    def full(self: spill.SpillFile, value: object) -> tuple[int, int]:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spill.SpillFile, "put", full)
+    loaded = load_run(small_run)
+    analysis = analyze(loaded, release_records=True)
+    cuts = analysis.cuts
+    assert isinstance(cuts, session_cuts.SessionCuts)
+    assert not cuts._spilled and set(cuts._held) == set(cuts)
+    assert report_data(analysis, loaded) == page
 
 
 def test_golden_report_data() -> None:

@@ -15,8 +15,8 @@ its step executions, intervals and overhead, ``RunAnalysis.cuts``), and every nu
 one mapping of each session's clock (``RunAnalysis.clocks``). A rank is reduced to its figures
 as soon as its last session is cut and its cuts are dropped, the reference rank's kept (what
 the numbers need); the views of every rank read the others through ``RunAnalysis.cuts``
-(:class:`SessionCuts`), which cuts a session again when asked for (``analyze(keep_cuts=False)``:
-the reference rank's alone).
+(:class:`SessionCuts`), which keeps those beyond a bound in a temporary file and reads one back
+when asked for (``analyze(keep_cuts=False)``: the reference rank's alone).
 
 ``RunAnalysis`` holds: ``attempts`` (launches of the reported job, how each ended), ``jobs``
 (more than one when an unrelated job reused the run directory), ``partition`` (on the
@@ -280,9 +280,9 @@ def analyze(
     the loaded records the cut has consumed as it goes (for a caller that analyses ``run``
     once: a released run cannot be analysed again). Every other rank's cut is dropped once its
     figures are reduced; with ``keep_cuts`` (the default) ``RunAnalysis.cuts`` still gives every
-    session's cut to the views (the heat map, the gantt chart, the trace): kept from the first
-    cut within :data:`~goodtrace.analysis.session_cuts.KEEP_CUTS_BYTES` (or all of them when
-    the records were released), else made again from the records when read.
+    session's cut to the views (the heat map, the gantt chart, the trace): kept in memory from
+    the first cut within :data:`~goodtrace.analysis.session_cuts.KEEP_CUTS_BYTES`, the others in a
+    temporary file, read back when asked for (so the records can be released either way).
     ``keep_cuts=False`` gives the reference sessions' alone (a caller that needs no per-rank
     view); the numbers are the same. ``since``/``until`` select a time range
     (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table,

@@ -60,11 +60,12 @@ def cut_and_reduce(
     loader's order (it fetches a block of sessions at a time), the reference sessions last:
     their cuts are kept to the end, so no other session's cut is made while they are held. As
     soon as a rank's every session is cut, its figures are reduced (its goodput, its
-    :class:`RankSample`, each session's slowdown series) and, unless ``keep_cuts``, the cuts of
-    its sessions other than the reference ones are dropped: what stays per session is
-    O(sampled steps), not O(steps). With ``release``, each session's step, sync, span and
-    compute columns and its device metrics are dropped from ``run`` as soon as it is cut
-    (nothing after the cut reads them). The order of cutting changes nothing the analysis
+    :class:`RankSample`, each session's slowdown series) and the cuts of its sessions other
+    than the reference ones leave memory: handed to the views' :class:`SessionCuts` with
+    ``keep_cuts`` (which keeps some in memory and writes the others to a temporary file), else
+    dropped; what stays in memory per session is O(sampled steps), not O(steps). With
+    ``release``, each session's step, sync, span and compute columns and its device metrics
+    are dropped from ``run`` as soon as it is cut (nothing after the cut reads them). The order of cutting changes nothing the analysis
     reports: what is reduced is looked up by session or rank, and the samples are kept in the
     job's order of ranks."""
     cuts: dict[int, SessionCut] = {}
@@ -77,11 +78,7 @@ def cut_and_reduce(
     left = {rank: len(members) for rank, members in sessions_of.items()}  # sessions not cut yet
     reduced = Reduced({}, [], {}, {}, {}, SeriesStore(), 0)
     job_order = [index for a in attempts for index in a.sessions]
-    if not keep_cuts:
-        views = SessionCuts([i for i in job_order if i in reference])
-    else:  # released records cannot be cut again: then every cut is held
-        views = SessionCuts(job_order, None if release else
-                            lambda i: _cut(run, attempt_for[i], i, data_rule, run.session_records.get(i)))
+    views = SessionCuts(job_order if keep_cuts else [i for i in job_order if i in reference])
     samples: dict[int, RankSample] = {}
     starts: dict[int, SessionRecords] = {}
     order = sorted(attempt_for, key=lambda i: (i in reference, i))

@@ -13,12 +13,11 @@ Pure functions over the run model's cuts.
 from __future__ import annotations
 
 import dataclasses
-import tempfile
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, Any
+from typing import Any
 
 from goodtrace.analysis.cut import SessionCut
+from goodtrace.analysis.spill import SpillFile
 from goodtrace.read.loaded import SessionInfo
 from goodtrace.record.live.change_point import (
     MIN_SIDE,
@@ -105,51 +104,21 @@ class SeriesStore(Mapping[int, Series]):
     (a full disk), a series stays in memory: the numbers are the same."""
 
     def __init__(self) -> None:
-        self._file: IO[bytes] | None = None
-        self._end = 0
-        # per session: measure, steps (a range, or (offset, count) of int64 in the file), and
-        # the offset and count of its float64 seconds
-        self._where: dict[int, tuple[str, range | tuple[int, int], int, int]] = {}
+        self._file = SpillFile("goodtrace-series-")
+        self._where: dict[int, tuple[int, int]] = {}  # per session, where its series is in the file
         self._held: dict[int, Series] = {}  # the series that could not be written
 
     def add(self, index: int, series: Series) -> None:
-        import numpy as np
-
-        measure, steps, seconds = series
         try:
-            steps_at: range | tuple[int, int] = steps if isinstance(steps, range) else \
-                (self._write(np.ascontiguousarray(steps, dtype=np.int64)), len(steps))
-            self._where[index] = (measure, steps_at, self._write(np.ascontiguousarray(seconds, dtype=np.float64)),
-                                  len(seconds))
+            self._where[index] = self._file.put(series)
         except OSError:
             self._held[index] = series
 
-    def _write(self, values: Any) -> int:
-        if self._file is None:
-            self._file = tempfile.TemporaryFile(prefix="goodtrace-series-")  # noqa: SIM115 (closed by close())
-            # and when the store goes without close() (an analysis that raised after the cut)
-            weakref.finalize(self, self._file.close)
-        at = self._end
-        self._file.seek(at)
-        self._file.write(memoryview(values).cast("B"))  # its bytes as they lie (contiguous: add()), not a copy
-        self._end = at + values.nbytes
-        return at
-
-    def _read(self, at: int, count: int, dtype: Any) -> Any:
-        import numpy as np
-
-        assert self._file is not None
-        self._file.seek(at)
-        return np.frombuffer(self._file.read(count * np.dtype(dtype).itemsize), dtype=dtype)
-
     def __getitem__(self, index: int) -> Series:
-        import numpy as np
-
         if index in self._held:
             return self._held[index]
-        measure, steps_at, at, count = self._where[index]
-        steps = steps_at if isinstance(steps_at, range) else self._read(steps_at[0], steps_at[1], np.int64)
-        return measure, steps, self._read(at, count, np.float64)
+        series: Series = self._file.get(self._where[index])
+        return series
 
     def __iter__(self) -> Iterator[int]:
         yield from self._where
@@ -159,9 +128,7 @@ class SeriesStore(Mapping[int, Series]):
         return len(self._where) + len(self._held)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._file.close()
 
 
 def slowdowns_of(

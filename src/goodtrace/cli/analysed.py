@@ -106,12 +106,11 @@ def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any)
     finally:
         stop()
     try:
-        # the records are released as they are cut unless a view walks every rank's cut after
-        # the analysis (keep_cuts: the HTML report, the trace): those cuts are made again when
-        # read, one rank at a time, from the records kept
-        release = not options.get("keep_cuts", True)
+        # the records are released as they are cut (a view that walks every rank's cut, the
+        # HTML report or the trace, reads those the analysis did not keep in memory from its
+        # temporary file, one rank at a time)
         with reading_errors("read", run_dir):  # the analysis fetches each session's columns as it goes
-            analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, release_records=release, **options)
+            analysis = analyze(loaded, now_wall_ns=time.time_ns(), alive=alive_here, release_records=True, **options)
     except AnalysisError as exc:
         raise CommandError(str(exc)) from None
     if caveat is not None:
