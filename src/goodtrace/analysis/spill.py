@@ -54,13 +54,9 @@ class SpillFile:
         self._end = at + data.nbytes
         return at, data.nbytes
 
-    def _read(self, at: int, size: int) -> bytes:
-        if self._file is None:
-            raise KeyError(at)
-        self._file.seek(at)
-        data = self._file.read(size)
-        if len(data) != size:
-            raise OSError(f"the analysis's temporary file lost bytes at {at} ({len(data)} of {size})")
+    def _read(self, at: int, size: int) -> bytearray:
+        data = bytearray(size)
+        self._read_into(at, memoryview(data))
         return data
 
     def _read_into(self, at: int, target: memoryview) -> None:
