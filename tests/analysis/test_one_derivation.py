@@ -121,3 +121,34 @@ def test_a_row_read_alone_is_the_row_the_table_walk_makes(tmp_path: Path) -> Non
         assert all(list(vars(row)) == names and row == StepRow(**vars(row)) for row in rows)
         if run != RUN:
             assert any(row.tags for row in rows) and all(row.metrics for row in rows)
+
+
+def test_a_session_s_wall_shift_is_its_one_mapping_to_the_wall_clock(tmp_path: Path) -> None:
+    """``RunAnalysis.wall_shift`` (what a view adds to each of a session's times instead of a
+    call a time) is ``to_wall``'s mapping wherever it is one number (the reference rank, a rank
+    aligned by its anchor), and None where measured clock offsets make it vary (a rank with
+    clock samples, skewed against its wall anchor)."""
+    from helpers.builders import Proc
+
+    run_dir = tmp_path / "run"
+    for rank in range(3):
+        proc = Proc(run_dir, rank=rank, world=3, start=0.0, wall_skew=0.25 * rank)
+        if rank == 2:  # measured: the offset drifts from 1 ms to 3 ms
+            proc.clock(1_000_000, 1.0).clock(3_000_000, 20.0)
+        t = proc.loop(range(20), 1.0)
+        proc.finish(t)
+        proc.write()
+    analysis = analyze(load_run(run_dir))
+    shifts = {i: analysis.wall_shift(i) for i in range(len(analysis.sessions))}
+    ranks = {analysis.sessions[i].rank: shift for i, shift in shifts.items()}
+    assert ranks[0] is not None and ranks[1] is not None and ranks[2] is None
+    for i, shift in shifts.items():
+        info = analysis.sessions[i]
+        for t in (info.proc_start, info.proc_start + 5 * 10**9, info.last_seen, info.last_seen + 10**12):
+            wall = analysis.to_wall(i, t)
+            if shift is not None:
+                assert wall == t + shift
+    measured = next(i for i, shift in shifts.items() if shift is None)
+    info = analysis.sessions[measured]
+    spread = {analysis.to_wall(measured, t) - t for t in (info.proc_start, info.last_seen)}
+    assert len(spread) == 2  # no one number would do

@@ -176,6 +176,16 @@ class RunAnalysis:
         clock = self.clocks.get(session)
         return clock.wall_ns(t) if clock is not None else self.sessions[session].wall(t)
 
+    def wall_shift(self, session: int) -> int | None:
+        """What :meth:`to_wall` adds to every time of ``session`` when that is one number (its
+        clock aligned by an anchor, or none), else None: a view that maps many times of a
+        session adds it, the same mapping without a call a time."""
+        clock = self.clocks.get(session)
+        if clock is not None:
+            return clock.wall_shift_ns
+        info = self.sessions[session]
+        return info.wall_anchor - info.mono_anchor
+
     def to_dict(self, *, include_steps: bool = True) -> dict[str, Any]:
         start = self.partition.start_wall_ns
         out: dict[str, Any] = {
