@@ -107,3 +107,19 @@ def test_the_median_helper_is_numpys_to_the_bit() -> None:
     with_nan = rng.normal(size=9)
     with_nan[2] = np.nan
     assert np.isnan(median(with_nan))
+
+
+def test_a_rank_seconds_late_is_named_in_seconds(tmp_path: Path) -> None:
+    """A rank that reaches every sync point 2.5 s after the others (ranks that drifted apart on
+    a long run) is named with its lateness in seconds, not thousands of milliseconds; one 50 ms
+    late, in milliseconds."""
+    for late_s, text in ((2.5, "2.5 s after the other ranks"), (0.05, "50.0 ms after the other ranks")):
+        run_dir = tmp_path / f"late-{late_s}"
+        for rank in range(3):
+            proc = Proc(run_dir, rank=rank, world=3, start=0.0)
+            t = proc.loop(range(40), 1.0 + (late_s if rank == 2 else 0.0))
+            proc.finish(t)
+            proc.write()
+        stragglers = analyze(load(run_dir)).stragglers
+        assert [s.rank for s in stragglers] == [2]
+        assert text in stragglers[0].reason, stragglers[0].reason

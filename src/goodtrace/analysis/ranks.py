@@ -454,6 +454,13 @@ def spread_of(figures: Sequence[RankFigure]) -> RankSpread:
     )
 
 
+
+def _late_text(seconds: float) -> str:
+    """A rank's lateness as evidence names it: ``4.1 ms``, and from a second on ``502.5 s``
+    (ranks that drift apart over a long run are seconds or minutes late, not millions of ms)."""
+    ms = seconds * 1e3
+    return f"{ms:.1f} ms" if abs(ms) < 999.95 else f"{seconds:.1f} s"
+
 def find_stragglers(figures: Sequence[RankFigure], ideal_step_s: float | None) -> list[Straggler]:
     """Ranks that compute slower than the others, arrive last at most sync points, or enter a
     span later than the others, each only where the difference is evidence beyond noise:
@@ -476,11 +483,11 @@ def find_stragglers(figures: Sequence[RankFigure], ideal_step_s: float | None) -
         ):
             reasons.append(
                 f"last to arrive at {f.late_fraction:.0%} of sync points, "
-                f"{f.lateness_median_s * 1e3:.1f} ms after the other ranks (median)"
+                f"{_late_text(f.lateness_median_s)} after the other ranks (median)"
             )
         start = f.start_evidence
         if start is not None and start.beyond_noise(max(floor, 0.05 * (ideal_step_s or 0.0))):
-            reasons.append(f"enters {f.late_span!r} {start.effect_s * 1e3:.1f} ms after the other ranks (median)")
+            reasons.append(f"enters {f.late_span!r} {_late_text(start.effect_s)} after the other ranks (median)")
         if reasons:
             found.append(Straggler(f.rank, f.host, "; ".join(reasons)))
     return found
