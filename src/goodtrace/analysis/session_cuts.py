@@ -87,6 +87,3 @@ class SessionCuts(Mapping[int, SessionCut]):
 
     def __contains__(self, session: object) -> bool:
         return session in self._members
-
-    def close(self) -> None:
-        self._file.close()

@@ -75,8 +75,7 @@ class SpillFile:
 
 def _numeric_numpy(value: object) -> bool:
     numpy = sys.modules.get("numpy")
-    return numpy is not None and isinstance(value, numpy.ndarray) and value.dtype.kind in "biuf" \
-        and not value.dtype.hasobject
+    return numpy is not None and isinstance(value, numpy.ndarray) and value.dtype.kind in "biuf"
 
 
 class _Pickler(pickle.Pickler):
