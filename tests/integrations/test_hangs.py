@@ -102,9 +102,13 @@ def test_a_rank_that_blocks_forever_is_named_first_also_after_a_sigkill(tmp_path
         assert _hang_events(run_dir) == world, "not every rank recorded its hang"
         assert all(p.is_alive() for p in procs)  # recording a hang does not end the job
     finally:
+        # every rank killed before any is waited for, as a launcher's timeout does (no finish
+        # record): killed and joined one at a time, a waiting rank's all-reduce fails when a
+        # peer's connection closes, and it went on to record that (progress after its hang)
         for p in procs:
             if p.pid is not None and p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)  # as a launcher's timeout does: no finish record
+                os.kill(p.pid, signal.SIGKILL)
+        for p in procs:
             p.join(timeout=30)
     report, console = _report(run_dir)
     hangs = report["hangs"]
