@@ -123,11 +123,14 @@ def test_a_row_read_alone_is_the_row_the_table_walk_makes(tmp_path: Path) -> Non
             assert any(row.tags for row in rows) and all(row.metrics for row in rows)
 
 
-def test_a_session_s_wall_shift_is_its_one_mapping_to_the_wall_clock(tmp_path: Path) -> None:
-    """``RunAnalysis.wall_shift`` (what a view adds to each of a session's times instead of a
-    call a time) is ``to_wall``'s mapping wherever it is one number (the reference rank, a rank
-    aligned by its anchor), and None where measured clock offsets make it vary (a rank with
-    clock samples, skewed against its wall anchor)."""
+def test_a_session_s_wall_mapping_for_many_times_is_its_one_mapping_to_the_wall_clock(tmp_path: Path) -> None:
+    """``RunAnalysis.wall_of`` (a session's ``to_wall`` as a function, for a view that maps many
+    of its times) gives ``to_wall``'s time for every time: a shift where the mapping is one
+    number (the reference rank, a rank aligned by its anchor), the clock's own mapping where
+    measured clock offsets make it vary (a rank with clock samples, skewed against its wall
+    anchor)."""
+    import functools
+
     from helpers.builders import Proc
 
     run_dir = tmp_path / "run"
@@ -139,16 +142,14 @@ def test_a_session_s_wall_shift_is_its_one_mapping_to_the_wall_clock(tmp_path: P
         proc.finish(t)
         proc.write()
     analysis = analyze(load_run(run_dir))
-    shifts = {i: analysis.wall_shift(i) for i in range(len(analysis.sessions))}
-    ranks = {analysis.sessions[i].rank: shift for i, shift in shifts.items()}
-    assert ranks[0] is not None and ranks[1] is not None and ranks[2] is None
-    for i, shift in shifts.items():
+    mappings = {i: analysis.wall_of(i) for i in range(len(analysis.sessions))}
+    shifted = {analysis.sessions[i].rank: isinstance(wall, functools.partial) for i, wall in mappings.items()}
+    assert shifted == {0: True, 1: True, 2: False}
+    for i, wall in mappings.items():
         info = analysis.sessions[i]
         for t in (info.proc_start, info.proc_start + 5 * 10**9, info.last_seen, info.last_seen + 10**12):
-            wall = analysis.to_wall(i, t)
-            if shift is not None:
-                assert wall == t + shift
-    measured = next(i for i, shift in shifts.items() if shift is None)
+            assert wall(t) == analysis.to_wall(i, t)
+    measured = next(i for i, wall in mappings.items() if not isinstance(wall, functools.partial))
     info = analysis.sessions[measured]
     spread = {analysis.to_wall(measured, t) - t for t in (info.proc_start, info.last_seen)}
-    assert len(spread) == 2  # no one number would do
+    assert len(spread) == 2  # no one shift would do

@@ -33,9 +33,11 @@ runtime and ML-productivity goodput), ``data_rule`` (how in-step data loading wa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
-from collections.abc import Iterator, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from goodtrace.analysis.anomalies import Anomaly, StepStats, find_anomalies, step_stats
@@ -176,15 +178,15 @@ class RunAnalysis:
         clock = self.clocks.get(session)
         return clock.wall_ns(t) if clock is not None else self.sessions[session].wall(t)
 
-    def wall_shift(self, session: int) -> int | None:
-        """What :meth:`to_wall` adds to every time of ``session`` when that is one number (its
-        clock aligned by an anchor, or none), else None: a view that maps many times of a
-        session adds it, the same mapping without a call a time."""
+    def wall_of(self, session: int) -> Callable[[int], int]:
+        """:meth:`to_wall` of one session, as a function of its time, for a view that maps many:
+        where the mapping is one shift (no measured offsets: the reference session, one aligned
+        by its anchor, or one without a clock), that shift added (``to_wall`` of time 0), not
+        the mapping's calls a time; else the clock's mapping itself."""
         clock = self.clocks.get(session)
-        if clock is not None:
-            return clock.wall_shift_ns
-        info = self.sessions[session]
-        return info.wall_anchor - info.mono_anchor
+        if clock is not None and clock.times:  # measured offsets, interpolated between samples
+            return clock.wall_ns
+        return functools.partial(operator.add, self.to_wall(session, 0))
 
     def to_dict(self, *, include_steps: bool = True) -> dict[str, Any]:
         start = self.partition.start_wall_ns

@@ -62,12 +62,6 @@ class SessionClock:
         """This session's monotonic ``t`` as wall-clock ns, via the reference's anchor."""
         return self.to_reference(t) + self.reference_wall_minus_mono_ns
 
-    @property
-    def wall_shift_ns(self) -> int | None:
-        """What :meth:`wall_ns` adds to every time when that is one number (no measurements: the
-        reference session, or one aligned by its anchor), else None."""
-        return None if self.times else self.anchor_offset_ns + self.reference_wall_minus_mono_ns
-
 
 @dataclasses.dataclass(frozen=True)
 class ClockSource:

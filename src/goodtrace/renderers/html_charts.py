@@ -281,7 +281,7 @@ class Gantt:
                 marks = [[rounded((to_wall(i, t0) - origin) / 1e6), f"step {step}"] for t0, step in row.marks]
             row.spans.sort(key=lambda r: (r[0], -r[1]))
             stacks: dict[Any, list[int]] = {}
-            shift = analysis.wall_shift(i)  # one number for most sessions: no call a time
+            wall = analysis.wall_of(i)  # most sessions' mapping is one shift: no call chain a time
             row_index = len(rows) - 1
             for t0, t1, category, tid, name, step in row.spans:
                 lane = 2 if category == schema.DEVICE_CATEGORY else (0 if tid == info.main_tid else 1)
@@ -290,9 +290,8 @@ class Gantt:
                     stack.pop()
                 depth = len(stack)
                 stack.append(t1)
-                w0, w1 = (t0 + shift, t1 + shift) if shift is not None else (to_wall(i, t0), to_wall(i, t1))
                 items.append([
-                    row_index, round((w0 - origin) / 1e6, 3), round((w1 - origin) / 1e6, 3),
+                    row_index, round((wall(t0) - origin) / 1e6, 3), round((wall(t1) - origin) / 1e6, 3),
                     names.setdefault(name, len(names)), categories.setdefault(category, len(categories)),
                     step if isinstance(step, int) else -1, min(depth, 5), lane,
                 ])

@@ -209,11 +209,10 @@ class PerfettoRenderer:
         cut = analysis.cuts[i]
         attempt = analysis.attempt_of.get(i)
         pid = info.rank + 1
-        to_wall = analysis.to_wall
-        shift = analysis.wall_shift(i)  # one number for most sessions: no call a time
+        wall = analysis.wall_of(i)  # most sessions' mapping is one shift: no call chain a time
 
         def ts(mono: int) -> str:
-            return us((mono + shift if shift is not None else to_wall(i, mono)) - origin)
+            return us(wall(mono) - origin)
 
         steps_lane = lane(i, "steps", "steps")
         # each interval written as it is made (a window of a long run has hundreds of
