@@ -78,7 +78,9 @@ def _row_index(keys: Any, rows: Any) -> Any:
 
 
 # (attempt + 1, step + 2**31, k) packed in one int64 while each fits its bits: one column to
-# sort and search instead of three (a third of the time at 2 x 1 M steps)
+# sort and search instead of three (a third of the time at 2 x 1 M steps). Fixed bits, not
+# fetch_order.order_of's combined key: that one is fitted to each call's ranges, and the keys
+# gathered here, session by session, must compare across sessions.
 _STEP_BITS, _K_BITS = 32, 16
 _ATTEMPTS = 1 << (63 - _STEP_BITS - _K_BITS)
 
