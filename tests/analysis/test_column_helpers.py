@@ -165,9 +165,12 @@ def test_data_only_pieces_are_those_data_covers_and_overhead_does_not(
 @pytest.mark.parametrize("seed", range(6))
 def test_quantile_is_numpys_to_the_bit(seed: int) -> None:
     """``evidence.quantile`` (a partition and numpy's interpolation) equals ``np.quantile``'s
-    default (linear) method to the bit: sizes of one to thousands, ties, tiny and huge values,
+    default (linear) method to the bit, and so do the step statistics' and the live slowdown
+    rule's quantiles (one interpolation, ``change_point.interpolate``): sizes of one to thousands, ties, tiny and huge values,
     the fractions around 0.5 where numpy interpolates from the other end, NaN."""
+    from goodtrace.analysis.anomalies import _quantile as step_quantile
     from goodtrace.analysis.evidence import quantile
+    from goodtrace.record.live.change_point import _quantile as live_quantile
 
     rng = np.random.default_rng(seed)
     for trial in range(2000):
@@ -180,6 +183,13 @@ def test_quantile_is_numpys_to_the_bit(seed: int) -> None:
         want = float(np.quantile(values, q))
         got = quantile(values, q)
         assert got == want or (np.isnan(got) and np.isnan(want)), (n, q, got, want)
+        if np.isnan(want):
+            continue
+        # the step statistics' quantiles (values partitioned at the two places) and the live
+        # slowdown rule's (a sorted list, stdlib only) take the same interpolation
+        low = int(q * (n - 1))
+        assert step_quantile(np.partition(values, sorted({low, min(low + 1, n - 1)})), q) == want, (n, q)
+        assert live_quantile(values.tolist(), q) == want, (n, q)
 
 
 def _syncs_read_literally(

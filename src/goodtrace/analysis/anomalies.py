@@ -16,6 +16,7 @@ from goodtrace.analysis.evidence import median
 from goodtrace.analysis.partition import WARMUP, WASTED, StepInterval
 from goodtrace.analysis.step_marks import StepMarks
 from goodtrace.analysis.steps import NS, StepTable
+from goodtrace.record.live.change_point import interpolate
 
 __all__ = ["Anomaly", "StepStats", "find_anomalies", "step_stats"]
 
@@ -49,8 +50,7 @@ def _quantile(sorted_values: Any, q: float) -> float:
     pos = q * (len(sorted_values) - 1)
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
-    low, high = float(sorted_values[lo]), float(sorted_values[hi])
-    return low + (high - low) * (pos - lo)
+    return interpolate(float(sorted_values[lo]), float(sorted_values[hi]), pos - lo)
 
 
 def step_stats(table: StepTable, ideal_s: float | None) -> StepStats:

@@ -13,6 +13,8 @@ import dataclasses
 import math
 from typing import Any
 
+from goodtrace.record.live.change_point import interpolate
+
 MIN_SAMPLES = 8  # sampled steps a rank must share with other ranks before it can be named
 CONSISTENT = 0.8  # ... the share of them at which it must be behind the other ranks' median
 NOISE_FACTOR = 2.0  # ... and its median difference must exceed this many times its own noise
@@ -84,9 +86,7 @@ def quantile(values: Any, q: float) -> float:
     part = np.partition(values, [low, low + 1, n - 1])
     if np.isnan(part[-1]):
         return float("nan")
-    a, b, t = float(part[low]), float(part[low + 1]), position - low
-    d = b - a
-    return b - d * (1 - t) if t >= 0.5 else a + d * t
+    return interpolate(float(part[low]), float(part[low + 1]), position - low)
 
 
 def robust_noise(values: Any) -> float:
