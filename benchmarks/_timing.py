@@ -9,6 +9,9 @@
 - :func:`free_port` — a free TCP port on this host, for a process group's rendezvous;
 - :data:`CALL_TIMER` — the source of ``timed(module, name, key)`` for child processes that
   add up the time spent in a library function (``python -c`` code strings);
+- :data:`OWN_PEAK` — the source of ``own_peak_kib()`` for child processes that report their own
+  peak RSS (its high-water mark, ``VmHWM``: not ``ru_maxrss``, see :func:`run_measured`);
+- :func:`run_measured` — a command's wall time and peak RSS, started from a small interpreter;
 - :func:`load_file` — a module of the repository outside the package (tests/helpers,
   examples) loaded from its file, without adding its folder to ``sys.path``;
 - :func:`compile_package` — goodtrace's modules compiled to bytecode, as ``pip install`` does,
@@ -25,6 +28,7 @@ import gc
 import importlib.util
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -143,6 +147,55 @@ def timed(module, name, key):
             spent[key] += time.perf_counter() - began
     setattr(module, name, call)
 """
+
+
+# Linux counts in a process's ru_maxrss the peak of the process it was started from: a child
+# made by vfork (as subprocess makes it) or fork shares or copies its parent's memory until it
+# execs, and exec keeps that memory's high-water mark as the new program's (measured: a command
+# that peaks at 11 MiB reports 811 MiB when started from a process that once held 800 MiB, even
+# after it freed them). A benchmark's process grows (the runs it writes, the figures it keeps),
+# so a child's own figure is its memory's high-water mark, or the ru_maxrss of a child started
+# from a fresh small interpreter.
+OWN_PEAK = r"""
+def own_peak_kib():
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):  # not Linux: the usage, which no parent inflates there
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+"""
+
+# a small fresh interpreter that starts the command, waits for it and writes its time and its
+# peak (``ru_maxrss``, KiB: this interpreter's own peak, about 10 MiB, is all it can add)
+_LAUNCH = r"""
+import os, sys, time
+began = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(sys.argv[2], sys.argv[2:])
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+seconds = time.perf_counter() - began
+with open(sys.argv[1], "w") as handle:
+    handle.write(f"{seconds} {usage.ru_maxrss}")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def run_measured(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, stdout: Any = None,
+                 stderr: Any = None) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS in MiB, exit code) of ``cmd`` in a fresh process, timed from its
+    start to its end (not the launcher's), its peak its own (see :data:`OWN_PEAK`)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".peak") as figures:
+        code = subprocess.call([sys.executable, "-c", _LAUNCH, figures.name, *cmd], stdout=stdout,
+                               stderr=stderr, env=None if env is None else dict(env))
+        text = figures.read().split()
+    if len(text) != 2:
+        raise SystemExit(f"{' '.join(cmd)} could not be started ({code})")
+    return float(text[0]), int(text[1]) / 1024, code
 
 
 def load_file(name: str, relative: str) -> ModuleType:

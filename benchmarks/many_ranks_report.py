@@ -25,14 +25,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _timing import compile_package
+from _timing import compile_package, run_measured
 from report_scale import generate
 
 STEPS = 20
@@ -72,17 +71,13 @@ print(json.dumps({"fold_s": t1 - t0, "analysis_s": t2 - t1}))
 def timed(args: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
     """Wall seconds, peak RSS (MiB, from ``wait4``) and stdout of one fresh process."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(args, stdout=out, stderr=err, text=True,
-                                env={**os.environ, "GOODTRACE_PROGRESS": "0", **(env or {})})
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall, peak, code = run_measured(args, env={**os.environ, "GOODTRACE_PROGRESS": "0", **(env or {})},
+                                        stdout=out, stderr=err)
         out.seek(0)
         err.seek(0)
-        if proc.returncode:
+        if code:
             raise SystemExit(f"{' '.join(args[:4])} failed: {err.read()}")
-        return wall, usage.ru_maxrss / 1024, out.read()
+        return wall, peak, out.read()
 
 
 def report(run: Path, cache: bool) -> tuple[float, float, str]:

@@ -32,10 +32,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _timing import OWN_PEAK
 from report_steps import write_rank
 
-_LOAD = r"""
-import json, os, resource, sys, tracemalloc
+_LOAD = OWN_PEAK + r"""
+import json, os, sys, tracemalloc
 os.environ["GOODTRACE_SEGMENT_CACHE"] = "0"
 from goodtrace.read import duckdb_connection, duckdb_sql
 from goodtrace.read.engine import Engine
@@ -51,7 +52,7 @@ if sys.argv[1] == "-":  # the floor: the reader imported, a connection opened as
 else:
     run = load_run(sys.argv[1], engine=Engine(workers=1))
     sessions = len(run.sessions)
-out = {"peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "sessions": sessions,
+out = {"peak_mib": own_peak_kib() / 1024, "sessions": sessions,
        "fold_memory": duckdb_connection.FOLD_MEMORY}
 if trace:
     out["python_peak_mib"] = tracemalloc.get_traced_memory()[1] / 2**20

@@ -37,14 +37,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _timing import load_file
+from _timing import load_file, run_measured
 from report_scale import write_rank
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,34 +59,17 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-# Linux starts a child's peak RSS at its parent's RSS when it forks (and keeps it across exec):
-# a command forked by this process, grown by s3fs and the uploads, would report this process's
-# size. So a small fresh interpreter forks the command and reports its peak.
-_PEAK = """
-import os, sys
-pid = os.fork()
-if pid == 0:
-    os.execv(sys.argv[2], sys.argv[2:])
-_, status, usage = os.wait4(pid, 0)
-with open(sys.argv[1], "w") as handle:
-    handle.write(str(usage.ru_maxrss))
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     """(seconds, peak RSS MiB, stdout) of a command in a fresh process."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.NamedTemporaryFile("r", suffix=".peak") as peak:
-        start = time.perf_counter()
-        code = subprocess.call([sys.executable, "-c", _PEAK, peak.name, *cmd], stdout=out, stderr=err,
-                               env={**os.environ, "GOODTRACE_PROGRESS": "0", **env})
-        seconds = time.perf_counter() - start
+    # started from a small fresh interpreter: this process grows with s3fs and the uploads
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        seconds, peak, code = run_measured(cmd, env={**os.environ, "GOODTRACE_PROGRESS": "0", **env},
+                                           stdout=out, stderr=err)
         if code != 0:
             err.seek(0)
             raise SystemExit(f"{' '.join(cmd)} failed ({code}): {err.read().decode(errors='replace')[-2000:]}")
         out.seek(0)
-        return seconds, int(peak.read()) / 1024, out.read().decode()
+        return seconds, peak, out.read().decode()
 
 
 def goodtrace(*args: str) -> list[str]:

@@ -22,13 +22,13 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from _timing import run_measured
 from goodtrace import schema
 from goodtrace.record.io.encoding import _Encoder
 from goodtrace.record.spans import Span
@@ -164,17 +164,13 @@ def _count_records(root: Path) -> int:
 
 def timed(cmd: list[str]) -> tuple[float, float, str]:
     """(seconds, peak RSS MiB, stdout) of a command in a fresh process."""
-    start = time.perf_counter()
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, env=dict(os.environ, GOODTRACE_PROGRESS="0"))
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        stderr = proc.stderr.read().decode() if proc.stderr else ""
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {stderr}")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        seconds, peak, code = run_measured(cmd, env=dict(os.environ, GOODTRACE_PROGRESS="0"), stdout=out, stderr=err)
+        if code != 0:
+            err.seek(0)
+            raise SystemExit(f"{' '.join(cmd)} failed ({code}): {err.read().decode(errors='replace')}")
         out.seek(0)
-        return seconds, usage.ru_maxrss / 1024, out.read().decode()
+        return seconds, peak, out.read().decode()
 
 
 def goodtrace_cmd(*args: str) -> list[str]:

@@ -34,13 +34,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from _timing import run_measured
 from report_scale import goodtrace_cmd, write_rank  # the sibling benchmark: same run
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -84,17 +84,14 @@ def decode_job(run_dir: str) -> None:
 
 def timed(cmd: list[str]) -> tuple[float, float, str, str]:
     """(seconds, peak RSS MiB, stdout, stderr) of a command in a fresh process."""
-    start = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=dict(os.environ, GOODTRACE_PROGRESS="0"))
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - start
+        seconds, peak, code = run_measured(cmd, env=dict(os.environ, GOODTRACE_PROGRESS="0"), stdout=out, stderr=err)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(), err.read().decode()
-        if os.waitstatus_to_exitcode(status) != 0:
+        if code != 0:
             raise SystemExit(f"{' '.join(cmd)} failed: {stderr}")
-        return seconds, usage.ru_maxrss / 1024, stdout, stderr
+        return seconds, peak, stdout, stderr
 
 
 JS_BAR = """() => {

@@ -37,25 +37,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _timing import compile_package
+from _timing import OWN_PEAK, compile_package
 from report_incremental import RankWriter
 
 # a goodtrace command (the cuts' memory bound lowered where asked); prints its peak RSS (KiB)
-# last: its memory's own high-water mark (VmHWM), not ru_maxrss, which on Linux also counts the
-# memory of the process it was started from (a vfork shares it until the exec)
-_COMMAND = """
-import resource, sys
+# last: its memory's own high-water mark (``_timing.OWN_PEAK``)
+_COMMAND = OWN_PEAK + """
+import sys
 from goodtrace.analysis import session_cuts
 if int(sys.argv[1]):
     session_cuts.KEEP_CUTS_BYTES = int(sys.argv[1])
 from goodtrace.cli import main
 code = main(sys.argv[2:])
-try:
-    with open("/proc/self/status") as status:
-        peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-except (OSError, StopIteration):
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(peak, file=sys.stderr)
+print(own_peak_kib(), file=sys.stderr)
 sys.exit(code)
 """
 

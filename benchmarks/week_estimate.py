@@ -36,13 +36,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _timing import CALL_TIMER
+from _timing import CALL_TIMER, OWN_PEAK
 from goodtrace.read.engine import TASK_BYTES, TASK_MAX_BYTES, TASKS_PER_WORKER  # how a read is cut in tasks
 from goodtrace.read.fold_batches import FOLD_BATCH_FILES  # files a worker parses at once (whole sessions)
 from report_steps import write_rank
 
-_TASK = r"""
-import json, resource, sys, time
+_TASK = OWN_PEAK + r"""
+import json, sys, time
 from goodtrace.read import engine
 from goodtrace.read.discovery import collect_sessions, read_header
 from goodtrace.read.segments import list_segments
@@ -57,13 +57,13 @@ for _ in range(2):  # the faster of two: the machine is shared
     result = engine.run_task(engine.FoldTask(0, files, fids, [(sid, None) for sid in files], None))
     seconds.append(time.perf_counter() - began)
     assert result.error is None, result.error
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+rss = own_peak_kib() / 1024
 print(json.dumps({"fold_s": min(seconds), "reduction_bytes": sum(len(t) for t in result.tables.values()),
                   "rss_mib": rss}))
 """
 
-_DRIVER = r"""
-import json, resource, sys, time
+_DRIVER = OWN_PEAK + r"""
+import json, sys, time
 from goodtrace.analysis import analyze
 from goodtrace.read import engine, load
 from goodtrace.read.engine import Engine
@@ -74,7 +74,7 @@ timed(engine, "_reduce", "reduce_s")
 start = time.perf_counter()
 loaded = load.load_run(sys.argv[1], engine=Engine(workers=2))
 loaded_at = time.perf_counter()
-rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the peak of the reading alone
+rss_loaded = own_peak_kib() / 1024  # the peak of the reading alone
 analysis = analyze(loaded, now_wall_ns=1_800_000_000 * 10**9, release_records=True, keep_cuts=False)
 analysed_at = time.perf_counter()
 render_json(analysis, include_steps=False)
@@ -82,7 +82,7 @@ end = time.perf_counter()
 spent["fold_s"] -= spent["reduce_s"]
 print(json.dumps({**spent, "load_other_s": loaded_at - start - spent["fold_s"] - spent["reduce_s"],
                   "analysis_s": analysed_at - loaded_at, "render_s": end - analysed_at,
-                  "rss_loaded_mib": rss_loaded, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "rss_loaded_mib": rss_loaded, "rss_mib": own_peak_kib() / 1024}))
 """
 
 SEGMENT_BYTES = 64 * 2**20  # the recorder's default segment size on a local disk or a share
