@@ -76,6 +76,13 @@ def test_window_option() -> None:
     assert window == {"productive": 1.0, "wasted_progress": 1.5, "disruption": 3.5, "startup": 1.0}
     assert [r["productive_s"] for r in report["rolling"]] == [3.0, 5.0]
     assert "steps" not in report
+    # the console: the window's buckets as shares of the window (7 s), the job's of the job
+    done = goodtrace("report", str(RESTART), "--window", "5:12")
+    assert done.returncode == 0, done.stderr
+    job, window = done.stdout.split("Window 5.0 s - 12.0 s")
+    assert "% of job" in job and "% of window" not in job
+    assert "% of window" in window and "% of job" not in window
+    assert "wasted progress" in window and "21.43%" in window  # 1.5 s of 7 s
 
 
 def test_not_a_run_is_a_clear_error(tmp_path: Path) -> None:

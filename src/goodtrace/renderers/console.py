@@ -59,11 +59,13 @@ def _seconds(value: float | None) -> str:
     return "—" if value is None else duration_text(value)
 
 
-def bucket_table(partition: Partition, title: str) -> Table:
+def bucket_table(partition: Partition, title: str, of: str = "job") -> Table:
+    """The partition's buckets (and the startup's parts), each as a share of its total: the
+    job's, or a window's (``of``)."""
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("bucket")
     table.add_column("seconds", justify="right")
-    table.add_column("% of job", justify="right")
+    table.add_column(f"% of {of}", justify="right")
     total = partition.total_ns
     for name, value in partition.buckets_ns.items():
         if value == 0 and name != "productive":
@@ -109,7 +111,7 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
         start = (w.start_wall_ns - p.start_wall_ns) / 1e9
         console.print()
         console.print(bucket_table(w, f"Window {start:.1f} s - {start + w.total_ns / 1e9:.1f} s: "
-                                      f"goodput {w.goodput * 100:.1f}%"))
+                                      f"goodput {w.goodput * 100:.1f}%", of="window"))
     if analysis.time_range is not None:
         a, b = analysis.time_range
         console.print(f"[dim]time range {iso(a)} to {iso(b)} (--since/--until): the step table, slowest steps, "
