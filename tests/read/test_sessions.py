@@ -46,6 +46,21 @@ def test_a_run_read_without_its_records_is_the_run_read_with_them(tmp_path: Path
     assert again == {s.session_id: s.records for s in held.sessions}
 
 
+def test_the_readers_tell_their_progress_a_segment_at_a_time(tmp_path: Path) -> None:
+    """``goodtrace records`` of a long run reads for a while: each reader says how many of the
+    run's segments it has read (a file that cannot be used counts too), from none to all."""
+    run_dir = _damaged(tmp_path / "run")
+    total = len(segment_files(run_dir))  # the stray file without a header among them
+    told: list[tuple[str, int, int]] = []
+    lean = read_run(run_dir, keep_records=False, progress=lambda *said: told.append(said))
+    assert told == [("reading segments", k, total) for k in range(total + 1)]
+    assert [_seen(s) for s in lean.sessions] == [_seen(s) for s in read_run(run_dir).sessions]
+    told.clear()
+    counted = sum(1 for _ in iter_records(lean, lambda *said: told.append(said)))
+    assert counted == sum(s.record_count for s in lean.sessions)
+    assert told == [("reading segments again", k, total) for k in range(total + 1)]
+
+
 def test_a_session_made_with_its_records_counts_them() -> None:
     header = {"kind": "header", "schema": 1, "session": "s", "rank": 0, "wall": 10**18, "mono": 5}
     finish = {"kind": "finish", "t": 90, "completed": True}

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from goodtrace import schema
 from goodtrace.read.discovery import fold_file_warnings
+from goodtrace.read.loaded import Progress
 from goodtrace.read.segments import (
     SEGMENT_SUFFIX,
     NotARunError,
@@ -173,14 +174,15 @@ def _session_of(by_session: dict[str, Any], header: dict[str, Any], make: type[S
         session.header = header
     return session_id, session
 
-def read_run(run_dir: str | os.PathLike[str], *, keep_records: bool = True) -> Run:
+def read_run(run_dir: str | os.PathLike[str], *, keep_records: bool = True, progress: Progress | None = None) -> Run:
     """Load every rank's segments of a run directory into sessions, attempts assigned
-    (``keep_records=False``: each session's records counted, not held: see the module)."""
+    (``keep_records=False``: each session's records counted, not held: see the module).
+    ``progress(what, done, total)`` is told of each segment read."""
     path = os.fspath(run_dir)
     problems: list[str] = []
     skipped: dict[str, int] = {}
     by_session: dict[str, Session] = {}
-    for header, records, parsed in _segments(path, problems, skipped):
+    for header, records, parsed in _segments(path, problems, skipped, progress, "reading segments"):
         _, session = _session_of(by_session, header, Session)
         for record in records:
             session.add(record, keep_records)
@@ -191,12 +193,13 @@ def read_run(run_dir: str | os.PathLike[str], *, keep_records: bool = True) -> R
     return Run(path=path, sessions=sessions, problems=fold_file_warnings(problems), skipped=skipped)
 
 
-def iter_records(run: Run) -> Iterator[tuple[Session, dict[str, Any]]]:
+def iter_records(run: Run, progress: Progress | None = None) -> Iterator[tuple[Session, dict[str, Any]]]:
     """Every record of ``run`` read again from its files, one at a time, with its session (in
     file order; the run read by :func:`read_run`, with or without its records kept). A file
-    still being written is read as it is now: it may hold more records than were counted."""
+    still being written is read as it is now: it may hold more records than were counted.
+    ``progress(what, done, total)`` is told of each segment read."""
     by_id = {s.session_id: s for s in run.sessions}
-    for header, records, _ in _segments(run.path, [], {}):
+    for header, records, _ in _segments(run.path, [], {}, progress, "reading segments again"):
         session = by_id.get(str(header.get(schema.H_SESSION)))
         for record in records:
             if session is not None:
@@ -204,17 +207,20 @@ def iter_records(run: Run) -> Iterator[tuple[Session, dict[str, Any]]]:
 
 
 def _segments(
-    path: str, problems: list[str], skipped: dict[str, int],
+    path: str, problems: list[str], skipped: dict[str, int], progress: Progress | None = None, what: str = "",
 ) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]], SegmentRecords]]:
     """Each readable segment's checked header, its other records (decoded one at a time as they
     are iterated; the iteration must end before the next segment is asked for) and their
     decoder (its ``torn`` lines counted once they are). A file that cannot be read, or whose
     header is unusable, is named in ``problems``; its lines are counted in ``skipped``
-    (``file_skipped``), as every skipped line is, by reason."""
+    (``file_skipped``), as every skipped line is, by reason. ``progress(what, done, total)`` is
+    told how many segments were read before each, and once all are."""
     segments = list_segments(path, problems)
     if not segments:
         raise NotARunError(f"{path!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
-    for rank_dir, segment in segments:
+    for done, (rank_dir, segment) in enumerate(segments):
+        if progress is not None:
+            progress(what, done, len(segments))
         where = f"{rank_dir}/{os.path.basename(segment)}"
         try:
             data = read_bytes(path, segment)
@@ -236,6 +242,8 @@ def _segments(
         problems.extend(own_problems)
         for reason, count in own.items():
             skipped[reason] = skipped.get(reason, 0) + count
+    if progress is not None:
+        progress(what, len(segments), len(segments))
 
 
 def number_attempts(

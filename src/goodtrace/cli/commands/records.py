@@ -18,6 +18,7 @@ from goodtrace.cli.time_range import add_range_arguments
 
 if TYPE_CHECKING:
     from goodtrace.analysis.time_range import RangeEdge
+    from goodtrace.read.loaded import Progress
     from goodtrace.read.sessions import Run, Session
 
 HELP = "list the sessions, attempts and record counts of a run directory"
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError, warn
+    from goodtrace.cli.progress import progress_bar
     from goodtrace.cli.time_range import range_options
     from goodtrace.read.sessions import NotARunError, read_run
     from goodtrace.read.validate import describe_skipped
@@ -41,14 +43,19 @@ def run(args: argparse.Namespace) -> int:
         time_range = range_options(args)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    path = _mirrored(args.run) if is_url(args.run) else args.run
+    update, stop = progress_bar()  # a long run's segments take a while (2 x 1 M steps: about 30 s)
     try:
-        loaded = read_run(_mirrored(args.run) if is_url(args.run) else args.run, keep_records=False)
-    except NotARunError as exc:
-        raise CommandError(str(exc)) from None
-    except OSError as exc:
-        raise CommandError(f"cannot read {args.run!r}: {exc.strerror or exc}") from None
-    in_range = (_counts_in_range(loaded, time_range.get("since"), time_range.get("until"))
-                if time_range else None)
+        try:
+            loaded = read_run(path, keep_records=False, progress=update)
+        except NotARunError as exc:
+            raise CommandError(str(exc)) from None
+        except OSError as exc:
+            raise CommandError(f"cannot read {args.run!r}: {exc.strerror or exc}") from None
+        in_range = (_counts_in_range(loaded, time_range.get("since"), time_range.get("until"), update)
+                    if time_range else None)
+    finally:
+        stop()
     rows = []
     for number, session in enumerate(loaded.sessions):
         finish = session.finish
@@ -98,7 +105,8 @@ def _mirrored(url: str) -> str:
         stop()
 
 
-def _counts_in_range(run: Run, since: RangeEdge | None, until: RangeEdge | None) -> list[int]:
+def _counts_in_range(run: Run, since: RangeEdge | None, until: RangeEdge | None,
+                     progress: Progress | None = None) -> list[int]:
     """Each session's records in the time range (the run's files read again, a record at a
     time). A UTC time or a duration selects by the record's time (a span record's start, else
     its time) on its session's wall clock; a duration counts from the run's first process start
@@ -146,7 +154,7 @@ def _counts_in_range(run: Run, since: RangeEdge | None, until: RangeEdge | None)
         return False
 
     counts = dict.fromkeys((s.session_id for s in sessions), 0)
-    for session, record in iter_records(run):
+    for session, record in iter_records(run, progress):
         if kept(session, record):
             counts[session.session_id] += 1
     return [counts[s.session_id] for s in sessions]
