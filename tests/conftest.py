@@ -152,6 +152,7 @@ TEST_MARKS: dict[str, tuple[str, ...]] = {
     "read/test_session_columns.py::test_reports_with_kept_columns_are_the_cold_one_and_a_replaced_file_reads_the_run_again": ("processes",),
     "read/test_sessions.py::test_a_run_read_without_its_records_is_the_run_read_with_them": ("processes",),
     "read/test_sessions.py::test_the_readers_tell_their_progress_a_segment_at_a_time": ("processes",),
+    "read/test_sessions.py::test_the_segments_counted_on_the_local_pool_are_the_run_counted_here": ("processes",),
     "record/test_clocksync.py::test_injected_offset_is_measured_within_1ms_and_undone_by_the_reader": ("processes",),
     "record/test_clocksync.py::test_one_rank_per_host_measures_and_its_host_shares_the_result": ("processes",),
     "record/test_completion_dating.py::test_checkpoint_before_complete_on_gives_the_records_of_complete_on_first": ("processes",),

@@ -159,6 +159,13 @@ def test_records_counts_the_records_in_the_time_range(run_dir: str) -> None:
     assert done.returncode == 2 and "after the run's last record" in done.stderr
     done = goodtrace("records", run_dir)
     assert "in the time range" not in done.stdout and "records_in_range" not in goodtrace("records", run_dir, "--json").stdout
+    # the same counts on two worker processes; a count of none is refused in one line
+    done = goodtrace("records", run_dir, "--since", "step:80", "--json", "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    (session,) = json.loads(done.stdout)["sessions"]
+    assert session["records"] == 184 and session["records_in_range"] == 20
+    done = goodtrace("records", run_dir, "--workers", "0")
+    assert done.returncode == 2 and "--workers must be at least 1, got 0" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_html_report_of_a_time_range(run_dir: str, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from goodtrace.read.sessions import Session, iter_records, read_run
+from goodtrace.read.sessions import RecordRange, Session, count_in_range, read_run
 from helpers.fuzz import segment_files, write_seed_run
 
 
@@ -40,10 +40,16 @@ def test_a_run_read_without_its_records_is_the_run_read_with_them(tmp_path: Path
     assert lean.problems == held.problems and lean.skipped == held.skipped
     assert held.skipped.get("file_skipped") == 2 and held.skipped.get("torn_last_line") == 1
     assert any("stray.00000.jsonl" in p for p in held.problems) and any("line 5" in p for p in held.problems)
-    again: dict[str, list[dict[str, Any]]] = {}
-    for session, record in iter_records(lean):
-        again.setdefault(session.session_id, []).append(record)
-    assert again == {s.session_id: s.records for s in held.sessions}
+    # read again for a time range: each session's records that the range keeps, on its clock
+    middle = (min(s.start_wall_ns for s in held.sessions) + max(s.wall_ns(s.last_seen_mono) for s in held.sessions)) // 2
+    for span in (RecordRange(), RecordRange(low_step=2, high_step=5), RecordRange(until_ns=middle),
+                 RecordRange(since_ns=middle, low_step=1)):
+        want = [sum(span.keeps(r, int(s.header["wall"]), int(s.header["mono"])) for r in s.records)
+                for s in held.sessions]
+        assert count_in_range(lean, span) == want, span
+        assert count_in_range(lean, span, workers=2) == want, span
+        assert 0 < sum(want) < sum(s.record_count for s in held.sessions) or span == RecordRange(), span
+    assert count_in_range(lean, RecordRange()) == [s.record_count for s in held.sessions]
 
 
 def test_the_readers_tell_their_progress_a_segment_at_a_time(tmp_path: Path) -> None:
@@ -56,9 +62,24 @@ def test_the_readers_tell_their_progress_a_segment_at_a_time(tmp_path: Path) -> 
     assert told == [("reading segments", k, total) for k in range(total + 1)]
     assert [_seen(s) for s in lean.sessions] == [_seen(s) for s in read_run(run_dir).sessions]
     told.clear()
-    counted = sum(1 for _ in iter_records(lean, lambda *said: told.append(said)))
-    assert counted == sum(s.record_count for s in lean.sessions)
+    counted = count_in_range(lean, RecordRange(), progress=lambda *said: told.append(said))
+    assert counted == [s.record_count for s in lean.sessions]
     assert told == [("reading segments again", k, total) for k in range(total + 1)]
+
+
+def test_the_segments_counted_on_the_local_pool_are_the_run_counted_here(tmp_path: Path) -> None:
+    """``goodtrace records`` of a large run counts its segments on a process per core: the
+    sessions, their counts, last signs of life and finish records, the problems (in order) and
+    the skipped lines are the ones one process finds, however the segments fall into tasks."""
+    run_dir = _damaged(tmp_path / "run")
+    here = read_run(run_dir, keep_records=False, workers=1)
+    told: list[tuple[str, int, int]] = []
+    pooled = read_run(run_dir, keep_records=False, workers=2, progress=lambda *said: told.append(said))
+    assert [_seen(s) for s in pooled.sessions] == [_seen(s) for s in here.sessions]
+    assert pooled.problems == here.problems and list(pooled.skipped.items()) == list(here.skipped.items())
+    total = len(segment_files(run_dir))
+    assert told and told[-1] == ("reading segments (2 workers)", total, total)
+    assert [done for _, done, _ in told] == sorted(done for _, done, _ in told)
 
 
 def test_a_session_made_with_its_records_counts_them() -> None:

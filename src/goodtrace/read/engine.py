@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from goodtrace.read import duckdb_connection, duckdb_sql, fold_batches
 from goodtrace.read.environment import count_from_environment
@@ -28,7 +28,8 @@ from goodtrace.read.file_skips import SHORTEN_TO, FileSkips
 from goodtrace.read.loaded import Progress
 from goodtrace.read.long_lines import shortened_copy
 
-__all__ = ["ENV_WORKERS", "POOL_MIN_BYTES", "Engine", "RemoteRun", "fold_sessions"]
+__all__ = ["ENV_WORKERS", "POOL_MIN_BYTES", "Engine", "PoolTask", "RemoteRun", "fold_sessions", "local_workers",
+           "plan_tasks", "run_pool"]
 
 ENV_WORKERS = "GOODTRACE_WORKERS"
 # Below this many bytes of JSON lines to fold, an automatic choice folds in this process: the
@@ -103,6 +104,9 @@ class FoldTask:
     out_dir: str | None
     sources: dict[str, tuple[str, int]] | None = None
     ranges: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # see fold_json
+
+    def __call__(self) -> FoldResult:
+        return run_task(self)
 
 
 @dataclasses.dataclass
@@ -201,10 +205,17 @@ def plan_tasks(weights: Sequence[int], tasks: int) -> list[list[int]]:
 def _workers(engine: Engine, sizes: dict[str, int]) -> int:
     if engine.workers is not None:
         return engine.workers
+    return local_workers(sum(sizes.values()), POOL_MIN_BYTES)
+
+
+def local_workers(size: int, pool_from: int) -> int:
+    """How many local processes read ``size`` bytes: ``GOODTRACE_WORKERS`` when set, else a
+    process per core from ``pool_from`` bytes on (below, the pool's start costs more than it
+    saves), else one."""
     chosen = workers_from_environment()
     if chosen is not None:
         return chosen
-    return local_cores() if sum(sizes.values()) >= POOL_MIN_BYTES else 1
+    return local_cores() if size >= pool_from else 1
 
 
 def fold_sessions(
@@ -239,7 +250,7 @@ def fold_sessions(
         os.makedirs(out_dir, exist_ok=True)
         tasks = _tasks(files_by_sid, fid_of, main_tids, sizes, workers, out_dir, ranges)
         workers = min(workers, len(tasks))
-        results = _run_pool(tasks, workers, _counter(tasks, f"reading rank files ({workers} workers)", progress,
+        results = run_pool(tasks, workers, _counter(tasks, f"reading rank files ({workers} workers)", progress,
                                                      done, total))
     _reduce(con, results, files_by_sid, skips)
     return done + sum(len(paths) for paths in files_by_sid.values())
@@ -292,13 +303,23 @@ def _counter(
     return finished
 
 
-class _InProcess:
-    """The driver's own share of the pool: it folds tasks in a thread of this process (no
-    interpreter to start, nothing pickled) while it would otherwise only wait. A task in hand
-    cannot be killed: it ends when its fold does."""
+class PoolTask(Protocol):
+    """A task of the local pool (:func:`run_pool`): picklable, called in a worker process (or
+    in the driver's thread), its result picklable and numbered as the task (``index``)."""
 
-    def run(self, task: FoldTask) -> FoldResult:
-        return run_task(task)
+    @property
+    def index(self) -> int: ...
+
+    def __call__(self) -> Any: ...
+
+
+class _InProcess:
+    """The driver's own share of the pool: it runs tasks in a thread of this process (no
+    interpreter to start, nothing pickled) while it would otherwise only wait. A task in hand
+    cannot be killed: it ends when it does."""
+
+    def run(self, task: PoolTask) -> Any:
+        return task()
 
     def kill(self) -> None:
         pass
@@ -307,19 +328,21 @@ class _InProcess:
         pass
 
 
-def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int], None]) -> list[FoldResult]:
+def run_pool(tasks: Sequence[PoolTask], workers: int, finished: Callable[[int], None]) -> list[Any]:
     """The tasks on ``workers`` local processes: this one (in a thread) and ``workers - 1``
     started ones (:mod:`goodtrace.read.fold_worker`: fresh interpreters of this goodtrace that
-    import nothing of the caller's program); each takes the next task when it is done with one."""
+    import nothing of the caller's program); each takes the next task when it is done with one.
+    The results in the order they came (each numbered as its task); ``finished(index)`` is
+    called as each comes."""
     import queue
     import threading
 
     from goodtrace.read.fold_worker import WorkerProcess
 
-    todo: queue.SimpleQueue[FoldTask] = queue.SimpleQueue()
+    todo: queue.SimpleQueue[PoolTask] = queue.SimpleQueue()
     for task in tasks:
         todo.put(task)
-    done: queue.SimpleQueue[FoldResult | BaseException] = queue.SimpleQueue()
+    done: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stop = threading.Event()
 
     def serve(process: WorkerProcess | _InProcess) -> None:
@@ -338,7 +361,7 @@ def _run_pool(tasks: Sequence[FoldTask], workers: int, finished: Callable[[int],
     threads = [threading.Thread(target=serve, args=(p,), daemon=True) for p in processes]
     for thread in threads:
         thread.start()
-    results: list[FoldResult] = []
+    results: list[Any] = []
     try:
         while len(results) < len(tasks):
             item = done.get()

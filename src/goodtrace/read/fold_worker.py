@@ -1,6 +1,7 @@
 """A local worker process of the reader's pool: ``python -m goodtrace.read.fold_worker`` reads
-pickled :class:`~goodtrace.read.engine.FoldTask` s on stdin and writes their results on stdout
-(each a length, then the pickle), until an empty one.
+pickled tasks (:class:`~goodtrace.read.engine.PoolTask`: a :class:`~goodtrace.read.engine.FoldTask`,
+or segments that ``goodtrace records`` counts) on stdin, calls each and writes its result on
+stdout (each a length, then the pickle), until an empty one.
 
 A fresh interpreter started by command, not by :mod:`multiprocessing`: nothing of the calling
 program runs in it (a training script that reads its run at the end, unguarded module code),
@@ -16,7 +17,7 @@ import subprocess
 import sys
 from typing import IO, Any
 
-from goodtrace.read.engine import FoldResult, FoldTask, run_task
+from goodtrace.read.engine import PoolTask
 from goodtrace.read.loaded import LoadError
 from goodtrace.record.process import python_path
 
@@ -54,7 +55,7 @@ class WorkerProcess:
             env=env,
         )
 
-    def run(self, task: FoldTask) -> FoldResult:
+    def run(self, task: PoolTask) -> Any:
         """The task's result; an exception the task raised is raised here."""
         assert self.process.stdin is not None and self.process.stdout is not None
         try:
@@ -63,11 +64,10 @@ class WorkerProcess:
         except (EOFError, BrokenPipeError):
             code = self.process.wait()
             raise LoadError(f"a worker process reading the run died (exit status {code}; out of memory?); "
-                            "--workers 1 reads it in this process") from None
+                            "--workers 1 (or GOODTRACE_WORKERS=1) reads it in this process") from None
         if isinstance(reply, BaseException):
             raise reply
-        result: FoldResult = reply
-        return result
+        return reply
 
     def kill(self) -> None:
         self.process.kill()
@@ -98,7 +98,7 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
         if task is None:
             return
         try:
-            reply: object = run_task(task)
+            reply: object = task()
         except Exception as exc:  # the driver raises it
             reply = exc
         try:

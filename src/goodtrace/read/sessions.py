@@ -12,7 +12,8 @@ the same file layout and the same attempt rule (:func:`number_attempts`).
 :func:`read_run` holds every record of the run in memory (what the tests read, record by
 record), or, with ``keep_records=False``, only each session's header, counts, last sign of life
 and finish record, each segment's records decoded one at a time (what ``goodtrace records``
-lists of a run of any length; :func:`iter_records` reads them again, one at a time). Reports
+lists of a run of any length; a large run's segments on a process per core);
+:func:`count_in_range` reads them again to count those in a time range. Reports
 read runs of any length through the analytical reader (:mod:`goodtrace.read.load`).
 """
 
@@ -37,11 +38,12 @@ from goodtrace.read.validate import check_header, is_time
 
 __all__ = [
     "NotARunError",
+    "RecordRange",
     "Run",
     "Session",
     "assign_attempts",
     "checked_header",
-    "iter_records",
+    "count_in_range",
     "number_attempts",
     "read_run",
 ]
@@ -78,6 +80,16 @@ class Session:
                 self.latest = value
         if record.get(schema.F_KIND) == schema.FINISH:
             self.last_finish = record
+
+    def absorb(self, counted: SegmentCount) -> None:
+        """One more of the session's segments, counted without its records (in file order)."""
+        self.record_count += counted.records
+        if counted.latest is not None and (self.latest is None or counted.latest > self.latest):
+            self.latest = counted.latest
+        if counted.last_finish is not None:
+            self.last_finish = counted.last_finish
+        self.segments += 1
+        self.torn_lines += counted.torn
 
     @property
     def session_id(self) -> str:
@@ -141,6 +153,81 @@ class Run:
 
 S = TypeVar("S", bound="Session")
 
+# From this many bytes of segments on, ``read_run(keep_records=False)`` counts them on a local
+# process per core (a worker starts in about 0.2 s; the standard-library reader decodes about
+# 50 MB a second a core)
+COUNT_POOL_MIN_BYTES = 64 * 2**20
+COUNT_TASKS_PER_WORKER = 4  # at most: a task is segments in a row
+
+
+@dataclasses.dataclass
+class SegmentCount:
+    """What one segment adds to its session read without its records (:meth:`Session.absorb`):
+    its checked header (None: the segment is skipped), its records' count, latest time and last
+    finish record, its torn lines, and the problems and skipped lines it brings to the run's."""
+
+    header: dict[str, Any] | None
+    records: int = 0
+    latest: int | None = None
+    last_finish: dict[str, Any] | None = None
+    torn: int = 0
+    problems: list[str] = dataclasses.field(default_factory=list)
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+    in_range: int | None = None  # with a range: how many of its records it keeps
+
+
+# a time range and each session's clock anchor (session id -> wall ns, monotonic ns)
+_InRange = tuple["RecordRange", dict[str, tuple[int, int]]]
+
+
+def count_segment(path: str, rank_dir: str, segment: str, in_range: _InRange | None = None) -> SegmentCount:
+    """One segment of the run at ``path`` read, its records counted, none kept; with
+    ``in_range``, also those the range keeps on its session's clock (a session it does not
+    name: none)."""
+    counted = SegmentCount(None)
+    opened = _open_segment(path, rank_dir, segment, counted.problems, counted.skipped)
+    if opened is None:
+        return counted
+    header, walk, records = opened
+    tally = Session(header=header, records=[])
+    if in_range is None:
+        for record in walk:
+            tally.add(record, False)
+    else:
+        span, anchors = in_range
+        anchor = anchors.get(str(header.get(schema.H_SESSION)))
+        kept = 0
+        for record in walk:
+            tally.add(record, False)
+            if anchor is not None and span.keeps(record, *anchor):
+                kept += 1
+        counted.in_range = kept
+    counted.header, counted.records, counted.latest = header, tally.record_count, tally.latest
+    counted.last_finish, counted.torn = tally.last_finish, records.torn
+    _own_into(records, counted.problems, counted.skipped)
+    return counted
+
+
+@dataclasses.dataclass(frozen=True)
+class CountTask:
+    """Segments in a row of one run, counted in a worker of the local pool
+    (:func:`goodtrace.read.engine.run_pool`)."""
+
+    index: int
+    path: str
+    segments: list[tuple[str, str]]
+    in_range: _InRange | None = None
+
+    def __call__(self) -> CountResult:
+        return CountResult(self.index, [count_segment(self.path, rank_dir, segment, self.in_range)
+                                        for rank_dir, segment in self.segments])
+
+
+@dataclasses.dataclass
+class CountResult:
+    index: int
+    counts: list[SegmentCount]
+
 
 def checked_header(first: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any] | None:
     """The segment's header when usable (invalid optional fields left out, a missing session
@@ -174,36 +261,81 @@ def _session_of(by_session: dict[str, Any], header: dict[str, Any], make: type[S
         session.header = header
     return session_id, session
 
-def read_run(run_dir: str | os.PathLike[str], *, keep_records: bool = True, progress: Progress | None = None) -> Run:
+def read_run(run_dir: str | os.PathLike[str], *, keep_records: bool = True, progress: Progress | None = None,
+             workers: int | None = None) -> Run:
     """Load every rank's segments of a run directory into sessions, attempts assigned
-    (``keep_records=False``: each session's records counted, not held: see the module).
+    (``keep_records=False``: each session's records counted, not held: see the module; on
+    ``workers`` local processes, by default one a core once the segments hold
+    :data:`COUNT_POOL_MIN_BYTES`, or ``GOODTRACE_WORKERS``: the same run either way).
     ``progress(what, done, total)`` is told of each segment read."""
     path = os.fspath(run_dir)
     problems: list[str] = []
     skipped: dict[str, int] = {}
     by_session: dict[str, Session] = {}
-    for header, records, parsed in _segments(path, problems, skipped, progress, "reading segments"):
-        _, session = _session_of(by_session, header, Session)
-        for record in records:
-            session.add(record, keep_records)
-        session.segments += 1
-        session.torn_lines += parsed.torn
+    if keep_records:
+        for header, records, parsed in _segments(path, problems, skipped, progress, "reading segments"):
+            _, session = _session_of(by_session, header, Session)
+            for record in records:
+                session.add(record, True)
+            session.segments += 1
+            session.torn_lines += parsed.torn
+    else:
+        for counted in _counted(path, _listed(path, problems), workers, progress):
+            problems.extend(counted.problems)
+            for reason, count in counted.skipped.items():
+                skipped[reason] = skipped.get(reason, 0) + count
+            if counted.header is not None:
+                _session_of(by_session, counted.header, Session)[1].absorb(counted)
     sessions = sorted(by_session.values(), key=lambda s: (s.start_wall_ns, s.rank))
     assign_attempts(sessions)
     return Run(path=path, sessions=sessions, problems=fold_file_warnings(problems), skipped=skipped)
 
 
-def iter_records(run: Run, progress: Progress | None = None) -> Iterator[tuple[Session, dict[str, Any]]]:
-    """Every record of ``run`` read again from its files, one at a time, with its session (in
-    file order; the run read by :func:`read_run`, with or without its records kept). A file
-    still being written is read as it is now: it may hold more records than were counted.
-    ``progress(what, done, total)`` is told of each segment read."""
-    by_id = {s.session_id: s for s in run.sessions}
-    for header, records, _ in _segments(run.path, [], {}, progress, "reading segments again"):
-        session = by_id.get(str(header.get(schema.H_SESSION)))
-        for record in records:
-            if session is not None:
-                yield session, record
+@dataclasses.dataclass(frozen=True)
+class RecordRange:
+    """Which records a time range keeps: by the record's time (a span's start, else its time,
+    else its monotonic time) on its session's wall clock, in [``since_ns``, ``until_ns``), and by
+    its step number in [``low_step``, ``high_step``] (a record without a step is not kept when
+    a step bound is given); None: no bound."""
+
+    since_ns: int | None = None
+    until_ns: int | None = None
+    low_step: int | None = None
+    high_step: int | None = None
+
+    def keeps(self, record: dict[str, Any], wall0: int, mono0: int) -> bool:
+        """Whether ``record`` of a session anchored at (``wall0``, ``mono0``) is in the range."""
+        low, high = self.low_step, self.high_step
+        if low is not None or high is not None:
+            step = record.get(schema.F_STEP)
+            if type(step) is not int or (low is not None and step < low) or (high is not None and step > high):
+                return False
+        a, b = self.since_ns, self.until_ns
+        if a is None and b is None:
+            return True
+        for field in (schema.F_T0, schema.F_T, schema.F_MONO):
+            value = record.get(field)
+            if is_time(value):
+                wall = wall0 + (value - mono0)
+                return (a is None or wall >= a) and (b is None or wall < b)
+        return False
+
+
+def count_in_range(run: Run, span: RecordRange, *, progress: Progress | None = None,
+                   workers: int | None = None) -> list[int]:
+    """Each session's records (of ``run``, in its order) that ``span`` keeps: the run's files
+    read again, a record at a time, as :func:`read_run` counted them (on the local pool the
+    same way). A file still being written is read as it is now: it may hold more records than
+    were counted."""
+    anchors = {s.session_id: (int(s.header[schema.F_WALL]), int(s.header[schema.F_MONO])) for s in run.sessions}
+    counts = dict.fromkeys(anchors, 0)
+    for counted in _counted(run.path, _listed(run.path, []), workers, progress, "reading segments again",
+                            (span, anchors)):
+        if counted.header is not None and counted.in_range is not None:
+            session_id = str(counted.header.get(schema.H_SESSION))
+            if session_id in counts:
+                counts[session_id] += counted.in_range
+    return [counts[s.session_id] for s in run.sessions]
 
 
 def _segments(
@@ -215,35 +347,95 @@ def _segments(
     header is unusable, is named in ``problems``; its lines are counted in ``skipped``
     (``file_skipped``), as every skipped line is, by reason. ``progress(what, done, total)`` is
     told how many segments were read before each, and once all are."""
-    segments = list_segments(path, problems)
-    if not segments:
-        raise NotARunError(f"{path!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
+    segments = _listed(path, problems)
     for done, (rank_dir, segment) in enumerate(segments):
         if progress is not None:
             progress(what, done, len(segments))
-        where = f"{rank_dir}/{os.path.basename(segment)}"
-        try:
-            data = read_bytes(path, segment)
-        except OSError as exc:
-            problems.append(f"{where}: cannot be read ({exc.strerror or exc}); skipped")
+        opened = _open_segment(path, rank_dir, segment, problems, skipped)
+        if opened is None:
             continue
-        own: dict[str, int] = {}
-        own_problems: list[str] = []
-        records = SegmentRecords(data, where, own_problems, own)
-        walk = iter(records)
-        first = next(walk, None)
-        header = checked_header(first, where, problems) if first is not None else None
-        if header is None:  # every line of the file is skipped with it
-            lines = (first is not None) + sum(1 for _ in walk) + sum(own.values())
-            if lines:
-                skipped["file_skipped"] = skipped.get("file_skipped", 0) + lines
-            continue
+        header, walk, records = opened
         yield header, walk, records
-        problems.extend(own_problems)
-        for reason, count in own.items():
-            skipped[reason] = skipped.get(reason, 0) + count
+        _own_into(records, problems, skipped)
     if progress is not None:
         progress(what, len(segments), len(segments))
+
+
+def _listed(path: str, problems: list[str]) -> list[tuple[str, str]]:
+    segments = list_segments(path, problems)
+    if not segments:
+        raise NotARunError(f"{path!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
+    return segments
+
+
+def _open_segment(
+    path: str, rank_dir: str, segment: str, problems: list[str], skipped: dict[str, int],
+) -> tuple[dict[str, Any], Iterator[dict[str, Any]], SegmentRecords] | None:
+    """A segment's checked header, its other records (one at a time) and their decoder; None
+    when the file cannot be read or its header is unusable (named in ``problems``, its lines
+    counted in ``skipped``). The decoder's own problems and skipped lines are added by
+    :func:`_own_into` once its records are read."""
+    where = f"{rank_dir}/{os.path.basename(segment)}"
+    try:
+        data = read_bytes(path, segment)
+    except OSError as exc:
+        problems.append(f"{where}: cannot be read ({exc.strerror or exc}); skipped")
+        return None
+    records = SegmentRecords(data, where, [], {})
+    walk = iter(records)
+    first = next(walk, None)
+    header = checked_header(first, where, problems) if first is not None else None
+    if header is None:  # every line of the file is skipped with it
+        lines = (first is not None) + sum(1 for _ in walk) + sum(records.skipped.values())
+        if lines:
+            skipped["file_skipped"] = skipped.get("file_skipped", 0) + lines
+        return None
+    return header, walk, records
+
+
+def _own_into(records: SegmentRecords, problems: list[str], skipped: dict[str, int]) -> None:
+    """A segment's own problems and skipped lines (its records all read) into the run's."""
+    problems.extend(records.problems)
+    for reason, count in records.skipped.items():
+        skipped[reason] = skipped.get(reason, 0) + count
+
+
+def _counted(
+    path: str, segments: list[tuple[str, str]], workers: int | None, progress: Progress | None,
+    what: str = "reading segments", in_range: _InRange | None = None,
+) -> list[SegmentCount]:
+    """Each segment counted (:func:`count_segment`), in order: here, or on the local pool."""
+    from goodtrace.read.engine import local_workers, plan_tasks, run_pool
+
+    sizes = []
+    for _, segment in segments:
+        try:
+            sizes.append(os.path.getsize(segment))
+        except OSError:
+            sizes.append(0)  # named as it is read
+    if workers is None:
+        workers = local_workers(sum(sizes), COUNT_POOL_MIN_BYTES)
+    if workers <= 1 or len(segments) < 2:
+        out = []
+        for done, (rank_dir, segment) in enumerate(segments):
+            if progress is not None:
+                progress(what, done, len(segments))
+            out.append(count_segment(path, rank_dir, segment, in_range))
+        if progress is not None:
+            progress(what, len(segments), len(segments))
+        return out
+    groups = plan_tasks(sizes, min(len(segments), workers * COUNT_TASKS_PER_WORKER))
+    tasks = [CountTask(i, path, [segments[k] for k in group], in_range) for i, group in enumerate(groups)]
+    done = 0
+
+    def finished(index: int) -> None:
+        nonlocal done
+        done += len(tasks[index].segments)
+        if progress is not None:
+            progress(f"{what} ({min(workers, len(tasks))} workers)", done, len(segments))
+
+    results = run_pool(tasks, min(workers, len(tasks)), finished)
+    return [counted for result in sorted(results, key=lambda r: r.index) for counted in result.counts]
 
 
 def number_attempts(

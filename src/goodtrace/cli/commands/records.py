@@ -1,32 +1,39 @@
 """``goodtrace records RUN``: list a run's sessions and attempts (the raw view, no extras).
 
 Reads every line with the standard-library reader (:func:`goodtrace.read.sessions.read_run`),
-one record at a time, none held (a run of any length): each session with its record count,
-and every line that was skipped, named by file and line (the first few of each file) and
-counted by reason. Run text is printed escaped; ``--json`` is always valid JSON.
-``--since``/``--until`` add each session's count of records in the time range (the files read
-a second time).
+one record at a time, none held (a run of any length), the segments of a large run on a
+process per core: each session with its record count, and every line that was skipped, named
+by file and line (the first few of each file) and counted by reason. Run text is printed
+escaped; ``--json`` is always valid JSON. ``--since``/``--until`` add each session's count of
+records in the time range (the files read a second time, as the first:
+:func:`goodtrace.read.sessions.count_in_range`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from goodtrace.cli.time_range import add_range_arguments
 
 if TYPE_CHECKING:
     from goodtrace.analysis.time_range import RangeEdge
     from goodtrace.read.loaded import Progress
-    from goodtrace.read.sessions import Run, Session
+    from goodtrace.read.sessions import Run
 
 HELP = "list the sessions, attempts and record counts of a run directory"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run directory (path or fsspec URL)")
+    from goodtrace.read.sessions import COUNT_POOL_MIN_BYTES
+
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="local processes that read the segments (default: one per core for "
+                             f"{COUNT_POOL_MIN_BYTES // 2**20} MiB of segments or more, else 1, or "
+                             "GOODTRACE_WORKERS; 1 reads in this process)")
     add_range_arguments(parser)
 
 
@@ -34,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from goodtrace.cli import CommandError, warn
     from goodtrace.cli.progress import progress_bar
     from goodtrace.cli.time_range import range_options
+    from goodtrace.read.loaded import LoadError
     from goodtrace.read.sessions import NotARunError, read_run
     from goodtrace.read.validate import describe_skipped
     from goodtrace.record.io.storage import is_url
@@ -43,17 +51,19 @@ def run(args: argparse.Namespace) -> int:
         time_range = range_options(args)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    if args.workers is not None and args.workers < 1:
+        raise CommandError(f"--workers must be at least 1, got {args.workers}")
     path = _mirrored(args.run) if is_url(args.run) else args.run
     update, stop = progress_bar()  # a long run's segments take a while (2 x 1 M steps: about 30 s)
     try:
         try:
-            loaded = read_run(path, keep_records=False, progress=update)
-        except NotARunError as exc:
+            loaded = read_run(path, keep_records=False, progress=update, workers=args.workers)
+            in_range = (_counts_in_range(loaded, time_range.get("since"), time_range.get("until"), update,
+                                         args.workers) if time_range else None)
+        except (NotARunError, LoadError) as exc:  # LoadError: a worker process died
             raise CommandError(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"cannot read {args.run!r}: {exc.strerror or exc}") from None
-        in_range = (_counts_in_range(loaded, time_range.get("since"), time_range.get("until"), update)
-                    if time_range else None)
     finally:
         stop()
     rows = []
@@ -106,16 +116,14 @@ def _mirrored(url: str) -> str:
 
 
 def _counts_in_range(run: Run, since: RangeEdge | None, until: RangeEdge | None,
-                     progress: Progress | None = None) -> list[int]:
+                     progress: Progress | None = None, workers: int | None = None) -> list[int]:
     """Each session's records in the time range (the run's files read again, a record at a
     time). A UTC time or a duration selects by the record's time (a span record's start, else
     its time) on its session's wall clock; a duration counts from the run's first process start
     (negative: back from its last sign of life), since this view does not analyse the run;
     ``step:N`` selects by the record's step number."""
-    from goodtrace import schema
     from goodtrace.cli import CommandError
-    from goodtrace.read.sessions import iter_records
-    from goodtrace.read.validate import is_time
+    from goodtrace.read.sessions import RecordRange, count_in_range
 
     sessions = run.sessions
     first = min(s.start_wall_ns for s in sessions)
@@ -136,25 +144,5 @@ def _counts_in_range(run: Run, since: RangeEdge | None, until: RangeEdge | None,
         raise CommandError(f"--since {since.describe()} is at or after the run's last record")
     if until is not None and b is not None and b <= first:
         raise CommandError(f"--until {until.describe()} is at or before the run's first process start")
-    low = None if since is None else since.step
-    high = None if until is None else until.step
-
-    def kept(session: Session, record: dict[str, Any]) -> bool:
-        if low is not None or high is not None:
-            step = record.get(schema.F_STEP)
-            if type(step) is not int or (low is not None and step < low) or (high is not None and step > high):
-                return False
-        if a is None and b is None:
-            return True
-        for field in (schema.F_T0, schema.F_T, schema.F_MONO):
-            value = record.get(field)
-            if is_time(value):
-                wall = session.wall_ns(value)
-                return (a is None or wall >= a) and (b is None or wall < b)
-        return False
-
-    counts = dict.fromkeys((s.session_id for s in sessions), 0)
-    for session, record in iter_records(run, progress):
-        if kept(session, record):
-            counts[session.session_id] += 1
-    return [counts[s.session_id] for s in sessions]
+    span = RecordRange(a, b, None if since is None else since.step, None if until is None else until.step)
+    return count_in_range(run, span, progress=progress, workers=workers)

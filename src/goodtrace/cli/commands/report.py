@@ -57,9 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how many slowest steps (and anomalies) the console report lists (the JSON: "
                              "10, and every step in its step table)")
     parser.add_argument("--no-steps", action="store_true", help="--json: leave out the full step table")
+    from goodtrace.read.engine import POOL_MIN_BYTES
+
     parser.add_argument("--workers", type=int, metavar="N",
                         help="local processes that read the rank files (default: one per core for a run of "
-                             "64 MiB or more, else 1, or GOODTRACE_WORKERS; 1 reads in this process)")
+                             f"{POOL_MIN_BYTES // 2**20} MiB or more to read, else 1, or GOODTRACE_WORKERS; 1 reads "
+                             "in this process)")
     parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                         help="read the rank files as Ray tasks (pip install 'goodtrace[ray]'): without ADDRESS "
                              "on a local Ray started for the report, 'auto' on the cluster the environment names; "
