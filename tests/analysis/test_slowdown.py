@@ -133,12 +133,14 @@ def test_a_series_that_cannot_be_written_stays_in_memory(monkeypatch: pytest.Mon
     from goodtrace.analysis.spill import SpillFile
 
     store = SeriesStore()
+    assert store.spill_failure is None
 
-    def full(self: SpillFile, value: object) -> tuple[int, int]:
+    def full(self: SpillFile, data: memoryview) -> tuple[int, int]:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(SpillFile, "put", full)
+    monkeypatch.setattr(SpillFile, "_write", full)
     x = np.array(_noisy(15, 40.0, 1) + _noisy(25, 52.0, 2))
     store.add(0, ("compute", range(40), x))
     assert store[0][2] is x and len(store) == 1
+    assert store.spill_failure is not None and store.spill_failure.endswith("No space left on device")
     assert [s.onset_step for s in slowdowns_of([_session(0, 0)], store, {0: 0})] == [15]

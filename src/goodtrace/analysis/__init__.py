@@ -375,6 +375,10 @@ def analyze(
     warnings.extend(f"hang: {line}" for line in describe_hangs(hangs))
     slowdowns = slowdowns_of(job_sessions, reduced.series, attempt_of)
     reduced.series.close()
+    for failure in dict.fromkeys(f for f in (cuts.spill_failure, reduced.series.spill_failure) if f):
+        warnings.append(f"the temporary directory could not take what the analysis puts aside ({failure}): held "
+                        "in memory instead (the numbers are the same); for a run this long, set TMPDIR to a "
+                        "disk with room")
     rewinds = rewind_rows(timeline.cuts, timeline.relabels, attempt_of, run.sessions, job_start)
     if rewinds:
         warnings.append(rewind_warning(rewinds))

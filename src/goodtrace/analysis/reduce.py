@@ -39,7 +39,7 @@ def _tail_label(attempt: Attempt) -> str:
 class Reduced:
     """What the analysis keeps of the job's sessions once each rank is cut and reduced."""
 
-    cuts: Mapping[int, SessionCut]  # what views read: every session's, or the reference sessions' alone
+    cuts: SessionCuts  # what views read: every session's, or the reference sessions' alone
     samples: list[RankSample]  # per rank, in the job's order of ranks
     name_codes: dict[str, int]
     goodput_by_rank: dict[int, float]
@@ -76,9 +76,9 @@ def cut_and_reduce(
     for index in (i for a in attempts for i in a.sessions):
         sessions_of.setdefault(run.sessions[index].rank, []).append(index)
     left = {rank: len(members) for rank, members in sessions_of.items()}  # sessions not cut yet
-    reduced = Reduced({}, [], {}, {}, {}, SeriesStore(), 0)
     job_order = [index for a in attempts for index in a.sessions]
     views = SessionCuts(job_order if keep_cuts else [i for i in job_order if i in reference])
+    reduced = Reduced(views, [], {}, {}, {}, SeriesStore(), 0)
     samples: dict[int, RankSample] = {}
     starts: dict[int, SessionRecords] = {}
     order = sorted(attempt_for, key=lambda i: (i in reference, i))
@@ -123,7 +123,6 @@ def cut_and_reduce(
         run.released = True
         run.close()
     reduced.samples = [samples[rank] for rank in sessions_of]
-    reduced.cuts = views
     if not keep_cuts:
         reduced.relabels = {i: r for i, r in reduced.relabels.items() if i in views}
     return reduced

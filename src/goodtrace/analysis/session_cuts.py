@@ -63,6 +63,11 @@ class SessionCuts(Mapping[int, SessionCut]):
             self._held_bytes += size
         self._held[session] = cut
 
+    @property
+    def spill_failure(self) -> str | None:
+        """Why a cut could not be written to the temporary file (then kept in memory); None."""
+        return self._file.failure
+
     def __getitem__(self, session: int) -> SessionCut:
         held = self._held.get(session)
         if held is not None:

@@ -114,6 +114,11 @@ class SeriesStore(Mapping[int, Series]):
         except OSError:
             self._held[index] = series
 
+    @property
+    def spill_failure(self) -> str | None:
+        """Why a series could not be written to the temporary file (then kept in memory); None."""
+        return self._file.failure
+
     def __getitem__(self, index: int) -> Series:
         if index in self._held:
             return self._held[index]

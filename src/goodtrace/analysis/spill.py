@@ -7,7 +7,8 @@ A value is pickled, its long columns (``array.array`` and numeric numpy arrays) 
 raw bytes beside it and read back straight into a new column, so that reading a value back holds
 it once, not its bytes and then its copy. The file has no name (it is gone with the process) and
 is made at the first write; a write that fails (a full disk) raises ``OSError``, and the caller
-keeps that value in memory instead (the numbers are the same).
+keeps that value in memory instead (the numbers are the same); the first such failure stays in
+``SpillFile.failure``, which the analysis warns of (a run that long needs the disk).
 """
 
 from __future__ import annotations
@@ -32,12 +33,18 @@ class SpillFile:
         self._prefix = prefix
         self._file: io.BufferedRandom | None = None
         self._end = 0
+        self.failure: str | None = None  # why the first write that failed did
 
     def put(self, value: object) -> tuple[int, int]:
         """``value`` written; returns where (for :meth:`get`). Raises ``OSError``."""
         head = io.BytesIO()
-        _Pickler(head, self).dump(value)
-        return self._write(head.getbuffer())
+        try:
+            _Pickler(head, self).dump(value)
+            return self._write(head.getbuffer())
+        except OSError as exc:
+            if self.failure is None:
+                self.failure = f"{tempfile.gettempdir()}: {exc.strerror or exc}"
+            raise
 
     def get(self, where: tuple[int, int]) -> Any:
         """The value :meth:`put` wrote at ``where`` (its columns new, each read once)."""
