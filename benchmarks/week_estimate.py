@@ -260,7 +260,8 @@ def _print(r: dict[str, Any]) -> None:
           f"{d['serial_us_per_step']} us a step + {d['serial_us_per_step_rank']} us a step and rank); peak "
           f"{d['rss_gib']:,} GiB ({d['rss_kib_per_step']} KiB a step + {d['rss_kib_per_step_rank']} KiB a step and rank), "
           f"{d['reading_rss_gib']:,} GiB of it reached by the end of the reading "
-          f"({d['reading_rss_kib_per_step_rank']} KiB a step and rank)")
+          f"({d['reading_rss_kib_per_step_rank']} KiB a step and rank): an upper bound, fitted where DuckDB's "
+          "tables still fit its memory limit, which the reading's peak stops at (reader_memory.py)")
     for count, w in r["workers"].items():
         print(f"  {count:>4} worker(s): {w['tasks']:,} tasks of {w['sessions_per_task']:,} sessions, map "
               f"{w['map_h']:,} h, wall {w['wall_h']:,} h ({w['speedup']}x), worker peak {w['worker_rss_gib']:,} GiB")
