@@ -62,3 +62,60 @@ def test_a_process_keeps_its_last_step_times_in_order() -> None:
     steps, ns = times.columns()
     assert steps.tolist() == [s for s, _ in kept] and ns.tolist() == [t for _, t in kept]
     assert times.last() == kept[-1] and list(RecentTimes(kept[:3])) == kept[:3]
+
+
+def _asynchronous_run(run_dir: Any, *, finished: bool) -> None:
+    """One rank's asynchronous loop as the report's cut sees it: each step's sync point observed
+    (``lag``) at the next step's very entry (a tie the data rule breaks by how it was taken), its
+    in-step data loading productive; a checkpoint every 10 steps; a header that names no
+    overhead category (a writer that lists only the declared ones); finished, or lost (no
+    heartbeat for years)."""
+    from helpers.builders import Proc
+
+    proc = Proc(run_dir)  # overhead=(): its header lists none
+    t = 2.0
+    proc.span("init", 0.0, t, cat="init")
+    for k in range(60):
+        proc.span("data", t, t + 0.05, step=k)
+        proc.span("forward", t + 0.05, t + 0.45, cat="compute", step=k)
+        proc.step(k, t, t + 0.45)
+        if k:
+            proc.sync(k - 1, t, how="lag")  # ready when the loop looked, at this step's entry
+        t += 0.5
+        if k % 10 == 9:
+            proc.span("checkpoint", t, t + 1.0, cat="checkpoint_save", step=k)
+            t += 1.0
+        proc.heartbeat(t)
+    proc.sync(59, t + 0.1, how="finish" if finished else "lag")
+    if finished:
+        proc.finish(t + 0.2)
+    proc.write()
+
+
+def test_the_goodput_shown_is_the_reports_to_the_bit(tmp_path: Any) -> None:
+    """``goodtrace watch`` shows the lowest rank's goodput by the report's rules: the data rule
+    with its tie (a sync point observed at the next entry counts as the loop running ahead), the
+    built-in overhead categories whatever the header lists, and a lost attempt's time ending at
+    its last sign of life (not now: it was 0.5% of a 3-year-old run that the report put at
+    99.6%)."""
+    import time
+
+    from goodtrace.analysis import analyze
+    from goodtrace.cli.analysed import alive_here
+    from goodtrace.cli.commands.watch import View
+    from goodtrace.read.load import load_run
+
+    for finished in (True, False):
+        run_dir = tmp_path / ("finished" if finished else "lost")
+        _asynchronous_run(run_dir, finished=finished)
+        now = time.time_ns()
+        report = analyze(load_run(run_dir), now_wall_ns=now, alive=alive_here)
+        assert report.data_rule == "asynchronous"
+        assert report.partition.buckets_ns.get("checkpoint_save") == 6 * S
+        assert report.attempts[0].ended == ("completed" if finished else "lost"), report.attempts[0]
+        view = View(str(run_dir))
+        view.look(None)
+        while view.follower.pending or view.follower.has_history:
+            view.look(None)
+        assert view.state.goodput(now) == report.partition.goodput, finished
+        assert 0.7 < report.partition.goodput < 0.95

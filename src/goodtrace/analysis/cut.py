@@ -335,8 +335,7 @@ def relabel(pieces: list[Piece], amount: int, label: str, *, from_end: bool) -> 
 
 
 _DEVICE_DATED = frozenset({schema.SYNC_LAG, schema.SYNC_POLL, schema.SYNC_BLOCKING, schema.SYNC_FINISH})
-_LOOKED_LATER = frozenset({schema.SYNC_LAG, schema.SYNC_POLL, schema.SYNC_BLOCKING, schema.SYNC_FINISH,
-                           schema.SYNC_BARRIER})
+
 
 def cut_session(
     info: SessionInfo,
@@ -440,7 +439,7 @@ def cut_session(
     interval_start, interval_end = _np(out.interval_start), _np(out.interval_end)
     out.exec_compute = _out(_compute_of(rec, seqs))
     out.interval_how = Labels(interval_how, (*how_names, HOST_EXIT))
-    out.data_rule = data_rule or _data_rule(times, codes_in(hows, how_names, _LOOKED_LATER), t0s, host_timed)
+    out.data_rule = data_rule or _data_rule(times, codes_in(hows, how_names, schema.SYNC_LOOKED_LATER), t0s, host_timed)
     # the device-dated sync point of each execution (a blocking span may have waited for it)
     dated = codes_in(hows, how_names, _DEVICE_DATED)
     del hows

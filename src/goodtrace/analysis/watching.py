@@ -20,6 +20,7 @@ from typing import Any
 from goodtrace import schema
 from goodtrace.analysis.attempts import LOST, RUNNING, Ending, Liveness, lost_or_running
 from goodtrace.analysis.slowdown import slowdown_of
+from goodtrace.read.discovery import declared_overhead, process_start
 from goodtrace.record.hang_peers import stop_order, summary_line, where_text
 from goodtrace.record.live.goodput import AttemptGoodput
 
@@ -231,9 +232,8 @@ class WatchState:
         session = str(header.get(schema.H_SESSION))
         state = self.sessions.get(session)
         if state is None:
-            meter = AttemptGoodput(int(header.get(schema.H_PROC_START) or header[schema.F_MONO]))
+            meter = AttemptGoodput(process_start(header))
             meter.training_thread = header.get("main_tid") if isinstance(header.get("main_tid"), int) else None
-            overhead = header.get("overhead_categories")
             pid = header.get(schema.H_PID)
             # headers are checked by the readers' rule: a config is a dict, an interval in it a finite number above 0
             interval = (header.get(schema.H_CONFIG) or {}).get("flush_interval_s", schema.DEFAULT_FLUSH_INTERVAL_S)
@@ -242,7 +242,7 @@ class WatchState:
                 pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else 0,
                 flush_interval_s=float(interval), session=session,
                 wall_minus_mono=int(header[schema.F_WALL]) - int(header[schema.F_MONO]),
-                overhead=frozenset(overhead) if isinstance(overhead, list) else schema.OVERHEAD_CATEGORIES,
+                overhead=schema.OVERHEAD_CATEGORIES | declared_overhead(header),  # as the report's cut takes them
                 goodput=meter, last_seen_wall=int(header[schema.F_WALL]))  # its start is a sign of life
         return state
 
@@ -298,12 +298,19 @@ class WatchState:
         return [state for state in self.ranks() if state.session not in self.reading]
 
     def goodput(self, now_wall: int) -> float | None:
-        """The lowest rank's goodput of its attempt so far (the live line's figure)."""
+        """The lowest rank's goodput of its attempt so far (the live line's figure): until now
+        while it runs, until its finish, or, lost, until its last sign of life (as the report
+        ends a lost attempt: the time since is nobody's job time yet)."""
         ranks = self.ranks()
         if not ranks or not ranks[0].metered:
             return None
         first = ranks[0]
-        end = first.finished_at if first.finished_at is not None else now_wall - first.wall_minus_mono
+        if first.finished_at is not None:
+            end = first.finished_at
+        elif self.status(first, now_wall).kind == LOST:
+            end = first.last_seen_wall - first.wall_minus_mono
+        else:
+            end = now_wall - first.wall_minus_mono
         return first.goodput.goodput(end)
 
     def hang_line(self) -> str | None:

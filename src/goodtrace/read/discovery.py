@@ -180,17 +180,35 @@ def collect_sessions(
     return sessions
 
 
+def process_start(header: dict[str, Any]) -> int:
+    """A session's process start (monotonic ns) by its (checked) header: the one it names, else
+    its ``init()``, else its clock anchor. What every reader takes as its start."""
+    for key in (schema.H_PROC_START, schema.H_INIT):
+        value = int_or_none(header.get(key))
+        if value is not None:
+            return value
+    return int(header[schema.F_MONO])
+
+
+def declared_overhead(header: dict[str, Any]) -> frozenset[str]:
+    """The overhead categories a session's (checked) header names: the recorder lists the
+    built-in ones and those the program declared, another or an older writer may list only the
+    declared ones (or none), so every reader adds the built-in ones
+    (:data:`goodtrace.schema.OVERHEAD_CATEGORIES`) itself."""
+    config = header.get(schema.H_CONFIG) if isinstance(header.get(schema.H_CONFIG), dict) else {}
+    assert isinstance(config, dict)
+    named = header.get(schema.H_OVERHEAD_CATEGORIES) or config.get("overhead_categories") or []
+    return frozenset(str(c) for c in named if isinstance(c, str))
+
+
 def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> SessionInfo:
     """One session's summary: its header (checked) and what DuckDB folded of its records."""
     header = draft.header
     mono = int(header[schema.F_MONO])
     init = int_or_none(header.get(schema.H_INIT))
-    proc_start = int_or_none(header.get(schema.H_PROC_START))
-    if proc_start is None:
-        proc_start = init if init is not None else mono
+    proc_start = process_start(header)
     config = header.get(schema.H_CONFIG) if isinstance(header.get(schema.H_CONFIG), dict) else {}
     assert isinstance(config, dict)
-    overhead = header.get(schema.H_OVERHEAD_CATEGORIES) or config.get("overhead_categories") or []
     last_seen = max(
         v for v in (mono, proc_start, summary.get("last_seen"), summary.get("finish_t")) if isinstance(v, int)
     )
@@ -219,7 +237,7 @@ def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> Se
         last_heartbeat=summary.get("heartbeat"),
         flush_interval_s=float(flush) if isinstance(flush, (int, float)) and flush > 0 else schema.DEFAULT_FLUSH_INTERVAL_S,
         main_tid=int_or_none(header.get(schema.H_MAIN_TID)),
-        overhead_categories=frozenset(str(c) for c in overhead if isinstance(c, str)),
+        overhead_categories=declared_overhead(header),
         blocking_categories=schema.BLOCKING_CATEGORIES | frozenset(str(c) for c in blocking if isinstance(c, str)),
         lag=int(lag) if isinstance(lag, int) else 1,
         dropped=int(summary.get("dropped") or 0),

@@ -66,7 +66,7 @@ class AttemptGoodput:
         self._steady_steps = array("q")
         # the data rule: did the host enter the next step before this one was ready?
         self._entries: dict[int, int] = {}  # step -> the next execution's entry, awaiting its sync
-        self._syncs: dict[int, int] = {}  # step -> its sync point, awaiting the next entry
+        self._syncs: dict[int, tuple[int, str]] = {}  # step -> its sync point and how, awaiting the next entry
         self._last_step: int | None = None
         self.ahead = 0
         self.behind = 0
@@ -89,7 +89,7 @@ class AttemptGoodput:
                 if ready is None:
                     self._entries[self._last_step] = t0  # compared when its sync point comes
                 else:
-                    self._count(t0, ready)
+                    self._count(t0, *ready)
             self._last_step = step
             self._steps_since += 1
 
@@ -107,15 +107,17 @@ class AttemptGoodput:
             if step is not None:
                 entry = self._entries.pop(step, None)
                 if entry is not None:
-                    self._count(entry, t)
+                    self._count(entry, t, how)
                 elif step == self._last_step:  # ready before the next step began
-                    self._syncs[step] = t
+                    self._syncs[step] = (t, how)
             if self.last_interval_end is None or t > self.last_interval_end:
                 self._close_interval(t)
 
-    def _count(self, next_entry: int, ready: int) -> None:
-        """One step for the data rule: the host entered the next step before it was ready?"""
-        if next_entry < ready:
+    def _count(self, next_entry: int, ready: int, how: str) -> None:
+        """One step for the data rule: the host entered the next step before it was ready? (On
+        a tie, by how its sync point was taken: found complete when looked at later, as the
+        report's rule, ``cut._data_rule``, counts it.)"""
+        if next_entry < ready or (next_entry == ready and how in schema.SYNC_LOOKED_LATER):
             self.ahead += 1
         else:
             self.behind += 1
