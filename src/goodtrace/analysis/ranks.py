@@ -453,13 +453,12 @@ def spread_of(figures: Sequence[RankFigure]) -> RankSpread:
         per_rank=tuple(figures),
     )
 
-
-
 def _late_text(seconds: float) -> str:
     """A rank's lateness as evidence names it: ``4.1 ms``, and from a second on ``502.5 s``
     (ranks that drift apart over a long run are seconds or minutes late, not millions of ms)."""
     ms = seconds * 1e3
     return f"{ms:.1f} ms" if abs(ms) < 999.95 else f"{seconds:.1f} s"
+
 
 def find_stragglers(figures: Sequence[RankFigure], ideal_step_s: float | None) -> list[Straggler]:
     """Ranks that compute slower than the others, arrive last at most sync points, or enter a

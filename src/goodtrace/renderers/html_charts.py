@@ -293,7 +293,7 @@ class Gantt:
                 depth = len(stack)
                 stack.append(t1)
                 items.append([
-                    row_index, round((wall(t0) - origin) / 1e6, 3), round((wall(t1) - origin) / 1e6, 3),
+                    row_index, rounded((wall(t0) - origin) / 1e6), rounded((wall(t1) - origin) / 1e6),
                     names.setdefault(name, len(names)), categories.setdefault(category, len(categories)),
                     step if isinstance(step, int) else -1, min(depth, 5), lane,
                 ])
