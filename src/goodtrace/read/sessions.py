@@ -190,18 +190,13 @@ def count_segment(path: str, rank_dir: str, segment: str, in_range: _InRange | N
         return counted
     header, walk, records = opened
     tally = Session(header=header, records=[])
-    if in_range is None:
-        for record in walk:
-            tally.add(record, False)
-    else:
-        span, anchors = in_range
-        anchor = anchors.get(str(header.get(schema.H_SESSION)))
-        kept = 0
-        for record in walk:
-            tally.add(record, False)
-            if anchor is not None and span.keeps(record, *anchor):
-                kept += 1
-        counted.in_range = kept
+    span, anchor = (in_range[0], in_range[1].get(str(header.get(schema.H_SESSION)))) if in_range else (None, None)
+    kept = 0
+    for record in walk:
+        tally.add(record, False)
+        if anchor is not None and span is not None and span.keeps(record, *anchor):
+            kept += 1
+    counted.in_range = kept if in_range else None
     counted.header, counted.records, counted.latest = header, tally.record_count, tally.latest
     counted.last_finish, counted.torn = tally.last_finish, records.torn
     _own_into(records, counted.problems, counted.skipped)
