@@ -69,7 +69,7 @@ def run_policy(root: Path, reports: int, steps: int, segment_bytes: int, floor: 
         written += sum(size for name, size in after.items() if name not in before)
         most = max(most, sum(1 for name in after if name.endswith(".json")))
         if k == reports - 1:
-            text = render_json(analyze(loaded, now_wall_ns=NOW, release_records=True), include_steps=False)
+            text = render_json(analyze(loaded, now_wall_ns=NOW, release_records=True, keep_cuts=False), include_steps=False)
             text = text.replace(json.dumps(str(root))[1:-1], "RUN")  # the two policies' runs are in two folders
         else:
             loaded.close()

@@ -62,7 +62,7 @@ from goodtrace.renderers.json_report import render_json
 t0 = time.perf_counter()
 loaded = load_run(sys.argv[1])
 t1 = time.perf_counter()
-render_json(analyze(loaded, now_wall_ns=time.time_ns(), release_records=True), include_steps=False)
+render_json(analyze(loaded, now_wall_ns=time.time_ns(), release_records=True, keep_cuts=False), include_steps=False)
 t2 = time.perf_counter()
 print(json.dumps({"fold_s": t1 - t0, "analysis_s": t2 - t1}))
 """

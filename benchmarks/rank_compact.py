@@ -63,7 +63,7 @@ from goodtrace.read.engine import Engine
 from goodtrace.read.load import load_run
 from goodtrace.renderers.json_report import render_json
 loaded = load_run(sys.argv[1], engine=Engine(workers=1), use_cache=sys.argv[3] == "1")
-text = render_json(analyze(loaded, now_wall_ns=2_000_000_000_000_000_000, release_records=True), include_steps=False)
+text = render_json(analyze(loaded, now_wall_ns=2_000_000_000_000_000_000, release_records=True, keep_cuts=False), include_steps=False)
 with open(sys.argv[2], "w") as handle:
     handle.write(text)
 print(json.dumps({"total_s": time.perf_counter() - t0, "read_mb": loaded.read_bytes / 1e6}))

@@ -57,7 +57,7 @@ def report(url: str) -> tuple[str, dict[str, float]]:
     start = time.perf_counter()
     loaded = load_run(url, engine=Engine(workers=1))
     loaded_s = time.perf_counter() - start
-    text = render_json(analyze(loaded, now_wall_ns=NOW, release_records=True), include_steps=False)
+    text = render_json(analyze(loaded, now_wall_ns=NOW, release_records=True, keep_cuts=False), include_steps=False)
     return text, {"load_s": round(loaded_s, 3), "report_s": round(time.perf_counter() - start, 3),
                   "parsed_mb": round(loaded.read_bytes / 1e6, 3)}
 

@@ -60,7 +60,7 @@ from goodtrace.renderers.json_report import render_json
 t1 = time.perf_counter()
 loaded = load_run(sys.argv[1], engine=Engine(workers=1))
 t2 = time.perf_counter()
-text = render_json(analyze(loaded, now_wall_ns=int(sys.argv[2]), release_records=True), include_steps=False)
+text = render_json(analyze(loaded, now_wall_ns=int(sys.argv[2]), release_records=True, keep_cuts=False), include_steps=False)
 t3 = time.perf_counter()
 with open(sys.argv[3], "w") as handle:
     handle.write(text)

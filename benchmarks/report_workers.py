@@ -59,7 +59,7 @@ def progress(label, done, total):
 start = time.perf_counter()
 loaded = load_run(run, engine=Engine(workers=None if ray else workers, ray=ray), progress=progress)
 loaded_at = time.perf_counter()
-analysis = analyze(loaded, now_wall_ns=1_800_000_000 * 10**9, release_records=True)
+analysis = analyze(loaded, now_wall_ns=1_800_000_000 * 10**9, release_records=True, keep_cuts=False)
 analysed_at = time.perf_counter()
 text = render_json(analysis, include_steps=False)  # as report --json --no-steps
 end = time.perf_counter()
