@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import goodtrace
 from goodtrace import schema
@@ -153,3 +154,54 @@ def test_a_session_s_wall_mapping_for_many_times_is_its_one_mapping_to_the_wall_
     info = analysis.sessions[measured]
     spread = {analysis.to_wall(measured, t) - t for t in (info.proc_start, info.last_seen)}
     assert len(spread) == 2  # no one shift would do
+
+
+def _uneven_run(run_dir: Path) -> Path:
+    """Two ranks, two attempts: rank 1 runs a step rank 0 does not and repeats two steps (a
+    rollback: 3, 4, then 3, 4 again), the first attempt crashes with executions after its last
+    sync point (never closed), the second re-does steps."""
+    from tests.helpers.builders import Proc
+
+    t_end = 0.0
+    for rank in (0, 1):
+        proc = Proc(run_dir, rank=rank, world=2, start=0.0)
+        steps = [0, 1, 2, 3, 4, 5, 6, 7] if rank == 0 else [0, 1, 2, 3, 4, 3, 4, 5, 6, 7, 8]
+        t = 1.0
+        for k, step in enumerate(steps):
+            proc.step(step, t, t + 1.0)
+            if k < len(steps) - 2:  # the last two were dispatched when the process died
+                proc.sync(step, t + 1.0, "ready")
+            t += 1.0
+        proc.write()
+        t_end = max(t_end, t)
+    for rank in (0, 1):
+        proc = Proc(run_dir, rank=rank, world=2, start=t_end + 2.0, restart=1)
+        t = t_end + 3.0
+        for step in range(5, 10):
+            proc.step(step, t, t + 1.0).sync(step, t + 1.0, "ready")
+            t += 1.0
+        proc.finish(t)
+        proc.write()
+    return run_dir
+
+
+def test_the_steps_a_view_chooses_from_are_every_cut_s_executed_steps(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RunAnalysis.executed_steps`` (joined as each session is cut) holds per attempt the
+    distinct steps of every session's executions that closed in an interval, as read from the
+    cuts themselves; also with every cut but the reference ones in the temporary file."""
+    from goodtrace.analysis import session_cuts
+
+    for bound in (session_cuts.KEEP_CUTS_BYTES, 1):
+        monkeypatch.setattr(session_cuts, "KEEP_CUTS_BYTES", bound)
+        for run in (RUN, _uneven_run(tmp_path / f"uneven{bound}")):
+            analysis = analyze(load_run(run))
+            expected: dict[int, set[int]] = {}
+            for i, cut in analysis.cuts.items():
+                closed = np.frombuffer(cut.exec_interval, dtype=np.int64) >= 0
+                expected.setdefault(analysis.attempt_of[i], set()).update(
+                    np.frombuffer(cut.exec_step, dtype=np.int64)[closed].tolist())
+            got = {a: s.tolist() for a, s in analysis.executed_steps.items()}
+            assert got == {a: sorted(s) for a, s in expected.items()}
+            if run != RUN:
+                assert got == {0: [0, 1, 2, 3, 4, 5, 6], 1: [5, 6, 7, 8, 9]}

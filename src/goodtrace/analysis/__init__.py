@@ -162,6 +162,9 @@ class RunAnalysis:
     rewinds: tuple[RewindRow, ...] = ()  # rollbacks inside an attempt (reference rank), in time order
     over_time: GoodputOverTime | None = None  # goodput per period (hour) of the job or the time range
     time_range: tuple[int, int] | None = None  # --since/--until on the wall clock: what the step views show
+    # per attempt, the distinct step numbers any of its sessions executed (closed in an
+    # interval), sorted: what a view of a few steps chooses them from (analysis.selection)
+    executed_steps: Mapping[int, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def data_rule_text(self) -> str:
@@ -417,6 +420,7 @@ def analyze(
         rewinds=tuple(rewinds),
         over_time=over_time,
         time_range=time_range,
+        executed_steps=reduced.executed,
     )
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from goodtrace.analysis.attempts import Attempt
 from goodtrace.analysis.cut import Relabels, SessionCut, cut_session
+from goodtrace.analysis.overhead import _np
 from goodtrace.analysis.partition import (
     DISRUPTION,
     IN_PROGRESS,
@@ -24,6 +26,7 @@ from goodtrace.analysis.partition import (
 from goodtrace.analysis.ranks import RankSample, sample_rank
 from goodtrace.analysis.session_cuts import SessionCuts
 from goodtrace.analysis.slowdown import SeriesStore, slowdown_series
+from goodtrace.read.column_file import distinct_sorted
 from goodtrace.read.loaded import LoadedRun, SessionRecords
 
 __all__ = ["Reduced", "cut_and_reduce", "rank_timeline"]
@@ -50,6 +53,10 @@ class Reduced:
     # as each session is cut, so that no later pass fetches a session again (a run of many
     # sessions would fetch them one by one)
     records: dict[int, SessionRecords] = dataclasses.field(default_factory=dict)
+    # per attempt, the distinct step numbers its sessions executed in an interval, sorted:
+    # O(steps), joined as each session is cut (a view that chooses steps to draw read every
+    # rank's cut back for them: O(ranks x steps))
+    executed: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 def cut_and_reduce(
@@ -89,6 +96,7 @@ def cut_and_reduce(
             run.close()  # every session is fetched: the run model's buffers go before the last cut
         cut = cuts[index] = _cut(run, a, index, data_rule, records)
         reduced.ignored_syncs += cut.ignored_syncs
+        _add_executed(reduced.executed, a.index, cut)
         reduced.records[index] = SessionRecords(clock=records.clock, events=records.events)
         # the span-start sample the rank figures read (a rank's earlier session is not fetched again)
         starts[index] = SessionRecords(starts_step=records.starts_step, starts_name=records.starts_name,
@@ -133,6 +141,22 @@ def _cut(run: LoadedRun, attempt: Attempt, index: int, data_rule: str | None,
     """The cut of one session of ``attempt`` (an empty record set when none was loaded)."""
     return cut_session(run.sessions[index], records or SessionRecords(), tail_label=_tail_label(attempt),
                        close_trailing=attempt.normal, data_rule=data_rule)
+
+
+def _add_executed(executed: dict[int, Any], attempt: int, cut: SessionCut) -> None:
+    """Join the distinct step numbers of ``cut``'s executions that closed in an interval to
+    ``executed[attempt]`` (sorted): no sort where they are already in order, nothing made
+    where the attempt has them all (every rank executes the same steps)."""
+    import numpy as np
+
+    steps = _np(cut.exec_step)[_np(cut.exec_interval) >= 0]
+    if len(steps) > 1 and not bool((steps[1:] > steps[:-1]).all()):
+        steps = distinct_sorted(steps)
+    known = executed.get(attempt)
+    if known is None:
+        executed[attempt] = steps
+    elif not np.array_equal(known, steps):
+        executed[attempt] = distinct_sorted(np.concatenate((known, steps)))
 
 
 def rank_timeline(

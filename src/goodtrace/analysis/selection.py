@@ -8,9 +8,7 @@ none are asked for (:func:`choose_range`); parsing the command line's ``A:B`` an
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
-
-from goodtrace.read.column_file import distinct_sorted
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from goodtrace.analysis import RunAnalysis
@@ -63,13 +61,8 @@ def choose_range(
     the reference rank that is not the first of its attempt, else the last ``width`` steps."""
     import numpy as np
 
-    parts: dict[int, list[Any]] = {}
-    for i, cut in analysis.cuts.items():
-        done = np.frombuffer(cut.exec_interval, dtype=np.int64) >= 0
-        parts.setdefault(analysis.attempt_of.get(i, -1), []).append(np.frombuffer(cut.exec_step, dtype=np.int64)[done])
-    # each attempt's executed step numbers, sorted, once each
-    executed = {a: distinct_sorted(np.concatenate(p)) for a, p in parts.items()}
-    executed = {a: s for a, s in executed.items() if len(s)}
+    # each attempt's executed step numbers, sorted, once each (the analysis's: no cut read here)
+    executed = {a: s for a, s in analysis.executed_steps.items() if len(s)}
     if not executed:
         return None
     if steps is not None:
