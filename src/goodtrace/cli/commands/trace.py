@@ -140,11 +140,10 @@ def _check_steps(text: str, steps: tuple[int | None, int | None], analysis: Any)
     """``--steps`` that names no step of the run is an error, like ``--ranks`` naming no rank."""
     from goodtrace.cli import CommandError
 
-    numbers = [int(s) for cut in analysis.cuts.values() for s in (min(cut.exec_step), max(cut.exec_step))
-               if len(cut.exec_step)]
-    if not numbers:
+    executed = [steps_ for steps_ in analysis.executed_steps.values() if len(steps_)]  # sorted, per attempt
+    if not executed:
         return
     first, last = steps
-    low, high = min(numbers), max(numbers)
+    low, high = min(int(s[0]) for s in executed), max(int(s[-1]) for s in executed)
     if (first is not None and first > high) or (last is not None and last < low):
         raise CommandError(f"the run has no step in {text!r} (its steps run from {low} to {high})")
