@@ -22,7 +22,8 @@ peak RSS: ``_timing.run_measured``):
   ``goodtrace records RUN --json`` (the raw listing: every line decoded).
 
 The baseline of the reading, in the same run: ``json.loads`` of every line of rank 0's files
-(in this process), times the ranks: what any reader of the lines pays, on one core.
+(in this process), times the ranks: what any reader of the lines pays, on one core (of the files
+the first report read; the cold report reads ``--grow`` steps more).
 Prints per size every time, peak and ratio; ``--json``: the last line is one JSON object with
 every figure. ``--keep DIR`` writes the runs under DIR and leaves them there.
 """
@@ -56,10 +57,9 @@ def _write(root: str, ranks: list[int], world: int, steps: int, segment_bytes: i
     return writers
 
 
-def _grow(writers: list[RankWriter], steps: int) -> list[RankWriter]:
+def _grow(writers: list[RankWriter], steps: int) -> None:
     for writer in writers:
         writer.steps(steps)
-    return writers
 
 
 def _split(ranks: int) -> list[list[int]]:
@@ -99,6 +99,7 @@ def measure(base: Path, ranks: int, steps: int, grow: int, segment_bytes: int) -
     row["jsonl_gb"] = round(sum(p.stat().st_size for p in files) / 1e9, 2)
     report = ["report", str(root), "--json", "--no-steps"]
     row["first_report"] = _command(report, out / "first.json")
+    row["records"] = json.loads((out / "first.json").read_text())["records"]  # of the files it read
     row["baseline_s"] = round(_baseline_s(root, ranks), 2)
     with context.Pool(min(CORES, ranks)) as pool:
         pool.starmap(_grow, [(writers, grow) for writers in parts])
@@ -108,8 +109,6 @@ def measure(base: Path, ranks: int, steps: int, grow: int, segment_bytes: int) -
     row["identical"] = (out / "warm.json").read_bytes() == (out / "cold.json").read_bytes()
     if not row["identical"]:
         raise SystemExit("the re-report differs from the cold report")
-    first = json.loads((out / "cold.json").read_text())
-    row["records"] = first.get("records")
     row["html"] = _command(["report", str(root), "--html", str(out / "r.html")], out / "html.txt")
     row["html"]["mb"] = round((out / "r.html").stat().st_size / 1e6, 1)
     row["trace"] = _command(["trace", str(root), "-o", str(out / "t.json")], out / "trace.txt")
