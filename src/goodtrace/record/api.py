@@ -121,10 +121,13 @@ def _resolve_sinks(sinks: Sequence[Any] | None) -> list[Any]:
     return [resolve(sink) for sink in sinks]
 
 
-def finish(completed: bool = True) -> bool:
+def finish(completed: bool | None = None) -> bool:
     """Settle pending steps, write the finish record, flush and close the files.
 
-    ``completed=True`` says the job reached its end; ``False`` that it is stopping early.
+    The ending is inferred by default: called while an exception propagates (``try: ...
+    finally: gt.finish()``), the attempt crashed, with the exception's type; otherwise it
+    completed. ``completed=False`` says the job is stopping early; an explicit ``True`` while an
+    exception propagates is overruled by the exception (with a warning).
     Returns True when every record reached storage within ``finish_timeout_s``.
     """
     with _lock:

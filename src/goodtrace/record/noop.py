@@ -48,7 +48,7 @@ class NoopRecorder:
     def flush(self, timeout: float | None = None) -> bool:
         return True
 
-    def finish(self, completed: bool | None, reason: str = "finish", exception: str | None = None) -> bool:
+    def finish(self, completed: bool | None = None, reason: str = "finish", exception: str | None = None) -> bool:
         return True
 
     def after_fork_in_child(self) -> None:

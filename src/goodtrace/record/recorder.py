@@ -19,6 +19,7 @@ import gc
 import itertools
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -66,6 +67,16 @@ def _version() -> str:
         return version("goodtrace")
     except Exception:
         return "unknown"
+
+
+def exception_in_flight() -> str | None:
+    """The qualified type of the exception this thread is handling (``sys.exc_info()``: in an
+    ``except`` or ``finally`` block it propagates through), else None. ``SystemExit`` with
+    status 0 (``sys.exit()``, ``sys.exit(0)``) is a normal end, not a crash."""
+    kind, value, _ = sys.exc_info()
+    if kind is None or (isinstance(value, SystemExit) and value.code in (None, 0)):
+        return None
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 class Recorder:
@@ -446,7 +457,7 @@ class Recorder:
             self._warn("flush-timeout", f"flush(): {problem}")
         return self.writer.flush(seconds)
 
-    def finish(self, completed: bool | None, reason: str = "finish", exception: str | None = None) -> bool:
+    def finish(self, completed: bool | None = None, reason: str = "finish", exception: str | None = None) -> bool:
         """Write the finish record, flush and close the files.
 
         ``reason`` "finish" (the program called ``finish()``) waits for every pending value
@@ -454,9 +465,23 @@ class Recorder:
         nothing: pending values are tested once without waiting, those complete are dated, the
         rest are counted in an ``undated_values`` event, so shutdown is bounded even when the
         device never completes.
+
+        The program's ``finish()`` infers its ending: called while an exception is being
+        handled (the ``finally`` of ``try: ... finally: gt.finish()`` that a crash goes
+        through), it is that crash (reason "exception", its type), whatever ``completed``
+        says (an explicit ``True`` is warned about); otherwise ``completed`` None means True.
         """
         if self.finished or os.getpid() != self._pid or self.finishing_thread is not None:
             return False
+        if reason == "finish":
+            in_flight = exception_in_flight()
+            if in_flight is not None:
+                if completed is True:
+                    self._warn("finish-during-exception", f"finish(completed=True) called while {in_flight} "
+                               f"was propagating: recorded as crashed ({in_flight})")
+                completed, reason, exception = False, "exception", in_flight
+            elif completed is None:
+                completed = True
         self.finishing_thread = _get_ident()
         try:
             return self._finish(completed, reason, exception)
