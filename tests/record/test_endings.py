@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,26 @@ def test_finish_infers_its_ending_in_process() -> None:
                 gt.finish()
         (finish,) = rec.records(schema.FINISH)
         assert (finish["completed"], finish["reason"]) == (True, "finish")
+
+
+def test_init_warns_once_when_the_rank_is_the_default_in_a_torch_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mp.spawn with gt.init before the process group: every process would claim rank 0."""
+    import torch  # noqa: F401  (the program uses torch; goodtrace looks in sys.modules only)
+
+    from goodtrace.record import api
+
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(api, "_warned_default_rank", False)
+    with pytest.warns(gt.GoodtraceWarning, match="rank 0 of 1 by default") as caught:
+        for k in range(2):
+            gt.init(tmp_path / str(k))
+            gt.finish()
+    assert sum("by default" in str(w.message) for w in caught) == 1  # once per process
+    monkeypatch.setattr(api, "_warned_default_rank", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gt.init(tmp_path / "explicit", rank=0, world_size=1)  # the program said which rank
+        gt.finish()

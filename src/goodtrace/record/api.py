@@ -76,6 +76,7 @@ def init(
             set_disabled()
             return NOOP_RECORDER
         identity = discover_identity(rank=rank, world_size=world_size, local_rank=local_rank)
+        _warn_default_rank(identity.rank_source, identity.world_size)
         if ranks is not None and identity.rank not in set(ranks):
             set_disabled()
             return NOOP_RECORDER
@@ -101,6 +102,24 @@ def init(
             except Exception:  # an optional feature must never fail init
                 pass
         return rec
+
+
+_warned_default_rank = False
+
+
+def _warn_default_rank(source: str, world_size: int) -> None:
+    """Once per process: the rank is the default (no argument, no initialised process group,
+    no launcher variable) in a program that imported torch or JAX, where several processes
+    (``mp.spawn`` with ``init`` before the process group) may all claim rank 0."""
+    global _warned_default_rank
+    if source != "default" or _warned_default_rank:
+        return
+    frameworks = [name for name in ("torch", "jax") if name in sys.modules]  # never imported here
+    if frameworks:
+        _warned_default_rank = True
+        warn(f"init(): rank 0 of {world_size} by default (no rank=, no initialised {' or '.join(frameworks)} process group, "
+             "no launcher variable such as RANK): if this is one of several processes, each records as rank 0; "
+             "call init() after the process group is initialised, or pass rank= and world_size=")
 
 
 def _resolve_sinks(sinks: Sequence[Any] | None) -> list[Any]:
