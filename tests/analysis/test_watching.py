@@ -66,8 +66,8 @@ def test_a_process_keeps_its_last_step_times_in_order() -> None:
 
 def _asynchronous_run(run_dir: Any, *, finished: bool) -> None:
     """One rank's asynchronous loop as the report's cut sees it: each step's sync point observed
-    (``lag``) at the next step's very entry (a tie the data rule breaks by how it was taken), its
-    in-step data loading productive; a checkpoint every 10 steps; a header that names no
+    (``lag``) at the next step's very entry, so its in-step data loading found the device idle
+    (badput by the host-overhead rule); a checkpoint every 10 steps; a header that names no
     overhead category (a writer that lists only the declared ones); finished, or lost (no
     heartbeat for years)."""
     from helpers.builders import Proc
@@ -93,8 +93,8 @@ def _asynchronous_run(run_dir: Any, *, finished: bool) -> None:
 
 
 def test_the_goodput_shown_is_the_reports_to_the_bit(tmp_path: Any) -> None:
-    """``goodtrace watch`` shows the lowest rank's goodput by the report's rules: the data rule
-    with its tie (a sync point observed at the next entry counts as the loop running ahead), the
+    """``goodtrace watch`` shows the lowest rank's goodput by the report's rules: the host-overhead
+    rule (data loading from the previous step's sync point on is badput), the
     built-in overhead categories whatever the header lists, and a lost attempt's time ending at
     its last sign of life (not now: it was 0.5% of a 3-year-old run that the report put at
     99.6%)."""
@@ -110,7 +110,8 @@ def test_the_goodput_shown_is_the_reports_to_the_bit(tmp_path: Any) -> None:
         _asynchronous_run(run_dir, finished=finished)
         now = time.time_ns()
         report = analyze(load_run(run_dir), now_wall_ns=now, alive=alive_here)
-        assert report.data_rule == "asynchronous"
+        assert report.host_overhead.rule == "sync points"
+        assert report.partition.buckets_ns.get("data") == 3 * S  # 60 x 50 ms: the device had nothing queued
         assert report.partition.buckets_ns.get("checkpoint_save") == 6 * S
         assert report.attempts[0].ended == ("completed" if finished else "lost"), report.attempts[0]
         view = View(str(run_dir))

@@ -25,7 +25,7 @@ reference rank: rank 0 unless it is missing), ``window`` / ``rolling`` (interval
 (the ``since``/``until`` range the step views keep to), ``steps`` (the step table: one
 ``StepRow`` per execution of the reference rank), ``step_stats``, ``ideal_step_s``,
 ``anomalies``, ``spread`` and ``stragglers`` (every rank), ``program`` (MFU, scheduling,
-runtime and ML-productivity goodput), ``data_rule`` (how in-step data loading was counted),
+runtime and ML-productivity goodput), ``host_overhead`` (how host time in overhead spans was counted),
 ``events``, ``timeline`` (the labelled pieces that tile the job on the wall clock) and
 ``warnings``.
 """
@@ -45,12 +45,11 @@ from goodtrace.analysis.attempts import Attempt, Liveness, discover_attempts
 from goodtrace.analysis.clock import SessionClock, loaded_clocks
 from goodtrace.analysis.cut import (
     DATA_RULE_TEXT,
+    DATA_RULES,
     FLAG_DECREASING,
     FLAG_REPEATED,
-    RULE_ASYNC,
-    RULE_ASYNC_DEVICE,
-    RULE_SYNC,
-    RULE_UNKNOWN,
+    RULE_DEVICE_IDLE,
+    RULE_SYNC_POINTS,
     Relabels,
     SessionCut,
 )
@@ -88,6 +87,7 @@ __all__ = [
     "Attempt",
     "EventRow",
     "GoodputOverTime",
+    "HostOverhead",
     "Partition",
     "Period",
     "PeriodGoodput",
@@ -126,6 +126,46 @@ class EventRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class HostOverhead:
+    """How host time in overhead spans was counted (docs/semantics.md 3.4) on the reference
+    timeline: the rule (``sync points``; ``device idle`` with CUDA device timing; or the
+    ``--data-rule`` override), how much span time overlapped queued device work and so stayed
+    productive, and how much of the time charged depends on the rule's assumption that a step
+    had dispatched nothing before its span (the sync points cannot see such work)."""
+
+    rule: str
+    overlapped_ns: int
+    uncertain_ns: int
+
+    @property
+    def text(self) -> str:
+        return DATA_RULE_TEXT[self.rule]
+
+    def sentences(self) -> list[str]:
+        """The rule and its two figures, as the report says them."""
+        out = [self.text]
+        if self.overlapped_ns:
+            out.append(f"{self.overlapped_ns / NS:.3f} s of overhead-span time overlapped queued device work and "
+                       "counts as productive")
+        if self.uncertain_ns:
+            out.append(f"{self.uncertain_ns / NS:.3f} s counted as lost followed untraced host time of its own "
+                       "step, which may have dispatched device work the sync points cannot see (taken as none)")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "text": self.text, "overlapped_s": self.overlapped_ns / NS,
+                "uncertain_s": self.uncertain_ns / NS}
+
+
+def host_overhead_of(cuts: Sequence[SessionCut], override: str | None) -> HostOverhead:
+    """The reference timeline's :class:`HostOverhead`: the rule its sessions were cut with (the
+    override, else device idle where any session had CUDA device timing) and their figures."""
+    rules = {c.data_rule for c in cuts}
+    rule = override or (RULE_DEVICE_IDLE if RULE_DEVICE_IDLE in rules else RULE_SYNC_POINTS)
+    return HostOverhead(rule, sum(c.overlapped_ns for c in cuts), sum(c.uncertain_ns for c in cuts))
+
+
+@dataclasses.dataclass(frozen=True)
 class RunAnalysis:
     path: str
     job: int
@@ -143,7 +183,7 @@ class RunAnalysis:
     spread: RankSpread
     stragglers: tuple[Straggler, ...]
     program: ProgramGoodput
-    data_rule: str
+    host_overhead: HostOverhead
     timeline: Timeline
     warnings: tuple[str, ...]
     form: str
@@ -165,10 +205,6 @@ class RunAnalysis:
     # per attempt, the distinct step numbers any of its sessions executed (closed in an
     # interval), sorted: what a view of a few steps chooses them from (analysis.selection)
     executed_steps: Mapping[int, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def data_rule_text(self) -> str:
-        return DATA_RULE_TEXT[self.data_rule]
 
     def slowest_steps(self, n: int = 10) -> list[StepRow]:
         return self.steps.slowest(n)
@@ -211,7 +247,7 @@ class RunAnalysis:
             "rolling": [w.to_dict() for w in self.rolling],
             "goodput_over_time": [] if self.over_time is None else self.over_time.to_list(start),
             "attempts": [a.to_dict() for a in self.attempts],
-            "data_rule": {"rule": self.data_rule, "text": self.data_rule_text},
+            "host_overhead": self.host_overhead.to_dict(),
             "ideal_step_s": self.ideal_step_s,
             "step_stats": self.step_stats.to_dict(),
             "slowest_steps": [r.to_dict() | {"explain": r.explain()} for r in self.slowest_steps()],
@@ -308,8 +344,8 @@ def analyze(
         raise AnalysisError("the run has no sessions")
     if run.released:
         raise AnalysisError("this loaded run was analysed with release_records=True: load it again")
-    if data_rule not in (None, RULE_ASYNC, RULE_ASYNC_DEVICE, RULE_SYNC, RULE_UNKNOWN):
-        raise AnalysisError(f"data_rule must be {RULE_ASYNC!r} or {RULE_SYNC!r}, got {data_rule!r}")
+    if data_rule not in (None, *DATA_RULES):
+        raise AnalysisError(f"data_rule must be one of {', '.join(map(repr, DATA_RULES))}, got {data_rule!r}")
     warnings = list(run.warnings)
     all_attempts = discover_attempts(run.sessions, warnings, now_wall_ns=now_wall_ns, alive=alive)
     jobs = max(a.job for a in all_attempts) + 1
@@ -330,10 +366,7 @@ def analyze(
     if built is None:
         raise AnalysisError(f"rank {reference_rank} has no records loaded")
     timeline, ideal_ns = built
-    rules = [c.data_rule for c in timeline.cuts]
-    rule = data_rule or (max(set(rules), key=rules.count) if rules else RULE_UNKNOWN)
-    if len(set(rules)) > 1:
-        warnings.append(f"attempts differ in loop kind ({', '.join(sorted(set(rules)))}); data rule per attempt")
+    host_overhead = host_overhead_of(timeline.cuts, data_rule)
     partition = interval_partition(timeline)
     job_start = timeline.start
     window_partition = None
@@ -402,7 +435,7 @@ def analyze(
         spread=spread,
         stragglers=tuple(stragglers),
         program=program,
-        data_rule=rule,
+        host_overhead=host_overhead,
         timeline=timeline,
         warnings=tuple(dict.fromkeys(warnings)),
         form=run.form,

@@ -47,6 +47,7 @@ from goodtrace.analysis.sync_match import assign_syncs, occurrence
 from goodtrace.read.loaded import NO_TIME, Labels, SessionInfo, SessionRecords
 
 __all__ = [
+    "DATA_RULES",
     "DATA_RULE_TEXT",
     "FLAG_DECREASING",
     "FLAG_REPEATED",
@@ -55,9 +56,9 @@ __all__ = [
     "HOST_EXIT",
     "NO_RELABELS",
     "RULE_ASYNC",
-    "RULE_ASYNC_DEVICE",
+    "RULE_DEVICE_IDLE",
     "RULE_SYNC",
-    "RULE_UNKNOWN",
+    "RULE_SYNC_POINTS",
     "Piece",
     "Relabels",
     "SessionCut",
@@ -71,20 +72,23 @@ DATA = schema.DATA
 STARTUP_OTHER = "other"
 HOST_EXIT = "exit"  # an interval closed at an execution's host exit (no sync point of its own)
 
-RULE_ASYNC = "asynchronous"
-RULE_SYNC = "synchronous"
-RULE_UNKNOWN = "unknown"
-RULE_ASYNC_DEVICE = "asynchronous+device"
+RULE_SYNC_POINTS = "sync points"  # the one rule: host overhead counts where the device had run out of work
+RULE_DEVICE_IDLE = "device idle"  # CUDA device timing: in-step data loading by the measured idle gap
+RULE_ASYNC = "asynchronous"  # override (--data-rule): in-step data loading all productive
+RULE_SYNC = "synchronous"  # override (--data-rule): in-step data loading all badput
+DATA_RULES = (RULE_SYNC_POINTS, RULE_DEVICE_IDLE, RULE_ASYNC, RULE_SYNC)
 DATA_RULE_TEXT = {
-    RULE_ASYNC: "asynchronous loop (the host entered the next step before the previous one was ready): "
-    "in-step data loading overlapped queued device work, so it counts as productive",
-    RULE_SYNC: "synchronous loop (each step was ready before the next began): the device waited for "
-    "in-step data loading, so it counts as data badput",
-    RULE_ASYNC_DEVICE: "asynchronous loop with device timing: in-step data loading counts as data badput "
-    "only for the device-idle gap before its step (the device waited), the rest as productive",
-    RULE_UNKNOWN: "no sync points recorded (host-timed steps): in-step data loading is counted as data "
-    "badput (synchronous assumption)",
+    RULE_SYNC_POINTS: "host time in overhead spans (data, compile, log, ...) counts as lost only where the device "
+    "had run out of queued work (after the sync point of the last step dispatched before the span); while queued "
+    "device work ran it is productive",
+    RULE_DEVICE_IDLE: "device timing (CUDA events): in-step data loading counts as lost for the device-idle gap "
+    "before its step; other overhead spans only where the device had run out of queued work",
+    RULE_ASYNC: "in-step data loading counted as productive (--data-rule asynchronous); other overhead spans only "
+    "where the device had run out of queued work",
+    RULE_SYNC: "in-step data loading counted as lost (--data-rule synchronous); other overhead spans only where "
+    "the device had run out of queued work",
 }
+
 
 FLAG_REPEATED = 1  # the step number ran before in this session
 FLAG_DECREASING = 2  # the step number is lower than the previous execution's
@@ -171,7 +175,15 @@ class SessionCut:
     data_moved: dict[int, int] = dataclasses.field(default_factory=dict)  # interval -> device-idle data ns
     recovered: dict[int, int] = dataclasses.field(default_factory=dict)  # interval -> a rewind's recovery ns
     ignored_syncs: int = 0
+    overlapped_ns: int = 0  # overhead span time in the intervals that overlapped queued device work (productive)
+    uncertain_ns: int = 0  # overhead charged after untraced host time of its own step (the rule cannot see)
     rewinds: list[Rewind] = dataclasses.field(default_factory=list)  # rollbacks inside the session
+
+    @property
+    def skips_data(self) -> bool:
+        """In-step data loading is left out of the intervals' overhead (productive, or charged
+        afterwards by the measured device-idle gap)."""
+        return self.data_rule in (RULE_ASYNC, RULE_DEVICE_IDLE)
 
     @property
     def intervals(self) -> int:
@@ -241,7 +253,7 @@ class SessionCut:
                 codes[objects == name] = len(names)
                 names.append(name)
             del objects
-        if self.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE) and DATA in names:
+        if self.skips_data and DATA in names:
             keep = codes != names.index(DATA)
             s0, e0, codes = s0[keep], e0[keep], codes[keep]
         # the cursor before each overhead interval: where the pieces before it end
@@ -279,7 +291,7 @@ class SessionCut:
         """[a, b) inside the step intervals cut at the overhead (productive elsewhere; in an
         asynchronous loop, in-step data loading too): the pieces of the intervals there
         before any relabel, merged where adjacent and alike."""
-        return self._carve(a, b, PRODUCTIVE, skip_data=self.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE))
+        return self._carve(a, b, PRODUCTIVE, skip_data=self.skips_data)
 
     def interval_pieces(self, w: int) -> list[Piece]:
         """The pieces of interval ``w`` (productive and overhead), in time order."""
@@ -368,7 +380,7 @@ def cut_session(
     host_timed = n > 0 and bool((times == NO_TIME).all())
     if host_timed:
         times, hows, how_names = t1s.copy(), np.zeros(n, dtype=np.intc), (schema.SYNC_HOST,)
-    out = SessionCut(info.index, start, end, RULE_UNKNOWN, host_timed, tail_label)
+    out = SessionCut(info.index, start, end, RULE_SYNC_POINTS, host_timed, tail_label)
     flags = ints(n)
     flags[occurrence(numbers) > 0] |= FLAG_REPEATED
     if n > 1:
@@ -439,29 +451,32 @@ def cut_session(
     interval_start, interval_end = _np(out.interval_start), _np(out.interval_end)
     out.exec_compute = _out(_compute_of(rec, seqs))
     out.interval_how = Labels(interval_how, (*how_names, HOST_EXIT))
-    out.data_rule = data_rule or _data_rule(times, codes_in(hows, how_names, schema.SYNC_LOOKED_LATER), t0s, host_timed)
-    # the device-dated sync point of each execution (a blocking span may have waited for it)
+    device_idle = schema.DEVICE_IDLE_METRIC in rec.device
+    out.data_rule = data_rule or (RULE_DEVICE_IDLE if device_idle else RULE_SYNC_POINTS)
+    # the device-dated sync point of each execution (a blocking span may have waited for it), and
+    # each counted sync point (the host-overhead rule: until then the device had the step's work)
+    counted = (flags & FLAG_UNORDERED_SYNC) == 0
     dated = codes_in(hows, how_names, _DEVICE_DATED)
     del hows
-    device_dated = np.where(dated & ((flags & FLAG_UNORDERED_SYNC) == 0), times, NO_TIME)
-    del dated, times, flags
-    # In an asynchronous loop in-step data loading is productive: only the data spans in the
-    # startup and the tail matter (the intervals skip them).
-    data_outside = None
-    if out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE) and len(interval_end):
-        data_outside = (int(first_start), int(interval_end[-1]))
-    starts, ends, labels = flatten_overhead(
-        rec, categories, info.blocking_categories or schema.BLOCKING_CATEGORIES, t0s, t1s, device_dated, start, end,
-        data_outside,
+    device_dated = np.where(dated & counted, times, NO_TIME)
+    synced = np.where(counted & (times != NO_TIME), times, NO_TIME)
+    del dated, times, flags, counted
+    steps_range = (int(first_start), int(interval_end[-1])) if len(interval_end) else None
+    mode = "skip" if out.skips_data else "keep" if out.data_rule == RULE_SYNC else "clip"
+    flat = flatten_overhead(
+        rec, categories, info.blocking_categories or schema.BLOCKING_CATEGORIES, t0s, t1s, device_dated, synced,
+        start, end, data_mode=mode, steps_range=steps_range,
     )
-    del device_dated
-    out.over_start, out.over_end, out.over_label = _out(starts), _out(ends), labels
-    del starts, ends
+    del device_dated, synced
+    out.over_start, out.over_end, out.over_label = _out(flat.starts), _out(flat.ends), flat.labels
+    out.overlapped_ns = flat.overlapped_ns
+    out.uncertain_ns = 0 if host_timed else flat.uncertain_ns
+    labels = flat.labels
+    del flat
     out.interval_productive, out.interval_overhead = overhead_per_interval(
-        out.data_rule in (RULE_ASYNC, RULE_ASYNC_DEVICE), interval_start, interval_end,
-        _np(out.over_start), _np(out.over_end), labels)
-    if out.data_rule == RULE_ASYNC and schema.DEVICE_IDLE_METRIC in rec.device and _charge_device_idle(out, rec):
-        out.data_rule = RULE_ASYNC_DEVICE
+        out.skips_data, interval_start, interval_end, _np(out.over_start), _np(out.over_end), labels)
+    if out.data_rule == RULE_DEVICE_IDLE:
+        _charge_device_idle(out, rec)
     if out.rewinds:
         charge_recovery(out)
     return out
@@ -485,26 +500,9 @@ def _compute_of(rec: SessionRecords, seqs: Array) -> Array:
     return out
 
 
-def _data_rule(times: Array, looked_later: Array, t0s: Array, host_timed: bool) -> str:
-    """Asynchronous when the host entered the next step before most steps were ready (on a
-    tie, by how the sync point was taken: looked at later, or already complete at the step's
-    end)."""
-
-    if host_timed or len(times) < 2:
-        return RULE_UNKNOWN
-    t, nxt = times[:-1], t0s[1:]
-    later = looked_later[:-1]
-    has = t != NO_TIME
-    ahead = int((has & ((nxt < t) | ((nxt == t) & later))).sum())
-    behind = int(has.sum()) - ahead
-    if ahead == 0 and behind == 0:
-        return RULE_UNKNOWN
-    return RULE_ASYNC if ahead > behind else RULE_SYNC
-
-
-def _charge_device_idle(out: SessionCut, rec: SessionRecords) -> bool:
-    """Asynchronous loop with CUDA device timing: the device-idle gap before a step, up to that
-    step's data-loading time, becomes ``data`` in the step's interval. True when measured."""
+def _charge_device_idle(out: SessionCut, rec: SessionRecords) -> None:
+    """CUDA device timing: the device-idle gap before a step, up to that step's data-loading
+    time, becomes ``data`` in the step's interval."""
     idle = {step: round(v * 1e9) for step, v in rec.device.get(schema.DEVICE_IDLE_METRIC, {}).items() if v > 0}
     loading: dict[int, int] = {}
     for category, t0, t1, step in zip(rec.span_category, rec.span_t0, rec.span_t1, rec.span_step, strict=True):
@@ -520,4 +518,3 @@ def _charge_device_idle(out: SessionCut, rec: SessionRecords) -> bool:
             if column is None:
                 column = out.interval_overhead[DATA] = array("q", bytes(8 * len(out.interval_start)))
             column[w] += amount
-    return True

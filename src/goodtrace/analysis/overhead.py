@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Collection, Sequence
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 from goodtrace import schema
 from goodtrace.read.column_file import distinct_sorted
@@ -142,15 +142,58 @@ def _data_only(points: Array, d0: Array, d1: Array, starts: Array, ends: Array) 
     return keep
 
 
+UNSEEN_DISPATCH_NS = 100_000  # host time of its own step before a span under which the step is taken to have dispatched nothing
+
+
+class Flattened(NamedTuple):
+    """:func:`flatten_overhead`'s result: the disjoint overhead intervals and their categories,
+    and the host-overhead rule's two figures inside the step intervals: ``overlapped_ns`` of
+    span time that overlapped device work already queued (productive), ``uncertain_ns`` of the
+    time charged that followed untraced host time of its own step (work it may have dispatched
+    before the span, which the sync points cannot see)."""
+
+    starts: Array
+    ends: Array
+    labels: list[str]
+    overlapped_ns: int = 0
+    uncertain_ns: int = 0
+
+
+def busy_until(exec_t0: Array, exec_t1: Array, synced: Array, t: Array) -> tuple[Array, Array]:
+    """For host instants ``t`` (span starts): until when the device still had work of the loop
+    dispatched before ``t``, and whether executions dispatched before ``t`` lack a sync point
+    of their own (sparse completion: their end is unseen). Work runs in dispatch order on one
+    stream, so the device is busy until the sync point of the last execution that exited
+    before ``t`` (``synced``: each execution's counted sync point, else NO_TIME); NO_TIME
+    where none did."""
+    import numpy as np
+
+    i = np.searchsorted(exec_t0, t, side="right") - 1
+    safe = np.maximum(i, 0)
+    j = np.where((i >= 0) & (t > exec_t1[safe]), i, i - 1)  # the last execution that exited before t
+    has = synced != NO_TIME
+    reach = np.maximum.accumulate(synced) if len(synced) else synced
+    last_synced = np.maximum.accumulate(np.where(has, np.arange(len(synced)), -1)) if len(synced) else synced
+    valid = j >= 0
+    j = np.maximum(j, 0)
+    bound = np.where(valid, reach[j] if len(reach) else NO_TIME, NO_TIME)
+    unseen = valid & ((last_synced[j] if len(reach) else -1) < j)
+    return bound, unseen
+
+
 def flatten_overhead(
     rec: SessionRecords, categories: frozenset[str], blocking: frozenset[str],
-    exec_t0: Array, exec_t1: Array, device_dated: Array, a: int, b: int, data_outside: tuple[int, int] | None = None,
-) -> tuple[Array, Array, list[str]]:
+    exec_t0: Array, exec_t1: Array, device_dated: Array, synced: Array, a: int, b: int, *,
+    data_mode: str = "clip", steps_range: tuple[int, int] | None = None,
+) -> Flattened:
     """Disjoint (start, end, category) intervals of the main-thread overhead and data spans
     inside [a, b): among overhead spans the outermost wins (a partial overlap adds only its new
     part); data loading counts where no overhead span does. A blocking span that holds the
     device-dated sync point of the step it started in counts from that sync point on (it
-    waited for the device)."""
+    waited for the device). Every other overhead span, and data loading with ``data_mode``
+    ``clip``, counts only from where the device had run out of queued work
+    (:func:`busy_until`, docs/semantics.md 3.4); ``keep``: data loading counts whole, ``skip``:
+    in-step data loading (inside ``steps_range``, the step intervals) is productive."""
     import numpy as np
 
     codes, names = label_codes(rec.span_category)
@@ -159,31 +202,100 @@ def flatten_overhead(
     is_data = codes_in(codes, names, (DATA,))
     is_over = codes_in(codes, names, categories - {DATA})
     is_block = codes_in(codes, names, (categories & blocking) - {DATA})
+    wanted_data = inside & is_data
+    if data_mode == "skip" and steps_range is not None:  # only data loading before the first step or after the last interval
+        wanted_data &= (t0 < steps_range[0]) | (t1 > steps_range[1])
+    # the host-overhead rule: the spans it applies to start where the device ran out of work
+    ruled = inside & ((is_over & ~is_block) | (wanted_data if data_mode == "clip" else False))
+    r = np.flatnonzero(ruled)
+    overlapped = uncertain = 0
+    clipped0 = t0.copy() if len(r) else t0
+    u0 = u1 = np.zeros(0, dtype=np.int64)
+    if len(r) and len(exec_t0):
+        s = t0[r]
+        bound, unseen = busy_until(exec_t0, exec_t1, synced, s)
+        # untraced host time of the span's own step before it: the step may have dispatched work there
+        i = np.maximum(np.searchsorted(exec_t0, s, side="right") - 1, 0)
+        in_step = (s >= exec_t0[i]) & (s <= exec_t1[i])
+        every = np.flatnonzero(inside & (is_over | is_data))
+        _, m0, m1 = merge_intervals(*_sorted_spans(t0[every], t1[every]))
+        lengths = m1 - m0
+        cum = np.concatenate(([np.int64(0)], np.cumsum(lengths)))
+        traced = _cover_at(*_places(s, m0), lengths, cum) - _cover_at(*_places(exec_t0[i], m0), lengths, cum)
+        unseen |= in_step & ((s - exec_t0[i]) - traced >= UNSEEN_DISPATCH_NS)
+        unseen &= ~(in_step & (synced[i] != NO_TIME) & (synced[i] <= s))  # its own step was done already
+        new0 = np.maximum(s, bound)
+        clipped0[r] = new0
+        if steps_range is not None:
+            lo, hi = steps_range
+            before = _union_length(s, t1[r], lo, hi)
+            after = _union_length(new0, t1[r], lo, hi)
+            overlapped = before - after
+            k = np.flatnonzero(unseen & (new0 < t1[r]))
+            u0, u1 = _merge_union(np.maximum(new0[k], lo), np.minimum(t1[r][k], hi))
     over = np.flatnonzero(inside & is_over)
     del is_over
-    o0, o1 = t0[over].copy(), t1[over]
+    o0, o1 = clipped0[over].copy(), t1[over]
     block = is_block[over]
     del is_block
     if block.any() and len(exec_t0):
         k = np.flatnonzero(block)
         i = np.searchsorted(exec_t0, o0[k], side="right") - 1
         valid = (i >= 0) & (o0[k] <= exec_t1[np.maximum(i, 0)])
-        synced = np.where(valid, device_dated[np.maximum(i, 0)], NO_TIME)
-        clip = (synced > o0[k]) & (synced < o1[k])
-        o0[k[clip]] = synced[clip]
-        order = np.lexsort((-o1, o0))
-        over, o0, o1 = over[order], o0[order], o1[order]
+        dated = np.where(valid, device_dated[np.maximum(i, 0)], NO_TIME)
+        clip = (dated > o0[k]) & (dated < o1[k])
+        o0[k[clip]] = dated[clip]
+        moved = bool(clip.any())
+    else:
+        moved = False
+    if moved or len(r):  # starts moved: in (start, -end) order again
+        live = o1 > o0
+        over, o0, o1 = over[live], o0[live], o1[live]
+        if len(o0) > 1 and not bool(((o0[1:] > o0[:-1]) | ((o0[1:] == o0[:-1]) & (o1[1:] <= o1[:-1]))).all()):
+            order = np.lexsort((-o1, o0))
+            over, o0, o1 = over[order], o0[order], o1[order]
     kept, starts, ends = merge_intervals(o0, o1)
     labels = np.array(names, dtype=object)[codes[over[kept]]].tolist() if len(kept) else []
-    wanted = inside & is_data
     del inside, is_data
-    if data_outside is not None:  # only data loading before the first step or after the last interval
-        wanted &= (t0 < data_outside[0]) | (t1 > data_outside[1])
-    data = np.flatnonzero(wanted)
-    del wanted
-    if len(data) == 0:
-        return starts, ends, labels
-    _, d0, d1 = merge_intervals(t0[data], t1[data])
+    data = np.flatnonzero(wanted_data & (t1 > clipped0))
+    del wanted_data
+    if len(data):
+        starts, ends, labels = _with_data(starts, ends, labels, *_sorted_spans(clipped0[data], t1[data]))
+    if len(u0):
+        lengths = ends - starts
+        cum = np.concatenate(([np.int64(0)], np.cumsum(lengths)))
+        uncertain = int((_cover_at(*_places(u1, starts), lengths, cum)
+                         - _cover_at(*_places(u0, starts), lengths, cum)).sum()) if len(starts) else 0
+    return Flattened(starts, ends, labels, int(overlapped), uncertain)
+
+
+def _sorted_spans(t0: Array, t1: Array) -> tuple[Array, Array]:
+    import numpy as np
+
+    order = np.lexsort((-t1, t0))
+    return t0[order], t1[order]
+
+
+def _merge_union(t0: Array, t1: Array) -> tuple[Array, Array]:
+    """The union of intervals as disjoint sorted ones (empty ones dropped)."""
+    keep = t1 > t0
+    _, s, e = merge_intervals(*_sorted_spans(t0[keep], t1[keep]))
+    return s, e
+
+
+def _union_length(t0: Array, t1: Array, lo: int, hi: int) -> int:
+    """The length of the union of intervals, clipped to [lo, hi)."""
+    import numpy as np
+
+    s, e = _merge_union(np.maximum(t0, lo), np.minimum(t1, hi))
+    return int((e - s).sum())
+
+
+def _with_data(starts: Array, ends: Array, labels: list[str], d0: Array, d1: Array) -> tuple[Array, Array, list[str]]:
+    """The overhead intervals with data loading added where no overhead interval is."""
+    import numpy as np
+
+    _, d0, d1 = merge_intervals(d0, d1)
     # data loading where no overhead interval is: the data intervals cut at every overhead boundary
     points = distinct_sorted(np.concatenate((d0, d1, starts, ends)))
     keep = _data_only(points, d0, d1, starts, ends)

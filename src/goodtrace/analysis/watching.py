@@ -20,7 +20,7 @@ from typing import Any
 from goodtrace import schema
 from goodtrace.analysis.attempts import LOST, RUNNING, Ending, Liveness, lost_or_running
 from goodtrace.analysis.slowdown import slowdown_of
-from goodtrace.read.discovery import declared_overhead, int_or_none, process_start
+from goodtrace.read.discovery import declared_blocking, declared_overhead, int_or_none, process_start
 from goodtrace.record.hang_peers import stop_order, summary_line, where_text
 from goodtrace.record.live.goodput import AttemptGoodput
 
@@ -232,7 +232,7 @@ class WatchState:
         session = str(header.get(schema.H_SESSION))
         state = self.sessions.get(session)
         if state is None:
-            meter = AttemptGoodput(process_start(header))
+            meter = AttemptGoodput(process_start(header), declared_blocking(header))
             meter.training_thread = int_or_none(header.get(schema.H_MAIN_TID))  # as the report's SessionInfo
             pid = header.get(schema.H_PID)
             # headers are checked by the readers' rule: a config is a dict, an interval in it a finite number above 0

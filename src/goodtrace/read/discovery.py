@@ -201,6 +201,15 @@ def declared_overhead(header: dict[str, Any]) -> frozenset[str]:
     return frozenset(str(c) for c in named if isinstance(c, str))
 
 
+def declared_blocking(header: dict[str, Any]) -> frozenset[str]:
+    """The blocking categories of a session: the built-in ones and those its (checked) header's
+    config declares."""
+    config = header.get(schema.H_CONFIG) if isinstance(header.get(schema.H_CONFIG), dict) else {}
+    assert isinstance(config, dict)
+    blocking = config.get("blocking_categories") or []
+    return schema.BLOCKING_CATEGORIES | frozenset(str(c) for c in blocking if isinstance(c, str))
+
+
 def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> SessionInfo:
     """One session's summary: its header (checked) and what DuckDB folded of its records."""
     header = draft.header
@@ -213,7 +222,6 @@ def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> Se
         v for v in (mono, proc_start, summary.get("last_seen"), summary.get("finish_t")) if isinstance(v, int)
     )
     lag = config.get("lag", 1)
-    blocking = config.get("blocking_categories") or []
     flush = config.get("flush_interval_s")
     return SessionInfo(
         index=index,
@@ -238,7 +246,7 @@ def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> Se
         flush_interval_s=float(flush) if isinstance(flush, (int, float)) and flush > 0 else schema.DEFAULT_FLUSH_INTERVAL_S,
         main_tid=int_or_none(header.get(schema.H_MAIN_TID)),
         overhead_categories=declared_overhead(header),
-        blocking_categories=schema.BLOCKING_CATEGORIES | frozenset(str(c) for c in blocking if isinstance(c, str)),
+        blocking_categories=declared_blocking(header),
         lag=int(lag) if isinstance(lag, int) else 1,
         dropped=int(summary.get("dropped") or 0),
         schema_version=int_or_none(header.get(schema.H_SCHEMA)) or 0,

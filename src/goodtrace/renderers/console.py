@@ -104,7 +104,7 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
     )
     console.print()
     console.print(bucket_table(p, "Where the time went"))
-    console.print(f"[dim]data loading: {analysis.data_rule_text}[/dim]")
+    console.print(f"[dim]host overhead: {'; '.join(analysis.host_overhead.sentences())}[/dim]")
     _worst_periods(console, analysis)
     if analysis.window is not None:
         w = analysis.window

@@ -104,7 +104,7 @@ def _summary(analysis: RunAnalysis, run: LoadedRun) -> dict[str, Any]:
         "goodput": _finite(analysis.partition.goodput),
         "total_s": _finite(analysis.partition.total_ns / 1e9),
         "ideal_step_s": _finite(analysis.ideal_step_s),
-        "data_rule": analysis.data_rule_text,
+        "host_overhead": "; ".join(analysis.host_overhead.sentences()),
         "warnings": list(analysis.warnings[:50]),
         "stragglers": [{"rank": s.rank, "host": s.host, "reason": s.reason} for s in analysis.stragglers[:50]],
         "attempts_detail": [

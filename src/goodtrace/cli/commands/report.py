@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which job of a reused run directory (0 = the oldest; default the last)")
     parser.add_argument("--ideal-step", type=float, metavar="S", help="ideal step time in seconds")
     parser.add_argument("--data-rule", choices=("asynchronous", "synchronous"),
-                        help="how to count in-step data loading (default: detected from the sync points)")
+                        help="override how in-step data loading counts: all productive or all lost (default: "
+                             "lost only where the device had run out of queued work)")
     parser.add_argument("--flops-per-step", type=float, metavar="F",
                         help="model FLOPs of one optimizer step, all devices together (for MFU)")
     parser.add_argument("--accelerator", metavar="NAME",

@@ -133,7 +133,7 @@ class LiveAggregator:
         self._rewound = RewoundTime(lambda a, b: sum(self._intervals.overhead_in(a, b, prune=False).values()))
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
         # this attempt's goodput by the report's rules (record/live/goodput.py)
-        self.attempt_goodput = AttemptGoodput(self._process_start_ns)
+        self.attempt_goodput = AttemptGoodput(self._process_start_ns, recorder.config.all_blocking_categories)
         self.final_goodput: float | None = None  # its value at finish (close)
         self._warned: set[str] = set()
         self._metric_names = MetricNames(self._warn)  # slots, and names learned from the gathers

@@ -94,7 +94,7 @@
     note('Time range ' + range.start + ' to ' + range.end + ' (UTC, --since/--until): goodput ' + pct(range.goodput) +
          '; the step chart and goodput over time keep to it, the rest is the whole job.');
   }
-  if (summary.data_rule) note('Data loading: ' + summary.data_rule);
+  if (summary.host_overhead) note('Host overhead: ' + summary.host_overhead);
   (summary.attempts_detail || []).forEach(function (a) {
     note('Attempt ' + a.index + ': steps ' + (a.first_step === null ? '-' : a.first_step + '-' + a.last_step) +
          ', ' + seconds(a.duration_s) + ', ' + a.ended);
