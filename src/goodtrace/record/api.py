@@ -119,7 +119,8 @@ def _warn_default_rank(source: str, world_size: int) -> None:
         _warned_default_rank = True
         warn(f"init(): rank 0 of {world_size} by default (no rank=, no initialised {' or '.join(frameworks)} process group, "
              "no launcher variable such as RANK): if this is one of several processes, each records as rank 0; "
-             "call init() after the process group is initialised, or pass rank= and world_size=")
+             "call init() after the process group is initialised, or pass rank= and world_size=",
+             stacklevel=3)  # the program's init() call
 
 
 def _resolve_sinks(sinks: Sequence[Any] | None) -> list[Any]:
