@@ -91,7 +91,7 @@ def run(world: int, per_host: int, syncs: int, rounds: int) -> dict[str, Any]:
             results.append(json.loads(out.strip().splitlines()[-1]))
 
     def worst_median(key: str) -> float:
-        return max(statistics.median(r[key]) for r in results) / 1e6  # ms
+        return float(max(statistics.median(r[key]) for r in results)) / 1e6  # ms
 
     hosts = (world + per_host - 1) // per_host
     return {
@@ -153,10 +153,10 @@ def main() -> None:
         ratio = r["collective_blocked_ms"] / r["background_blocked_ms"] if r["background_blocked_ms"] else float("inf")
         print(f"| {r['ranks']} | {r['hosts']} | {r['collective_blocked_ms']:.2f} | {r['background_blocked_ms']:.4f} | "
               f"{ratio:,.0f}x | {r['background_round_ms']:.2f} ({r['background_round_cpu_ms']:.2f}) |")
-    for n in ("1024", "10000"):
-        if n in extrapolated:
-            e = extrapolated[n]
-            print(f"| {n} (extrapolated) | {e['hosts']} | {e['collective_blocked_ms']:.0f} | "
+    for label in ("1024", "10000"):
+        if label in extrapolated:
+            e = extrapolated[label]
+            print(f"| {label} (extrapolated) | {e['hosts']} | {e['collective_blocked_ms']:.0f} | "
                   f"{e['background_blocked_ms']:.4f} | | {e['background_round_ms']:.0f} |")
     if args.json:
         print(json.dumps({"rows": rows, "extrapolated": extrapolated, "per_host": args.per_host,

@@ -61,13 +61,13 @@ def run(shape: str, steps: int, poll_interval_s: float, seed: int) -> dict[str, 
         gt.finish()
         records = [r for _, r in read_run(run_dir).records(schema.SYNC)]
     device.close()
-    late = sorted((r["t"] - values[r[schema.F_SEQ]].done_ns) / 1e6 for r in records)  # type: ignore[operator]
+    late = sorted((r["t"] - values[r[schema.F_SEQ]].done_ns) / 1e6 for r in records)
     hows: dict[str, int] = {}
     for r in records:
         hows[r["how"]] = hows.get(r["how"], 0) + 1
 
     def pct(q: float) -> float:
-        return late[min(len(late) - 1, round(q * (len(late) - 1)))]
+        return float(late[min(len(late) - 1, round(q * (len(late) - 1)))])
 
     return {"hows": hows, "p50_ms": pct(0.5), "p90_ms": pct(0.9), "p99_ms": pct(0.99), "max_ms": late[-1],
             "min_ms": late[0], "mean_ms": statistics.fmean(late)}

@@ -43,7 +43,7 @@ from report_incremental import NOW, RankWriter
 
 def _heatmap(analysis: Any, packed: bool) -> tuple[float, dict[str, Any]]:
     keys = html_charts._Keys
-    html_charts._Keys = functools.partial(keys, packed=packed)  # type: ignore[misc]
+    html_charts._Keys = functools.partial(keys, packed=packed)  # type: ignore[misc,assignment]
     try:
         start = time.perf_counter()
         result = html_charts.Heatmap(analysis).result()

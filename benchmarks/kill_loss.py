@@ -234,9 +234,9 @@ def main() -> None:
           "| worst in the files at the kill | steps missing / twice | baseline median / worst, over its bound |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        base = r.get("baseline")
-        base_text = (f"{base['median_lost_s']:.3f} s / {base['max_lost_s']:.3f} s, {base['over_bound']}/{base['kills']}"
-                     if base else "")
+        baseline = r.get("baseline")
+        base_text = (f"{baseline['median_lost_s']:.3f} s / {baseline['max_lost_s']:.3f} s, "
+                     f"{baseline['over_bound']}/{baseline['kills']}" if baseline else "")
         print(f"| {r['rate']:,} ({r['achieved_rate']:,}) | {r['per_step']} | {r['median_lost_s']:.3f} s | "
               f"{r['max_lost_s']:.3f} s | {r['max_lost_s'] / interval:.2f}x | {r['over_bound']}/{r['kills']} | "
               f"{r['max_idle_before_kill_s']:.3f} s | {r['max_lost_beyond_idle_s']:.3f} s | "

@@ -11,6 +11,7 @@ Usage: python benchmarks/live_slowdown_overhead.py [--quick] [--json]
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 from _timing import interleaved_medians, live_loop_ns
@@ -25,8 +26,8 @@ def main() -> None:
     result: dict[str, float] = {}
     for n in lengths:
         medians = interleaved_medians(rounds, {
-            "without": lambda n=n: live_loop_ns(n, lambda aggregator: aggregator.slowdown.hooks()),
-            "with": lambda n=n: live_loop_ns(n, None),
+            "without": functools.partial(live_loop_ns, n, lambda aggregator: aggregator.slowdown.hooks()),
+            "with": functools.partial(live_loop_ns, n, None),
         })
         result[f"step_{n}_ns"] = medians["without"]
         result[f"step_{n}_with_slowdown_ns"] = medians["with"]

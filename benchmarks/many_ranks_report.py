@@ -116,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = args.ranks or ([200, 2_000] if args.quick else [1_000, 10_000])
     compile_package()  # no report below compiles goodtrace's source: a user's install has its bytecode
-    rows = []
+    rows: list[dict[str, Any]] = []
     for ranks in sizes:
         base = Path(tempfile.mkdtemp(prefix="goodtrace-ranks-"))
         try:

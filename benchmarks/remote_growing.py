@@ -53,7 +53,7 @@ def comparable(text: str) -> str:
     return json.dumps(found)
 
 
-def report(url: str) -> tuple[str, dict[str, float]]:
+def report(url: str) -> tuple[str, dict[str, Any]]:
     start = time.perf_counter()
     loaded = load_run(url, engine=Engine(workers=1))
     loaded_s = time.perf_counter() - start

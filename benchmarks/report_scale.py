@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import random
@@ -158,7 +159,7 @@ def _count_records(root: Path) -> int:
     total = 0
     for path in root.rglob("*.jsonl"):
         with open(path, "rb") as handle:
-            total += sum(chunk.count(b"\n") for chunk in iter(lambda h=handle: h.read(1 << 24), b"")) - 1
+            total += sum(chunk.count(b"\n") for chunk in iter(functools.partial(handle.read, 1 << 24), b"")) - 1
     return total
 
 

@@ -113,7 +113,8 @@ def polling_cost(run_dir: str, chunk: int, pairs: int) -> tuple[float, float, fl
 
     def counting_ready(handle: Any) -> bool | None:
         polls[0] += 1
-        return ready(handle)
+        answer: bool | None = ready(handle)
+        return answer
 
     entry.value = (type("Counted", (), {"ready": staticmethod(counting_ready)})(), entry.value[1])
     wall_ratios, cpu_ratios = [], []

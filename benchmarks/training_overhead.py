@@ -33,7 +33,7 @@ from goodtrace.integrations.torch import instrument
 
 def plain_block(model: GPT, optimizer: torch.optim.Optimizer, data: Iterator[tuple[torch.Tensor, torch.Tensor]],
                 steps: int) -> list[float]:
-    times = []
+    times: list[float] = []
     for _ in range(steps):
         t0 = time.perf_counter()
         x, y = next(data)

@@ -204,7 +204,6 @@ TEST_MARKS: dict[str, tuple[str, ...]] = {
     "sinks/test_tensorboard.py::test_a_killed_ranks_event_file_has_every_line_sent_a_flush_interval_before": ("processes",),
     "sinks/test_wandb.py::test_a_run_the_program_already_opened_gets_the_numbers_and_stays_open": ("processes",),
     "test_layers.py::test_each_layer_alone_loads_no_higher_layer_and_no_heavy_module": ("processes",),
-    "test_benchmarks.py::test_quick_and_json": ("processes", "slow"),  # every benchmark, --quick
 }
 
 
