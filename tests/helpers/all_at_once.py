@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from goodtrace.analysis.clock import SessionClock
 from goodtrace.analysis.cut import SessionCut
-from goodtrace.analysis.ranks import RankFigure, figures_of, sample_rank
+from goodtrace.analysis.ranks import RankFigure, figures_of, sample_rank, sample_strides
 from goodtrace.analysis.slowdown import Slowdown, _series, slowdowns_of
 from goodtrace.read.loaded import SessionInfo, SessionRecords
 
@@ -27,7 +27,9 @@ def rank_figures(
     for s in sessions:
         by_rank.setdefault(s.rank, []).append(s)
     name_codes: dict[str, int] = {}
-    samples = [sample_rank(rank, members, cuts, records, attempt_of, name_codes) for rank, members in by_rank.items()]
+    strides = sample_strides(sessions, attempt_of)
+    samples = [sample_rank(rank, members, cuts, records, attempt_of, name_codes, strides)
+               for rank, members in by_rank.items()]
     return figures_of(samples, clocks, goodput_by_rank, name_codes)
 
 

@@ -389,6 +389,7 @@ def test_the_listed_sample_steps_are_the_sample_s_steps(monkeypatch: pytest.Monk
     import duckdb
 
     from goodtrace.read import duckdb_sql
+    from goodtrace.read.loaded import sample_stride
 
     con = duckdb.connect()
     con.execute("CREATE TABLE seg_summ (sid INTEGER, first_step BIGINT, last_step BIGINT)")
@@ -405,10 +406,11 @@ def test_the_listed_sample_steps_are_the_sample_s_steps(monkeypatch: pytest.Monk
     assert " AND p.step IN (" in listed
     every = kept(duckdb_sql.SAMPLED_STARTS)
     assert kept(listed) == every
-    for sid in (0, 1, 2):  # about SAMPLE_STEPS steps of each range, every one inside it, both ends in
+    for sid in (0, 1, 2):  # about SAMPLE_STEPS steps of each range, every one inside it: its stride's multiples
         lo, hi = ranges[sid]
         steps = [step for s, step in every if s == sid]
-        assert steps[0] == lo and lo <= min(steps) and max(steps) <= hi
+        stride = sample_stride(lo, hi)
+        assert steps == list(range(lo + (-lo) % stride, hi + 1, stride)) and lo <= min(steps) and max(steps) <= hi
         assert duckdb_sql.SAMPLE_STEPS <= len(steps) <= 2 * duckdb_sql.SAMPLE_STEPS or hi - lo < duckdb_sql.SAMPLE_STEPS
     assert {sid for sid, _ in every} == {0, 1, 2}
     monkeypatch.setattr(duckdb_sql, "PRUNE_STEPS", 10)  # too many to list: the rule alone

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from goodtrace.analysis.clock import SessionClock
 from goodtrace.analysis.cut import SessionCut
 from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence, median, quantile, robust_noise
 from goodtrace.read.fetch_order import order_of
-from goodtrace.read.loaded import SessionInfo, SessionRecords
+from goodtrace.read.loaded import SessionInfo, SessionRecords, sample_stride
 
 NS = 1e9
 SLOW_SPEED = 0.9  # a rank computing at < 90% of the other ranks' speed is named
@@ -112,18 +112,18 @@ def _leave_one_out(values: dict[int, float]) -> dict[int, float]:
     return dict(zip(keys[order].tolist(), others.tolist(), strict=True))
 
 
-SAMPLE_STEPS = 32  # sync points sampled per session for lateness (the loader samples span starts so)
-
-
-def _stride(cut: SessionCut) -> tuple[int, int]:
-    """(first step, stride) of a session's sample: about SAMPLE_STEPS steps of its range."""
-    import numpy as np
-
-    if not len(cut.exec_step):
-        return 0, 1
-    steps = np.frombuffer(cut.exec_step, dtype=np.int64)
-    lo, hi = int(steps.min()), int(steps.max())
-    return lo, max(1, (hi - lo) // SAMPLE_STEPS)
+def sample_strides(sessions: Iterable[SessionInfo], attempt_of: Mapping[int, int]) -> dict[int, int]:
+    """Per attempt, the stride of the steps its ranks are compared at (:func:`sample_stride` of
+    the attempt's step range, its sessions' together): chosen once per attempt, so that ranks
+    whose records end (or begin) at different steps share the sample."""
+    ranges: dict[int, tuple[int, int]] = {}
+    for s in sessions:
+        attempt = attempt_of.get(s.index)
+        if attempt is None or s.first_step is None or s.last_step is None:
+            continue
+        lo, hi = ranges.get(attempt, (s.first_step, s.last_step))
+        ranges[attempt] = (min(lo, s.first_step), max(hi, s.last_step))
+    return {attempt: sample_stride(lo, hi) for attempt, (lo, hi) in ranges.items()}
 
 
 def _groups(*keys: Any) -> tuple[Any, Any, Any]:
@@ -295,7 +295,7 @@ def _latest_span(effects: dict[tuple[int, int], Evidence], names: dict[int, str]
 class RankSample:
     """What the rank figures keep of one rank once its sessions are cut (:func:`sample_rank`):
     its own step-time and compute figures, and per session the columns of its sampled steps
-    (about :data:`SAMPLE_STEPS` rows each), so that its cuts can be released before the next
+    (about :data:`~goodtrace.read.loaded.SAMPLE_STEPS` rows each), so that its cuts can be released before the next
     rank is cut. Arrival times are on the session's own clock (:func:`figures_of` aligns them)."""
 
     rank: int
@@ -316,9 +316,11 @@ def sample_rank(
     records: Mapping[int, SessionRecords],
     attempt_of: Mapping[int, int],
     name_codes: dict[str, int],
+    strides: Mapping[int, int],
 ) -> RankSample:
     """One rank's part of the rank figures, from its sessions' cuts (``members``, in the job's
-    order; span names coded in ``name_codes``, shared by every rank)."""
+    order; span names coded in ``name_codes``, shared by every rank), at the sampled steps of
+    each attempt (the multiples of its stride in ``strides``, :func:`sample_strides`)."""
     import numpy as np
 
     times: list[Any] = []
@@ -335,10 +337,10 @@ def sample_rank(
         counts = np.frombuffer(counts_w, dtype=np.int64)
         if len(counts):
             times.append(np.repeat(cut.step_ns() / NS, counts))
-        lo, stride = _stride(cut)
+        stride = strides.get(attempt, 1)
         if len(counts):
             w_step = np.frombuffer(steps_e, dtype=np.int64)[np.frombuffer(firsts_w, dtype=np.int64)]
-            sampled = np.flatnonzero((counts == 1) & ((w_step - lo) % stride == 0))
+            sampled = np.flatnonzero((counts == 1) & (w_step % stride == 0))
             ends = np.frombuffer(ends_w, dtype=np.int64)[sampled]
             arrivals.append((s.index, np.full(len(sampled), attempt, dtype=np.int64), w_step[sampled],
                              np.full(len(sampled), rank, dtype=np.int64), ends))
@@ -346,7 +348,7 @@ def sample_rank(
             ns = np.frombuffer(cut.exec_compute, dtype=np.int64)
             per_execution.append(ns[ns > 0])
             numbers = np.frombuffer(steps_e, dtype=np.int64)
-            chosen = np.flatnonzero((ns > 0) & ((numbers - lo) % stride == 0))
+            chosen = np.flatnonzero((ns > 0) & (numbers % stride == 0))
             computes.append((np.full(len(chosen), attempt, dtype=np.int64), numbers[chosen],
                              np.zeros(len(chosen), dtype=np.int64), np.full(len(chosen), rank, dtype=np.int64),
                              ns[chosen]))
@@ -361,8 +363,8 @@ def sample_rank(
                 entered = np.frombuffer(cut.exec_t0, dtype=np.int64)
             wanted = np.frombuffer(rec.starts_step, dtype=np.int64)
             at = np.minimum(np.searchsorted(numbers, wanted), len(numbers) - 1)
-            found = numbers[at] == wanted
-            # (a sample: about SAMPLE_STEPS steps' span starts, whatever the session's length)
+            # (the loader's sample of the session's own range holds the attempt's: its steps)
+            found = (numbers[at] == wanted) & (wanted % stride == 0)
             codes = np.array([name_codes.setdefault(n, len(name_codes)) for n in rec.starts_name], dtype=np.int64)
             late_ns = np.frombuffer(rec.starts_t0, dtype=np.int64) - entered[at]
             starts.append((np.full(int(found.sum()), attempt, dtype=np.int64), wanted[found], codes[found],

@@ -23,7 +23,7 @@ from goodtrace.analysis.partition import (
     noise_threshold_ns,
     steady_steps,
 )
-from goodtrace.analysis.ranks import RankSample, sample_rank
+from goodtrace.analysis.ranks import RankSample, sample_rank, sample_strides
 from goodtrace.analysis.session_cuts import SessionCuts
 from goodtrace.analysis.slowdown import SeriesStore, slowdown_series
 from goodtrace.read.column_file import distinct_sorted
@@ -87,6 +87,7 @@ def cut_and_reduce(
     views = SessionCuts(job_order if keep_cuts else [i for i in job_order if i in reference])
     reduced = Reduced(views, [], {}, {}, {}, SeriesStore(), 0)
     samples: dict[int, RankSample] = {}
+    strides = sample_strides((run.sessions[i] for i in attempt_for), attempt_of)  # the sample, once per attempt
     starts: dict[int, SessionRecords] = {}
     order = sorted(attempt_for, key=lambda i: (i in reference, i))
     for index in order:
@@ -122,7 +123,7 @@ def cut_and_reduce(
                 reduced.goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
         del other  # its timeline holds the rank's cuts
         samples[rank] = sample_rank(rank, [run.sessions[i] for i in members], cuts, starts, attempt_of,
-                                    reduced.name_codes)
+                                    reduced.name_codes, strides)
         for i in members:
             if i in views:
                 views.hold(i, cuts[i], always=i in reference)

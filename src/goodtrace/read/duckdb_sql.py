@@ -27,7 +27,8 @@ from goodtrace import schema
 from goodtrace.read.discovery import torn_tail
 from goodtrace.read.duckdb_connection import execute_all, insert_rows, sql_str
 from goodtrace.read.file_skips import FileSkips
-from goodtrace.read.loaded import Progress
+from goodtrace.read.loaded import SAMPLE_STEPS as SAMPLE_STEPS
+from goodtrace.read.loaded import Progress, sample_stride
 from goodtrace.read.validate import MAX_LINE_BYTES, invalid_sql
 
 # Columns read from every record line. Fields a record kind does not have are NULL.
@@ -55,9 +56,6 @@ RECORD_COLUMNS: dict[str, str] = {
     schema.F_EXCEPTION: "VARCHAR",
 }
 MAX_EVENT_ATTRS = 4096  # event attributes longer than this (as JSON text) are not kept
-# Span starts are sampled for arrival lateness: about 32 steps of each session's step range
-# (every step of a short run); goodtrace.analysis.ranks samples sync points by the same rule.
-SAMPLE_STEPS = 32
 _DEVICE_METRICS = ", ".join(f"'{m}'" for m in schema.DEVICE_METRICS)
 
 
@@ -322,35 +320,46 @@ def extract_segments(con: Any, source: str) -> None:
     )
 
 
-# The span starts finish_model keeps (the sample of each session's step range), as a filter of
+# The span starts finish_model keeps (the sample of each session's step range: the multiples
+# of its stride, loaded.sample_stride, which hold the sample the analysis takes of the
+# session's attempt, goodtrace.analysis.ranks), as a filter of
 # rows ``p`` of seg_starts with their session in ``m``: the cache reads only those of a closed
-# segment, once every file's summary is in seg_summ.
+# segment, once every file's summary is in seg_summ (and :func:`sample_ranges` has listed each
+# session's range and stride in ``sample_r``).
 def _in_sample(step: str) -> str:
     """Whether ``step`` (a column) is one of the sampled steps of its session's executed range
-    ``r.lo`` to ``r.hi``: every ``(hi - lo) // SAMPLE_STEPS``-th from ``lo``."""
-    return f"{step} BETWEEN r.lo AND r.hi AND ({step} - r.lo) % greatest(1, (r.hi - r.lo) // {SAMPLE_STEPS}) = 0"
+    ``r.lo`` to ``r.hi``: a multiple of the range's stride ``r.stride``."""
+    return f"{step} BETWEEN r.lo AND r.hi AND {step} % r.stride = 0"
 
 
-SAMPLED_STARTS = (
-    "JOIN (SELECT sid, min(first_step) AS lo, max(last_step) AS hi FROM seg_summ GROUP BY sid) r ON r.sid = m.sid "
-    f"WHERE {_in_sample('p.step')}"
-)
+SAMPLED_STARTS = f"JOIN sample_r r ON r.sid = m.sid WHERE {_in_sample('p.step')}"
+
+
+def sample_ranges(con: Any) -> list[tuple[int, int, int]]:
+    """Each session's step range in seg_summ and its sample's stride (:func:`sample_stride`,
+    the one rule: computed here, not again in SQL), as the table ``sample_r`` (sid, lo, hi,
+    stride); returns its (lo, hi, stride) rows."""
+    rows = [(int(sid), int(lo), int(hi), sample_stride(int(lo), int(hi))) for sid, lo, hi in con.execute(
+        "SELECT sid, min(first_step), max(last_step) FROM seg_summ GROUP BY sid HAVING min(first_step) IS NOT NULL"
+    ).fetchall()]
+    con.execute("CREATE OR REPLACE TABLE sample_r (sid INTEGER, lo BIGINT, hi BIGINT, stride BIGINT)")
+    insert_rows(con, "sample_r", rows)
+    return [row[1:] for row in rows]
 
 
 PRUNE_STEPS = 4_096  # sampled steps listed for the Parquet reader to skip the row groups without them
 
 
 def sampled_starts(con: Any) -> str:
-    """:data:`SAMPLED_STARTS`, with the sampled steps of every session listed too (where they
-    are few; the same steps: the rule keeps none outside a session's range): a filter on the
-    Parquet column itself, with which DuckDB skips the row groups
-    that hold none of them (a closed file's span starts are a few rows a step, the sample
-    about :data:`SAMPLE_STEPS` steps of a session's run: most of them, read and dropped before)."""
+    """:data:`SAMPLED_STARTS` (its ``sample_r`` made now, :func:`sample_ranges`), with the
+    sampled steps of every session listed too (where they are few; the same steps: the rule
+    keeps none outside a session's range): a filter on the Parquet column itself, with which
+    DuckDB skips the row groups that hold none of them (a closed file's span starts are a few
+    rows a step, the sample about :data:`SAMPLE_STEPS` steps of a session's run: most of them,
+    read and dropped before)."""
     steps: set[int] = set()
-    for lo, hi in con.execute("SELECT min(first_step), max(last_step) FROM seg_summ GROUP BY sid "
-                              "HAVING min(first_step) IS NOT NULL").fetchall():
-        stride = max(1, (int(hi) - int(lo)) // SAMPLE_STEPS)
-        steps.update(range(int(lo), int(hi) + 1, stride))
+    for lo, hi, stride in sample_ranges(con):
+        steps.update(range(lo + (-lo) % stride, hi + 1, stride))
         if len(steps) > PRUNE_STEPS:
             return SAMPLED_STARTS
     return f"{SAMPLED_STARTS} AND p.step IN ({', '.join(str(s) for s in sorted(steps))})" if steps else SAMPLED_STARTS
@@ -385,16 +394,17 @@ def finish_model(con: Any) -> None:
         con.execute("DROP TABLE seg_steps")
     # Span starts of about SAMPLE_STEPS steps of each session's step range (of its executed
     # steps: a start of another step has no entry to be late against, and is not kept)
+    sample_ranges(con)
     con.execute(
         f"""
         CREATE OR REPLACE TABLE m_starts AS
-        WITH r AS (SELECT sid, min(first_step) AS lo, max(last_step) AS hi FROM seg_summ GROUP BY sid)
-        SELECT s.sid, s.step, s.name, min(s.t0) AS t0 FROM seg_starts s JOIN r USING (sid)
+        SELECT s.sid, s.step, s.name, min(s.t0) AS t0 FROM seg_starts s JOIN sample_r r USING (sid)
         WHERE {_in_sample('s.step')}
         GROUP BY ALL
         """
     )
     con.execute("DROP TABLE seg_starts")
+    con.execute("DROP TABLE sample_r")
 
 
 def fold_parquet(con: Any) -> None:

@@ -19,6 +19,7 @@ from goodtrace import schema
 
 __all__ = [
     "NO_TIME",
+    "SAMPLE_STEPS",
     "EventColumns",
     "EventRecord",
     "FileRange",
@@ -35,6 +36,23 @@ __all__ = [
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 NO_TIME = -(2**63)  # a missing time or number in the integer columns below
+
+# The steps the cross-rank figures compare (docs/semantics.md section 7): about SAMPLE_STEPS
+# of an attempt's step range, every step of a short one.
+SAMPLE_STEPS = 32
+
+
+def sample_stride(lo: int | None, hi: int | None) -> int:
+    """The sample of a step range ``lo`` to ``hi``: the step numbers that are multiples of this
+    stride, the largest power of two that is at most ``(hi - lo) // SAMPLE_STEPS`` (1 for a
+    short or an empty range). The analysis takes it of each attempt's range, so that every rank
+    of the attempt is sampled at the same steps, whatever part of the range its records cover;
+    the loader keeps each session's span starts by the stride of the session's own range, a
+    power of two that divides its attempt's (a session's range lies within its attempt's), so
+    they hold every step of the attempt's sample."""
+    if lo is None or hi is None:
+        return 1
+    return 1 << (max(1, (hi - lo) // SAMPLE_STEPS).bit_length() - 1)
 
 
 class EventRecord(NamedTuple):
