@@ -1,26 +1,17 @@
-"""``goodtrace report`` and ``goodtrace compact`` run as subprocesses on the golden run
+"""``goodtrace report`` and ``goodtrace compact`` run (in-process, tests/helpers/cli.py) on the golden run
 directories (tests/data/runs, made by tests/data/make_golden.py); figures computed by hand."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from helpers.cli import goodtrace
+
 DATA = Path(__file__).parent.parent / "data" / "runs"
 RESTART = DATA / "restart_2ranks"
-
-
-def goodtrace(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="120", GOODTRACE_PROGRESS="0")
-    return subprocess.run(
-        [sys.executable, "-m", "goodtrace", *args], capture_output=True, text=True, env=env, timeout=120,
-        check=False,
-    )
 
 
 def report_json(*args: str) -> dict[str, Any]:
@@ -66,7 +57,7 @@ def test_json_report() -> None:
     ]
     assert report["stragglers"][0]["rank"] == 1
     assert report["spread"]["goodput_min"] == 8 / 16.7
-    assert report["data_rule"]["rule"] == "synchronous"
+    assert report["host_overhead"]["rule"] == "sync points"
 
 
 def test_window_option() -> None:

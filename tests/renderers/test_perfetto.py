@@ -130,12 +130,13 @@ def test_step_intervals_split_overhead_and_start_at_previous_sync(small_run: Pat
     intervals = {iv.step: iv for iv in session_intervals(analysis, session)}
     assert sorted(intervals) == [3, 4, 5, 6]
     # Step 3 (first of the attempt) starts when it was entered; step 4's interval holds the
-    # checkpoint saved after step 3 (a blocking span settles step 3 first).
+    # checkpoint saved after step 3 (a blocking span settles step 3 first), and step 4's data
+    # loading after it, with no device work queued (data badput).
     assert intervals[3].duration_ns == 100 * MS
     assert intervals[4].start == intervals[3].end
     assert intervals[4].duration_ns == 140 * MS
-    assert intervals[4].overhead_ns == {"checkpoint_save": 40 * MS}
-    assert intervals[4].productive_ns == 100 * MS
+    assert intervals[4].overhead_ns == {"checkpoint_save": 40 * MS, "data": 10 * MS}
+    assert intervals[4].productive_ns == 90 * MS
     cut = analysis.cuts[session]
     assert list(cut.exec_compute) == [50 * MS] * 4  # outermost main-thread compute per execution
 
@@ -190,9 +191,11 @@ def test_trace_structure(small_run: Path) -> None:
     step4 = [e for e in _slices(events, name="step 4") if e["args"]["attempt"] == 1]
     assert len(step4) == 3
     # rank 1 measured a 5 ms device-idle gap before each step (CUDA events) while it loaded data:
-    # the analysis charges it as data, and the trace shows the analysis's split
+    # the analysis charges that as data; the others load their batch with no device work queued
+    # (10 ms of data); the trace shows the analysis's split
     assert {e["pid"]: e["args"]["overhead_ms"] for e in step4} == {
-        1: {"checkpoint_save": 40.0}, 2: {"checkpoint_save": 40.0, "data": 5.0}, 3: {"checkpoint_save": 40.0}}
+        1: {"checkpoint_save": 40.0, "data": 10.0}, 2: {"checkpoint_save": 40.0, "data": 5.0},
+        3: {"checkpoint_save": 40.0, "data": 10.0}}
     assert all(e["args"]["step_time_ms"] == 140.0 for e in step4)
     # Aligned clocks: every rank's step 2 ends at the same true time, although rank 1's
     # header wall clock is 20 ms off (corrected by its measured offset) and every process has

@@ -63,6 +63,7 @@ from goodtrace.analysis.goodput import (
 )
 from goodtrace.analysis.hangs import Hang, describe_hangs, find_hangs
 from goodtrace.analysis.over_time import GoodputOverTime, Period, goodput_over_time
+from goodtrace.analysis.overhead import _np
 from goodtrace.analysis.partition import Timeline
 from goodtrace.analysis.program import ProgramGoodput, program_goodput
 from goodtrace.analysis.ranks import (
@@ -79,6 +80,7 @@ from goodtrace.analysis.session_cuts import SessionCuts
 from goodtrace.analysis.slowdown import Slowdown, slowdowns_of
 from goodtrace.analysis.steps import StepRow, StepTable
 from goodtrace.analysis.time_range import RangeEdge, resolve_range, restrict_to_range
+from goodtrace.analysis.verdict import Verdict, verdict_of
 from goodtrace.read.loaded import LoadedRun, SessionInfo, SessionRecords
 
 __all__ = [
@@ -102,6 +104,7 @@ __all__ = [
     "StepStats",
     "Straggler",
     "Timeline",
+    "Verdict",
     "analyze",
     "interval_partition",
     "rolling_goodput",
@@ -184,6 +187,7 @@ class RunAnalysis:
     stragglers: tuple[Straggler, ...]
     program: ProgramGoodput
     host_overhead: HostOverhead
+    verdict: Verdict
     timeline: Timeline
     warnings: tuple[str, ...]
     form: str
@@ -239,6 +243,7 @@ class RunAnalysis:
             "records": self.records,
             "skipped_lines": dict(self.skipped),
             "goodput": self.partition.goodput,
+            "verdict": self.verdict.to_dict(),
             "partition": self.partition.to_dict(),
             "window": None if self.window is None else self.window.to_dict() | {
                 "start_s": (self.window.start_wall_ns - start) / NS,
@@ -415,6 +420,10 @@ def analyze(
         warnings.append(f"the temporary directory could not take what the analysis puts aside ({failure}): held "
                         "in memory instead (the numbers are the same); for a run this long, set TMPDIR to a "
                         "disk with room")
+    stats = step_stats(rows, ideal_s)
+    step_ns = sum(int(_np(c.interval_end).sum() - _np(c.interval_start).sum()) for c in timeline.cuts)
+    verdict = verdict_of(partition.buckets_ns, partition.total_ns, step_ns, stragglers, figures,
+                         stats.median_s if stats.count else None)
     rewinds = rewind_rows(timeline.cuts, timeline.relabels, attempt_of, run.sessions, job_start)
     if rewinds:
         warnings.append(rewind_warning(rewinds))
@@ -428,7 +437,7 @@ def analyze(
         window=window_partition,
         rolling=rolling,
         steps=rows,
-        step_stats=step_stats(rows, ideal_s),
+        step_stats=stats,
         ideal_step_s=ideal_s,
         anomalies=tuple(anomalies),
         anomaly_threshold_s=threshold,
@@ -436,6 +445,7 @@ def analyze(
         stragglers=tuple(stragglers),
         program=program,
         host_overhead=host_overhead,
+        verdict=verdict,
         timeline=timeline,
         warnings=tuple(dict.fromkeys(warnings)),
         form=run.form,

@@ -102,6 +102,8 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
             f"(productive {duration_text(p.seconds('productive'))}, rank {analysis.reference_rank}'s timeline)",
         )
     )
+    verdict = analysis.verdict
+    console.print(Text.assemble(("Verdict: ", "bold"), (verdict.text, "bold yellow"), f"; {verdict.evidence}"))
     console.print()
     console.print(bucket_table(p, "Where the time went"))
     console.print(f"[dim]host overhead: {'; '.join(analysis.host_overhead.sentences())}[/dim]")

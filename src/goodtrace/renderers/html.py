@@ -104,6 +104,8 @@ def _summary(analysis: RunAnalysis, run: LoadedRun) -> dict[str, Any]:
         "goodput": _finite(analysis.partition.goodput),
         "total_s": _finite(analysis.partition.total_ns / 1e9),
         "ideal_step_s": _finite(analysis.ideal_step_s),
+        "verdict": {"kind": analysis.verdict.kind, "text": analysis.verdict.text,
+                    "evidence": analysis.verdict.evidence},
         "host_overhead": "; ".join(analysis.host_overhead.sentences()),
         "warnings": list(analysis.warnings[:50]),
         "stragglers": [{"rank": s.rank, "host": s.host, "reason": s.reason} for s in analysis.stragglers[:50]],

@@ -87,6 +87,11 @@
   } else {
     figure('goodput', 'not analysed');
   }
+  if (summary.verdict) {
+    var verdict = document.getElementById('verdict');
+    verdict.appendChild(el('b', summary.verdict.text));
+    verdict.appendChild(document.createTextNode('; ' + summary.verdict.evidence));
+  }
   var notes = document.getElementById('notes');
   function note(text) { notes.appendChild(el('li', text)); }
   if (summary.time_range) {
