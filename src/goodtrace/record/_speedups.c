@@ -4,8 +4,9 @@
  * Only the common case runs here: a running recorder and a span name already resolved to its
  * key. Everything else (first use of a name, disabled or not started, bare decorators,
  * unhashable names) calls back into the Python implementation. State is not copied into C:
- * every call reads the recorder module's globals (_mode, _keys, _clock, _append, _step), so
- * there is one source of truth and nothing to keep in sync.
+ * every call reads the recorder module's globals (_mode, _keys, _clock, _append, and the
+ * ambient step: the ContextVar _step_var, defaulting to _step), so there is one source of truth
+ * and nothing to keep in sync.
  *
  * A span in the buffer is (key, t0, t1, step, thread, attrs, exc_type), as in Python.
  */
@@ -17,7 +18,7 @@
 
 static PyObject *g_globals = NULL;   /* the spans module's __dict__ */
 static PyObject *g_slow_span = NULL; /* spans._span_py */
-static PyObject *s_mode, *s_keys, *s_clock, *s_append, *s_step, *s_category, *s_attrs, *s_name, *s_noop;
+static PyObject *s_mode, *s_keys, *s_clock, *s_append, *s_step, *s_step_var, *s_category, *s_attrs, *s_name, *s_noop;
 
 typedef struct {
     PyObject_HEAD
@@ -120,6 +121,30 @@ thread_ident(void)
     return g_last_ident_obj;
 }
 
+/* The ambient step (a new reference): _step_var's value in this context, else _step, as
+ * spans.py's _get_step(_step). Runs no Python code (a ContextVar lookup is C). */
+static PyObject *
+ambient_step(void)
+{
+    PyObject *var, *fallback, *value = NULL;
+    var = recorder_global(s_step_var);
+    if (var == NULL) {
+        return NULL;
+    }
+    fallback = recorder_global(s_step);
+    if (fallback == NULL) {
+        return NULL;
+    }
+    if (!PyContextVar_CheckExact(var)) {
+        PyErr_SetString(PyExc_TypeError, "goodtrace: _step_var is not a ContextVar");
+        return NULL;
+    }
+    if (PyContextVar_Get(var, fallback, &value) < 0) {
+        return NULL;
+    }
+    return value;
+}
+
 static PyObject *
 span_enter(SpanObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -175,13 +200,12 @@ span_exit(SpanObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_INCREF(append); /* owned: the call below runs Python code, which may rebind the global */
-    step = recorder_global(s_step);
+    step = ambient_step();
     if (step == NULL) {
         Py_DECREF(append);
         Py_DECREF(record);
         return NULL;
     }
-    Py_INCREF(step);
     PyTuple_SET_ITEM(record, 3, step);
     Py_INCREF(self->key);
     PyTuple_SET_ITEM(record, 0, self->key);
@@ -639,11 +663,12 @@ PyInit__speedups(void)
     s_clock = PyUnicode_InternFromString("_clock");
     s_append = PyUnicode_InternFromString("_append");
     s_step = PyUnicode_InternFromString("_step");
+    s_step_var = PyUnicode_InternFromString("_step_var");
     s_category = PyUnicode_InternFromString("category");
     s_attrs = PyUnicode_InternFromString("attrs");
     s_name = PyUnicode_InternFromString("name");
     s_noop = PyUnicode_InternFromString("NOOP_SPAN");
-    if (!s_noop || !s_mode || !s_keys || !s_clock || !s_append || !s_step || !s_category || !s_attrs || !s_name) {
+    if (!s_noop || !s_mode || !s_keys || !s_clock || !s_append || !s_step || !s_step_var || !s_category || !s_attrs || !s_name) {
         return NULL;
     }
     {

@@ -11,7 +11,9 @@ points these globals at itself with :func:`bind` and releases them with :func:`u
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
+import inspect
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,7 +44,14 @@ _mode = _NOT_STARTED
 _clock: Callable[[], int] = time.perf_counter_ns
 _SINK: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=1)
 _append: Callable[[tuple[Any, ...]], None] = _SINK.append
+# The ambient step: the one entered in this thread or task (a ContextVar: an asyncio task
+# starts with its creator's), else, in a context that never entered one (another thread, a task
+# made before the first step), the step entered last anywhere (``_step``). The hot path reads
+# it as ``_get_step(_step)``: one C call. A fresh variable per recorder (``bind``), so no context
+# keeps a previous recorder's step.
 _step: int | None = None
+_step_var: contextvars.ContextVar[int | None] = contextvars.ContextVar("goodtrace_step")
+_get_step: Callable[[int | None], int | None] = _step_var.get
 _keys: dict[Any, tuple[str, str, bool, type[Span]]] = {}
 _active: Recorder | None = None
 
@@ -62,7 +71,7 @@ class _PySpanBase:
         return self  # type: ignore[return-value]
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        _append((self.key, self.t0, _clock(), _step, _get_ident(), self.attrs, exc_type))
+        _append((self.key, self.t0, _clock(), _get_step(_step), _get_ident(), self.attrs, exc_type))
 
 
 if TYPE_CHECKING:
@@ -102,7 +111,7 @@ class OverheadSpan(Span):
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         t1 = _clock()
-        _append((self.key, self.t0, t1, _step, _get_ident(), self.attrs, exc_type))
+        _append((self.key, self.t0, t1, _get_step(_step), _get_ident(), self.attrs, exc_type))
         if _active is not None and _active.overhead_span_listeners:
             _active.notify_overhead_span(self.key[1], self.t0, t1)
 
@@ -248,7 +257,46 @@ class LateSpan:
 
 
 def traced(span_factory: Callable[[], Any], func: F) -> F:
-    """Wrap ``func`` so each call runs inside a fresh span (decorator support)."""
+    """Wrap ``func`` so each call runs inside a fresh span (decorator support).
+
+    A coroutine function's span times the coroutine to completion: it opens when the coroutine
+    starts running (its first ``await``er drives it) and closes when it returns or raises, so
+    it includes the time it waits. An async generator's span runs from its first item asked
+    for to its end (exhausted, closed or raised). Calling either only creates it, as without
+    the decorator."""
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def run_coroutine(*args: Any, **kwargs: Any) -> Any:
+            with span_factory():
+                return await func(*args, **kwargs)
+
+        return run_coroutine  # type: ignore[return-value]
+    if inspect.isasyncgenfunction(func):
+
+        @functools.wraps(func)
+        async def run_generator(*args: Any, **kwargs: Any) -> Any:
+            generator = func(*args, **kwargs)
+            with span_factory():
+                try:
+                    request = generator.asend(None)
+                    while True:
+                        try:
+                            item = await request
+                        except StopAsyncIteration:
+                            return
+                        try:
+                            sent = yield item
+                        except GeneratorExit:  # closed early (aclose): an end, not an error
+                            return
+                        except BaseException as exc:  # athrow(): into the wrapped generator
+                            request = generator.athrow(exc)
+                        else:
+                            request = generator.asend(sent)
+                finally:
+                    await generator.aclose()
+
+        return run_generator  # type: ignore[return-value]
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -261,11 +309,13 @@ def traced(span_factory: Callable[[], Any], func: F) -> F:
 
 def bind(rec: Recorder) -> None:
     """Point the hot path at ``rec``: its buffer, its clock; no step yet."""
-    global _mode, _clock, _append, _step, _active
+    global _mode, _clock, _append, _step, _step_var, _get_step, _active
     _keys.clear()
     _clock = rec.clock
     _append = rec.buffer.append
     _step = None
+    _step_var = contextvars.ContextVar("goodtrace_step")
+    _get_step = _step_var.get
     _active = rec
     _mode = _RUNNING
 
@@ -295,8 +345,10 @@ def set_disabled() -> None:
 
 
 def set_step(number: int | None) -> None:
-    """The ambient step of spans from now on."""
+    """The ambient step of spans from now on, in this thread or task (and in contexts that
+    never entered a step)."""
     global _step
+    _step_var.set(number)
     _step = number
 
 
@@ -306,5 +358,5 @@ def active_recorder() -> Recorder | None:
 
 
 def current_step(rec: object) -> int | None:
-    """The ambient step, when ``rec`` is the active recorder."""
-    return _step if _active is rec else None
+    """The ambient step of the calling thread or task, when ``rec`` is the active recorder."""
+    return _get_step(_step) if _active is rec else None
