@@ -49,6 +49,7 @@ from goodtrace.record.step_context import StepContext
 from goodtrace.record.sync_points import _ARRIVED, SyncPoints
 from goodtrace.record.values.adapters import (
     COMPLETE,
+    HostTimed,
     adapter_for,
     finite_or_none,
     join_completions,
@@ -351,6 +352,11 @@ class Recorder:
             handle = adapter.prepare(value)
         except Exception as exc:
             self._warn(f"complete_on:{type(value)}", f"complete_on ignored: {describe(exc)}")
+            return
+        if type(handle) is HostTimed:  # no readiness test: no sync point, the step is host-timed
+            self._warn(f"host-timed:{handle.what}", f"goodtrace cannot tell when {handle.what} are complete "
+                       "without waiting for the device: the steps completed on them are host-timed (closed at "
+                       "their host exit, which under asynchronous execution measures dispatch)")
             return
         watch = handle is not COMPLETE
         if not watch:  # complete on arrival (a CPU tensor): dated when its step ends

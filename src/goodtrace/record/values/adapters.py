@@ -24,10 +24,11 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from goodtrace.record.values.protocol import COMPLETE, HostNumber, UnsupportedValue, ValueAdapter
+from goodtrace.record.values.protocol import COMPLETE, HostNumber, HostTimed, UnsupportedValue, ValueAdapter
 
 __all__ = [
     "COMPLETE",
+    "HostTimed",
     "UnsupportedValue",
     "ValueAdapter",
     "adapter_for",
@@ -128,6 +129,8 @@ class _Sequence:
         for leaf in leaves:
             adapter = adapter_for(leaf)
             handle = adapter.prepare(leaf)
+            if isinstance(handle, HostTimed):  # one leaf cannot be tested: nor can the whole
+                return handle
             handles.append((_HOST, leaf) if handle is COMPLETE else (adapter, handle))
         return handles
 

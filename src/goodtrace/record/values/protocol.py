@@ -60,6 +60,18 @@ class _Complete:
 COMPLETE: Final = _Complete()
 
 
+class HostTimed:
+    """What ``prepare`` returns for a value whose completion cannot be tested without waiting
+    (a torch XLA tensor, or an MPS one where torch has no MPS events): its step gets no sync
+    point of it, so it is closed at its host exit and labelled host-timed, with one warning
+    naming ``what``."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
 class HostNumber:
     """A value already on the host (Python or NumPy number, CPU tensor): complete on arrival."""
 

@@ -17,6 +17,12 @@ A CUDA tensor never makes goodtrace synchronise the device:
 The device barrier (before a blocking span in a step with no completion value yet) waits for
 an event recorded on the current stream: everything queued there so far, and nothing that
 another stream or a later call queues.
+
+An MPS tensor's completion is an MPS event (``torch.mps.Event``, recorded after the work
+queued so far; ``query()`` without waiting), as on CUDA. Other devices (XLA, whose tensors
+have no readiness test that does not wait, and MPS in a torch without MPS events) cannot be
+dated: ``prepare`` returns :class:`HostTimed`, the step is host-timed and the recorder warns
+once. A metric on them is read with ``item()`` when goodtrace reads it (at the lag).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any
 
 import torch
 
-from goodtrace.record.values.protocol import COMPLETE, HostNumber, UnsupportedValue
+from goodtrace.record.values.protocol import COMPLETE, HostNumber, HostTimed, UnsupportedValue
 
 
 def cuda_barrier(device: Any = None) -> None:
@@ -90,6 +96,36 @@ class _CudaRead:
         return True
 
 
+def mps_event() -> Any:
+    """An MPS event recorded now (after the work queued so far), or None where this torch has
+    no MPS events or no MPS backend."""
+    event_type = getattr(getattr(torch, "mps", None), "Event", None)
+    if event_type is None or not torch.backends.mps.is_available():
+        return None
+    event = event_type()
+    event.record()
+    return event
+
+
+class _MpsCompletion:
+    """A step's completion on MPS: the handle is one MPS event, recorded after the value's work."""
+
+    host = False
+
+    def ready(self, handle: Any) -> bool | None:
+        return bool(handle.query())
+
+    def wait(self, handle: Any) -> None:
+        handle.synchronize()
+
+    def to_float(self, handle: Any) -> float:
+        raise UnsupportedValue("a completion handle holds no value")
+
+    def barrier(self, handle: Any) -> bool:
+        torch.mps.synchronize()  # MPS queues everything on one command queue
+        return True
+
+
 class _AnyTensor:
     """Tensors whose device is only known per value (the adapter cache is per type)."""
 
@@ -97,15 +133,22 @@ class _AnyTensor:
     _cpu = _CpuTensor()
     _cuda = _CudaCompletion()
     _cuda_read = _CudaRead()
+    _mps = _MpsCompletion()
 
     def prepare(self, value: Any) -> Any:
-        if value.device.type == "cuda":
+        device = value.device.type
+        if device == "cuda":
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(torch.cuda.current_stream(value.device))
             return (self._cuda, event)
-        if value.device.type == "cpu":
+        if device == "cpu":
             return COMPLETE
-        return (self._cpu, value)  # other devices (mps, xla, meta): as before, treated as done
+        if device == "mps":
+            event = mps_event()
+            if event is not None:
+                return (self._mps, event)
+            return HostTimed("torch mps tensors (no MPS events here)")
+        return HostTimed(f"torch {device} tensors")  # XLA: no readiness test that does not wait
 
     def prepare_read(self, value: Any) -> Any:
         device = value.device.type
