@@ -1,11 +1,8 @@
-"""``goodtrace export`` run as a subprocess on the golden restart run: every step execution and
+"""``goodtrace export`` run (in-process, tests/helpers/cli.py) on the golden restart run: every step execution and
 the summary land in TensorBoard, MLflow and W&B (offline), read back with their own readers."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,13 +11,9 @@ from goodtrace.analysis import analyze
 from goodtrace.analysis.attempts import KILLED
 from goodtrace.read.load import load_run
 from goodtrace.sinks import row_scalars, summary_values
+from helpers.cli import goodtrace
 
 RESTART = Path(__file__).parent.parent / "data" / "runs" / "restart_2ranks"
-
-
-def goodtrace(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "goodtrace", *args], capture_output=True, text=True, timeout=180,
-                          env=dict(os.environ, **(env or {})), check=False)
 
 
 def _ends() -> list[float]:

@@ -4,7 +4,6 @@ outside the run an error like ``--ranks``, the help texts, a reused directory's 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -13,13 +12,14 @@ from pathlib import Path
 import pytest
 
 import goodtrace as gt
+from helpers.cli import Ran
+from helpers.cli import goodtrace as run_goodtrace
 
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"
 
 
-def goodtrace(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "goodtrace", *args], capture_output=True, text=True, timeout=180,
-                          cwd=cwd, env=dict(os.environ, COLUMNS="200"), check=False)
+def goodtrace(*args: str, cwd: Path | None = None) -> Ran:
+    return run_goodtrace(*args, cwd=cwd, env={"COLUMNS": "200"})
 
 
 def _fast_run(run_dir: Path, steps: int = 30) -> None:

@@ -1,4 +1,5 @@
-"""The files that made the CLI fail (issue 12), each through the real ``goodtrace`` command.
+"""The files that made the CLI fail (issue 12), each through ``goodtrace.cli.main`` as the
+``goodtrace`` command runs it (in this process, tests/helpers/cli.py).
 
 Headers with fields of any type (missing, strings, NaN, Infinity, huge numbers), a world size of
 10**12, a FIFO named ``*.jsonl``, NaN and Infinity literals, JSON nested 100,000 deep, a 40 MB
@@ -13,14 +14,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.cli import Ran, goodtrace
 from helpers.fuzz import copy_run, segment_files, write_seed_run
 
 COMMANDS: dict[str, tuple[str, ...]] = {
@@ -35,12 +35,6 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def goodtrace(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="120", GOODTRACE_PROGRESS="0")
-    return subprocess.run([sys.executable, "-m", "goodtrace", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False)
-
-
 def strict_json(text: str) -> Any:
     def refuse(constant: str) -> Any:
         raise ValueError(f"not JSON: {constant}")
@@ -48,12 +42,12 @@ def strict_json(text: str) -> Any:
     return json.loads(text, parse_constant=refuse)
 
 
-def every_command(run_dir: Path, out: Path, *, timeout: float = 120) -> dict[str, subprocess.CompletedProcess[str]]:
+def every_command(run_dir: Path, out: Path) -> dict[str, Ran]:
     """Each command on the run: exit 0 or one error line, no traceback, no raw escape, strict JSON."""
     results = {}
     for name, argv in COMMANDS.items():
         args = [a.format(out=out) for a in argv]
-        done = results[name] = goodtrace(args[0], str(run_dir), *args[1:], timeout=timeout)
+        done = results[name] = goodtrace(args[0], str(run_dir), *args[1:])
         assert "Traceback" not in done.stderr, (name, done.stderr[-3000:])
         assert done.returncode in (0, 2), (name, done.returncode, done.stderr[-3000:])
         if done.returncode == 2:
@@ -174,7 +168,7 @@ def test_a_fifo_named_like_a_segment_is_skipped_not_opened(seed_run: Path, seed_
     run_dir = copy_run(seed_run, tmp_path / "run")
     os.mkfifo(run_dir / "rank-00000" / "waiting.00000.jsonl")
     (run_dir / "rank-00001" / "folder.jsonl").mkdir()
-    results = every_command(run_dir, tmp_path, timeout=60)
+    results = every_command(run_dir, tmp_path)
     assert all(done.returncode == 0 for done in results.values())
     report = strict_json(results["report --json"].stdout)
     assert "rank-00000/waiting.00000.jsonl: a FIFO, not a segment file; skipped" in report["warnings"]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cli import goodtrace
+
 
 @pytest.fixture
 def loop(tmp_path: Path) -> Path:
@@ -21,8 +23,7 @@ def loop(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("command", [["report"], ["compact"], ["export", "--to", "tensorboard", "tb"]])
 def test_the_cli_names_the_loop(loop: Path, command: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", "goodtrace", command[0], str(loop), *command[1:]],
-                            capture_output=True, text=True, timeout=120, cwd=loop.parent)
+    result = goodtrace(command[0], str(loop), *command[1:], cwd=loop.parent)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert "is a symlink loop" in result.stderr, result.stderr

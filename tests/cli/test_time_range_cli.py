@@ -1,4 +1,4 @@
-"""``--since``/``--until``/``--every`` run as subprocesses on a hand-written run with known
+"""``--since``/``--until``/``--every`` run (in-process, tests/helpers/cli.py) on a hand-written run with known
 hourly buckets (tests/helpers/builders.py ``hourly_run``: 22:30 to 00:16:40 UTC), and the one
 parser of their forms."""
 
@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +13,14 @@ import pytest
 
 from goodtrace.cli.time_range import parse_edge
 from helpers.builders import H0, Proc, hourly_run
+from helpers.cli import Ran
+from helpers.cli import goodtrace as run_goodtrace
 
 DATA = Path(__file__).parent.parent / "data" / "runs"
 
 
-def goodtrace(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", GOODTRACE_PROGRESS="0")
-    return subprocess.run([sys.executable, "-m", "goodtrace", *args], capture_output=True, text=True, env=env,
-                          timeout=120, check=False)
+def goodtrace(*args: str) -> Ran:
+    return run_goodtrace(*args, env={"COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,9 @@ from goodtrace.cli.analysed import alive_here
 from goodtrace.cli.commands.watch import View
 from goodtrace.read.follow import RunFollower
 from goodtrace.renderers.watch import render_watch
+from helpers.cli import goodtrace
 
-ENV = os.environ | {"COLUMNS": "200"}
+ENV = {"COLUMNS": "200"}  # over helpers.cli.DEFAULT_ENV
 
 JOB = textwrap.dedent('''
     import sys, threading, time
@@ -54,9 +55,8 @@ def _job(tmp_path: Path, steps: int, hang_at: int = -1, rank: int = 0) -> subpro
                             env=os.environ | {"RANK": str(rank), "WORLD_SIZE": "2"})
 
 
-def _watch(run_dir: Path, *options: str, timeout: float = 120) -> str:
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "watch", str(run_dir), *options],
-                          capture_output=True, text=True, timeout=timeout, env=ENV)
+def _watch(run_dir: Path, *options: str) -> str:
+    done = goodtrace("watch", str(run_dir), *options, env=ENV)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -76,8 +76,7 @@ def test_it_follows_a_running_job_to_its_end_and_shows_the_reports_goodput(tmp_p
     watched = _watch(run_dir, "--interval", "0.2")  # ends by itself when the job finished
     assert job.wait(timeout=60) == 0
     assert "finished (finish)" in watched
-    report = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir), "--json"],
-                            capture_output=True, text=True, timeout=120)
+    report = goodtrace("report", str(run_dir), "--json")
     goodput = json.loads(report.stdout)["goodput"]
     final = _watch(run_dir, "--once")
     assert abs(_goodput(final) - 100 * goodput) <= 0.1 + 1e-9, (final, goodput)
@@ -218,8 +217,7 @@ def test_what_it_could_not_read_is_said(tmp_path: Path) -> None:
         handle.write(b'{"kind":"step",\n')  # cut short, then more records: not the torn last line
         handle.write(b'{"kind":"heartbeat","mono":1,"wall":1,"dropped":0}\n')
     (run_dir / "rank-00001" / "zz-not-a-header.00000.jsonl").write_text('{"kind":"span","t0":1,"t1":2}\n')
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "watch", str(run_dir), "--once"], capture_output=True,
-                          text=True, timeout=120, env=ENV)
+    done = goodtrace("watch", str(run_dir), "--once", env=ENV)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert re.search(r"2 problem\(s\) reading the run's files; the latest: rank-00001/.* is not valid JSON", done.stdout)
     assert re.search(r"(?m)^goodtrace watch: warning: rank-00001/.*\.jsonl: line \d+ is not valid JSON; skipped", done.stderr), done.stderr

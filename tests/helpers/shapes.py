@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from helpers.cli import goodtrace
+
 LOOPS = Path(__file__).resolve().parent / "loops.py"
 MS = 1_000_000
 
@@ -20,8 +22,7 @@ def run_shape(shape: str, tmp: Path, attempt: int = 0) -> tuple[Path, dict[str, 
                            capture_output=True, text=True, timeout=120)
     truth = json.loads(log.read_text())
     truth["returncode"], truth["stderr"] = child.returncode, child.stderr
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir), "--json"],
-                          capture_output=True, text=True, timeout=120)
+    done = goodtrace("report", str(run_dir), "--json")
     assert done.returncode == 0, done.stderr
     return run_dir, truth, json.loads(done.stdout)
 

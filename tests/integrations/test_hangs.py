@@ -11,14 +11,13 @@ import json
 import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers.cli import goodtrace
 from helpers.ranks import free_port
 
 torch = pytest.importorskip("torch")
@@ -80,11 +79,9 @@ def _hang_events(run_dir: Path) -> int:
 
 
 def _report(run_dir: Path) -> tuple[dict, str]:
-    as_json = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir), "--json"],
-                             capture_output=True, text=True, timeout=120)
+    as_json = goodtrace("report", str(run_dir), "--json")
     assert as_json.returncode == 0, as_json.stderr
-    console = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir)],
-                             capture_output=True, text=True, timeout=120, env=os.environ | {"COLUMNS": "200"})
+    console = goodtrace("report", str(run_dir), env={"COLUMNS": "200"})
     assert console.returncode == 0, console.stderr
     return json.loads(as_json.stdout), console.stdout
 

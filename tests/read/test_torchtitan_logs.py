@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.cli import Ran
+from helpers.cli import goodtrace as run_goodtrace
 from helpers.torchtitan_logs import SLOW_RANK, STEPS, write_logs
 
 pytest.importorskip("torchtitan.observability.structured_logger")
@@ -25,9 +24,8 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def goodtrace(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "goodtrace", *args], capture_output=True, text=True, timeout=180,
-                          env=dict(os.environ, GOODTRACE_CACHE_DIR=str(cache)), check=False)
+def goodtrace(*args: str, cache: Path) -> Ran:
+    return run_goodtrace(*args, env={"GOODTRACE_CACHE_DIR": str(cache)})
 
 
 def test_the_report_reads_the_logs_as_they_are(logs: Path, tmp_path: Path) -> None:

@@ -7,8 +7,6 @@ import gzip
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +36,7 @@ from helpers.browser import (
     perfetto_ui,
     write_small_run,
 )
+from helpers.cli import Ran, goodtrace
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden_trace_small"
 UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
@@ -311,8 +310,8 @@ def test_a_real_directory_renders_every_slice(small_run: Path, tmp_path: Path, s
 # ------------------------------------------------------------------------------ the command
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "goodtrace", *args], capture_output=True, text=True, timeout=120)
+def _cli(*args: str) -> Ran:
+    return goodtrace(*args)
 
 
 def test_cli_writes_a_slice(small_run: Path, tmp_path: Path) -> None:
