@@ -27,12 +27,16 @@ from hypothesis import strategies as st
 
 SEED_SCRIPT = textwrap.dedent(
     """
+    import os
     import sys
     import goodtrace as gt
     from goodtrace.testing import FakeClock
 
     run = sys.argv[1]
     for attempt in range(2):
+        # the launcher's restart counter: the fake clocks' sessions overlap on the wall clock
+        # (they run one after another in one process), as processes claiming one rank at once do
+        os.environ["GOODTRACE_ATTEMPT"] = str(attempt)
         for rank in range(2):
             clock = FakeClock(10**12 + attempt * 10**11 + rank * 10**6)
             gt.init(run, rank=rank, world_size=2, clock=clock, flush_interval_s=60)

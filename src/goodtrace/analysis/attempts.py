@@ -2,8 +2,9 @@
 whether the run directory holds more than one job.
 
 Pure functions over ``SessionInfo``. An attempt opens when a session starts after every
-session of the current attempt went quiet, when a rank shows up a second time, or when the
-launcher's restart counter changes (:func:`goodtrace.read.sessions.number_attempts`). A new
+session of the current attempt went quiet, when a rank shows up a second time (a process of
+it starts after its earlier one went quiet: processes claiming one rank at the same time are
+one attempt, warned about), or when the launcher's restart counter changes (:func:`goodtrace.read.sessions.number_attempts`). A new
 *job* (an unrelated job reusing the run directory) opens when the previous attempt completed
 and the new one goes back in steps, when the launcher restart counter goes backwards, or when
 the recorded submit time differs.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from goodtrace.read.loaded import SessionInfo
 from goodtrace.read.sessions import number_attempts
@@ -166,6 +167,51 @@ def _attempt_ending(members: Sequence[SessionInfo], endings: dict[int, Ending]) 
     return Ending(ending.kind, f"rank {first.rank}" + (f": {ending.detail}" if ending.detail else ""))
 
 
+# where a process's rank came from (the header's rank_source, goodtrace.record.process)
+_RANK_SOURCES = {
+    "default": "from no source (no rank= argument, no initialised torch.distributed or jax.distributed, no "
+               "launcher variable such as RANK): each fell back to rank 0; call gt.init after the process group "
+               "is initialised, or pass it rank= and world_size=",
+    "argument": "from gt.init's rank= argument",
+    "environment": "from the launcher's variables (RANK, SLURM_PROCID, ...)",
+}
+
+
+def _claimed_twice(attempt: int, members: Sequence[SessionInfo]) -> list[str]:
+    """A warning per rank that several processes of one attempt claim (at the same time: their
+    sessions overlap, or they would be attempts of their own), saying where the rank came from.
+    The attempt's figures for that rank are its first process's (:func:`rank_processes`)."""
+    by_rank: dict[int, list[SessionInfo]] = {}
+    for s in members:
+        by_rank.setdefault(s.rank, []).append(s)
+    found = []
+    for rank, claims in sorted(by_rank.items()):
+        if len(claims) < 2:
+            continue
+        sources = sorted({s.rank_source or "unknown" for s in claims})
+        where = "; ".join(_RANK_SOURCES.get(source, f"from {source}") for source in sources)
+        pids = ", ".join(f"{s.pid} on {s.host}" for s in claims)
+        found.append(
+            f"attempt {attempt}: {len(claims)} processes claim rank {rank} at the same time (pids {pids}); "
+            f"their rank came {where}. They are read as one attempt; rank {rank}'s figures are its first "
+            f"process's (pid {claims[0].pid}), the others' time is in no figure"
+        )
+    return found
+
+
+def rank_processes(sessions: Sequence[SessionInfo], attempt_of: Mapping[int, int]) -> set[int]:
+    """The sessions that stand for their rank in their attempt: each rank's first process of
+    each attempt (in ``sessions``' order, the attempt's reference session for the reference
+    rank), the others claiming a rank some process of the attempt already has (a warning of
+    :func:`discover_attempts` names them)."""
+    first: dict[tuple[int, int], int] = {}
+    for s in sessions:
+        attempt = attempt_of.get(s.index)
+        if attempt is not None:
+            first.setdefault((attempt, s.rank), s.index)
+    return set(first.values())
+
+
 def discover_attempts(
     sessions: Sequence[SessionInfo],
     warnings: list[str] | None = None,
@@ -193,6 +239,8 @@ def discover_attempts(
             warnings.append(
                 f"attempt {n}: rank 0 has no records; rank {reference.rank}'s timeline stands for the job"
             )
+        if warnings is not None:
+            warnings.extend(_claimed_twice(n, members))
         endings = {
             s.index: session_ending(s, later_attempt=n != last_attempt, newest_wall=newest,
                                     now_wall_ns=now_wall_ns, alive=alive)
@@ -229,7 +277,7 @@ def discover_attempts(
             index=n,
             job=job,
             sessions=tuple(s.index for s in members),
-            ranks=len(members),
+            ranks=len({s.rank for s in members}),
             world=max(s.world for s in members),
             reference_session=reference.index,
             start_wall=reference.start_wall,

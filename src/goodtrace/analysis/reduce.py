@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from goodtrace.analysis.attempts import Attempt
+from goodtrace.analysis.attempts import Attempt, rank_processes
 from goodtrace.analysis.cut import Relabels, SessionCut, cut_session
 from goodtrace.analysis.overhead import _np
 from goodtrace.analysis.partition import (
@@ -82,6 +82,9 @@ def cut_and_reduce(
     sessions_of: dict[int, list[int]] = {}
     for index in (i for a in attempts for i in a.sessions):
         sessions_of.setdefault(run.sessions[index].rank, []).append(index)
+    # a rank's figures are its one process per attempt's (processes claiming a rank twice at
+    # once: the first; discover_attempts warns about the others)
+    standing = rank_processes([run.sessions[i] for a in attempts for i in a.sessions], attempt_of)
     left = {rank: len(members) for rank, members in sessions_of.items()}  # sessions not cut yet
     job_order = [index for a in attempts for index in a.sessions]
     views = SessionCuts(job_order if keep_cuts else [i for i in job_order if i in reference])
@@ -115,14 +118,15 @@ def cut_and_reduce(
         if left[rank]:
             continue
         members = sessions_of[rank]
-        other = rank_timeline(run, attempt_of, cuts, members, ideal_override_ns=ideal_override_ns,
+        own = [i for i in members if i in standing]
+        other = rank_timeline(run, attempt_of, cuts, own, ideal_override_ns=ideal_override_ns,
                                submit_wall=submit_wall, pieces=False)
         if other is not None:
             reduced.relabels.update(other[0].relabels)
             if other[0].end > other[0].start:
                 reduced.goodput_by_rank[rank] = other[0].buckets.get(PRODUCTIVE, 0) / (other[0].end - other[0].start)
         del other  # its timeline holds the rank's cuts
-        samples[rank] = sample_rank(rank, [run.sessions[i] for i in members], cuts, starts, attempt_of,
+        samples[rank] = sample_rank(rank, [run.sessions[i] for i in own], cuts, starts, attempt_of,
                                     reduced.name_codes, strides)
         for i in members:
             if i in views:

@@ -256,6 +256,7 @@ def session_info(index: int, draft: SessionDraft, summary: dict[str, Any]) -> Se
         sync_count=int(summary.get("sync_count") or 0),
         preempt_events=int(summary.get("preempt_events") or 0),
         records=int(summary.get("records") or 0),
+        rank_source=source if isinstance(source := header.get(schema.H_RANK_SOURCE), str) else None,
     )
 
 

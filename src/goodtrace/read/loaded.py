@@ -116,6 +116,7 @@ class SessionInfo:
     sync_count: int = 0
     preempt_events: int = 0
     records: int = 0
+    rank_source: str | None = None  # where the process's rank came from (the header's rank_source)
 
     def wall(self, mono: int) -> int:
         """This session's monotonic ns -> wall-clock ns (the header anchor)."""

@@ -442,28 +442,31 @@ def number_attempts(
     ns)`` per session; the result is each one's attempt number, 0, 1, ... in start order. A new
     attempt opens when a session starts after every session of the current one went quiet, when
     a rank shows up a second time (a rank cannot appear twice in one attempt), or when the
-    launcher's restart counter changes.
+    launcher's restart counter changes. A rank shows up a second time when a process of it starts
+    after the attempt's earlier processes of that rank went quiet (a restart of it); processes
+    that claim one rank at the same time (overlapping in time: every process fell back to rank 0)
+    are one attempt (:func:`goodtrace.analysis.attempts.discover_attempts` warns about them).
     """
     order = sorted(range(len(sessions)), key=lambda i: (sessions[i][2], sessions[i][0]))
     result = [0] * len(sessions)
     attempt = -1
-    ranks: set[int] = set()
+    ranks: dict[int, int] = {}  # rank -> the last sign of life of its processes in this attempt
     last_seen = 0
     counter: int | None = None
     for i in order:
         rank, restart, start, seen = sessions[i]
         if (
             attempt < 0
-            or rank in ranks
+            or start > ranks.get(rank, start)
             or start > last_seen
             or (restart is not None and counter is not None and restart != counter)
         ):
             attempt += 1
-            ranks = set()
+            ranks = {}
             last_seen = 0
             counter = restart
         result[i] = attempt
-        ranks.add(rank)
+        ranks[rank] = max(ranks.get(rank, seen), seen)
         last_seen = max(last_seen, seen)
         if counter is None:
             counter = restart
