@@ -100,6 +100,7 @@ class Recorder:
         self.clock = clock
         self.session = f"{time.time_ns():020d}-{identity.pid}-{uuid.uuid4().hex[:8]}"
         self._pid = identity.pid
+        self.main_thread = _get_ident()  # the training thread (init's): the one that settles and cuts the timeline
         self._active_step: StepContext | None = None
         self._last_step: StepContext | None = None  # the execution entered last
         self._steps_ended = 0
@@ -158,7 +159,7 @@ class Recorder:
             schema.H_PROC_START_SOURCE: proc_source,
             schema.H_INIT: clock(),
             schema.H_SUBMIT_WALL: submit_wall_ns(),
-            schema.H_MAIN_TID: _get_ident(),
+            schema.H_MAIN_TID: self.main_thread,
             schema.H_RANK_SOURCE: identity.rank_source,
             schema.H_OVERHEAD_CATEGORIES: sorted(self._overhead),
             schema.H_CONFIG: config.to_record(),

@@ -117,16 +117,22 @@ class OverheadSpan(Span):
 
 
 class BlockingSpan(OverheadSpan):
-    """A span of a blocking category: pending step completions are observed before t0."""
+    """A span of a blocking category: on the training thread, pending step completions are
+    observed before t0. On another thread (an asynchronous checkpoint writer) it only records:
+    it never waits for the training thread's values, never runs the device barrier for its
+    step, and is no phase of the training thread's (the hang watchdog's)."""
 
     __slots__ = ()
 
     def __enter__(self) -> Span:
-        if _active is not None:
-            _active.settle(schema.SYNC_BLOCKING)
+        rec = _active
+        if rec is None or _get_ident() != rec.main_thread:
+            self.t0 = _clock()
+            return self
+        rec.settle(schema.SYNC_BLOCKING)
         self.t0 = _clock()
-        if _active is not None and _active.blocking_span_listeners:  # the hang watchdog's phases
-            for listener in _active.blocking_span_listeners:
+        if rec.blocking_span_listeners:  # the hang watchdog's phases
+            for listener in rec.blocking_span_listeners:
                 listener(self.key[1], self.t0)
         return self
 
