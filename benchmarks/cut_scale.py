@@ -3,9 +3,11 @@
 Builds one session's records in memory, as the reader hands them to the analysis (no file,
 no parse: the cut alone), in the shapes ``report_steps.py`` writes: per step a data span at
 its start, the step, its sync point and its outermost compute; a checkpoint span every 1,000
-steps. Two loops: ``asynchronous`` (the sync point at the next step's entry: in-step data
-loading is productive) and ``synchronous`` (the sync point at the step's host exit: every
-interval has a data piece, and the data intervals are cut at every overhead boundary). Each
+steps. Two loops: ``asynchronous`` (the sync point at the next step's entry, so that each data
+span starts at the previous step's sync point: the host-overhead rule places every span
+against the executions, and charges it whole) and ``synchronous`` (the sync point at the step's
+host exit: every interval has a data piece, and the data intervals are cut at every overhead
+boundary). Each
 at S and 10 S steps (default 1,000,000 and 10,000,000; ``--quick``: 200,000 and 2,000,000: both beyond the caches), timed
 (the best of ``--repeat``) with :func:`goodtrace.analysis.cut.cut_session`, in a process with the
 report command's allocator setting (``cli.analysed.return_freed_memory``), against a baseline

@@ -1,5 +1,5 @@
-"""``goodtrace report`` and ``goodtrace trace --steps`` on a run that lives elsewhere, run as
-subprocesses against servers really started here: an S3-compatible store (moto on 127.0.0.1,
+"""``goodtrace report`` and ``goodtrace trace --steps`` on a run that lives elsewhere, run
+(in-process, tests/helpers/cli.py) against servers really started here: an S3-compatible store (moto on 127.0.0.1,
 read through the local mirror) and an emulated network filesystem (a FUSE mount, read as a
 path). Each gives the same output as the local copy; a second read from S3 fetches nothing; a
 compacted run on S3 is read from Parquet; a store that cannot be reached, or no credentials, is
@@ -12,8 +12,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,8 @@ from rich.console import Console
 
 from goodtrace.read.duckdb_sql import SEGMENT_NAMES
 from goodtrace.read.io_pool import on_network_filesystem
+from helpers.cli import Ran
+from helpers.cli import goodtrace as run_goodtrace
 from helpers.storage_servers import EmulatedNFS, S3Server
 
 DATA = Path(__file__).parent.parent / "data"
@@ -31,11 +31,8 @@ GOLDEN = DATA / "golden_trace_small" / "run"  # 3 ranks, 2 attempts, nested span
 MIRROR_NOTE = "read from a local mirror of "
 
 
-def goodtrace(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "goodtrace", *args], capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "COLUMNS": "120", "GOODTRACE_PROGRESS": "0", **(env or {})},
-    )
+def goodtrace(*args: str, env: dict[str, str] | None = None) -> Ran:
+    return run_goodtrace(*args, env=env)
 
 
 def report(run: str, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -224,7 +221,7 @@ def test_the_cache_on_a_network_share_is_written_locally_and_copied_over(nfs: Em
     assert nfs.stats()["ops"].get("create", 0) == 0  # nothing new to keep
 
 
-def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+def _one_error_line(done: Ran) -> str:
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
@@ -245,12 +242,11 @@ def test_unreachable_store_is_one_error_line(tmp_path: Path) -> None:
 
 
 def test_no_credentials_is_one_error_line(s3: S3Server, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("AWS_")}
     env.update(AWS_ENDPOINT_URL=s3.endpoint, AWS_EC2_METADATA_DISABLED="true", AWS_MAX_ATTEMPTS="1",
                AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
-               GOODTRACE_CACHE_DIR=str(tmp_path), COLUMNS="120", GOODTRACE_PROGRESS="0")
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", f"s3://{s3.bucket}/run"],
-                          capture_output=True, text=True, timeout=120, check=False, env=env)
+               GOODTRACE_CACHE_DIR=str(tmp_path))
+    done = run_goodtrace("report", f"s3://{s3.bucket}/run", env=env)
     line = _one_error_line(done)
     assert "cannot list the run (NoCredentialsError: Unable to locate credentials)" in line
 

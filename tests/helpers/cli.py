@@ -7,7 +7,9 @@ about a second here); the behaviour tested is the command's, so the tests call i
 a few start the real entry point (tests/cli/test_entry_point.py). What one run could leave behind
 for the next is put back after each: the environment (``COLUMNS``, ``GOODTRACE_*``), the working
 directory, ``sys.argv`` and the standard streams, the warnings filters and ``showwarning`` (the
-CLI replaces it with its own), the root logger's handlers and level, and the signal handlers.
+CLI replaces it with its own), the root logger's handlers and level, and the signal handlers;
+fsspec's cached filesystems (an S3 one keeps the endpoint and credentials of the environment it
+was made in) are dropped before and after, so each command makes its own, as a process does.
 
 The streams are what a pipe gives a process: stdout encodes UTF-8 strictly (a lone surrogate is
 an error there, as in a real process) and stderr with ``backslashreplace``, neither is a
@@ -68,6 +70,17 @@ def _exit_status(exc: SystemExit, err: _Pipe) -> int:
     return 1
 
 
+def _forget_filesystems() -> None:
+    spec = sys.modules.get("fsspec.spec")
+    if spec is None:
+        return
+    classes = [spec.AbstractFileSystem]
+    while classes:
+        cls = classes.pop()
+        cls.clear_instance_cache()
+        classes.extend(cls.__subclasses__())
+
+
 def goodtrace(*args: str | os.PathLike[str], env: Mapping[str, str | None] | None = None,
               cwd: str | os.PathLike[str] | None = None, stdin: str = "") -> Ran:
     """``goodtrace ARGS`` in this process. ``env``: variables set for the run over
@@ -94,6 +107,7 @@ def goodtrace(*args: str | os.PathLike[str], env: Mapping[str, str | None] | Non
         sys.argv = ["goodtrace", *argv]
         sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8")
         sys.stdout, sys.stderr = out, err
+        _forget_filesystems()
         with warnings.catch_warnings():
             try:
                 code = main(argv)
@@ -108,6 +122,7 @@ def goodtrace(*args: str | os.PathLike[str], env: Mapping[str, str | None] | Non
                 except (OSError, ValueError, UnicodeError):
                     pass
     finally:
+        _forget_filesystems()
         sys.stdin, sys.stdout, sys.stderr = saved_streams
         sys.argv = saved_argv
         os.chdir(saved_cwd)

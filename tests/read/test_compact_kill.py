@@ -13,6 +13,7 @@ from pathlib import Path
 
 from goodtrace.read.compact import COMPACT_DIR, WORK_PREFIX
 from helpers.builders import Proc
+from helpers.cli import goodtrace
 
 
 def _big_run(run: Path, ranks: int = 2, steps: int = 40_000) -> None:
@@ -41,13 +42,11 @@ def test_a_killed_compaction_leaves_its_files_in_the_run_and_the_next_one_remove
         child.wait()
     left = [n for n in os.listdir(out) if n.startswith(WORK_PREFIX)]
     assert left, "the killed compaction worked (DuckDB's files) in the run's compact directory"
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "compact", str(run)], capture_output=True, text=True,
-                          timeout=300)
+    done = goodtrace("compact", str(run))
     assert done.returncode == 0, done.stderr
     remaining = os.listdir(out)
     assert not [n for n in remaining if n.startswith(WORK_PREFIX) or n.endswith(".partial")], remaining
-    report = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run), "--json", "--no-steps"],
-                            capture_output=True, text=True, timeout=300)
+    report = goodtrace("report", str(run), "--json", "--no-steps")
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["form"] == "parquet"
 

@@ -5,9 +5,6 @@ lines, lines that are no record and a line too long for DuckDB (read from a copy
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +13,7 @@ import pytest
 from goodtrace.read import engine
 from goodtrace.read.engine import Engine, plan_tasks
 from goodtrace.read.fold_batches import session_batches
+from helpers.cli import goodtrace
 from helpers.many_ranks import report_read_by as report
 from helpers.many_ranks import write_many_ranks
 
@@ -104,17 +102,12 @@ def test_a_small_run_is_read_in_process_unless_workers_are_asked(many_ranks: Pat
 
 def test_bad_worker_counts_are_clear_errors(tmp_path: Path) -> None:
     run = write_many_ranks(tmp_path / "run", ranks=2, steps=12)
-    env = dict(os.environ, GOODTRACE_PROGRESS="0", GOODTRACE_WORKERS="two")
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run)], capture_output=True,
-                          text=True, env=env, timeout=120, check=False)
+    done = goodtrace("report", str(run), env={"GOODTRACE_WORKERS": "two"})
     assert done.returncode != 0 and "GOODTRACE_WORKERS must be a whole number" in done.stderr
     assert "Traceback" not in done.stderr
-    env.pop("GOODTRACE_WORKERS")
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run), "--workers", "0"],
-                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    done = goodtrace("report", str(run), "--workers", "0", env={"GOODTRACE_WORKERS": None})
     assert done.returncode != 0 and "at least 1" in done.stderr and "Traceback" not in done.stderr
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run), "--workers", "2", "--ray"],
-                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    done = goodtrace("report", str(run), "--workers", "2", "--ray", env={"GOODTRACE_WORKERS": None})
     assert done.returncode != 0 and "give one" in done.stderr and "Traceback" not in done.stderr
 
 

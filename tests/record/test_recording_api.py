@@ -20,6 +20,7 @@ from goodtrace.record.config import Config, ConfigError
 from goodtrace.record.process import discover_identity, process_start_mono_ns
 from goodtrace.record.recorder import Recorder
 from goodtrace.testing import FakeClock, capture
+from helpers.cli import goodtrace
 
 
 def test_import_loads_the_standard_library_only() -> None:
@@ -309,16 +310,11 @@ def test_attempts_from_launcher_restart_counter() -> None:
 def test_records_command_lists_sessions(tmp_path: Any) -> None:
     gt.init(tmp_path / "run")
     gt.finish()
-    out = subprocess.run(
-        [sys.executable, "-m", "goodtrace", "records", str(tmp_path / "run"), "--json"],
-        capture_output=True, text=True, check=True,
-    )
+    out = goodtrace("records", str(tmp_path / "run"), "--json")
+    assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["sessions"]
     assert len(rows) == 1 and rows[0]["ended"] == "finished"
-    bad = subprocess.run(
-        [sys.executable, "-m", "goodtrace", "records", str(tmp_path / "nothing")],
-        capture_output=True, text=True,
-    )
+    bad = goodtrace("records", str(tmp_path / "nothing"))
     assert bad.returncode == 2 and "is not a directory" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -30,6 +30,7 @@ from goodtrace.record.io.native import NativeWriter
 from goodtrace.record.io.storage import LocalStorage
 from goodtrace.record.spans import span_key
 from helpers.children import ReportingChild
+from helpers.cli import goodtrace
 
 pytestmark = pytest.mark.skipif(fastpath.native is None, reason="the native writer is not built here")
 
@@ -208,8 +209,7 @@ def test_a_sigkill_loses_nothing_the_process_had_appended(tmp_path: Path, rate: 
         run = read_run(run_dir)
         (session,) = run.sessions
         assert sum(1 for r in session.records if r.get("kind") == "step") == len(steps)
-        out = subprocess.run([sys.executable, "-m", "goodtrace", "report", run_dir, "--json"], capture_output=True,
-                             text=True, timeout=300)
+        out = goodtrace("report", run_dir, "--json")
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["step_stats"]["count"] == len(steps)
 

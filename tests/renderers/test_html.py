@@ -19,6 +19,7 @@ from goodtrace.read.loaded import LoadedRun
 from goodtrace.renderers import html, html_charts
 from goodtrace.renderers.html import embed_json, render_html, report_data
 from helpers.browser import EVIL, PageLog, artifact, browser, hover_tooltip, new_page, write_small_run
+from helpers.cli import goodtrace
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden_trace_small"
 UPDATE = os.environ.get("GOODTRACE_UPDATE_GOLDEN") == "1"
@@ -448,12 +449,8 @@ def test_hostile_names_are_shown_as_text(chromium: Any, evil_run: Path, tmp_path
 
 
 def test_report_command_writes_the_page(evil_run: Path, tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     out = tmp_path / "cli.html"
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(evil_run), "--html", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    done = goodtrace("report", str(evil_run), "--html", str(out))
     assert done.returncode == 0, done.stderr
     page = out.read_text(encoding="utf-8")
     block = re.search(r'<script type="application/json" id="goodtrace-data">(.*?)</script>', page, re.S)

@@ -6,9 +6,6 @@ real headless Chromium) and the sinks' summary."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from goodtrace.analysis import analyze
@@ -18,6 +15,7 @@ from goodtrace.renderers.perfetto import PerfettoRenderer
 from goodtrace.sinks import summary_values
 from helpers.browser import PageLog, browser, new_page
 from helpers.builders import Proc
+from helpers.cli import goodtrace
 
 TEXT = "rolled back from step 8 to 4 at +11.0 s, 4 steps re-done (4.00 s wasted; inferred from the step numbers)"
 
@@ -35,8 +33,7 @@ def _run(tmp_path: Path) -> Path:
 
 def test_the_console_lists_the_rollback_under_the_attempts(tmp_path: Path) -> None:
     run_dir = _run(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    done = goodtrace("report", str(run_dir), env={"COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert f"attempt 0: {TEXT}" in out

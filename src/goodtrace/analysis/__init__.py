@@ -63,7 +63,6 @@ from goodtrace.analysis.goodput import (
 )
 from goodtrace.analysis.hangs import Hang, describe_hangs, find_hangs
 from goodtrace.analysis.over_time import GoodputOverTime, Period, goodput_over_time
-from goodtrace.analysis.overhead import _np
 from goodtrace.analysis.partition import Timeline
 from goodtrace.analysis.program import ProgramGoodput, program_goodput
 from goodtrace.analysis.ranks import (
@@ -421,7 +420,7 @@ def analyze(
                         "in memory instead (the numbers are the same); for a run this long, set TMPDIR to a "
                         "disk with room")
     stats = step_stats(rows, ideal_s)
-    step_ns = sum(int(_np(c.interval_end).sum() - _np(c.interval_start).sum()) for c in timeline.cuts)
+    step_ns = sum(c.intervals_ns() for c in timeline.cuts)
     verdict = verdict_of(partition.buckets_ns, partition.total_ns, step_ns, stragglers, figures,
                          stats.median_s if stats.count else None)
     rewinds = rewind_rows(timeline.cuts, timeline.relabels, attempt_of, run.sessions, job_start)

@@ -17,8 +17,10 @@ flags the executions it threw away. The rules (docs/semantics.md):
   blocking span, the span counts from that sync point on;
 - executions after the last sync point are closed at their host exit when the session ended
   normally; after a crash (or while running) they never completed: their time is the tail's;
-- overhead spans are counted once (the outermost wins); in an asynchronous loop in-step data
-  loading overlapped queued device work and is productive, in a synchronous one it is ``data``.
+- overhead spans are counted once (the outermost wins), and each (data loading too) only from
+  where the device had run out of queued work: the sync point of the last execution that
+  exited before it (:func:`goodtrace.analysis.overhead.flatten_overhead`); with CUDA device
+  timing, in-step data loading by the measured device-idle gap.
 
 Columns are arrays (a long run on thousands of ranks holds millions of executions).
 """
@@ -205,6 +207,10 @@ class SessionCut:
         """Each interval's step time in ns (float): its length shared equally by its executions
         (the one derivation of an execution's step time; index it by ``exec_interval``)."""
         return (_np(self.interval_end) - _np(self.interval_start)) / _np(self.interval_count)
+
+    def intervals_ns(self) -> int:
+        """The time of all its step intervals together (the step time of its executions)."""
+        return int(_np(self.interval_end).sum() - _np(self.interval_start).sum())
 
     def repeat_index(self) -> Array:
         """Each execution's run of its step in the session: 0 the first, 1 the second, ..."""

@@ -270,8 +270,12 @@ def flatten_overhead(
 
 
 def _sorted_spans(t0: Array, t1: Array) -> tuple[Array, Array]:
+    """Spans in (start, -end) order, as :func:`merge_intervals` takes them (no sort where they
+    are: the reader's spans come in start order)."""
     import numpy as np
 
+    if len(t0) < 2 or bool(((t0[1:] > t0[:-1]) | ((t0[1:] == t0[:-1]) & (t1[1:] <= t1[:-1]))).all()):
+        return t0, t1
     order = np.lexsort((-t1, t0))
     return t0[order], t1[order]
 
