@@ -39,8 +39,9 @@ RUNNING = "running"  # no finish record yet, but alive moments ago (a live run)
 NORMAL_ENDINGS = frozenset({COMPLETED, STOPPED, EXITED})
 MIN_STALE_NS = 10 * 10**9  # heartbeats are stale after 5 flush intervals, and at least this long
 
-# (host, pid) -> True (alive), False (gone) or None (cannot tell: another host)
-Liveness = Callable[[str, int], bool | None]
+# (host, pid, process start on the wall clock) -> True (alive), False (gone: no such process, or
+# the pid is another process's now, started after that one) or None (cannot tell: another host)
+Liveness = Callable[[str, int, int], bool | None]
 
 
 def assign_attempts(sessions: Sequence[SessionInfo]) -> list[int]:
@@ -137,7 +138,7 @@ def session_ending(
     if later_attempt:
         return Ending(KILLED, "no finish record")
     return lost_or_running(s.last_seen_wall, s.flush_interval_s, newest_wall=newest_wall, now_wall_ns=now_wall_ns,
-                           alive=alive(s.host, s.pid) if alive is not None else None)
+                           alive=alive(s.host, s.pid, s.start_wall) if alive is not None else None)
 
 
 def lost_or_running(seen_wall: int, flush_interval_s: float, *, newest_wall: int, now_wall_ns: int | None,

@@ -265,8 +265,9 @@ class WatchState:
         if state.finished:
             return Ending(FINISHED, state.finished)
         newest = self.newest_seen() if newest is None else newest
+        started = state.goodput.process_start_ns + state.wall_minus_mono
         ending = lost_or_running(state.last_seen_wall, state.flush_interval_s, newest_wall=newest, now_wall_ns=now_wall,
-                                 alive=self.alive(state.host, state.pid) if self.alive is not None else None)
+                                 alive=self.alive(state.host, state.pid, started) if self.alive is not None else None)
         return ending if ending.kind == LOST else Ending(HANGING if state.hang is not None else RUNNING)
 
     def newest_seen(self) -> int:
