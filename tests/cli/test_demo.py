@@ -76,6 +76,7 @@ def test_demo_report_has_the_buckets_of_a_crash_and_a_restart(demo_run: tuple[Pa
     assert sum(b["ns"] for b in buckets.values()) == pytest.approx(
         report["partition"]["total_s"] * 1e9, rel=1e-6)
     assert len(report["attempts"]) == 2
+    assert f"Verdict: {report['verdict']['text']}; " in stdout  # under the goodput line, in words
     assert_views_agree(run_dir)  # --json, the HTML page's data and the trace: the same executions
     assert (run_dir / "report.txt").read_text().startswith("goodtrace report")
     assert (run_dir / "trace.json").exists()

@@ -27,6 +27,7 @@ def test_jax_train_example_reports_compile_checkpoint_and_eval(tmp_path: Path) -
     stdout = _run(str(EXAMPLES / "jax_train.py"), "--steps", "7", "--checkpoint-every", "3",
                   "--eval-every", "5", "--log-every", "2", "--run-dir", str(tmp_path / "run"))
     assert "step    0:" in stdout and "compile" in stdout
+    assert "\nVerdict: " in stdout  # the report's main loss, under its goodput line
     run = read_run(tmp_path / "run")
     (session,) = run.sessions
     categories = {r["cat"] for r in session.of_kind(schema.SPAN)}
