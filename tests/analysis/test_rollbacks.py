@@ -19,6 +19,7 @@ from typing import Any
 
 from goodtrace.analysis import analyze
 from helpers.builders import Proc, buckets_s, load
+from helpers.cli import goodtrace
 from helpers.shapes import LOOPS, bound_ns, buckets, done_ns, retried
 from helpers.views import assert_views_agree
 
@@ -151,8 +152,7 @@ def test_a_rollback_then_a_crash_and_a_restart_counts_nothing_twice(tmp_path: Pa
         first = _run("rollback_then_crash", run_dir, tmp_path / f"a0-{attempt}.json")
         second = _run("restart_at_7", run_dir, tmp_path / f"a1-{attempt}.json")
         assert first["returncode"] == 3 and second["returncode"] == 0
-        done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir), "--json"],
-                              capture_output=True, text=True, timeout=120)
+        done = goodtrace("report", str(run_dir), "--json")
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         b = max(bound_ns(first), bound_ns(second))

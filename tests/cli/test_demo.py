@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from goodtrace.read.sessions import read_run
+from helpers.cli import goodtrace
 from helpers.views import assert_views_agree
 
 pytest.importorskip("torch")
@@ -56,8 +57,7 @@ def test_demo_records_two_attempts_checkpoints_evals_and_redone_steps(demo_run: 
 
 
 def _report_json(run_dir: Path) -> dict[str, Any]:
-    result = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir), "--json"],
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = goodtrace("report", str(run_dir), "--json")
     assert result.returncode == 0, result.stderr
     return dict(json.loads(result.stdout))
 

@@ -7,13 +7,12 @@ the wait) come out alike. The report must still name rank 1, from where its time
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers.cli import goodtrace
 from helpers.ranks import leave_group, run_ranks
 
 torch = pytest.importorskip("torch")
@@ -64,8 +63,7 @@ def _ddp_worker(rank: int, world: int, port: int, run_dir: str) -> None:
 def test_a_slow_rank_is_named_when_a_collective_makes_every_rank_finish_together(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_ranks(_ddp_worker, 2, str(run_dir), timeout=180)
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir), "--json"],
-                          capture_output=True, text=True, timeout=120)
+    done = goodtrace("report", str(run_dir), "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     figures = {f["rank"]: f for f in report["spread"]["per_rank"]}

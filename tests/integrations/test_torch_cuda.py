@@ -14,8 +14,6 @@ each step (``device_s``, from the integration's own events) within the events' o
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ import pytest
 
 import goodtrace as gt
 from goodtrace.testing import capture
+from helpers.cli import goodtrace
 from helpers.loops import Slack
 
 torch = pytest.importorskip("torch")
@@ -48,8 +47,7 @@ def _cycles_per_second() -> float:
 
 
 def _report(run_dir: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "goodtrace", "report", run_dir, "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = goodtrace("report", run_dir, "--json")
     assert out.returncode == 0, out.stderr
     report: dict[str, Any] = json.loads(out.stdout)
     return report

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import pytest
 
 import goodtrace as gt
+from helpers.cli import goodtrace
 from helpers.ranks import leave_group, run_ranks
 
 torch = pytest.importorskip("torch")
@@ -99,8 +98,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, out_dir: str, said: 
 
 
 def _report(run_dir: Path) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "goodtrace", "report", str(run_dir), "--json"],
-                          capture_output=True, text=True, timeout=120)
+    done = goodtrace("report", str(run_dir), "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from goodtrace.read.engine import Engine
 from goodtrace.read.load import load_run
 from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
 from goodtrace.renderers.json_report import render_json
+from helpers.cli import goodtrace
 from helpers.growing import WORK, Ranks
 from helpers.many_ranks import NOW
 
@@ -222,8 +221,7 @@ def test_a_line_too_long_to_read_after_the_kept_prefix_is_skipped_once(job: Job)
         assert warm == cold and read > 40_000_000
     assert json.loads(cold)["skipped_lines"] == {"too_long": 1}
     # a view that reads the records again: the file without its long line, as when read whole
-    records = subprocess.run([sys.executable, "-m", "goodtrace", "records", str(job.run), "--json"],
-                             capture_output=True, text=True, check=False)
+    records = goodtrace("records", str(job.run), "--json")
     assert records.returncode == 0, records.stderr
     assert json.loads(records.stdout)["skipped"] == {"too_long": 1}
 
