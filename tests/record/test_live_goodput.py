@@ -19,6 +19,8 @@ from goodtrace.read.load import load_run
 from goodtrace.record.live.aggregator import LiveAggregator, LocalTransport
 from goodtrace.testing import SimulatedDevice
 
+pytestmark = pytest.mark.slow
+
 
 def _run(run_dir: Path, asynchronous: bool) -> LiveAggregator:
     gt.init(run_dir)
