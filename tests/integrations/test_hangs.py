@@ -20,8 +20,6 @@ import pytest
 from helpers.cli import goodtrace
 from helpers.ranks import free_port
 
-pytestmark = pytest.mark.processes
-
 torch = pytest.importorskip("torch")
 
 STEPS, HANG_AT, STEP_S = 40, 20, 0.02
@@ -114,14 +112,16 @@ def test_a_rank_that_blocks_forever_is_named_first_also_after_a_sigkill(tmp_path
     assert sorted(h["rank"] for h in hangs) == list(range(world))
     (first,) = [h for h in hangs if h["first"]]
     assert (first["rank"], first["step"], first["span"]) == (hung, HANG_AT, None)
+    assert (first["in_span"], first["waiting"]) == ("forward", False)  # the span it is in, open
     assert first["function"] == "block_forever" and first["location"].startswith("test_hangs.py:")
     assert "block_forever()" in first["stack"] and "in _worker" in first["stack"]
     for h in hangs:
         assert h["silent_s"] > h["bound_s"] >= 0.5  # the floor
         if h is not first:  # the others went on to the all-reduce and wait there for it
             assert (h["step"], h["span"]) == (HANG_AT, "forward") and h["since_s"] > first["since_s"]
-            assert "all_reduce" in h["stack"]
+            assert "all_reduce" in h["stack"] and (h["in_span"], h["waiting"]) == ("all_reduce", True)
     assert f"rank {hung} (host " in console and "stuck in block_forever (test_hangs.py:" in console
+    assert "), in 'forward', at step" in console
     assert f"{world - 1} ranks waiting at step {HANG_AT} in all_reduce (" in console
     assert f"rank {hung} on " in console and "stopped first" in console and "block_forever()" in console  # its stack
     # while it happened: each rank's own line, and rank 0's naming the rank that stopped first

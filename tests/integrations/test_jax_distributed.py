@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.processes
-
 STEPS = 7
 LOG_EVERY = 2
 

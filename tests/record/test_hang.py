@@ -17,8 +17,6 @@ import pytest
 import goodtrace as gt
 from goodtrace.record.hang import HANG_EVENT, HANG_OVER_EVENT, HangPolicy, HangWatchdog
 
-pytestmark = pytest.mark.processes
-
 MS = 1_000_000
 S = 1_000_000_000
 
@@ -90,6 +88,57 @@ def test_a_span_closed_inside_the_step_is_progress(watchdog: HangWatchdog) -> No
     assert t < watchdog.last_progress <= closed_by
 
 
+def test_another_threads_span_is_no_progress(watchdog: HangWatchdog) -> None:
+    """A gc pause paid by another thread (the watchdog's own, reading a stack's source) is
+    recorded as a span there: it is not the training thread's progress."""
+    t = _steps(watchdog, 0, 10, 0)
+    other = threading.Thread(target=watchdog.on_overhead_span, args=("gc", t, t + S))
+    other.start()
+    other.join()
+    assert watchdog.last_progress == t - 50 * MS  # the last step's end
+    watchdog.on_overhead_span("gc", t, t + S)  # the training thread's own
+    assert watchdog.last_progress == t + S
+
+
+@gt.span("fetch")
+def _decorated(check: Any) -> None:
+    check()
+
+
+def _callee(check: Any) -> None:
+    check()
+
+
+def test_the_hang_event_names_the_span_the_thread_is_in(watchdog: HangWatchdog, tmp_path: Path) -> None:
+    """Spans record nothing until they close: the span a hung thread is in (open) is read from
+    its stack's source, innermost first, through frames without one."""
+    _steps(watchdog, 0, 10, 0)  # bound: 1 s
+    step = 10
+
+    def hang() -> None:
+        nonlocal step
+        watchdog.on_step_begin(step, time.perf_counter_ns())  # progress: a recorded hang is over
+        step += 1
+        for _ in range(2):  # (the hang over, then the next one)
+            watchdog.check(time.perf_counter_ns() + 100 * S)
+
+    with gt.span("data"):
+        hang()
+    label = "tokenize"
+    with gt.span(label):
+        hang()
+    with gt.span("outer"), threading.Lock():
+        with gt.span("inner"):
+            hang()
+    with gt.span("data"):
+        _callee(hang)
+    _decorated(hang)
+    hang()
+    watchdog.recorder.flush(5.0)
+    found = [e["attrs"]["in_span"] for e in _events(tmp_path) if e["name"] == HANG_EVENT]
+    assert found == ["data", "tokenize", "inner", "data", "fetch", None]
+
+
 def test_the_floor_and_the_ceiling_clamp_the_bound(tmp_path: Path) -> None:
     gt.init(tmp_path)
     try:
@@ -145,7 +194,6 @@ def test_a_real_stall_is_recorded_with_the_stack_and_then_seen_to_be_over(tmp_pa
     assert over["attrs"]["since"] == attrs["since"] and over["attrs"]["silent_s"] >= attrs["silent_s"]
 
 
-@pytest.mark.slow
 def test_a_clean_run_with_checkpoints_and_evals_ten_times_the_step_records_no_hang(tmp_path: Path) -> None:
     """Steps of ~50 ms, checkpoints and evals of 10-12 steps' time; the floor (0.3 s) is below
     them, so only the phase rule keeps them from alarming."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from goodtrace.analysis.clock import SessionClock
 from goodtrace.read.loaded import HangEvent, SessionInfo
-from goodtrace.record.hang_peers import stop_order, summary_line, where_text
+from goodtrace.record.hang_peers import in_collective, stop_order, summary_line, where_text
 
 __all__ = ["Hang", "describe_hangs", "find_hangs"]
 
@@ -43,13 +43,15 @@ class Hang:
     action: str | None  # "record" or "abort"
     first: bool = False  # the first rank of its attempt that stopped
     resumed_after_s: float | None = None  # it moved again after this long: a stall, not a hang
+    in_span: str | None = None  # the span it is in (open), as the watchdog read it from its stack
+    waiting: bool = False  # it waits in a collective (its open span, its stack): not the rank that stopped
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @property
     def where(self) -> str:
-        return where_text(self.function, self.location, self.span, self.phase)
+        return where_text(self.function, self.location, self.span, self.phase, self.in_span)
 
 
 def _text(value: Any) -> str | None:
@@ -68,8 +70,10 @@ def find_hangs(
     job_start_wall: int,
 ) -> list[Hang]:
     """Every recorded hang of the given sessions, ordered by attempt, then by when the rank
-    stopped; the first rank of each attempt that stopped (and did not resume) is ``first``."""
-    found: list[tuple[int, tuple[int, int, int], Hang]] = []  # (attempt, stop order, hang)
+    stopped (:func:`~goodtrace.record.hang_peers.stop_order`: a rank waiting in a collective
+    after one that is not, at the same step); the first rank of each attempt that stopped (and
+    did not resume) is ``first``."""
+    found: list[tuple[int, tuple[int, bool, int, int], Hang]] = []  # (attempt, stop order, hang)
     for info in sessions:
         if info.index not in events or info.index not in attempt_of:
             continue
@@ -95,9 +99,10 @@ def find_hangs(
                 since_s=(wall(since_ns) - job_start_wall) / NS, silent_s=_number(attrs.get("silent_s")),
                 bound_s=_number(attrs.get("bound_s")), detected_s=(wall(t) - job_start_wall) / NS,
                 stack=_text(attrs.get("stack")) or "", native=_text(attrs.get("native")),
-                action=_text(attrs.get("action")),
+                action=_text(attrs.get("action")), in_span=_text(attrs.get("in_span")),
+                waiting=in_collective(attrs.get("in_span"), attrs.get("stack")),
             ))
-        found.extend((h.attempt, stop_order(h.step, round(h.since_s * NS), h.rank), h) for h in pending)
+        found.extend((h.attempt, stop_order(h.step, round(h.since_s * NS), h.rank, h.waiting), h) for h in pending)
     found.sort(key=lambda item: (item[0], item[1]))
     hangs: list[Hang] = []
     named: set[int] = set()
@@ -114,7 +119,7 @@ def describe_hangs(hangs: Sequence[Hang]) -> list[str]:
     others wait (the words of rank 0's line while it happens: record.hang_peers)."""
     lines = []
     for first in (h for h in hangs if h.first):
-        waiting = [(h.step, where_text(h.function, h.location)) for h in hangs
+        waiting = [(h.step, where_text(h.function, h.location, in_span=h.in_span)) for h in hangs
                    if h.attempt == first.attempt and h is not first and h.resumed_after_s is None]
         lines.append(summary_line(first.rank, first.host, first.where, first.step, f"{first.since_s:.1f} s", waiting))
     return lines

@@ -21,7 +21,7 @@ from goodtrace import schema
 from goodtrace.analysis.attempts import LOST, RUNNING, Ending, Liveness, lost_or_running
 from goodtrace.analysis.slowdown import slowdown_of
 from goodtrace.read.discovery import declared_blocking, declared_overhead, int_or_none, process_start
-from goodtrace.record.hang_peers import stop_order, summary_line, where_text
+from goodtrace.record.hang_peers import in_collective, stop_order, summary_line, where_text
 from goodtrace.record.live.goodput import AttemptGoodput
 
 __all__ = ["RankState", "RecentTimes", "WatchState"]
@@ -320,13 +320,17 @@ class WatchState:
         if not hung:
             return None
         first = min(hung, key=lambda s: stop_order(s.hang.get("step") if s.hang else None,
-                                                   s.wall(s.hang["since"]) if s.hang else 0, s.rank))
+                                                   s.wall(s.hang["since"]) if s.hang else 0, s.rank,
+                                                   in_collective(s.hang.get("in_span"), s.hang.get("stack"))
+                                                   if s.hang else False))
         assert first.hang is not None
-        waiting = [(s.hang.get("step"), where_text(s.hang.get("function"), s.hang.get("location")))
+        waiting = [(s.hang.get("step"), where_text(s.hang.get("function"), s.hang.get("location"),
+                                                   in_span=s.hang.get("in_span")))
                    for s in hung if s is not first and s.hang is not None]
         since = time.strftime("%H:%M:%S UTC", time.gmtime(first.wall(first.hang["since"]) / 1e9))
         return summary_line(first.rank, first.host, where_text(first.hang.get("function"), first.hang.get("location"),
-                                                               first.hang.get("span"), first.hang.get("phase")),
+                                                               first.hang.get("span"), first.hang.get("phase"),
+                                                               first.hang.get("in_span")),
                             first.hang.get("step"), since, waiting)
 
     def slowdowns(self) -> list[str]:

@@ -12,7 +12,10 @@ newest records of the recorder's buffer from the watchdog's thread.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import linecache
 import os
 import shutil
 import statistics
@@ -121,6 +124,8 @@ class HangWatchdog:
         self._progress(t0)
 
     def on_overhead_span(self, category: str, t0: int, t1: int) -> None:
+        if self.training_thread is not None and threading.get_ident() != self.training_thread:
+            return  # another thread's span (a gc pause the watchdog's own thread paid): no progress
         if self.phase is not None and self.phase[0] == category:
             self.phase = None
             self.longest_phase[category] = max(self.longest_phase.get(category, 0), t1 - t0)
@@ -246,6 +251,7 @@ class HangWatchdog:
         attrs: dict[str, Any] = {
             "step": self.step,
             "span": self.last_span,
+            "in_span": open_span(frame),
             "phase": None if self.phase is None else self.phase[0],
             "since": self.last_progress,
             "silent_s": (now - self.last_progress) / 1e9,
@@ -260,7 +266,8 @@ class HangWatchdog:
         self.recorder.event(HANG_EVENT, attrs)
         self.recorder.flush(NATIVE_TIMEOUT_S)  # on disk now: the job may be killed at any moment
         rank = self.recorder.identity.rank
-        after = f", after {attrs['span']!r}" if attrs["span"] else ""
+        after = (f", in {attrs['in_span']!r}" if attrs["in_span"] else "") + (
+            f", after {attrs['span']!r}" if attrs["span"] else "")
         where = f" in {function} ({location})" if location else ""
         print(f"goodtrace: rank {rank} made no progress for {attrs['silent_s']:.1f} s (bound {bound / 1e9:.1f} s) "
               f"at step {self.step}{where}{after}", file=sys.stderr, flush=True)
@@ -293,10 +300,12 @@ class HangWatchdog:
                     return
                 break
             pause = min(2 * pause, flush_s)
-        first = min(hangs, key=lambda h: stop_order(h.step, h.since_wall, h.rank))
+        first = min(hangs, key=lambda h: stop_order(h.step, h.since_wall, h.rank, h.waiting))
         since = time.strftime("%H:%M:%S UTC", time.gmtime(first.since_wall / 1e9))
-        line = summary_line(first.rank, first.host, where_text(first.function, first.location), first.step, since,
-                            [(h.step, where_text(h.function, h.location)) for h in hangs if h is not first])
+        line = summary_line(first.rank, first.host, where_text(first.function, first.location, in_span=first.in_span),
+                            first.step, since,
+                            [(h.step, where_text(h.function, h.location, in_span=h.in_span))
+                             for h in hangs if h is not first])
         quiet = ranks - len(hangs)
         print(f"goodtrace: hang: {line}" + (f"; {quiet} rank(s) recorded no hang" if quiet > 0 else ""),
               file=sys.stderr, flush=True)
@@ -322,6 +331,89 @@ def _where(frame: FrameType | None) -> tuple[str | None, str | None]:
             return f"{os.path.basename(path)}:{frame.f_lineno}", frame.f_code.co_name
         frame = frame.f_back
     return None, None
+
+
+def open_span(frame: FrameType | None) -> str | None:
+    """The innermost span open on the thread whose innermost frame is ``frame`` (spans record
+    nothing until they close): walking out from it, the first frame of the program that is in
+    the body of a ``with ...span(NAME...)`` statement, or runs a function decorated with
+    ``@...span(NAME...)`` (bare ``@...span``: its qualified name), read from the frame's source.
+    NAME is a string literal or a variable of the frame holding a string; None where no such
+    span is found (one entered by hand, a name made by an expression, no source)."""
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_PACKAGE_DIR + os.sep):
+            found = _span_in_frame(frame)
+            if found is not None:
+                return found
+        frame = frame.f_back
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _source_tree(filename: str) -> ast.Module | None:
+    try:
+        return ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _span_name(call: ast.expr, frame: FrameType) -> str | None:
+    """NAME of ``...span(NAME, ...)`` (a literal, or a string variable of ``frame``)."""
+    if not isinstance(call, ast.Call):
+        return None
+    func = call.func
+    if not ((isinstance(func, ast.Name) and func.id == "span") or (isinstance(func, ast.Attribute) and func.attr == "span")):
+        return None
+    args = list(call.args[:1]) + [k.value for k in call.keywords if k.arg == "name"]
+    if not args:
+        return None
+    arg = args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.Name):
+        value = frame.f_locals.get(arg.id, frame.f_globals.get(arg.id))
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _span_in_frame(frame: FrameType) -> str | None:
+    """The innermost span ``frame`` is in (:func:`open_span`), from its own source only."""
+    tree = _source_tree(frame.f_code.co_filename)
+    if tree is None:
+        return None
+    line, code = frame.f_lineno, frame.f_code
+    scope: ast.AST = tree
+    if code.co_name != "<module>":  # the frame's own function: the def holding the line, by name
+        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.name == code.co_name and n.lineno <= line <= (n.end_lineno or n.lineno)]
+        if not defs:
+            return None
+        scope = max(defs, key=lambda n: n.lineno)  # the innermost
+    inner: tuple[int, str] | None = None
+    pending = list(ast.iter_child_nodes(scope))
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue  # another frame's code
+        if isinstance(node, (ast.With, ast.AsyncWith)) and node.body and (
+                node.body[0].lineno <= line <= (node.end_lineno or node.lineno)):
+            for item in node.items:
+                name = _span_name(item.context_expr, frame)
+                if name is not None and (inner is None or node.lineno >= inner[0]):
+                    inner = (node.lineno, name)
+        pending.extend(ast.iter_child_nodes(node))
+    if inner is not None:
+        return inner[1]
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for decorator in scope.decorator_list:
+            name = _span_name(decorator, frame)
+            if name is not None:
+                return name
+            if (isinstance(decorator, ast.Name) and decorator.id == "span") or (
+                    isinstance(decorator, ast.Attribute) and decorator.attr == "span"):
+                return str(getattr(code, "co_qualname", code.co_name))  # (3.11 on)
+    return None
 
 
 def _native_stack(thread: int | None) -> str | None:

@@ -16,16 +16,43 @@ from typing import Any
 
 from goodtrace import schema
 
-__all__ = ["PeerHang", "last_span_written", "peer_hangs", "stop_order", "summary_line", "where_text"]
+__all__ = ["PeerHang", "in_collective", "last_span_written", "peer_hangs", "stop_order", "summary_line",
+           "where_text"]
 
 TAIL_BYTES = 256 * 1024  # of each rank's newest segment: where a recent hang event is
 NO_STEP = 2**62
+# A rank waits for its peers when its training thread is in one of the framework's collectives:
+# a frame of these files (path endings) in its stack, or an open span named so (a word of these)
+COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "jax/experimental/multihost_utils.py",
+                    "jax/_src/distributed.py")
+COLLECTIVE_WORDS = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "reducescatter",
+                    "all_to_all", "alltoall", "broadcast", "barrier", "collective")
 
 
-def stop_order(step: int | None, since: int, rank: int) -> tuple[int, int, int]:
+def in_collective(in_span: Any, stack: Any) -> bool:
+    """Whether a hung rank is waiting in a collective (for the rank that stopped): its open span
+    is named as a collective, or a frame of its stack (``traceback.format_stack``'s text) is in
+    torch.distributed's or JAX's collectives."""
+    if isinstance(in_span, str) and any(word in in_span.lower() for word in COLLECTIVE_WORDS):
+        return True
+    if not isinstance(stack, str):
+        return False
+    for line in stack.splitlines():
+        line = line.strip()
+        if line.startswith('File "'):
+            path = line[6:line.find('"', 6)].replace("\\", "/")
+            if path.endswith(COLLECTIVE_FILES):
+                return True
+    return False
+
+
+def stop_order(step: int | None, since: int, rank: int, waiting: bool = False) -> tuple[int, bool, int, int]:
     """The sort key of "stopped first": the lowest step (the others went on to the collective
-    it never entered), then the earliest last progress (on one clock), then the rank."""
-    return (NO_STEP if step is None else step, since, rank)
+    it never entered), then a rank that is not waiting in a collective (:func:`in_collective`)
+    before one that is (when the ranks' last progress is the same instant, the step's entry
+    after the previous collective, the one waiting is not the one that stopped), then the
+    earliest last progress (on one clock), then the rank."""
+    return (NO_STEP if step is None else step, waiting, since, rank)
 
 
 def summary_line(rank: int, host: str, where: str, step: int | None, since: str,
@@ -41,19 +68,24 @@ def summary_line(rank: int, host: str, where: str, step: int | None, since: str,
     return line
 
 
-def where_text(function: Any, location: Any, span: Any = None, phase: Any = None) -> str:
+def where_text(function: Any, location: Any, span: Any = None, phase: Any = None, in_span: Any = None) -> str:
+    """"block (train.py:120), in 'data', after 'forward' in checkpoint_save": where, the span
+    it is in (open), the last one it closed in the step, its blocking phase."""
     at = f"{function} ({location})" if isinstance(location, str) and location else "an unknown place"
-    return at + (f", after {span!r}" if isinstance(span, str) else "") + (f" in {phase}" if isinstance(phase, str) else "")
+    return (at + (f", in {in_span!r}" if isinstance(in_span, str) else "")
+            + (f", after {span!r}" if isinstance(span, str) else "") + (f" in {phase}" if isinstance(phase, str) else ""))
 
 
 class PeerHang:
     """A rank's newest hang event as rank 0 read it: ``since_wall`` via its file's anchors."""
 
-    __slots__ = ("function", "host", "location", "rank", "since_wall", "step")
+    __slots__ = ("function", "host", "in_span", "location", "rank", "since_wall", "step", "waiting")
 
-    def __init__(self, rank: int, host: str, step: int | None, since_wall: int, function: Any, location: Any) -> None:
+    def __init__(self, rank: int, host: str, step: int | None, since_wall: int, function: Any, location: Any,
+                 in_span: Any = None, waiting: bool = False) -> None:
         self.rank, self.host, self.step, self.since_wall = rank, host, step, since_wall
         self.function, self.location = function, location
+        self.in_span, self.waiting = in_span, waiting
 
 
 def _newest_segment(rank_dir: str) -> str | None:
@@ -94,7 +126,8 @@ def _read_hang(path: str) -> PeerHang | None:
     step = found.get("step")
     return PeerHang(int(header.get(schema.H_RANK, -1)), str(header.get(schema.H_HOST, "?")),
                     step if isinstance(step, int) else None, wall + found["since"] - mono,
-                    found.get("function"), found.get("location"))
+                    found.get("function"), found.get("location"), found.get("in_span"),
+                    in_collective(found.get("in_span"), found.get("stack")))
 
 
 def last_span_written(rank_dir: str, session: str, thread: int, after: int) -> tuple[str, int] | None:
