@@ -215,6 +215,7 @@ def test_no_import_circles_between_modules() -> None:
 
 
 @pytest.mark.parametrize("layer", sorted(ALONE))
+@pytest.mark.processes
 def test_each_layer_alone_loads_no_higher_layer_and_no_heavy_module(layer: str) -> None:
     modules, heavy = ALONE[layer]
     # Every module of the layer, not just its package (its __init__ may import little).

@@ -44,10 +44,6 @@ SYNC_FINISH: Final = "finish"  # observed at finish() / exit
 SYNC_POLL: Final = "poll"  # dated by the background readiness check (before anyone looked at it)
 SYNC_BARRIER: Final = "barrier"  # a framework device barrier ran before a blocking span
 SYNC_HOWS: Final = (SYNC_LAG, SYNC_READY, SYNC_HOST, SYNC_BLOCKING, SYNC_FINISH, SYNC_POLL, SYNC_BARRIER)
-# Sync points found complete when somebody looked later (not at their step's exit): one dated at
-# the next step's very entry says the host was there before it was known ready (the data rule
-# counts such a tie as running ahead)
-SYNC_LOOKED_LATER: Final = frozenset({SYNC_LAG, SYNC_POLL, SYNC_BLOCKING, SYNC_FINISH, SYNC_BARRIER})
 
 # Field names on disk (JSON), defined here. The encoders spell them out for speed (record/io/
 # encoding.py, writer.py's heartbeat, native_writer.c); tests/record/test_field_names.py holds

@@ -29,6 +29,7 @@ def test_clean_run(tmp_path: Path) -> None:
     assert result.anomalies == ()
 
 
+@pytest.mark.slow
 def test_startup_and_compile_from_the_first_step(tmp_path: Path) -> None:
     p = Proc(tmp_path)
     p.span("init", 0, 1)

@@ -99,6 +99,7 @@ def test_eval_time_is_not_missing_from_all_steps(tmp_path: Path) -> None:
     assert {r.step: r.overhead_s for r in result.steps}[3] == {"eval": 3.0}
 
 
+@pytest.mark.processes
 def test_an_idle_tail_after_the_last_step_is_not_productive(tmp_path: Path) -> None:
     """The real recorder in a child process on the simulated device: the last step's value is
     looked at only at finish(), 360 ms after the device finished it. Its completion must be

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -99,6 +100,7 @@ def loaded_runs(draw: Any) -> LoadedRun:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(loaded_runs())
+@pytest.mark.slow
 def test_buckets_are_non_negative_and_sum_to_the_job_time(run: LoadedRun) -> None:
     result = analyze(run)
     p = result.partition
@@ -130,6 +132,7 @@ def test_buckets_are_non_negative_and_sum_to_the_job_time(run: LoadedRun) -> Non
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(loaded_runs(), st.lists(st.floats(0.0, 1.0), max_size=6))
+@pytest.mark.slow
 def test_interval_goodput_over_tiling_periods_adds_up_to_the_whole(run: LoadedRun, cuts: list[float]) -> None:
     result = analyze(run)
     timeline = result.timeline

@@ -9,6 +9,7 @@ import itertools
 from array import array
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,7 @@ def layouts(draw: st.DrawFn) -> tuple[SessionCut, int, int]:
 
 @settings(max_examples=400, deadline=None)
 @given(layouts())
+@pytest.mark.slow
 def test_the_columns_are_the_pieces(layout: tuple[SessionCut, int, int]) -> None:
     cut, a, b = layout
     starts, ends, labels, names = cut.carve_columns(a, b)

@@ -24,6 +24,8 @@ from goodtrace.renderers.html import report_data
 from helpers.shapes import MS, bound_ns, buckets, done_ns, retried, run_shape
 from helpers.views import assert_views_agree
 
+pytestmark = pytest.mark.processes
+
 
 def test_a_checkpoint_before_complete_on_measures_the_save_alone(tmp_path: Path) -> None:
     def check(truth: dict[str, Any], report: dict[str, Any]) -> list[str]:

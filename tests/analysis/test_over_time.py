@@ -178,6 +178,7 @@ def _blocks_of(size: int) -> Iterator[None]:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(loaded_runs(), st.integers(10**6, 4 * 10**9), st.integers(0, 10**18))
+@pytest.mark.slow
 def test_periods_are_the_clipped_partition_on_any_run(run: LoadedRun, width: int, origin: int) -> None:
     """Whatever the run and the period: each period's buckets are the partition clipped to it,
     to the ns, and the periods add up to the job."""

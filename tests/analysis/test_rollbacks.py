@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from goodtrace.analysis import analyze
 from helpers.builders import Proc, buckets_s, load
 from helpers.cli import goodtrace
@@ -51,6 +53,7 @@ def _wasted_check(executions: list[int]) -> Any:
     return check
 
 
+@pytest.mark.processes
 def test_an_inferred_rollback_makes_the_first_pass_wasted_progress(tmp_path: Path) -> None:
     # 0-8, the loss check fails after 8: restore the checkpoint of step 4, run 5-11 again
     run_dir, truth, report = retried("rollback", tmp_path, _wasted_check([5, 6, 7, 8]))
@@ -69,6 +72,7 @@ def test_an_inferred_rollback_makes_the_first_pass_wasted_progress(tmp_path: Pat
     assert_views_agree(run_dir)
 
 
+@pytest.mark.processes
 def test_the_programs_word_names_the_same_rollback(tmp_path: Path) -> None:
     _, _, report = retried("rollback_explicit", tmp_path, _wasted_check([5, 6, 7, 8]))
     (rewind,) = report["rewinds"]
@@ -77,6 +81,7 @@ def test_the_programs_word_names_the_same_rollback(tmp_path: Path) -> None:
     assert [e["name"] for e in report["events"]] == ["rollback"] and report["events"][0]["step"] == 4
 
 
+@pytest.mark.processes
 def test_a_rollback_that_skips_batches_counts_each_step_once(tmp_path: Path) -> None:
     # restore step 4, skip the batches of 5 and 6 (the spike's), go on at 7: the first pass of
     # 5-8 was thrown away; 5 and 6 never run again and are not lost from the table
@@ -92,6 +97,7 @@ def test_a_rollback_that_skips_batches_counts_each_step_once(tmp_path: Path) -> 
     assert_views_agree(run_dir)
 
 
+@pytest.mark.processes
 def test_without_the_programs_word_a_skip_is_not_visible(tmp_path: Path) -> None:
     # the same loop without gt.event: the step numbers say only that 7 ran again
     _, _, report = retried("rollback_skipping_inferred", tmp_path, _wasted_check([7, 8]))
@@ -100,6 +106,7 @@ def test_without_the_programs_word_a_skip_is_not_visible(tmp_path: Path) -> None
     assert [r["step"] for r in report["steps"] if not r["counted"]] == [7, 8]
 
 
+@pytest.mark.processes
 def test_two_rollbacks_in_one_attempt(tmp_path: Path) -> None:
     # 0-8, back to 4; 5-10, back to 7; 8-12. The first pass of 8 is thrown away once, by the first.
     run_dir, truth, report = retried("two_rollbacks", tmp_path, _wasted_check([5, 6, 7, 8, 12, 13, 14]))
@@ -110,6 +117,7 @@ def test_two_rollbacks_in_one_attempt(tmp_path: Path) -> None:
     assert_views_agree(run_dir)
 
 
+@pytest.mark.processes
 def test_an_in_process_restart_is_disruption_not_the_next_steps_work(tmp_path: Path) -> None:
     # after step 8 the host waits for it, spends 80 ms re-initialising (no span), restores,
     # and runs 5-11 again: the 80 ms are disruption, the restore checkpoint_restore.
@@ -142,6 +150,7 @@ def _run(shape: str, run_dir: Path, log: Path) -> dict[str, Any]:
     return truth
 
 
+@pytest.mark.processes
 def test_a_rollback_then_a_crash_and_a_restart_counts_nothing_twice(tmp_path: Path) -> None:
     """Attempt 0 runs 0-8, rolls back to 4, runs 5-9 and dies; attempt 1, a new process,
     restores step 6 and runs 7-12. Wasted: attempt 0's first pass of 5-8 (the rollback) and its
@@ -175,6 +184,7 @@ def test_a_rollback_then_a_crash_and_a_restart_counts_nothing_twice(tmp_path: Pa
     assert_views_agree(run_dir)
 
 
+@pytest.mark.processes
 def test_a_plain_retry_keeps_its_meaning(tmp_path: Path) -> None:
     # 1, 2, 2, 3, 4, 5: the second 2 is a retry of step 2, not a rewind; both executions count
     def check(truth: dict[str, Any], report: dict[str, Any]) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from array import array
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +33,7 @@ def timelines(draw: st.DrawFn) -> SessionTimeline:
 
 @settings(max_examples=300, deadline=None)
 @given(timelines(), st.lists(st.integers(-3, 12), max_size=4, unique=True))
+@pytest.mark.slow
 def test_span_medians_and_totals_equal_the_plain_computation(tl: SessionTimeline, asked: list[int]) -> None:
     marks = StepMarks(tl)
     steps = np.frombuffer(tl.span_step, dtype=np.int64)

@@ -15,6 +15,8 @@ from goodtrace.read.sessions import read_run
 from helpers.cli import goodtrace
 from helpers.views import assert_views_agree
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("torch")
 
 STEPS, CRASH_AT, CHECKPOINT_EVERY, EVAL_EVERY = 10, 7, 4, 5

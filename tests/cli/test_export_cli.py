@@ -13,6 +13,8 @@ from goodtrace.read.load import load_run
 from goodtrace.sinks import row_scalars, summary_values
 from helpers.cli import goodtrace
 
+pytestmark = pytest.mark.processes
+
 RESTART = Path(__file__).parent.parent / "data" / "runs" / "restart_2ranks"
 
 

@@ -15,6 +15,8 @@ import goodtrace as gt
 from helpers.cli import Ran
 from helpers.cli import goodtrace as run_goodtrace
 
+pytestmark = pytest.mark.processes
+
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"
 
 

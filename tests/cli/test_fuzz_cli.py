@@ -136,6 +136,7 @@ def check_counts(results: dict[str, Result], run_dir: Path, lines: int, headers:
             assert second["partition"] == first["partition"] and second["steps"] == first["steps"]
 
 
+@pytest.mark.processes
 def test_the_seed_run_reads_clean(seed_run: Path, cli: CliWorker, tmp_path: Path) -> None:
     run_dir = copy_run(seed_run, tmp_path / "run")  # the seed itself stays without a compacted copy
     results = run_commands(cli, run_dir, tmp_path)
@@ -150,6 +151,7 @@ def test_the_seed_run_reads_clean(seed_run: Path, cli: CliWorker, tmp_path: Path
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(edits=mutations())
+@pytest.mark.slow
 def test_every_command_survives_any_run_directory(
     edits: list[Edit], seed_run: Path, cli: CliWorker, tmp_path: Path
 ) -> None:

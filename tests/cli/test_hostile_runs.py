@@ -23,6 +23,8 @@ import pytest
 from helpers.cli import Ran, goodtrace
 from helpers.fuzz import copy_run, segment_files, write_seed_run
 
+pytestmark = pytest.mark.processes
+
 COMMANDS: dict[str, tuple[str, ...]] = {
     "report": ("report",),
     "report --json": ("report", "--json"),

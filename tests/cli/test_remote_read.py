@@ -66,6 +66,8 @@ def upload(s3: S3Server, local: Path) -> str:
 
 
 @pytest.mark.parametrize("source", [RESTART, GOLDEN], ids=["restart_2ranks", "golden_trace_small"])
+@pytest.mark.processes
+@pytest.mark.s3
 def test_report_and_trace_from_s3_equal_the_local_ones(source: Path, s3: S3Server, tmp_path: Path) -> None:
     url = upload(s3, source)
     env = {**s3.env, "GOODTRACE_CACHE_DIR": str(tmp_path / "cache")}
@@ -82,6 +84,7 @@ def test_report_and_trace_from_s3_equal_the_local_ones(source: Path, s3: S3Serve
     assert s3.stats()["operations"] == {"LIST": 1}  # the second read fetched nothing
 
 
+@pytest.mark.processes
 def test_compacted_run_on_s3_is_read_from_parquet(s3: S3Server, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(RESTART, run)
@@ -98,6 +101,7 @@ def test_compacted_run_on_s3_is_read_from_parquet(s3: S3Server, tmp_path: Path) 
     assert trace(url, tmp_path / "remote.json", env) == trace(str(run), tmp_path / "local.json")
 
 
+@pytest.mark.processes
 def test_records_from_s3_equal_the_local_ones(s3: S3Server, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(RESTART, run)
@@ -112,6 +116,7 @@ def test_records_from_s3_equal_the_local_ones(s3: S3Server, tmp_path: Path) -> N
     assert json.loads(remote.stdout)["sessions"] == json.loads(local.stdout)["sessions"]
 
 
+@pytest.mark.processes
 def test_export_from_s3_equals_the_local_export(s3: S3Server, tmp_path: Path) -> None:
     """``goodtrace export`` reads a URL as ``report`` does (it refused any path not on this
     machine): the same points in TensorBoard as from the local copy."""
@@ -129,6 +134,8 @@ def test_export_from_s3_equals_the_local_export(s3: S3Server, tmp_path: Path) ->
     assert scalars["remote"] == scalars["local"] and "goodtrace/summary/goodput" in scalars["local"]
 
 
+@pytest.mark.processes
+@pytest.mark.s3
 def test_watch_from_s3_shows_what_it_shows_of_the_local_copy(s3: S3Server, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from goodtrace.cli.commands.watch import View
@@ -152,6 +159,9 @@ def test_watch_from_s3_shows_what_it_shows_of_the_local_copy(s3: S3Server, tmp_p
     assert "finished" in remote and "goodput" in remote
 
 
+@pytest.mark.fuse
+@pytest.mark.processes
+@pytest.mark.s3
 def test_watch_of_many_ranks_from_s3_and_a_network_share_shows_the_local_frame(
         s3: S3Server, nfs: EmulatedNFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """64 ranks (two attempts, killed ranks' torn lines, lines that are no record): headers, tails,
@@ -185,6 +195,8 @@ def test_watch_of_many_ranks_from_s3_and_a_network_share_shows_the_local_frame(
     assert frame(os.path.join(nfs.mountpoint, shared.parent.name, "run")) == expected
 
 
+@pytest.mark.fuse
+@pytest.mark.processes
 def test_report_and_trace_from_a_network_share(nfs: EmulatedNFS, tmp_path: Path) -> None:
     name = uuid.uuid4().hex[:8]
     shutil.copytree(GOLDEN, Path(nfs.serve_dir) / name / "run")
@@ -229,6 +241,7 @@ def _one_error_line(done: Ran) -> str:
     return lines[0]
 
 
+@pytest.mark.processes
 def test_unreachable_store_is_one_error_line(tmp_path: Path) -> None:
     pytest.importorskip("s3fs")
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
@@ -241,6 +254,7 @@ def test_unreachable_store_is_one_error_line(tmp_path: Path) -> None:
         assert "not a goodtrace run directory" not in line
 
 
+@pytest.mark.processes
 def test_no_credentials_is_one_error_line(s3: S3Server, tmp_path: Path) -> None:
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("AWS_")}
     env.update(AWS_ENDPOINT_URL=s3.endpoint, AWS_EC2_METADATA_DISABLED="true", AWS_MAX_ATTEMPTS="1",
@@ -251,6 +265,7 @@ def test_no_credentials_is_one_error_line(s3: S3Server, tmp_path: Path) -> None:
     assert "cannot list the run (NoCredentialsError: Unable to locate credentials)" in line
 
 
+@pytest.mark.processes
 def test_a_url_without_a_run_says_so(s3: S3Server, tmp_path: Path) -> None:
     env = {**s3.env, "GOODTRACE_CACHE_DIR": str(tmp_path)}
     line = _one_error_line(goodtrace("report", f"s3://{s3.bucket}/no-such-run", env=env))

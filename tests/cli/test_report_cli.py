@@ -8,7 +8,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from helpers.cli import goodtrace
+
+pytestmark = pytest.mark.processes
 
 DATA = Path(__file__).parent.parent / "data" / "runs"
 RESTART = DATA / "restart_2ranks"

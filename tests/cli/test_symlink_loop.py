@@ -13,6 +13,8 @@ import pytest
 
 from helpers.cli import goodtrace
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 def loop(tmp_path: Path) -> Path:

@@ -49,6 +49,7 @@ def test_parse_edge_forms() -> None:
             parse_edge(bad)
 
 
+@pytest.mark.processes
 def test_json_has_goodput_per_utc_hour(run_dir: str) -> None:
     report = report_json(run_dir, "--no-steps")
     hours = report["goodput_over_time"]
@@ -65,6 +66,7 @@ def test_json_has_goodput_per_utc_hour(run_dir: str) -> None:
     assert report["window"] is None
 
 
+@pytest.mark.processes
 def test_since_until_restrict_the_step_views(run_dir: str) -> None:
     report = report_json(run_dir, "--since", "2023-11-14T23:00Z", "--until", "step:61", "--every", "30m")
     # 23:00 is step 20's start; step 61 ends at job time 4,620 s (23:47)
@@ -82,6 +84,7 @@ def test_since_until_restrict_the_step_views(run_dir: str) -> None:
     assert same["window"] == report["window"] and len(same["steps"]) == 90 and len(same["goodput_over_time"]) == 4
 
 
+@pytest.mark.processes
 def test_console_names_the_worst_hours(run_dir: str) -> None:
     done = goodtrace("report", run_dir)
     assert done.returncode == 0, done.stderr
@@ -105,12 +108,14 @@ def test_console_names_the_worst_hours(run_dir: str) -> None:
     (("--every", "0.1s"), "choose a wider period"),
     (("--window", "0:10", "--since", "1s"), "give one or the other"),
 ])
+@pytest.mark.processes
 def test_bad_time_ranges_are_one_line_errors(run_dir: str, args: tuple[str, ...], message: str) -> None:
     done = goodtrace("report", run_dir, *args)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.processes
 def test_trace_keeps_the_steps_in_the_time_range(run_dir: str, tmp_path: Path) -> None:
     out = tmp_path / "trace.json"
     done = goodtrace("trace", run_dir, "-o", str(out), "--since", "step:58", "--until", "step:61")
@@ -123,6 +128,7 @@ def test_trace_keeps_the_steps_in_the_time_range(run_dir: str, tmp_path: Path) -
     assert done.returncode == 2 and "give one" in done.stderr
 
 
+@pytest.mark.processes
 def test_export_replays_the_steps_in_the_time_range(run_dir: str, tmp_path: Path) -> None:
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     done = goodtrace("export", run_dir, "--to", "tensorboard", str(tmp_path / "tb"), "--since", "step:80")
@@ -137,6 +143,7 @@ def test_export_replays_the_steps_in_the_time_range(run_dir: str, tmp_path: Path
     assert done.returncode == 2 and "--until 'nope'" in done.stderr
 
 
+@pytest.mark.processes
 def test_since_until_in_seconds_give_the_window_of_the_golden_run() -> None:
     report = report_json(str(DATA / "restart_2ranks"), "--since", "5", "--until", "12", "--no-steps")
     assert {k: v["seconds"] for k, v in report["window"]["buckets"].items() if v["ns"]} == {
@@ -144,6 +151,7 @@ def test_since_until_in_seconds_give_the_window_of_the_golden_run() -> None:
     assert len(report["goodput_over_time"]) == 1 and report["goodput_over_time"][0]["partial"]
 
 
+@pytest.mark.processes
 def test_records_counts_the_records_in_the_time_range(run_dir: str) -> None:
     done = goodtrace("records", run_dir, "--since", "step:80", "--json")
     assert done.returncode == 0, done.stderr
@@ -165,6 +173,7 @@ def test_records_counts_the_records_in_the_time_range(run_dir: str) -> None:
     assert done.returncode == 2 and "--workers must be at least 1, got 0" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.processes
 def test_html_report_of_a_time_range(run_dir: str, tmp_path: Path) -> None:
     target = tmp_path / "range.html"
     done = goodtrace("report", run_dir, "--html", str(target), "--since", "step:50", "--until", "step:70")
@@ -177,6 +186,7 @@ def test_html_report_of_a_time_range(run_dir: str, tmp_path: Path) -> None:
     assert data["summary"]["time_range"]["end"] == "2023-11-14T23:56:00Z" and data["summary"]["time_range"]["goodput"] == 1260 / 1560
 
 
+@pytest.mark.processes
 def test_an_hour_between_attempts_is_the_worst(tmp_path: Path) -> None:
     a0 = Proc(tmp_path, restart=0, start=H0 - 600)
     a0.loop(range(10), H0 - 600, step_s=60.0)

@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from goodtrace.analysis.watching import RECENT_STEPS, WatchState
@@ -21,6 +22,8 @@ from goodtrace.cli.commands.watch import View
 from goodtrace.read.follow import RunFollower
 from goodtrace.renderers.watch import render_watch
 from helpers.cli import goodtrace
+
+pytestmark = pytest.mark.processes
 
 ENV = {"COLUMNS": "200"}  # over helpers.cli.DEFAULT_ENV
 

@@ -191,6 +191,7 @@ def _worker(rank: int, port: int, run_dir: str, out_dir: str, release: Any) -> N
     gt.finish(completed=False)  # its peer is gone: local too
 
 
+@pytest.mark.processes
 def test_a_crashing_rank_finishes_without_waiting_for_its_peers(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     run_dir, out_dir = tmp_path / "run", tmp_path / "out"

@@ -161,6 +161,7 @@ def _steps_and_syncs(cap: Any) -> tuple[dict[int, dict[str, Any]], dict[int, dic
     return steps, syncs
 
 
+@pytest.mark.slow
 def test_step_times_match_ground_truth_and_host_timer_is_wrong(
     timed_operands: tuple[Any, Any], listeners: None
 ) -> None:
@@ -375,6 +376,7 @@ def test_jax_scalar_metrics_are_read_lazily_and_bad_ones_warn() -> None:
     assert not [r for r in cap.records(schema.METRIC) if r["name"] == "vector"]
 
 
+@pytest.mark.processes
 def test_init_installs_the_compile_listeners_and_a_value_lookup_does_not(tmp_path: Any) -> None:
     """gt.init installs them when the program imported JAX first; looking up a JAX value's
     adapter has no such side effect (JAX imported after init: not installed until instrument())."""
@@ -395,6 +397,7 @@ def test_init_installs_the_compile_listeners_and_a_value_lookup_does_not(tmp_pat
         assert out.stdout.strip() == installed, when
 
 
+@pytest.mark.processes
 def test_persistent_cache_hits_and_misses_annotate_the_compile_spans(tmp_path: Any) -> None:
     code = (
         "import sys, json, jax, jax.numpy as jnp\n"
@@ -467,6 +470,7 @@ def test_instrument_when_not_recording_does_nothing() -> None:
         gt.finish()
 
 
+@pytest.mark.slow
 def test_each_recorder_of_a_process_tags_its_first_compiling_step(listeners: None) -> None:
     """init, finish and init again in one process (a restart without a new process): each
     recorder's step 0 that compiles is tagged ``compile`` (what was tagged last is remembered per

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 STEPS = 7
 LOG_EVERY = 2
 

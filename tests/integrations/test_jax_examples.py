@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("jax")
 pytest.importorskip("optax")
 

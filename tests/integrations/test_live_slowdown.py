@@ -18,6 +18,8 @@ import pytest
 from helpers import step_truth
 from helpers.ranks import leave_group, run_ranks
 
+pytestmark = pytest.mark.processes
+
 torch = pytest.importorskip("torch")
 
 STEPS, LOG_EVERY, ONSET = 60, 5, 15

@@ -4,12 +4,16 @@ noise. Compute is either CPU work (matrix products, whose time varies with the l
 loop until a deadline (a device of known speed: how a slow rank is made 25% slower):
 
 - a uniform 4-rank job (same work on every rank, a checkpoint every 10 steps and an eval every
-  15, as the demo does) names nobody, in each of 10 runs (nor slower than it was, unless its
-  measured step bodies show the machine made it so: helpers/step_truth.py);
-- a rank doing 25% more work is still named, with 2 and with 4 ranks, whether the collective
-  comes after the step (an all-reduce of the loss: the rank is named for its compute speed) or
-  inside it (DDP's all-reduce in ``backward``: every rank's compute span holds the wait, and the
-  rank is named for entering ``backward`` late).
+  15, as the demo does; DDP's all-reduce inside ``backward``, CPU work) names nobody (nor slower
+  than it was, unless its measured step bodies show the machine made it so:
+  helpers/step_truth.py);
+- a rank whose compute grows 30% from step 15 is named with the onset.
+
+The rule itself (many uniform runs, the collective after and inside the step, CPU work and a
+device, each naming nobody; a rank doing 25% more work named for its compute or its late start
+into ``backward``) is tested on synthetic records of this job with the noise of a loaded
+machine (tests/analysis/test_straggler_noise.py), where a threshold is a rule and not a race; a
+slower real gloo rank is named in tests/integrations/test_stragglers.py.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import pytest
 
 from helpers import step_truth
 from helpers.ranks import leave_group, run_ranks
+
+pytestmark = pytest.mark.processes
 
 torch = pytest.importorskip("torch")
 
@@ -104,12 +110,11 @@ def _named(tmp_path: Path, world: int, slow_rank: int, collective: str, kind: st
     return [(s.rank, s.reason) for s in result.stragglers], result, run_dir
 
 
-@pytest.mark.parametrize("run", range(10))
-def test_a_uniform_four_rank_job_names_nobody_in_ten_runs(tmp_path: Path, run: int) -> None:
-    """Ten runs: the collective after and inside the step, CPU work and a device. (The rule
-    before evidence was required named a rank in 7 of these 10 runs: late into 'eval',
+def test_a_uniform_four_rank_job_names_nobody(tmp_path: Path) -> None:
+    """DDP's all-reduce inside the step and CPU work, the noisiest of the forms. (The rule
+    before evidence was required named a rank in 7 of 10 real runs of this job: late into 'eval',
     'checkpoint', 'optimizer' or 'gc' by 6-27 ms, or computing at 88%.)"""
-    collective, kind = ("after", "inside")[run % 2], ("matmul", "spin")[run // 2 % 2]
+    collective, kind = "inside", "matmul"
     world = 4
     stragglers, result, run_dir = _named(tmp_path, world, -1, collective, kind)
     assert stragglers == []
@@ -118,29 +123,6 @@ def test_a_uniform_four_rank_job_names_nobody_in_ten_runs(tmp_path: Path, run: i
     for slowdown in result.slowdowns:
         truly = step_truth.slower_than_others(run_dir, world, slowdown.rank, slowdown.onset_step)
         assert truly >= step_truth.MARGIN, (slowdown.reason, truly)
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_a_rank_computing_25_percent_slower_is_named_when_the_collective_comes_after(
-        tmp_path: Path, world: int) -> None:
-    slow = world - 1
-    stragglers, result, _ = _named(tmp_path, world, slow, "after")
-    assert [rank for rank, _ in stragglers] == [slow], stragglers
-    # its compute spans are slower, and it reaches the sync point later: either names it
-    assert "computes at" in stragglers[0][1] or "last to arrive" in stragglers[0][1]
-    figure = {f.rank: f for f in result.spread.per_rank}[slow]
-    assert figure.compute_evidence.consistency >= 0.8 and figure.compute_evidence.effect_s > 0
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_a_rank_computing_25_percent_slower_is_named_when_the_collective_is_inside_the_step(
-        tmp_path: Path, world: int) -> None:
-    slow = world - 1
-    stragglers, result, _ = _named(tmp_path, world, slow, "inside")
-    assert [rank for rank, _ in stragglers] == [slow], stragglers
-    assert "enters 'backward'" in stragglers[0][1]
-    figure = {f.rank: f for f in result.spread.per_rank}[slow]
-    assert figure.late_span == "backward" and figure.start_evidence.beyond_noise()
 
 
 def test_a_rank_whose_compute_grows_30_percent_from_step_15_is_named_with_the_onset(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ import pytest
 from helpers.cli import goodtrace
 from helpers.ranks import leave_group, run_ranks
 
+pytestmark = pytest.mark.processes
+
 torch = pytest.importorskip("torch")
 
 STEPS = 24

@@ -16,6 +16,7 @@ from goodtrace.integrations.torch import instrument, measure_flops, peak_flops_f
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+@pytest.mark.processes
 def test_import_goodtrace_does_not_import_the_torch_integration() -> None:
     assert "goodtrace.integrations.torch" in sys.modules  # imported by this test module
     import subprocess

@@ -26,7 +26,7 @@ from helpers.cli import goodtrace
 from helpers.loops import Slack
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.processes, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 # The readiness thread's poll (2 ms) plus one more: as in record/test_step_timing.py, plus how
 # late this machine woke a sleeping thread during the loop (measured beside it).

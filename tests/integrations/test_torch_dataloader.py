@@ -11,6 +11,8 @@ import pytest
 import goodtrace as gt
 from goodtrace.read.sessions import read_run
 
+pytestmark = pytest.mark.processes
+
 torch = pytest.importorskip("torch")
 
 

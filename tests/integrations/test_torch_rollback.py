@@ -20,6 +20,8 @@ import goodtrace as gt
 from helpers.cli import goodtrace
 from helpers.ranks import leave_group, run_ranks
 
+pytestmark = pytest.mark.processes
+
 torch = pytest.importorskip("torch")
 
 STEPS = 16

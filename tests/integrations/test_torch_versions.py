@@ -88,6 +88,7 @@ def _old_p2p_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.processes
 def test_clock_sync_addresses_peers_by_global_rank_before_torch_2_6(tmp_path: Path) -> None:
     run_ranks(_old_p2p_worker, 3, str(tmp_path))
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(3)]

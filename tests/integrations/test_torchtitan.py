@@ -16,6 +16,8 @@ from goodtrace.read.load import load_run
 from goodtrace.read.sessions import read_run
 from helpers.torchtitan_logs import STEPS, run_trainer
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("torchtitan.observability.structured_logger")
 pytest.importorskip("torch")
 

@@ -56,6 +56,7 @@ def _trainer(tmp_path: Path, report_to: list[str], **callback_options: Any) -> A
     return trainer
 
 
+@pytest.mark.slow
 def test_the_trainer_s_steps_evaluations_and_saves_are_in_the_report(tmp_path: Path) -> None:
     callback = _train(tmp_path)
     assert not gt.is_enabled() and not callback.started_goodtrace  # it started goodtrace, and finished it
@@ -82,6 +83,7 @@ def test_the_trainer_s_steps_evaluations_and_saves_are_in_the_report(tmp_path: P
     assert by_step[2].metrics["loss"] > 0
 
 
+@pytest.mark.slow
 def test_sinks_given_to_the_callback_get_the_trainer_s_live_lines(tmp_path: Path) -> None:
     from helpers.sinks import CaptureSink
 
@@ -91,6 +93,7 @@ def test_sinks_given_to_the_callback_get_the_trainer_s_live_lines(tmp_path: Path
     assert capture.lines[0].metrics["loss"].value > 0 and capture.closed is True
 
 
+@pytest.mark.processes
 def test_goodtrace_s_figures_reach_the_log_history_and_the_reporting_integrations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from goodtrace.read.compact import COMPACT_DIR, WORK_PREFIX
 from helpers.builders import Proc
 from helpers.cli import goodtrace
@@ -24,6 +26,7 @@ def _big_run(run: Path, ranks: int = 2, steps: int = 40_000) -> None:
         proc.write()
 
 
+@pytest.mark.processes
 def test_a_killed_compaction_leaves_its_files_in_the_run_and_the_next_one_removes_them(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _big_run(run)

@@ -157,6 +157,7 @@ def test_take_keeps_the_rows_of_some_files() -> None:
     assert all(half.rows(table) == 25 for table in TABLES)
 
 
+@pytest.mark.slow
 def test_a_report_with_kept_detail_reads_only_the_other_files_and_is_the_cold_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

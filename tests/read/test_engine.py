@@ -23,6 +23,7 @@ def many_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_many_ranks(tmp_path_factory.mktemp("many") / "run", ranks=64, long_line=True)
 
 
+@pytest.mark.processes
 def test_two_workers_give_the_one_process_report(many_ranks: Path) -> None:
     in_process: list[str] = []
     pooled: list[str] = []
@@ -41,6 +42,7 @@ def test_two_workers_give_the_one_process_report(many_ranks: Path) -> None:
     assert len(parsed["attempts"]) == 2
 
 
+@pytest.mark.processes
 def test_three_workers_on_uneven_tasks_give_the_same(many_ranks: Path) -> None:
     assert report(many_ranks, Engine(workers=3)) == report(many_ranks, Engine(workers=1))
 
@@ -90,6 +92,7 @@ def test_a_few_long_sessions_are_split_between_tasks_at_file_boundaries() -> Non
         assert task.main_tids == [(sid, {0: 11, 1: None}[sid]) for sid in task.files]
 
 
+@pytest.mark.processes
 def test_a_small_run_is_read_in_process_unless_workers_are_asked(many_ranks: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     labels: list[str] = []
     report(many_ranks, Engine(), labels)  # 18 MiB: under the pool's threshold
@@ -100,6 +103,7 @@ def test_a_small_run_is_read_in_process_unless_workers_are_asked(many_ranks: Pat
     assert "reading rank files (2 workers)" in labels
 
 
+@pytest.mark.processes
 def test_bad_worker_counts_are_clear_errors(tmp_path: Path) -> None:
     run = write_many_ranks(tmp_path / "run", ranks=2, steps=12)
     done = goodtrace("report", str(run), env={"GOODTRACE_WORKERS": "two"})
@@ -111,6 +115,7 @@ def test_bad_worker_counts_are_clear_errors(tmp_path: Path) -> None:
     assert done.returncode != 0 and "give one" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.processes
 def test_no_task_reads_more_than_the_cap(many_ranks: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past 4 tasks a worker when a task would read more than TASK_MAX_BYTES (it holds its
     sessions' tables until it returns them); the report is the same."""

@@ -133,6 +133,7 @@ def test_compact_round_trip_and_later_segments(tmp_path: Path) -> None:
     assert (again.form, again.records) == ("jsonl", 9 + 6)
 
 
+@pytest.mark.processes
 def test_importing_goodtrace_does_not_import_duckdb_or_rich() -> None:
     import subprocess
     import sys
@@ -205,6 +206,7 @@ def test_unreadable_urls_are_clear_errors(tmp_path: Path, monkeypatch: pytest.Mo
         load_run("memory://goodtrace-tests/empty")
 
 
+@pytest.mark.slow
 def test_the_run_model_in_memory_and_in_a_database_file_give_the_same_report(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A small run model is held in memory, a large one in a database file (read/load.py,

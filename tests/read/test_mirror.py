@@ -69,6 +69,8 @@ def _grow(segment: Path, url: str, run: Path) -> None:
     _fs().put_file(str(segment), f"{url}/{segment.relative_to(run).as_posix()}")
 
 
+@pytest.mark.processes
+@pytest.mark.s3
 def test_one_listing_then_only_new_or_changed_files(tmp_path: Path, s3_env: S3Server) -> None:
     run = tmp_path / "run"
     shutil.copytree(RESTART, run)

@@ -26,6 +26,8 @@ from helpers.cli import goodtrace
 from helpers.growing import WORK, Ranks
 from helpers.many_ranks import NOW
 
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
 # One rank of a training loop through the public API, all in one segment (the writer's
 # default size), each step flushed by hand and no flush on a timer: the file stays as it is
 # while the test reads it. Each line on stdin: a number of steps to write ("done" after

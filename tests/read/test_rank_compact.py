@@ -27,6 +27,8 @@ from goodtrace.renderers.json_report import render_json
 from helpers.growing import WORK, Ranks
 from helpers.many_ranks import NOW
 
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
 # One rank in small segments (4 KiB: a segment every ~15 steps), flushed by hand each step,
 # with its compactor looking every 0.1 s. Each line on stdin: a number of steps ("done" after
 # them), or "finish".

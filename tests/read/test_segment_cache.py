@@ -29,6 +29,8 @@ from helpers.builders import Proc
 from helpers.growing import WORK
 from helpers.many_ranks import NOW, write_many_ranks
 
+pytestmark = pytest.mark.processes
+
 # One rank of a training loop through the public API, in segments of 4 KiB; it writes STEPS
 # steps, says "paused" and waits for a line on stdin, then writes as many more and finishes.
 # No heartbeat while it waits (one flush an hour; each step is flushed by hand), so that the

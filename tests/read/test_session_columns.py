@@ -141,6 +141,7 @@ def keep_every_session(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("keep_every_session")
+@pytest.mark.processes
 def test_reports_with_kept_columns_are_the_cold_one_and_a_replaced_file_reads_the_run_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

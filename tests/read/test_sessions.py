@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from goodtrace.read.sessions import RecordRange, Session, count_in_range, read_run
 from helpers.fuzz import segment_files, write_seed_run
 
@@ -29,6 +31,7 @@ def _seen(session: Session) -> tuple[Any, ...]:
             session.record_count, session.last_seen_mono, session.finish, session.header)
 
 
+@pytest.mark.processes
 def test_a_run_read_without_its_records_is_the_run_read_with_them(tmp_path: Path) -> None:
     run_dir = _damaged(tmp_path / "run")
     held = read_run(run_dir)
@@ -52,6 +55,7 @@ def test_a_run_read_without_its_records_is_the_run_read_with_them(tmp_path: Path
     assert count_in_range(lean, RecordRange()) == [s.record_count for s in held.sessions]
 
 
+@pytest.mark.processes
 def test_the_readers_tell_their_progress_a_segment_at_a_time(tmp_path: Path) -> None:
     """``goodtrace records`` of a long run reads for a while: each reader says how many of the
     run's segments it has read (a file that cannot be used counts too), from none to all."""
@@ -67,6 +71,7 @@ def test_the_readers_tell_their_progress_a_segment_at_a_time(tmp_path: Path) -> 
     assert told == [("reading segments again", k, total) for k in range(total + 1)]
 
 
+@pytest.mark.processes
 def test_the_segments_counted_on_the_local_pool_are_the_run_counted_here(tmp_path: Path) -> None:
     """``goodtrace records`` of a large run counts its segments on a process per core: the
     sessions, their counts, last signs of life and finish records, the problems (in order) and

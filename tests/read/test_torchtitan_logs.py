@@ -14,6 +14,8 @@ from helpers.cli import Ran
 from helpers.cli import goodtrace as run_goodtrace
 from helpers.torchtitan_logs import SLOW_RANK, STEPS, write_logs
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("torchtitan.observability.structured_logger")
 
 

@@ -97,6 +97,7 @@ def _clock_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) 
     leave_group()
 
 
+@pytest.mark.processes
 def test_injected_offset_is_measured_within_1ms_and_undone_by_the_reader(tmp_path: Path) -> None:
     run_dir, out_dir = tmp_path / "run", tmp_path / "out"
     out_dir.mkdir()
@@ -211,6 +212,7 @@ def _host_worker(rank: int, world: int, port: int, run_dir: str, out_dir: str) -
     leave_group()
 
 
+@pytest.mark.processes
 def test_one_rank_per_host_measures_and_its_host_shares_the_result(tmp_path: Path) -> None:
     run_dir, out_dir = tmp_path / "run", tmp_path / "out"
     out_dir.mkdir()

@@ -146,6 +146,7 @@ def interval(outcome: Outcome, seq: int, truth: bool = False) -> int:
 # ---------------------------------------------------------------------------- the loop shapes
 
 
+@pytest.mark.processes
 def test_idle_tail_after_the_last_step_stays_outside_it(tmp_path: Path) -> None:
     """Issue item 1: the last step's value is looked at only by finish(), 360 ms later. Its
     sync point is when its kernel finished, so the tail is after it (teardown), not in it."""
@@ -162,6 +163,7 @@ def test_idle_tail_after_the_last_step_stays_outside_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("numbers", [[1, 2, 2, 3, 4, 5], [1, 2, 2, 3, 1]], ids=["repeated", "decreasing"])
+@pytest.mark.processes
 def test_each_execution_of_a_repeated_step_number_is_timed_on_its_own(tmp_path: Path, numbers: list[int]) -> None:
     """Issue item 4: step and sync records carry the execution (seq); each execution's sync
     point is its own kernel's end, whatever its step number."""
@@ -175,6 +177,7 @@ def test_each_execution_of_a_repeated_step_number_is_timed_on_its_own(tmp_path: 
         assert abs(interval(outcome, seq) - interval(outcome, seq, truth=True)) <= 2 * outcome.bound_ns
 
 
+@pytest.mark.processes
 def test_checkpoint_before_complete_on_gives_the_records_of_complete_on_first(tmp_path: Path) -> None:
     """Issue item 2 (MaxText's order before its fix): a checkpoint span inside step 2 before
     its complete_on. The device barrier runs first, its instant is step 2's sync point, and the
@@ -208,6 +211,7 @@ def test_checkpoint_before_complete_on_gives_the_records_of_complete_on_first(tm
         assert sorted((r["step"], r[schema.F_SEQ]) for r in outcome.syncs) == [(k, k) for k in range(5)]
 
 
+@pytest.mark.processes
 def test_data_stall_lands_on_the_step_that_waited(tmp_path: Path) -> None:
     """Issue item 9: 10 ms device steps, a 300 ms wait for data in step 6. Step 5 is dated when
     its kernel finished (inside the stall, not after it), so the stall is step 6's."""
@@ -230,6 +234,7 @@ def test_data_stall_lands_on_the_step_that_waited(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- endings
 
 
+@pytest.mark.processes
 def test_uncaught_exception_ends_the_session_naming_it(tmp_path: Path) -> None:
     for attempt in range(ATTEMPTS):
         outcome = run_child(tmp_path, "uncaught_exception", attempt)
@@ -286,6 +291,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.processes
 def test_sigterm_while_the_device_hangs_exits_promptly_with_its_finish_record(tmp_path: Path) -> None:
     """Issue 12 item 13: the device never finishes step 2's kernel and the loop waits for it.
     SIGTERM must still end the process with its records written: nothing waits for the
@@ -310,6 +316,7 @@ def test_sigterm_while_the_device_hangs_exits_promptly_with_its_finish_record(tm
     assert [r["step"] for r in outcome.syncs] == [0, 1]
 
 
+@pytest.mark.processes
 def test_interpreter_exit_while_the_device_hangs_does_not_wait(tmp_path: Path) -> None:
     """The program ends without finish() while a kernel never ends: the exit hook writes the
     finish record (completed unknown) without waiting; the undated values are counted."""

@@ -16,9 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from goodtrace.read.sessions import read_run
 from goodtrace.record.arguments import MAX_NAME_CHARS
 from goodtrace.record.io.writer import MAX_ATTRS_CHARS
+
+pytestmark = pytest.mark.processes
 
 SCRIPT = r'''
 import json, sys, warnings

@@ -77,6 +77,7 @@ def _spawn(target: Any, world: int, *args: Any) -> None:
     run_ranks(target, world, *args)
 
 
+@pytest.mark.processes
 def test_two_gloo_ranks_reduce_by_hand_values_and_never_wait(tmp_path: Path) -> None:
     run_dir, out_dir = tmp_path / "run", tmp_path / "out"
     out_dir.mkdir()
@@ -239,6 +240,7 @@ def _pipeline_worker(rank: int, world: int, port: int, run_dir: str, out_dir: st
     leave_group()
 
 
+@pytest.mark.processes
 def test_ranks_with_different_metric_names_all_count(tmp_path: Path) -> None:
     """No rank is left out of the live line because its metric names differ from rank 0's: a
     rank without a value for a metric contributes a count of zero, tokens/s counts every rank,

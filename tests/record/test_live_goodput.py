@@ -19,6 +19,8 @@ from goodtrace.read.load import load_run
 from goodtrace.record.live.aggregator import LiveAggregator, LocalTransport
 from goodtrace.testing import SimulatedDevice
 
+pytestmark = pytest.mark.slow
+
 
 def _run(run_dir: Path, asynchronous: bool) -> LiveAggregator:
     gt.init(run_dir)
@@ -69,3 +71,37 @@ def test_the_live_goodput_at_finish_is_the_reports(tmp_path: Path, asynchronous:
     # and the line before finish counted by the same rules: not above the final figure by the data
     last = aggregator.lines[-1].goodput
     assert last is not None and last < report.partition.goodput + 0.05
+
+
+@pytest.mark.parametrize("input_bound", [True, False])
+def test_the_live_line_splits_host_overhead_by_the_reports_rule(tmp_path: Path, input_bound: bool) -> None:
+    """The line's split follows the host-overhead rule (docs/semantics.md 3.4): an input-bound
+    loop's data shows where the device waited; a host that runs ahead shows its log spans as
+    train time, as the report counts them (the split used to leave data out and count every log
+    whole)."""
+    gt.init(tmp_path, rank=0, world_size=1)
+    aggregator = LiveAggregator(gt.recorder(), LocalTransport(), log_every=5, printer=lambda line: None)
+    device = SimulatedDevice()
+    try:
+        for step in range(20):
+            with gt.step(step) as s:
+                if input_bound:
+                    with gt.span("data"):
+                        time.sleep(0.03)  # behind 10 ms kernels: ~20 ms of each batch waited for
+                s.complete_on(device.launch(0.01 if input_bound else 0.04))
+                if not input_bound:
+                    with gt.span("log"):
+                        time.sleep(0.01)  # beside the queued 40 ms kernels
+        aggregator.close()
+    finally:
+        gt.finish()
+        device.close()
+    report = analyze(load_run(tmp_path))
+    lines = [line for line in aggregator.lines if line.step >= 10]
+    assert lines
+    if input_bound:
+        assert all(line.overhead_s.get("data", 0.0) > 0.01 for line in lines), [line.overhead_s for line in lines]
+        assert report.partition.seconds("data") > 0.2
+    else:
+        assert all(line.overhead_s.get("log", 0.0) < 0.005 for line in lines), [line.overhead_s for line in lines]
+        assert report.partition.seconds("log") < 0.05

@@ -131,6 +131,7 @@ BUSY_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.processes
 def test_a_busy_loop_with_a_system_call_per_step_starves_nothing(tmp_path: Path) -> None:
     """200 us of Python work and a system call per step (the GIL convoy that starved the Python
     writer): every record written, the buffer under one chunk, heartbeats on the cadence."""

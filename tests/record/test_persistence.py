@@ -37,6 +37,7 @@ CHILD_RECORDS = textwrap.dedent(
 )
 
 
+@pytest.mark.processes
 def test_sigkill_mid_run_keeps_every_flushed_record(tmp_path: Any) -> None:
     run_dir = str(tmp_path / "run")
     child = subprocess.Popen(
@@ -113,6 +114,7 @@ def hanging_fs() -> Any:
     HangingFS.release.set()
 
 
+@pytest.mark.slow
 def test_hung_storage_never_blocks_the_loop_and_counts_drops(hanging_fs: Any) -> None:
     limit = 256 * 1024
     gt.init(
@@ -143,6 +145,7 @@ def test_hung_storage_never_blocks_the_loop_and_counts_drops(hanging_fs: Any) ->
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.slow
 def test_storage_that_recovers_gets_the_drop_count(hanging_fs: Any) -> None:
     gt.init(
         "hangtest://recovering-run", flush_interval_s=0.02, remote_upload_interval_s=0.02,
@@ -240,6 +243,7 @@ def test_forked_child_neither_writes_nor_deadlocks(tmp_path: Any) -> None:
     assert sum(1 for r in run.sessions[0].of_kind("span") if r["name"] == "parent") == 20 * 200
 
 
+@pytest.mark.processes
 def test_sigterm_records_preemption_and_flushes(tmp_path: Any) -> None:
     run_dir = str(tmp_path / "run")
     code = textwrap.dedent(
@@ -268,6 +272,7 @@ def test_sigterm_records_preemption_and_flushes(tmp_path: Any) -> None:
 
 
 @pytest.mark.parametrize("where", ["main", "thread"])
+@pytest.mark.processes
 def test_sigterm_during_finish_waits_for_that_finish(tmp_path: Any, where: str) -> None:
     """SIGTERM while finish() runs (a slow finish listener holds it open), in the main thread
     (the handler interrupts it: the signal is delivered again once it is done) or in another

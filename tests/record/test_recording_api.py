@@ -23,6 +23,7 @@ from goodtrace.testing import FakeClock, capture
 from helpers.cli import goodtrace
 
 
+@pytest.mark.processes
 def test_import_loads_the_standard_library_only() -> None:
     code = (
         "import sys, goodtrace; "
@@ -254,6 +255,7 @@ def test_rank_discovery_from_launcher_variables() -> None:
         discover_identity(environ={"RANK": "9", "WORLD_SIZE": "4"})
 
 
+@pytest.mark.processes
 def test_process_start_comes_from_the_os_and_precedes_init() -> None:
     code = (
         "import time; time.sleep(0.3); import goodtrace.record.process as p, time; "
@@ -307,6 +309,7 @@ def test_attempts_from_launcher_restart_counter() -> None:
     assert [s.attempt for s in sessions] == [0, 0, 1, 1]
 
 
+@pytest.mark.processes
 def test_records_command_lists_sessions(tmp_path: Any) -> None:
     gt.init(tmp_path / "run")
     gt.finish()

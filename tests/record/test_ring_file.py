@@ -32,7 +32,7 @@ from goodtrace.record.spans import span_key
 from helpers.children import ReportingChild
 from helpers.cli import goodtrace
 
-pytestmark = pytest.mark.skipif(fastpath.native is None, reason="the native writer is not built here")
+pytestmark = [pytest.mark.processes, pytest.mark.skipif(fastpath.native is None, reason="the native writer is not built here")]
 
 _TAIL_AT = 96  # RingShared.tail's offset in the file (native_writer.h)
 

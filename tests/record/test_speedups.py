@@ -117,6 +117,7 @@ def test_the_c_fast_path_is_built_where_a_compiler_is() -> None:
     assert gt.span is _recorder._speedups.span
 
 
+@pytest.mark.processes
 def test_c_and_python_spans_write_the_same_records() -> None:
     python = _run(pure=True)
     assert python["implementation"] == "python"
@@ -292,6 +293,7 @@ print(spans.IMPLEMENTATION, len(records), bad_steps, rebinds, failures[:3])
 '''
 
 
+@pytest.mark.processes
 def test_spans_survive_a_gc_callback_that_rebinds_the_hot_path_state() -> None:
     """The C span exit reads ``_append`` and ``_step`` after its allocations, and owns them:
     an allocation can run a collection whose callbacks rebind them (another thread's finish()

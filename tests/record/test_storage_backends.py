@@ -88,11 +88,14 @@ def _kill_and_measure(run_dir: str, env: dict[str, str]) -> tuple[float, float]:
     return lost, FLUSH_S + 2 * chunk_s + 2 * late + 2 * sys.getswitchinterval()
 
 
+@pytest.mark.processes
 def test_sigkill_on_local_disk(tmp_path: Path) -> None:
     lost, bound = _kill_and_measure(str(tmp_path / "run"), {})
     assert lost <= bound, f"lost {lost:.3f} s (bound {bound:.3f} s)"
 
 
+@pytest.mark.fuse
+@pytest.mark.processes
 def test_sigkill_on_the_emulated_nfs(nfs: EmulatedNFS) -> None:
     run_dir = os.path.join(nfs.mountpoint, "kill-run")
     lost, bound = _kill_and_measure(run_dir, {})
@@ -100,6 +103,8 @@ def test_sigkill_on_the_emulated_nfs(nfs: EmulatedNFS) -> None:
     assert nfs.stats()["ops"].get("write", 0) > 0  # it really went through the FUSE server
 
 
+@pytest.mark.processes
+@pytest.mark.s3
 def test_sigkill_on_s3(s3_env: S3Server) -> None:
     run_dir = f"s3://{s3_env.bucket}/kill-run"
     lost, bound = _kill_and_measure(run_dir, s3_env.env)
@@ -139,6 +144,8 @@ FROZEN_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.fuse
+@pytest.mark.processes
 def test_a_frozen_fuse_server_stalls_neither_the_loop_nor_finish(tmp_path: Path) -> None:
     reason = fuse_unavailable()
     if reason:

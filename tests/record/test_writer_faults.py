@@ -118,6 +118,7 @@ def heartbeat_monos(run_dir: str) -> list[int]:
     [(2_500, "s"), (2_500, "f"), (140_000, "-"), (140_000, "s"), (500_000, "-")],
     ids=["2.5k-syscall", "2.5k-fsync", "140k", "140k-syscall", "500k"],
 )
+@pytest.mark.processes
 def test_sigkill_loses_at_most_one_interval_plus_one_chunk(tmp_path: Path, rate: int, per_step: str) -> None:
     """Whatever the loop does per step (nothing, a system call, an fsync), the native writer
     loses nothing that reached its ring (recovered by the reader: the newest record within
@@ -193,6 +194,7 @@ BOUND_CHILD = textwrap.dedent(
 
 
 @pytest.mark.parametrize("impl", ["c", "python"])
+@pytest.mark.processes
 def test_buffer_bound_holds_on_every_append_and_every_drop_is_counted(tmp_path: Path, impl: str) -> None:
     limit, appends = 1000, 5000
     # the Python writer, stalled through its flush lock (the native ring's bound: test_native_writer.py)
@@ -215,6 +217,7 @@ def test_buffer_bound_holds_on_every_append_and_every_drop_is_counted(tmp_path: 
     assert max(r["dropped"] for r in session.of_kind("heartbeat")) == appends - limit
 
 
+@pytest.mark.processes
 def test_a_process_killed_in_its_first_second_leaves_its_session(tmp_path: Path) -> None:
     code = "import sys, goodtrace as gt; gt.init(sys.argv[1], flush_interval_s=60); print('up', flush=True); " \
            "import time; time.sleep(60)"
@@ -277,6 +280,7 @@ def _check_segments(run_dir: str) -> int:
     return len(paths)
 
 
+@pytest.mark.processes
 def test_a_full_disk_never_leaves_a_partial_line_and_counts_what_it_lost() -> None:
     with small_tmpfs(2048) as mount:
         run_dir = os.path.join(mount, "run")
@@ -307,6 +311,7 @@ def test_a_full_disk_never_leaves_a_partial_line_and_counts_what_it_lost() -> No
         assert max(r["dropped"] for r in session.of_kind("heartbeat")) == rec.dropped_records
 
 
+@pytest.mark.processes
 def test_a_disk_full_from_the_start_writes_one_header_per_segment() -> None:
     with small_tmpfs(256) as mount:
         run_dir = os.path.join(mount, "run")
@@ -330,6 +335,7 @@ def test_a_disk_full_from_the_start_writes_one_header_per_segment() -> None:
 # ---------------------------------------------------------------------------- deleted run dir
 
 
+@pytest.mark.processes
 def test_a_deleted_run_directory_is_recreated_and_the_loss_counted(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     code = textwrap.dedent(
@@ -396,6 +402,7 @@ DELETE_CHILD = textwrap.dedent(
 
 
 @pytest.mark.parametrize("writer", ["native", "python"])
+@pytest.mark.processes
 def test_a_deleted_run_directory_is_back_within_two_intervals(tmp_path: Path, writer: str) -> None:
     """The directory deleted under a running process is recreated, header first, within two
     flush intervals (plus this machine's measured scheduling lateness), not at finish()."""

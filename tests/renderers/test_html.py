@@ -267,6 +267,7 @@ gt.finish()
 """
 
 
+@pytest.mark.processes
 def test_the_gantt_of_a_few_steps_reads_only_the_files_around_them(tmp_path: Path) -> None:
     """The gantt of a few steps of a long session reads the files whose records' times reach
     its range (each file's earliest and latest time, as loaded), not every file of the session,
@@ -362,6 +363,8 @@ def _hover(page: Any, name: str, row: int = 0) -> str:
     return hover_tooltip(page, "gantt", page.evaluate(JS_BAR_POINT, [name, row]), name)
 
 
+@pytest.mark.browser
+@pytest.mark.processes
 def test_report_opens_offline_draws_and_hovers(chromium: Any, small_run: Path, tmp_path: Path) -> None:
     path = tmp_path / "report.html"
     analysed = _analysed(small_run)
@@ -448,6 +451,7 @@ def test_hostile_names_are_shown_as_text(chromium: Any, evil_run: Path, tmp_path
     page.screenshot(path=str(artifact("html-report-hostile.png")), full_page=True)
 
 
+@pytest.mark.processes
 def test_report_command_writes_the_page(evil_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "cli.html"
     done = goodtrace("report", str(evil_run), "--html", str(out))

@@ -51,6 +51,8 @@ def test_chart_data_is_the_analysis_periods(tmp_path: Path) -> None:
     assert data["worst"] == [0, 1, 2] and data["lost_s"] == [600.0, 300.0, 100.0]
 
 
+@pytest.mark.browser
+@pytest.mark.processes
 def test_chart_draws_and_its_tooltip_names_the_buckets(chromium: Any, tmp_path: Path) -> None:
     loaded = load_run(hourly_run(tmp_path / "run"))
     path = tmp_path / "report.html"

@@ -314,6 +314,7 @@ def _cli(*args: str) -> Ran:
     return goodtrace(*args)
 
 
+@pytest.mark.processes
 def test_cli_writes_a_slice(small_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "slice.json.gz"
     done = _cli("trace", str(small_run), "-o", str(out), "--steps", "4:5", "--ranks", "1", "--attempt", "1")
@@ -332,11 +333,13 @@ def test_cli_writes_a_slice(small_run: Path, tmp_path: Path) -> None:
         (["--ranks", "5-9"], "the run has no rank in '5-9' (it has ranks 0-2)"),
     ],
 )
+@pytest.mark.processes
 def test_cli_user_errors(small_run: Path, tmp_path: Path, extra: list[str], message: str) -> None:
     done = _cli("trace", str(small_run), "-o", str(tmp_path / "x.json"), *extra)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.processes
 def test_cli_not_a_run(tmp_path: Path) -> None:
     done = _cli("trace", str(tmp_path), "-o", str(tmp_path / "x.json"))
     assert done.returncode == 2 and "no goodtrace records" in done.stderr
@@ -357,6 +360,8 @@ def _assert_clean(loaded: LoadedTrace) -> None:
     assert loaded.import_errors() == []
 
 
+@pytest.mark.browser
+@pytest.mark.processes
 def test_perfetto_ui_loads_the_trace(ui: PerfettoUI, small_run: Path, tmp_path: Path) -> None:
     path = tmp_path / "small.json"
     PerfettoRenderer().write(*_analysed(small_run), path)
@@ -413,6 +418,8 @@ def test_perfetto_ui_loads_the_trace(ui: PerfettoUI, small_run: Path, tmp_path: 
     loaded.page.screenshot(path=str(artifact("perfetto-small-trace.png")))
 
 
+@pytest.mark.browser
+@pytest.mark.processes
 def test_perfetto_ui_loads_gzip_and_hostile_names(ui: PerfettoUI, tmp_path: Path) -> None:
     run_dir = write_small_run(tmp_path / "evil", evil=True)
     path = tmp_path / "evil.json.gz"
@@ -425,6 +432,8 @@ def test_perfetto_ui_loads_gzip_and_hostile_names(ui: PerfettoUI, tmp_path: Path
     assert hosts == [{"name": "rank 2 (<script>alert(2)</script>)"}]
 
 
+@pytest.mark.browser
+@pytest.mark.processes
 def test_perfetto_ui_loads_a_run_from_the_real_recorder(ui: PerfettoUI, tmp_path: Path) -> None:
     import goodtrace as gt
     from goodtrace.testing import SimulatedDevice, capture

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from goodtrace.analysis import analyze
 from goodtrace.read.load import load_run
 from goodtrace.renderers.html import render_html, report_data
@@ -31,6 +33,7 @@ def _run(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.processes
 def test_the_console_lists_the_rollback_under_the_attempts(tmp_path: Path) -> None:
     run_dir = _run(tmp_path)
     done = goodtrace("report", str(run_dir), env={"COLUMNS": "200"})
@@ -62,6 +65,8 @@ def test_the_sinks_summary_names_the_rollback(tmp_path: Path) -> None:
     assert texts["goodtrace/summary/rollback_0"] == f"attempt 0: {TEXT}"
 
 
+@pytest.mark.browser
+@pytest.mark.processes
 def test_the_html_page_notes_the_rollback(tmp_path: Path) -> None:
     run_dir = _run(tmp_path / "run")
     loaded = load_run(run_dir)

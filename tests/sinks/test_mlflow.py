@@ -11,6 +11,8 @@ import goodtrace as gt
 from helpers.sinks import STEPS, CaptureSink, train
 from helpers.sinks_expected import JOB_GOODPUT, expected_live, expected_summary
 
+pytestmark = pytest.mark.processes
+
 mlflow = pytest.importorskip("mlflow")
 
 

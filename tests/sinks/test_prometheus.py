@@ -91,6 +91,7 @@ def _scraped_step(server: str) -> float | None:
         return None
 
 
+@pytest.mark.processes
 def test_prometheus_scrapes_the_latest_live_line(prometheus_server: Any, tmp_path: Path) -> None:
     from goodtrace.sinks.prometheus import PrometheusSink
 
@@ -164,6 +165,7 @@ def test_an_endpoint_nobody_scraped_closes_at_finish(tmp_path: Path) -> None:
     assert sink.bound_port is not None and _refused(sink.bound_port)
 
 
+@pytest.mark.processes
 def test_a_busy_port_is_replaced_by_a_free_one_and_named(prometheus_server: Any, tmp_path: Path) -> None:
     from goodtrace.sinks.prometheus import PrometheusSink
 

@@ -79,6 +79,7 @@ time.sleep(600)  # alive, recording nothing, until killed
 """
 
 
+@pytest.mark.processes
 def test_a_killed_ranks_event_file_has_every_line_sent_a_flush_interval_before(tmp_path: Path) -> None:
     """The sink is flushed on goodtrace's heartbeat cadence: a rank killed two flush intervals
     (plus this machine's measured lateness) after its last live line has that line in its event

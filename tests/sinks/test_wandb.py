@@ -43,6 +43,7 @@ def test_live_lines_and_the_summary_read_back_from_the_offline_run(tmp_path: Pat
         assert summary[name] == text
 
 
+@pytest.mark.processes
 def test_a_run_the_program_already_opened_gets_the_numbers_and_stays_open(tmp_path: Path) -> None:
     from goodtrace.sinks.wandb import WandbSink
 

@@ -119,7 +119,6 @@ class LiveAggregator:
         clock: Callable[[], int] = getattr(recorder, "clock", time.perf_counter_ns)
         self._clock = clock
         self._lock = threading.RLock()
-        self._intervals = LogIntervals(self._warn)  # what this rank recorded since the last log step
         self._ends = 0
         self._first_t0: int | None = None
         self._first_step: int | None = None
@@ -133,7 +132,10 @@ class LiveAggregator:
         self._rewound = RewoundTime(lambda a, b: sum(self._intervals.overhead_in(a, b, prune=False).values()))
         self._process_start_ns = process_start_ns if process_start_ns is not None else _process_start(recorder)
         # this attempt's goodput by the report's rules (record/live/goodput.py)
-        self.attempt_goodput = AttemptGoodput(self._process_start_ns, recorder.config.all_blocking_categories)
+        blocking = getattr(config, "all_blocking_categories", schema.BLOCKING_CATEGORIES)
+        self.attempt_goodput = AttemptGoodput(self._process_start_ns, blocking)
+        # what this rank recorded since the last log step; its overhead by the same rule as the goodput
+        self._intervals = LogIntervals(self._warn, self.attempt_goodput.busy_until, blocking)
         self.final_goodput: float | None = None  # its value at finish (close)
         self._warned: set[str] = set()
         self._metric_names = MetricNames(self._warn)  # slots, and names learned from the gathers
@@ -210,8 +212,6 @@ class LiveAggregator:
 
     def on_overhead_span(self, category: str, t0: int, t1: int) -> None:
         """An overhead span ended (the recorder's overhead-span listener)."""
-        if category == schema.DATA:  # in-step data loading: the goodput's data rule, not the split
-            return
         with self._lock:
             self._intervals.add_overhead(category, t0, t1)
 

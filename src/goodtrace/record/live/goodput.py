@@ -143,6 +143,10 @@ class AttemptGoodput:
         """Until when the device had work of the loop dispatched before host instant ``t``: the
         sync point of the last execution that exited before ``t`` (the report's rule,
         ``goodtrace.analysis.overhead.busy_until``); None where none is known."""
+        with self._lock:
+            return self._busy_until(t)
+
+    def _busy_until(self, t: int) -> int | None:
         executions = self._executions
         k = len(executions) - 1
         while k >= 0 and executions[k][1] > t:  # type: ignore[operator]
@@ -187,7 +191,7 @@ class AttemptGoodput:
             if t1 <= start or t0 >= end:
                 continue
             if category not in self.blocking:
-                bound = self.busy_until(t0)
+                bound = self._busy_until(t0)
                 t0 = t0 if bound is None else max(t0, bound)
             if t1 > t0:
                 spans.append((category, t0, t1))

@@ -34,8 +34,13 @@ class LogInterval:
 class LogIntervals:
     """The values, sync points and overhead spans not yet in a closed interval."""
 
-    def __init__(self, warn: Callable[[str, str], None]) -> None:
+    def __init__(self, warn: Callable[[str, str], None], busy_until: Callable[[int], int | None] | None = None,
+                 blocking: frozenset[str] = frozenset()) -> None:
         self._warn = warn
+        # the host-overhead rule (docs/semantics.md 3.4): until when the device had queued work at
+        # a span's start (AttemptGoodput.busy_until); a span counts from there on, a blocking one whole
+        self._busy_until = busy_until
+        self._blocking = blocking
         self._values: dict[int, list[tuple[str, str, float]]] = collections.defaultdict(list)
         self._syncs: dict[int, int] = {}
         self._overhead_spans: list[tuple[str, int, int]] = []
@@ -100,7 +105,7 @@ class LogIntervals:
     def overhead_in(self, start: int, end: int, *, prune: bool = True) -> dict[str, int]:
         """Overhead time per category inside (start, end]; nested spans counted once (``prune``:
         the spans that end by ``end`` are dropped, no later interval needs them)."""
-        spans = sorted(self._overhead_spans, key=lambda s: (s[1], -s[2]))
+        spans = sorted(self._clipped(), key=lambda s: (s[1], -s[2]))
         result: dict[str, int] = {}
         covered_until = start
         for category, t0, t1 in spans:
@@ -111,3 +116,15 @@ class LogIntervals:
         if prune:
             self._overhead_spans = [s for s in self._overhead_spans if s[2] > end]
         return result
+
+    def _clipped(self) -> list[tuple[str, int, int]]:
+        if self._busy_until is None:
+            return self._overhead_spans
+        out = []
+        for category, t0, t1 in self._overhead_spans:
+            if category not in self._blocking:
+                bound = self._busy_until(t0)
+                t0 = t0 if bound is None else max(t0, bound)
+            if t1 > t0:
+                out.append((category, t0, t1))
+        return out
