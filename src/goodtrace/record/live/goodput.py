@@ -37,19 +37,22 @@ def _covered(spans: Iterable[tuple[str, int, int]], start: int, end: int) -> dic
     overhead span is."""
     result: dict[str, int] = {}
     covered_until = start
-    ordered = sorted(spans, key=lambda s: (s[1], -s[2]))
-    for category, t0, t1 in ordered:
+    data: list[tuple[int, int]] = []
+    others: list[tuple[int, int]] = []  # the other spans' covered pieces, disjoint and in order
+    for category, t0, t1 in sorted(spans, key=lambda s: (s[1], -s[2])):
         if category == schema.DATA:
+            data.append((max(t0, start), min(t1, end)))
             continue
         lo, hi = max(t0, covered_until), min(t1, end)
         if hi > lo:
             result[category] = result.get(category, 0) + hi - lo
             covered_until = hi
-    data = _union([(max(t0, start), min(t1, end)) for category, t0, t1 in ordered if category == schema.DATA])
+            others.append((lo, hi))
     if data:
-        others = _union([(max(t0, start), min(t1, end)) for category, t0, t1 in ordered if category != schema.DATA])
-        total = sum(b - a for a, b in data) - sum(
-            max(0, min(b, d) - max(a, c)) for a, b in data for c, d in others)
+        merged = _union(data)
+        total = sum(b - a for a, b in merged)
+        if others:
+            total -= sum(max(0, min(b, d) - max(a, c)) for a, b in merged for c, d in others)
         if total:
             result[schema.DATA] = total
     return result
