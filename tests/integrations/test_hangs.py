@@ -20,6 +20,8 @@ import pytest
 from helpers.cli import goodtrace
 from helpers.ranks import free_port
 
+pytestmark = pytest.mark.processes
+
 torch = pytest.importorskip("torch")
 
 STEPS, HANG_AT, STEP_S = 40, 20, 0.02

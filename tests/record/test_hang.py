@@ -17,6 +17,8 @@ import pytest
 import goodtrace as gt
 from goodtrace.record.hang import HANG_EVENT, HANG_OVER_EVENT, HangPolicy, HangWatchdog
 
+pytestmark = pytest.mark.processes
+
 MS = 1_000_000
 S = 1_000_000_000
 
@@ -194,6 +196,7 @@ def test_a_real_stall_is_recorded_with_the_stack_and_then_seen_to_be_over(tmp_pa
     assert over["attrs"]["since"] == attrs["since"] and over["attrs"]["silent_s"] >= attrs["silent_s"]
 
 
+@pytest.mark.slow
 def test_a_clean_run_with_checkpoints_and_evals_ten_times_the_step_records_no_hang(tmp_path: Path) -> None:
     """Steps of ~50 ms, checkpoints and evals of 10-12 steps' time; the floor (0.3 s) is below
     them, so only the phase rule keeps them from alarming."""
