@@ -2,9 +2,10 @@
 events, goodtrace.record.hang), and which of them stopped first (docs/semantics.md section 12).
 
 When one rank hangs, every other rank soon waits for it in a collective and its watchdog fires
-too. The rank that stopped **first** is the one whose last progress came earliest on the
-aligned clock (section 8), at the lowest step: the others kept going until they reached the
-collective it never entered. Pure functions over the loaded run.
+too. The rank that stopped **first** is the one at the lowest step (the others kept going
+until they reached the collective it never entered), not waiting in a collective itself (its
+open span, its stack: their last progress can be the same instant), whose last progress came
+earliest on the aligned clock (section 8). Pure functions over the loaded run.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Which rank stopped first, and the line that says so (docs/semantics.md section 12).
 
-The rule (the lowest step, then the earliest last progress) and the line's words are here, in
+The rule (the lowest step, then a rank not waiting in a collective, then the earliest last
+progress) and the line's words are here, in
 the recording layer, so that rank 0's line while the job hangs and the report afterwards
 (goodtrace.analysis.hangs) say the same. While the job hangs, rank 0 reads the other ranks'
 ``hang`` events from the tails of their newest segment files (a local run directory only; the
