@@ -4,11 +4,13 @@ attempt of the same job. The recorder is the point, so the loops run in real pro
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,24 +87,44 @@ def test_finish_infers_its_ending_in_process() -> None:
         assert (finish["completed"], finish["reason"]) == (True, "finish")
 
 
-def test_init_warns_once_when_the_rank_is_the_default_in_a_torch_program(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """mp.spawn with gt.init before the process group: every process would claim rank 0."""
+def _spawned_init(run_dir: str, explicit: bool, out: Any) -> None:
+    """In a process ``multiprocessing`` spawned (as ``mp.spawn`` starts ranks): torch imported,
+    ``gt.init`` twice without a rank (or with one), and the warnings it gave sent back."""
+    import warnings
+
     import torch  # noqa: F401  (the program uses torch; goodtrace looks in sys.modules only)
 
-    from goodtrace.record import api
+    import goodtrace as gt
 
     for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JAX_PROCESS_ID"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(api, "_warned_default_rank", False)
-    with pytest.warns(gt.GoodtraceWarning, match="rank 0 of 1 by default") as caught:
+        os.environ.pop(name, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         for k in range(2):
-            gt.init(tmp_path / str(k))
+            gt.init(os.path.join(run_dir, str(k)), **({"rank": 0, "world_size": 1} if explicit else {}))
             gt.finish()
-    assert sum("by default" in str(w.message) for w in caught) == 1  # once per process
-    monkeypatch.setattr(api, "_warned_default_rank", False)
+    out.put([str(w.message) for w in caught if "by default" in str(w.message)])
+
+
+@pytest.mark.processes
+def test_init_warns_once_when_a_spawned_process_takes_the_default_rank(tmp_path: Path) -> None:
+    """mp.spawn with gt.init before the process group: every process would claim rank 0. A
+    spawned process warns once; one that names its rank does not, nor does a single process
+    (this one, with torch imported: a one-host script is rank 0 rightly)."""
+    import multiprocessing
+
+    import torch  # noqa: F401
+
+    context = multiprocessing.get_context("spawn")
+    for explicit, expected in ((False, 1), (True, 0)):
+        out = context.Queue()
+        child = context.Process(target=_spawned_init, args=(str(tmp_path / str(explicit)), explicit, out))
+        child.start()
+        messages = out.get(timeout=120)
+        child.join(timeout=60)
+        assert child.exitcode == 0 and len(messages) == expected, messages
+        assert all("rank 0 of 1 by default" in m for m in messages)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        gt.init(tmp_path / "explicit", rank=0, world_size=1)  # the program said which rank
+        gt.init(tmp_path / "single")  # not started by multiprocessing: no warning
         gt.finish()

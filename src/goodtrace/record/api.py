@@ -109,10 +109,14 @@ _warned_default_rank = False
 
 def _warn_default_rank(source: str, world_size: int) -> None:
     """Once per process: the rank is the default (no argument, no initialised process group,
-    no launcher variable) in a program that imported torch or JAX, where several processes
-    (``mp.spawn`` with ``init`` before the process group) may all claim rank 0."""
+    no launcher variable) in a process that ``multiprocessing`` started (``mp.spawn``, with
+    ``init`` before the process group) in a program that imported torch or JAX: its siblings
+    may all claim rank 0. A single process (the usual one-host script) is rank 0 rightly."""
     global _warned_default_rank
     if source != "default" or _warned_default_rank:
+        return
+    mp = sys.modules.get("multiprocessing")  # never imported here
+    if mp is None or mp.parent_process() is None:
         return
     frameworks = [name for name in ("torch", "jax") if name in sys.modules]  # never imported here
     if frameworks:
