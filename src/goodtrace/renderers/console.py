@@ -103,10 +103,11 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
         )
     )
     verdict = analysis.verdict
-    console.print(Text.assemble(("Verdict: ", "bold"), (verdict.text, "bold yellow"), f"; {verdict.evidence}"))
+    console.print(Text.assemble(("Verdict: ", "bold"), (printable(verdict.text), "bold yellow"),
+                                f"; {printable(verdict.evidence)}"), highlight=False)  # names in it are data
     console.print()
     console.print(bucket_table(p, "Where the time went"))
-    console.print(f"[dim]host overhead: {'; '.join(analysis.host_overhead.sentences())}[/dim]")
+    console.print(f"[dim]host overhead: {safe('; '.join(analysis.host_overhead.sentences()))}[/dim]")
     _worst_periods(console, analysis)
     if analysis.window is not None:
         w = analysis.window
