@@ -12,7 +12,8 @@ flags the executions it threw away. The rules (docs/semantics.md):
 - a sync point belongs to one execution (the recorder names it; for older files the k-th sync
   point of step n belongs to the k-th execution of n); the earliest one counts;
 - no sync point at all: each execution closes at its host exit (``host`` timing);
-- sync points must increase in execution order; one that does not is ignored (flagged);
+- sync points must not go back in execution order; one that does is ignored (flagged); two at
+  the same instant (one poll found both) close a zero-length interval;
 - a blocking span never includes the wait for its step: when a sync point falls inside a
   blocking span, the span counts from that sync point on;
 - executions after the last sync point are closed at their host exit when the session ended
@@ -399,7 +400,8 @@ def cut_session(
     first_start = int(t0s[0]) if n else start
     if len(has):
         at = times[has]
-        in_order = at > np.maximum.accumulate(np.concatenate(([np.int64(first_start)], at[:-1])))
+        # a tie (two completions one poll found) is a zero-length interval, not an unordered sync point
+        in_order = at >= np.maximum.accumulate(np.concatenate(([np.int64(first_start)], at[:-1])))
         del at
     else:
         in_order = np.zeros(0, dtype=bool)

@@ -132,7 +132,8 @@ class AttemptGoodput:
                     if execution[0] == step and execution[3] is None:
                         execution[3] = t
                         break
-            if self.last_interval_end is None or t > self.last_interval_end:
+            if self.last_interval_end is None or t > self.last_interval_end or (
+                    t == self.last_interval_end and self._steps_since):  # a tie: a zero-length interval
                 self._close_interval(t)
 
     def on_span(self, category: str, t0: int, t1: int, thread: int | None = None) -> None:
@@ -176,7 +177,7 @@ class AttemptGoodput:
 
     def _close_interval(self, end: int) -> None:
         start = self.last_interval_end if self.last_interval_end is not None else self.first_entry
-        if start is None or end <= start:
+        if start is None or end < start or (end == start and self.last_interval_end is None):
             return
         self._open.append((start, end, max(1, self._steps_since)))
         self._steps_since = 0
