@@ -73,3 +73,20 @@ def test_what_counts_as_waiting_in_a_collective() -> None:
     windows = '  File "C:\\env\\Lib\\site-packages\\torch\\distributed\\distributed_c10d.py", line 2, in barrier\n'
     assert in_collective(None, windows)
     assert not in_collective("data", LOADER) and not in_collective(None, None) and not in_collective(3, 4)
+
+
+def test_the_console_shows_both_stacks(tmp_path: Path) -> None:
+    """The report names where the stuck rank is and where the others wait, each with its stack."""
+    import io
+
+    from rich.console import Console
+
+    from goodtrace.renderers.console import render_console
+
+    _run(tmp_path, 1, "stack")
+    out = io.StringIO()
+    render_console(analyze(load(tmp_path), now_wall_ns=None), Console(file=out, width=200))
+    text = out.getvalue()
+    stuck, waiting = text.index("stopped first"), text.index("waiting: rank 0 on h0")
+    assert stuck < text.index("idx, data = self._get_data()") < waiting  # the stuck rank's stack
+    assert waiting < text.index("work = group.allreduce([tensor], opts)")  # and the waiting one's

@@ -271,7 +271,8 @@ def _ranks(console: Console, analysis: RunAnalysis) -> None:
 
 
 def _hangs(console: Console, analysis: RunAnalysis, frames: int = 12) -> None:
-    """Each attempt's first rank that stopped (analysis.hangs): its stack, innermost last."""
+    """Each attempt's first rank that stopped (analysis.hangs): its stack, innermost last, and
+    where the others wait: one of them (a rank waiting in a collective first), with its stack."""
     for h in analysis.hangs:
         if not h.first:
             continue
@@ -280,11 +281,19 @@ def _hangs(console: Console, analysis: RunAnalysis, frames: int = 12) -> None:
                       f"{safe(h.where)}, {h.silent_s or 0:.1f} s without progress (bound {h.bound_s or 0:.1f} s); "
                       f"its stack (innermost last):", highlight=False)
         for line in h.stack.rstrip("\n").splitlines()[-2 * frames:] or ["  (no stack recorded)"]:
-            console.print(safe(line), highlight=False, markup=False, soft_wrap=True)
+            console.print(printable(line), highlight=False, markup=False, soft_wrap=True)
         if h.native:
             console.print("[dim]native frames (py-spy):[/dim]")
             for line in h.native.splitlines()[: frames + 1]:
-                console.print(safe(line), highlight=False, markup=False, soft_wrap=True)
+                console.print(printable(line), highlight=False, markup=False, soft_wrap=True)
+        others = [o for o in analysis.hangs if o.attempt == h.attempt and not o.first]
+        if others:  # where the others wait: the first of them, with its stack
+            w = sorted(others, key=lambda o: (not o.waiting, o.rank))[0]
+            more = f" (and {len(others) - 1} more rank(s))" if len(others) > 1 else ""
+            console.print(f"[yellow]waiting:[/yellow] rank {w.rank} on {safe(w.host)}{more}, at step {w.step}, in "
+                          f"{safe(w.where)}; its stack (innermost last):", highlight=False)
+            for line in w.stack.rstrip("\n").splitlines()[-2 * frames:] or ["  (no stack recorded)"]:
+                console.print(printable(line), highlight=False, markup=False, soft_wrap=True)
 
 
 def _program(console: Console, analysis: RunAnalysis) -> None:
