@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -241,8 +242,30 @@ def test_config_rejects_bad_values_clearly(options: dict[str, Any], message: str
 def test_config_from_environment() -> None:
     config = Config.from_env({"GOODTRACE_LAG": "2", "GOODTRACE_FLUSH_INTERVAL_S": "0.5"})
     assert config.lag == 2 and config.flush_interval_s == 0.5
-    with pytest.raises(ConfigError, match="GOODTRACE_LAG='x'"):
-        Config.from_env({"GOODTRACE_LAG": "x"})
+
+
+def test_a_bad_environment_variable_is_warned_about_and_the_default_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launcher's ``GOODTRACE_LAG=x`` must not fail the job's ``init``: one warning naming the
+    variable and value, the default used; the program's own bad keyword still raises."""
+    monkeypatch.setenv("GOODTRACE_LAG", "x")
+    monkeypatch.setenv("GOODTRACE_FLUSH_INTERVAL_S", "0")  # parses, but out of range
+    monkeypatch.setenv("GOODTRACE_SINKS", "nonsense")
+    with pytest.warns(gt.GoodtraceWarning) as caught:
+        rec = gt.init(tmp_path / "run")
+    messages = [str(w.message) for w in caught]
+    assert sum("GOODTRACE_LAG='x'" in m for m in messages) == 1
+    assert sum("GOODTRACE_FLUSH_INTERVAL_S='0'" in m for m in messages) == 1
+    assert sum("GOODTRACE_SINKS" in m and "nonsense" in m for m in messages) == 1
+    assert gt.is_enabled() and rec.config.lag == 1 and rec.config.flush_interval_s == Config().flush_interval_s
+    assert rec.sink_hub is None  # type: ignore[union-attr]
+    with gt.step(0):
+        pass
+    assert gt.finish()
+    with pytest.raises(ConfigError, match="lag must be an int"):
+        gt.init(tmp_path / "run2", lag="x")
+    assert not gt.is_enabled()
 
 
 def test_rank_discovery_from_launcher_variables() -> None:

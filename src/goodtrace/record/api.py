@@ -62,6 +62,11 @@ def init(
     ``sinks`` (names such as ``"tensorboard:runs/tb"`` or sink objects; default: the
     comma-separated ``GOODTRACE_SINKS``) receive the live lines and the run's summary
     (``goodtrace.record.live.sink_hub``); an unknown name is a :class:`ConfigError`.
+
+    ``init`` is the one strict call for its keyword arguments (a bad value raises
+    :class:`ConfigError` before anything is recorded) and lenient for the environment: a bad
+    ``GOODTRACE_*`` variable (``GOODTRACE_LAG=x``, an unknown name in ``GOODTRACE_SINKS``) is
+    warned about once and the default is used.
     """
     resolved = _resolve_sinks(sinks)
     if config is None:
@@ -133,9 +138,15 @@ def _resolve_sinks(sinks: Sequence[Any] | None) -> list[Any]:
         text = os.environ.get("GOODTRACE_SINKS", "")
         if not text.strip():
             return []
-        from goodtrace.record.live.sink_hub import parse_specs
+        from goodtrace.record.live.sink_hub import parse_specs, resolve
 
-        sinks = parse_specs(text)
+        resolved = []
+        for spec in parse_specs(text):  # the launcher's: a bad name is warned about, never fatal
+            try:
+                resolved.append(resolve(spec))
+            except ConfigError as exc:
+                warn(f"GOODTRACE_SINKS: {spec[:200]!r} ignored ({exc})", stacklevel=4)
+        return resolved
     if isinstance(sinks, (str, bytes)):
         raise ConfigError(f"sinks must be a list of sink names or objects, got the string {sinks!r}")
     if not sinks:

@@ -2,6 +2,9 @@
 
 Every field can be overridden from the environment as ``GOODTRACE_<FIELD>`` (for example
 ``GOODTRACE_ENABLED=0`` or ``GOODTRACE_FLUSH_INTERVAL_S=2``); explicit arguments win.
+Explicit arguments are checked strictly (a bad one is a :class:`ConfigError`); the environment,
+which a launcher sets for every job, leniently: a variable whose value cannot be parsed or is
+out of range is warned about once (naming it and its value) and the default is used.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.record.errors import warn
 
 
 class ConfigError(ValueError):
@@ -100,19 +104,41 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
-        """Build a config from ``GOODTRACE_*`` variables, then explicit ``overrides``."""
+        """Build a config from ``GOODTRACE_*`` variables, then explicit ``overrides``.
+
+        A bad variable (``GOODTRACE_LAG=x``, ``GOODTRACE_FLUSH_INTERVAL_S=0``) is warned about
+        once and left out: the job runs with the default. A bad ``override`` raises."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
-            raw = env.get("GOODTRACE_" + field.name.upper())
-            if raw is None or field.name == "categories":
+            variable = "GOODTRACE_" + field.name.upper()
+            raw = env.get(variable)
+            if raw is None or field.name == "categories" or overrides.get(field.name) is not None:
                 continue
-            values[field.name] = _parse_env(field.name, raw, field.type)
+            try:
+                value = _parse_env(field.name, raw, field.type)
+                cls(**{field.name: value})  # each field is checked on its own
+            except ConfigError as exc:
+                _warn_env(variable, raw, exc)
+                continue
+            values[field.name] = value
         values.update({k: v for k, v in overrides.items() if v is not None})
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ConfigError(f"unknown config option(s): {', '.join(sorted(unknown))}")
         return cls(**values)
+
+
+_warned_env: set[tuple[str, str]] = set()
+
+
+def _warn_env(variable: str, raw: str, exc: ConfigError) -> None:
+    """Once per variable and value and process: the environment never fails ``init``."""
+    if (variable, raw) in _warned_env:
+        return
+    _warned_env.add((variable, raw))
+    default = next((f.default for f in dataclasses.fields(Config) if "GOODTRACE_" + f.name.upper() == variable), None)
+    warn(f"{variable}={raw[:200]!r} ignored ({exc}); using the default ({default!r})", stacklevel=4)
 
 
 def _parse_env(name: str, raw: str, type_name: object) -> Any:
