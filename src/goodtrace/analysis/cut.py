@@ -401,7 +401,8 @@ def cut_session(
     if len(has):
         at = times[has]
         # a tie (two completions one poll found) is a zero-length interval, not an unordered sync point
-        in_order = at >= np.maximum.accumulate(np.concatenate(([np.int64(first_start)], at[:-1])))
+        in_order = (at >= np.maximum.accumulate(np.concatenate(([np.int64(first_start)], at[:-1])))) & (
+            at > first_start)
         del at
     else:
         in_order = np.zeros(0, dtype=bool)
