@@ -115,7 +115,7 @@ def test_buckets_are_non_negative_and_sum_to_the_job_time(run: LoadedRun) -> Non
     table = result.steps
     for i, row in enumerate(table):
         # zero-length only where one readiness check found two steps ready (a tie, semantics 1.4)
-        assert row.productive_s >= 0 and (row.step_time_s > 0 or (i > 0 and row.start_ns == table[i - 1].end_ns))
+        assert row.productive_s >= 0 and (row.step_time_s > 0 or (i > 0 and row.end_ns == table[i - 1].end_ns))
         assert abs(row.productive_s + sum(row.overhead_s.values()) - row.step_time_s) < 1e-6
         # the columns the statistics and anomalies use are the rows' own numbers, bit for bit
         assert (row.step_time_s, row.productive_s, row.first_of_attempt, row.attempt, row.seq, row.shared,
