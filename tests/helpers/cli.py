@@ -11,9 +11,10 @@ CLI replaces it with its own), the root logger's handlers and level, and the sig
 fsspec's cached filesystems (an S3 one keeps the endpoint and credentials of the environment it
 was made in) are dropped before and after, so each command makes its own, as a process does.
 
-The streams are what a pipe gives a process: stdout encodes UTF-8 strictly (a lone surrogate is
-an error there, as in a real process) and stderr with ``backslashreplace``, neither is a
-terminal, and stdin is empty unless ``stdin`` is given. An exception that escapes ``main`` is
+The streams are what a pipe gives a process: UTF-8 with the error handlers this interpreter's
+own stdout and stderr have (a child started beside it gets the same: ``surrogateescape`` and
+``backslashreplace`` under a UTF-8 locale, so a lone surrogate goes no further than in a real
+process), neither is a terminal, and stdin is empty unless ``stdin`` is given. An exception that escapes ``main`` is
 printed as the interpreter prints it (``Traceback ...`` on stderr, exit status 1), and
 ``SystemExit`` (argparse's errors, ``--help``) ends the run with its code.
 """
@@ -39,6 +40,11 @@ _SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "S
                                                "SIGUSR1", "SIGUSR2", "SIGCHLD") if hasattr(signal, name)]
 
 
+# The error handlers of this process's own streams (pytest replaces sys.stdout, not these).
+_ERRORS = {name: getattr(getattr(sys, f"__{name}__", None), "errors", None) or default
+           for name, default in (("stdout", "strict"), ("stderr", "backslashreplace"))}
+
+
 class Ran(NamedTuple):
     """One command's outcome, named as ``subprocess.CompletedProcess`` names it."""
 
@@ -57,7 +63,7 @@ class _Pipe(io.TextIOWrapper):
         self.flush()
         raw = self.buffer
         assert isinstance(raw, io.BytesIO)
-        return raw.getvalue().decode("utf-8")
+        return raw.getvalue().decode("utf-8")  # strictly, as subprocess.run(text=True) reads a pipe
 
 
 def _exit_status(exc: SystemExit, err: _Pipe) -> int:
@@ -94,7 +100,7 @@ def goodtrace(*args: str | os.PathLike[str], env: Mapping[str, str | None] | Non
     saved_signals = {number: signal.getsignal(number) for number in _SIGNALS}
     root = logging.getLogger()
     saved_logging = root.level, list(root.handlers), logging.root.manager.disable
-    out, err = _Pipe("strict"), _Pipe("backslashreplace")
+    out, err = _Pipe(_ERRORS["stdout"]), _Pipe(_ERRORS["stderr"])
     code: int
     try:
         for name, value in {**DEFAULT_ENV, **(env or {})}.items():
