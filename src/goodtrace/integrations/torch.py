@@ -13,7 +13,9 @@
   step. Absent without CUDA, never faked.
 * **torch.compile**: dynamo's compile start/end callbacks become ``compile`` spans.
 * **Memory** every ``log_every`` steps: host RSS, and on CUDA the peak allocated/reserved
-  bytes since the previous log step (metrics ``memory/*``, reduced with ``max``).
+  bytes of the log interval (metrics ``memory/*``, reduced with ``max``), from the allocator's
+  counters without resetting them (:mod:`goodtrace.integrations.torch_memory`): the program's
+  own ``max_memory_allocated()`` is untouched.
 * **FLOPs**: given (``flops_per_step``) or measured once with :func:`measure_flops`; with
   ``tokens_per_step`` and the device peak they give tokens/s, TFLOP/s and MFU in the live line,
   and are recorded once as the ``model`` event for offline analysis.
@@ -49,12 +51,13 @@ from goodtrace.accelerators import peak_flops_for_device
 from goodtrace.integrations._common import Disabled, Integration, announce_model, check_cadence
 from goodtrace.integrations._common import warn as _warn
 from goodtrace.integrations.torch_collectives import GlooTransport, _ClockRounds, sync_clocks
+from goodtrace.integrations.torch_memory import CudaPeaks
 from goodtrace.record.clocksync import (
     BackgroundClockSync,
     OffsetSample,
 )
 from goodtrace.record.live.aggregator import LiveAggregator
-from goodtrace.record.live.transport import LocalTransport, Transport
+from goodtrace.record.live.transport import LocalTransport, RootedTransport, Transport
 from goodtrace.record.values.torch_values import cuda_barrier
 
 __all__ = [
@@ -199,6 +202,7 @@ class TorchIntegration(Integration):
         clock_sync_rounds: int,
         printer: Callable[[str], None] | None,
         group_timeout_s: float,
+        device_barrier: bool = True,
     ) -> None:
         super().__init__(recorder)
         self.log_every = log_every
@@ -212,6 +216,7 @@ class TorchIntegration(Integration):
         self._compile_wanted = compile_spans
         self._compile_hooks: tuple[Any, Any] | None = None
         self._compile_t0: dict[int, int] = {}
+        self._cuda_peaks: CudaPeaks | None = None
 
         import torch.distributed as dist
 
@@ -220,7 +225,7 @@ class TorchIntegration(Integration):
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=group_timeout_s))
         if cuda_events and _cuda_in_use():
             self.cuda_timer = _CudaStepTimer(recorder)
-        if _cuda_in_use() and getattr(recorder, "device_barrier", False) is None:
+        if device_barrier and _cuda_in_use() and getattr(recorder, "device_barrier", False) is None:
             recorder.device_barrier = cuda_barrier
         if peak_flops is None and _cuda_in_use():
             peak_flops = peak_flops_for(torch.cuda.get_device_name())
@@ -231,7 +236,7 @@ class TorchIntegration(Integration):
         if self.group is not None:
             self._start_clock_sync(group_timeout_s)
         if live:
-            transport: Transport = GlooTransport(self.group) if self.group is not None else LocalTransport()
+            transport: Transport | RootedTransport = GlooTransport(self.group) if self.group is not None else LocalTransport()
             self.aggregator = LiveAggregator(
                 recorder, transport, log_every=log_every, tokens_per_step=tokens_per_step,
                 flops_per_step=flops_per_step, peak_flops=peak_flops, printer=printer,
@@ -264,19 +269,18 @@ class TorchIntegration(Integration):
         rss = _rss_bytes()
         if rss is not None:
             self.recorder.metric("memory/rss_bytes", float(rss), "max", number)
-        if _cuda_in_use():
-            self.recorder.metric("memory/cuda_peak_allocated_bytes", float(torch.cuda.max_memory_allocated()),
-                                 "max", number)
-            self.recorder.metric("memory/cuda_peak_reserved_bytes", float(torch.cuda.max_memory_reserved()),
-                                 "max", number)
-            torch.cuda.reset_peak_memory_stats()
+        if _cuda_in_use():  # the allocator's counters, read, never reset (integrations/torch_memory.py)
+            if self._cuda_peaks is None:
+                self._cuda_peaks = CudaPeaks()
+            for name, peak in self._cuda_peaks.read().items():
+                self.recorder.metric(name, peak, "max", number)
 
     def _start_clock_sync(self, timeout_s: float) -> None:
-        """Collective, once: a gloo group for clock rounds, and which rank leads each host."""
+        """Collective, once: which rank leads each host, for clock rounds on goodtrace's gloo group."""
         import torch.distributed as dist
 
         try:
-            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+            group = self.group  # the live line's: one gloo group (one mesh of sockets), not two
             shared = self.recorder.clock is time.perf_counter_ns  # the host's CLOCK_MONOTONIC
             rank = dist.get_rank(group)
             key = str(self.recorder.identity.host) if shared else f"{self.recorder.identity.host}#rank{rank}"
@@ -391,6 +395,7 @@ def instrument(
     clock_sync_rounds: int = 16,
     printer: Callable[[str], None] | None = None,
     group_timeout_s: float = 120.0,
+    device_barrier: bool = True,
 ) -> TorchIntegration | _Disabled:
     """Hook PyTorch into the active recorder (call after ``goodtrace.init``, on every rank).
 
@@ -410,7 +415,10 @@ def instrument(
       offsets every that many steps (0: only at start-up), with that many round trips;
     * ``printer``: receives rank 0's live lines (default: stdout);
     * ``group_timeout_s`` (120): timeout of the gloo group the live gather and clock
-      measurement use.
+      measurement use;
+    * ``device_barrier`` (True): with CUDA in use, a blocking span that starts inside a step
+      before its ``complete_on`` first waits for the current stream (so it measures the save
+      alone); False never synchronises the device (such a span then holds the step's wait).
 
     ``finish()`` completes the log intervals and removes the hooks.
     """
@@ -428,5 +436,5 @@ def instrument(
         recorder, log_every=log_every, tokens_per_step=tokens_per_step, flops_per_step=flops_per_step,
         peak_flops=peak_flops, live=live, cuda_events=cuda_events, memory=memory, compile_spans=compile_spans,
         clock_sync_every=clock_sync_every, clock_sync_rounds=clock_sync_rounds, printer=printer,
-        group_timeout_s=group_timeout_s,
+        group_timeout_s=group_timeout_s, device_barrier=device_barrier,
     )

@@ -1,11 +1,16 @@
-"""The collectives goodtrace runs with PyTorch, on gloo groups of its own beside the job's:
-the live line's all-gather (``async_op``, never on a CUDA stream) and the clock rounds (one
-leader per host pings rank 0 point to point; the others get their leader's result)."""
+"""The collectives goodtrace runs with PyTorch, on one gloo group of its own beside the job's:
+the live line's gather to rank 0, its broadcast back and the summaries rank 0 sends the ranks
+with sinks (``async_op``, never on a CUDA stream; record/live/rooted.py), and the clock rounds
+(one leader per host pings rank 0 point to point, on a background thread; the others get their
+leader's result). Point-to-point messages carry tags of their own, which never meet the
+collectives' (gloo builds a collective's slots with a prefix of its own)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import queue
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,10 +22,11 @@ from goodtrace.record.live.transport import GatherHandle
 __all__ = ["GlooTransport", "sync_clocks"]
 
 
-class _GlooGather:
-    def __init__(self, work: Any, outputs: list[torch.Tensor]) -> None:
+class _GlooWork:
+    def __init__(self, work: Any, outputs: list[torch.Tensor], keep: Any = None) -> None:
         self._work = work
         self._outputs = outputs
+        self._keep = keep  # a tensor being sent: alive until the work completes
 
     def done(self) -> bool:
         return bool(self._work.is_completed())
@@ -30,8 +36,55 @@ class _GlooGather:
         return [t.tolist() for t in self._outputs]
 
 
+class _P2PWaiter:
+    """Gloo's point-to-point works never say they are complete until waited on
+    (``is_completed()`` stays False): a daemon thread waits on each, in order, and marks it done."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[Any, threading.Event, list[BaseException]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, work: Any) -> tuple[threading.Event, list[BaseException]]:
+        done, failed = threading.Event(), list[BaseException]()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="goodtrace-live-p2p", daemon=True)
+            self._thread.start()
+        self._queue.put((work, done, failed))
+        return done, failed
+
+    def _loop(self) -> None:
+        while True:
+            work, done, failed = self._queue.get()
+            try:
+                work.wait()
+            except BaseException as exc:  # handed to the training thread's wait()
+                failed.append(exc)
+            finally:
+                done.set()
+
+
+class _P2PWork:
+    def __init__(self, waiter: _P2PWaiter, work: Any, outputs: list[torch.Tensor], keep: torch.Tensor) -> None:
+        self._done, self._failed = waiter.submit(work)
+        self._outputs = outputs
+        self._keep = keep
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> list[list[float]]:
+        self._done.wait()
+        if self._failed:
+            raise self._failed[0]
+        return [t.tolist() for t in self._outputs]
+
+
 class GlooTransport:
-    """All-gather of float64 vectors on a gloo group, ``async_op=True`` (never a CUDA stream)."""
+    """The live line's rooted exchange (record/live/transport.py ``RootedTransport``) on a gloo
+    group, every operation ``async_op=True`` (never a CUDA stream): each rank's vector gathered
+    to rank 0 only, a small broadcast back, and a summary point to point to the ranks with sinks."""
+
+    SUMMARY_TAG = 7303
 
     def __init__(self, group: Any) -> None:
         import torch.distributed as dist
@@ -40,12 +93,31 @@ class GlooTransport:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        self._root = dist.get_global_rank(group, 0)
+        self._waiter = _P2PWaiter()
 
-    def all_gather(self, vector: list[float]) -> GatherHandle:
+    def gather(self, vector: list[float]) -> GatherHandle:
         local = torch.tensor(vector, dtype=torch.float64)
-        outputs = [torch.empty_like(local) for _ in range(self.world_size)]
-        work = self._dist.all_gather(outputs, local, group=self.group, async_op=True)
-        return _GlooGather(work, outputs)
+        outputs = [torch.empty_like(local) for _ in range(self.world_size)] if self.rank == 0 else []
+        work = self._dist.gather(local, outputs if self.rank == 0 else None, dst=self._root, group=self.group,
+                                 async_op=True)
+        return _GlooWork(work, outputs, local)
+
+    def broadcast(self, vector: list[float] | None, size: int) -> GatherHandle:
+        tensor = torch.tensor(vector, dtype=torch.float64) if vector is not None else torch.zeros(size, dtype=torch.float64)
+        work = self._dist.broadcast(tensor, src=self._root, group=self.group, async_op=True)
+        return _GlooWork(work, [tensor] if vector is None else [], tensor)
+
+    def send_summary(self, rank: int, vector: list[float]) -> GatherHandle:
+        tensor = torch.tensor(vector, dtype=torch.float64)
+        work = self._dist.isend(tensor, self._dist.get_global_rank(self.group, rank), group=self.group,
+                                tag=self.SUMMARY_TAG)
+        return _P2PWork(self._waiter, work, [], tensor)
+
+    def recv_summary(self, size: int) -> GatherHandle:
+        tensor = torch.zeros(size, dtype=torch.float64)
+        work = self._dist.irecv(tensor, self._root, group=self.group, tag=self.SUMMARY_TAG)
+        return _P2PWork(self._waiter, work, [tensor], tensor)
 
 
 @functools.lru_cache(maxsize=1)

@@ -3,9 +3,11 @@
 A :class:`LiveAggregator` listens to the recorder (metrics, sync points, step ends). Every
 ``log_every`` steps it packs everything this rank recorded in the log interval since the previous
 log step — per metric: sum, sum of squares, min, max, count, last — into one fixed-size vector
-and hands it to a :class:`Transport`, which gathers the vectors of all ranks asynchronously
-(``torch.distributed`` on a separate gloo group, JAX multi-process utilities, or
-:class:`LocalTransport` for one process). Metric slots are agreed across ranks without any
+and hands it to a transport, which gathers the vectors asynchronously: to every rank
+(:class:`Transport`: JAX multi-process utilities, or :class:`LocalTransport` for one process),
+or to rank 0 only (:class:`RootedTransport`: ``torch.distributed`` on a gloo group of its own),
+which then broadcasts what every rank needs and sends the merged line to the ranks with sinks
+(live/rooted.py), so that no rank other than 0 receives more per log step with more ranks. Metric slots are agreed across ranks without any
 exchange: a metric's slot is a 48-bit hash of its name, the same on every rank, written beside
 its statistics; a name itself travels once, in the first interval in which a rank records it.
 So ranks need not record the same metrics (a learning rate only on rank 0, a loss only on the
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import sys
 import threading
 import time
@@ -35,6 +38,7 @@ from typing import Any, NamedTuple
 
 from goodtrace import schema
 from goodtrace.record.errors import warn
+from goodtrace.record.live import rooted
 from goodtrace.record.live import vector as live_vector
 from goodtrace.record.live.goodput import AttemptGoodput
 from goodtrace.record.live.line import LiveLine, MetricSummary, format_bytes, format_goodput, format_line
@@ -42,7 +46,7 @@ from goodtrace.record.live.log_interval import LogInterval, LogIntervals
 from goodtrace.record.live.names import MetricNames
 from goodtrace.record.live.rewinds import RewoundTime
 from goodtrace.record.live.slowdown import LiveSlowdown, SlowdownTracker, judge_candidates
-from goodtrace.record.live.transport import GatherHandle, LocalTransport, Transport
+from goodtrace.record.live.transport import GatherHandle, LocalTransport, RootedTransport, Transport
 
 __all__ = [
     "Completion",
@@ -51,6 +55,7 @@ __all__ = [
     "LiveLine",
     "LocalTransport",
     "MetricSummary",
+    "RootedTransport",
     "Transport",
     "format_bytes",
 ]
@@ -66,6 +71,21 @@ class Completion(NamedTuple):
     completed_at: int
 
 
+class _Exchange:
+    """A rank other than 0 over a rooted transport: its gather, the broadcast it receives,
+    and its summary when it asked for one; done when all are."""
+
+    def __init__(self, parts: list[GatherHandle]) -> None:
+        self._parts = parts
+
+    def done(self) -> bool:
+        return all(part.done() for part in self._parts)
+
+    def wait(self) -> list[list[float]]:
+        self._parts[0].wait()
+        return [part.wait()[0] for part in self._parts[1:]]
+
+
 class LiveAggregator:
     """Reduce metrics across ranks every ``log_every`` steps; rank 0 prints one line each.
 
@@ -79,7 +99,7 @@ class LiveAggregator:
     def __init__(
         self,
         recorder: Any,
-        transport: Transport,
+        transport: Transport | RootedTransport,
         *,
         log_every: int = 10,
         tokens_per_step: float | None = None,
@@ -119,12 +139,17 @@ class LiveAggregator:
         clock: Callable[[], int] = getattr(recorder, "clock", time.perf_counter_ns)
         self._clock = clock
         self._lock = threading.RLock()
+        self._launched = threading.Condition(self._lock)  # rank 0, rooted: its completer thread waits on it
+        self._completer: threading.Thread | None = None
         self._ends = 0
         self._first_t0: int | None = None
         self._first_step: int | None = None
         self._last_step_end: tuple[int, int] | None = None  # (step, host t1)
         self._waiting: collections.deque[tuple[int, int, int]] = collections.deque()  # (step, ready_at, t1)
         self._in_flight: collections.deque[tuple[LogInterval, GatherHandle, int]] = collections.deque()
+        self._rooted = callable(getattr(transport, "gather", None))  # gathered to rank 0, not to all
+        self._sending: list[GatherHandle] = []  # rank 0, rooted: broadcasts and summaries in flight
+        self._listens: dict[int, bool] = {}  # log step -> whether this rank asked for the merged line
         self._productive_ns = 0  # the log intervals' productive time, less what rollbacks took back
         self._reported_productive_ns = 0  # ... before they took it: the difference is their share
         self._shown = (0, 0)  # the productive ns last shown, and the rollbacks seen by then
@@ -139,6 +164,7 @@ class LiveAggregator:
         self.final_goodput: float | None = None  # its value at finish (close)
         self._warned: set[str] = set()
         self._metric_names = MetricNames(self._warn)  # slots, and names learned from the gathers
+        self._told = MetricNames(self._warn)  # rank 0, rooted: the names a broadcast has carried
         self._closed = False
         self._watch_overhead = watch_overhead
         self._overhead_total_ns: dict[str, int] = {}
@@ -244,16 +270,59 @@ class LiveAggregator:
             self._complete()
         interval = self._pack(step, host_t1)
         try:
-            handle = self.transport.all_gather(interval.vector)
+            handle = self._start(interval)
         except Exception as exc:
             self._warn("launch", f"live aggregation disabled: the gather failed to start: {exc!r}")
             self._closed = True
             return
         self._in_flight.append((interval, handle, self._ends))
+        if self._rooted and self.transport.rank == 0:
+            if self._completer is None:
+                self._completer = threading.Thread(target=self._complete_in_background, daemon=True,
+                                                   name="goodtrace-live-root")
+                self._completer.start()
+            self._launched.notify()
+
+    def _complete_in_background(self) -> None:
+        """Rank 0, rooted: complete each gather as soon as it is done, off the training thread,
+        so that the other ranks get their broadcast even when rank 0's loop does not come back
+        to a step end (it stopped, or waits for its peers to exit)."""
+        while True:
+            with self._launched:
+                while not self._closed and not self._in_flight:
+                    self._launched.wait(1.0)
+                if self._closed:
+                    return
+                handle = self._in_flight[0][1]
+            pause = 0.001
+            while not handle.done():
+                if self._closed:
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+            with self._lock:
+                if self._closed:
+                    return
+                if self._in_flight and self._in_flight[0][1] is handle:
+                    self._complete()
+
+    def _start(self, interval: LogInterval) -> GatherHandle:
+        transport = self.transport
+        if not self._rooted:
+            return transport.all_gather(interval.vector)  # type: ignore[union-attr]
+        rooted_transport: Any = transport
+        handle: GatherHandle = rooted_transport.gather(interval.vector)
+        if transport.rank == 0:
+            return handle
+        parts = [handle, rooted_transport.broadcast(None, rooted.BROADCAST)]
+        if self._listens.get(interval.step):
+            parts.append(rooted_transport.recv_summary(rooted.summary_size(self.max_metrics)))
+        return _Exchange(parts)
 
     def _poll(self) -> None:
         while self._in_flight and self._in_flight[0][1].done():
             self._complete()
+        self._sending = [h for h in self._sending if not h.done()]
 
     def _complete(self) -> None:
         interval, handle, launched = self._in_flight.popleft()
@@ -265,6 +334,10 @@ class LiveAggregator:
             self._in_flight.clear()
             return
         self.completed_at.append(Completion(interval.step, launched, self._ends))
+        listens = self._listens.pop(interval.step, False)
+        if self._rooted and self.transport.rank != 0:
+            self._complete_from_root(interval, vectors, listens)
+            return
         try:
             size = len(interval.vector)
             self._metric_names.learn([v for v in vectors if live_vector.valid(v, size)],
@@ -272,12 +345,88 @@ class LiveAggregator:
                                      live_vector.H_NAME_FLOATS)
         except Exception as exc:
             self._warn("names", f"metric names of a log interval could not be read: {exc!r}")
+        merged: live_vector.Merged | None = None
         if self.transport.rank == 0 or getattr(self.recorder, "line_listeners", None):
             try:
-                self._report(interval, vectors)
+                merged = self._report(interval, vectors)
             except Exception as exc:
                 self._warn("report", f"live line for step {interval.step} failed: {exc!r}")
         self.slowdown.choose(live_vector.slow_fields(vectors, size))  # every rank alike: the next log interval's onsets
+        if self._rooted:
+            self._send_back(interval, vectors, merged)
+
+    def _send_back(self, interval: LogInterval, vectors: Sequence[Sequence[float]],
+                   merged: live_vector.Merged | None) -> None:
+        """Rank 0, rooted: the broadcast (onsets, names) to every rank, and its summary to each
+        rank that asked for one; always sent (a rank waits for them), empty if the merge failed."""
+        size = len(interval.vector)
+        transport: Any = self.transport
+        summary_size = rooted.summary_size(self.max_metrics)
+        asking = [r for r, v in enumerate(vectors) if r != 0 and len(v) > live_vector.H_LISTENS
+                  and v[live_vector.H_LISTENS] == 1.0]
+        summaries: dict[int, list[float]] = {}
+        names: list[float] = []
+        try:
+            valid = {r: v for r, v in enumerate(vectors) if live_vector.valid(v, size)}
+            slowdowns = [(self.slowdowns[r], int(valid[r][live_vector.H_HOST_SLOT]) if r in valid else 0)
+                         for r in sorted(self.slowdowns)]
+            chosen = sorted(merged.metrics)[: self.max_metrics] if merged is not None else []
+            told = [n for n in chosen if not n.startswith("metric#")]
+            told += [self._metric_names.names[slot] for _, slot in slowdowns[: rooted.SLOWDOWNS]
+                     if slot in self._metric_names.names]
+            names = self._told.announce(told)
+            if merged is not None and asking:
+                ends = [v[live_vector.H_ALIGNED_END] for v in valid.values()]
+                first = min(ends) if ends else 0.0
+                late = {r: max(0.0, (v[live_vector.H_ALIGNED_END] - first) / 1e9) for r, v in valid.items()}
+                slowest = max(late, key=lambda r: (late[r], -r)) if len(late) > 1 else None
+                if len(merged.metrics) > self.max_metrics:
+                    self._warn("summary_metrics", f"more than {self.max_metrics} metrics across ranks: the "
+                               "sinks of ranks other than 0 get the first ones by name")
+                by_host: dict[float, list[tuple[int, float, float]]] = {}
+                for r, v in valid.items():
+                    by_host.setdefault(v[live_vector.H_HOST], []).append((r, v[live_vector.H_STEP_S], late[r]))
+                for r in asking:
+                    host = by_host.get(vectors[r][live_vector.H_HOST], []) if r in valid else []
+                    summaries[r] = rooted.pack_summary(
+                        self.max_metrics, merged.ranks, merged.tokens, merged.flops, merged.peak_flops, slowest,
+                        merged.metrics, self._metric_names.slot, slowdowns, host)
+        except Exception as exc:
+            self._warn("summary", f"the live summary for the other ranks failed: {exc!r}")
+        try:
+            self._sending.append(transport.broadcast(rooted.pack_broadcast(self.slowdown.candidates, names),
+                                                     rooted.BROADCAST))
+            for r in asking:
+                self._sending.append(transport.send_summary(r, summaries.get(r, [0.0] * summary_size)))
+        except Exception as exc:
+            self._warn("send", f"live aggregation disabled: rank 0 could not send back: {exc!r}")
+            self._closed = True
+            self._in_flight.clear()
+
+    def _complete_from_root(self, interval: LogInterval, received: Sequence[Sequence[float]], listens: bool) -> None:
+        """A rank other than 0, rooted: the onsets and names every rank gets, and its line
+        from rank 0's summary when it asked for one."""
+        broadcast = received[0] if received else []
+        try:
+            start, count_at = rooted.broadcast_names_at()
+            candidates = rooted.unpack_candidates(broadcast)
+            if candidates is None:
+                self._warn("layout", "rank 0 sent a live broadcast of another layout (another goodtrace "
+                           "version?); this rank's slowdown onsets and names are not updated")
+                return
+            self._metric_names.learn([broadcast], start, count_at)
+            self.slowdown.candidates = candidates
+        except Exception as exc:
+            self._warn("names", f"the live broadcast could not be read: {exc!r}")
+            return
+        if not listens or len(received) < 2:
+            return
+        try:
+            summary = rooted.unpack_summary(received[1], self.max_metrics, self._metric_names.names)
+            if summary is not None:
+                self._report_summary(interval, summary)
+        except Exception as exc:
+            self._warn("report", f"live line for step {interval.step} failed: {exc!r}")
 
     def _pack(self, step: int, host_t1: int) -> LogInterval:
         """Close this rank's interval at log step ``step`` and pack its vector."""
@@ -288,22 +437,55 @@ class LiveAggregator:
                        "shows the first ones by name (all are recorded)")
             names = names[: self.max_metrics]
         offset = getattr(self.recorder, "clock_offset_ns", None)  # to rank 0's clock, when measured
+        listens = bool(getattr(self.recorder, "line_listeners", None)) and self.transport.rank != 0
+        self._listens[step] = listens
         header = live_vector.Header(
             step=step, tokens=(self.tokens_per_step or 0.0) * interval.steps,
             flops=(self.flops_per_step or 0.0) * interval.steps, peak_flops=self._rank_peak_flops,
             step_s=(interval.end_ns - interval.start_ns) / 1e9 / interval.steps,
             aligned_end=interval.end_ns + (offset if isinstance(offset, int) else self._wall_minus_clock),
-            host_id=self._host_id, host_slot=self._metric_names.slot(self._host), slow=self.slowdown.fields())
+            host_id=self._host_id, host_slot=self._metric_names.slot(self._host), slow=self.slowdown.fields(),
+            listens=listens)
         announced = self._metric_names.announce([self._host, *names])  # the host's name travels once too
         interval.vector = live_vector.pack(header, interval.stats, interval.reductions, names, self.max_metrics,
                                            announced, self._metric_names.slot)
         return interval
 
     # ------------------------------------------------------------------ rank 0
-    def _report(self, interval: LogInterval, vectors: Sequence[Sequence[float]]) -> None:
+    def _report(self, interval: LogInterval, vectors: Sequence[Sequence[float]]) -> live_vector.Merged:
         size = len(interval.vector)
         merged = live_vector.merge(vectors, size, self.max_metrics, self._metric_names.names, self._warn)
-        tokens, flops, peak, per_rank = merged.tokens, merged.flops, merged.peak_flops, merged.per_rank
+        per_rank = merged.per_rank
+        ends = [float(v[live_vector.H_ALIGNED_END]) for v in per_rank]
+        lateness = tuple(max(0.0, (end - min(ends)) / 1e9) for end in ends)
+        hosts = [v[live_vector.H_HOST_SLOT] if live_vector.valid(v, size) else None for v in vectors]
+        judge_candidates(self.slowdown.candidates, live_vector.slow_fields(vectors, size),
+                         lambda r: self._metric_names.names.get(int(hosts[r] or 0), "?"), self.slowdowns)
+        self._emit(interval, merged.ranks, merged.tokens, merged.flops, merged.peak_flops, merged.metrics,
+                   rank_step_s=tuple(float(v[live_vector.H_STEP_S]) for v in per_rank), rank_lateness_s=lateness,
+                   slowest_rank=max(range(len(lateness)), key=lateness.__getitem__) if len(lateness) > 1 else None,
+                   host_ranks=tuple(i for i, v in enumerate(per_rank) if v[live_vector.H_HOST] == self._host_id))
+        return merged
+
+    def _report_summary(self, interval: LogInterval, summary: rooted.Summary) -> None:
+        """A rank other than 0 with sinks, rooted: its line from rank 0's summary (the ranks of
+        its host have their step time and lateness; the others' are NaN)."""
+        step_s = [math.nan] * summary.ranks
+        late = [math.nan] * summary.ranks
+        for rank, seconds, lateness in summary.host:
+            if 0 <= rank < summary.ranks:
+                step_s[rank], late[rank] = seconds, lateness
+        self.slowdowns = {
+            rank: LiveSlowdown(rank, self._metric_names.names.get(host_slot, "?"), onset, before, after, others)
+            for rank, onset, before, after, others, host_slot in summary.slowdowns}
+        self._emit(interval, summary.ranks, summary.tokens, summary.flops, summary.peak_flops, summary.metrics,
+                   rank_step_s=tuple(step_s), rank_lateness_s=tuple(late), slowest_rank=summary.slowest_rank,
+                   host_ranks=tuple(rank for rank, _, _ in summary.host if 0 <= rank < summary.ranks))
+
+    def _emit(self, interval: LogInterval, ranks: int, tokens: float, flops: float, peak: float,
+              metrics: dict[str, MetricSummary], *, rank_step_s: tuple[float, ...], rank_lateness_s: tuple[float, ...],
+              slowest_rank: int | None, host_ranks: tuple[int, ...]) -> None:
+        """This rank's line: the ranks' figures given, this rank's own time, overhead and goodput."""
         interval_ns = interval.end_ns - interval.start_ns
         seconds = interval_ns / 1e9 if interval_ns > 0 else None
         overhead_total = sum(interval.overhead_ns.values())
@@ -312,8 +494,6 @@ class LiveAggregator:
             self._reported_productive_ns += max(0, interval_ns - overhead_total)
         for category, ns in interval.overhead_ns.items():
             self._overhead_total_ns[category] = self._overhead_total_ns.get(category, 0) + ns
-        ends = [float(v[live_vector.H_ALIGNED_END]) for v in per_rank]
-        lateness = tuple(max(0.0, (end - min(ends)) / 1e9) for end in ends)
         step_time = seconds / interval.steps if seconds else None
         train = max(0.0, (interval_ns - overhead_total) / 1e9 / interval.steps) if seconds else None
         overhead = {c: ns / 1e9 / interval.steps for c, ns in sorted(interval.overhead_ns.items())}
@@ -322,21 +502,16 @@ class LiveAggregator:
         mfu = (flops / seconds) / peak if seconds and flops and peak else None
         elapsed = interval.end_ns - self._process_start_ns
         goodput, productive_ns = self._goodput_at(interval.end_ns)
-        hosts = [v[live_vector.H_HOST_SLOT] if live_vector.valid(v, size) else None for v in vectors]
-        judge_candidates(self.slowdown.candidates, live_vector.slow_fields(vectors, size),
-                         lambda r: self._metric_names.names.get(int(hosts[r] or 0), "?"), self.slowdowns)
         line = LiveLine(
-            step=interval.step, steps=interval.steps, ranks=merged.ranks, step_time_s=step_time, train_s=train,
-            overhead_s=overhead, metrics=merged.metrics, tokens_per_s=tokens_per_s, tflops_per_s=tflops, mfu=mfu,
+            step=interval.step, steps=interval.steps, ranks=ranks, step_time_s=step_time, train_s=train,
+            overhead_s=overhead, metrics=metrics, tokens_per_s=tokens_per_s, tflops_per_s=tflops, mfu=mfu,
             goodput=goodput, timing=interval.timing, text="",
             elapsed_s=elapsed / 1e9 if elapsed > 0 else None,
             productive_s=productive_ns / 1e9,
             overhead_total_s={c: ns / 1e9 for c, ns in sorted(self._overhead_total_ns.items())},
             wall_ns=interval.end_ns + self._wall_minus_clock, first_step=self._first_step, rank=self._rank,
-            rank_step_s=tuple(float(v[live_vector.H_STEP_S]) for v in per_rank), rank_lateness_s=lateness,
-            slowest_rank=max(range(len(lateness)), key=lateness.__getitem__) if len(lateness) > 1 else None,
-            host_ranks=tuple(i for i, v in enumerate(per_rank) if v[live_vector.H_HOST] == self._host_id),
-            slowdowns=tuple(self.slowdowns[r] for r in sorted(self.slowdowns)),
+            rank_step_s=rank_step_s, rank_lateness_s=rank_lateness_s, slowest_rank=slowest_rank,
+            host_ranks=host_ranks, slowdowns=tuple(self.slowdowns[r] for r in sorted(self.slowdowns)),
         )
         line = dataclasses.replace(line, text=format_line(line))
         self.lines.append(line)
@@ -386,6 +561,9 @@ class LiveAggregator:
                     self._warn("close", f"the last log intervals were abandoned: the other ranks did not "
                                f"join their gather within {timeout:g} s")
                     self._in_flight.clear()
+                if self._sending and not self._wait_sent(deadline):
+                    self._warn("close", f"rank 0's last live broadcasts were not received within {timeout:g} s")
+                self._sending.clear()
             finally:
                 self._closed = True
                 self._detach()
@@ -423,6 +601,37 @@ class LiveAggregator:
             pause = min(pause * 2, 0.05)
         return True
 
+    def _wait_sent(self, deadline: float) -> bool:
+        """Rank 0, rooted: poll the broadcasts and summaries in flight until all are done."""
+        pause = 0.001
+        while not all(h.done() for h in self._sending):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+        return True
+
+    def _drain_rooted(self, deadline: float) -> bool:
+        """Rank 0, rooted, at exit: as each gather in flight completes, send its broadcast (the
+        other ranks launched theirs with their gather, and wait for it), without a line."""
+        pause = 0.001
+        while self._in_flight:
+            if self._in_flight[0][1].done():
+                interval, handle, _ = self._in_flight.popleft()
+                try:
+                    self._send_back(interval, handle.wait(), None)
+                except Exception:
+                    self._in_flight.clear()
+                    return False
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+        return self._wait_sent(deadline)
+
     def abandon(self, drain_s: float = DRAIN_S) -> None:
         """Stop without starting any collective (the process is exiting, perhaps after a crash).
 
@@ -433,10 +642,16 @@ class LiveAggregator:
         timeout = min(drain_s, float(getattr(getattr(self.recorder, "config", None), "finish_timeout_s", drain_s)))
         with self._lock:
             self._closed = True
-            if not self._wait_in_flight(time.monotonic() + timeout, every=True):
+            deadline = time.monotonic() + timeout
+            if self._rooted and self.transport.rank == 0:
+                drained = self._drain_rooted(deadline)
+            else:
+                drained = self._wait_in_flight(deadline, every=True)
+            if not drained:
                 self._warn("abandon", f"{len(self._in_flight)} live gather(s) still in flight at exit after "
                            f"{timeout:g} s: the other ranks did not reach them")
             self._in_flight.clear()
+            self._sending.clear()
             self._detach()
 
     def _warn(self, key: str, message: str) -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "H_ALIGNED_END",
     "H_HOST",
     "H_HOST_SLOT",
+    "H_LISTENS",
     "H_NAME_FLOATS",
     "H_STEP_S",
     "LAYOUT",
@@ -35,12 +36,13 @@ __all__ = [
     "valid",
 ]
 
-LAYOUT = 3.0  # changes whenever the layout below does
+LAYOUT = 4.0  # changes whenever the layout below does
 # The header: layout, step, number of entries, tokens, flops, peak flops, floats of names, this
 # rank's step time over the log interval, the interval's end on the aligned clock (ns), this
-# rank's host (a CRC of its name), its host's name slot, then its slowdown fields (live/slowdown.py).
+# rank's host (a CRC of its name), its host's name slot, whether it wants the merged line (1.0:
+# it has line listeners, a sink on a rank other than 0), then its slowdown fields (live/slowdown.py).
 (H_LAYOUT, H_STEP, H_ENTRIES, H_TOKENS, H_FLOPS, H_PEAK, H_NAME_FLOATS, H_STEP_S, H_ALIGNED_END,
- H_HOST, H_HOST_SLOT, H_SLOW) = range(12)
+ H_HOST, H_HOST_SLOT, H_LISTENS, H_SLOW) = range(13)
 HEADER = H_SLOW + SLOW_FIELDS
 ENTRY = 8  # slot, reduction, sum, sum of squares, min, max, count, last
 REDUCTIONS = ("mean", "sum", "min", "max", "std", "last")  # codes in the entries
@@ -58,6 +60,7 @@ class Header(NamedTuple):
     host_id: float
     host_slot: int
     slow: Sequence[float]  # live/slowdown.py's fields
+    listens: bool = False  # this rank wants the merged line (its sinks), not only the onsets
 
 
 class Merged(NamedTuple):
@@ -77,7 +80,7 @@ def pack(header: Header, stats: Mapping[str, list[float]], reductions: Mapping[s
     last) for ``names``, and the names it announces (``live/names.py``)."""
     vector = [LAYOUT, float(header.step), float(len(names)), header.tokens, header.flops, header.peak_flops,
               float(len(announced)), header.step_s, float(header.aligned_end), header.host_id,
-              float(header.host_slot), *header.slow]
+              float(header.host_slot), 1.0 if header.listens else 0.0, *header.slow]
     for name in names:
         code = REDUCTIONS.index(reductions[name]) if reductions[name] in REDUCTIONS else 0
         vector.append(float(slot(name)))
