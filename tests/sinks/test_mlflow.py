@@ -35,7 +35,7 @@ def test_live_lines_and_the_summary_read_back_with_the_client(tmp_path: Path) ->
                 assert history[step] == pytest.approx(values[name]), (name, step)
     job = {m.step: m.value for m in client.get_metric_history(sink.run_id, JOB_GOODPUT)}
     assert sorted(job) == [10, 20, STEPS]
-    numbers, attempts = expected_summary(tmp_path / "run")
+    numbers, attempts = expected_summary(tmp_path / "run", capture.lines[-1])
     for name, value in numbers.items():
         (point,) = client.get_metric_history(sink.run_id, name)
         assert (point.step, point.value) == (STEPS, pytest.approx(value)), name

@@ -141,7 +141,7 @@ def test_prometheus_scrapes_the_latest_live_line(prometheus_server: Any, tmp_pat
     finally:
         gt.finish()
     # the endpoint was scraped during the run: it serves the summary until Prometheus read it
-    expected_goodput = expected_summary(tmp_path / "run")[0]["goodtrace/summary/goodput"]
+    expected_goodput = expected_summary(tmp_path / "run", capture.lines[-1])[0]["goodtrace/summary/goodput"]
     # the endpoint closes right after: the sample stays in Prometheus, marked stale at the next scrape
     goodput = _wait_for(lambda: _value(server, "last_over_time(goodtrace_summary_goodput_ratio[5m])"),
                         "the summary to be scraped")

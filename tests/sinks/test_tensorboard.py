@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from goodtrace.analysis.attempts import COMPLETED
 from helpers.sinks import STEPS, CaptureSink, train
-from helpers.sinks_expected import JOB_GOODPUT, expected_live, expected_summary
+from helpers.sinks_expected import JOB_GOODPUT, analysis_of, expected_live, expected_summary
 
 pytest.importorskip("tensorboardX")
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
@@ -40,11 +39,14 @@ def test_live_lines_and_the_summary_read_back_from_the_event_files(tmp_path: Pat
         assert scalars[JOB_GOODPUT][step] == pytest.approx(values["goodtrace/goodput/attempt"], rel=1e-6)
     interval = range(21, STEPS + 1)  # the last line's log interval; loss is reduced with "mean"
     assert scalars["goodtrace/metric/loss"][STEPS] == pytest.approx(sum(1 / s for s in interval) / len(interval), rel=1e-6)
-    numbers, attempts = expected_summary(tmp_path / "run")
-    assert "goodtrace/summary/checkpoint_save_s" in numbers and numbers["goodtrace/summary/checkpoint_save_s"] > 0
+    numbers, attempts = expected_summary(tmp_path / "run", capture.lines[-1])
+    assert numbers["goodtrace/summary/attempt/checkpoint_save_s"] > 0
     for name, value in numbers.items():
         assert scalars[name][STEPS] == pytest.approx(value, rel=1e-6, abs=1e-9), name
-    assert texts == attempts and texts["goodtrace/summary/attempt_0"].startswith(f"{COMPLETED}, steps 1-25")
+    assert texts == attempts and texts["goodtrace/summary/attempt_0"].startswith("this attempt, steps 1-25")
+    # one attempt: the job's goodput is the report's, up to the live line's estimate
+    report = analysis_of(tmp_path / "run").partition.goodput
+    assert numbers["goodtrace/summary/goodput"] == pytest.approx(report, abs=0.02)
 
 
 def test_all_ranks_write_beside_rank_0(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ def test_live_lines_and_the_summary_read_back_from_the_offline_run(tmp_path: Pat
         for name, value in values.items():
             assert rows[step][name] == pytest.approx(value), (name, step)
         assert rows[step][JOB_GOODPUT] == pytest.approx(values["goodtrace/goodput/attempt"])
-    numbers, attempts = expected_summary(tmp_path / "run")
+    numbers, attempts = expected_summary(tmp_path / "run", capture.lines[-1])
     for name, value in numbers.items():
         assert summary[name] == pytest.approx(value), name
     for name, text in attempts.items():

@@ -1,8 +1,9 @@
 """What the metric sinks share: the live line, step rows and the summary as named scalars.
 
 Every sink writes the same names (``goodtrace/...``); this module only *names* numbers that
-the live aggregator (per log step) and the analysis (per step row, summary, the job's goodput
-so far) computed — it derives none. :class:`ScalarSink` turns the recording layer's sink protocol (open / write /
+the live aggregator (per log step), the attempts' own figures (the job's goodput so far and the
+summary inside the job: ``_held``, which never reads the run) and, in ``goodtrace export``, the
+analysis (per step row, the report's summary) computed — it derives none. :class:`ScalarSink` turns the recording layer's sink protocol (open / write /
 close) into three calls a backend implements: ``scalars(step, values)``, ``summary(values,
 texts)`` and ``shutdown()``; ``goodtrace export`` drives the same three from a recorded run.
 """
@@ -11,20 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from goodtrace.record.live.line import LiveLine
 from goodtrace.record.live.scalars import PREFIX, line_scalars
-from goodtrace.record.live.sink_hub import RANK_CHOICES, RANK_ZERO, SinkError, SinkRun
+from goodtrace.record.live.sink_hub import ENDINGS, RANK_CHOICES, RANK_ZERO, SinkError, SinkRun
+from goodtrace.sinks._held import AttemptFigures, counted_productive, held
+from goodtrace.sinks._held import job_goodput as _held_job_goodput
 
 __all__ = ["PREFIX", "ScalarSink", "line_scalars", "replay", "row_scalars", "summary_values"]
 
 if TYPE_CHECKING:
     from goodtrace.analysis import RunAnalysis
-    from goodtrace.analysis.so_far import EarlierAttempts
     from goodtrace.analysis.steps import StepRow
 
 def row_scalars(row: StepRow) -> dict[str, float]:
@@ -95,73 +96,49 @@ def export_id(analysis: RunAnalysis) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-# One analysis per finished run and process, shared by the sinks that close at finish().
-_summaries: dict[str, RunAnalysis] = {}
-_summaries_lock = threading.Lock()
-
-
-def analyse_run(run_dir: str) -> RunAnalysis:
-    """The analysis of the run (loaded with the reader): the one derivation of every number."""
-    with _summaries_lock:
-        cached = _summaries.get(run_dir)
-        if cached is None:
-            from goodtrace.analysis import analyze
-            from goodtrace.read.load import load_run
-
-            cached = analyze(load_run(run_dir), now_wall_ns=time.time_ns())
-            _summaries.clear()  # keep one: a process records one run at a time
-            _summaries[run_dir] = cached
-        return cached
-
-
-_NO_EARLIER = "none"  # the running attempt is the job's first: job goodput = attempt goodput
-_earlier: dict[str, Any] = {}  # session -> EarlierAttempts | _NO_EARLIER | number of failed looks
-_earlier_lock = threading.Lock()
-_MAX_LOOKS = 3
-
-
 def job_goodput(run: SinkRun, line: LiveLine) -> float | None:
-    """The whole job's goodput so far at ``line``: the analysis of the attempts before this one
-    (looked up once per process, only when the run directory holds earlier sessions of this
-    rank) plus this attempt's productive time from the live line."""
-    if line.productive_s is None or line.wall_ns is None:
-        return None
-    with _earlier_lock:
-        found = _earlier.get(run.session, 0)
-        if isinstance(found, int) and found < _MAX_LOOKS:
-            try:
-                found = _look_up_earlier(run) or found + 1
-            except ImportError:  # no reader installed: no job figure
-                found = _MAX_LOOKS
-            except Exception:  # files half written: look again at the next line
-                found += 1
-            _earlier[run.session] = found
-    if found == _NO_EARLIER:
-        return line.goodput
-    if isinstance(found, int):
-        return None
-    earlier: EarlierAttempts = found
-    return earlier.job_goodput(line.first_step, line.step, line.productive_s, line.wall_ns)
+    """The whole job's goodput so far at ``line``, from the figures each attempt of this rank
+    left (``_held``), never from the run directory's records: no reader, no analysis in the job."""
+    return held(run).job_goodput(line)
 
 
-def _look_up_earlier(run: SinkRun) -> EarlierAttempts | str | None:
-    from goodtrace.read.segments import NotARunError, list_segments
+def held_summary(run: SinkRun, line: LiveLine | None) -> tuple[int, dict[str, float], dict[str, str]]:
+    """(step, numbers, texts) of the summary a sink writes at ``finish()`` inside the job (see
+    :func:`summary_from`), from this rank's attempt figures."""
+    earlier, current = held(run).job_figures()
+    return summary_from(earlier, current, line)
 
-    own_dir = f"rank-{run.rank:05d}"
-    try:
-        segments = list_segments(run.run_dir)
-    except NotARunError:  # nothing written yet, so nothing before this attempt either
-        return _NO_EARLIER
-    others = [path for rank_dir, path in segments
-              if rank_dir == own_dir and not os.path.basename(path).startswith(run.session)]
-    if not others:
-        return _NO_EARLIER
-    from goodtrace.analysis import analyze
-    from goodtrace.analysis.so_far import earlier_attempts
-    from goodtrace.read.load import load_run
 
-    loaded = load_run(run.run_dir)
-    return earlier_attempts(loaded, analyze(loaded, now_wall_ns=time.time_ns()), run.session)
+def summary_from(earlier: Sequence[AttemptFigures], current: AttemptFigures,
+                 line: LiveLine | None) -> tuple[int, dict[str, float], dict[str, str]]:
+    """The in-job summary: the job's goodput, time and productive time so far from the
+    attempts' own figures (``earlier``: this job's attempts before ``current``), and this
+    attempt's figures from its last live line. ``goodtrace export`` writes the report's
+    (:func:`summary_values`)."""
+    numbers: dict[str, float] = {f"{PREFIX}/summary/attempts": float(len(earlier) + 1)}
+    texts: dict[str, str] = {}
+    now = line.wall_ns if line is not None and line.wall_ns is not None else (current.end_wall_ns or time.time_ns())
+    goodput = _held_job_goodput(earlier, current, now) if earlier or line is None else line.goodput
+    if goodput is not None:
+        numbers[f"{PREFIX}/summary/goodput"] = goodput
+    start = min([a.start_wall_ns for a in (*earlier, current)])
+    numbers[f"{PREFIX}/summary/total_s"] = max(0.0, (now - start) / 1e9)
+    numbers[f"{PREFIX}/summary/productive_s"] = counted_productive(
+        [(a.first_step, a.last_step, a.productive_s) for a in (*earlier, current)])
+    if line is not None:
+        for name, value in (("goodput", line.goodput), ("elapsed_s", line.elapsed_s),
+                            ("productive_s", line.productive_s)):
+            if value is not None:
+                numbers[f"{PREFIX}/summary/attempt/{name}"] = float(value)
+        for category, seconds in line.overhead_total_s.items():
+            numbers[f"{PREFIX}/summary/attempt/{category}_s"] = float(seconds)
+    for i, a in enumerate((*earlier, current)):
+        steps = f"steps {a.first_step}-{a.last_step}" if a.first_step is not None else "no step reported"
+        ended = ("this attempt" if a is current else "completed" if a.completed
+                 else "ended early" if a.completed is False else "ending unknown")
+        seconds = ((a.end_wall_ns or now) - a.start_wall_ns) / 1e9
+        texts[f"{PREFIX}/summary/attempt_{i}"] = f"{ended}, {steps}, {seconds:.1f} s, {a.productive_s:.1f} s productive"
+    return (line.step if line is not None else 0), numbers, texts
 
 
 class ScalarSink:
@@ -175,6 +152,7 @@ class ScalarSink:
     # Set by ``replay`` (goodtrace export) before ``start``: the backend replaces what an earlier
     # export of the same run wrote (a TensorBoard file, an MLflow run, a W&B offline run).
     export_id: str | None = None
+    last_line: LiveLine | None = None  # the latest live line written (inside the job)
 
     def __init__(self, *, all_ranks: bool = False, ranks: str | None = None, summary: bool = True) -> None:
         chosen = ranks if ranks is not None else ("all" if all_ranks else RANK_ZERO)
@@ -187,6 +165,8 @@ class ScalarSink:
     # ------------------------------------------------------------ the recording layer's protocol
     def open(self, run: SinkRun) -> None:
         self.run = run
+        if run.session:  # inside the job (goodtrace export has no session): this attempt's figures
+            held(run)
         self.start(run)
 
     def write(self, line: LiveLine) -> None:
@@ -195,18 +175,25 @@ class ScalarSink:
     def with_job_goodput(self, line: LiveLine) -> LiveLine:
         if self.run is None or line.job_goodput is not None:
             return line
-        return dataclasses.replace(line, job_goodput=job_goodput(self.run, line))
+        figures = held(self.run)
+        figures.update(line)
+        self.last_line = line
+        return dataclasses.replace(line, job_goodput=figures.job_goodput(line))
 
     def close(self, finished: bool) -> None:
-        """The summary (rank 0 only: it is the job's, from rank 0's timeline), then the backend."""
+        """The summary (rank 0 only), from the figures the job holds, then the backend."""
         try:
+            self.end_attempt(finished)
             if finished and self.write_summary and self.run is not None and self.run.rank == 0:
-                analysis = analyse_run(self.run.run_dir)
-                numbers, texts = summary_values(analysis)
-                last = analysis.steps[-1].step if analysis.steps else 0
-                self.summary(last, numbers, texts)
+                step, numbers, texts = held_summary(self.run, self.last_line)
+                self.summary(step, numbers, texts)
         finally:
             self.shutdown()
+
+    def end_attempt(self, finished: bool) -> None:
+        """Leave this attempt's figures for the next attempt (rank directory, ``_held``)."""
+        if self.run is not None and self.run.session:
+            held(self.run).finished(ENDINGS.get(self.run.session) if finished else False)
 
     # ------------------------------------------------------------ what a backend implements
     def start(self, run: SinkRun) -> None:

@@ -8,7 +8,8 @@ aggregates, and per rank of this host its step time and its lateness at the log 
 sync point. Each line replaces the previous one's values: a figure the line does not know
 (no FLOPs: no MFU) is absent, not 0; an overhead category of an earlier log interval with no time in
 this one reads 0. A busy port is replaced by the next free one (named in a warning and in
-``bound_port``). At ``finish()`` the run's summary (goodput, every bucket) is set and, when the
+``bound_port``). At ``finish()`` the summary (the job's goodput so far and this attempt's time
+per bucket, from the figures the job holds: no reading of the run) is set and, when the
 endpoint has been scraped during the run, it stays up until the next scrape has read the
 summary (at most ``linger_s``; the program's exit waits for it). A private registry: the
 program's own metrics are untouched.
@@ -25,7 +26,7 @@ from typing import Any
 from goodtrace.record.errors import warn
 from goodtrace.record.live.line import LiveLine
 from goodtrace.record.live.sink_hub import FIRST_ON_HOST, SinkError, SinkRun
-from goodtrace.sinks._base import ScalarSink, analyse_run
+from goodtrace.sinks._base import ScalarSink, held_summary
 
 DEFAULT_PORT = 9464
 DEFAULT_ADDRESS = "127.0.0.1"
@@ -50,8 +51,10 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "goodtrace_slowest_rank": ("the rank latest at the log interval's last sync point", ()),
     "goodtrace_rank_step_seconds": ("each rank's step time over the log interval", ("rank",)),
     "goodtrace_rank_lateness_seconds": ("how late each rank reached the log interval's last sync point", ("rank",)),
-    "goodtrace_summary_goodput_ratio": ("the finished run's goodput (goodtrace report)", ()),
-    "goodtrace_summary_bucket_seconds": ("the finished run's time per bucket (goodtrace report)", ("bucket",)),
+    "goodtrace_summary_goodput_ratio": ("the job's goodput at finish, from the attempts' own figures", ()),
+    "goodtrace_summary_bucket_seconds": (
+        "at finish: the job's time and productive time so far (job_total, job_productive), and this "
+        "attempt's elapsed, productive and overhead seconds (goodtrace report has every bucket)", ("bucket",)),
 }
 
 
@@ -116,7 +119,7 @@ class _Collector:
             yield family
         with self.scraped:
             self.scrapes += 1
-            self.summary_scrapes += bool(samples.get("goodtrace_summary_goodput_ratio"))
+            self.summary_scrapes += bool(samples.get("goodtrace_summary_bucket_seconds"))
             self.scraped.notify_all()
 
 
@@ -176,12 +179,19 @@ class PrometheusSink(ScalarSink):
 
     def close(self, finished: bool) -> None:
         try:
+            self.end_attempt(finished)
             if finished and self.write_summary and self.run is not None and self.run.rank == 0:
-                p = analyse_run(self.run.run_dir).partition
+                _, numbers, _ = held_summary(self.run, self.last_line)
                 samples = dict(self._collector.samples)
-                samples["goodtrace_summary_goodput_ratio"] = {(): p.goodput}
+                goodput = numbers.get("goodtrace/summary/goodput")
+                samples["goodtrace_summary_goodput_ratio"] = {} if goodput is None else {(): goodput}
+                prefix = "goodtrace/summary/attempt/"
+                buckets = {"job_total": numbers.get("goodtrace/summary/total_s"),
+                           "job_productive": numbers.get("goodtrace/summary/productive_s")} | {
+                    name[len(prefix):].removesuffix("_s"): value for name, value in numbers.items()
+                    if name.startswith(prefix) and name.endswith("_s")}
                 samples["goodtrace_summary_bucket_seconds"] = {
-                    (("bucket", bucket),): ns / 1e9 for bucket, ns in p.buckets_ns.items()}
+                    (("bucket", bucket),): value for bucket, value in buckets.items() if value is not None}
                 self._collector.samples = samples
                 if self._collector.scrapes and self.linger_s > 0:
                     self._linger()

@@ -2,7 +2,7 @@
 
 A sink (TensorBoard, W&B, MLflow, Prometheus: ``goodtrace.sinks``, or any object with the
 methods of :class:`Sink`) receives rank 0's live line every log step and, at ``finish()``,
-is closed after the rank's files are complete, so that it can read the run back. Every call
+is closed after the rank's files are complete. Every call
 runs on the sink's own daemon thread: the training thread only puts the line in a bounded
 queue. A sink that raises, or whose queue fills because it is slow, is dropped with one
 warning; it never slows or breaks the loop.
@@ -52,6 +52,9 @@ ALL_RANKS = "all"  # every rank
 FIRST_ON_HOST = "host"  # local rank 0 of every host (one Prometheus endpoint per host)
 RANK_CHOICES = (RANK_ZERO, ALL_RANKS, FIRST_ON_HOST)
 
+# session -> whether the attempt completed (finish's ending), set before the sinks close
+ENDINGS: dict[str, bool | None] = {}
+
 
 class SinkError(ConfigError):
     """A sink name or specification is invalid; the message says which and why."""
@@ -77,7 +80,8 @@ class Sink(Protocol):
     ``ranks`` says where the sink runs: ``"zero"`` (rank 0), ``"all"``, or ``"host"``
     (local rank 0 of each host). ``open`` is called once, ``write`` once per live line,
     ``close`` once at the end: ``finished`` is True when the rank's files are complete
-    (``finish()`` or interpreter exit), so the sink may read the run back for its summary.
+    (``finish()`` or interpreter exit). The built-in sinks' summary comes from the figures the
+    job holds (``goodtrace.sinks._held``): they never read the run back inside the job.
     A sink that buffers may also have ``flush()``: it is called on the recorder's heartbeat
     cadence (every ``flush_interval_s``) when lines came since the last one, so a killed rank's
     backend files end where goodtrace's own do.
@@ -321,7 +325,7 @@ def attach_sinks(
     Live lines come from the live aggregator that ``instrument()`` (torch, JAX) attaches; when
     the program calls none, a rank-local one (this rank's own numbers, every ``log_every``
     steps, printing nothing) is started when the first step begins. The sinks close after the
-    recorder's files do (``finish()`` or interpreter exit), so they can read the run back.
+    recorder's files do (``finish()`` or interpreter exit), so their summary includes the last line.
     """
     identity = recorder.identity
     run = SinkRun(
@@ -353,6 +357,7 @@ def attach_sinks(
             recorder.finish_listeners.append(lambda completed, reason: aggregator.close())
 
     def after_finish(completed: bool | None, reason: str) -> None:
+        ENDINGS[run.session] = completed  # how the attempt ended, for the sinks' attempt figures
         hub.close(finished=reason != "signal")  # preempted: close at once, no summary
 
     recorder.step_begin_listeners.append(stand_in)
