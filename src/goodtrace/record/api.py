@@ -90,8 +90,10 @@ def init(
             kwargs["clock"] = clock
         rec = Recorder(os.fspath(run_dir), config, identity, **kwargs)
         rec.activate()  # the active recorder from here on (spans.bind)
-        _install_sigterm_handler(rec)
-        _install_exception_hooks(rec)
+        if config.sigterm_handler:
+            _install_sigterm_handler(rec)
+        if config.exception_hooks:
+            _install_exception_hooks(rec)
         if resolved:
             from goodtrace.record.live.sink_hub import attach_sinks
 

@@ -49,13 +49,18 @@ class Config:
     # (record/io/compactor.py, read/rank_compact.py; needs goodtrace[report] and a local or NFS run
     # directory). 0: off (the default).
     compact_interval_s: float = 0.0
+    # Process-wide hooks gt.init installs (README, "What goodtrace changes in the process"):
+    # a SIGTERM handler (only where the program has none) and sys/threading excepthooks.
+    sigterm_handler: bool = True
+    exception_hooks: bool = True
     overhead_categories: tuple[str, ...] = ()
     blocking_categories: tuple[str, ...] = ()
     categories: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ConfigError(f"enabled must be a bool, got {self.enabled!r}")
+        for flag in ("enabled", "record_gc", "sigterm_handler", "exception_hooks"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         _check_int("lag", self.lag, minimum=0, maximum=1000)
         if self.poll_interval_s != 0:
             _check_float("poll_interval_s", self.poll_interval_s, minimum=0.0001, maximum=10)
