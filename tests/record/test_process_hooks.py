@@ -15,19 +15,20 @@ import goodtrace as gt
 
 
 def test_init_installs_its_hooks_by_default_and_finish_takes_them_back(tmp_path: Path) -> None:
-    before = (signal.getsignal(signal.SIGTERM), sys.excepthook, threading.excepthook, list(gc.callbacks))
-    if before[0] is not signal.SIG_DFL:
-        pytest.skip("the test runner has a SIGTERM handler of its own: goodtrace leaves it")
-    rec = gt.init(tmp_path / "run")
+    runners = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a job without a handler of its own
     try:
-        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-        assert sys.excepthook is not before[1] and threading.excepthook is not before[2]
-        assert len(gc.callbacks) == len(before[3]) + 1
+        before = (sys.excepthook, threading.excepthook, list(gc.callbacks))
+        rec = gt.init(tmp_path / "run")
+        try:
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            assert sys.excepthook is not before[0] and threading.excepthook is not before[1]
+            assert len(gc.callbacks) == len(before[2]) + 1
+        finally:
+            gt.finish()
+        assert (sys.excepthook, threading.excepthook, gc.callbacks) == before
+        assert rec.config.sigterm_handler and rec.config.exception_hooks
     finally:
-        gt.finish()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    assert (sys.excepthook, threading.excepthook, gc.callbacks) == (before[1], before[2], before[3])
-    assert rec.config.sigterm_handler and rec.config.exception_hooks
+        signal.signal(signal.SIGTERM, runners)
 
 
 def test_each_process_wide_hook_can_be_kept_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
