@@ -47,9 +47,14 @@ def test_a_rank_given_twice_by_the_argument_says_so(tmp_path: Path) -> None:
 
 def test_a_rank_that_appears_again_after_its_process_went_quiet_is_a_new_attempt() -> None:
     s = 10**9
-    # (rank, restart counter, start, last seen)
-    overlapping = [(0, None, 0, 10 * s), (1, None, 0, 10 * s), (0, None, 1 * s, 9 * s)]
+    # (rank, restart counter, start, last seen, recording began)
+    overlapping = [(0, None, 0, 10 * s, 0), (1, None, 0, 10 * s, 0), (0, None, 1 * s, 9 * s, 1 * s)]
     assert number_attempts(overlapping) == [0, 0, 0]
     # rank 0 restarted while rank 1 ran on: its new process started after its old one went quiet
-    restarted = [(0, None, 0, 5 * s), (1, None, 0, 20 * s), (0, None, 6 * s, 20 * s)]
+    restarted = [(0, None, 0, 5 * s, 0), (1, None, 0, 20 * s, 0), (0, None, 6 * s, 20 * s, 6 * s)]
+    assert number_attempts(restarted) == [0, 0, 1]
+    # one process recording twice, one recording after the other (gt.init, finish, gt.init): both
+    # start at the process's start, but the second claims the rank after the first went quiet
+    twice = [(0, None, 0, 5 * s, 1 * s), (0, None, 0, 9 * s, 6 * s)]
+    assert number_attempts(twice) == [0, 1]
     assert number_attempts(restarted) == [0, 0, 1]

@@ -46,7 +46,7 @@ Liveness = Callable[[str, int, int], bool | None]
 
 def assign_attempts(sessions: Sequence[SessionInfo]) -> list[int]:
     """Attempt number of each session (indexed like ``sessions``): the reader's one rule."""
-    return number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
+    return number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall, s.wall(s.init)) for s in sessions])
 
 
 @dataclasses.dataclass(frozen=True)

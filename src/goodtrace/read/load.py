@@ -447,7 +447,7 @@ def _load_run(
             session_info(i, draft, summaries.get(i, {})) for i, draft in enumerate(drafts.values())
         ]
         record_count = sum(int(s.get("records") or 0) for s in summaries.values())
-        attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall) for s in sessions])
+        attempts = number_attempts([(s.rank, s.restart, s.start_wall, s.last_seen_wall, s.wall(s.init)) for s in sessions])
         references = reference_sessions(sessions, attempts)
         detail = read_details(con, root, cache, references, list(drafts.values()), fid_of, identities, closed, skips,
                                parquet_ok, path_of, Growing(ranges, ends, os.path.join(tmpdir, "detail")), list(drafts),

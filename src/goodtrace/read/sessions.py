@@ -434,30 +434,33 @@ def _counted(
 
 
 def number_attempts(
-    sessions: Sequence[tuple[int, int | None, int, int]],
+    sessions: Sequence[tuple[int, int | None, int, int, int]],
 ) -> list[int]:
     """The one attempt rule, shared by this reader and the analysis.
 
     ``sessions`` holds ``(rank, launcher restart counter or None, start wall ns, last seen wall
-    ns)`` per session; the result is each one's attempt number, 0, 1, ... in start order. A new
+    ns, wall ns its recording began)`` per session; the result is each one's attempt number, 0, 1, ... in the order the recordings began. A new
     attempt opens when a session starts after every session of the current one went quiet, when
     a rank shows up a second time (a rank cannot appear twice in one attempt), or when the
     launcher's restart counter changes. A rank shows up a second time when a process of it starts
     after the attempt's earlier processes of that rank went quiet (a restart of it); processes
     that claim one rank at the same time (overlapping in time: every process fell back to rank 0)
-    are one attempt (:func:`goodtrace.analysis.attempts.discover_attempts` warns about them).
+    are one attempt (:func:`goodtrace.analysis.attempts.discover_attempts` warns about them). A
+    process's claim begins when its recording did (``init``), not at its process start: two
+    recordings one after the other in one process claim the rank one after the other.
     """
-    order = sorted(range(len(sessions)), key=lambda i: (sessions[i][2], sessions[i][0]))
+    # in the order their recordings began (two recordings of one process share its start)
+    order = sorted(range(len(sessions)), key=lambda i: (sessions[i][4], sessions[i][2], sessions[i][0]))
     result = [0] * len(sessions)
     attempt = -1
     ranks: dict[int, int] = {}  # rank -> the last sign of life of its processes in this attempt
     last_seen = 0
     counter: int | None = None
     for i in order:
-        rank, restart, start, seen = sessions[i]
+        rank, restart, start, seen, claim = sessions[i]
         if (
             attempt < 0
-            or start > ranks.get(rank, start)
+            or claim > ranks.get(rank, claim)
             or start > last_seen
             or (restart is not None and counter is not None and restart != counter)
         ):
@@ -476,7 +479,8 @@ def number_attempts(
 def assign_attempts(sessions: list[Session]) -> None:
     """Set ``session.attempt`` on each session by :func:`number_attempts`."""
     numbers = number_attempts(
-        [(s.rank, s.restart, s.start_wall_ns, s.wall_ns(s.last_seen_mono)) for s in sessions]
+        [(s.rank, s.restart, s.start_wall_ns, s.wall_ns(s.last_seen_mono),
+          s.wall_ns(int(s.header.get(schema.H_INIT, s.header[schema.F_MONO])))) for s in sessions]
     )
     for session, number in zip(sessions, numbers, strict=True):
         session.attempt = number
