@@ -141,7 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     ranks = [int(x) for x in (args.ranks or ("2,4" if args.quick else "2,4,8")).split(",")]
     steps, log_every = (20, 2) if args.quick else (60, 2)
-    variants = {"allgather": ("allgather", None), "rooted": ("instrument", None)}
+    variants: dict[str, tuple[str, str | None]] = {"allgather": ("allgather", None), "rooted": ("instrument", None)}
     if args.before:
         variants["before_code"] = ("instrument", str(Path(args.before).resolve()))
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
