@@ -107,13 +107,35 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     yield
     seconds = time.perf_counter() - started
     _WATCH.thread = None
-    if item.get_closest_marker("unit") and seconds > UNIT_BUDGET_S:
-        _SLOW_UNITS.append((item.nodeid, seconds))
     profile = os.environ.get("GOODTRACE_TEST_PROFILE")
     if profile:
         with open(profile, "a", encoding="utf-8") as handle:
             handle.write(json.dumps({"test": item.nodeid, "s": round(seconds, 3), "used": sorted(_WATCH.used),
                                      "marks": sorted(m.name for m in item.iter_markers())}) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A unit test's time over UNIT_BUDGET_S goes with its teardown report (to the controller,
+    under pytest-xdist), which pytest_runtest_logreport collects for the summary."""
+    if call.when == "setup":
+        item.stash[_STARTED] = call.start
+    outcome = yield
+    if call.when == "teardown" and item.get_closest_marker("unit"):
+        seconds = call.stop - item.stash.get(_STARTED, call.start)
+        if seconds > UNIT_BUDGET_S:
+            outcome.get_result().user_properties.append(("goodtrace_slow_unit", seconds))
+
+
+_STARTED = pytest.StashKey[float]()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for name, value in report.user_properties:
+        if name == "goodtrace_slow_unit":
+            _SLOW_UNITS.append((report.nodeid, float(value)))
+        elif name == "goodtrace_mismarked":
+            _MISMARKED.append(str(value))
 
 
 @pytest.fixture(autouse=True)
@@ -124,7 +146,7 @@ def _unit_tests_stay_unit(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("unit") and _WATCH.used:
         line = (f"{request.node.nodeid} is classified unit but used {'; '.join(sorted(set(_WATCH.detail)))}: "
                 f"mark it ({', '.join(sorted(_WATCH.used))}) in the module (pytestmark) or on the test")
-        _MISMARKED.append(line)
+        request.node.user_properties.append(("goodtrace_mismarked", line))  # for the summary
         pytest.fail(line, pytrace=False)
 
 
