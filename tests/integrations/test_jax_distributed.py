@@ -1,5 +1,5 @@
 """Two ``jax.distributed`` processes on localhost (CPU): rank/world discovery, live metric
-reduction through JAX's multi-host utilities, and clock offsets measured around a barrier.
+reduction through JAX's multi-host utilities, and clock offsets measured on a background thread.
 
 The test spawns this file twice as a worker (``python test_jax_distributed.py worker ...``);
 each worker trains a few steps with known per-rank metric values and writes what it saw.
@@ -131,8 +131,8 @@ def test_two_processes_aggregate_metrics_and_measure_clock_offsets(tmp_path: Pat
     clock_records = [(s.rank, r) for s in run.sessions for r in s.of_kind(schema.CLOCK)]
     assert sorted(rank for rank, _ in clock_records) == [0, 0, 1, 1]
     assert [[r[schema.F_OFFSET], r[schema.F_RTT]] for rank, r in clock_records if rank == 1] == offsets
-    spans = [r for s in run.sessions for r in s.of_kind(schema.SPAN) if r["name"] == "clock_sync"]
-    assert len(spans) == 4 and all(r["cat"] == schema.LOG for r in spans)
+    # measured on a background thread: the training thread spent no span on it
+    assert [r for s in run.sessions for r in s.of_kind(schema.SPAN) if r["name"] == "clock_sync"] == []
 
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "worker":

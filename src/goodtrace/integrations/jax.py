@@ -18,7 +18,11 @@ Contract:
   never holds the wait for the step, from the first step on.
 - :func:`measure_clock_offset` (collective) measures this process's monotonic-clock offset to
   process 0 by ping-pong (``goodtrace.record.clocksync``) through the ``jax.distributed`` key-value
-  store, between two global barriers (``reference = local + offset_ns``, error <= rtt/2).
+  store, between two global barriers (``reference = local + offset_ns``, error <= rtt/2): it
+  blocks its caller. :func:`instrument`'s own rounds (at start-up and every ``clock_sync_every``
+  steps) run on a background thread instead (:class:`goodtrace.record.clocksync.BackgroundClockSync`,
+  as with PyTorch): the step-end hook only asks for a round, each process pings process 0
+  through the store on that thread, and process 0 serves every process at once.
 - :class:`JaxTransport` carries ``goodtrace.record.live.aggregator`` log intervals: one all-gather per log step, built
   from ``jax.experimental.multihost_utils``, dispatched asynchronously, read when done.
 
@@ -39,10 +43,9 @@ import jax
 import numpy as np
 
 import goodtrace
-from goodtrace import schema
 from goodtrace.integrations._common import Disabled, Integration, announce_model, check_cadence
 from goodtrace.integrations._common import warn as _warn
-from goodtrace.record.clocksync import OffsetSample, measure_offset
+from goodtrace.record.clocksync import BackgroundClockSync, OffsetSample, measure_offset, ping_reference
 from goodtrace.record.recorder import Recorder
 from goodtrace.record.values.jax_compile import (
     COMPILE_EVENTS,
@@ -152,6 +155,61 @@ def measure_clock_offset(
     return result
 
 
+class _KeyValueRounds:
+    """The integration's clock rounds through the ``jax.distributed`` key-value store, on
+    :class:`BackgroundClockSync`'s thread: each process pings the reference ``rounds`` times;
+    the reference answers every process at once, one thread per process it serves (at most
+    ``SERVERS`` together), instead of one process after another. Keys are per round, process
+    and ping; the reference deletes a round's keys when it starts the next (every peer has read
+    its answers by then: it asked for the next round only after its step ended)."""
+
+    SERVERS = 64
+
+    def __init__(self, client: Any, rank: int, world: int, clock: Callable[[], int], rounds: int,
+                 timeout_s: float) -> None:
+        self.client, self.rank, self.world, self.clock, self.rounds = client, rank, world, clock, rounds
+        self.timeout_ms = max(1, int(timeout_s * 1000))
+        self._number = itertools.count()
+
+    def _key(self, round_number: int, sender: int, receiver: int, ping: int) -> str:
+        return f"goodtrace/clockbg/{round_number}/{sender}-{receiver}/{ping}"
+
+    def _values(self, key: str) -> list[int]:
+        return [int(part) for part in str(self.client.blocking_key_value_get(key, self.timeout_ms)).split(",")]
+
+    def _set(self, key: str, values: Sequence[int]) -> None:
+        self.client.key_value_set(key, ",".join(str(int(v)) for v in values))
+
+    def measure(self) -> OffsetSample:
+        number = next(self._number)
+        if self.rank != 0:
+            pings = itertools.count()
+            answers = itertools.count()
+            return ping_reference(
+                reference_rank=0, clock=self.clock, rounds=self.rounds,
+                send=lambda peer, values: self._set(self._key(number, self.rank, 0, next(pings)), values),
+                recv=lambda peer: self._values(self._key(number, 0, self.rank, next(answers))))
+        if number > 0:
+            try:
+                self.client.key_value_delete(f"goodtrace/clockbg/{number - 1}/")
+            except Exception:
+                pass
+
+        def serve(peer: int) -> None:
+            for ping in range(self.rounds):
+                self._values(self._key(number, peer, 0, ping))
+                t1 = self.clock()
+                self._set(self._key(number, 0, peer, ping), (t1, self.clock()))
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.SERVERS, self.world - 1)),
+                                thread_name_prefix="goodtrace-clock-serve") as pool:
+            for done in [pool.submit(serve, peer) for peer in range(1, self.world)]:
+                done.result()  # a peer that never pings fails the round (its timeout), as before
+        return OffsetSample(0, 0)
+
+
 # ------------------------------------------------------------------------------ live metrics
 
 
@@ -240,8 +298,13 @@ class JaxIntegration(Integration):
         self.aggregator: LiveAggregator | None = None
         self.distributed = jax.process_count() > 1 and _client() is not None
         announce_model(recorder, tokens_per_step, flops_per_step, peak_flops)
+        self._clock_sync: BackgroundClockSync | None = None
         if self.distributed:
-            self._sync_clocks()
+            rounds = _KeyValueRounds(_client(), jax.process_index(), jax.process_count(), recorder.clock,
+                                     clock_sync_rounds, timeout_s=60.0)
+            self._clock_sync = BackgroundClockSync(rounds.measure, self._clock_result, self._clock_failed,
+                                                   clock=recorder.clock)
+            self._clock_sync.request()  # at start-up
         transport: Transport = LocalTransport()
         if live and self.distributed:
             try:
@@ -263,27 +326,29 @@ class JaxIntegration(Integration):
         if recorder.device_barrier is None:
             recorder.device_barrier = device_barrier
 
+    def _before_close(self) -> None:
+        """Let requested clock rounds finish (bounded), so their records are in the files."""
+        if self._clock_sync is not None:
+            self._clock_sync.close(timeout=30.0)
+
     def _after_unhook(self) -> None:
         if self.recorder.device_barrier is device_barrier:
             self.recorder.device_barrier = None
+        if self._clock_sync is not None:  # any ending: stop asking, never wait for a round here
+            self._clock_sync.close(timeout=0.0)
 
     def _on_step_end(self, number: int, t0: int, t1: int) -> None:
-        if (self.distributed and self.clock_sync_every and number % self.clock_sync_every == 0 and number
-                and sys.exc_info()[0] is None):  # a step that raised: perhaps a crash, no collective
-            self._sync_clocks()
+        if (self._clock_sync is not None and self.clock_sync_every and number % self.clock_sync_every == 0
+                and number and sys.exc_info()[0] is None):  # a step that raised: perhaps a crash, no round
+            self._clock_sync.request()  # the whole cost here: the round runs on its own thread
 
-    def _sync_clocks(self) -> None:
-        rec = self.recorder
-        t0 = rec.clock()
-        try:
-            offset = measure_clock_offset(rounds=self.clock_sync_rounds, record=True, clock=rec.clock)
-        except Exception as exc:
-            _warn(f"clock alignment failed ({exc!r}); alignment falls back to wall-clock anchors")
-            self.clock_sync_every = 0
-            return
-        t1 = rec.clock()
+    def _clock_result(self, sample: OffsetSample, t0: int, t1: int) -> None:
+        offset = ClockOffset(sample.offset_ns, sample.rtt_ns, jax.process_index(), jax.process_count(), 0)
         self.clock_offsets.append(offset)
-        rec.record_span("clock_sync", schema.LOG, t0, t1, {"rtt_ns": offset.rtt_ns})
+        self.recorder.record_clock_offset(offset.offset_ns, offset.rtt_ns, 0)
+
+    def _clock_failed(self, exc: BaseException) -> None:
+        _warn(f"clock alignment failed ({exc!r}); later alignment falls back to wall-clock anchors")
 
 
 class _Disabled(Disabled):
