@@ -212,27 +212,33 @@ def flatten_overhead(
     clipped0 = t0.copy() if len(r) else t0
     u0 = u1 = np.zeros(0, dtype=np.int64)
     if len(r) and len(exec_t0):
-        s = t0[r]
+        s, e = t0[r], t1[r]
         bound, unseen = busy_until(exec_t0, exec_t1, synced, s)
-        # untraced host time of the span's own step before it: the step may have dispatched work there
-        i = np.maximum(np.searchsorted(exec_t0, s, side="right") - 1, 0)
-        in_step = (s >= exec_t0[i]) & (s <= exec_t1[i])
-        every = np.flatnonzero(inside & (is_over | is_data))
-        _, m0, m1 = merge_intervals(*_sorted_spans(t0[every], t1[every]))
-        lengths = m1 - m0
-        cum = np.concatenate(([np.int64(0)], np.cumsum(lengths)))
-        traced = _cover_at(*_places(s, m0), lengths, cum) - _cover_at(*_places(exec_t0[i], m0), lengths, cum)
-        unseen |= in_step & ((s - exec_t0[i]) - traced >= UNSEEN_DISPATCH_NS)
-        unseen &= ~(in_step & (synced[i] != NO_TIME) & (synced[i] <= s))  # its own step was done already
         new0 = np.maximum(s, bound)
         clipped0[r] = new0
+        # untraced host time of the span's own step before it: the step may have dispatched work
+        # there (only a span charged after at least UNSEEN_DISPATCH_NS of its step, whose step was
+        # not complete yet, can be in that case: the cover is found for those alone)
+        i = np.maximum(np.searchsorted(exec_t0, s, side="right") - 1, 0)
+        own = exec_t0[i]
+        in_step = (s >= own) & (s <= exec_t1[i])
+        done = in_step & (synced[i] != NO_TIME) & (synced[i] <= s)  # its own step was done already
+        unseen &= ~done
+        maybe = in_step & ~done & (new0 < e) & (s - own >= UNSEEN_DISPATCH_NS)
+        c = np.flatnonzero(maybe)
+        if len(c):
+            every = np.flatnonzero(inside & (is_over | is_data))
+            _, m0, m1 = merge_intervals(*_sorted_spans(t0[every], t1[every]))
+            lengths = m1 - m0
+            cum = np.concatenate(([np.int64(0)], np.cumsum(lengths)))
+            traced = _cover_at(*_places(s[c], m0), lengths, cum) - _cover_at(*_places(own[c], m0), lengths, cum)
+            unseen[c[(s[c] - own[c]) - traced >= UNSEEN_DISPATCH_NS]] = True
         if steps_range is not None:
             lo, hi = steps_range
-            before = _union_length(s, t1[r], lo, hi)
-            after = _union_length(new0, t1[r], lo, hi)
-            overlapped = before - after
-            k = np.flatnonzero(unseen & (new0 < t1[r]))
-            u0, u1 = _merge_union(np.maximum(new0[k], lo), np.minimum(t1[r][k], hi))
+            if bool((new0 != s).any()):  # the rule moved some span's start: by how much, once each
+                overlapped = _union_length(s, e, lo, hi) - _union_length(new0, e, lo, hi)
+            k = np.flatnonzero(unseen & (new0 < e))
+            u0, u1 = _merge_union(np.maximum(new0[k], lo), np.minimum(e[k], hi))
     over = np.flatnonzero(inside & is_over)
     del is_over
     o0, o1 = clipped0[over].copy(), t1[over]
