@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +69,12 @@ def misses(truth: dict[str, Any], measured: dict[str, int], uncertain: int, cate
     return out
 
 
-def run_and_check(shape: str, tmp_path: Path, categories: Sequence[str], world: int = 1
+def run_and_check(shape: str, tmp_path: Path, categories: Sequence[str], world: int = 1,
+                  shaped: Callable[[RunAnalysis, list[dict[str, Any]]], str | None] | None = None,
                   ) -> tuple[RunAnalysis, list[dict[str, Any]]]:
+    """Run ``shape`` until its charges are within the bounds and (``shaped``: None, or why not)
+    the loop had the shape it was written for on this machine at that moment (a loaded machine
+    can make a device-bound loop wait for its host); three runs at most."""
     problems: list[str] = []
     for attempt in range(3):
         run_dir = tmp_path / f"{shape}-{attempt}"
@@ -81,6 +85,9 @@ def run_and_check(shape: str, tmp_path: Path, categories: Sequence[str], world: 
         problems = []
         for rank, truth in enumerate(truths):
             problems += [f"rank {rank}: {m}" for m in misses(truth, *charged(analysis, rank), categories)]
+        why_not = shaped(analysis, truths) if shaped is not None and not problems else None
+        if why_not:
+            problems.append(f"the loop did not have its shape: {why_not}")
         if not problems:
             return analysis, truths
     raise AssertionError("; ".join(problems))
