@@ -588,12 +588,12 @@ class LiveAggregator:
         if self.transport.rank == 0 and self.final_goodput is not None:
             self.printer(f"goodtrace: finished: {format_goodput(self.final_goodput, self._rank)}")
 
-    def _wait_in_flight(self, deadline: float, *, every: bool = False) -> bool:
-        """Poll the oldest gather in flight (``every``: all of them) until it is done (True) or
-        the deadline passes."""
+    @staticmethod
+    def _poll_until(done: Callable[[], bool], deadline: float) -> bool:
+        """Poll ``done`` (backing off from 1 ms to 50 ms) until it is true (True) or the deadline
+        passes (False)."""
         pause = 0.001
-        while self._in_flight and not (all(h.done() for _, h, _ in self._in_flight) if every
-                                       else self._in_flight[0][1].done()):
+        while not done():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -601,16 +601,15 @@ class LiveAggregator:
             pause = min(pause * 2, 0.05)
         return True
 
+    def _wait_in_flight(self, deadline: float, *, every: bool = False) -> bool:
+        """Poll the oldest gather in flight (``every``: all of them) until it is done (True) or
+        the deadline passes."""
+        return self._poll_until(lambda: not self._in_flight or (all(h.done() for _, h, _ in self._in_flight) if every
+                                                        else self._in_flight[0][1].done()), deadline)
+
     def _wait_sent(self, deadline: float) -> bool:
         """Rank 0, rooted: poll the broadcasts and summaries in flight until all are done."""
-        pause = 0.001
-        while not all(h.done() for h in self._sending):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, 0.05)
-        return True
+        return self._poll_until(lambda: all(h.done() for h in self._sending), deadline)
 
     def _drain_rooted(self, deadline: float) -> bool:
         """Rank 0, rooted, at exit: as each gather in flight completes, send its broadcast (the

@@ -107,19 +107,9 @@ def mps_event() -> Any:
     return event
 
 
-class _MpsCompletion:
-    """A step's completion on MPS: the handle is one MPS event, recorded after the value's work."""
-
-    host = False
-
-    def ready(self, handle: Any) -> bool | None:
-        return bool(handle.query())
-
-    def wait(self, handle: Any) -> None:
-        handle.synchronize()
-
-    def to_float(self, handle: Any) -> float:
-        raise UnsupportedValue("a completion handle holds no value")
+class _MpsCompletion(_CudaCompletion):
+    """A step's completion on MPS: the handle is one MPS event, recorded after the value's work
+    (an event's query and synchronize, as on CUDA; only the barrier differs)."""
 
     def barrier(self, handle: Any) -> bool:
         torch.mps.synchronize()  # MPS queues everything on one command queue
