@@ -23,7 +23,7 @@ from goodtrace.analysis import (
     overhead,
     rolling_goodput,
 )
-from goodtrace.analysis.over_time import goodput_over_time, periodic_partitions
+from goodtrace.analysis.over_time import default_every_s, goodput_over_time, periodic_partitions
 from goodtrace.read.loaded import LoadedRun
 from helpers.builders import H0, WALL0, Proc, hourly_run, load, ns
 
@@ -35,7 +35,7 @@ def _hours(result: object) -> list[tuple[float, float, dict[str, float], bool]]:
 
 
 def test_hourly_buckets_ofhourly_run(tmp_path: Path) -> None:
-    result = analyze(load(hourly_run(tmp_path)))
+    result = analyze(load(hourly_run(tmp_path)), every_s=3600.0)
     assert _hours(result) == [
         (H0 - 1800, H0, {"productive": 1200.0, "startup": 600.0}, True),
         # the checkpoint sits in the interval of step 60: [H0+2400, H0+2760] = 300 s + 60 s productive
@@ -64,7 +64,7 @@ def test_a_gap_between_attempts_is_a_whole_hour_of_disruption(tmp_path: Path) ->
     a1.loop(range(10, 20), H0 + 4800, step_s=60.0)  # to H0 + 5400
     a1.finish(H0 + 5400)
     a1.write()
-    result = analyze(load(tmp_path))
+    result = analyze(load(tmp_path), every_s=3600.0)
     assert _hours(result) == [
         (H0 - 600, H0, {"productive": 600.0}, True),
         (H0, H0 + 3600, {"disruption": 3600.0}, False),
@@ -80,9 +80,33 @@ def test_a_run_shorter_than_the_period_is_one_partial_period(tmp_path: Path) -> 
     p.loop(range(5), H0 + 10)
     p.finish(H0 + 16)
     p.write()
-    result = analyze(load(tmp_path))
+    result = analyze(load(tmp_path), every_s=3600.0)
     assert _hours(result) == [(H0 + 10, H0 + 16, {"productive": 5.0, "teardown": 1.0}, True)]
     assert result.over_time is not None and result.over_time.worst == ()  # nothing to compare with
+
+
+@pytest.mark.parametrize(("span_s", "every_s"), [
+    (0.0, 1.0), (3.0, 1.0), (30.0, 1.0), (34.0, 2.0), (300.0, 10.0), (6400.0, 300.0), (86_400.0, 3600.0),
+    (7 * 86_400.0, 6 * 3600.0), (1e12, 365 * 86_400.0),
+])
+def test_the_default_period_is_a_human_one_that_fits_the_span(span_s: float, every_s: float) -> None:
+    assert default_every_s(span_s) == every_s
+    if span_s >= 10 and span_s < 1e9:  # about 10 to 30 periods
+        assert 10 <= span_s / every_s <= 30
+
+
+def test_without_every_the_periods_fit_the_run(tmp_path: Path) -> None:
+    result = analyze(load(hourly_run(tmp_path)))  # 6,400 s from 22:30 UTC: periods of 5 min
+    over = result.over_time
+    assert over is not None and over.every_s == 300.0 and len(over.periods) == 22
+    assert [p.partial for p in over.periods] == [False] * 21 + [True]  # 22:30 is on a 5 min edge
+    assert sum(p.length_ns for p in over.periods) == result.partition.total_ns
+    p = Proc(tmp_path / "short", start=H0 + 10)  # a demo-sized run: 34 s
+    p.loop(range(33), H0 + 10)
+    p.finish(H0 + 44)
+    p.write()
+    over = analyze(load(tmp_path / "short")).over_time
+    assert over is not None and over.every_s == 2.0 and len(over.periods) == 17
 
 
 def test_a_chosen_period_and_agreement_with_interval_partition(tmp_path: Path) -> None:
@@ -114,7 +138,8 @@ def test_since_until_by_time_and_by_step(tmp_path: Path) -> None:
     s0 = H0 - 1800
     # step k runs [s0 + 600 + 60k, +60]: 1,200 s after the start is step 10's start (H0 - 600);
     # H0 + 2000 falls inside step 53
-    result = analyze(loaded, since=RangeEdge(offset_s=1200.0), until=RangeEdge(wall_ns=WALL0 + ns(H0 + 2000)))
+    result = analyze(loaded, since=RangeEdge(offset_s=1200.0), until=RangeEdge(wall_ns=WALL0 + ns(H0 + 2000)),
+                     every_s=3600.0)
     assert result.time_range == (WALL0 + ns(s0 + 1200), WALL0 + ns(H0 + 2000))
     assert result.window is not None and result.window.buckets_ns["productive"] == ns(2600)
     assert [r.step for r in result.steps] == list(range(10, 54))

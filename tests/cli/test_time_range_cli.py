@@ -51,7 +51,7 @@ def test_parse_edge_forms() -> None:
 
 @pytest.mark.processes
 def test_json_has_goodput_per_utc_hour(run_dir: str) -> None:
-    report = report_json(run_dir, "--no-steps")
+    report = report_json(run_dir, "--no-steps", "--every", "1h")
     hours = report["goodput_over_time"]
     assert [(h["start"], h["end"], h["partial"]) for h in hours] == [
         ("2023-11-14T22:30:00Z", "2023-11-14T23:00:00Z", True),
@@ -86,7 +86,7 @@ def test_since_until_restrict_the_step_views(run_dir: str) -> None:
 
 @pytest.mark.processes
 def test_console_names_the_worst_hours(run_dir: str) -> None:
-    done = goodtrace("report", run_dir)
+    done = goodtrace("report", run_dir, "--every", "1h")
     assert done.returncode == 0, done.stderr
     assert ("worst hours (UTC): 11-14 22:30-23:00 66.7% (startup 33.3%), 11-14 23:00-00:00 91.7% "
             "(checkpoint_save 8.3%), 11-15 00:00-00:16:40 90.0% (teardown 10.0%)") in done.stdout
@@ -145,7 +145,8 @@ def test_export_replays_the_steps_in_the_time_range(run_dir: str, tmp_path: Path
 
 @pytest.mark.processes
 def test_since_until_in_seconds_give_the_window_of_the_golden_run() -> None:
-    report = report_json(str(DATA / "restart_2ranks"), "--since", "5", "--until", "12", "--no-steps")
+    report = report_json(str(DATA / "restart_2ranks"), "--since", "5", "--until", "12", "--no-steps",
+                         "--every", "1h")
     assert {k: v["seconds"] for k, v in report["window"]["buckets"].items() if v["ns"]} == {
         "productive": 1.0, "wasted_progress": 1.5, "disruption": 3.5, "startup": 1.0}
     assert len(report["goodput_over_time"]) == 1 and report["goodput_over_time"][0]["partial"]
@@ -176,7 +177,8 @@ def test_records_counts_the_records_in_the_time_range(run_dir: str) -> None:
 @pytest.mark.processes
 def test_html_report_of_a_time_range(run_dir: str, tmp_path: Path) -> None:
     target = tmp_path / "range.html"
-    done = goodtrace("report", run_dir, "--html", str(target), "--since", "step:50", "--until", "step:70")
+    done = goodtrace("report", run_dir, "--html", str(target), "--since", "step:50", "--until", "step:70",
+                     "--every", "1h")
     assert done.returncode == 0, done.stderr
     page = target.read_text(encoding="utf-8")
     data = json.loads(page.split('id="goodtrace-data">', 1)[1].split("</script>", 1)[0])
@@ -196,7 +198,7 @@ def test_an_hour_between_attempts_is_the_worst(tmp_path: Path) -> None:
     a1.loop(range(10, 20), H0 + 4800, step_s=60.0)
     a1.finish(H0 + 5400)
     a1.write()
-    done = goodtrace("report", str(tmp_path))
+    done = goodtrace("report", str(tmp_path), "--every", "1h")
     assert done.returncode == 0, done.stderr
     assert ("worst hours (UTC): 11-14 23:00-00:00 0.0% (disruption 100.0%), 11-15 00:00-00:30 33.3% "
             "(disruption 66.7%)") in done.stdout

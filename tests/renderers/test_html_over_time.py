@@ -42,7 +42,7 @@ def chromium() -> Iterator[Any]:
 
 def test_chart_data_is_the_analysis_periods(tmp_path: Path) -> None:
     loaded = load_run(hourly_run(tmp_path / "run"))
-    data = report_data(analyze(loaded), loaded)["over_time"]
+    data = report_data(analyze(loaded, every_s=3600.0), loaded)["over_time"]
     assert data["start"] == ["2023-11-14T22:30:00Z", "2023-11-14T23:00:00Z", "2023-11-15T00:00:00Z"]
     assert data["end"][-1] == "2023-11-15T00:16:40Z" and data["partial"] == [True, False, True]
     assert list(data["series"]) == ["productive", "startup", "checkpoint_save", "teardown"]
@@ -56,7 +56,7 @@ def test_chart_data_is_the_analysis_periods(tmp_path: Path) -> None:
 def test_chart_draws_and_its_tooltip_names_the_buckets(chromium: Any, tmp_path: Path) -> None:
     loaded = load_run(hourly_run(tmp_path / "run"))
     path = tmp_path / "report.html"
-    path.write_text(render_html(analyze(loaded), loaded), encoding="utf-8")
+    path.write_text(render_html(analyze(loaded, every_s=3600.0), loaded), encoding="utf-8")
     log = PageLog()
     url = path.resolve().as_uri()
     page = new_page(chromium, url, log)
@@ -78,7 +78,7 @@ def test_chart_draws_and_its_tooltip_names_the_buckets(chromium: Any, tmp_path: 
 
 def test_a_time_range_is_named_and_the_chart_keeps_to_it(chromium: Any, tmp_path: Path) -> None:
     loaded = load_run(hourly_run(tmp_path / "run"))
-    analysis = analyze(loaded, since=RangeEdge(step=50), until=RangeEdge(step=70))
+    analysis = analyze(loaded, since=RangeEdge(step=50), until=RangeEdge(step=70), every_s=3600.0)
     path = tmp_path / "range.html"
     path.write_text(render_html(analysis, loaded), encoding="utf-8")
     log = PageLog()

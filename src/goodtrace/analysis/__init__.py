@@ -21,7 +21,7 @@ when asked for (``analyze(keep_cuts=False)``: the reference rank's alone).
 ``RunAnalysis`` holds: ``attempts`` (launches of the reported job, how each ended), ``jobs``
 (more than one when an unrelated job reused the run directory), ``partition`` (on the
 reference rank: rank 0 unless it is missing), ``window`` / ``rolling`` (interval goodput),
-``over_time`` (goodput per UTC hour or chosen period, and the worst ones), ``time_range``
+``over_time`` (goodput per period fitted to the run's length, or the chosen one, and the worst ones), ``time_range``
 (the ``since``/``until`` range the step views keep to), ``steps`` (the step table: one
 ``StepRow`` per execution of the reference rank), ``step_stats``, ``ideal_step_s``,
 ``anomalies``, ``spread`` and ``stragglers`` (every rank), ``program`` (MFU, scheduling,
@@ -341,8 +341,8 @@ def analyze(
     ``keep_cuts=False`` gives the reference sessions' alone (a caller that needs no per-rank
     view); the numbers are the same. ``since``/``until`` select a time range
     (:mod:`goodtrace.analysis.time_range`): its partition is ``window``, and the step table,
-    its statistics, the anomalies and goodput over time (per ``every_s`` seconds; whole UTC
-    hours by default) keep to it.
+    its statistics, the anomalies and goodput over time (per ``every_s`` seconds; by default a
+    period that cuts the span into 10-30: ``over_time.default_every_s``) keep to it.
     """
     if not run.sessions:
         raise AnalysisError("the run has no sessions")

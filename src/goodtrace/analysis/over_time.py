@@ -20,10 +20,12 @@ from goodtrace.analysis.overhead import BLOCK
 from goodtrace.analysis.partition import PRODUCTIVE, Timeline
 
 __all__ = [
-    "DEFAULT_EVERY_S",
+    "HUMAN_PERIODS_S",
     "MAX_PERIODS",
+    "TARGET_PERIODS",
     "GoodputOverTime",
     "Period",
+    "default_every_s",
     "goodput_over_time",
     "iso",
     "periodic_partitions",
@@ -31,8 +33,15 @@ __all__ = [
 ]
 
 NS = 1e9
-DEFAULT_EVERY_S = 3600.0
-DEFAULT_WIDTHS_S = (DEFAULT_EVERY_S, 86_400.0, 7 * 86_400.0, 30 * 86_400.0, 365 * 86_400.0)
+# the periods a default is chosen from: widths people read on a clock, each at most about three
+# times the one before (so the chosen one gives between about 10 and TARGET_PERIODS periods)
+HUMAN_PERIODS_S = (
+    1.0, 2.0, 5.0, 10.0, 15.0, 30.0,  # seconds
+    60.0, 120.0, 300.0, 600.0, 900.0, 1800.0,  # minutes
+    3600.0, 7200.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0,  # hours
+    86_400.0, 2 * 86_400.0, 7 * 86_400.0, 14 * 86_400.0, 30 * 86_400.0, 91 * 86_400.0, 365 * 86_400.0,
+)
+TARGET_PERIODS = 30  # the default period is the shortest human one that cuts the span into at most this many
 MAX_PERIODS = 20_000  # past this the caller is asked for a wider period
 WORST = 3  # periods the console names
 
@@ -207,18 +216,24 @@ def _ordered(buckets: dict[str, int]) -> dict[str, int]:
     return out
 
 
+def default_every_s(span_s: float) -> float:
+    """The period goodput over time uses when none is chosen: the shortest of
+    :data:`HUMAN_PERIODS_S` that cuts ``span_s`` seconds into at most :data:`TARGET_PERIODS`
+    (a 34 s run: 2 s, 17 periods; a day: 1 h; a week: 6 h), the longest for anything longer.
+    Aligned to the clock, the span may touch one period more than that."""
+    return next((w for w in HUMAN_PERIODS_S if span_s / w <= TARGET_PERIODS), HUMAN_PERIODS_S[-1])
+
+
 def goodput_over_time(timeline: Timeline, every_s: float | None = None, *, a: int | None = None,
                       b: int | None = None) -> GoodputOverTime:
     """Goodput per period of ``every_s`` seconds aligned to the UTC clock, over [a, b) or the
     whole job, and the worst periods: those that lost the most time (length minus productive),
     so a short period at either end is ranked by what it actually lost, never by its fraction
-    alone; ties go to the earlier period. Without ``every_s``: whole hours, or whole days,
-    weeks, 30 or 365 days when a (corrupt) timeline would need more than ``MAX_PERIODS`` hours."""
+    alone; ties go to the earlier period. Without ``every_s``: :func:`default_every_s` of the
+    span's length."""
     lo = timeline.start if a is None else max(a, timeline.start)
     hi = timeline.end if b is None else min(b, timeline.end)
-    chosen = every_s
-    if chosen is None:
-        chosen = next((w for w in DEFAULT_WIDTHS_S if (hi - lo) / NS / w < MAX_PERIODS - 1), DEFAULT_WIDTHS_S[-1])
+    chosen = default_every_s((hi - lo) / NS) if every_s is None else every_s
     periods = periodic_partitions(timeline, width_ns(chosen), origin=0, a=a, b=b)
     ranked = sorted((k for k, p in enumerate(periods) if p.lost_ns > 0), key=lambda k: (-periods[k].lost_ns, k))
     return GoodputOverTime(chosen, tuple(periods), tuple(ranked[:WORST]) if len(periods) > 1 else ())

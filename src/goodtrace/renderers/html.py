@@ -3,7 +3,7 @@
 Contract: ``render_html(analysis, run)`` returns the whole page as a string. ``analysis`` is the
 :class:`goodtrace.analysis.RunAnalysis` of ``run``, the
 :class:`goodtrace.read.loaded.LoadedRun` it came from. The page shows the goodput headline and
-buckets, goodput over time (per UTC hour, or the period asked for), attempts and events, step
+buckets, goodput over time (per period fitted to the run's length, or the one asked for), attempts and events, step
 time with its overhead split (tags, anomalies, attempts), a rank x step heat map and a gantt
 chart of every rank's spans for a step range, drawn with the Apache ECharts build vendored in ``assets/`` (pinned; see ``assets/ECHARTS-VERSION``).
 

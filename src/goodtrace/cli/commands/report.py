@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rolling", metavar="D", help="goodput over consecutive periods of duration D")
     add_range_arguments(parser)
     parser.add_argument("--every", metavar="D",
-                        help="goodput over time per period D, aligned to the UTC clock (default: whole hours)")
+                        help="goodput over time per period D, aligned to the UTC clock (default: the one of 1s, 2s, 5s, "
+                             "... 1m ... 1h ... 1d that cuts the run into 10 to 30 periods)")
     parser.add_argument("--job", type=int, metavar="N",
                         help="which job of a reused run directory (0 = the oldest; default the last)")
     parser.add_argument("--ideal-step", type=float, metavar="S", help="ideal step time in seconds")
