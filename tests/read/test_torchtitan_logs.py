@@ -34,6 +34,7 @@ def test_the_report_reads_the_logs_as_they_are(logs: Path, tmp_path: Path) -> No
     done = goodtrace("report", "--json", str(logs), cache=tmp_path)
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
+    assert report["path"] == str(logs)  # the directory given, not its conversion in the cache
     (attempt,) = report["attempts"]
     assert attempt["ranks"] == 2 and attempt["ended"] == "completed"
     assert [row["step"] for row in report["steps"]] == list(range(1, STEPS + 1))

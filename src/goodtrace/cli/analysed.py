@@ -107,11 +107,18 @@ def collect_less_often() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
-def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any) -> tuple[LoadedRun, RunAnalysis]:
+def load_and_analyse(run_dir: str, engine: Engine | None = None, *, tune_process: bool = True,
+                     **options: Any) -> tuple[LoadedRun, RunAnalysis]:
     """The run and its analysis, read where ``engine`` says (``options``:
-    :func:`goodtrace.analysis.analyze` keywords)."""
-    return_freed_memory()
-    collect_less_often()
+    :func:`goodtrace.analysis.analyze` keywords). The analysis's ``path`` is ``run_dir`` as
+    given (what the user typed), not the local mirror of a URL or the conversion of torchtitan's
+    logs that was read. ``tune_process``: tune this process's allocator and collector for one
+    report (:func:`return_freed_memory`, :func:`collect_less_often`): the command's own
+    process; :func:`goodtrace.report`, called in a notebook or a test, leaves them alone."""
+    typed = run_dir
+    if tune_process:
+        return_freed_memory()
+        collect_less_often()
     if not is_url(run_dir) and not os.path.exists(local_path(run_dir)):  # URLs: the loader mirrors them
         raise CommandError(missing_path(local_path(run_dir)))
     try:
@@ -140,4 +147,6 @@ def load_and_analyse(run_dir: str, engine: Engine | None = None, **options: Any)
         raise CommandError(str(exc)) from None
     if caveat is not None:
         analysis = dataclasses.replace(analysis, warnings=(caveat, *analysis.warnings))
+    if analysis.path != typed:
+        analysis = dataclasses.replace(analysis, path=typed)
     return loaded, analysis

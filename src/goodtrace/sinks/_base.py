@@ -92,7 +92,10 @@ def export_id(analysis: RunAnalysis) -> str:
     export`` replaces that copy instead of adding a second one)."""
     import hashlib
 
-    key = f"{os.path.abspath(analysis.path)}#job{analysis.job}"
+    from goodtrace.record.io.storage import is_url
+
+    where = analysis.path if is_url(analysis.path) else os.path.abspath(analysis.path)  # a URL as typed
+    key = f"{where}#job{analysis.job}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
