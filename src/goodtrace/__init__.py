@@ -20,9 +20,18 @@ Flow: ``span()`` -> in-memory buffer -> writer thread -> per-rank segment files 
 analysis -> renderers; the package's folders follow it (``record/`` runs inside the job and
 loads the standard library only, ``read/``, ``analysis/``, ``renderers/`` and ``cli/`` run
 afterwards). Before ``init()`` (and with ``enabled=False``) every call is a no-op.
+
+The results, in a notebook or a test (needs ``goodtrace[report]``; imported when called)::
+
+    result = gt.report("runs/exp1", since="step:100")   # goodtrace report's options, as keywords
+    result.partition.goodput, result.verdict.text
+    result.to_dict()                                      # what ``goodtrace report --json`` prints
 """
 
 from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
 
 from goodtrace import schema
 from goodtrace.record.api import (
@@ -45,10 +54,14 @@ from goodtrace.record.recorder import StepContext
 from goodtrace.record.spans import Span, span
 from goodtrace.record.values.adapters import register_value_type
 
+if TYPE_CHECKING:
+    from goodtrace.analysis import RunAnalysis
+
 __all__ = [
     "Config",
     "ConfigError",
     "GoodtraceWarning",
+    "ReportError",
     "Span",
     "StepContext",
     "complete_on",
@@ -62,8 +75,31 @@ __all__ = [
     "metric",
     "recorder",
     "register_value_type",
+    "report",
     "schema",
     "span",
     "step",
     "tag",
 ]
+
+
+def report(path: str | os.PathLike[str], **options: Any) -> RunAnalysis:
+    """The analysis of the run at ``path`` that ``goodtrace report`` shows, by the command's own
+    path: ``options`` are its options as keywords (``since="step:100"``, ``every="10m"``,
+    ``job=0``, ``flops_per_step=...``, ``accelerator="h100"``, ``html="report.html"``, ...), and
+    ``report(path, **options).to_dict()`` equals what ``goodtrace report PATH --json`` prints
+    with them. The stable way to get the numbers in a notebook or a test. Raises
+    :class:`ReportError` where the command prints an error. Needs the reader
+    (``goodtrace[report]``), imported here, not with ``goodtrace``."""
+    from goodtrace.cli.commands.report import report as report_of
+
+    result: RunAnalysis = report_of(path, **options)
+    return result
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ReportError":  # the reader's, imported when asked for
+        from goodtrace.cli.commands.report import ReportError
+
+        return ReportError
+    raise AttributeError(f"module 'goodtrace' has no attribute {name!r}")

@@ -79,11 +79,16 @@ def add_range_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def range_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``since``/``until`` keywords for :func:`goodtrace.analysis.analyze` (ValueError: bad text)."""
+    """``since``/``until`` keywords for :func:`goodtrace.analysis.analyze` (ValueError: bad text;
+    an edge already made, a ``RangeEdge``, is kept: ``goodtrace diff`` selects an attempt so)."""
+    from goodtrace.analysis.time_range import RangeEdge
+
     options: dict[str, Any] = {}
     for name in ("since", "until"):
         text = getattr(args, name, None)
-        if text is not None:
+        if isinstance(text, RangeEdge):
+            options[name] = text
+        elif text is not None:
             options[name] = parse_edge(text, f"--{name}")
     return options
 

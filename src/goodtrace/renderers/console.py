@@ -141,6 +141,35 @@ def render_console(analysis: RunAnalysis, console: Console | None = None, *, top
             console.print(f"[yellow]warning:[/yellow] {safe(warning)}", highlight=False)
 
 
+def largest_losses(analysis: RunAnalysis, n: int = 3) -> list[tuple[str, int]]:
+    """The ``n`` buckets that lost the most time (name, ns), largest first: the buckets of the
+    verdict's loss groups (teardown and a running attempt's tail are no loss there either)."""
+    lost = [(name, ns) for loss in analysis.verdict.losses for name, ns in loss.buckets.items() if ns > 0]
+    return sorted(lost, key=lambda item: -item[1])[:n]
+
+
+def render_brief(analysis: RunAnalysis, console: Console | None = None) -> None:
+    """``goodtrace report RUN --brief``: the goodput, the verdict and the three largest losses,
+    each a line."""
+    console = console or Console()
+    p = analysis.partition
+    attempts = f", {len(analysis.attempts)} attempts" if len(analysis.attempts) > 1 else ""
+    console.print(Text.assemble(("Goodput ", "bold"), (f"{p.goodput * 100:.1f}%", "bold green"),
+                                f" of {duration_text(p.total_ns / 1e9)} job time ({printable(analysis.path)}, "
+                                f"rank {analysis.reference_rank}'s timeline{attempts})"), highlight=False)
+    verdict = analysis.verdict
+    console.print(Text.assemble(("Verdict: ", "bold"), (printable(verdict.text), "bold yellow"),
+                                f"; {printable(verdict.evidence)}"), highlight=False)
+    losses = largest_losses(analysis)
+    if not losses:
+        console.print(Text.assemble(("Largest losses: ", "bold"), "none"), highlight=False)
+        return
+    total = p.total_ns
+    items = [f"{printable(BUCKET_LABELS.get(name, name))} {duration_text(ns / 1e9)} "
+             f"({ns / total * 100:.1f}%)" if total else printable(name) for name, ns in losses]
+    console.print(Text.assemble(("Largest losses: ", "bold"), ", ".join(items)), highlight=False)
+
+
 def _clock(wall_ns: int, with_date: bool) -> str:
     """A UTC wall time as ``03:00`` (``03:00:20`` off the minute; ``11-24 03:00`` with the date)."""
     moment = datetime.datetime.fromtimestamp(wall_ns // 1_000_000_000, tz=datetime.timezone.utc)

@@ -20,7 +20,7 @@ from goodtrace.cli.time_range import (
     range_options,
 )
 
-__all__ = ["HELP", "add_arguments", "parse_duration", "parse_window", "run"]
+__all__ = ["HELP", "ReportError", "add_arguments", "analysed", "arguments", "parse_duration", "parse_window", "report", "run"]
 from goodtrace.record.live.line import format_bytes
 
 HELP = "goodput report of a run: buckets, attempts, step times, slowest steps, ranks (--json)"
@@ -29,6 +29,8 @@ HELP = "goodput report of a run: buckets, attempts, step times, slowest steps, r
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run directory (path or fsspec URL), or a directory of torchtitan's structured logs")
     parser.add_argument("--json", action="store_true", help="print the analysis as one JSON object")
+    parser.add_argument("--brief", action="store_true",
+                        help="a few lines: goodput, the verdict and the three largest losses")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report to FILE")
     parser.add_argument("--gantt-steps", metavar="A:B",
                         help="--html: the gantt chart shows steps A to B, both included (also A:, :B or one "
@@ -72,7 +74,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    analysis = analysed(args)
+    if args.json:
+        from goodtrace.renderers.json_report import write_json
+
+        write_json(analysis, sys.stdout, include_steps=not args.no_steps)  # the step table row by row
+        print()
+        return 0
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "120"))
+    console = Console(width=width, highlight=False)
+    if args.brief:
+        from goodtrace.renderers.console import render_brief
+
+        render_brief(analysis, console)
+        return 0
+    from goodtrace.renderers.console import render_console
+
+    render_console(analysis, console, top=args.top)
+    return 0
+
+
+def analysed(args: argparse.Namespace, *, tune_process: bool = True) -> Any:
+    """The analysis ``report`` shows for its parsed arguments (the HTML report written when
+    ``--html`` asks for it): the one path from the options to the numbers, which the command,
+    ``goodtrace diff`` and :func:`goodtrace.report` take. ``tune_process``: see
+    :func:`goodtrace.cli.analysed.load_and_analyse`."""
     from goodtrace.cli import CommandError
+    if getattr(args, "brief", False) and args.json:
+        raise CommandError("--brief prints a few lines for people and --json the whole analysis: give one")
     try:
         window = parse_window(args.window) if args.window else None
         time_range = range_options(args)
@@ -118,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     loaded, analysis = load_and_analyse(
         args.run,
         engine=engine,
+        tune_process=tune_process,
         window=window,
         rolling_s=rolling,
         job=args.job,
@@ -133,19 +165,92 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.html:
         _write_html(loaded, analysis, args.html, gantt_steps)
-    if args.json:
-        from goodtrace.renderers.json_report import write_json
+    return analysis
 
-        write_json(analysis, sys.stdout, include_steps=not args.no_steps)  # the step table row by row
-        print()
-        return 0
-    from rich.console import Console
 
-    from goodtrace.renderers.console import render_console
+# options of the command that choose only how its output is written, not the analysis
+_OUTPUT_ONLY = {
+    "json": "the analysis's to_dict() is the JSON object",
+    "no_steps": "to_dict(include_steps=False) leaves out the step table",
+    "top": "slowest_steps(n) gives the n slowest",
+    "brief": "the analysis's verdict and partition are what the brief report shows",
+}
 
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "120"))
-    render_console(analysis, Console(width=width, highlight=False), top=args.top)
-    return 0
+
+class ReportError(ValueError):
+    """What :func:`goodtrace.report` raises where ``goodtrace report`` prints an error: a run
+    that cannot be read, a bad option value (the message is the command's one line)."""
+
+
+def report(path: str | os.PathLike[str], **options: Any) -> Any:
+    """``goodtrace report PATH --OPTION VALUE ...`` in Python: the analysis (a
+    :class:`goodtrace.analysis.RunAnalysis`) whose ``to_dict()`` is what ``--json`` prints.
+    ``options`` are the command's options as keyword arguments, named as its long options with
+    ``_`` for ``-`` (``since="step:100"``, ``every="10m"``, ``flops_per_step=1e15``,
+    ``accelerator="h100"``, ``html="report.html"``, ...); a duration may be given as a number
+    of seconds. Options that shape only the printed output (``json``, ``no_steps``, ``top``,
+    ``brief``) are refused: the object holds all of it. Raises :class:`ReportError` where the
+    command would print an error, ``TypeError`` for an option it does not have."""
+    from goodtrace.cli import CommandError
+
+    parser = _parser()
+    args = parser.parse_args(["--", os.fspath(path)])
+    actions = {action.dest: action for action in parser._actions}
+    for name, value in options.items():
+        action = actions.get(name)
+        if name in _OUTPUT_ONLY:
+            raise TypeError(f"report() has no option {name!r}: it shapes only the command's output "
+                            f"({_OUTPUT_ONLY[name]})")
+        if action is None or name in ("help", "run"):
+            raise TypeError(f"report() got an unexpected keyword argument {name!r}")
+        setattr(args, name, _option_value(name, value, action))
+    try:
+        return analysed(args, tune_process=False)
+    except CommandError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="goodtrace report")
+    add_arguments(parser)
+    return parser
+
+
+def arguments(path: str | os.PathLike[str], **values: Any) -> argparse.Namespace:
+    """``report``'s parsed arguments for ``path``: its defaults, then ``values`` (each an
+    option's value as argparse makes it)."""
+    args = _parser().parse_args(["--", os.fspath(path)])
+    for name, value in values.items():
+        if not hasattr(args, name):
+            raise TypeError(f"report has no option {name!r}")
+        setattr(args, name, value)
+    return args
+
+
+def _option_value(name: str, value: Any, action: argparse.Action) -> Any:
+    """``value`` for option ``name`` as argparse would have made it from its text."""
+    if value is None:
+        return action.default
+    if isinstance(action, argparse._StoreTrueAction):
+        return bool(value)
+    kind: Any = action.type or str
+    if kind is str:
+        if name == "ray" and value is True:
+            return action.const  # --ray alone: a local Ray
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = f"{value:g}" if isinstance(value, float) else str(value)  # seconds
+        if not isinstance(value, str):
+            raise TypeError(f"report() option {name!r} takes a string, got {type(value).__name__}")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"report() option {name!r} takes a number, got {type(value).__name__}")
+    else:
+        if kind is int and not (math.isfinite(value) and value == int(value)):
+            raise ReportError(f"--{name.replace('_', '-')} takes a whole number, got {value}")
+        value = kind(value)
+    if action.choices is not None and value not in action.choices:
+        choices = ", ".join(map(repr, action.choices))
+        raise ReportError(f"--{name.replace('_', '-')}: {value!r} is not one of {choices}")
+    return value
 
 
 def _write_html(loaded: Any, analysis: Any, target: str, gantt_steps: tuple[int | None, int | None] | None) -> None:
