@@ -21,6 +21,19 @@ from helpers import storage_servers
 from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _reader_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Readers keep their caches in ``GOODTRACE_CACHE_DIR``: one of this session's (its child
+    processes inherit it), never the user's."""
+    saved = os.environ.get("GOODTRACE_CACHE_DIR")
+    os.environ["GOODTRACE_CACHE_DIR"] = str(tmp_path_factory.mktemp("goodtrace-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("GOODTRACE_CACHE_DIR", None)
+    else:
+        os.environ["GOODTRACE_CACHE_DIR"] = saved
+
+
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """A local S3 server (moto) for the tests of one module; skipped where it cannot start."""

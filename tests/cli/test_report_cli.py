@@ -167,14 +167,13 @@ def test_a_warning_is_one_line_of_the_command(tmp_path: Path) -> None:
     """What goodtrace warns of while a command reads (here a torn chunk of the segment cache) is
     one line of the command's, ``goodtrace report: warning: ...``, not Python's warning form
     (a module's path and line, then its source line); the report is the one before."""
-    from goodtrace.read.compact import COMPACT_DIR
-    from goodtrace.read.segment_cache import CACHE_DIR
+    from goodtrace.read.environment import run_cache_dir
     from helpers.many_ranks import write_many_ranks
 
     run = write_many_ranks(tmp_path / "run", ranks=2)
     first = goodtrace("report", str(run), "--json")
     assert first.returncode == 0 and first.stderr == "", first.stderr
-    cache = run / COMPACT_DIR / CACHE_DIR
+    cache = Path(run_cache_dir(str(run), "segments"))
     # the step table of the chunk of closed files (chunk names are random: the first by name
     # may be a table the next report does not read)
     chunks = [index.stem for index in cache.glob("*.json") if json.loads(index.read_text())["kind"] == "model"]
@@ -185,6 +184,6 @@ def test_a_warning_is_one_line_of_the_command(tmp_path: Path) -> None:
     assert done.returncode == 0 and done.stdout == first.stdout
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr
-    assert lines[0].startswith(f"goodtrace report: warning: the segment cache in {run / COMPACT_DIR / CACHE_DIR} "
+    assert lines[0].startswith(f"goodtrace report: warning: the segment cache in {cache} "
                                "has a chunk that cannot be read ("), lines[0]
     assert lines[0].endswith("; ignored (the files are read again and it is rebuilt)"), lines[0]

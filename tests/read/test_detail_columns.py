@@ -16,11 +16,11 @@ import pytest
 from goodtrace.analysis import analyze
 from goodtrace.read import detail_columns, duckdb_sql
 from goodtrace.read.chunk_files import FileIdentity
-from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.detail_columns import TABLES, DetailColumns, combine, keep, load_kept, take, vocabulary
 from goodtrace.read.engine import Engine
+from goodtrace.read.environment import run_cache_dir
 from goodtrace.read.load import load_run
-from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
+from goodtrace.read.segment_cache import ENV_SEGMENT_CACHE
 from goodtrace.read.session_columns import KeptChanged
 from goodtrace.renderers.json_report import render_json
 from helpers.many_ranks import NOW, write_many_ranks
@@ -165,7 +165,7 @@ def test_a_report_with_kept_detail_reads_only_the_other_files_and_is_the_cold_on
     run = write_many_ranks(tmp_path / "run", ranks=4, long_line=False)
     cold = _report(run, cache=False)
     assert _report(run, cache=True) == cold  # keeps the reference session's closed files' detail
-    folder = run / COMPACT_DIR / CACHE_DIR
+    folder = Path(run_cache_dir(str(run), "segments"))
     kept = sorted(folder.glob("detail-*.columns"))
     assert kept
     loaded_hits: list[int] = []

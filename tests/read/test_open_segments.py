@@ -17,10 +17,10 @@ import pytest
 from goodtrace.analysis import analyze
 from goodtrace.read import fold_batches
 from goodtrace.read.cache_keep import PREFIX_STEP_BYTES
-from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
+from goodtrace.read.environment import run_cache_dir
 from goodtrace.read.load import load_run
-from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
+from goodtrace.read.segment_cache import ENV_SEGMENT_CACHE
 from goodtrace.renderers.json_report import render_json
 from helpers.cli import goodtrace
 from helpers.growing import WORK, Ranks
@@ -81,7 +81,7 @@ def _report(run: Path, *, cache: bool, workers: int = 1) -> tuple[str, int]:
 def _prefixes(run: Path) -> dict[str, list[int]]:
     """Per kind of open chunk, the prefix lengths the cache holds."""
     found: dict[str, list[int]] = {}
-    for index in (run / COMPACT_DIR / CACHE_DIR).glob("*.json"):
+    for index in Path(run_cache_dir(str(run), "segments")).glob("*.json"):
         content = json.loads(index.read_text())
         for entry in content["files"]:
             if "prefix" in entry:
@@ -281,7 +281,7 @@ def test_prefix_chunks_of_files_that_grew_at_different_times_are_merged(tmp_path
         assert warm == _report(run, cache=False)[0]
         assert read == paths[rank].stat().st_size - len("".join(proc_text(proc, first)))
         counts.append(sum(json.loads(index.read_text())["kind"] == "model-open"
-                          for index in (run / COMPACT_DIR / CACHE_DIR).glob("*.json")))
+                          for index in Path(run_cache_dir(str(run), "segments")).glob("*.json")))
     # one chunk more each report (the first one's lives while it holds a rank not grown yet),
     # until MAX_CHUNKS: then one chunk of every file
     assert counts == [*range(2, MAX_CHUNKS + 1), 1, 2, 3]

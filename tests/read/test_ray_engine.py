@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
-from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
+from goodtrace.read.environment import run_cache_dir
+from goodtrace.read.segment_cache import ENV_SEGMENT_CACHE
 from helpers.many_ranks import report_read_by as report
 from helpers.many_ranks import write_many_ranks
 
@@ -86,7 +86,7 @@ def test_ray_with_the_segment_cache_gives_the_cold_report(
     cold = report(run, Engine(workers=1))
     monkeypatch.setenv(ENV_SEGMENT_CACHE, "1")
     assert report(run, Engine(ray="local")) == cold
-    assert list((run / COMPACT_DIR / CACHE_DIR).glob("*.json"))
+    assert list(Path(run_cache_dir(str(run), "segments")).glob("*.json"))
     labels: list[str] = []
     assert report(run, Engine(ray="local"), labels) == cold
     assert "reading rank files on Ray" in labels  # the segments never closed (crashed sessions)

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ import pytest
 
 from goodtrace.analysis import analyze
 from goodtrace.read import cache_keep, segment_cache
+from goodtrace.read.chunk_files import HOST_TAG
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
+from goodtrace.read.environment import run_cache_dir
 from goodtrace.read.load import compact_run, load_run
-from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE, MAX_CHUNKS
+from goodtrace.read.segment_cache import ENV_SEGMENT_CACHE, MAX_CHUNKS
 from goodtrace.renderers.json_report import render_json
 from helpers.builders import Proc
 from helpers.growing import WORK
@@ -59,7 +62,7 @@ def _report(run: Path, *, cache: bool, workers: int = 1, labels: list[tuple[str,
 
 
 def _chunks(run: Path) -> list[Path]:
-    return sorted((run / COMPACT_DIR / CACHE_DIR).glob("*.json"))
+    return sorted(Path(run_cache_dir(str(run), "segments")).glob("*.json"))
 
 
 @pytest.fixture(autouse=True)
@@ -145,7 +148,7 @@ def test_a_damaged_chunk_is_ignored_once_and_rebuilt(many_ranks: Path, tmp_path:
     run, cold = _finished_run(many_ranks, tmp_path)
     [index] = [p for p in _chunks(run) if json.loads(p.read_text())["kind"] == "model"]
     # the summaries: read whatever is kept beside the chunk (a session's long columns are not)
-    table = run / COMPACT_DIR / CACHE_DIR / json.loads(index.read_text())["tables"]["seg_summ"]
+    table = Path(run_cache_dir(str(run), "segments")) / json.loads(index.read_text())["tables"]["seg_summ"]
     table.write_bytes(table.read_bytes()[:100])  # torn
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -188,15 +191,22 @@ def test_a_segment_rewritten_with_the_same_size_is_read_again(many_ranks: Path, 
 
 def test_what_a_killed_report_left_is_removed_and_trips_nothing(many_ranks: Path, tmp_path: Path) -> None:
     run, cold = _finished_run(many_ranks, tmp_path)
-    folder = run / COMPACT_DIR / CACHE_DIR
+    folder = Path(run_cache_dir(str(run), "segments"))
     for index in _chunks(run):
         index.unlink()  # killed before its index was written: its tables are orphans, of a process gone
     for table in folder.glob("*.parquet"):
         table.rename(folder / ("c999999998-" + table.name.split("-", 1)[1]))
-    (folder / "c999999999-0123456789ab-seg_summ.parquet.partial").write_bytes(b"PAR1 half")
-    (folder / "c999999999-0123456789ab.json.999999999.partial").write_text("{")
+    (folder / f"c999999999-{HOST_TAG}89abcdef-seg_summ.parquet.partial").write_bytes(b"PAR1 half")
+    (folder / f"c999999999-{HOST_TAG}89abcdef.json.999999999.partial").write_text("{")
+    # another host's report sharing the cache (a home directory on NFS), still writing: its pid
+    # says nothing here, so its files stay; one of its files untouched for two days goes
+    other = "ffff" if HOST_TAG != "ffff" else "eeee"
+    (folder / f"c12-{other}89abcdef-seg_summ.parquet.partial").write_bytes(b"PAR1 half")
+    (folder / f"c13-{other}89abcdef-seg_summ.parquet.partial").write_bytes(b"PAR1 half")
+    os.utime(folder / f"c13-{other}89abcdef-seg_summ.parquet.partial", (time.time() - 2 * 86_400,) * 2)
     assert _report(run, cache=True) == cold
-    assert not [p for p in folder.iterdir() if p.name.startswith("c99999999") or p.name.endswith(".partial")]
+    left = [p.name for p in folder.iterdir() if p.name.startswith(("c99999999", "c12-", "c13-")) or p.name.endswith(".partial")]
+    assert left == [f"c12-{other}89abcdef-seg_summ.parquet.partial"]
     names = {p.name.split("-", 2)[0] + "-" + p.name.split("-", 2)[1] for p in folder.glob("*.parquet")}
     assert names == {p.name[: -len(".json")] for p in _chunks(run)}  # no orphan tables are left
 
@@ -290,7 +300,7 @@ def test_a_damaged_table_of_span_starts_is_read_again_without_counting_twice(
     counted once."""
     run, cold = _finished_run(many_ranks, tmp_path)
     [index] = [p for p in _chunks(run) if json.loads(p.read_text())["kind"] == "model"]
-    table = run / COMPACT_DIR / CACHE_DIR / json.loads(index.read_text())["tables"]["seg_starts"]
+    table = Path(run_cache_dir(str(run), "segments")) / json.loads(index.read_text())["tables"]["seg_starts"]
     table.write_bytes(b"PAR1" + b"\0" * 64 + b"PAR1")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -16,12 +16,12 @@ import pytest
 from goodtrace.analysis import analyze
 from goodtrace.read import cache_keep, duckdb_sql, load, session_columns
 from goodtrace.read.chunk_files import FileIdentity
-from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.engine import Engine
+from goodtrace.read.environment import run_cache_dir
 from goodtrace.read.fetch_order import order_of
 from goodtrace.read.load import load_run
 from goodtrace.read.outermost import kept_outer
-from goodtrace.read.segment_cache import CACHE_DIR, ENV_SEGMENT_CACHE
+from goodtrace.read.segment_cache import ENV_SEGMENT_CACHE
 from goodtrace.read.session_columns import (
     ORDER,
     TABLES,
@@ -148,7 +148,7 @@ def test_reports_with_kept_columns_are_the_cold_one_and_a_replaced_file_reads_th
     run = write_many_ranks(tmp_path / "run", ranks=4, long_line=True)
     cold = _report(run, cache=False)
     assert _report(run, cache=True) == cold  # keeps the columns of every session with a closed file
-    folder = run / COMPACT_DIR / CACHE_DIR
+    folder = Path(run_cache_dir(str(run), "segments"))
     kept = sorted(folder.glob("columns-*.columns"))
     assert kept
     used: list[int] = []

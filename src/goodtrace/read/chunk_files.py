@@ -13,7 +13,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -21,16 +23,67 @@ from typing import Any
 from goodtrace.read import duckdb_connection, duckdb_sql
 from goodtrace.read.io_pool import on_network_filesystem, stat_or_none
 
-__all__ = ["CACHE_FORMAT", "CHUNK_NAME", "DIGEST_HEAD", "DIGEST_TAIL", "INDEX_SUFFIX", "FileIdentity", "identity_from", "identity_of",
-           "index_ok", "prefix_digest", "prefix_of", "read_index", "write_chunk", "write_index"]
+__all__ = [
+    "CACHE_FORMAT",
+    "CHUNK_NAME",
+    "DIGEST_HEAD",
+    "DIGEST_TAIL",
+    "INDEX_SUFFIX",
+    "FileIdentity",
+    "identity_from",
+    "identity_of",
+    "index_ok",
+    "leftover_gone",
+    "prefix_digest",
+    "prefix_of",
+    "process_alive",
+    "read_index",
+    "write_chunk",
+    "write_index",
+]
 
 CACHE_FORMAT = 1  # the index's layout; the tables' is duckdb_sql.RUN_MODEL_VERSION
 INDEX_SUFFIX = ".json"
-# A chunk's name (its files start with it): the writer's pid, then a random part
-CHUNK_NAME = re.compile(r"(?:model-)?(c([0-9]+)-[0-9a-f]{12})")
+# A chunk's name (its files start with it): the writer's pid, then its host's tag (HOST_TAG) and a
+# random part
+CHUNK_NAME = re.compile(r"(?:model-)?(c([0-9]+)-([0-9a-f]{4})[0-9a-f]{8})")
+HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:4]
+# What a killed writer left of another host (or of an older goodtrace, whose names had no tag):
+# removed once it is this old, its process unknowable from here
+LEFTOVER_AGE_S = 86_400.0
 DIGEST_HEAD = 4096
 DIGEST_TAIL = 65536
 STARTS_ROW_GROUP = 8_192  # rows of a chunk's span starts in a Parquet row group (a few steps' worth)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host with ``pid`` may still be running (a work file or a
+    compaction directory named after it is then left alone)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def leftover_gone(folder: str, name: str) -> bool:
+    """Whether the file ``name`` in ``folder``, of a chunk with no index (:data:`CHUNK_NAME`), was
+    left by a writer that is gone: of this host (its tag) and its process ended, or not touched
+    for :data:`LEFTOVER_AGE_S` (another host's, whose process cannot be asked: two hosts that
+    share the cache never remove each other's work in progress)."""
+    found = CHUNK_NAME.match(name)
+    if found is None:
+        return False
+    if found.group(3) == HOST_TAG and not process_alive(int(found.group(2))):
+        return True
+    try:
+        return time.time() - os.stat(os.path.join(folder, name)).st_mtime > LEFTOVER_AGE_S
+    except OSError:
+        return False
 
 
 def prefix_digest(path: str, size: int) -> str | None:
@@ -102,7 +155,7 @@ def write_chunk(
     ``index_file``, the index ``<chunk>.json``: without it the caller keeps the index, as
     ``goodtrace compact`` does in its manifest); returns the index. Raises OSError or
     DuckDB's error, having removed what it wrote."""
-    chunk = f"c{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    chunk = f"c{os.getpid()}-{HOST_TAG}{uuid.uuid4().hex[:8]}"
     fids = ", ".join(str(fid) for fid in sorted(files))
     names: dict[str, str] = {}
     written: list[str] = []

@@ -12,11 +12,11 @@ import tempfile
 from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql, fold_batches
-from goodtrace.read.chunk_files import FileIdentity, write_chunk
+from goodtrace.read.chunk_files import FileIdentity, process_alive, write_chunk
 from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
 from goodtrace.read.file_skips import FileSkips
 from goodtrace.read.loaded import LoadError, Progress
-from goodtrace.read.segment_cache import open_cache, process_alive
+from goodtrace.read.segment_cache import CACHE_DIR, SegmentCache, open_cache
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.validate import check_header
 from goodtrace.record.io.storage import is_url, local_path
@@ -214,7 +214,12 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
         if name.startswith(MODEL_PREFIX) and name not in model["tables"].values():
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(out_dir, name))
-    open_cache(root).clear("model")  # what reports kept of the segments: the chunk above holds it all now
+    # what reports kept of the segments (in this reader's cache; beside the run, where older
+    # goodtrace versions kept them): the chunk above holds it all now
+    open_cache(root).clear("model")
+    legacy = os.path.join(out_dir, CACHE_DIR)
+    if os.path.isdir(legacy):
+        SegmentCache(legacy).clear("model")
     return CompactResult(
         path=out_dir,
         files=len(segments),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from goodtrace.read.compact import (
     COMPACT_RECORDS,
     MODEL_PREFIX,
 )
-from goodtrace.read.environment import cache_root, count_from_environment
+from goodtrace.read.environment import MIRROR_SOURCE, count_from_environment, keyed_dir
 from goodtrace.read.loaded import Progress
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError
 
@@ -68,11 +67,10 @@ def mirror_cache_dir(url: str, cache_dir: str | None = None) -> str:
     ``$XDG_CACHE_HOME/goodtrace/runs``, i.e. ``~/.cache/goodtrace/runs``), ``<hash of the
     URL>/<the URL's last name>``, so that what names a run by its folder (the trace's run name)
     shows the run's own name."""
-    base = cache_dir or cache_root()
     name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1].split("://")[-1]
     if not name or name in (".", "..") or name.startswith("."):
         name = "run"
-    return os.path.join(base, hashlib.sha256(url.encode()).hexdigest()[:16], name)
+    return os.path.join(keyed_dir(url, cache_dir=cache_dir), name)
 
 
 def mirror_run(
@@ -115,8 +113,7 @@ def mirror_run(
         raise NotARunError(f"{url!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
     local = mirror_cache_dir(url, cache_dir)
     os.makedirs(local, exist_ok=True)
-    with open(os.path.join(local, "SOURCE"), "w", encoding="utf-8") as handle:
-        handle.write(url + "\n")
+    _write_atomically(os.path.join(local, MIRROR_SOURCE), url + "\n")
     state = _read_state(local)
     fetcher = _Fetcher(fs, url, local, state, workers, progress)
     wanted: dict[str, _Remote] = {}
@@ -425,8 +422,13 @@ def _read_state(local: str) -> dict[str, list[Any]]:
 
 
 def _write_state(local: str, files: dict[str, list[Any]]) -> None:
-    target = os.path.join(local, MIRROR_STATE)
+    _write_atomically(os.path.join(local, MIRROR_STATE), json.dumps({"format": 1, "files": files}))
+
+
+def _write_atomically(target: str, text: str) -> None:
+    """``text`` into ``target``, whole or not at all (another reader of the same URL may be
+    writing it too: each writes its own temporary file)."""
     partial = f"{target}.{os.getpid()}.part"
     with open(partial, "w", encoding="utf-8") as handle:
-        json.dump({"format": 1, "files": files}, handle)
+        handle.write(text)
     os.replace(partial, target)

@@ -1,4 +1,4 @@
-"""The reduction of every closed segment file, kept beside the run: re-reading a growing run
+"""The reduction of every closed segment file, kept in the reader's cache: re-reading a growing run
 parses only the bytes written since.
 
 A *chunk* is what one report (or ``goodtrace compact``) stored: one Parquet file per table of
@@ -22,17 +22,19 @@ One chunk on disk (its tables, its index, the identities and digests above) is
 :mod:`goodtrace.read.chunk_files`; this module keeps a folder of them (finding, loading,
 merging, pruning).
 
-Where: ``RUN/compact/cache/`` when the run directory is writable (a mirror of a run on object
-storage is a writable directory), else ``$GOODTRACE_CACHE_DIR/segments/<hash of the run's
-real path>/`` (default ``~/.cache/goodtrace/runs/segments/...``). ``GOODTRACE_SEGMENT_CACHE=0``
-turns it off.
+Where: ``$GOODTRACE_CACHE_DIR/segments/<hash of the run's key>/`` (default
+``~/.cache/goodtrace/runs/segments/...``; the key is the run's real path, or the URL of a run
+mirrored from object storage: :func:`goodtrace.read.environment.run_cache_dir`), never the run
+directory: a report writes nothing beside the run it reads. ``GOODTRACE_SEGMENT_CACHE=0`` turns
+it off. Two reports at once (on one host or on two sharing the cache) never remove each other's
+work: every file is written under a name of its own and renamed into place, and what a killed
+writer left is removed only once its process is known gone (:func:`chunk_files.leftover_gone`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -43,12 +45,13 @@ from goodtrace.read.chunk_files import (
     INDEX_SUFFIX,
     FileIdentity,
     index_ok,
+    leftover_gone,
     prefix_digest,
     prefix_of,
     read_index,
     write_chunk,
 )
-from goodtrace.read.environment import cache_root
+from goodtrace.read.environment import run_cache_dir
 from goodtrace.read.io_pool import io_map
 from goodtrace.record.errors import warn
 
@@ -81,11 +84,6 @@ class Hit:
     prefix: int | None = None  # a prefix entry: the bytes of the file it covers
 
 
-def _user_cache(root: str) -> str:
-    digest = hashlib.sha256(os.path.realpath(root).encode()).hexdigest()[:16]
-    return os.path.join(cache_root(), "segments", digest)
-
-
 def _writable_dir(path: str) -> bool:
     try:
         os.makedirs(path, exist_ok=True)
@@ -97,15 +95,12 @@ def _writable_dir(path: str) -> bool:
 def open_cache(root: str, extra: Sequence[tuple[str, dict[str, Any]]] = ()) -> SegmentCache:
     """The cache of the run at ``root``; ``extra``: chunks kept elsewhere (``goodtrace
     compact``'s: its folder and index), read however the cache is set. Turned off
-    (``GOODTRACE_SEGMENT_CACHE=0``) or with no writable folder, it holds only those."""
+    (``GOODTRACE_SEGMENT_CACHE=0``) or with no writable folder, it holds only those. In the
+    reader's cache (:func:`~goodtrace.read.environment.run_cache_dir`), never in the run."""
     if os.environ.get(ENV_SEGMENT_CACHE, "").strip().lower() in ("0", "off", "false", "no"):
         return SegmentCache(None, extra)
-    from goodtrace.read.compact import COMPACT_DIR
-
-    for folder in (os.path.join(root, COMPACT_DIR, CACHE_DIR), _user_cache(root)):
-        if _writable_dir(folder):
-            return SegmentCache(folder, extra)
-    return SegmentCache(None, extra)
+    folder = run_cache_dir(root, "segments")
+    return SegmentCache(folder if _writable_dir(folder) else None, extra)
 
 
 def rank_chunks(root: str) -> list[tuple[str, dict[str, Any]]]:
@@ -136,20 +131,6 @@ def rank_chunks(root: str) -> list[tuple[str, dict[str, Any]]]:
                     if index is not None and index.get("chunk") == name[: -len(INDEX_SUFFIX)]:
                         found.append((folder, index))
     return found
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process of this host with ``pid`` may still be running (a work file or a
-    compaction directory named after it is then left alone)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 class SegmentCache:
@@ -190,6 +171,8 @@ class SegmentCache:
             chunk = name[: -len(INDEX_SUFFIX)]
             index = read_index(os.path.join(self.folder, name))
             if index is None or index.get("chunk") != chunk or not self._complete(self.folder, index):
+                if not os.path.exists(os.path.join(self.folder, name)):
+                    continue  # removed since it was listed (merged away by another report): not damaged
                 self._warn(f"has an unreadable or torn chunk ({name})")
                 self._remove(chunk, index)
                 continue
@@ -440,7 +423,7 @@ class SegmentCache:
         assert self.folder is not None
         for name in os.listdir(self.folder):
             found = CHUNK_NAME.match(name)
-            if found is None or found.group(1) in self._chunks or process_alive(int(found.group(2))):
+            if found is None or found.group(1) in self._chunks or not leftover_gone(self.folder, name):
                 continue
             if name.endswith(".partial") or not os.path.exists(os.path.join(self.folder, found.group(1) + INDEX_SUFFIX)):
                 with contextlib.suppress(OSError):

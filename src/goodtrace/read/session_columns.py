@@ -63,7 +63,7 @@ class KeptChanged(LoadError):
     running beside it)."""
 
     def __init__(self, what: str) -> None:
-        super().__init__(f"the columns kept beside the run changed while it was read, by another report ({what}); "
+        super().__init__(f"the columns kept in the cache changed while it was read, by another report ({what}); "
                          "report again")
 
 

@@ -16,6 +16,7 @@ timed on the device: :data:`CAVEAT` says so wherever the run is shown.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -69,7 +70,7 @@ def converted_run(path: str, cache_dir: str | None = None) -> str:
     files = _trainer_files(log_files(path))
     state = {"version": CONVERTER_VERSION,
              "files": [[os.path.basename(f), os.stat(f).st_size, os.stat(f).st_mtime_ns] for f in files]}
-    target = mirror_cache_dir("torchtitan:" + os.path.abspath(path), cache_dir)
+    target = mirror_cache_dir("torchtitan:" + os.path.realpath(path), cache_dir)
     try:
         with open(os.path.join(target, STATE_FILE)) as file:
             if json.load(file) == state:
@@ -89,9 +90,17 @@ def converted_run(path: str, cache_dir: str | None = None) -> str:
     os.makedirs(building, exist_ok=True)
     with open(os.path.join(building, STATE_FILE), "w") as file:
         json.dump(state, file)
-    shutil.rmtree(target, ignore_errors=True)
+    # the old conversion is moved aside, not removed in place: another reader may be reading it
+    # (its paths are then the new conversion's, the same files of the same logs)
+    old = f"{target}.old-{os.getpid()}"
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    os.replace(building, target)
+    with contextlib.suppress(OSError):
+        os.replace(target, old)
+    try:
+        os.replace(building, target)
+    except OSError:  # another reader's conversion took its place first: the same one
+        shutil.rmtree(building, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
     return target
 
 
