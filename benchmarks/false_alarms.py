@@ -80,11 +80,11 @@ def _worker(rank: int, port: int, run_dir: str, seconds: float) -> None:
         if loss[1] > 0:
             break
         if step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1:
-            with gt.span("checkpoint"):
+            with gt.span("checkpoint", category="checkpoint_save"):
                 _spin((10 + step // CHECKPOINT_EVERY % 3) * (FORWARD_S + BACKWARD_S))
                 torch.save({"step": step}, Path(run_dir) / f"ckpt-{rank}.pt")
         if step % EVAL_EVERY == EVAL_EVERY - 1:
-            with gt.span("eval"):
+            with gt.span("eval", category="eval"):
                 _spin(10 * (FORWARD_S + BACKWARD_S))
                 dist.all_reduce(torch.ones(1))
         step += 1

@@ -92,7 +92,7 @@ CHILD = textwrap.dedent(
         spent = clock() - t0
         if step %% 50 == 49:
             t1 = clock()
-            with gt.span("checkpoint"):
+            with gt.span("checkpoint", category="checkpoint_save"):
                 time.sleep(0.005)
             spent += clock() - t1 - 0.005
         added.append(spent)

@@ -74,7 +74,7 @@ def goodtrace_loop(steps: int, log_every: int, checkpoint_at: int, checkpoints: 
             s.complete_on(loss)
             gt.metric("loss", loss)
         if step == checkpoint_at:
-            with gt.span("checkpoint"):
+            with gt.span("checkpoint", category="checkpoint_save"):
                 save_checkpoint(state, checkpoints, step)
     jax.block_until_ready(state)
     gt.finish(completed=True)

@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             s.complete_on(loss)  # observed when step+1 ends: no added synchronisation
             gt.metric("loss", loss, reduce="mean")
         if step and step % args.checkpoint_every == 0:
-            with gt.span("checkpoint"):
+            with gt.span("checkpoint", category="checkpoint_save"):
                 save_checkpoint(state, checkpoints, step)
         if step and step % args.eval_every == 0:
-            with gt.span("eval"):
+            with gt.span("eval", category="eval"):
                 eval_loss, accuracy = evaluate(state, eval_data)
             gt.metric("eval_loss", eval_loss, reduce="mean", step=step)
             gt.metric("eval_accuracy", accuracy, reduce="mean", step=step)

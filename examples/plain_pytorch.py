@@ -64,7 +64,7 @@ def main() -> None:
             s.complete_on(loss.detach())  # the step is done when its loss is
             gt.metric("loss", loss.detach(), reduce="mean")
         if step % args.checkpoint_every == 0:
-            with gt.span("checkpoint"):
+            with gt.span("checkpoint", category="checkpoint_save"):
                 torch.save(model.state_dict(), os.path.join(checkpoints, f"step-{step}.pt"))
     gt.finish(completed=True)
     subprocess.run([sys.executable, "-m", "goodtrace", "report", args.run_dir], check=False)

@@ -12,7 +12,7 @@ The recording API (standard library only)::
             s.complete_on(loss)               # observed lazily, one step later
             gt.metric("loss", loss, reduce="mean")
         if step % 1000 == 0:
-            with gt.span("checkpoint"):       # blocking: settles pending steps first
+            with gt.span("checkpoint", category="checkpoint_save"):  # blocking: settles pending steps first
                 save(state)
     gt.finish(completed=True)
 

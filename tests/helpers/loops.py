@@ -92,7 +92,7 @@ def checkpoint_before_complete_on(device: SimulatedDevice, marks: dict[str, Any]
             if first:
                 s.complete_on(loss)
             if k % 4 == 3:
-                with gt.span("checkpoint"):
+                with gt.span("checkpoint", category="checkpoint_save"):
                     t0 = time.perf_counter_ns()
                     _sleep(20 * MS)
                     marks["saves"].append((t0, time.perf_counter_ns()))
@@ -187,7 +187,7 @@ def rollbacks(device: SimulatedDevice, marks: dict[str, Any], plan: dict[int, tu
                 t0 = time.perf_counter_ns()
                 _sleep(recovery_s)
                 marks["recoveries"].append((t0, time.perf_counter_ns()))
-            with gt.span("restore"):
+            with gt.span("restore", category="checkpoint_restore"):
                 t0 = time.perf_counter_ns()
                 _sleep(30 * MS)
                 marks["restores"].append((t0, time.perf_counter_ns()))
@@ -214,7 +214,7 @@ def rollback_then_crash(device: SimulatedDevice, marks: dict[str, Any]) -> None:
 
 def restart_at_7(device: SimulatedDevice, marks: dict[str, Any]) -> None:
     """The new process after ``rollback_then_crash``: restores the checkpoint of step 6 and runs 7-12."""
-    with gt.span("restore"):
+    with gt.span("restore", category="checkpoint_restore"):
         _sleep(30 * MS)
     rollbacks(device, marks, {}, 12, explicit=False, first=7)
 
@@ -331,7 +331,7 @@ def dated_checkpoint(loop: DatedLoop) -> None:
 
 def _checkpoint(self: DatedLoop) -> None:
     self.marks["ckpt_enter"] = time.perf_counter_ns()
-    with gt.span("checkpoint"):
+    with gt.span("checkpoint", category="checkpoint_save"):
         self.marks["save_begin"] = time.perf_counter_ns()
         time.sleep(0.060)  # the save itself (host work)
         self.marks["save_end"] = time.perf_counter_ns()

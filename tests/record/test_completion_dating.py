@@ -436,7 +436,7 @@ def test_framework_barrier_isolates_the_span_from_the_first_step(device: Simulat
         gt.recorder().device_barrier = device.synchronize  # type: ignore[union-attr]
         with gt.step(0) as s:
             loss = device.launch(0.040)
-            with gt.span("checkpoint"):
+            with gt.span("checkpoint", category=schema.CHECKPOINT_SAVE):  # named blocking: no warning either
                 time.sleep(0.010)
             s.complete_on(loss)
     assert not [w for w in caught if issubclass(w.category, GoodtraceWarning)]

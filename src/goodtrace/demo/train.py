@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = 0
     latest = _latest_checkpoint(checkpoints)
     if latest is not None:
-        with gt.span("checkpoint_restore", attrs={"path": latest.name}):
+        with gt.span("checkpoint_restore", category="checkpoint_restore", attrs={"path": latest.name}):
             state: dict[str, Any] = torch.load(latest, map_location="cpu", weights_only=True)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"rank {rank}: injected crash after step {step}", file=sys.stderr, flush=True)
             os._exit(CRASH_EXIT_CODE)  # like a node failure: no clean-up, no finish record
         if step % args.checkpoint_every == 0:
-            with gt.span("checkpoint", attrs={"step": step}):
+            with gt.span("checkpoint", category="checkpoint_save", attrs={"step": step}):
                 if rank == 0:
                     checkpoints.mkdir(parents=True, exist_ok=True)
                     target = checkpoints / f"step-{step:06d}.pt"
@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     os.replace(temporary, target)
                 dist.barrier()
         if step % args.eval_every == 0:
-            with gt.span("eval"):
+            with gt.span("eval", category="eval"):
                 validation_loss = _evaluate(model, validation_blocks, args.batch)
             gt.metric("validation_loss", validation_loss, "mean", step=step)
             if rank == 0:

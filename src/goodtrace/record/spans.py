@@ -137,6 +137,36 @@ class BlockingSpan(OverheadSpan):
         return self
 
 
+class NamedBlockingSpan(BlockingSpan):
+    """A blocking span whose category came from its name alone (``gt.span("save")``: the
+    default table makes it ``checkpoint_save``), not from ``category=`` or ``init(categories=)``.
+    The first time one waits on the training thread, goodtrace says so once for that name
+    (the wait is the surprise: a span named ``eval`` settles the pending steps first), and its
+    name's key becomes a plain :class:`BlockingSpan`: later spans of that name pay nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Span:
+        rec = _active
+        if rec is not None and _get_ident() == rec.main_thread:
+            _named_wait(rec, self.key)
+        return BlockingSpan.__enter__(self)
+
+
+def _named_wait(rec: Recorder, key: tuple[str, str, bool, type[Span]]) -> None:
+    """The warning of a :class:`NamedBlockingSpan` that waits, once per name; its key's class
+    is then :class:`BlockingSpan` for the spans made after it."""
+    name, category = key[0], key[1]
+    if _keys.get(name) is key:
+        _keys[name] = (name, category, True, BlockingSpan)
+    rec._warn(
+        f"named-blocking:{name}",
+        f"span {describe(name, 60)} is blocking: its name makes its category {category!r}, so goodtrace "
+        f"waits for the pending steps (the device) before it starts; pass gt.span({describe(name, 60)}, "
+        f"category={category!r}) to say so and silence this, or another category (e.g. 'compute') not to wait",
+    )
+
+
 def _span_py(name: Any, category: Any = None, attrs: Mapping[str, Any] | None = None) -> Any:
     """The hot path behind ``goodtrace.span`` (see there), in Python: ``_speedups.span`` does
     its common case (running, name already resolved) in C and calls this for the rest. Any
@@ -192,6 +222,8 @@ def _new_key(name: Any, category: Any) -> tuple[str, str, bool, type[Span]]:
     # overhead spans (and data spans: the live goodput's data rule) tell the overhead-span listeners
     notify = resolved in rec.overhead_categories or resolved == schema.DATA
     kind = BlockingSpan if blocking else OverheadSpan if notify else Span
+    if blocking and category is None and isinstance(name, str) and name not in rec.config.categories:
+        kind = NamedBlockingSpan  # blocking because of its name alone: it says so when it first waits
     key = (text, resolved, blocking, kind)
     if len(_keys) < _MAX_CATEGORY_CACHE and not cut:  # a huge name is not kept alive by the cache
         try:
