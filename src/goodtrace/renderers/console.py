@@ -8,10 +8,7 @@ goodput (MFU) when FLOPs are known, and warnings. ``rich`` is imported here only
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import io
-import os
 from typing import Any
 
 from rich.console import Console
@@ -22,8 +19,6 @@ from rich.text import Text
 from goodtrace.analysis import Partition, RunAnalysis
 from goodtrace.analysis.over_time import iso
 from goodtrace.analysis.steps import seconds_text
-from goodtrace.read.loaded import LoadedRun
-from goodtrace.renderers import write_text
 from goodtrace.renderers.text import printable
 
 BUCKET_LABELS = {
@@ -342,21 +337,3 @@ def _program(console: Console, analysis: RunAnalysis) -> None:
             missing.append("--accelerator or --peak-tflops")
         parts.append(f"MFU: pass {' and '.join(missing)}" if missing else "MFU: unknown")
     console.print("[bold]Goodput product[/bold]: " + "; ".join(parts), highlight=False)
-
-
-@dataclasses.dataclass(frozen=True)
-class ConsoleRenderer:
-    """``ConsoleRenderer(top=10, width=120).render(analysis, run)``: the console report as plain
-    text (no colour codes), the renderer-object form of :func:`render_console`."""
-
-    top: int = 10
-    width: int = 120
-
-    def render(self, analysis: RunAnalysis, run: LoadedRun | None = None) -> str:
-        out = io.StringIO()
-        render_console(analysis, Console(file=out, width=self.width, highlight=False, color_system=None),
-                       top=self.top)
-        return out.getvalue()
-
-    def write(self, analysis: RunAnalysis, run: LoadedRun | None, path: str | os.PathLike[str]) -> None:
-        write_text(path, self.render(analysis, run))

@@ -25,7 +25,6 @@ network access at all.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import json
 import math
@@ -38,11 +37,10 @@ from goodtrace.analysis.over_time import iso
 from goodtrace.analysis.selection import StepRange, choose_range
 from goodtrace.read.loaded import LoadedRun, Progress
 from goodtrace.read.raw import session_records
-from goodtrace.renderers import write_text
 from goodtrace.renderers.html_charts import Gantt, Heatmap, rounded
 from goodtrace.renderers.json_report import finite
 
-__all__ = ["ECHARTS_VERSION", "HtmlRenderer", "html_page", "render_html", "report_data"]
+__all__ = ["ECHARTS_VERSION", "html_page", "render_html", "report_data"]
 
 ECHARTS_VERSION = "6.1.0"
 MAX_PAGE_EVENTS = 200
@@ -307,18 +305,3 @@ def html_page(data: dict[str, Any]) -> str:
         out.append(parts[marker])
         rest = rest[at + len(marker):]
     return "".join(out)
-
-
-@dataclasses.dataclass(frozen=True)
-class HtmlRenderer:
-    """``HtmlRenderer(gantt_steps=(A, B)).render(analysis, run)``: the renderer-object form."""
-
-    gantt_steps: StepRange | None = None
-    gantt_attempt: int | None = None
-
-    def render(self, analysis: RunAnalysis, run: LoadedRun) -> str:
-        return render_html(analysis, run, gantt_steps=self.gantt_steps, gantt_attempt=self.gantt_attempt)
-
-    def write(self, analysis: RunAnalysis, run: LoadedRun, path: str | os.PathLike[str]) -> None:
-        write_text(path, self.render(analysis, run))
-

@@ -9,14 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Iterator
 from json.encoder import encode_basestring_ascii
 from typing import IO, Any
 
 from goodtrace.analysis import RunAnalysis
 from goodtrace.analysis.steps import StepRow
-from goodtrace.read.loaded import LoadedRun
 from goodtrace.renderers.json_text import dumps_indented, dumps_items
 
 
@@ -133,19 +131,3 @@ def write_json(analysis: RunAnalysis, out: IO[str], *, include_steps: bool = Tru
     """:func:`render_json` written to ``out`` piece by piece (``report --json`` on stdout)."""
     for piece in iter_json(analysis, include_steps=include_steps, indent=indent):
         out.write(piece)
-
-
-@dataclasses.dataclass(frozen=True)
-class JsonRenderer:
-    """``JsonRenderer(include_steps=False).render(analysis, run)``: the renderer-object form
-    (the JSON draws from the analysis alone; ``run`` is the contract's)."""
-
-    include_steps: bool = True
-    indent: int | None = 2
-
-    def render(self, analysis: RunAnalysis, run: LoadedRun | None = None) -> str:
-        return render_json(analysis, include_steps=self.include_steps, indent=self.indent)
-
-    def write(self, analysis: RunAnalysis, run: LoadedRun | None, path: str | os.PathLike[str]) -> None:
-        with open(path, "w", encoding="utf-8") as handle:
-            write_json(analysis, handle, include_steps=self.include_steps, indent=self.indent)
