@@ -1,4 +1,4 @@
-"""What ``gt.init`` changes process-wide can each be kept off (README, "What goodtrace changes
+"""What ``gt.init`` changes process-wide can each be kept off (docs/recording.md, "What goodtrace changes
 in the process")."""
 
 from __future__ import annotations

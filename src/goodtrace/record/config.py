@@ -49,7 +49,7 @@ class Config:
     # (record/io/compactor.py, read/rank_compact.py; needs goodtrace[report] and a local or NFS run
     # directory). 0: off (the default).
     compact_interval_s: float = 0.0
-    # Process-wide hooks gt.init installs (README, "What goodtrace changes in the process"):
+    # Process-wide hooks gt.init installs (docs/recording.md, "What goodtrace changes in the process"):
     # a SIGTERM handler (only where the program has none) and sys/threading excepthooks.
     sigterm_handler: bool = True
     exception_hooks: bool = True
