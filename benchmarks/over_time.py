@@ -6,7 +6,7 @@ makes: each step's productive time and its in-step ``data`` badput, a 30 s check
 magnitude apart: a day (86,400 steps) and ten days (864,000 steps; ``--quick``: 8,640 and
 86,400). For each size it times, in this process, best of a few runs:
 
-  one pass: ``goodput_over_time(timeline)`` (per UTC hour: the report's default) and with
+  one pass: ``goodput_over_time(timeline, 3600.0)`` (per UTC hour: a day's default) and with
       ``every_s=60`` (per minute: 1,440 or 14,400 periods), and ``rolling_goodput`` per hour;
   baseline: one ``interval_partition`` per hour over the whole timeline, the way rolling
       goodput was computed before (each clip bisects a list of every piece's start it builds
@@ -76,7 +76,7 @@ def per_hour_baseline(timeline: Timeline) -> list[float]:
 
 def measure(steps: int, baseline: bool, repeat: int) -> dict[str, Any]:
     timeline = timeline_of(steps)
-    hourly_s, hourly = best(lambda: goodput_over_time(timeline), repeat)
+    hourly_s, hourly = best(lambda: goodput_over_time(timeline, 3600.0), repeat)
     minutes_s, minutes = best(lambda: goodput_over_time(timeline, 60.0), repeat)
     rolling_s, rolling = best(lambda: rolling_goodput(timeline, 3600.0), repeat)
     total = sum(sum(p.buckets_ns.values()) for p in hourly.periods)
