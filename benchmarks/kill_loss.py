@@ -145,7 +145,7 @@ def kill_once(rate: int, per_step: str, flush: float, hold: float, env: dict[str
         from goodtrace.read.segments import list_segments
 
         problems: list[str] = []
-        list_segments(run_dir, problems)  # recovers the ring into a segment
+        list_segments(run_dir, problems, in_place=True)  # compact's: the ring into a segment of the run
         newest = newest_record_ns(run_dir) or t_start
         steps, missing, twice = _steps(run_dir)
         with open(progress_path, "rb") as handle:

@@ -1,11 +1,13 @@
 """The native writer's ring in a file beside the segments (record/io/native_writer.c) and its
-recovery by the reader (read/ring.py): the ring decodes to the bytes the writer writes, a write
-cut anywhere by a kill is completed exactly, a SIGKILLed process loses nothing it had appended,
-a live ring is left alone, a clean finish deletes it, and where no file can be made the ring
-stays in memory with one warning. Real processes for the kills."""
+recovery (read/ring.py): the ring decodes to the bytes the writer writes, a write cut anywhere
+by a kill is completed exactly, a SIGKILLed process loses nothing it had appended, a live ring
+is left alone, a reader reads a dead one into its cache and leaves it, only a writer proven
+gone has its ring removed (by compact), a clean finish deletes it, and where no file can be
+made the ring stays in memory with one warning. Real processes for the kills."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -21,6 +23,8 @@ from typing import Any
 import pytest
 
 from goodtrace import schema
+from goodtrace.read import io_pool
+from goodtrace.read import ring as ring_module
 from goodtrace.read.ring import decode_lines, pending_lines, read_ring, recover_ring
 from goodtrace.read.segments import list_segments
 from goodtrace.read.sessions import read_run
@@ -198,7 +202,7 @@ def test_a_sigkill_loses_nothing_the_process_had_appended(tmp_path: Path, rate: 
         child.kill()
         last = int(child.lines[-1])
         problems: list[str] = []
-        list_segments(run_dir, problems)
+        list_segments(run_dir, problems, in_place=True)  # compact's recovery, into the run
         assert not glob.glob(f"{run_dir}/rank-*/*.ring")
         lines = _record_lines(sorted(glob.glob(f"{run_dir}/rank-*/*.jsonl")))
         steps = [json.loads(line)["step"] for line in lines if line.startswith(b'{"kind":"step"')]
@@ -268,11 +272,19 @@ def test_where_no_ring_file_can_be_made_the_ring_stays_in_memory_with_one_warnin
 def test_a_process_that_exits_without_finish_leaves_its_ring_for_the_reader(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     ring = _dead_ring(run_dir, 50)
+    before = sorted(glob.glob(f"{run_dir}/rank-*/*"))
     problems: list[str] = []
-    assert len(list_segments(run_dir, problems)) == 2 and not os.path.exists(ring)
+    (_, first), (_, recovered) = list_segments(run_dir, problems)
+    assert os.path.dirname(first) == os.path.dirname(ring) and recovered.endswith(".00001.jsonl")
+    assert not recovered.startswith(run_dir) and os.path.exists(ring)  # in the reader's cache; the ring left
     assert len(problems) == 1 and "recovered from its ring" in problems[0]
     steps = [r["step"] for r in read_run(run_dir).sessions[0].records if r.get("kind") == "step"]
     assert steps == list(range(50))
+    again: list[str] = []
+    assert [path for _, path in list_segments(run_dir, again)] == [first, recovered] and again == problems
+    assert sorted(glob.glob(f"{run_dir}/rank-*/*")) == before
+    assert recover_ring(ring) == 50 and not os.path.exists(ring)  # compact's: its writer is gone
+    assert [os.path.dirname(path) for _, path in list_segments(run_dir)] == [os.path.dirname(first)] * 2
 
 
 def test_hostile_ring_files_are_named_never_a_traceback_or_a_wait(tmp_path: Path) -> None:
@@ -335,25 +347,52 @@ def test_on_a_fuse_filesystem_the_ring_stays_in_memory_and_the_process_lives(nfs
     assert not glob.glob(f"{run_dir}/rank-*/*.ring")
 
 
-def test_a_ring_from_another_host_waits_until_its_heartbeat_is_old(tmp_path: Path) -> None:
+def test_a_ring_from_another_host_is_read_late_and_never_removed_where_locks_say_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """On NFS mounted without a lock service a live writer on another host holds no lock that a
-    reader here can see: its ring is recovered only once its last heartbeat is 5 intervals (and
-    10 s) old. Made from a real dead process's ring, its host and heartbeat rewritten."""
+    reader here can see: a reader reads its ring only once its last heartbeat is 5 intervals (and
+    10 s) old, into its cache, and nothing removes it (a writer stalled in a write, or a skewed
+    clock, is not proof that it is gone). Where locks work (a local filesystem: a container of
+    this kernel) a free lock is that proof. Made from a real dead process's ring, its host and
+    heartbeat rewritten."""
     run_dir = str(tmp_path / "run")
     ring_path = _dead_ring(run_dir, 30)
     assert read_ring(ring_path).host  # this host's name, as the writer saw it
     beat_at, host_at = 184, 200  # RingShared.beat_wall and .host (native_writer.h)
-    with open(ring_path, "r+b") as handle:
-        handle.seek(host_at)
-        handle.write(b"another-host".ljust(64, b"\0"))
-        handle.seek(beat_at)
-        handle.write(time.time_ns().to_bytes(8, "little"))  # heard from just now
-    assert recover_ring(ring_path) is None and os.path.exists(ring_path)
-    with open(ring_path, "r+b") as handle:
-        handle.seek(beat_at)
-        handle.write((time.time_ns() - 11 * 10**9).to_bytes(8, "little"))  # 11 s ago, interval 60 s
-    assert recover_ring(ring_path) is None and os.path.exists(ring_path)  # 5 intervals: 300 s
-    with open(ring_path, "r+b") as handle:
-        handle.seek(beat_at)
-        handle.write((time.time_ns() - 301 * 10**9).to_bytes(8, "little"))
+
+    def heard(seconds_ago: float) -> None:
+        with open(ring_path, "r+b") as handle:
+            handle.seek(host_at)
+            handle.write(b"another-host".ljust(64, b"\0"))
+            handle.seek(beat_at)
+            handle.write((time.time_ns() - int(seconds_ago * 1e9)).to_bytes(8, "little"))
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"server:/export {os.path.realpath(tmp_path)} nfs rw,vers=3,nolock,proto=tcp 0 0\n")
+    monkeypatch.setattr(io_pool, "MOUNT_TABLE", str(mounts))
+    rank_files = sorted(glob.glob(f"{run_dir}/rank-*/*"))
+    for seconds_ago in (0, 11):  # heard from just now; 11 s ago, interval 60 s: 5 intervals are 300 s
+        heard(seconds_ago)
+        assert recover_ring(ring_path) is None and os.path.exists(ring_path)
+        assert len(list_segments(run_dir)) == 1
+    heard(301)
+    assert recover_ring(ring_path) is None and os.path.exists(ring_path)  # compact: not proven gone
+    assert len(list_segments(run_dir)) == 2 and os.path.exists(ring_path)  # a reader: read, left
+    steps = [r["step"] for r in read_run(run_dir).sessions[0].records if r.get("kind") == "step"]
+    assert steps == list(range(30)) and sorted(glob.glob(f"{run_dir}/rank-*/*")) == rank_files
+    monkeypatch.undo()  # a local filesystem: its locks are the kernel's, for every container of it
+    heard(0)
     assert recover_ring(ring_path) == 30 and not os.path.exists(ring_path)
+
+
+def test_a_writer_of_this_host_is_gone_when_its_pid_ended_or_is_another_process_s(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, flush_interval_s=60.0)
+    writer.start()
+    assert writer.flush(10.0)
+    ring = read_ring(writer.ring_file or "")
+    assert writer.close(5.0) and ring.pid == os.getpid() and ring.wall <= time.time_ns()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert ring_module._pid_gone(dataclasses.replace(ring, pid=int(ended.stdout)))
+    assert not ring_module._pid_gone(dataclasses.replace(ring, pid=os.getpid()))  # started before it wrote
+    assert ring_module._pid_gone(dataclasses.replace(ring, pid=os.getpid(), wall=0))  # started after: reused

@@ -147,7 +147,7 @@ def test_sigkill_loses_at_most_one_interval_plus_one_chunk(tmp_path: Path, rate:
         on_disk_s = (t_kill - newest_record_ns(run_dir)) / 1e9
         ring = glob.glob(f"{run_dir}/rank-*/*.ring")
         problems: list[str] = []
-        list_segments(run_dir, problems)  # the reader recovers the dead process's ring
+        list_segments(run_dir, problems, in_place=True)  # compact's recovery of the dead process's ring
         lost_s = (t_kill - newest_record_ns(run_dir)) / 1e9
         # One interval, plus one chunk (twice the longest this writer needed: the last one may be
         # slower than any it reported), plus the scheduler's lateness and a GIL hand-over each

@@ -140,7 +140,9 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
         raise NotARunError(f"{path!r}: compact works on local run directories")
     root = local_path(path)
     problems: list[str] = []
-    segments = [path for _, path in list_segments(root, problems)]
+    # the one command that writes beside the run: the rings of processes proven gone become
+    # segments of the run (the reports' copies of the others are not the run's: left out)
+    segments = [path for _, path in list_segments(root, problems, in_place=True)]
     if not segments:
         raise NotARunError(f"{path!r} holds no goodtrace records (no rank-*/*{SEGMENT_SUFFIX} files)")
     entries: list[dict[str, Any]] = []

@@ -16,7 +16,8 @@ from typing import TypeVar
 
 from goodtrace.record.io.storage import is_url
 
-__all__ = ["IO_THREADS", "MOUNT_TABLE", "NETWORK_FILESYSTEMS", "io_map", "on_network_filesystem", "stat_or_none"]
+__all__ = ["IO_THREADS", "MOUNT_TABLE", "NETWORK_FILESYSTEMS", "io_map", "locks_across_hosts", "mount_of",
+           "on_network_filesystem", "stat_or_none"]
 
 IO_THREADS = 16  # calls in flight (an NFS client sends them over one connection: the server's slots decide)
 _MANY = 8  # fewer items: a plain loop
@@ -59,21 +60,51 @@ NETWORK_FILESYSTEMS = frozenset({
 MOUNT_TABLE = "/proc/self/mounts"  # Linux's; other systems have none to read
 
 
-def on_network_filesystem(path: str, *, unknown: bool = False) -> bool:
-    """Whether ``path`` lies on a network (or FUSE) filesystem: the type of the mount that holds
-    it, from the mount table (:data:`MOUNT_TABLE`); ``unknown`` where there is none to read."""
+def mount_of(path: str) -> tuple[str, frozenset[str]] | None:
+    """The type and options of the mount that holds ``path``, from the mount table
+    (:data:`MOUNT_TABLE`); None where there is none to read."""
     try:
         real = os.path.realpath(path)
         with open(MOUNT_TABLE, encoding="utf-8", errors="replace") as handle:
             mounts = handle.read().splitlines()
     except OSError:
-        return unknown
-    found, kind = "", ""
+        return None
+    found, kind, options = "", "", ""
     for line in mounts:
         parts = line.split()
         if len(parts) < 3:
             continue
         point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1])  # "\040" is a space
         if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(found):
-            found, kind = point, parts[2]
+            found, kind, options = point, parts[2], parts[3] if len(parts) > 3 else ""
+    return kind, frozenset(options.split(","))
+
+
+def on_network_filesystem(path: str, *, unknown: bool = False) -> bool:
+    """Whether ``path`` lies on a network (or FUSE) filesystem: the type of the mount that holds
+    it, from the mount table (:data:`MOUNT_TABLE`); ``unknown`` where there is none to read."""
+    mount = mount_of(path)
+    if mount is None:
+        return unknown
+    kind = mount[0]
     return kind in NETWORK_FILESYSTEMS or kind == "fuse" or kind.startswith("fuse.")
+
+
+# The filesystems a ring file is made on (record/io/native_writer) whose locks one host's kernel
+# keeps for itself; NFS's reach the server unless mounted ``nolock`` or ``local_lock=``.
+LOCAL_FILESYSTEMS = frozenset({"ext4", "ext3", "ext2", "xfs", "tmpfs", "overlay", "btrfs", "zfs"})
+
+
+def locks_across_hosts(path: str) -> bool:
+    """Whether a free POSIX lock on the file at ``path`` proves that no process of any host holds
+    it: a local filesystem (only this host writes it), or NFS with its lock service (not
+    ``nolock``, not ``local_lock=all`` or ``posix``). False where the mount table cannot say."""
+    mount = mount_of(path)
+    if mount is None:
+        return False
+    kind, options = mount
+    if kind in LOCAL_FILESYSTEMS:
+        return True
+    if kind in ("nfs", "nfs4"):
+        return "nolock" not in options and not options & {"local_lock=all", "local_lock=posix"}
+    return False

@@ -1,20 +1,31 @@
 """The ring a killed process left beside its segments (``rank-NNNNN/<session>.ring``, made by
 the native writer, :mod:`goodtrace.record.io.native_writer`): the records it had not written yet,
 turned into one more segment of its session, byte for byte the lines the writer would have
-written, and the ring file deleted.
+written.
 
-:func:`recover_rings` is the reader's one step for it (:func:`goodtrace.read.segments.list_segments`
-runs it on local run directories before listing): a ring whose process still holds its file lock
-is live and left alone. Exactness: every entry before the ring's ``head`` is whole (the producer
-commits ``head`` after the entry); entries before ``tail`` are in the segments; for the one write
-that may have been cut by the kill (the journal ``j_*``), the complete lines that reached the
-segment file are counted and not repeated. Standard library only.
+A reader never writes into the run: :func:`ring_segments` (what
+:func:`goodtrace.read.segments.list_segments` runs on local run directories) puts that segment
+into the reader's cache (``$GOODTRACE_CACHE_DIR/rings/<hash of the run>/<rank dir>/``) and
+leaves the ring as it is. Only ``goodtrace compact`` (:func:`recover_ring`, asked to write
+beside the run) writes it into the run and deletes the ring, and only when its writer is
+proven gone (:func:`writer_state`): its lock is free and either the writer was of this host
+(whose kernel holds the lock) or the filesystem's locks reach across hosts (not NFS mounted
+``nolock``), or it was of this host and its pid has ended or is now another process's. A ring
+whose lock is held is live and left alone; one of another host on a filesystem whose locks say
+nothing is read (into the cache) only once its last heartbeat is as old as the rule that calls
+a session lost, and never removed. Exactness: every entry before the ring's ``head`` is whole
+(the producer commits ``head`` after the entry); entries before ``tail`` are in the segments;
+for the one write that may have been cut by the kill (the journal ``j_*``), the complete lines
+that reached the segment file are counted and not repeated. Standard library only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import fcntl
+import json
 import os
 import socket
 import stat
@@ -22,16 +33,19 @@ import struct
 import time
 from collections.abc import Iterator
 
+from goodtrace.read.io_pool import locks_across_hosts
 from goodtrace.record.io.native import OPEN_RING_FILES, RING_SUFFIX
 
-__all__ = ["RING_SUFFIX", "RingError", "RingFile", "decode_lines", "pending_lines", "read_ring", "recover_rings"]
+__all__ = ["RING_SUFFIX", "RingError", "RingFile", "decode_lines", "pending_lines", "read_ring", "recover_ring",
+           "recover_rings", "ring_segments", "writer_state"]
 
 _MAGIC = b"GTRING\0\0"
 _VERSION = 1
 # RingShared in native_writer.h, field by field (little-endian, natural alignment)
 _SHARED = struct.Struct("<8sII4Q4I3q5Qq q5Q qq64s".replace(" ", ""))
-# A ring written on another host is recovered only when its writer's last heartbeat is this old
-# (the rule that calls a session lost): a lock on NFS mounted without a lock service says nothing.
+# A ring written on another host, on a filesystem whose locks do not reach across hosts (NFS
+# mounted without a lock service), is read only when its writer's last heartbeat is this old (the
+# rule that calls a session lost), and never removed: its lock says nothing.
 STALE_INTERVALS, STALE_MIN_S = 5, 10.0
 _ENTRY = struct.Struct("<IHHII4qd")  # Entry: size, type, flags, id1, id2, v[4], d
 _BLOB = struct.Struct("<IHHII")  # BlobHeader: size, type, flags, len, pad
@@ -127,13 +141,52 @@ def read_ring(path: str) -> RingFile:
                     host.split(b"\0", 1)[0].decode("utf-8", "replace"))
 
 
+LIVE, GONE, QUIET = "live", "gone", "quiet"  # writer_state: what is known of a ring's writer
+
+
 def _quiet_long_enough(ring: RingFile) -> bool:
-    """Whether a ring's writer is surely gone where its lock cannot say: written on this host
-    (the lock is this kernel's), or its last heartbeat older than the lost-session rule."""
-    if not ring.host or ring.host == socket.gethostname()[:63]:
-        return True
+    """Whether a ring's last heartbeat is as old as the rule that calls a session lost."""
     stale_ns = max(STALE_MIN_S * 1e9, STALE_INTERVALS * ring.interval_ns)
     return time.time_ns() - ring.beat_wall > stale_ns
+
+
+def _this_host(ring: RingFile) -> bool:
+    return not ring.host or ring.host == socket.gethostname()[:63]
+
+
+def _pid_gone(ring: RingFile) -> bool:
+    """Whether the ring's writer (of this host) has surely ended: no process has its pid, or the
+    one that has it started after the writer had begun writing (a pid used again)."""
+    try:
+        with open(f"/proc/{ring.pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith(b"btime "))
+    except FileNotFoundError:
+        return ring.pid > 0 and os.path.isdir("/proc/self")  # a /proc without the pid: ended
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+    try:
+        started_s = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start, in clock ticks
+    except (ValueError, IndexError, OSError):
+        return False
+    return started_s > ring.wall / 1e9 + 2.0  # btime is whole seconds: a margin for its rounding
+
+
+def writer_state(path: str, lock: str, ring: RingFile) -> str:
+    """What is known of the writer of the ring at ``path`` whose lock test (:func:`_lock_state`)
+    said ``lock``: :data:`LIVE` (its lock is held, or nothing says it has gone), :data:`GONE`
+    (proven: the lock is free and the lock is this host's kernel's, or the filesystem's locks
+    reach across hosts; or of this host and its pid ended or reused), or :data:`QUIET` (another
+    host's, where locks say nothing, silent for as long as the lost-session rule asks: its
+    records may be read, the file is never removed)."""
+    if lock == "held":
+        return LIVE
+    if _this_host(ring):
+        return GONE if lock == "free" or _pid_gone(ring) else LIVE
+    if lock == "free" and locks_across_hosts(path):
+        return GONE
+    return QUIET if _quiet_long_enough(ring) else LIVE
 
 
 def _step(flags: int, value: int) -> bytes:
@@ -242,16 +295,15 @@ def pending_lines(ring: RingFile) -> tuple[list[bytes], str | None]:
     return lines, None
 
 
-def _live(fd: int) -> bool:
-    """Whether the process that made the ring still holds its lock."""
+def _lock_state(fd: int) -> str:
+    """``"held"`` when a process holds the ring's lock (its writer, live), ``"free"`` when it
+    could be taken, ``"unknown"`` when the filesystem refused the question (ENOLCK: an NFS
+    without a lock service)."""
     try:
         fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        # EACCES or EAGAIN: held by a live writer. Any other refusal (ENOLCK: an NFS without a
-        # lock service) tells nothing: left alone, as if live (the writer could not lock it
-        # either, so its ring is in memory)
-        return True
-    return False
+    except OSError as exc:
+        return "held" if exc.errno in (errno.EACCES, errno.EAGAIN) else "unknown"
+    return "free"
 
 
 def _write_segment(path: str, data: bytes) -> None:
@@ -270,60 +322,186 @@ def _write_segment(path: str, data: bytes) -> None:
         raise
 
 
-def recover_ring(path: str, problems: list[str] | None = None) -> int | None:
-    """Turn a dead process's ring into a segment and delete it: the records recovered, or None
-    when the ring is live (or was just recovered by another reader). Problems are named."""
-    where = os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+def _same_bytes(path: str, data: bytes) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return os.fstat(handle.fileno()).st_size == len(data) and handle.read() == data
+    except OSError:
+        return False
+
+
+def _where(path: str) -> str:
+    return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+
+
+def _open_ring(path: str, problems: list[str] | None) -> tuple[RingFile, str, os.stat_result] | None:
+    """A ring that is not live, read whole, with what is known of its writer (:func:`writer_state`)
+    and its stat; None when it is live, gone, not a ring (named in ``problems``)."""
     if os.path.abspath(path) in OPEN_RING_FILES:
         return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not wait
     except OSError:
-        return None  # gone: recovered by another reader, or finished cleanly meanwhile
+        return None  # gone: recovered by compact, or finished cleanly meanwhile
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             if problems is not None:
-                problems.append(f"{where}: not a regular file, not a ring; skipped")
+                problems.append(f"{_where(path)}: not a regular file, not a ring; skipped")
             return None
-        if info.st_nlink == 0 or _live(fd):
+        lock = _lock_state(fd)
+        if info.st_nlink == 0 or lock == "held":
             return None
         try:
             ring = read_ring(path)
         except RingError as exc:
             if problems is not None:
-                problems.append(f"{where}: {exc}; its records are not recovered")
+                problems.append(f"{_where(path)}: {exc}; its records are not recovered")
             return None
-        if not _quiet_long_enough(ring):
-            return None  # another host's, heard from recently: maybe live
-        lines, damaged = pending_lines(ring)
-        segment = ring.segment_path(ring.segment + 1)
-        if damaged is not None and problems is not None:
-            problems.append(f"{where}: damaged after {len(lines):,} records ({damaged}); the rest is not "
-                            "recovered and the file is left as it is")
-        try:
-            if lines:
-                _write_segment(segment, ring.header_line(ring.segment + 1) + b"".join(lines))
-            if damaged is None:
-                os.unlink(path)
-        except OSError as exc:
-            if problems is not None and lines:
-                problems.append(f"{where}: {len(lines):,} records of a process that ended without finishing are "
-                                f"in its ring but could not be written to a segment ({exc.strerror or exc}); "
-                                "they are left out")
-            return None
-        if lines and problems is not None:
-            problems.append(f"{where}: {len(lines):,} records the process had not written when it ended (killed) "
-                            f"were recovered from its ring into {os.path.basename(segment)}")
-        return len(lines)
+        state = writer_state(path, lock, ring)
+        return (ring, state, info) if state != LIVE else None
     finally:
         os.close(fd)  # releases the shared lock
 
 
+def _pending(ring: RingFile, problems: list[str] | None) -> tuple[bytes, int, bool]:
+    """The segment the ring's records make (empty: none), their number, whether it is damaged
+    (named in ``problems``)."""
+    lines, damaged = pending_lines(ring)
+    if damaged is not None and problems is not None:
+        problems.append(f"{_where(ring.path)}: damaged after {len(lines):,} records ({damaged}); the rest is not "
+                        "recovered and the file is left as it is")
+    data = ring.header_line(ring.segment + 1) + b"".join(lines) if lines else b""
+    return data, len(lines), damaged is not None
+
+
+def _recovered(ring: RingFile, count: int, segment: str, problems: list[str] | None) -> None:
+    if count and problems is not None:
+        problems.append(f"{_where(ring.path)}: {count:,} records the process had not written when it ended "
+                        f"(killed) were recovered from its ring into {os.path.basename(segment)}")
+
+
+def _not_written(ring: RingFile, count: int, exc: OSError, problems: list[str] | None) -> None:
+    if problems is not None and count:
+        problems.append(f"{_where(ring.path)}: {count:,} records of a process that ended without finishing are "
+                        f"in its ring but could not be written to a segment ({exc.strerror or exc}); "
+                        "they are left out")
+
+
+def recover_ring(path: str, problems: list[str] | None = None) -> int | None:
+    """``goodtrace compact``'s recovery, beside the run: a ring whose writer is proven gone
+    (:data:`GONE`) turned into the next segment of its session in the run, and deleted; the
+    records recovered, or None when it is left as it is (live, maybe live, or another host's
+    that locks cannot tell). Problems are named."""
+    opened = _open_ring(path, problems)
+    if opened is None or opened[1] != GONE:
+        return None
+    ring = opened[0]
+    data, count, damaged = _pending(ring, problems)
+    segment = ring.segment_path(ring.segment + 1)
+    try:
+        if data:
+            _write_segment(segment, data)
+        if not damaged:
+            os.unlink(path)
+    except OSError as exc:
+        _not_written(ring, count, exc, problems)
+        return None
+    _recovered(ring, count, segment, problems)
+    return count
+
+
 def recover_rings(rank_dir: str, names: list[str], problems: list[str] | None = None) -> int:
-    """Recover every dead ring among ``names`` (a rank directory's listing): the records recovered."""
+    """:func:`recover_ring` for every ring among ``names`` (a rank directory's listing): the
+    records recovered."""
     recovered = 0
     for name in names:
         if name.endswith(RING_SUFFIX):
             recovered += recover_ring(os.path.join(rank_dir, name), problems) or 0
     return recovered
+
+
+RING_STATE_SUFFIX = ".ring.json"  # in the reader's cache: which ring a copy was made of
+
+
+def ring_segment(path: str, folder: str, problems: list[str] | None = None) -> str | None:
+    """A reader's recovery: the records of the ring at ``path`` (not live, :func:`writer_state`)
+    as the next segment of its session, a file in the reader's ``folder``; its path, or None
+    (live, nothing pending, or it could not be written). The ring and the run are left as they
+    are. The ring is decoded again only when its stat changed since the last copy (a note
+    beside it), and the copy rewritten only when its bytes would differ (two readers at once
+    write the same bytes, each through a temporary file of its own)."""
+    note = os.path.join(folder, os.path.basename(path)[: -len(RING_SUFFIX)] + RING_STATE_SUFFIX)
+    try:
+        ident = _identity(os.stat(path))
+        with open(note, encoding="utf-8") as handle:
+            kept = json.load(handle)
+    except (OSError, ValueError):
+        kept = None
+    if (isinstance(kept, dict) and kept.get("ring") == ident and isinstance(kept.get("problems"), list)
+            and _writer_not_live(path)):
+        name = kept.get("segment")
+        segment = os.path.join(folder, name) if isinstance(name, str) else None
+        if segment is None or os.path.isfile(segment):
+            if problems is not None:
+                problems.extend(str(problem) for problem in kept["problems"])
+            return segment
+    opened = _open_ring(path, problems)
+    if opened is None:
+        return None
+    ring, _, info = opened
+    named: list[str] = []
+    data, count, _ = _pending(ring, named)
+    segment = os.path.join(folder, os.path.basename(ring.segment_path(ring.segment + 1)))
+    if data:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            if not _same_bytes(segment, data):
+                _write_segment(segment, data)
+        except OSError as exc:
+            if problems is not None:
+                problems.extend(named)
+            _not_written(ring, count, exc, problems)
+            return None
+        _recovered(ring, count, segment, named)
+    with contextlib.suppress(OSError):  # without the note, the ring is decoded again next time
+        os.makedirs(folder, exist_ok=True)
+        partial = f"{note}.{os.getpid()}.partial"
+        with open(partial, "w", encoding="utf-8") as handle:
+            json.dump({"ring": _identity(info), "segment": os.path.basename(segment) if data else None,
+                       "problems": named}, handle)
+        os.replace(partial, note)
+    if problems is not None:
+        problems.extend(named)
+    return segment if data else None
+
+
+def _identity(info: os.stat_result) -> list[int]:
+    return [info.st_size, info.st_mtime_ns, info.st_ino]
+
+
+def _writer_not_live(path: str) -> bool:
+    """The lock test alone (a copy already made of an unchanged ring): not held by a process."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return _lock_state(fd) != "held"
+    finally:
+        os.close(fd)
+
+
+def ring_segments(rank_dir: str, names: list[str], folder: str, problems: list[str] | None = None) -> dict[str, str]:
+    """A reader's recovery (:func:`ring_segment`) of every ring among ``names`` (a rank
+    directory's listing) whose session's next segment is not in the run already (``goodtrace
+    compact`` wrote it): segment file name -> its path in ``folder``, the reader's cache."""
+    present = set(names)
+    found: dict[str, str] = {}
+    for name in names:
+        if not name.endswith(RING_SUFFIX):
+            continue
+        segment = ring_segment(os.path.join(rank_dir, name), folder, problems)
+        if segment is not None and os.path.basename(segment) not in present:
+            found[os.path.basename(segment)] = segment
+    return found

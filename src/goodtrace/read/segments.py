@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from goodtrace import schema
+from goodtrace.read.environment import run_cache_dir
 from goodtrace.read.io_pool import io_map
-from goodtrace.read.ring import RING_SUFFIX, recover_rings
+from goodtrace.read.ring import RING_SUFFIX, recover_rings, ring_segments
 from goodtrace.read.validate import MAX_LINE_BYTES, SKIP_REASONS, check_record
 from goodtrace.record.io.storage import is_url, local_path
 
@@ -63,11 +64,14 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def list_segments(run_dir: str, problems: list[str] | None = None) -> list[tuple[str, str]]:
+def list_segments(run_dir: str, problems: list[str] | None = None, *, in_place: bool = False) -> list[tuple[str, str]]:
     """(rank directory name, segment path) pairs, sorted. Entries named ``*.jsonl`` that are
     not regular files (FIFOs, directories, devices, dangling links) are left out and named in
     ``problems``: opening a FIFO would wait forever for a writer. A local run's rings left by
-    killed processes are first turned into segments (:mod:`goodtrace.read.ring`)."""
+    killed processes are turned into segments (:mod:`goodtrace.read.ring`): files in the
+    reader's cache, listed where the run's own would be, the run left as it is; ``in_place``
+    (``goodtrace compact``, which writes beside the run): written into the run, each ring
+    deleted, for the rings whose writer is proven gone (the others are left out)."""
     found: list[tuple[str, str]] = []
     if is_url(run_dir):
         import fsspec
@@ -91,12 +95,21 @@ def list_segments(run_dir: str, problems: list[str] | None = None) -> list[tuple
             if problems is not None:
                 problems.append(f"{entry}: cannot be listed ({listed.strerror or listed}); skipped")
             continue
+        recovered: dict[str, str] = {}
         if any(name.endswith(RING_SUFFIX) for name, _ in listed):  # a killed process's last records
-            recover_rings(rank_dir, [name for name, _ in listed], problems)
-            again = _list_rank_dir(rank_dir)
-            listed = again if isinstance(again, list) else []
+            names = [name for name, _ in listed]
+            if in_place:
+                recover_rings(rank_dir, names, problems)
+                again = _list_rank_dir(rank_dir)
+                listed = again if isinstance(again, list) else []
+            else:
+                recovered = ring_segments(rank_dir, names, os.path.join(run_cache_dir(root, "rings"), entry), problems)
+                listed = sorted([*listed, *((name, True) for name in recovered)], key=lambda item: segment_order(item[0]))
         for name, is_file in listed:
             if not name.endswith(SEGMENT_SUFFIX):
+                continue
+            if name in recovered:
+                found.append((entry, recovered[name]))
                 continue
             path = os.path.join(rank_dir, name)
             if is_file:
