@@ -55,6 +55,14 @@ def nfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatedNFS]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """One headless Chromium (Playwright) for the whole session; each test opens its own pages
+    (``helpers.browser.new_page``: a fresh context each)."""
+    with browser_helpers.browser() as instance:
+        yield instance
+
+
 # ---------------------------------------------------------------------------------------------
 # Markers: every test is a unit test unless it uses one of the slower real parts below; the
 # README's command runs them all, ``-m unit`` only the fast ones (see README, "Running parts of

@@ -359,17 +359,17 @@ class LoadedTrace:
 
 
 @contextlib.contextmanager
-def perfetto_ui() -> Iterator[PerfettoUI]:
+def perfetto_ui(instance: Any) -> Iterator[PerfettoUI]:
+    """The offline Perfetto UI served on 127.0.0.1, its pages opened in ``instance`` (the
+    session's Chromium, the ``chromium`` fixture)."""
     dist = web_dist()
-    require_browser()
     traces: dict[str, Path] = {}
     handler = functools.partial(_Handler, directory=str(dist), traces=traces)
     server = _Server(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        with browser() as instance:
-            yield PerfettoUI(instance, f"http://127.0.0.1:{server.server_address[1]}", traces)
+        yield PerfettoUI(instance, f"http://127.0.0.1:{server.server_address[1]}", traces)
     finally:
         server.shutdown()
         server.server_close()

@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,13 +26,9 @@ RESTART = Path(__file__).resolve().parents[1] / "data" / "runs" / "restart_2rank
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    """A local Ray cluster of 2 CPUs, started in this process; its address."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
+def cluster(ray_cluster: str) -> str:
+    """The folder's local Ray cluster of 2 CPUs (tests/read/conftest.py); its address."""
+    return ray_cluster
 
 
 def test_ray_gives_the_one_process_report(cluster: str, tmp_path: Path) -> None:

@@ -25,14 +25,14 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def cluster(s3: S3Server) -> Iterator[str]:
-    """A local Ray cluster of 2 CPUs whose workers talk to the S3 server (as a cluster's nodes
-    have their own credentials); its address."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": s3.env})
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
+def s3(ray_s3: S3Server) -> S3Server:
+    """The S3 server whose credentials the cluster's workers have (tests/read/conftest.py)."""
+    return ray_s3
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: str) -> str:
+    return ray_cluster
 
 
 @pytest.fixture

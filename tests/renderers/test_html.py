@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from goodtrace.read.load import load_run
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.renderers import html, html_charts
 from goodtrace.renderers.html import embed_json, render_html, report_data
-from helpers.browser import EVIL, PageLog, artifact, browser, hover_tooltip, new_page, write_small_run
+from helpers.browser import EVIL, PageLog, artifact, hover_tooltip, new_page, write_small_run
 from helpers.cli import goodtrace
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden_trace_small"
@@ -341,12 +340,6 @@ JS_PIXEL = """([id, x, y]) => {
   const ratio = canvas.width / canvas.clientWidth;
   return Array.from(canvas.getContext('2d').getImageData(Math.round(x * ratio), Math.round(y * ratio), 1, 1).data);
 }"""
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    with browser() as instance:
-        yield instance
 
 
 def _open(chromium: Any, path: Path) -> tuple[Any, PageLog]:

@@ -3,7 +3,6 @@ opened in headless Chromium (drawn, the worst periods marked, the tooltip names 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 from goodtrace.analysis import RangeEdge, analyze
 from goodtrace.read.load import load_run
 from goodtrace.renderers.html import render_html, report_data
-from helpers.browser import PageLog, artifact, browser, hover_tooltip, new_page
+from helpers.browser import PageLog, artifact, hover_tooltip, new_page
 from helpers.builders import hourly_run
 
 JS_INK = """(id) => {
@@ -32,12 +31,6 @@ JS_POINT = """([label, value]) => {
   const box = node.getBoundingClientRect();
   return {x: box.left + p[0], y: box.top + p[1]};
 }"""
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    with browser() as instance:
-        yield instance
 
 
 def test_chart_data_is_the_analysis_periods(tmp_path: Path) -> None:

@@ -349,8 +349,8 @@ def test_cli_not_a_run(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def ui() -> Iterator[PerfettoUI]:
-    with perfetto_ui() as opened:
+def ui(chromium: Any) -> Iterator[PerfettoUI]:
+    with perfetto_ui(chromium) as opened:
         yield opened
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from goodtrace.read.load import load_run
 from goodtrace.renderers.html import render_html, report_data
 from goodtrace.renderers.perfetto import PerfettoRenderer
 from goodtrace.sinks import summary_values
-from helpers.browser import PageLog, browser, new_page
+from helpers.browser import PageLog, new_page
 from helpers.builders import Proc
 from helpers.cli import goodtrace
 
@@ -67,18 +68,17 @@ def test_the_sinks_summary_names_the_rollback(tmp_path: Path) -> None:
 
 @pytest.mark.browser
 @pytest.mark.processes
-def test_the_html_page_notes_the_rollback(tmp_path: Path) -> None:
+def test_the_html_page_notes_the_rollback(chromium: Any, tmp_path: Path) -> None:
     run_dir = _run(tmp_path / "run")
     loaded = load_run(run_dir)
     analysis = analyze(loaded)
     assert report_data(analysis, loaded)["summary"]["rewinds"][0]["text"] == TEXT
     path = tmp_path / "report.html"
     path.write_text(render_html(analysis, loaded), encoding="utf-8")
-    with browser() as chromium:
-        log = PageLog()
-        url = path.resolve().as_uri()
-        page = new_page(chromium, url, log)
-        page.goto(url, wait_until="load")
-        page.wait_for_function("() => window.goodtraceReady === true", timeout=60_000)
-        assert f"Attempt 0: {TEXT}" in page.inner_text("#notes")
-        assert log.errors == [] and log.console_errors == []
+    log = PageLog()
+    url = path.resolve().as_uri()
+    page = new_page(chromium, url, log)
+    page.goto(url, wait_until="load")
+    page.wait_for_function("() => window.goodtraceReady === true", timeout=60_000)
+    assert f"Attempt 0: {TEXT}" in page.inner_text("#notes")
+    assert log.errors == [] and log.console_errors == []
