@@ -20,15 +20,9 @@ from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.mirror import RemoteReadError
 from goodtrace.read.torchtitan import CAVEAT, converted_run, is_torchtitan_logs
 from goodtrace.record.io.storage import is_url, local_path, missing_path
-from goodtrace.record.process import process_start_mono_ns
+from goodtrace.record.process import pid_alive
 
 __all__ = ["alive_here", "collect_less_often", "load_and_analyse", "reading_errors", "return_freed_memory"]
-
-
-# How much later than a session's recorded process start the OS may date the process with that
-# pid and still be that process: the recorder read the same OS start time (one clock tick, 10 ms),
-# so this only absorbs the wall clock being stepped in between.
-PID_REUSE_SLACK_NS = 10**9
 
 
 def alive_here(host: str, pid: int, start_wall_ns: int | None = None) -> bool | None:
@@ -36,30 +30,11 @@ def alive_here(host: str, pid: int, start_wall_ns: int | None = None) -> bool | 
 
     A pid is reused (a container restarted with the same host name starts its processes at
     small pids again): the process now holding ``pid`` is that session's only when it started
-    no later than the session's process start (``start_wall_ns``, the header's) allows; one
-    that started after it is another process, and the session's is gone. Where the OS does not
-    say when a process started (no ``/proc``), the pid alone decides."""
+    no later than the session's process start (``start_wall_ns``, the header's) allows
+    (:func:`goodtrace.record.process.pid_alive`)."""
     if host != socket.gethostname() or pid <= 0:
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # not ours to signal, but it exists
-        pass
-    if start_wall_ns is not None:
-        started = _process_start_wall_ns(pid)
-        if started is not None and started > start_wall_ns + PID_REUSE_SLACK_NS:
-            return False
-    return True
-
-
-def _process_start_wall_ns(pid: int) -> int | None:
-    """When process ``pid`` started (wall-clock ns), from the OS; None where it cannot say."""
-    mono, source = process_start_mono_ns(pid)
-    if source != "os":
-        return None
-    return time.time_ns() - (time.perf_counter_ns() - mono)
+    return pid_alive(pid, start_wall_ns)
 
 
 @contextlib.contextmanager

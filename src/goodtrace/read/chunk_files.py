@@ -22,6 +22,7 @@ from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql
 from goodtrace.read.io_pool import on_network_filesystem, stat_or_none
+from goodtrace.record.process import pid_alive
 
 __all__ = [
     "CACHE_FORMAT",
@@ -36,7 +37,6 @@ __all__ = [
     "leftover_gone",
     "prefix_digest",
     "prefix_of",
-    "process_alive",
     "read_index",
     "write_chunk",
     "write_index",
@@ -56,20 +56,6 @@ DIGEST_TAIL = 65536
 STARTS_ROW_GROUP = 8_192  # rows of a chunk's span starts in a Parquet row group (a few steps' worth)
 
 
-def process_alive(pid: int) -> bool:
-    """Whether a process of this host with ``pid`` may still be running (a work file or a
-    compaction directory named after it is then left alone)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def leftover_gone(folder: str, name: str) -> bool:
     """Whether the file ``name`` in ``folder``, of a chunk with no index (:data:`CHUNK_NAME`), was
     left by a writer that is gone: of this host (its tag) and its process ended, or not touched
@@ -78,7 +64,7 @@ def leftover_gone(folder: str, name: str) -> bool:
     found = CHUNK_NAME.match(name)
     if found is None:
         return False
-    if found.group(3) == HOST_TAG and not process_alive(int(found.group(2))):
+    if found.group(3) == HOST_TAG and not pid_alive(int(found.group(2))):
         return True
     try:
         return time.time() - os.stat(os.path.join(folder, name)).st_mtime > LEFTOVER_AGE_S

@@ -12,7 +12,7 @@ import tempfile
 from typing import Any
 
 from goodtrace.read import duckdb_connection, duckdb_sql, fold_batches
-from goodtrace.read.chunk_files import FileIdentity, process_alive, write_chunk
+from goodtrace.read.chunk_files import FileIdentity, write_chunk
 from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
 from goodtrace.read.file_skips import FileSkips
 from goodtrace.read.loaded import LoadError, Progress
@@ -20,6 +20,7 @@ from goodtrace.read.segment_cache import CACHE_DIR, SegmentCache, open_cache
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.validate import check_header
 from goodtrace.record.io.storage import is_url, local_path
+from goodtrace.record.process import pid_alive
 
 __all__ = ["COMPACT_DIR", "CompactResult", "compact_manifest", "compact_run"]
 
@@ -113,7 +114,7 @@ def _remove_leftovers(out_dir: str) -> None:
         full = os.path.join(out_dir, name)
         if name.startswith(WORK_PREFIX) and os.path.isdir(full):
             pid = name[len(WORK_PREFIX):].split("-", 1)[0]
-            if pid.isdigit() and process_alive(int(pid)):
+            if pid.isdigit() and pid_alive(int(pid)):
                 alive = True
             else:
                 stale.append(full)

@@ -37,6 +37,7 @@ from goodtrace.read.engine import Engine, fold_sessions
 from goodtrace.read.file_skips import FileSkips
 from goodtrace.read.segment_cache import CACHE_DIR, RANKS_DIR, Hit, SegmentCache
 from goodtrace.read.segments import SEGMENT_SUFFIX, segment_order
+from goodtrace.record.process import pid_alive
 
 __all__ = ["compact_session", "rank_cache_folder"]
 
@@ -142,15 +143,7 @@ def _load_for_merge(cache: SegmentCache, con: object, kind: str, hits: dict[int,
 
 
 def _parent_gone(parent: int) -> bool:
-    if os.getppid() != parent:
-        return True
-    try:
-        os.kill(parent, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
+    return os.getppid() != parent or not pid_alive(parent)
 
 
 def _log(folder: str, text: str) -> None:

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 
 from goodtrace.read.io_pool import locks_across_hosts
 from goodtrace.record.io.native import OPEN_RING_FILES, RING_SUFFIX
+from goodtrace.record.process import pid_alive
 
 __all__ = ["RING_SUFFIX", "RingError", "RingFile", "decode_lines", "pending_lines", "read_ring", "recover_ring",
            "recover_rings", "ring_segments", "writer_state"]
@@ -157,20 +158,7 @@ def _this_host(ring: RingFile) -> bool:
 def _pid_gone(ring: RingFile) -> bool:
     """Whether the ring's writer (of this host) has surely ended: no process has its pid, or the
     one that has it started after the writer had begun writing (a pid used again)."""
-    try:
-        with open(f"/proc/{ring.pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-        with open("/proc/stat", "rb") as handle:
-            boot = next(int(line.split()[1]) for line in handle if line.startswith(b"btime "))
-    except FileNotFoundError:
-        return ring.pid > 0 and os.path.isdir("/proc/self")  # a /proc without the pid: ended
-    except (OSError, ValueError, IndexError, StopIteration):
-        return False
-    try:
-        started_s = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start, in clock ticks
-    except (ValueError, IndexError, OSError):
-        return False
-    return started_s > ring.wall / 1e9 + 2.0  # btime is whole seconds: a margin for its rounding
+    return ring.pid > 0 and not pid_alive(ring.pid, ring.wall)
 
 
 def writer_state(path: str, lock: str, ring: RingFile) -> str:

@@ -139,6 +139,40 @@ def process_start_mono_ns(pid: int | None = None) -> tuple[int, str]:
         return _IMPORT_MONO_NS, "import"
 
 
+# How much later than a session's recorded start the OS may date the process now holding its pid
+# and still be that process: both read the same OS start time (one clock tick, 10 ms), so this
+# only absorbs the wall clock being stepped in between.
+PID_REUSE_SLACK_NS = 10**9
+
+
+def process_start_wall_ns(pid: int) -> int | None:
+    """When process ``pid`` started (wall-clock ns), from the OS; None where it cannot say."""
+    mono, source = process_start_mono_ns(pid)
+    if source != "os":
+        return None
+    return time.time_ns() - (time.perf_counter_ns() - mono)
+
+
+def pid_alive(pid: int, started_by_wall_ns: int | None = None) -> bool:
+    """Whether the process of this host with ``pid`` may still be running: False only when it
+    surely ended (no process has the pid, or the one that has it started after
+    ``started_by_wall_ns``: the pid was used again). Unsure (a pid not ours to signal, no start
+    time from the OS, ``pid <= 0``) is alive."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # not ours to signal, but it exists
+        pass
+    if started_by_wall_ns is not None:
+        started = process_start_wall_ns(pid)
+        if started is not None and started > started_by_wall_ns + PID_REUSE_SLACK_NS:
+            return False
+    return True
+
+
 def submit_wall_ns(environ: Mapping[str, str] | None = None) -> int | None:
     """Job submission time (wall ns) when known: ``GOODTRACE_SUBMIT_TIME``, else Slurm's
     ``SLURM_JOB_SUBMIT_TIME`` (seconds since the Unix epoch); None otherwise."""
