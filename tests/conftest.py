@@ -18,7 +18,7 @@ import pytest
 
 from helpers import browser as browser_helpers
 from helpers import storage_servers
-from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_unavailable
+from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable, s3_server
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -37,11 +37,7 @@ def _reader_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """A local S3 server (moto) for the tests of one module; skipped where it cannot start."""
-    reason = s3_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with S3Server(str(tmp_path_factory.mktemp("s3"))) as server:
-        yield server
+    yield from s3_server(tmp_path_factory, "s3")
 
 
 @pytest.fixture(scope="module")

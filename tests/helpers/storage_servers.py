@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 _HERE = os.path.abspath(__file__)
@@ -158,6 +159,18 @@ def s3_unavailable() -> str | None:
         except Exception as exc:
             return f"{module} is not installed ({exc}): install the test extra"
     return None
+
+
+def s3_server(tmp_path_factory: Any, name: str) -> Iterator[S3Server]:
+    """The body of a fixture that yields a local S3 server in a new folder ``name`` of
+    ``tmp_path_factory``, or skips the tests with the reason it cannot start."""
+    import pytest
+
+    reason = s3_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with S3Server(str(tmp_path_factory.mktemp(name))) as server:
+        yield server
 
 
 class S3Server:

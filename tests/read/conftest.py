@@ -9,16 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from helpers.storage_servers import S3Server, s3_unavailable
+from helpers.storage_servers import S3Server, s3_server
 
 
 @pytest.fixture(scope="package")
 def ray_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    reason = s3_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with S3Server(str(tmp_path_factory.mktemp("ray-s3"))) as server:
-        yield server
+    yield from s3_server(tmp_path_factory, "ray-s3")
 
 
 @pytest.fixture(scope="package")
