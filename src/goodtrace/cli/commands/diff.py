@@ -35,18 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare steps A to B with steps C to D, both ends included (of the one run, or "
                              "A:B of the first and C:D of the second; also A: or :B)")
     parser.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
-    parser.add_argument("--job", type=int, metavar="N",
-                        help="which job of a reused run directory (0 = the oldest; default the last)")
-    parser.add_argument("--ideal-step", type=float, metavar="S", help="ideal step time in seconds")
-    parser.add_argument("--data-rule", choices=("asynchronous", "synchronous"),
-                        help="override how in-step data loading counts (as report's --data-rule)")
-    parser.add_argument("--flops-per-step", type=float, metavar="F",
-                        help="model FLOPs of one optimizer step, all devices together (for MFU)")
-    parser.add_argument("--accelerator", metavar="NAME", help="peak FLOP/s from the table (as report's)")
-    parser.add_argument("--peak-tflops", type=float, metavar="T", help="peak TFLOP/s of one device (overrides)")
-    parser.add_argument("--devices-per-rank", type=int, default=1, metavar="N",
-                        help="accelerators each rank drives (for MFU; default 1)")
-    parser.add_argument("--workers", type=int, metavar="N", help="local processes that read the rank files")
+    from goodtrace.cli.commands.report import add_analysis_arguments, add_workers_argument
+
+    add_analysis_arguments(parser)
+    add_workers_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

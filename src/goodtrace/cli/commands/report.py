@@ -20,7 +20,8 @@ from goodtrace.cli.time_range import (
     range_options,
 )
 
-__all__ = ["HELP", "ReportError", "add_arguments", "analysed", "arguments", "parse_duration", "parse_window", "report", "run"]
+__all__ = ["HELP", "ReportError", "add_analysis_arguments", "add_arguments", "add_workers_argument", "analysed",
+           "arguments", "parse_duration", "parse_window", "report", "run"]
 from goodtrace.record.live.line import format_bytes
 
 HELP = "goodput report of a run: buckets, attempts, step times, slowest steps, ranks (--json)"
@@ -43,6 +44,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every", metavar="D",
                         help="goodput over time per period D, aligned to the UTC clock (default: the one of 1s, 2s, 5s, "
                              "... 1m ... 1h ... 1d that cuts the run into 10 to 30 periods)")
+    add_analysis_arguments(parser)
+    parser.add_argument("--top", type=int, default=10, metavar="N",
+                        help="how many slowest steps (and anomalies) the console report lists (the JSON: "
+                             "10, and every step in its step table)")
+    parser.add_argument("--no-steps", action="store_true", help="--json: leave out the full step table")
+    add_workers_argument(parser)
+    parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                        help="read the rank files as Ray tasks (pip install 'goodtrace[ray]'): without ADDRESS "
+                             "on a local Ray started for the report, 'auto' on the cluster the environment names; "
+                             "a path must be the same on every node; a URL is fetched by each task")
+
+
+def add_analysis_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that choose how a run is analysed (the job, the ideal step, the data rule and
+    MFU's inputs): ``report``'s, and each side's of ``diff``."""
     parser.add_argument("--job", type=int, metavar="N",
                         help="which job of a reused run directory (0 = the oldest; default the last)")
     parser.add_argument("--ideal-step", type=float, metavar="S", help="ideal step time in seconds")
@@ -57,20 +73,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak-tflops", type=float, metavar="T", help="peak TFLOP/s of one device (overrides)")
     parser.add_argument("--devices-per-rank", type=int, default=1, metavar="N",
                         help="accelerators each rank drives (for MFU: peak FLOP/s x devices x ranks; default 1)")
-    parser.add_argument("--top", type=int, default=10, metavar="N",
-                        help="how many slowest steps (and anomalies) the console report lists (the JSON: "
-                             "10, and every step in its step table)")
-    parser.add_argument("--no-steps", action="store_true", help="--json: leave out the full step table")
+
+
+def add_workers_argument(parser: argparse.ArgumentParser) -> None:
+    """``--workers``: how many local processes read the rank files (``report``, ``diff``)."""
     from goodtrace.read.engine import POOL_MIN_BYTES
 
     parser.add_argument("--workers", type=int, metavar="N",
                         help="local processes that read the rank files (default: one per core for a run of "
                              f"{POOL_MIN_BYTES // 2**20} MiB or more to read, else 1, or GOODTRACE_WORKERS; 1 reads "
                              "in this process)")
-    parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                        help="read the rank files as Ray tasks (pip install 'goodtrace[ray]'): without ADDRESS "
-                             "on a local Ray started for the report, 'auto' on the cluster the environment names; "
-                             "a path must be the same on every node; a URL is fetched by each task")
 
 
 def run(args: argparse.Namespace) -> int:
