@@ -363,10 +363,13 @@ def _pending(ring: RingFile, problems: list[str] | None) -> tuple[bytes, int, bo
     return data, len(lines), damaged is not None
 
 
-def _recovered(ring: RingFile, count: int, segment: str, problems: list[str] | None) -> None:
+def _recovered(ring: RingFile, count: int, segment: str, problems: list[str] | None, *,
+               cached: bool = False) -> None:
     if count and problems is not None:
+        where = ("(read from the reader's cache; `goodtrace compact` writes them into the run)" if cached
+                 else f"into {os.path.basename(segment)}")
         problems.append(f"{_where(ring.path)}: {count:,} records the process had not written when it ended "
-                        f"(killed) were recovered from its ring into {os.path.basename(segment)}")
+                        f"(killed) were recovered from its ring {where}")
 
 
 def _not_written(ring: RingFile, count: int, exc: OSError, problems: list[str] | None) -> None:
@@ -451,7 +454,7 @@ def ring_segment(path: str, folder: str, problems: list[str] | None = None) -> s
                 problems.extend(named)
             _not_written(ring, count, exc, problems)
             return None
-        _recovered(ring, count, segment, named)
+        _recovered(ring, count, segment, named, cached=True)
     with contextlib.suppress(OSError):  # without the note, the ring is decoded again next time
         os.makedirs(folder, exist_ok=True)
         partial = f"{note}.{os.getpid()}.partial"
