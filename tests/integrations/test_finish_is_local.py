@@ -11,7 +11,6 @@ finish could only end at a timeout.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 import warnings
 from pathlib import Path
@@ -23,7 +22,7 @@ import goodtrace as gt
 from goodtrace.integrations._common import Integration
 from goodtrace.record.live.aggregator import LiveAggregator
 from goodtrace.testing import capture
-from helpers.ranks import free_port
+from helpers.ranks import free_port, rank_context
 
 
 class _NeverJoined:
@@ -196,7 +195,7 @@ def test_a_crashing_rank_finishes_without_waiting_for_its_peers(tmp_path: Path) 
     pytest.importorskip("torch")
     run_dir, out_dir = tmp_path / "run", tmp_path / "out"
     out_dir.mkdir()
-    ctx = multiprocessing.get_context("spawn")
+    ctx = rank_context()
     release = ctx.Event()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(rank, port, str(run_dir), str(out_dir), release)) for rank in (0, 1)]

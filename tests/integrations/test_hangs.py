@@ -14,11 +14,12 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from helpers.cli import goodtrace
-from helpers.ranks import free_port
+from helpers.ranks import free_port, rank_context
 
 pytestmark = pytest.mark.processes
 
@@ -62,8 +63,8 @@ def _worker(rank: int, world: int, port: int, run_dir: str, hung_rank: int, on_h
     dist.destroy_process_group()
 
 
-def _start(run_dir: Path, world: int, hung_rank: int, on_hang: str) -> list[multiprocessing.process.BaseProcess]:
-    ctx = multiprocessing.get_context("spawn")
+def _start(run_dir: Path, world: int, hung_rank: int, on_hang: str, ctx: Any = None) -> list[multiprocessing.process.BaseProcess]:
+    ctx = ctx or rank_context()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, str(run_dir), hung_rank, on_hang)) for r in range(world)]
     for p in procs:
@@ -91,7 +92,8 @@ def _report(run_dir: Path) -> tuple[dict, str]:
 def test_a_rank_that_blocks_forever_is_named_first_also_after_a_sigkill(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     world, hung = 4, 2
     run_dir = tmp_path / "run"
-    procs = _start(run_dir, world, hung, "record")
+    # spawned, not forked from the fork server: their stderr is this test's (capfd)
+    procs = _start(run_dir, world, hung, "record", multiprocessing.get_context("spawn"))
     err = ""
     try:
         deadline = time.monotonic() + 120
