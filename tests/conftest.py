@@ -60,6 +60,26 @@ def chromium() -> Iterator[Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Parallel runs (pytest-xdist, ``-n auto --dist loadgroup`` in the README's command): a module's
+# tests go to one worker together, so that its module fixtures (the demo run, a local S3
+# server, the emulated NFS) start once; tests marked ``xdist_group(NAME)`` go together under
+# NAME instead (the Ray cluster's modules; the fuzz test's parts, each a group of its own).
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleOrGroup(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):
+                return nodeid.split("@")[-1]
+            return nodeid.split("::", 1)[0]
+
+    return ModuleOrGroup(config, log)
+
+
+# ---------------------------------------------------------------------------------------------
 # Markers: every test is a unit test unless it uses one of the slower real parts below; the
 # README's command runs them all, ``-m unit`` only the fast ones (see README, "Running parts of
 # the suite"). A test is classified by its module's ``pytestmark`` or its own ``pytest.mark``
@@ -128,6 +148,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if profile:
         with open(profile, "a", encoding="utf-8") as handle:
             handle.write(json.dumps({"test": item.nodeid, "s": round(seconds, 3), "used": sorted(_WATCH.used),
+                                     "worker": os.environ.get("PYTEST_XDIST_WORKER"), "at": round(time.time(), 1),
                                      "marks": sorted(m.name for m in item.iter_markers())}) + "\n")
 
 

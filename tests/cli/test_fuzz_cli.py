@@ -10,8 +10,8 @@ character; JSON output must be strict JSON (no NaN); and every line of the run m
 accounted for: each reader's records, headers and skipped lines add up to the non-blank lines of
 the files, and the compacted copy reports the same numbers as the JSON lines.
 
-Fixed seed and budget: ``GOODTRACE_FUZZ_EXAMPLES`` examples (default 60, about a minute and a half
-here); set it higher for a longer run (e.g. 1000), and ``GOODTRACE_FUZZ_SEED`` for other
+Fixed seed and budget: ``GOODTRACE_FUZZ_EXAMPLES`` examples (default 60, about two and a half
+minutes of one core here), in four parts with seeds SEED..SEED+3 that parallel workers share; set it higher for a longer run (e.g. 1000), and ``GOODTRACE_FUZZ_SEED`` for other
 inputs than CI's.
 """
 
@@ -45,6 +45,7 @@ EXAMPLES = int(os.environ.get("GOODTRACE_FUZZ_EXAMPLES", "60"))
 # Shrinking a failure re-runs every command many times: off unless asked for
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if os.environ.get("GOODTRACE_FUZZ_SHRINK") else [])
 SEED = int(os.environ.get("GOODTRACE_FUZZ_SEED", "20261123"))
+SHARDS = 4
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but \t and \n
 
 
@@ -146,23 +147,29 @@ def test_the_seed_run_reads_clean(seed_run: Path, cli: CliWorker, tmp_path: Path
     check_counts(results, run_dir, count_lines(run_dir), accepted_headers(run_dir))
 
 
-@seed(SEED)
-@settings(max_examples=EXAMPLES, deadline=None, database=None, phases=PHASES,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
-@given(edits=mutations())
 @pytest.mark.slow
+@pytest.mark.parametrize("shard", [pytest.param(i, marks=pytest.mark.xdist_group(f"fuzz-{i}")) for i in range(SHARDS)])
 def test_every_command_survives_any_run_directory(
-    edits: list[Edit], seed_run: Path, cli: CliWorker, tmp_path: Path
+    shard: int, seed_run: Path, cli: CliWorker, tmp_path: Path
 ) -> None:
-    run_dir = copy_run(seed_run, tmp_path / "run")
-    for edit in edits:
-        apply(run_dir, edit)
-    lines, headers = count_lines(run_dir), accepted_headers(run_dir)
-    results = run_commands(cli, run_dir, tmp_path)
-    check_counts(results, run_dir, lines, headers)
-    for name, result in results.items():  # what the examples reached (--hypothesis-show-statistics)
-        event(f"{name}: exit {result.code}")
-    if results["report --json"].code == 0:
-        for reason in strict_json(results["report --json"].stdout)["skipped_lines"]:
-            event(f"skipped: {reason}")
+    """One of SHARDS parts of the budget, each with its own seed, so that parallel workers
+    share the examples."""
+
+    @seed(SEED + shard)
+    @settings(max_examples=max(1, EXAMPLES // SHARDS), deadline=None, database=None, phases=PHASES,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(edits=mutations())
+    def example(edits: list[Edit]) -> None:
+        run_dir = copy_run(seed_run, tmp_path / "run")
+        for edit in edits:
+            apply(run_dir, edit)
+        lines, headers = count_lines(run_dir), accepted_headers(run_dir)
+        results = run_commands(cli, run_dir, tmp_path)
+        check_counts(results, run_dir, lines, headers)
+        for name, result in results.items():  # what the examples reached (--hypothesis-show-statistics)
+            event(f"{name}: exit {result.code}")
+        if results["report --json"].code == 0:
+            for reason in strict_json(results["report --json"].stdout)["skipped_lines"]:
+                event(f"skipped: {reason}")
+
+    example()

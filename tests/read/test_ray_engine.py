@@ -20,7 +20,7 @@ from helpers.many_ranks import report_read_by as report
 from helpers.many_ranks import write_many_ranks
 
 ray = pytest.importorskip("ray")
-pytestmark = [pytest.mark.processes, pytest.mark.ray]
+pytestmark = [pytest.mark.processes, pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one cluster
 
 RESTART = Path(__file__).resolve().parents[1] / "data" / "runs" / "restart_2ranks"
 

@@ -21,7 +21,7 @@ from helpers.many_ranks import write_many_ranks
 from helpers.storage_servers import S3Server
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one cluster
 
 
 @pytest.fixture(scope="module")
