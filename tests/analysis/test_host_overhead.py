@@ -54,7 +54,10 @@ def test_host_overhead_beside_queued_device_work_stays_productive(tmp_path: Path
     assert costs.get("compile", 0) < 2 * MS and costs.get("log", 0) < 12 * MS  # the truth: overlapped
     measured, uncertain = charged(analysis, 0)
     assert measured.get("compile", 0) <= 2 * MS
-    assert measured.get("log", 0) <= 11 * MS and uncertain == measured.get("log", 0) + measured.get("compile", 0)
+    # at most the first log, as long as this machine made it (the rest ran beside queued work)
+    first_log = next(t1 - t0 for category, t0, t1, _ in truth["spans"] if category == "log")
+    assert measured.get("log", 0) <= first_log + MS
+    assert uncertain == measured.get("log", 0) + measured.get("compile", 0)
     # the steps whose kernels ran under the compile and the logs keep their device time
     rows = [r for r in analysis.steps if r.step >= 1]
     assert all(r.productive_s > 0.050 for r in rows), [r.productive_s for r in rows]

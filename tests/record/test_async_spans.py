@@ -23,6 +23,17 @@ def _spans(cap: Any) -> list[tuple[str, int, int | None, bool]]:
     return [(r["name"], r["t1"] - r["t0"], r["step"], r["err"]) for r in cap.records("span") if r["cat"] != "gc"]
 
 
+def _run(main: Any) -> None:
+    """``asyncio.run`` in a thread where Playwright's sync API (the session's shared Chromium,
+    when a browser test ran earlier on this worker) left its own loop marked as running."""
+    playwright_loop = asyncio.events._get_running_loop()
+    asyncio.events._set_running_loop(None)
+    try:
+        asyncio.run(main)
+    finally:
+        asyncio.events._set_running_loop(playwright_loop)
+
+
 def test_a_decorated_coroutine_is_timed_until_it_returns() -> None:
     clock = FakeClock()
 
@@ -47,7 +58,7 @@ def test_a_decorated_coroutine_is_timed_until_it_returns() -> None:
             await failing()
 
     with capture(rank=0, world_size=1, clock=clock) as cap:
-        asyncio.run(main())
+        _run(main())
     label = failing.__qualname__
     assert _spans(cap) == [("fetch", 200_000_000, None, False), (label, 50_000_000, None, True)]
 
@@ -71,7 +82,7 @@ def test_a_decorated_async_generator_is_timed_from_its_first_item_to_its_end() -
         await items.aclose()  # closed early: the span ends here
 
     with capture(rank=0, world_size=1, clock=clock) as cap:
-        asyncio.run(main())
+        _run(main())
     assert _spans(cap) == [("batches", 30_000_000, None, False), ("batches", 10_000_000, None, False)]
 
 
@@ -104,7 +115,7 @@ def test_a_task_keeps_the_step_it_was_started_in() -> None:
         return gt.current_step()
 
     with capture(rank=0, world_size=1) as cap:
-        asyncio.run(main())
+        _run(main())
     assert [(name, step) for name, _, step, _ in _spans(cap)] == [("upload", 0), ("compute", 1)]
     assert seen == {"other": 1, "task": 1}
 

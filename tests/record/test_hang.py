@@ -170,8 +170,15 @@ def test_detect_hangs_before_init_warns_and_does_nothing() -> None:
     assert any("call gt.init first" in str(w.message) for w in caught)
 
 
-def _stall() -> None:
+def _stall(until_recorded: Path | None = None) -> None:
+    """1.5 s of nothing; with ``until_recorded``, on until that run holds the hang event of
+    step 6 (a loaded machine can start py-spy after a fixed stall has ended)."""
     time.sleep(1.5)
+    deadline = time.monotonic() + 60
+    while until_recorded is not None and time.monotonic() < deadline:
+        if any(e["attrs"].get("step") == 6 for e in _events(until_recorded)):
+            return
+        time.sleep(0.05)
 
 
 def test_a_real_stall_is_recorded_with_the_stack_and_then_seen_to_be_over(tmp_path: Path) -> None:
@@ -227,7 +234,7 @@ def test_native_frames_where_py_spy_is_installed(tmp_path: Path) -> None:
     for step in range(8):
         with gt.step(step):
             if step == 6:
-                _stall()
+                _stall(until_recorded=tmp_path)
             time.sleep(0.005)
     gt.finish()
     native = next(e for e in _events(tmp_path) if e["attrs"].get("step") == 6)["attrs"]["native"]
