@@ -160,8 +160,8 @@ class _KeyValueRounds:
     :class:`BackgroundClockSync`'s thread: each process pings the reference ``rounds`` times;
     the reference answers every process at once, one thread per process it serves (at most
     ``SERVERS`` together), instead of one process after another. Keys are per round, process
-    and ping; the reference deletes a round's keys when it starts the next (every peer has read
-    its answers by then: it asked for the next round only after its step ended)."""
+    and ping; each key has one reader, which deletes it once its round is done (the reference
+    may start its next round while a peer still reads its last answer)."""
 
     SERVERS = 64
 
@@ -180,26 +180,32 @@ class _KeyValueRounds:
     def _set(self, key: str, values: Sequence[int]) -> None:
         self.client.key_value_set(key, ",".join(str(int(v)) for v in values))
 
+    def _delete_read(self, round_number: int, sender: int, receiver: int) -> None:
+        """Drop the keys ``receiver`` read from ``sender`` in a round (kept, harmlessly, if the
+        store refuses)."""
+        try:
+            self.client.key_value_delete(f"goodtrace/clockbg/{round_number}/{sender}-{receiver}/")
+        except Exception:
+            pass
+
     def measure(self) -> OffsetSample:
         number = next(self._number)
         if self.rank != 0:
             pings = itertools.count()
             answers = itertools.count()
-            return ping_reference(
+            sample = ping_reference(
                 reference_rank=0, clock=self.clock, rounds=self.rounds,
                 send=lambda peer, values: self._set(self._key(number, self.rank, 0, next(pings)), values),
                 recv=lambda peer: self._values(self._key(number, 0, self.rank, next(answers))))
-        if number > 0:
-            try:
-                self.client.key_value_delete(f"goodtrace/clockbg/{number - 1}/")
-            except Exception:
-                pass
+            self._delete_read(number, 0, self.rank)
+            return sample
 
         def serve(peer: int) -> None:
             for ping in range(self.rounds):
                 self._values(self._key(number, peer, 0, ping))
                 t1 = self.clock()
                 self._set(self._key(number, 0, peer, ping), (t1, self.clock()))
+            self._delete_read(number, peer, 0)
 
         from concurrent.futures import ThreadPoolExecutor
 
