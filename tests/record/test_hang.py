@@ -170,13 +170,13 @@ def test_detect_hangs_before_init_warns_and_does_nothing() -> None:
     assert any("call gt.init first" in str(w.message) for w in caught)
 
 
-def _stall(until_recorded: Path | None = None) -> None:
-    """1.5 s of nothing; with ``until_recorded``, on until that run holds the hang event of
-    step 6 (a loaded machine can start py-spy after a fixed stall has ended)."""
+def _stall(until_recorded: Path, step: int) -> None:
+    """1.5 s of nothing, and on until that run holds the hang event of ``step`` (a loaded
+    machine can delay the watchdog, or start py-spy, after a fixed stall has ended)."""
     time.sleep(1.5)
     deadline = time.monotonic() + 60
-    while until_recorded is not None and time.monotonic() < deadline:
-        if any(e["attrs"].get("step") == 6 for e in _events(until_recorded)):
+    while time.monotonic() < deadline:
+        if any(e["name"] == HANG_EVENT and e["attrs"].get("step") == step for e in _events(until_recorded)):
             return
         time.sleep(0.05)
 
@@ -190,7 +190,7 @@ def test_a_real_stall_is_recorded_with_the_stack_and_then_seen_to_be_over(tmp_pa
             with gt.span("forward"):
                 time.sleep(0.005)
             if step == 10:
-                _stall()
+                _stall(tmp_path, 10)
     gt.finish()
     events = _events(tmp_path)  # (a loaded machine may pause the loop elsewhere too: step 10's)
     at = next(i for i, e in enumerate(events) if e["name"] == HANG_EVENT and e["attrs"]["step"] == 10)
@@ -198,7 +198,7 @@ def test_a_real_stall_is_recorded_with_the_stack_and_then_seen_to_be_over(tmp_pa
     assert hang["name"] == HANG_EVENT and over["name"] == HANG_OVER_EVENT
     attrs = hang["attrs"]
     assert (attrs["step"], attrs["span"], attrs["function"]) == (10, "forward", "_stall")
-    assert attrs["location"].startswith("test_hang.py:") and "_stall()" in attrs["stack"]
+    assert attrs["location"].startswith("test_hang.py:") and "_stall(" in attrs["stack"]
     assert attrs["silent_s"] > attrs["bound_s"] >= 0.5
     assert over["attrs"]["since"] == attrs["since"] and over["attrs"]["silent_s"] >= attrs["silent_s"]
 
@@ -234,7 +234,7 @@ def test_native_frames_where_py_spy_is_installed(tmp_path: Path) -> None:
     for step in range(8):
         with gt.step(step):
             if step == 6:
-                _stall(until_recorded=tmp_path)
+                _stall(tmp_path, 6)
             time.sleep(0.005)
     gt.finish()
     native = next(e for e in _events(tmp_path) if e["attrs"].get("step") == 6)["attrs"]["native"]

@@ -220,11 +220,19 @@ class HangWatchdog:
         bound = self.bound_ns()
         if bound is None or now - self.last_progress <= bound:
             return
-        if self._written_progress() and now - self.last_progress <= bound:
-            return  # a span the buffer view missed ended later: not silent long enough yet
-        self.hung_since = self.last_progress
+        if self._written_progress():
+            now = self.clock()  # (the flush took a while: the silence is measured to now)
+            if now - self.last_progress <= bound:
+                return  # a span the buffer view missed ended later: not silent long enough yet
+        # what the training thread was doing, read while it is silent; if it moved on while the
+        # stack was taken, that was no hang (its state and the stack would disagree)
+        since, step, span = self.last_progress, self.step, self.last_span
+        frame = sys._current_frames().get(self.training_thread) if self.training_thread is not None else None
+        if self.last_progress != since or self.step != step:
+            return
+        self.hung_since = since
         self.hangs += 1
-        self._record(now, bound)
+        self._record(now, bound, step, span, frame)
 
     def _written_progress(self) -> bool:
         """Spans the writer took from the buffer before the watchdog saw them: written out
@@ -243,18 +251,17 @@ class HangWatchdog:
         self._progress(found[1])
         return self.last_progress != before
 
-    def _record(self, now: int, bound: int) -> None:
-        frame = sys._current_frames().get(self.training_thread) if self.training_thread is not None else None
+    def _record(self, now: int, bound: int, step: int | None, span: str | None, frame: FrameType | None) -> None:
         stack = traceback.format_stack(frame)[-MAX_STACK_FRAMES:] if frame is not None else []
         location, function = _where(frame)
-        assert self.last_progress is not None
+        assert self.hung_since is not None
         attrs: dict[str, Any] = {
-            "step": self.step,
-            "span": self.last_span,
+            "step": step,
+            "span": span,
             "in_span": open_span(frame),
             "phase": None if self.phase is None else self.phase[0],
-            "since": self.last_progress,
-            "silent_s": (now - self.last_progress) / 1e9,
+            "since": self.hung_since,
+            "silent_s": (now - self.hung_since) / 1e9,
             "bound_s": bound / 1e9,
             "median_step_s": statistics.median(self.intervals.copy()) / 1e9 if self.intervals else None,
             "location": location,
@@ -270,7 +277,7 @@ class HangWatchdog:
             f", after {attrs['span']!r}" if attrs["span"] else "")
         where = f" in {function} ({location})" if location else ""
         print(f"goodtrace: rank {rank} made no progress for {attrs['silent_s']:.1f} s (bound {bound / 1e9:.1f} s) "
-              f"at step {self.step}{where}{after}", file=sys.stderr, flush=True)
+              f"at step {step}{where}{after}", file=sys.stderr, flush=True)
         if self.policy.on_hang == "abort":  # at once: the launcher restarts, the report names the first
             self._abort()
         elif rank == 0 and (self.recorder.identity.world_size or 1) > 1:
