@@ -72,9 +72,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class ModuleOrGroup(LoadGroupScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.rfind("@") > nodeid.rfind("]"):
-                return nodeid.split("@")[-1]
-            return nodeid.split("::", 1)[0]
+            group = super()._split_scope(nodeid)  # the xdist_group's name, else the test itself
+            return group if group != nodeid else nodeid.split("::", 1)[0]
 
     return ModuleOrGroup(config, log)
 
