@@ -220,10 +220,9 @@ class HangWatchdog:
         bound = self.bound_ns()
         if bound is None or now - self.last_progress <= bound:
             return
-        if self._written_progress():
-            now = self.clock()  # (the flush took a while: the silence is measured to now)
-            if now - self.last_progress <= bound:
-                return  # a span the buffer view missed ended later: not silent long enough yet
+        self._written_progress()
+        if now - self.last_progress <= bound:
+            return  # progress since: a span the buffer view missed, or a step begun during the flush
         # what the training thread was doing, read while it is silent; if it moved on while the
         # stack was taken, that was no hang (its state and the stack would disagree)
         since, step, span = self.last_progress, self.step, self.last_span
@@ -234,22 +233,19 @@ class HangWatchdog:
         self.hangs += 1
         self._record(now, bound, step, span, frame)
 
-    def _written_progress(self) -> bool:
+    def _written_progress(self) -> None:
         """Spans the writer took from the buffer before the watchdog saw them: written out
         now, the newest of the training thread's in this step read back from the file (local
-        run directories). Whether one ended later than the progress known."""
+        run directories), taken as progress."""
         run_dir = str(self.recorder.run_dir)
         if is_url(run_dir) or self.training_thread is None:
-            return False
+            return
         self.recorder.flush(NATIVE_TIMEOUT_S)
         rank_dir = os.path.join(local_path(run_dir), f"rank-{self.recorder.identity.rank:05d}")
         found = last_span_written(rank_dir, self.recorder.session, self.training_thread, self.last_span_t)
-        if found is None:
-            return False
-        self.last_span, self.last_span_t = found
-        before = self.last_progress
-        self._progress(found[1])
-        return self.last_progress != before
+        if found is not None:
+            self.last_span, self.last_span_t = found
+            self._progress(found[1])
 
     def _record(self, now: int, bound: int, step: int | None, span: str | None, frame: FrameType | None) -> None:
         stack = traceback.format_stack(frame)[-MAX_STACK_FRAMES:] if frame is not None else []
