@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("jax")
 
 from goodtrace.analysis import RunAnalysis
+from goodtrace.analysis.verdict import LOSS_GROUPS
 from helpers.idle_truth import MS, charged, idle_overlap, run_and_check, true_cost
 
 pytestmark = pytest.mark.processes
@@ -36,9 +37,11 @@ def test_an_input_bound_jax_loop_reports_the_device_idle_share_as_data(tmp_path:
     bound = len(steps) * (truth["poll_ns"] + truth["slack_ns"] + MS)
     assert cost - bound <= data <= cost + MS * len(steps)  # late sync points only ever charge less
     assert data > 0.8 * cost
-    if analysis.partition.buckets_ns.get("startup", 0) > data:
+    startup = sum(analysis.partition.buckets_ns.get(bucket, 0) for bucket in LOSS_GROUPS["start-up-heavy"])
+    if startup > data:
         # a loaded machine made start-up (importing JAX, compiling) the larger loss: the verdict
-        # rightly names that (the rule on records: tests/analysis/test_verdict.py)
+        # never names the smaller (the rule on records: tests/analysis/test_verdict.py)
+        assert analysis.verdict.kind != "input-bound", analysis.verdict
         return
     assert analysis.verdict.kind == "input-bound", analysis.verdict
     assert "waited for the input pipeline" in analysis.verdict.text
