@@ -11,8 +11,9 @@ accounted for: each reader's records, headers and skipped lines add up to the no
 the files, and the compacted copy reports the same numbers as the JSON lines.
 
 Fixed seed and budget: ``GOODTRACE_FUZZ_EXAMPLES`` examples (default 60, about two and a half
-minutes of one core here), in four parts with seeds SEED..SEED+3 that parallel workers share; set it higher for a longer run (e.g. 1000), and ``GOODTRACE_FUZZ_SEED`` for other
-inputs than CI's.
+minutes of one core here), in four parts with seeds SEED..SEED+3 that parallel workers share;
+set it higher for a longer run (e.g. 1000), and ``GOODTRACE_FUZZ_SEED`` for other inputs than
+CI's.
 """
 
 from __future__ import annotations
