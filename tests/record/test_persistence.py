@@ -281,7 +281,7 @@ def test_sigterm_during_finish_waits_for_that_finish(tmp_path: Any, where: str) 
     run_dir = str(tmp_path / "run")
     code = textwrap.dedent(
         """
-        import sys, threading, time
+        import signal, sys, threading, time
         import goodtrace as gt
         rec = gt.init(sys.argv[1], flush_interval_s=60)
         for k in range(2000):
@@ -292,7 +292,10 @@ def test_sigterm_during_finish_waits_for_that_finish(tmp_path: Any, where: str) 
         if sys.argv[2] == "main":
             gt.finish()
         else:
-            threading.Thread(target=gt.finish).start()
+            def finish():  # this program's own thread leaves SIGTERM to the main thread, as goodtrace's do
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+                gt.finish()
+            threading.Thread(target=finish).start()
         time.sleep(30)
         print("survived", flush=True)
         """
@@ -308,3 +311,42 @@ def test_sigterm_during_finish_waits_for_that_finish(tmp_path: Any, where: str) 
     assert session.finish is not None and session.finish["reason"] == "finish"
     assert [r["step"] for r in session.of_kind("step")] == list(range(2000))
     assert [r["name"] for r in session.of_kind("event")] == []  # not a second ending
+
+
+@pytest.mark.processes
+def test_goodtrace_s_threads_leave_the_program_s_signals_to_it(tmp_path: Any) -> None:
+    """Every thread goodtrace starts (the writer's, readiness, hang watchdog, a sink's) blocks
+    SIGTERM and SIGINT, so the kernel hands a preemption to the program's main thread: a signal
+    that lands on another thread waits until the main thread next runs Python code."""
+    code = textwrap.dedent(
+        """
+        import os, sys, threading, time
+        import goodtrace as gt
+        class Quiet:
+            name, ranks = "quiet", "all"
+            def open(self, run): pass
+            def write(self, line): pass
+            def close(self, finished): pass
+        gt.init(sys.argv[1], flush_interval_s=0.05, sinks=[Quiet()])
+        gt.detect_hangs()
+        for k in range(50):
+            with gt.step(k):
+                with gt.span("fwd"):
+                    pass
+        time.sleep(0.3)
+        me = threading.get_native_id()
+        for tid in sorted(os.listdir("/proc/self/task")):
+            with open(f"/proc/self/task/{tid}/status") as status:
+                blocked = int(next(l for l in status if l.startswith("SigBlk:")).split()[1], 16)
+            print(tid == str(me), blocked >> 14 & 1, blocked >> 1 & 1)  # SIGTERM is 15, SIGINT 2
+        gt.finish()
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert ["True", "0", "0"] in rows  # the main thread takes them
+    others = [row for row in rows if row[0] == "False"]
+    assert len(others) >= 4, rows  # the native writer (or the flusher and I/O threads), readiness, hangs, the sink
+    assert all(row[1:] == ["1", "1"] for row in others), rows

@@ -47,6 +47,7 @@ from goodtrace.integrations._common import Disabled, Integration, announce_model
 from goodtrace.integrations._common import warn as _warn
 from goodtrace.record.clocksync import BackgroundClockSync, OffsetSample, measure_offset, ping_reference
 from goodtrace.record.recorder import Recorder
+from goodtrace.record.threads import block_program_signals
 from goodtrace.record.values.jax_compile import (
     COMPILE_EVENTS,
     CompileStats,
@@ -210,7 +211,7 @@ class _KeyValueRounds:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=max(1, min(self.SERVERS, self.world - 1)),
-                                thread_name_prefix="goodtrace-clock-serve") as pool:
+                                thread_name_prefix="goodtrace-clock-serve", initializer=block_program_signals) as pool:
             for done in [pool.submit(serve, peer) for peer in range(1, self.world)]:
                 done.result()  # a peer that never pings fails the round (its timeout), as before
         return OffsetSample(0, 0)

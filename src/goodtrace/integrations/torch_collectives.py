@@ -18,6 +18,7 @@ import torch
 
 from goodtrace.record.clocksync import OffsetSample, host_leaders, measure_offset, ping_reference, serve_pings
 from goodtrace.record.live.transport import GatherHandle
+from goodtrace.record.threads import Thread
 
 __all__ = ["GlooTransport", "sync_clocks"]
 
@@ -47,7 +48,7 @@ class _P2PWaiter:
     def submit(self, work: Any) -> tuple[threading.Event, list[BaseException]]:
         done, failed = threading.Event(), list[BaseException]()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="goodtrace-live-p2p", daemon=True)
+            self._thread = Thread(target=self._loop, name="goodtrace-live-p2p", daemon=True)
             self._thread.start()
         self._queue.put((work, done, failed))
         return done, failed

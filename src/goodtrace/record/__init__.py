@@ -6,6 +6,7 @@ spans and the recorder (``spans``, ``recorder``, ``sync_points``, the optional C
 adapters imported only when the program hands goodtrace such a value), the way to files
 (``io/``: encoding, writer threads, storage), what runs beside the loop (``live/``: live
 aggregation, the console line, sinks), process identity (``process``), configuration
-(``config``) and clock offset measurement (``clocksync``). Nothing here blocks the training
+(``config``), clock offset measurement (``clocksync``) and the threads it starts, which leave
+the program's signals to the program (``threads``). Nothing here blocks the training
 loop or raises into it.
 """

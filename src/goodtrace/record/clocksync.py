@@ -22,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from goodtrace.record.threads import Thread
+
 __all__ = [
     "BackgroundClockSync",
     "OffsetSample",
@@ -144,7 +146,7 @@ class BackgroundClockSync:
         self._stopped = False
         self.blocked_ns: list[int] = []  # the requesting thread's time in request(), per round
         self.round_cpu_ns: list[int] = []  # CPU time of this thread per round (at most what it takes from others)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     @property

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from goodtrace.record.errors import warn
 from goodtrace.record.hang_peers import last_span_written, peer_hangs, stop_order, summary_line, where_text
 from goodtrace.record.io.storage import is_url, local_path
+from goodtrace.record.threads import Thread
 
 if TYPE_CHECKING:
     from goodtrace.record.recorder import Recorder
@@ -101,7 +102,7 @@ class HangWatchdog:
         self._seen: Any = None  # the newest buffer record already looked at
         self._stop = threading.Event()
         self._aborting = False
-        self._thread = threading.Thread(target=self._run, name="goodtrace-hang", daemon=True)
+        self._thread = Thread(target=self._run, name="goodtrace-hang", daemon=True)
 
     # ------------------------------------------------------------------ training thread (hooks)
     def on_step_begin(self, step: int, t0: int) -> None:
@@ -278,7 +279,7 @@ class HangWatchdog:
             self._abort()
         elif rank == 0 and (self.recorder.identity.world_size or 1) > 1:
             # on its own thread: the watchdog goes on looking (a stall may end)
-            threading.Thread(target=self._announce, args=(bound,), name="goodtrace-hang-line", daemon=True).start()
+            Thread(target=self._announce, args=(bound,), name="goodtrace-hang-line", daemon=True).start()
 
     def _announce(self, bound: int) -> None:
         """Rank 0: the line naming the rank that stopped first and where the others wait (a
@@ -319,7 +320,7 @@ class HangWatchdog:
         if self._stop.is_set():  # the process is finishing already (an exception, a signal): its way
             return
         self._aborting = True
-        closing = threading.Thread(target=self.recorder.finish, args=(False, "hang"), daemon=True)
+        closing = Thread(target=self.recorder.finish, args=(False, "hang"), daemon=True)
         closing.start()
         closing.join(self.recorder.config.finish_timeout_s + 5.0)
         os._exit(HANG_EXIT_CODE)

@@ -26,6 +26,7 @@ from typing import Any
 from goodtrace.record.errors import warn
 from goodtrace.record.live.line import LiveLine
 from goodtrace.record.live.sink_hub import FIRST_ON_HOST, SinkError, SinkRun
+from goodtrace.record.threads import Thread
 from goodtrace.sinks._base import ScalarSink, held_summary
 
 DEFAULT_PORT = 9464
@@ -211,7 +212,7 @@ class PrometheusSink(ScalarSink):
                 collector.scraped.wait_for(lambda: collector.summary_scrapes > 0, self.linger_s)
             self.shutdown()
 
-        threading.Thread(target=wait_then_stop, name="goodtrace-prometheus-linger", daemon=False).start()
+        Thread(target=wait_then_stop, name="goodtrace-prometheus-linger", daemon=False).start()
 
     def shutdown(self) -> None:
         if self._server is not None:

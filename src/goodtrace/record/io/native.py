@@ -31,6 +31,7 @@ from goodtrace.record.config import Config
 from goodtrace.record.errors import warn
 from goodtrace.record.io.encoding import _Encoder
 from goodtrace.record.io.storage import LocalStorage, symlink_loop
+from goodtrace.record.threads import Thread
 
 _SEGMENT, _WALL, _MONO = -7_300_000_000_000_000_001, -7_300_000_000_000_000_002, -7_300_000_000_000_000_003
 RING_BYTES_PER_RECORD = 64  # one fixed-field record
@@ -153,7 +154,7 @@ class NativeWriter:
         self._warned: set[str] = set()
         self._seen: dict[str, int] = {}
         self._stop = threading.Event()
-        self._monitor = threading.Thread(target=self._watch, name="goodtrace-monitor", daemon=True)
+        self._monitor = Thread(target=self._watch, name="goodtrace-monitor", daemon=True)
 
     # the counters of Writer
     @property

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -763,6 +764,16 @@ static void *writer_main(void *arg)
     NativeWriter *w = arg;
     int64_t interval = (int64_t)(w->interval_s * 1e9);
     int64_t next_beat = now_ns(CLOCK_MONOTONIC) + interval;
+    sigset_t program_signals; /* the program's, as record/threads.py blocks them in goodtrace's Python threads */
+    sigemptyset(&program_signals);
+    sigaddset(&program_signals, SIGINT);
+    sigaddset(&program_signals, SIGTERM);
+    sigaddset(&program_signals, SIGHUP);
+    sigaddset(&program_signals, SIGQUIT);
+    sigaddset(&program_signals, SIGUSR1);
+    sigaddset(&program_signals, SIGUSR2);
+    sigaddset(&program_signals, SIGALRM);
+    pthread_sigmask(SIG_BLOCK, &program_signals, NULL);
     w->out_len = 0;
     write_out(w, 0, 0); /* the header at once: a process killed in its first second leaves its session */
     pthread_mutex_lock(&w->lock);

@@ -35,6 +35,7 @@ from goodtrace.record.config import Config
 from goodtrace.record.errors import warn
 from goodtrace.record.io.encoding import MAX_ATTRS_CHARS, RecordBuffer, _Encoder
 from goodtrace.record.io.storage import Storage, TornWriteError, symlink_loop
+from goodtrace.record.threads import Thread
 
 CHUNK_RECORDS = 32_768  # records per chunk handed to the I/O thread (about 4-5 MiB of JSON)
 POLL_S = 0.02  # how often the flusher looks for a full chunk between heartbeats
@@ -113,8 +114,8 @@ class Writer:
         self._beats_since_upload = 0
         self._checked_at = time.monotonic()
         self._records_since_check = 0
-        self._flusher = threading.Thread(target=self._flush_loop, name="goodtrace-flusher", daemon=True)
-        self._io = threading.Thread(target=self._io_loop, name="goodtrace-io", daemon=True)
+        self._flusher = Thread(target=self._flush_loop, name="goodtrace-flusher", daemon=True)
+        self._io = Thread(target=self._io_loop, name="goodtrace-io", daemon=True)
 
     @property
     def dropped_records(self) -> int:

@@ -47,6 +47,7 @@ from goodtrace.record.live.names import MetricNames
 from goodtrace.record.live.rewinds import RewoundTime
 from goodtrace.record.live.slowdown import LiveSlowdown, SlowdownTracker, judge_candidates
 from goodtrace.record.live.transport import GatherHandle, LocalTransport, RootedTransport, Transport
+from goodtrace.record.threads import Thread
 
 __all__ = [
     "Completion",
@@ -278,7 +279,7 @@ class LiveAggregator:
         self._in_flight.append((interval, handle, self._ends))
         if self._rooted and self.transport.rank == 0:
             if self._completer is None:
-                self._completer = threading.Thread(target=self._complete_in_background, daemon=True,
+                self._completer = Thread(target=self._complete_in_background, daemon=True,
                                                    name="goodtrace-live-root")
                 self._completer.start()
             self._launched.notify()

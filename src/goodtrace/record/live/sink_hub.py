@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from goodtrace.record.config import ConfigError
 from goodtrace.record.errors import warn
 from goodtrace.record.live.line import LiveLine
+from goodtrace.record.threads import Thread
 
 __all__ = [
     "BUILTIN_SINKS",
@@ -168,7 +169,7 @@ class _Worker:
         self.settled = threading.Event()  # opened, or failed to
         self._warn = warn
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queued)
-        self._thread = threading.Thread(target=self._loop, name=f"goodtrace-sink-{sink.name}", daemon=True)
+        self._thread = Thread(target=self._loop, name=f"goodtrace-sink-{sink.name}", daemon=True)
         self._thread.start()
 
     def put(self, item: Any) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from goodtrace.record.errors import warn
+from goodtrace.record.threads import Thread
 
 
 class Pending:
@@ -100,7 +101,7 @@ class ReadinessThread:
         self._wake = threading.Lock()
         self._wake.acquire()  # released by wake(): a one-slot semaphore the thread sleeps on
         self._failed = False
-        self.thread = threading.Thread(target=self._run, name="goodtrace-ready", daemon=True)
+        self.thread = Thread(target=self._run, name="goodtrace-ready", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
