@@ -3,12 +3,13 @@
 Each example copies a real run (written by the recorder), mutates it (tests/helpers/fuzz.py:
 truncation, corrupt bytes, wrong types, missing fields, NaN/Inf, huge and negative numbers,
 deep nesting, hostile strings, raw lines, non-regular files, whole files of random records),
-and runs ``report``, ``report --json``, ``report --html``, ``trace``, ``records``, ``records
---json``, ``compact`` and ``report --json`` again (from the compacted copy). Every command must
-exit 0 or with one clean error line (exit 2), show no traceback and write no raw control
-character; JSON output must be strict JSON (no NaN); and every line of the run must be
-accounted for: each reader's records, headers and skipped lines add up to the non-blank lines of
-the files, and the compacted copy reports the same numbers as the JSON lines.
+and runs ``report --json``, ``report --html`` (which prints the console report too), ``trace``,
+``records``, ``records --json``, ``watch --once``, ``compact`` and ``report --json`` again (from
+the compacted copy). Every command must exit 0 or with one clean error line (exit 2), show no
+traceback and write no raw control character; JSON output must be strict JSON (no NaN); and
+every line of the run must be accounted for: each reader's records, headers and skipped lines
+add up to the non-blank lines of the files, and the compacted copy reports the same numbers as
+the JSON lines.
 
 Fixed seed and budget: ``GOODTRACE_FUZZ_EXAMPLES`` examples (default 60, about two and a half
 minutes of one core here), in four parts with seeds SEED..SEED+3 that parallel workers share;
@@ -92,9 +93,8 @@ def accepted_headers(run_dir: Path) -> int:
 def run_commands(cli: CliWorker, run_dir: Path, out: Path) -> dict[str, Result]:
     html, trace = out / "report.html", out / "trace.json"
     commands = {
-        "report": ("report", str(run_dir)),
         "report --json": ("report", str(run_dir), "--json"),
-        "report --html": ("report", str(run_dir), "--html", str(html)),
+        "report --html": ("report", str(run_dir), "--html", str(html)),  # the console report, and the HTML
         "trace": ("trace", str(run_dir), "-o", str(trace)),
         "records": ("records", str(run_dir)),
         "records --json": ("records", str(run_dir), "--json"),
