@@ -5,6 +5,7 @@ and torchtitan's own JSONL files (read through goodtrace's torchtitan reader) te
 from __future__ import annotations
 
 import collections
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from goodtrace.analysis import analyze
 from goodtrace.analysis.attempts import COMPLETED
 from goodtrace.read.load import load_run
 from goodtrace.read.sessions import read_run
+from helpers.cli import goodtrace
 from helpers.torchtitan_logs import STEPS, run_trainer
 
 pytestmark = pytest.mark.processes
@@ -47,12 +49,25 @@ def test_the_handler_records_steps_spans_tags_and_the_loss(tmp_path: Path) -> No
     assert event.name == "training_start"
 
 
-def test_torchtitan_s_own_files_read_back_alike(tmp_path: Path) -> None:
+def test_torchtitan_s_own_files_read_back_alike_and_the_recording_beside_them_is_read_first(tmp_path: Path) -> None:
     from goodtrace.read.torchtitan import converted_run
 
-    run_trainer(tmp_path / "out", tmp_path / "run")
-    from_logs = analyze(load_run(converted_run(str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"))))
-    recorded = analyze(load_run(tmp_path / "run"))
+    out = tmp_path / "out"
+    run_trainer(out, out / "goodtrace")  # where the handler writes by default: OUTPUT/goodtrace
+    from_logs = analyze(load_run(converted_run(str(out), cache_dir=str(tmp_path / "cache"))))
+    recorded = analyze(load_run(out / "goodtrace"))
     assert [r.step for r in from_logs.steps] == [r.step for r in recorded.steps]
     assert [r.tags for r in from_logs.steps] == [r.tags for r in recorded.steps]
     assert all(r.host_timed for r in from_logs.steps)
+
+    # `goodtrace report OUTPUT`: the device-timed recording, said so, not the host-timed logs
+    done = goodtrace("report", "--json", str(out), env={"GOODTRACE_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["path"] == str(out)
+    assert not any(row["host_timed"] for row in report["steps"])
+    assert report["warnings"][0].startswith(f"{out} holds torchtitan's structured logs and goodtrace's recording")
+    assert f"goodtrace report {out / 'structured_logs'}" in report["warnings"][0]
+    logs = goodtrace("report", "--json", str(out / "structured_logs"), env={"GOODTRACE_CACHE_DIR": str(tmp_path / "cache")})
+    assert logs.returncode == 0, logs.stderr
+    assert all(row["host_timed"] for row in json.loads(logs.stdout)["steps"])

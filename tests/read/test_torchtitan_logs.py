@@ -45,6 +45,7 @@ def test_the_report_reads_the_logs_as_they_are(logs: Path, tmp_path: Path) -> No
     assert by_step[2]["metrics"]["local_valid_tokens"] == 128 + report["reference_rank"]
     assert all(row["host_timed"] for row in report["steps"])
     assert report["warnings"][0].startswith("read from torchtitan's structured logs: every time in them is the host's")
+    assert "start-up is counted from the logger's first record" in report["warnings"][0]  # the start-up it cannot see
     assert report["stragglers"] and report["stragglers"][0]["rank"] == SLOW_RANK
 
 
@@ -104,3 +105,25 @@ def test_damaged_logs_are_read_with_what_they_hold_and_say_what_was_left_out(log
     assert report["attempts"][0]["ranks"] == 2 and [r["step"] for r in report["steps"]] == list(range(1, STEPS + 1))
     assert sum(report["skipped_lines"].values()) == 1, report["skipped_lines"]
     assert any("skipped" in w for w in report["warnings"]), report["warnings"]
+
+
+def test_logs_without_a_step_span_give_a_step_per_set_step_number(logs: Path, tmp_path: Path) -> None:
+    """torchtitan's RL trainer, or a loop with torchtitan's logger and set_step() only: no
+    `step` span, every record with its step. Each step runs from its first record to its last."""
+    from goodtrace.read.torchtitan import log_files
+
+    copy = tmp_path / "set_step_only" / "structured_logs"
+    copy.mkdir(parents=True)
+    for path in log_files(str(logs)):
+        kept = [line for line in Path(path).read_text().splitlines()
+                if json.loads(line).get("log_type_name") not in ("step_start", "step_end")]
+        (copy / Path(path).name).write_text("\n".join(kept) + "\n")
+    done = goodtrace("report", "--json", str(copy.parent), cache=tmp_path / "cache")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [row["step"] for row in report["steps"]] == list(range(1, STEPS + 1))
+    assert report["attempts"][0]["ended"] == "completed"
+    by_step = {row["step"]: row for row in report["steps"]}
+    assert by_step[4]["overhead_s"]["checkpoint_save"] >= 0.03 and "checkpoint_save" in by_step[4]["tags"]
+    assert any(w.startswith("All of torchtitan's logs time no `step` span") for w in report["warnings"]), \
+        report["warnings"]

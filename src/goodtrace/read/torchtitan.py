@@ -7,11 +7,14 @@ marks a span that raised), instants (``log_trace_instant``), scalars (``metric_v
 record with the step of ``set_step`` and the step's tags, the rank, host and pid, and its time
 (``time.time()`` when the record was logged). :func:`converted_run` turns a directory of them
 into goodtrace segment files in ``$GOODTRACE_CACHE_DIR`` (rebuilt when a source file's size or
-modification time changes): each file one session; the ``step`` span each step's execution;
-the other spans with a category (``fwd_bwd`` compute, ``fetching_batch`` data,
+modification time changes): each file one session; the ``step`` span each step's execution
+(in a file with no ``step`` span, each run of records with one step number, first record to
+last); the other spans with a category (``fwd_bwd`` compute, ``fetching_batch`` data,
 ``checkpoint_save``, ``eval``, ``gc_collect`` gc, ...); scalars metrics; instants events; step
 tags tags; ``torch_distributed_teardown`` ending the process as completed. Nothing in it is
-timed on the device: :data:`CAVEAT` says so wherever the run is shown.
+timed on the device: :data:`CAVEAT` says so wherever the run is shown (with what the
+conversion found: :func:`conversion_notes`). :func:`recorded_beside` finds goodtrace's own
+recording of the same trainer, which the commands read first.
 """
 
 from __future__ import annotations
@@ -28,17 +31,24 @@ from goodtrace import schema
 from goodtrace.read.mirror import mirror_cache_dir
 from goodtrace.record.start_end_spans import STEP_SPAN, TEARDOWN_SPAN, OpenSpans, category_of, edge_of
 
-__all__ = ["CAVEAT", "converted_run", "is_torchtitan_logs", "log_files"]
+__all__ = ["CAVEAT", "conversion_notes", "converted_run", "is_torchtitan_logs", "log_files", "recorded_beside"]
 
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 STATE_FILE = "TORCHTITAN.json"
 FILE_NAME = re.compile(r"^(?P<source>.+)\.global_rank_(?P<rank>\d+)\.(?P<stamp>[^.]+)\.jsonl$")
 METRIC_RECORD = "metric_value"
 CAVEAT = (
     "read from torchtitan's structured logs: every time in them is the host's (torchtitan times its spans on "
     "the host and stamps each record with time.time()), and a step is its `step` span, so under asynchronous "
-    "CUDA dispatch a step ends when the host has queued its work, not when the device has done it"
+    "CUDA dispatch a step ends when the host has queued its work, not when the device has done it; start-up "
+    "is counted from the logger's first record (the logs do not say when the process started), so the "
+    "process's start-up before it (imports, distributed init) is not in the report"
 )
+STEPS_FROM_RECORDS = (
+    "{files} of torchtitan's logs time no `step` span (a loop with set_step() only): each step there runs "
+    "from its first record to its last, by the step number set_step() gave them"
+)
+RECORDED_BESIDE = "goodtrace"  # the handler's run directory in torchtitan's output folder
 
 
 def log_files(path: str) -> list[str]:
@@ -61,6 +71,28 @@ def is_torchtitan_logs(path: str) -> bool:
     if any(name.startswith("rank-") for name in os.listdir(path)):
         return False
     return bool(log_files(path))
+
+
+def recorded_beside(path: str) -> str | None:
+    """goodtrace's own recording of the trainer that wrote the logs in ``path``: the directory
+    goodtrace's torchtitan handler writes by default, ``path/goodtrace``, when it holds rank
+    directories; else None."""
+    run = os.path.join(path, RECORDED_BESIDE)
+    try:
+        return run if any(name.startswith("rank-") for name in os.listdir(run)) else None
+    except OSError:
+        return None
+
+
+def conversion_notes(converted: str) -> tuple[str, ...]:
+    """What the report says of a conversion made by :func:`converted_run`: :data:`CAVEAT`
+    first, then what the conversion itself found (steps taken from the records' numbers)."""
+    try:
+        with open(os.path.join(converted, STATE_FILE)) as file:
+            notes = json.load(file).get("notes") or []
+    except (OSError, ValueError, AttributeError):
+        notes = []
+    return (CAVEAT, *(str(note) for note in notes))
 
 
 def converted_run(path: str, cache_dir: str | None = None) -> str:
@@ -88,6 +120,10 @@ def converted_run(path: str, cache_dir: str | None = None) -> str:
             for record in session.records(world):
                 out.write((record if isinstance(record, str) else json.dumps(record, separators=(",", ":"))) + "\n")
     os.makedirs(building, exist_ok=True)
+    numbered = sum(1 for session in sessions if session.steps_from_records)
+    if numbered:
+        files_text = "all" if numbered == len(sessions) else f"{numbered} of the {len(sessions)}"
+        state["notes"] = [STEPS_FROM_RECORDS.format(files=files_text.capitalize())]
     with open(os.path.join(building, STATE_FILE), "w") as file:
         json.dump(state, file)
     # the old conversion is moved aside, not removed in place: another reader may be reading it
@@ -126,6 +162,11 @@ class _Session:
         self.host = str(first.get("host_name") or "")
         self.pid = int(first.get("pid") or 0)
         self.local_rank = int(first.get("local_rank") or 0)
+        # no `step` span in the file (a loop with set_step() only): its steps from the records' numbers
+        self.steps_from_records = (
+            not any(edge_of(line.get("log_type"), str(line.get("log_type_name") or "")) == ("end", STEP_SPAN)
+                    for line in lines)
+            and any(_step_of(line) is not None for line in lines))
 
     def records(self, world: int) -> Iterator[dict[str, Any] | str]:
         times = [_time_ns(line) for line in self.lines]
@@ -147,16 +188,27 @@ class _Session:
         open_spans: OpenSpans[int] = OpenSpans()  # per task: each open span's t0
         tags: set[tuple[int, str]] = set()
         seq = 0
+        numbered: tuple[int, int, int] | None = None  # steps from the records: the step now, its first and last time
         for line in self.lines:
             name = str(line.get("log_type_name") or "")
             t = _time_ns(line)
-            step = line.get("step") if isinstance(line.get("step"), int) else None
+            step = _step_of(line)
+            edge = edge_of(line.get("log_type"), name)
+            if self.steps_from_records and step is not None and (edge is None or edge.name != TEARDOWN_SPAN):
+                if numbered is not None and numbered[0] != step:  # the step before ended at its last record
+                    yield _step_record(*numbered, seq)
+                    seq += 1
+                    numbered = None
+                numbered = (step, t if numbered is None else numbered[1], t)
+            elif numbered is not None and edge is not None and edge.name == TEARDOWN_SPAN:
+                yield _step_record(*numbered, seq)  # the teardown follows the last step
+                seq += 1
+                numbered = None
             for tag in line.get("step_tags") or ():
                 if step is not None and (step, str(tag)) not in tags:
                     tags.add((step, str(tag)))
                     yield {schema.F_KIND: schema.TAG, schema.F_STEP: step, schema.F_NAME: str(tag), schema.F_T: t}
             task = line.get("task_name")
-            edge = edge_of(line.get("log_type"), name)
             if edge is not None and edge.edge == "start":
                 open_spans.start(task, edge.name, t)
             elif edge is not None and edge.edge == "error":
@@ -168,8 +220,7 @@ class _Session:
                     continue  # its start is not in the file (a torn or rotated log): nothing to time
                 t0, raised = ended
                 if base == STEP_SPAN and step is not None:
-                    yield {schema.F_KIND: schema.STEP, schema.F_STEP: step, schema.F_T0: t0, schema.F_T1: t,
-                           schema.F_SEQ: seq}
+                    yield _step_record(step, t0, t, seq)
                     seq += 1
                     continue
                 yield {schema.F_KIND: schema.SPAN, schema.F_NAME: base, schema.F_CATEGORY: category_of(base),
@@ -185,6 +236,17 @@ class _Session:
             elif line.get("log_type") == "instant" and name:
                 yield {schema.F_KIND: schema.EVENT, schema.F_NAME: name, schema.F_T: t, schema.F_STEP: step,
                        schema.F_ATTRS: None}
+        if numbered is not None:
+            yield _step_record(*numbered, seq)
+
+
+def _step_record(step: int, t0: int, t1: int, seq: int) -> dict[str, Any]:
+    return {schema.F_KIND: schema.STEP, schema.F_STEP: step, schema.F_T0: t0, schema.F_T1: t1, schema.F_SEQ: seq}
+
+
+def _step_of(line: dict[str, Any]) -> int | None:
+    step = line.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _time_ns(line: dict[str, Any]) -> int:
