@@ -7,6 +7,7 @@ after its step: as many names as steps)."""
 from __future__ import annotations
 
 from array import array
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,3 +65,36 @@ def test_span_medians_and_totals_equal_the_plain_computation(tl: SessionTimeline
     assert found == {name: ns for name, ns in totals.items() if name in found}
     present = {tl.names[code] for step, code in zip(tl.span_step, tl.span_name, strict=True) if step in asked}
     assert set(found) == present
+
+
+def test_a_checkpoint_after_the_step_s_completion_goes_with_its_time(tmp_path: Path) -> None:
+    """A checkpoint inside step 4's block, after its completion (torchtitan's trainer; any loop
+    that saves after complete_on): its time is step 5's interval (semantics, section 2), and so
+    are its tag and its span in the anomalies; step 4's own slow compute stays step 4's."""
+    from goodtrace.analysis import analyze
+    from helpers.builders import Proc, load
+
+    proc = Proc(tmp_path / "run")
+    t = 0.0
+    for k in range(10):
+        compute = 0.9 if k == 4 else 0.5  # step 4: slow (an anomaly)
+        proc.step(k, t, t + 0.1 + compute)
+        proc.span("fwd", t + 0.1, t + 0.1 + compute, cat="compute", step=k)
+        proc.sync(k, t + 0.1 + compute + 0.4, how="poll")
+        end = t + 0.1 + compute + 0.4
+        if k == 4:  # saved after the completion was settled, still inside step 4's block
+            proc.span("checkpoint", end + 0.01, end + 0.31, cat="checkpoint_save", step=4)
+            proc.tag(4, "checkpoint_save", end + 0.02)
+            proc.tag(4, "slow_batch", t + 0.2)  # recorded inside step 4's interval: stays
+            end += 0.31
+        t = end
+    proc.finish(t + 0.1).write()
+    analysis = analyze(load(tmp_path / "run"))
+    rows = {row.step: row for row in analysis.steps}
+    assert rows[5].overhead_s["checkpoint_save"] == pytest.approx(0.3)
+    assert rows[5].tags == ("checkpoint_save",) and rows[4].tags == ("slow_batch",)
+    (anomaly,) = analysis.anomalies
+    assert anomaly.step == 4
+    assert not any("checkpoint" in label for label in anomaly.overlapped), anomaly.overlapped
+    assert any(label.startswith("span:fwd 0.900s") for label in anomaly.overlapped), anomaly.overlapped
+    assert "tag:slow_batch" in anomaly.overlapped

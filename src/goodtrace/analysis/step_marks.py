@@ -1,15 +1,25 @@
 """A session's marks by step: its tags and metric values, its events, and its spans' time per
-name and step (the step table's rows and their anomalies read them), as columns sorted by step."""
+name and step (the step table's rows and their anomalies read them), as columns sorted by step.
+
+A tag, or a span's time, belongs to the step it was recorded in, except where it lies inside an
+overhead span after that step's interval ended (a checkpoint inside step N's block, after its
+completion, is in step N+1's interval: semantics, section 2): it then goes with the step whose
+interval holds it, so a row's tags and its overhead, and an anomaly's spans and its interval,
+agree (:func:`placed_steps`)."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from goodtrace import schema
 from goodtrace.read.loaded import SessionTimeline
 
-__all__ = ["StepMarks"]
+if TYPE_CHECKING:
+    from goodtrace.analysis.cut import SessionCut
+
+__all__ = ["StepMarks", "placed_steps"]
 
 _DEVICE_KEYS = (schema.DEVICE_BUSY_METRIC, "device_time_s")
 
@@ -18,17 +28,20 @@ class StepMarks:
     """One session's tags and metric values by step (columns sorted by step, time order kept
     within a step), and its spans' time per name and step, for the step table and anomalies."""
 
-    def __init__(self, tl: SessionTimeline) -> None:
+    def __init__(self, tl: SessionTimeline, cut: SessionCut | None = None) -> None:
         import numpy as np
 
         self.tl = tl
-        tag_steps = np.frombuffer(tl.tag_step, dtype=np.int64)
+        tag_steps = placed_steps(tl.tag_step, tl.tag_t, cut)
         self._tag_order = np.argsort(tag_steps, kind="stable")
         self._tag_steps = tag_steps[self._tag_order]
         metric_steps = np.frombuffer(tl.metric_step, dtype=np.int64)
         self._metric_order = np.argsort(metric_steps, kind="stable")
         self._metric_steps = metric_steps[self._metric_order]
-        self._span_steps = np.frombuffer(tl.span_step, dtype=np.int64)
+        self._span_steps = np.frombuffer(tl.span_step, dtype=np.int64)  # the medians: by the step recorded
+        placed = placed_steps(tl.span_step, tl.span_first, cut)  # the totals: by where the time lies
+        self._placed_span_order = np.argsort(placed, kind="stable")
+        self._placed_span_steps = placed[self._placed_span_order]
         self._span_medians: dict[str, float] | None = None
         self._events: dict[int, list[str]] | None = None
         self._rank: dict[int, int] | None = None
@@ -112,8 +125,8 @@ class StepMarks:
         first appearance: a run may have as many names as steps, so not all of them each time)."""
         took: dict[int, int] = {}
         for step in steps:
-            lo, hi = self._range(self._span_steps, step)
-            for j in range(lo, hi):
+            lo, hi = self._range(self._placed_span_steps, step)
+            for j in self._placed_span_order[lo:hi].tolist():
                 code = self.tl.span_name[j]
                 took[code] = took.get(code, 0) + self.tl.span_ns[j]
         rank = self._name_rank()
@@ -176,6 +189,49 @@ class StepMarks:
         lo = sorted_steps.searchsorted(steps, side="left")
         hi = sorted_steps.searchsorted(steps, side="right")
         return zip(lo.tolist(), hi.tolist(), strict=True)
+
+
+def placed_steps(steps: Any, times: Any, cut: SessionCut | None) -> Any:
+    """The step each mark goes with (an int64 column; ``steps`` as recorded, ``times`` when the
+    mark was recorded, or its span's first start): its own, but where the mark lies inside one
+    of ``cut``'s main-thread overhead spans, in a step interval after the interval of the
+    execution it was recorded in (its step, entered last before it), the step of the interval
+    that holds it. A mark in the host's lead (before its step's interval) keeps its step."""
+    import numpy as np
+
+    placed = np.array(_ints_of(steps))  # a copy
+    if cut is None or not len(placed) or not len(cut.over_start) or not cut.intervals or len(times) != len(placed):
+        return placed
+    t = _ints_of(times)
+    over_start, over_end = _ints_of(cut.over_start), _ints_of(cut.over_end)
+    o = np.searchsorted(over_start, t, side="right") - 1
+    inside = (o >= 0) & (t <= over_end[np.maximum(o, 0)])
+    candidates = np.flatnonzero(inside)
+    if not len(candidates):
+        return placed
+    t = t[candidates]
+    interval_start, interval_end = _ints_of(cut.interval_start), _ints_of(cut.interval_end)
+    holding = np.searchsorted(interval_end, t, side="right")  # a time at an interval's end: the next one's
+    holding_ok = holding < len(interval_end)
+    holding = np.minimum(holding, len(interval_end) - 1)
+    holding_ok &= interval_start[holding] <= t
+    exec_t0, exec_step, exec_interval = _ints_of(cut.exec_t0), _ints_of(cut.exec_step), _ints_of(cut.exec_interval)
+    entered = np.searchsorted(exec_t0, t, side="right") - 1
+    entered_ok = entered >= 0
+    entered = np.maximum(entered, 0)
+    own = exec_interval[entered]
+    move = (holding_ok & entered_ok & (exec_step[entered] == placed[candidates]) & (own >= 0)
+            & (holding > own))
+    if bool(move.any()):
+        first = _ints_of(cut.interval_first)
+        placed[candidates[move]] = exec_step[first[holding[move]]]
+    return placed
+
+
+def _ints_of(column: Any) -> Any:
+    import numpy as np
+
+    return np.frombuffer(column, dtype=np.int64) if isinstance(column, array) else np.asarray(column, dtype=np.int64)
 
 
 _FEW_NAMES = 16  # span names up to which their medians are taken name by name (else from one sort)

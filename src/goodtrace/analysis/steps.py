@@ -128,7 +128,8 @@ class StepTable(Sequence[StepRow]):
         import numpy as np
 
         self._intervals = intervals
-        self._marks = {session: StepMarks(tl) for session, tl in marks.items()}
+        cuts = {segment.cut.session: segment.cut for segment in intervals.segments}
+        self._marks = {session: StepMarks(tl, cuts.get(session)) for session, tl in marks.items()}
         self._job_start = job_start
         segment_of, interval_of, position, step_time, productive = [], [], [], [], []
         for k, segment in enumerate(intervals.segments):

@@ -266,12 +266,14 @@ class SessionTimeline:
     names: tuple[str, ...] = ()  # the names the *_name columns hold codes of
     tag_step: array[int] = dataclasses.field(default_factory=_ints)
     tag_name: array[int] = dataclasses.field(default_factory=_codes)
+    tag_t: array[int] = dataclasses.field(default_factory=_ints)  # when each tag was recorded
     metric_step: array[int] = dataclasses.field(default_factory=_ints)
     metric_name: array[int] = dataclasses.field(default_factory=_codes)
     metric_value: array[float] = dataclasses.field(default_factory=_floats)
     span_step: array[int] = dataclasses.field(default_factory=_ints)
     span_name: array[int] = dataclasses.field(default_factory=_codes)
     span_ns: array[int] = dataclasses.field(default_factory=_ints)
+    span_first: array[int] = dataclasses.field(default_factory=_ints)  # the first start of the name in the step
     span_names: tuple[str, ...] = ()  # the span names in order of first appearance
     flops: list[float] = dataclasses.field(default_factory=list)  # flops_per_step metric values
     # name, t, step, attributes (a JSON object, when small)

@@ -143,12 +143,13 @@ def _timeline(detail: DetailColumns) -> SessionTimeline:
     def codes(values: Any) -> array[int]:
         return column_file.array_of(np.asarray(values, dtype=np.int32), "i")
 
-    tl.tag_step, tl.tag_name = int_column(tags["step"]), codes(tags["name"])
+    tl.tag_step, tl.tag_name, tl.tag_t = int_column(tags["step"]), codes(tags["name"]), int_column(tags["t"])
     del tags
     tl.metric_step, tl.metric_name = int_column(metrics["step"]), codes(metrics["name"])
     tl.metric_value = column_file.array_of(np.asarray(metrics["value"], dtype=np.float64), "d")
     del metrics
     tl.span_step, tl.span_ns, tl.span_name = int_column(spans.pop("step")), int_column(spans.pop("ns")), codes(spans["name"])
+    tl.span_first = int_column(spans["first"])
     # in order of first appearance in time, then of the name (codes sort as names): each name's
     # earliest start, from a pass over the rows, not a sort of them (millions: a row per step)
     first = np.full(len(detail.names), np.iinfo(np.int64).max, dtype=np.int64)
