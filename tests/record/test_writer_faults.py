@@ -32,17 +32,20 @@ from helpers.children import ReportingChild
 from helpers.loops import oversleep
 
 FLUSH_S = 0.5
-RING_SLACK_S = 0.05  # the ring file's promise: a kill loses at most this (the time since the last append)
 
 # A loop recording `rate` records/s (a step and 19 spans per step), optionally with a 1-byte
 # write per step (the system call that starved the old writer). Every 50 ms it prints the
 # longest chunk its writer has needed so far (encode + storage call), for the parent's bound.
 RATE_CHILD = textwrap.dedent(
     """
-    import os, sys, time
+    import mmap, os, sys, time
     import goodtrace as gt
     run_dir, rate, per_step, flush = sys.argv[1], float(sys.argv[2]), sys.argv[3], float(sys.argv[4])
     syscall = per_step != "-"
+    with open(run_dir + ".progress", "w+b") as file:  # the steps it has ended, read after the kill
+        file.write(bytes(8))
+        file.flush()
+        progress = mmap.mmap(file.fileno(), 8)
     rec = gt.init(run_dir, flush_interval_s=flush)
     stats = rec.writer.stats
     fd = os.open(os.devnull, os.O_WRONLY)
@@ -60,6 +63,7 @@ RATE_CHILD = textwrap.dedent(
                     pass
         n += 20
         step += 1
+        progress[:8] = step.to_bytes(8, "little")  # steps 0 .. step - 1 have ended: their records appended
         if syscall:
             os.write(fd, b"x")
             if per_step == "f":
@@ -83,8 +87,8 @@ def _longest_chunk(reports: list[str]) -> float:
     return max((float(line.split()[0]) for line in list(reports) if line.strip()), default=0.0)
 
 
-def newest_record_ns(run_dir: str) -> int:
-    """The end time of the newest complete span/step line (only the last segment's tail)."""
+def newest_step(run_dir: str) -> int:
+    """The number of the newest complete step line (only the last segment's tail), -1 for none."""
     paths = sorted(glob.glob(f"{run_dir}/rank-*/*.jsonl"))
     assert paths, "no segment was written"
     with open(paths[-1], "rb") as handle:
@@ -92,12 +96,12 @@ def newest_record_ns(run_dir: str) -> int:
         size = handle.tell()
         handle.seek(max(0, size - (1 << 20)))
         tail = handle.read()
-    newest = 0
+    newest = -1
     for line in tail.split(b"\n")[1:-1]:  # first may be cut by the seek, last may be torn
         with contextlib.suppress(ValueError):
             record = json.loads(line)
-            if isinstance(record.get("t1"), int):
-                newest = max(newest, record["t1"])
+            if record.get("kind") == "step" and isinstance(record.get("step"), int):
+                newest = max(newest, record["step"])
     return newest
 
 
@@ -121,9 +125,9 @@ def heartbeat_monos(run_dir: str) -> list[int]:
 @pytest.mark.processes
 def test_sigkill_loses_at_most_one_interval_plus_one_chunk(tmp_path: Path, rate: int, per_step: str) -> None:
     """Whatever the loop does per step (nothing, a system call, an fsync), the native writer
-    loses nothing that reached its ring (recovered by the reader: the newest record within
-    50 ms of the kill), or the Python one, where it was not built, at most one interval plus one
-    chunk; heartbeats keep their cadence either way."""
+    loses nothing that reached its ring (recovered by the reader: every step the child had
+    ended, as it counted them in a shared page), or the Python one, where it was not built, at
+    most one interval plus one chunk; heartbeats keep their cadence either way."""
     rng = random.Random(rate + ord(per_step))
     for kill in range(2):
         run_dir = str(tmp_path / f"run-{kill}")
@@ -140,25 +144,33 @@ def test_sigkill_loses_at_most_one_interval_plus_one_chunk(tmp_path: Path, rate:
         # two heartbeats are due even then), as measured so far, and at most a minute.
         while time.monotonic() - recording < min(60.0, 2 * (FLUSH_S + 2 * _longest_chunk(reports) + 2 * late)):
             late = max(late, oversleep(5))
-        t_kill = time.perf_counter_ns()
         child.kill()
         chunk_s = max(float(line.split()[0]) for line in reports)
         records = int(reports[-1].split()[1])
-        on_disk_s = (t_kill - newest_record_ns(run_dir)) / 1e9
+        ended = int.from_bytes(Path(run_dir + ".progress").read_bytes()[:8], "little")  # steps 0 .. ended - 1
+        on_disk = newest_step(run_dir)
         ring = glob.glob(f"{run_dir}/rank-*/*.ring")
         problems: list[str] = []
         list_segments(run_dir, problems, in_place=True)  # compact's recovery of the dead process's ring
-        lost_s = (t_kill - newest_record_ns(run_dir)) / 1e9
-        # One interval, plus one chunk (twice the longest this writer needed: the last one may be
-        # slower than any it reported), plus the scheduler's lateness and a GIL hand-over each
-        # way, all measured in this run. With the ring in a file (the native writer), whatever
-        # reached the ring is recovered: 50 ms, plus the same lateness and hand-overs.
-        slack = 2 * late + 2 * sys.getswitchinterval()
-        bound = (RING_SLACK_S if ring else FLUSH_S + 2 * chunk_s) + slack
-        print(f"rate {rate}/s per step {per_step}: {records} records, lost {lost_s:.3f} s ({on_disk_s:.3f} s "
-              f"before the ring's recovery), bound {bound:.3f} s")
-        assert lost_s <= bound, f"lost {lost_s:.3f} s of records at {rate}/s (bound {bound:.3f} s)"
+        # What was lost, in the recording's own time: the steps that had ended (their records
+        # appended) and are not in the files, at the child's rate of 20 records a step. Counted
+        # in steps, not from the kill's time: a child the scheduler (or an fsync) held off
+        # appended nothing meanwhile, and lost nothing.
+        lost_steps = ended - 1 - newest_step(run_dir)
+        lost_s = lost_steps * 20 / rate
+        print(f"rate {rate}/s per step {per_step}: {records} records, {ended} steps ended, lost {lost_steps} "
+              f"({lost_s:.3f} s; {ended - 1 - on_disk} before the ring's recovery)")
         assert bool(ring) == (fastpath.native is not None)
+        # With the ring in a file (the native writer), whatever reached the ring is recovered:
+        # every step that ended. Without it (the Python writer), at most one interval plus one
+        # chunk (twice the longest this writer needed: the last one may be slower than any it
+        # reported), plus the scheduler's lateness and a GIL hand-over each way, all measured here.
+        slack = 2 * late + 2 * sys.getswitchinterval()
+        if ring:
+            assert lost_steps <= 0, f"lost {lost_steps} ended steps at {rate}/s although the ring held them"
+        else:
+            bound = FLUSH_S + 2 * chunk_s + slack
+            assert lost_s <= bound, f"lost {lost_s:.3f} s of records at {rate}/s (bound {bound:.3f} s)"
         assert not glob.glob(f"{run_dir}/rank-*/*.ring")
         bound = FLUSH_S + 2 * chunk_s + slack
         # Heartbeats on time whatever the producer does: no gap between two longer than the same bound.
