@@ -98,3 +98,24 @@ def test_a_checkpoint_after_the_step_s_completion_goes_with_its_time(tmp_path: P
     assert not any("checkpoint" in label for label in anomaly.overlapped), anomaly.overlapped
     assert any(label.startswith("span:fwd 0.900s") for label in anomaly.overlapped), anomaly.overlapped
     assert "tag:slow_batch" in anomaly.overlapped
+
+
+def test_a_tag_at_the_end_of_its_step_s_own_checkpoint_stays_with_it(tmp_path: Path) -> None:
+    """Host-timed steps (torchtitan's logs): the checkpoint inside step 4's span, its tag on its
+    last record, at the instant step 4 ends. The span starts in step 4's interval: the tag stays."""
+    from goodtrace.analysis import analyze
+    from helpers.builders import Proc, load
+
+    proc = Proc(tmp_path / "run")
+    for k in range(6):
+        t = float(k)
+        end = t + (0.9 if k == 4 else 0.5)
+        if k == 4:
+            proc.span("checkpoint", t + 0.5, end, cat="checkpoint_save", step=4)
+            proc.tag(4, "checkpoint_save", end)
+        proc.step(k, t, end)
+        proc.sync(k, end, how="exit")
+    proc.finish(6.0).write()
+    rows = {row.step: row for row in analyze(load(tmp_path / "run")).steps}
+    assert rows[4].overhead_s["checkpoint_save"] == pytest.approx(0.4)
+    assert rows[4].tags == ("checkpoint_save",) and rows[5].tags == ()

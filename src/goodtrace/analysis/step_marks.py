@@ -194,9 +194,10 @@ class StepMarks:
 def placed_steps(steps: Any, times: Any, cut: SessionCut | None) -> Any:
     """The step each mark goes with (an int64 column; ``steps`` as recorded, ``times`` when the
     mark was recorded, or its span's first start): its own, but where the mark lies inside one
-    of ``cut``'s main-thread overhead spans, in a step interval after the interval of the
-    execution it was recorded in (its step, entered last before it), the step of the interval
-    that holds it. A mark in the host's lead (before its step's interval) keeps its step."""
+    of ``cut``'s main-thread overhead spans, and that span starts in a step interval after the
+    interval of the execution the mark was recorded in (its step, entered last before it), the
+    step of the interval that holds the span's start (a span starting at an interval's end is
+    the next interval's). A mark in the host's lead (before its step's interval) keeps its step."""
     import numpy as np
 
     placed = np.array(_ints_of(steps))  # a copy
@@ -210,11 +211,12 @@ def placed_steps(steps: Any, times: Any, cut: SessionCut | None) -> Any:
     if not len(candidates):
         return placed
     t = t[candidates]
+    start = over_start[o[candidates]]  # the overhead span the mark lies in: where it starts
     interval_start, interval_end = _ints_of(cut.interval_start), _ints_of(cut.interval_end)
-    holding = np.searchsorted(interval_end, t, side="right")  # a time at an interval's end: the next one's
+    holding = np.searchsorted(interval_end, start, side="right")
     holding_ok = holding < len(interval_end)
     holding = np.minimum(holding, len(interval_end) - 1)
-    holding_ok &= interval_start[holding] <= t
+    holding_ok &= interval_start[holding] <= start
     exec_t0, exec_step, exec_interval = _ints_of(cut.exec_t0), _ints_of(cut.exec_step), _ints_of(cut.exec_interval)
     entered = np.searchsorted(exec_t0, t, side="right") - 1
     entered_ok = entered >= 0
