@@ -1,8 +1,11 @@
 """A rank's slowdown on the live line (record/live/slowdown.py), on real gloo ranks: the rank
-whose compute grows 30% from step 15 is named by rank 0's printed line a few log steps after
-the onset, with the onset and the size, as the report names it; a uniform run's lines name
-nobody. Compute is a busy loop until a deadline (a device of known speed), as in
-test_no_false_alarms.py.
+whose compute doubles from step 15 is named by rank 0's printed line a few log steps after the
+onset, with the onset and the size, as the report names it; a uniform run's lines name nobody.
+Compute is a busy loop until a deadline (a device of known speed), as in
+test_no_false_alarms.py. The rule's threshold (a 30% slowdown named, noise and 5% shifts not)
+is tested on synthetic series (tests/analysis/test_slowdown.py, and the live parts driven by
+hand in tests/record/test_live_slowdown_parts.py); here the slowdown is one that no scheduler's
+noise can hide: 30% was lost in it with two suites on two cores.
 
 Each rank records how long its step bodies really took (helpers/step_truth.py): on the uniform
 run a rank may be named only where that truth shows it slower beyond the others."""
@@ -83,16 +86,16 @@ def _named(lines: list[str]) -> list[tuple[int, re.Match[str]]]:
             if line.startswith("step ") and (m := LINE.search(line)) is not None]
 
 
-def test_the_live_line_names_a_rank_whose_compute_grows_30_percent_from_step_15(tmp_path: Path) -> None:
+def test_the_live_line_names_a_rank_whose_compute_doubles_from_step_15(tmp_path: Path) -> None:
     """Two ranks, as the report's own test (test_no_false_alarms.py): four busy ranks on this
     machine's two cores wait for a core often enough that neither the report nor the line can
-    tell 30% from their noise in 45 steps."""
+    tell a slowdown from their noise in 45 steps."""
     from goodtrace.analysis import analyze
     from goodtrace.read.load import load_run
 
     world = 2
     slow = world - 1
-    lines, run_dir = _lines(tmp_path, world, slow, 1.3)
+    lines, run_dir = _lines(tmp_path, world, slow, 2.0)
     steps = [int(line.split(" ", 2)[1]) for line in lines if line.startswith("step ")]
     named = [(step, LINE.search(line)) for step, line in zip(steps, [x for x in lines if x.startswith("step ")],
                                                               strict=True)]
@@ -100,9 +103,9 @@ def test_the_live_line_names_a_rank_whose_compute_grows_30_percent_from_step_15(
     assert first is not None, lines
     step, match = first
     rank, percent, onset, host = int(match[1]), int(match[2]), int(match[3]), match[4]
-    # the size is the busy time's (30% on a quiet machine; 17% was seen with the first steps
-    # slowed by the load of other suites): at least the rule's 10%
-    assert rank == slow and abs(onset - ONSET) <= 3 and 10 <= percent <= 45, lines
+    # the size is the busy time's (100% on a quiet machine; less where the load slowed the
+    # steps before the onset too): at least the rule's 10%, and no more than the doubling
+    assert rank == slow and abs(onset - ONSET) <= 3 and 10 <= percent <= 150, lines
     # a few log steps after the onset: 10 steps at the new level, then one log interval for the others' change
     assert step <= ONSET + 10 + 3 * LOG_EVERY, lines
     assert host != "?"  # the rank's host name travelled with its vectors
