@@ -113,14 +113,15 @@ def test_an_uncaught_exception_is_a_crash_named_by_its_type(tmp_path: Path) -> N
 
 
 def test_nothing_compiles_in_an_eager_loop_so_nothing_is_compile(tmp_path: Path) -> None:
-    run_dir, _, report = run_shape("sleep_only", tmp_path)
+    run_dir, truth, report = run_shape("sleep_only", tmp_path)
     b = buckets(report)
     assert "compile" not in b
     # the first step is no slower than the others beyond noise: no warm-up either (or, on a
-    # machine that woke the first step late, a warm-up named as inferred, never compile)
+    # machine that woke the first step late, a warm-up named as inferred, never compile, no
+    # longer than that lateness, as the child measured it)
     if "warmup" in b:
         assert any("warm-up is inferred" in w for w in report["warnings"])
-        assert b["warmup"] < 30 * MS
+        assert b["warmup"] < 30 * MS + bound_ns(truth)
     assert_views_agree(run_dir)
 
 
@@ -128,12 +129,16 @@ def test_a_data_stall_lands_on_the_step_that_waited(tmp_path: Path) -> None:
     def check(truth: dict[str, Any], report: dict[str, Any]) -> list[str]:
         b = bound_ns(truth)
         rows = {r["step"]: r for r in report["steps"]}
-        stall = truth["marks"]["stall"][1] - truth["marks"]["stall"][0]
+        stall_t0, stall_t1 = truth["marks"]["stall"]
+        stall = stall_t1 - stall_t0
         ends = done_ns(truth)  # kernel k is step k's
-        misses = []
         # The truth: step 5's kernel ends early in the stall, step 6's 10 ms after it, so step
         # 6 holds the stall (less the part step 5's kernel overlapped) and step 5 only 10 ms.
-        assert ends[6] - ends[5] >= stall - 10 * MS, "the loop did not stall in step 6"
+        # Under load step 5's kernel may end later in the stall (26 ms in was seen); a run where
+        # the device waited less than half the stall does not show the case: run it again.
+        if not ends[5] + stall // 2 <= stall_t1 < ends[6]:
+            return [f"the device waited {(stall_t1 - ends[5]) / 1e6:.1f} ms of the {stall / 1e6:.1f} ms stall"]
+        misses = []
         for k in (5, 6):
             if abs(rows[k]["step_time_s"] * 1e9 - (ends[k] - ends[k - 1])) > b:
                 misses.append(f"step {k} {rows[k]['step_time_s'] * 1e3:.1f} ms, device "
