@@ -80,8 +80,7 @@ class MaxTextRecorder:
     """What ``create_goodput_recorder(config)`` returns under goodtrace: MaxText's goodput events
     as goodtrace's steps and spans (see the module's docstring)."""
 
-    def __init__(self, run_dir: str | None = None) -> None:
-        self.run_dir = run_dir
+    def __init__(self) -> None:
         self._step: Any = None
         self._step_scope = ExitStack()
         self._spans: dict[str, ExitStack] = {}
@@ -197,14 +196,11 @@ def install(run_dir: str) -> None:
         if not callable(getattr(logger, method, None)):
             raise _moved(f"maxtext.common.metric_logger.MetricLogger.{method}")
 
-    made: list[MaxTextRecorder] = []
-
     def create_goodput_recorder(config: Any) -> MaxTextRecorder:
         if not gt.is_enabled():
             gt.init(run_dir)
             _announce(config)
-        made.append(MaxTextRecorder(run_dir))
-        return made[-1]
+        return MaxTextRecorder()
 
     def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
         with gt.span("checkpoint", category=schema.CHECKPOINT_SAVE):
