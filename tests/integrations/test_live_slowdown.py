@@ -113,7 +113,8 @@ def test_the_live_line_names_a_rank_whose_compute_doubles_from_step_15(tmp_path:
         named, [x for x in lines if x.startswith("step ")], strict=True) if m is not None)
     assert {int(m[1]) for _, m in named if m is not None} == {slow}  # nobody else, ever
     (report,) = analyze(load_run(run_dir)).slowdowns  # the report says the same
-    assert report.rank == slow and abs(report.onset_step - onset) <= 3
+    assert (report.rank, report.measure) == (slow, "compute") and abs(report.onset_step - onset) <= 3
+    assert f"computes {report.increase:.0%} slower since step {report.onset_step}" in report.reason
 
 
 def test_a_uniform_run_s_live_lines_name_nobody(tmp_path: Path) -> None:
