@@ -1,8 +1,11 @@
 """A slow rank is named even when a collective inside the step makes every rank finish the step
-together: two real gloo ranks train a DDP model; rank 1 computes 25% slower (its forward and
-backward take 1.25x as long), and DDP's gradient all-reduce inside ``backward`` makes rank 0
-wait for it, so both ranks' steps end at the same instant and their compute spans (which hold
-the wait) come out alike. The report must still name rank 1, from where its time goes."""
+together: two real gloo ranks train a DDP model; rank 1 computes at half speed (its forward
+and backward take twice as long), and DDP's gradient all-reduce inside ``backward`` makes rank
+0 wait for it, so both ranks' steps end at the same instant and their compute spans (which
+hold the wait) come out alike. The report must still name rank 1, from where its time goes.
+The rule's threshold (a rank doing 25% more work named, noise not) is tested on synthetic
+records with a loaded machine's noise (tests/analysis/test_straggler_noise.py): with three
+suites on two cores, 25% here was lost in the scheduler's noise."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ pytestmark = pytest.mark.processes
 torch = pytest.importorskip("torch")
 
 STEPS = 24
-FORWARD_S, BACKWARD_S, SLOWER = 0.040, 0.020, 1.25
+FORWARD_S, BACKWARD_S, SLOWER = 0.040, 0.020, 2.0
 
 
 def _spin(seconds: float) -> None:
@@ -72,7 +75,7 @@ def test_a_slow_rank_is_named_when_a_collective_makes_every_rank_finish_together
     # both ranks' steps take as long (the all-reduce evens them out)...
     medians = [figures[r]["step_time_median_s"] for r in (0, 1)]
     assert abs(medians[0] - medians[1]) < 0.1 * max(medians)
-    # ...but rank 1 enters backward (where the all-reduce is) ~10 ms after rank 0, every step
+    # ...but rank 1 enters backward (where the all-reduce is) ~40 ms after rank 0, every step
     assert [s["rank"] for s in report["stragglers"]] == [1], report["stragglers"]
     assert figures[1]["late_span"] == "backward"
     assert figures[1]["start_lateness_s"] > 0.5 * FORWARD_S * (SLOWER - 1)
