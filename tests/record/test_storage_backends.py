@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -31,9 +32,13 @@ FLUSH_S = 0.25
 # (encode + storage call: append or upload) so far, for the parent's bound.
 KILL_CHILD = textwrap.dedent(
     """
-    import sys, time
+    import mmap, sys, time
     import goodtrace as gt
-    run_dir, flush = sys.argv[1], float(sys.argv[2])
+    run_dir, flush, progress_path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    with open(progress_path, "w+b") as file:  # the steps it has ended, read after the kill
+        file.write(bytes(8))
+        file.flush()
+        progress = mmap.mmap(file.fileno(), 8)
     rec = gt.init(run_dir, flush_interval_s=flush, remote_upload_interval_s=flush)
     stats = rec.writer.stats
     next_report = 0.0
@@ -44,6 +49,7 @@ KILL_CHILD = textwrap.dedent(
                 with gt.span("fwd"):
                     pass
         step += 1
+        progress[:8] = step.to_bytes(8, "little")  # steps 0 .. step - 1 have ended
         time.sleep(0.001)
         if time.monotonic() >= next_report:
             next_report = time.monotonic() + 0.05
@@ -65,8 +71,13 @@ def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
 
 
 def _kill_and_measure(run_dir: str, env: dict[str, str]) -> tuple[float, float]:
-    """Run the child, SIGKILL it after a few intervals; (seconds lost, the bound this run allows)."""
-    child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, run_dir, str(FLUSH_S)],
+    """Run the child, SIGKILL it after a few intervals; (seconds lost, the bound this run allows).
+    The loss is counted in the steps the child had ended that are not in the run, at the run's
+    own time per step, not from the kill's time: a child the scheduler held off appended
+    nothing meanwhile, and lost nothing."""
+    progress = tempfile.NamedTemporaryFile(suffix=".progress", delete=False)  # noqa: SIM115
+    progress.close()
+    child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, run_dir, str(FLUSH_S), progress.name],
                              stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
     assert child.stdout is not None
     assert child.stdout.readline(), "the child did not start"
@@ -75,16 +86,18 @@ def _kill_and_measure(run_dir: str, env: dict[str, str]) -> tuple[float, float]:
     reader.start()
     late = oversleep()
     time.sleep(6 * FLUSH_S)
-    t_kill = time.perf_counter_ns()
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
     reader.join(timeout=30)
     child.stdout.close()
+    ended = int.from_bytes(Path(progress.name).read_bytes()[:8], "little")  # steps 0 .. ended - 1
+    os.unlink(progress.name)
     chunk_s = max(float(line.split()[0]) for line in reports)
     (session,) = read_run(run_dir).sessions
     assert session.finish is None
-    newest = max(r["t1"] for r in session.records if r["kind"] in ("span", "step"))
-    lost = (t_kill - newest) / 1e9
+    steps = [r for r in session.records if r["kind"] == "step"]
+    per_step_s = (steps[-1]["t1"] - steps[0]["t0"]) / 1e9 / len(steps)
+    lost = (ended - 1 - max(r["step"] for r in steps)) * per_step_s
     return lost, FLUSH_S + 2 * chunk_s + 2 * late + 2 * sys.getswitchinterval()
 
 
