@@ -18,7 +18,13 @@ from goodtrace.read.engine import Engine, workers_from_environment
 from goodtrace.read.load import LoadError, NotARunError, load_run
 from goodtrace.read.loaded import LoadedRun
 from goodtrace.read.mirror import RemoteReadError
-from goodtrace.read.torchtitan import conversion_notes, converted_run, is_torchtitan_logs, recorded_beside
+from goodtrace.read.torchtitan import (
+    conversion_notes,
+    converted_run,
+    is_torchtitan_logs,
+    recorded_beside,
+    recorded_note,
+)
 from goodtrace.record.io.storage import is_url, local_path, missing_path
 from goodtrace.record.process import pid_alive
 
@@ -82,17 +88,6 @@ def collect_less_often() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
-def torchtitan_recording_read(typed: str, recorded: str) -> str:
-    """The note of a report of torchtitan's output folder that holds goodtrace's own recording."""
-    here = os.path.join(typed, os.path.basename(recorded))
-    logs = os.path.join(typed, "structured_logs")
-    in_folder = os.path.isdir(os.path.join(os.path.dirname(recorded), "structured_logs"))
-    other = f"`goodtrace report {logs}` reads the logs instead" if in_folder else "the logs alone read as they are"
-    return (f"{typed} holds torchtitan's structured logs and goodtrace's recording of the same trainer ({here}, "
-            f"written by goodtrace's torchtitan handler): this is that recording, its steps timed on the device; "
-            f"{other}")
-
-
 def load_and_analyse(run_dir: str, engine: Engine | None = None, *, tune_process: bool = True,
                      **options: Any) -> tuple[LoadedRun, RunAnalysis]:
     """The run and its analysis, read where ``engine`` says (``options``:
@@ -115,7 +110,7 @@ def load_and_analyse(run_dir: str, engine: Engine | None = None, *, tune_process
     if not is_url(run_dir) and is_torchtitan_logs(local_path(run_dir)):
         recorded = recorded_beside(local_path(run_dir))
         if recorded is not None:  # goodtrace's handler recorded the trainer that wrote the logs: its run
-            notes = (torchtitan_recording_read(typed, recorded),)
+            notes = (recorded_note(typed, recorded),)
             run_dir = recorded
         else:  # the logs, read as they are, converted once
             try:

@@ -31,7 +31,8 @@ from goodtrace import schema
 from goodtrace.read.mirror import mirror_cache_dir
 from goodtrace.record.start_end_spans import STEP_SPAN, TEARDOWN_SPAN, OpenSpans, category_of, edge_of
 
-__all__ = ["CAVEAT", "conversion_notes", "converted_run", "is_torchtitan_logs", "log_files", "recorded_beside"]
+__all__ = ["CAVEAT", "conversion_notes", "converted_run", "is_torchtitan_logs", "log_files", "recorded_beside",
+           "recorded_note"]
 
 CONVERTER_VERSION = 2
 STATE_FILE = "TORCHTITAN.json"
@@ -82,6 +83,18 @@ def recorded_beside(path: str) -> str | None:
         return run if any(name.startswith("rank-") for name in os.listdir(run)) else None
     except OSError:
         return None
+
+
+def recorded_note(typed: str, recorded: str) -> str:
+    """What a report of torchtitan's output folder ``typed`` (as the user typed it) says when it
+    reads :func:`recorded_beside`'s recording ``recorded`` instead of the logs."""
+    here = os.path.join(typed, os.path.basename(recorded))
+    logs = os.path.join(typed, "structured_logs")
+    in_folder = os.path.isdir(os.path.join(os.path.dirname(recorded), "structured_logs"))
+    other = f"`goodtrace report {logs}` reads the logs instead" if in_folder else "the logs alone read as they are"
+    return (f"{typed} holds torchtitan's structured logs and goodtrace's recording of the same trainer ({here}, "
+            f"written by goodtrace's torchtitan handler): this is that recording, its steps timed on the device; "
+            f"{other}")
 
 
 def conversion_notes(converted: str) -> tuple[str, ...]:
