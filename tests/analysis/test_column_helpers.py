@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodtrace.analysis.overhead import codes_in, label_codes, overhead_per_interval, positions
+from goodtrace.analysis.overhead import overhead_per_interval
 from goodtrace.analysis.sync_match import assign_syncs
+from goodtrace.columns import codes_in, label_codes, positions
 from goodtrace.read.loaded import NO_TIME, Labels, SessionRecords
 
 NAMES = ["poll", "lag", "blocking", "barrier", "exit", ""]
@@ -164,12 +165,12 @@ def test_data_only_pieces_are_those_data_covers_and_overhead_does_not(
 
 @pytest.mark.parametrize("seed", range(6))
 def test_quantile_is_numpys_to_the_bit(seed: int) -> None:
-    """``evidence.quantile`` (a partition and numpy's interpolation) equals ``np.quantile``'s
+    """``columns.quantile`` (a partition and numpy's interpolation) equals ``np.quantile``'s
     default (linear) method to the bit, and so do the step statistics' and the live slowdown
     rule's quantiles (one interpolation, ``change_point.interpolate``): sizes of one to thousands, ties, tiny and huge values,
     the fractions around 0.5 where numpy interpolates from the other end, NaN."""
     from goodtrace.analysis.anomalies import _quantile as step_quantile
-    from goodtrace.analysis.evidence import quantile
+    from goodtrace.columns import quantile
     from goodtrace.record.live.change_point import _quantile as live_quantile
 
     rng = np.random.default_rng(seed)

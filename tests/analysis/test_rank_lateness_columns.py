@@ -12,8 +12,9 @@ import statistics
 import numpy as np
 import pytest
 
-from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence
+from goodtrace.analysis.evidence import Evidence
 from goodtrace.analysis.ranks import NS, _arrival_lateness, _effects, _groups, _leave_one_out, _sorted_within
+from goodtrace.columns import MAD_TO_SIGMA
 
 
 def _plain_arrivals(rows: list[tuple[int, int, int, int]]) -> tuple[dict[int, float], dict[int, float]]:

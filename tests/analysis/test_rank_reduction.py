@@ -92,12 +92,12 @@ def test_the_events_listed_are_the_first_of_all_of_them(tmp_path: Path, monkeypa
 
 
 def test_the_median_helper_is_numpys_to_the_bit() -> None:
-    """``evidence.median`` replaces ``np.median`` on the per-session arrays (its machinery cost
+    """``columns.median`` replaces ``np.median`` on the per-session arrays (its machinery cost
     more than the arithmetic at thousands of ranks): the same float, odd and even lengths,
     integers far past 2**53, float64, NaN, and the dtypes it leaves to numpy."""
     import numpy as np
 
-    from goodtrace.analysis.evidence import median
+    from goodtrace.columns import median
 
     rng = np.random.default_rng(7)
     for n in [*range(1, 25), 999, 1000]:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from goodtrace import columns
 from goodtrace.read import column_file
 
 
@@ -29,6 +30,6 @@ def test_arrays_read_back_as_written_whatever_their_type_and_byte_order(tmp_path
     # with the rows after it, read into one array
     back = column_file.read_arrays(path, head, ["native_int64"], {"native_int64": np.array([9], dtype=np.int64)})
     # the native int64 column lies on an array.array, handed on as it is (no copy)
-    whole = column_file.array_of(back["native_int64"], "q")
+    whole = columns.array_of(back["native_int64"], "q")
     assert whole.tolist() == [1, -2, 3 << 40, 9]
     assert whole.buffer_info()[0] == back["native_int64"].__array_interface__["data"][0]

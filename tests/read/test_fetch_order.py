@@ -11,8 +11,8 @@ import duckdb
 import numpy as np
 import pytest
 
-from goodtrace import schema
-from goodtrace.read import duckdb_sql, fetch_order, model_fetch, timelines
+from goodtrace import columns, schema
+from goodtrace.read import duckdb_sql, model_fetch, timelines
 
 _DETAIL = {
     "det_tags": [(0, 0, 1, "b", 100), (0, 0, 1, "a", 100), (0, 1, 2, "c", 200), (0, 1, 2, "a", 200)],
@@ -66,9 +66,9 @@ def test_rows_are_ordered_by_one_combined_key_or_key_by_key_alike() -> None:
         sid = rng.integers(0, 3, 500) if first is None else first
         step, name = rng.integers(lo, hi, 500), rng.integers(0, 4, 500)
         step[::7] = step[0]  # ties on the first two keys
-        assert fetch_order.order_of(sid, step, name).tolist() == np.lexsort((name, step, sid)).tolist()
+        assert columns.order_of(sid, step, name).tolist() == np.lexsort((name, step, sid)).tolist()
     wide = rng.integers(-(2**62), 2**62, 500)  # the first key too wide to combine
-    assert fetch_order.order_of(wide, sid).tolist() == np.lexsort((sid, wide)).tolist()
+    assert columns.order_of(wide, sid).tolist() == np.lexsort((sid, wide)).tolist()
 
 
 def test_rows_ordered_here_come_in_duckdbs_order_descending_keys_and_nulls_too() -> None:
@@ -79,8 +79,8 @@ def test_rows_ordered_here_come_in_duckdbs_order_descending_keys_and_nulls_too()
             for i in range(400)]
     con.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?)", rows)
     ours = [(sid, c["t0"].tolist(), c["t1"].tolist(), c["step"].tolist())
-            for sid, c in fetch_order.by_session(con, "SELECT sid, t0, t1, step FROM t", ("sid", "t0", "-t1", "step"))]
-    theirs = [(sid, c["t0"].tolist(), c["t1"].tolist(), c["step"].tolist()) for sid, c in fetch_order.by_session(
+            for sid, c in model_fetch.by_session(con, "SELECT sid, t0, t1, step FROM t", ("sid", "t0", "-t1", "step"))]
+    theirs = [(sid, c["t0"].tolist(), c["t1"].tolist(), c["step"].tolist()) for sid, c in model_fetch.by_session(
         con, "SELECT sid, t0, t1, step FROM t ORDER BY sid, t0, t1 DESC, step")]
     assert ours == theirs
     assert any(None in steps for _, _, _, steps in ours)

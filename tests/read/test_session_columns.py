@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from goodtrace.analysis import analyze
+from goodtrace.columns import order_of
 from goodtrace.read import cache_keep, duckdb_sql, load, session_columns
 from goodtrace.read.chunk_files import FileIdentity
 from goodtrace.read.engine import Engine
 from goodtrace.read.environment import run_cache_dir
-from goodtrace.read.fetch_order import order_of
 from goodtrace.read.load import load_run
 from goodtrace.read.outermost import kept_outer
 from goodtrace.read.segment_cache import ENV_SEGMENT_CACHE

@@ -12,10 +12,10 @@ from typing import Any
 
 from goodtrace import schema
 from goodtrace.analysis.cut import FLAG_DECREASING, FLAG_REPEATED
-from goodtrace.analysis.evidence import median
 from goodtrace.analysis.partition import WARMUP, WASTED, StepInterval
 from goodtrace.analysis.step_marks import StepMarks
 from goodtrace.analysis.steps import NS, StepTable
+from goodtrace.columns import median
 from goodtrace.record.live.change_point import interpolate
 
 __all__ = ["Anomaly", "StepStats", "find_anomalies", "step_stats"]

@@ -35,18 +35,10 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from goodtrace import schema
-from goodtrace.analysis.overhead import (
-    Array,
-    _np,
-    _out,
-    codes_in,
-    flatten_overhead,
-    ints,
-    overhead_per_interval,
-    positions,
-)
+from goodtrace.analysis.overhead import flatten_overhead, overhead_per_interval
 from goodtrace.analysis.rewinds import Rewind, charge_recovery, find_rewinds
 from goodtrace.analysis.sync_match import assign_syncs, occurrence
+from goodtrace.columns import Array, codes_in, int64s, int_array, ints, positions
 from goodtrace.read.loaded import NO_TIME, Labels, SessionInfo, SessionRecords
 
 __all__ = [
@@ -207,15 +199,15 @@ class SessionCut:
     def step_ns(self) -> Array:
         """Each interval's step time in ns (float): its length shared equally by its executions
         (the one derivation of an execution's step time; index it by ``exec_interval``)."""
-        return (_np(self.interval_end) - _np(self.interval_start)) / _np(self.interval_count)
+        return (int64s(self.interval_end) - int64s(self.interval_start)) / int64s(self.interval_count)
 
     def intervals_ns(self) -> int:
         """The time of all its step intervals together (the step time of its executions)."""
-        return int(_np(self.interval_end).sum() - _np(self.interval_start).sum())
+        return int(int64s(self.interval_end).sum() - int64s(self.interval_start).sum())
 
     def repeat_index(self) -> Array:
         """Each execution's run of its step in the session: 0 the first, 1 the second, ..."""
-        return occurrence(_np(self.exec_step))
+        return occurrence(int64s(self.exec_step))
 
     def _carve(self, a: int, b: int, default: str, *, skip_data: bool = False) -> list[Piece]:
         out: list[Piece] = []
@@ -244,7 +236,7 @@ class SessionCut:
         uses (a few pieces: cheaper without numpy); a test holds the two equal."""
         import numpy as np
 
-        starts, ends = _np(self.over_start), _np(self.over_end)
+        starts, ends = int64s(self.over_start), int64s(self.over_end)
         names = [PRODUCTIVE]  # code 0: the time between overhead intervals
         if b <= a:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), names
@@ -374,7 +366,7 @@ def cut_session(
     categories = (overhead or schema.OVERHEAD_CATEGORIES) | info.overhead_categories
     start = info.proc_start
     end = max(info.last_seen, start)
-    seqs, numbers, t0s, t1s = _np(rec.step_seq), _np(rec.step_number), _np(rec.step_t0), _np(rec.step_t1)
+    seqs, numbers, t0s, t1s = int64s(rec.step_seq), int64s(rec.step_number), int64s(rec.step_t0), int64s(rec.step_t1)
     keep = (t0s >= start) & (t1s <= end)
     if not keep.all():
         seqs, numbers, t0s, t1s = seqs[keep], numbers[keep], t0s[keep], t1s[keep]
@@ -449,16 +441,16 @@ def cut_session(
             interval_count[-1] += n - trailing
     if host_timed:
         flags |= FLAG_HOST_TIMED
-    out.exec_seq, out.exec_step, out.exec_t0 = _out(seqs), _out(numbers), _out(t0s)
-    out.exec_interval, out.ignored_syncs = _out(interval_of), int(ignored)
+    out.exec_seq, out.exec_step, out.exec_t0 = int_array(seqs), int_array(numbers), int_array(t0s)
+    out.exec_interval, out.ignored_syncs = int_array(interval_of), int(ignored)
     del interval_of
-    out.exec_flags = _out(flags)
-    flags = _np(out.exec_flags)
-    out.interval_start, out.interval_end = _out(interval_start), _out(interval_end)
-    out.interval_first, out.interval_count = _out(interval_first), _out(interval_count)
+    out.exec_flags = int_array(flags)
+    flags = int64s(out.exec_flags)
+    out.interval_start, out.interval_end = int_array(interval_start), int_array(interval_end)
+    out.interval_first, out.interval_count = int_array(interval_first), int_array(interval_count)
     del interval_first, interval_count
-    interval_start, interval_end = _np(out.interval_start), _np(out.interval_end)
-    out.exec_compute = _out(_compute_of(rec, seqs))
+    interval_start, interval_end = int64s(out.interval_start), int64s(out.interval_end)
+    out.exec_compute = int_array(_compute_of(rec, seqs))
     out.interval_how = Labels(interval_how, (*how_names, HOST_EXIT))
     device_idle = schema.DEVICE_IDLE_METRIC in rec.device
     out.data_rule = data_rule or (RULE_DEVICE_IDLE if device_idle else RULE_SYNC_POINTS)
@@ -477,13 +469,13 @@ def cut_session(
         start, end, data_mode=mode, steps_range=steps_range,
     )
     del device_dated, synced
-    out.over_start, out.over_end, out.over_label = _out(flat.starts), _out(flat.ends), flat.labels
+    out.over_start, out.over_end, out.over_label = int_array(flat.starts), int_array(flat.ends), flat.labels
     out.overlapped_ns = flat.overlapped_ns
     out.uncertain_ns = 0 if host_timed else flat.uncertain_ns
     labels = flat.labels
     del flat
     out.interval_productive, out.interval_overhead = overhead_per_interval(
-        out.skips_data, interval_start, interval_end, _np(out.over_start), _np(out.over_end), labels)
+        out.skips_data, interval_start, interval_end, int64s(out.over_start), int64s(out.over_end), labels)
     if out.data_rule == RULE_DEVICE_IDLE:
         _charge_device_idle(out, rec)
     if out.rewinds:

@@ -7,12 +7,11 @@ covers and the productive rest. :mod:`goodtrace.analysis.cut` cuts the session w
 from __future__ import annotations
 
 from array import array
-from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple, TypeAlias
 
 from goodtrace import schema
-from goodtrace.read.column_file import distinct_sorted
-from goodtrace.read.loaded import NO_TIME, Labels, SessionRecords
+from goodtrace.columns import codes_in, distinct_sorted, int64s, int_array, ints, label_codes
+from goodtrace.read.loaded import NO_TIME, SessionRecords
 
 DATA = schema.DATA
 
@@ -25,82 +24,6 @@ Array: TypeAlias = Any  # numpy.ndarray (numpy is imported when a session is cut
 # (cli.analysed.return_freed_memory), so a block's temporaries reuse the last block's memory
 # instead of faulting in new pages (2 x 1 M executions: the cut 0.29 -> 0.24 s at 1 << 18)
 BLOCK = 1 << 16
-
-
-def _np(values: Any) -> Array:
-    import numpy as np
-
-    return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
-
-
-def label_codes(values: Sequence[str]) -> tuple[Array, tuple[str, ...]]:
-    """A column of a few distinct strings as (int32 codes, names): the reader's :class:`Labels`
-    as they are, any other sequence (a test's list) coded here."""
-    import numpy as np
-
-    if isinstance(values, Labels):
-        return np.frombuffer(values.codes, dtype=np.intc) if len(values.codes) else np.zeros(0, np.intc), values.names
-    names = tuple(dict.fromkeys(values))
-    code_of = {name: k for k, name in enumerate(names)}
-    return np.fromiter((code_of[v] for v in values), dtype=np.intc, count=len(values)), names
-
-
-def positions(keys: Array, wanted: Array) -> Array:
-    """Where each of ``wanted`` is in ``keys`` (sorted; a key there twice: its first place), -1
-    where it is not: through a table by key when the keys are each once and dense (executions
-    numbered in order: no search), else by binary search."""
-    import numpy as np
-
-    out = np.full(len(wanted), -1, dtype=np.int64)
-    if not len(keys) or not len(wanted):
-        return out
-    lo, hi = int(keys[0]), int(keys[-1])
-    if hi - lo < 4 * (len(keys) + len(wanted)) and bool((keys[1:] > keys[:-1]).all()):
-        inside = (wanted >= lo) & (wanted <= hi)
-        every = bool(inside.all())
-        if hi - lo + 1 == len(keys):  # every key from lo to hi: the position is the key's offset
-            found = wanted - lo
-        else:
-            table = np.full(hi - lo + 1, -1, dtype=np.int64)
-            table[keys - lo] = np.arange(len(keys))
-            found = table[wanted - lo] if every else table[np.where(inside, wanted - lo, 0)]
-            del table
-        if every:
-            return found
-        out[inside] = found[inside]
-        return out
-    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
-    found = np.flatnonzero(keys[at] == wanted)
-    out[found] = at[found]
-    return out
-
-
-def codes_in(codes: Array, names: Sequence[str], wanted: Collection[str]) -> Array:
-    """Where ``codes`` (into ``names``) name one of ``wanted``, as a bool column: a comparison
-    per wanted name present, not a Python step per row."""
-    import numpy as np
-
-    out = np.zeros(len(codes), dtype=bool)
-    for k, name in enumerate(names):
-        if name in wanted:
-            out |= codes == k
-    return out
-
-
-def ints(n: int) -> Array:
-    """An int64 column of ``n`` zeros to fill, over the ``array.array`` that :func:`_out` then
-    hands on as it is (a cut's columns are as long as its run: made once, not made and copied)."""
-    from goodtrace.read.column_file import empty
-
-    return empty(n, "int64")
-
-
-def _out(values: Array) -> array[int]:
-    """``values`` as the int64 ``array.array`` a cut's columns are: the one they lie on whole
-    (made by :func:`ints`, or a reader's column), else one copy."""
-    from goodtrace.read.column_file import array_of
-
-    return array_of(values, "q")
 
 
 def merge_intervals(starts: Array, ends: Array) -> tuple[Array, Array, Array]:
@@ -197,7 +120,7 @@ def flatten_overhead(
     import numpy as np
 
     codes, names = label_codes(rec.span_category)
-    t0, t1 = _np(rec.span_t0), _np(rec.span_t1)
+    t0, t1 = int64s(rec.span_t0), int64s(rec.span_t1)
     inside = (t1 > a) & (t0 < b)
     is_data = codes_in(codes, names, (DATA,))
     is_over = codes_in(codes, names, categories - {DATA})
@@ -344,7 +267,7 @@ def overhead_per_interval(
     rest = np.subtract(interval_end, interval_start, out=ints(n))
     wanted = [label for label in sorted(set(labels)) if not (skip_data and label == DATA)]
     if not wanted or not len(starts) or not n:
-        return _out(rest), {}
+        return int_array(rest), {}
     # intervals that follow each other (a cut's): the cover before each edge, found once
     follow = n > 1 and bool((interval_start[1:] == interval_end[:-1]).all())
     codes = np.array(labels, dtype=object)
@@ -369,8 +292,8 @@ def overhead_per_interval(
     for label in wanted:
         if covered[label].any():
             rest -= covered[label]
-            overhead[label] = _out(covered[label])
-    return _out(rest), overhead
+            overhead[label] = int_array(covered[label])
+    return int_array(rest), overhead
 
 
 def _places(x: Array, starts: Array) -> tuple[Array, Array]:

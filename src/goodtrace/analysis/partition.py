@@ -22,8 +22,8 @@ from typing import Any, overload
 
 from goodtrace import schema
 from goodtrace.analysis.cut import FLAG_REWOUND, Piece, Relabels, SessionCut, label_totals, relabel
-from goodtrace.analysis.evidence import median
 from goodtrace.analysis.pieces import PieceBuilder, PieceColumns, ordered_sums
+from goodtrace.columns import median
 from goodtrace.read.loaded import SessionInfo
 
 __all__ = [

@@ -27,8 +27,8 @@ from typing import Any
 
 from goodtrace.analysis.clock import SessionClock
 from goodtrace.analysis.cut import SessionCut
-from goodtrace.analysis.evidence import MAD_TO_SIGMA, Evidence, median, quantile, robust_noise
-from goodtrace.read.fetch_order import order_of
+from goodtrace.analysis.evidence import Evidence
+from goodtrace.columns import MAD_TO_SIGMA, median, order_of, quantile, robust_noise
 from goodtrace.read.loaded import SessionInfo, SessionRecords, sample_stride
 
 NS = 1e9

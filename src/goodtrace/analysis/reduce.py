@@ -11,7 +11,6 @@ from typing import Any
 
 from goodtrace.analysis.attempts import Attempt, rank_processes
 from goodtrace.analysis.cut import Relabels, SessionCut, cut_session
-from goodtrace.analysis.overhead import _np
 from goodtrace.analysis.partition import (
     DISRUPTION,
     IN_PROGRESS,
@@ -26,7 +25,7 @@ from goodtrace.analysis.partition import (
 from goodtrace.analysis.ranks import RankSample, sample_rank, sample_strides
 from goodtrace.analysis.session_cuts import SessionCuts
 from goodtrace.analysis.slowdown import SeriesStore, slowdown_series
-from goodtrace.read.column_file import distinct_sorted
+from goodtrace.columns import distinct_sorted, int64s
 from goodtrace.read.loaded import LoadedRun, SessionRecords
 
 __all__ = ["Reduced", "cut_and_reduce", "rank_timeline"]
@@ -154,7 +153,7 @@ def _add_executed(executed: dict[int, Any], attempt: int, cut: SessionCut) -> No
     where the attempt has them all (every rank executes the same steps)."""
     import numpy as np
 
-    steps = _np(cut.exec_step)[_np(cut.exec_interval) >= 0]
+    steps = int64s(cut.exec_step)[int64s(cut.exec_interval) >= 0]
     if len(steps) > 1 and not bool((steps[1:] > steps[:-1]).all()):
         steps = distinct_sorted(steps)
     known = executed.get(attempt)

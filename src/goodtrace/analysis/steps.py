@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, overload
 
 from goodtrace.analysis.cut import FLAG_DECREASING, FLAG_REPEATED, HOST_EXIT
-from goodtrace.analysis.overhead import codes_in, label_codes
 from goodtrace.analysis.partition import (
     PRODUCTIVE,
     WARMUP,
@@ -27,6 +26,7 @@ from goodtrace.analysis.partition import (
     segment_interval,
 )
 from goodtrace.analysis.step_marks import StepMarks
+from goodtrace.columns import codes_in, label_codes
 from goodtrace.read.loaded import SessionTimeline
 
 NS = 1e9

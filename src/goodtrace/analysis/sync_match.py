@@ -4,7 +4,7 @@ the cut shares with it (:func:`occurrence`): the first part of
 
 from __future__ import annotations
 
-from goodtrace.analysis.overhead import Array, _np, label_codes, positions
+from goodtrace.columns import Array, int64s, label_codes, positions
 from goodtrace.read.loaded import NO_TIME, SessionRecords
 
 __all__ = ["assign_syncs", "occurrence"]
@@ -48,7 +48,7 @@ def assign_syncs(rec: SessionRecords, seqs: Array, numbers: Array,
     import numpy as np
 
     n = len(seqs)
-    s_seq, s_step, s_t = _np(rec.sync_seq), _np(rec.sync_step), _np(rec.sync_t)
+    s_seq, s_step, s_t = int64s(rec.sync_seq), int64s(rec.sync_step), int64s(rec.sync_t)
     how_codes, how_names = label_codes(rec.sync_how)
     if len(s_t) == 0 or n == 0:
         return np.full(n, NO_TIME, dtype=np.int64), np.full(n, -1, dtype=np.intc), how_names, len(s_t)

@@ -17,14 +17,13 @@ import os
 import shutil
 import tempfile
 import time
-from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from goodtrace.columns import empty
 from goodtrace.read.io_pool import on_network_filesystem
 
-__all__ = ["ColumnFileError", "array_of", "distinct_sorted", "empty", "prune", "read_arrays", "read_head", "recode", "session_path",
-           "write"]
+__all__ = ["ColumnFileError", "prune", "read_arrays", "read_head", "recode", "session_path", "write"]
 
 MAGIC = b"goodtrace-columns\n"
 _ALIGN = 64
@@ -146,65 +145,6 @@ def read_arrays(path: str, head: dict[str, Any], names: Iterable[str],
                 raise ColumnFileError(f"array {name} is cut short")
             values[length:] = after
             out[name] = values
-    return out
-
-
-_TYPECODES: dict[Any, str] = {}  # native int64, int32 and float64 -> their array.array type code (filled once)
-
-
-def empty(n: int, dtype: Any) -> Any:
-    """A numpy array of ``n`` values to fill; a native int64, int32 or float64 one over an
-    ``array.array`` of its type (what the reader's columns are), which :func:`array_of` then
-    hands on as it is, not a copy. (A cut makes thousands a session: the type is looked up by
-    the dtype itself, not by its name, a slow property.)"""
-    import numpy as np
-
-    if not _TYPECODES:
-        _TYPECODES.update({np.dtype(np.int64): "q", np.dtype(np.int32): "i", np.dtype(np.float64): "d"})
-    code = _TYPECODES.get(np.dtype(dtype))
-    if code is not None and n:
-        return np.frombuffer(array(code, [0]) * n, dtype=dtype)
-    return np.empty(n, dtype=dtype)
-
-
-def distinct_sorted(values: Any) -> Any:
-    """``np.unique(values)`` of an integer column, by sorting: NumPy 2.4's hash-based unique
-    took 6.5 s for 4 M distinct times that a sort takes 0.3 s for."""
-    import numpy as np
-
-    ordered = np.sort(values)
-    if not len(ordered):
-        return ordered
-    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
-
-
-def _dtype_of(typecode: str) -> Any:
-    """The numpy dtype of an ``array.array`` type code (made once a code)."""
-    dtype = _DTYPES.get(typecode)
-    if dtype is None:
-        import numpy as np
-
-        dtype = _DTYPES[typecode] = np.dtype(typecode)
-    return dtype
-
-
-_DTYPES: dict[str, Any] = {}
-
-
-def array_of(values: Any, typecode: str) -> array[Any]:
-    """``values`` (a numpy column) as an ``array.array`` of ``typecode``: the array the
-    column lies on whole where :func:`empty` made it, else one copy of it."""
-    import numpy as np
-
-    base = getattr(values, "base", None)
-    # the whole of an array of this type: as long as it, the same item type, one item after the
-    # other from the start (a view as long as its buffer, ascending, can only start where it does)
-    if type(base) is memoryview and type(base.obj) is array and base.obj.typecode == typecode \
-            and len(base.obj) == len(values) and values.ndim == 1 and values.dtype == _dtype_of(typecode) \
-            and (len(values) < 2 or values.strides[0] == values.itemsize):
-        return base.obj
-    out = array(typecode)
-    out.frombytes(np.ascontiguousarray(values, dtype=np.dtype(typecode)).data.cast("B"))  # one copy, not two
     return out
 
 

@@ -19,10 +19,10 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from goodtrace.columns import empty, order_of, per_session
 from goodtrace.read import column_file
 from goodtrace.read.chunk_files import FileIdentity
 from goodtrace.read.duckdb_connection import insert_rows
-from goodtrace.read.fetch_order import order_of, per_session
 from goodtrace.read.session_columns import KeptChanged
 from goodtrace.record.errors import warn
 
@@ -209,10 +209,10 @@ def combine(parts: Sequence[DetailColumns], names: tuple[str, ...], *, consume: 
 
 def _joined(runs: Sequence[Any]) -> Any:
     """``runs`` end to end, into an array the reader's columns can take as they are
-    (:func:`~goodtrace.read.column_file.empty`): one copy of the long kept columns, not two."""
+    (:func:`~goodtrace.columns.empty`): one copy of the long kept columns, not two."""
     import numpy as np
 
-    out = column_file.empty(sum(len(run) for run in runs), np.result_type(*runs))
+    out = empty(sum(len(run) for run in runs), np.result_type(*runs))
     at = 0
     for run in runs:
         out[at : at + len(run)] = run

@@ -12,10 +12,9 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from typing import Any
 
-from goodtrace.read import column_file
+from goodtrace.columns import array_of, order_of, per_session
 from goodtrace.read.duckdb_connection import insert_rows, release_buffers
 from goodtrace.read.duckdb_sql import NO_FIRST_T
-from goodtrace.read.fetch_order import by_session
 from goodtrace.read.loaded import NO_TIME, EventColumns, FileRange, Labels, SessionRecords
 from goodtrace.read.outermost import adds_to, by_seq, kept_outer, outermost_compute
 from goodtrace.read.session_columns import (
@@ -28,6 +27,31 @@ from goodtrace.read.session_columns import (
     write_kept,
 )
 from goodtrace.read.validate import json_object
+
+
+def by_session(con: Any, sql: str, order: Sequence[str] = ()) -> Iterable[tuple[int, dict[str, Any]]]:
+    """``(sid, {column: numpy array})`` per session of a query ordered by sid (its first
+    column): the columns come out of DuckDB as arrays in one go, then are cut per session.
+    ``order``: the query has no ORDER BY, and its rows are put in the order of these integer
+    columns here (``sid`` first; ``-name``: descending; NULL last, as DuckDB orders), the
+    rows fetched as they lie (nearly in order: a session's records are), since DuckDB's sort
+    of a million rows costs several times their fetch (see :func:`goodtrace.columns.order_of`)."""
+    columns = con.execute(sql).fetchnumpy()
+    if order:
+        import numpy as np
+
+        keys: list[Any] = []
+        for spec in order:
+            values = columns[spec.lstrip("-")]
+            if isinstance(values, np.ma.MaskedArray):
+                keys.append(np.ma.getmaskarray(values))  # NULL last
+                values = values.filled(0)
+            keys.append(~values if spec.startswith("-") else values)  # ~x: x descending, never overflowing
+        rows = order_of(*keys)
+        del keys
+        for name in list(columns):  # one column's two copies at a time, not every column's
+            columns[name] = columns[name][rows]
+    yield from per_session(columns)
 
 
 def session_summaries(con: Any) -> dict[int, dict[str, Any]]:
@@ -72,14 +96,14 @@ def int_column(values: Any) -> array[int]:
     import numpy as np
 
     filled = values.filled(NO_TIME) if isinstance(values, np.ma.MaskedArray) else values
-    return column_file.array_of(filled, "q")
+    return array_of(filled, "q")
 
 
 def labels_column(codes: Any, names: Sequence[str]) -> Labels:
     """Codes into ``names`` (a numpy integer column) as :class:`Labels`."""
     import numpy as np
 
-    return Labels(column_file.array_of(np.asarray(codes, dtype=np.intc), "i"), names)
+    return Labels(array_of(np.asarray(codes, dtype=np.intc), "i"), names)
 
 
 SESSION_BATCH = 1024  # sessions whose model rows are fetched together (bounds the columns in flight)

@@ -9,7 +9,7 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-from goodtrace.read.column_file import distinct_sorted
+from goodtrace.columns import distinct_sorted
 
 __all__ = ["COMPUTE_CHUNK", "adds_to", "by_seq", "kept_outer", "outermost_compute"]
 

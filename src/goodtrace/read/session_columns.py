@@ -23,9 +23,9 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from goodtrace.columns import order_of
 from goodtrace.read import column_file
 from goodtrace.read.chunk_files import FileIdentity
-from goodtrace.read.fetch_order import order_of
 from goodtrace.read.loaded import LoadError
 from goodtrace.record.errors import warn
 

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequenc
 from typing import Any
 
 from goodtrace import schema
-from goodtrace.read import column_file, fold_batches
+from goodtrace.columns import array_of
+from goodtrace.read import fold_batches
 from goodtrace.read.detail_columns import DetailColumns, combine, fetch_detail, take, vocabulary
 from goodtrace.read.duckdb_connection import execute_all, insert_rows
 from goodtrace.read.duckdb_sql import MAX_EVENT_ATTRS, VALID_JSON, create_records_table, read_json_sql
@@ -141,12 +142,12 @@ def _timeline(detail: DetailColumns) -> SessionTimeline:
     tags, metrics, spans = detail.tables.pop("tags"), detail.tables.pop("metrics"), detail.tables.pop("spans")
 
     def codes(values: Any) -> array[int]:
-        return column_file.array_of(np.asarray(values, dtype=np.int32), "i")
+        return array_of(np.asarray(values, dtype=np.int32), "i")
 
     tl.tag_step, tl.tag_name, tl.tag_t = int_column(tags["step"]), codes(tags["name"]), int_column(tags["t"])
     del tags
     tl.metric_step, tl.metric_name = int_column(metrics["step"]), codes(metrics["name"])
-    tl.metric_value = column_file.array_of(np.asarray(metrics["value"], dtype=np.float64), "d")
+    tl.metric_value = array_of(np.asarray(metrics["value"], dtype=np.float64), "d")
     del metrics
     tl.span_step, tl.span_ns, tl.span_name = int_column(spans.pop("step")), int_column(spans.pop("ns")), codes(spans["name"])
     tl.span_first = int_column(spans["first"])

@@ -15,7 +15,7 @@ from typing import Any
 from goodtrace import schema
 from goodtrace.analysis import RunAnalysis
 from goodtrace.analysis.intervals import session_intervals
-from goodtrace.read.column_file import distinct_sorted
+from goodtrace.columns import distinct_sorted
 from goodtrace.read.raw import RawRecord
 
 __all__ = ["MAX_GANTT_ITEMS", "MAX_HEATMAP_COLUMNS", "Gantt", "Heatmap", "rounded"]
@@ -79,7 +79,7 @@ def _row_index(keys: Any, rows: Any) -> Any:
 
 # (attempt + 1, step + 2**31, k) packed in one int64 while each fits its bits: one column to
 # sort and search instead of three (a third of the time at 2 x 1 M steps). Fixed bits, not
-# fetch_order.order_of's combined key: that one is fitted to each call's ranges, and the keys
+# columns.order_of's combined key: that one is fitted to each call's ranges, and the keys
 # gathered here, session by session, must compare across sessions.
 _STEP_BITS, _K_BITS = 32, 16
 _ATTEMPTS = 1 << (63 - _STEP_BITS - _K_BITS)
