@@ -87,7 +87,7 @@ class StepInterval:
 
 
 @dataclasses.dataclass(frozen=True)
-class Segment:
+class PlacedCut:
     """The intervals of one session on a timeline: where they sit on the wall clock (``delta``),
     its attempt, and the attempt-level relabels (warm-up, the restore point after it)."""
 
@@ -103,13 +103,13 @@ class IntervalList(Sequence[StepInterval]):
     them, so each :class:`StepInterval` (with its pieces) is built when it is read, from its cut."""
 
     def __init__(self) -> None:
-        self.segments: list[Segment] = []
+        self.placed: list[PlacedCut] = []
         self._firsts: list[int] = []
         self._count = 0
 
     def add(self, cut: SessionCut, attempt: int, delta: int, relabels: Relabels) -> None:
         if cut.intervals:
-            self.segments.append(Segment(self._count, cut, attempt, delta, relabels))
+            self.placed.append(PlacedCut(self._count, cut, attempt, delta, relabels))
             self._firsts.append(self._count)
             self._count += cut.intervals
 
@@ -129,21 +129,21 @@ class IntervalList(Sequence[StepInterval]):
             index += self._count
         if not 0 <= index < self._count:
             raise IndexError(index)
-        segment = self.segments[bisect.bisect_right(self._firsts, index) - 1]
-        return segment_interval(segment, index - segment.first)
+        placed = self.placed[bisect.bisect_right(self._firsts, index) - 1]
+        return placed_interval(placed, index - placed.first)
 
     def __iter__(self) -> Iterator[StepInterval]:
-        for segment in self.segments:
-            for w in range(segment.cut.intervals):
-                yield segment_interval(segment, w)
+        for placed in self.placed:
+            for w in range(placed.cut.intervals):
+                yield placed_interval(placed, w)
 
     def counted_steps(self) -> int:
         """Executions in the intervals that count toward the final progress (not re-done later)."""
         import numpy as np
 
         counted = 0
-        for segment in self.segments:
-            cut, limit = segment.cut, segment.relabels.redone_from
+        for placed in self.placed:
+            cut, limit = placed.cut, placed.relabels.redone_from
             interval = np.frombuffer(cut.exec_interval, dtype=np.int64)
             kept = (interval >= 0) & ((np.frombuffer(cut.exec_flags, dtype=np.int64) & FLAG_REWOUND) == 0)
             if limit is not None:  # the same rule as _lost: re-done by a later attempt or rewound
@@ -152,16 +152,16 @@ class IntervalList(Sequence[StepInterval]):
         return counted
 
     def any_warmup(self) -> bool:
-        return any(segment.relabels.warmup_ns for segment in self.segments)
+        return any(placed.relabels.warmup_ns for placed in self.placed)
 
 
-def segment_interval(segment: Segment, w: int) -> StepInterval:
-    """StepInterval ``w`` of a segment's cut, on the wall clock, with its pieces."""
-    cut, delta = segment.cut, segment.delta
-    own, lost = interval_pieces(cut, w, segment.relabels)
+def placed_interval(placed: PlacedCut, w: int) -> StepInterval:
+    """StepInterval ``w`` of a placed cut, on the wall clock, with its pieces."""
+    cut, delta = placed.cut, placed.delta
+    own, lost = interval_pieces(cut, w, placed.relabels)
     wall = [Piece(p.start + delta, p.end + delta, p.label) for p in own]
-    warm = segment.relabels.warmup_ns if w == 0 else 0
-    return StepInterval(cut, w, segment.attempt, cut.interval_start[w] + delta, cut.interval_end[w] + delta, wall, lost, w == 0, warm)
+    warm = placed.relabels.warmup_ns if w == 0 else 0
+    return StepInterval(cut, w, placed.attempt, cut.interval_start[w] + delta, cut.interval_end[w] + delta, wall, lost, w == 0, warm)
 
 
 @dataclasses.dataclass

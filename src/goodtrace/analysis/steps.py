@@ -20,13 +20,13 @@ from goodtrace.analysis.partition import (
     WARMUP,
     WASTED,
     IntervalList,
-    Segment,
+    PlacedCut,
     StepInterval,
+    placed_interval,
     plain_intervals,
-    segment_interval,
 )
 from goodtrace.analysis.step_marks import StepMarks
-from goodtrace.columns import codes_in, label_codes
+from goodtrace.columns import codes_in, int64s, label_codes
 from goodtrace.read.loaded import SessionTimeline
 
 NS = 1e9
@@ -128,17 +128,17 @@ class StepTable(Sequence[StepRow]):
         import numpy as np
 
         self._intervals = intervals
-        cuts = {segment.cut.session: segment.cut for segment in intervals.segments}
+        cuts = {placed.cut.session: placed.cut for placed in intervals.placed}
         self._marks = {session: StepMarks(tl, cuts.get(session)) for session, tl in marks.items()}
         self._job_start = job_start
-        segment_of, interval_of, position, step_time, productive = [], [], [], [], []
-        for k, segment in enumerate(intervals.segments):
-            cut = segment.cut
+        placed_of, interval_of, position, step_time, productive = [], [], [], [], []
+        for k, placed in enumerate(intervals.placed):
+            cut = placed.cut
             count = np.frombuffer(cut.interval_count, dtype=np.int64)
             interval_productive = np.frombuffer(cut.interval_productive, dtype=np.int64).copy()
-            interval_productive[0] -= segment.relabels.warmup_ns
+            interval_productive[0] -= placed.relabels.warmup_ns
             w = np.repeat(np.arange(len(count), dtype=np.int32), count)
-            segment_of.append(np.full(len(w), k, dtype=np.int32))
+            placed_of.append(np.full(len(w), k, dtype=np.int32))
             interval_of.append(w)
             position.append((np.arange(len(w)) - np.frombuffer(cut.interval_first, dtype=np.int64)[w]).astype(np.int32))
             step_time.append((cut.step_ns() / NS)[w])
@@ -147,9 +147,9 @@ class StepTable(Sequence[StepRow]):
         def joined(parts: list[Any], dtype: Any) -> Any:
             return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
-        # per row: its session (segment), interval and place in the interval; the step time and
+        # per row: its session (placed cut), interval and place in the interval; the step time and
         # productive time (the interval's, shared equally); the rest is gathered from the cuts
-        self._segment = joined(segment_of, np.int32)
+        self._placed = joined(placed_of, np.int32)
         self._interval = joined(interval_of, np.int32)
         self._position = joined(position, np.int32)
         self.step_time_s = joined(step_time, np.float64)
@@ -159,25 +159,25 @@ class StepTable(Sequence[StepRow]):
         self._simple_of: dict[int, Any] = {}  # _simple(k), made when first read
 
     def _rows_of(self, k: int) -> slice:
-        """The rows of segment ``k``: consecutive, as the table is in segment order."""
-        lo, hi = self._segment.searchsorted((k, k + 1))
+        """The rows of placed ``k``: consecutive, as the table is in placement order."""
+        lo, hi = self._placed.searchsorted((k, k + 1))
         return slice(int(lo), int(hi))
 
-    def _gather(self, column: Callable[[Segment], Any], by_interval: bool) -> Any:
-        """A per-row column from each segment's per-interval (or per-execution) column."""
+    def _gather(self, column: Callable[[PlacedCut], Any], by_interval: bool) -> Any:
+        """A per-row column from each placed's per-interval (or per-execution) column."""
         import numpy as np
 
-        out = [self._of_segment(k, column(segment), by_interval) for k, segment in enumerate(self._intervals.segments)]
+        out = [self._of_placed(k, column(placed), by_interval) for k, placed in enumerate(self._intervals.placed)]
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
-    def _of_segment(self, k: int, values: Any, by_interval: bool) -> Any:
-        """Segment ``k``'s rows of its per-interval (or per-execution) column ``values``."""
+    def _of_placed(self, k: int, values: Any, by_interval: bool) -> Any:
+        """PlacedCut ``k``'s rows of its per-interval (or per-execution) column ``values``."""
         import numpy as np
 
         rows = self._rows_of(k)
         if by_interval:
             return values[self._interval[rows]]
-        first = np.frombuffer(self._intervals.segments[k].cut.interval_first, dtype=np.int64)[self._interval[rows]]
+        first = np.frombuffer(self._intervals.placed[k].cut.interval_first, dtype=np.int64)[self._interval[rows]]
         return values[first + self._position[rows]]
 
     @property
@@ -186,21 +186,21 @@ class StepTable(Sequence[StepRow]):
 
     @property
     def seq(self) -> Any:
-        return self._gather(lambda s: _np_ints(s.cut.exec_seq), by_interval=False)
+        return self._gather(lambda s: int64s(s.cut.exec_seq), by_interval=False)
 
     @property
     def flags(self) -> Any:
-        return self._gather(lambda s: _np_ints(s.cut.exec_flags), by_interval=False)
+        return self._gather(lambda s: int64s(s.cut.exec_flags), by_interval=False)
 
     @property
     def shared(self) -> Any:
-        return self._gather(lambda s: _np_ints(s.cut.interval_count), by_interval=True)
+        return self._gather(lambda s: int64s(s.cut.interval_count), by_interval=True)
 
     @property
     def host_timed(self) -> Any:
         import numpy as np
 
-        def of(s: Segment) -> Any:
+        def of(s: PlacedCut) -> Any:
             hows = s.cut.interval_how
             if s.cut.host_timed or HOST_EXIT not in hows:  # the whole session, or none of it (no Python step per interval)
                 return np.full(len(hows), s.cut.host_timed, dtype=bool)
@@ -228,7 +228,7 @@ class StepTable(Sequence[StepRow]):
         """Row ``index`` (not negative) and its step interval, made once for both."""
         if not 0 <= index < len(self):
             raise IndexError(index)
-        k = int(self._segment[index])
+        k = int(self._placed[index])
         columns = self._block(k, slice(index, index + 1))
         return _step_row(dict(zip(_FIELDS, (column[0] for column in columns), strict=True))), self.interval_at(index)
 
@@ -247,7 +247,7 @@ class StepTable(Sequence[StepRow]):
         columns: one list per field of :class:`StepRow`, in its order, what the rows are made
         of (:meth:`_block`). A view that writes every row (the JSON step table) reads these
         without making a row each."""
-        for k in range(len(self._intervals.segments)):
+        for k in range(len(self._intervals.placed)):
             mine = self._rows_of(k)
             for lo in range(mine.start, mine.stop, size):
                 yield self._block(k, slice(lo, min(lo + size, mine.stop)))
@@ -258,14 +258,14 @@ class StepTable(Sequence[StepRow]):
 
     def interval_at(self, index: int) -> StepInterval:
         """The step interval of row ``index``."""
-        return segment_interval(self._intervals.segments[int(self._segment[index])], int(self._interval[index]))
+        return placed_interval(self._intervals.placed[int(self._placed[index])], int(self._interval[index]))
 
     def take(self, keep: Any) -> StepTable:
         """The rows where the boolean column ``keep`` is true, as a table over the same intervals
         (``--since``/``--until``)."""
         out = object.__new__(StepTable)
         out._intervals, out._marks, out._job_start = self._intervals, self._marks, self._job_start
-        for name in ("_segment", "_interval", "_position", "step_time_s", "productive_s", "first_of_attempt"):
+        for name in ("_placed", "_interval", "_position", "step_time_s", "productive_s", "first_of_attempt"):
             setattr(out, name, getattr(self, name)[keep])
         out._device = None if self._device is None else self._device[keep]
         out._simple_of = self._simple_of  # per interval: the same intervals
@@ -274,9 +274,9 @@ class StepTable(Sequence[StepRow]):
     def intervals(self) -> RowIntervals:
         """Each row's step number and its interval's start and end (ns, on the wall clock), as
         columns: made when asked (what a ``--since``/``--until`` time range is resolved on)."""
-        steps = self._gather(lambda s: _np_ints(s.cut.exec_step), by_interval=False)
-        starts = self._gather(lambda s: _np_ints(s.cut.interval_start) + s.delta, by_interval=True)
-        ends = self._gather(lambda s: _np_ints(s.cut.interval_end) + s.delta, by_interval=True)
+        steps = self._gather(lambda s: int64s(s.cut.exec_step), by_interval=False)
+        starts = self._gather(lambda s: int64s(s.cut.interval_start) + s.delta, by_interval=True)
+        ends = self._gather(lambda s: int64s(s.cut.interval_end) + s.delta, by_interval=True)
         return RowIntervals(steps, starts, ends)
 
     def columns(self) -> StepColumns:
@@ -289,22 +289,22 @@ class StepTable(Sequence[StepRow]):
         rows = self.intervals()
         overhead: dict[str, Any] = {}
         tags: list[tuple[int, tuple[str, ...]]] = []
-        for k, segment in enumerate(self._intervals.segments):
+        for k, placed in enumerate(self._intervals.placed):
             mine = self._rows_of(k)
             if mine.start == mine.stop:
                 continue
             interval = self._interval[mine]
-            count = np.frombuffer(segment.cut.interval_count, dtype=np.int64)[interval]
-            per_label: list[tuple[str, Any]] = list(segment.cut.interval_overhead.items())
-            if segment.relabels.warmup_ns:
+            count = np.frombuffer(placed.cut.interval_count, dtype=np.int64)[interval]
+            per_label: list[tuple[str, Any]] = list(placed.cut.interval_overhead.items())
+            if placed.relabels.warmup_ns:
                 per_label.append((WARMUP, None))
             for label, values in per_label:  # one category's column at a time
-                ns = (np.where(interval == 0, segment.relabels.warmup_ns, 0) if values is None
+                ns = (np.where(interval == 0, placed.relabels.warmup_ns, 0) if values is None
                       else np.frombuffer(values, dtype=np.int64)[interval])
                 if bool((ns > 0).any()):
                     overhead.setdefault(label, np.zeros(n))[mine] = np.where(ns > 0, ns / count / NS, 0.0)
                 del ns
-            marks = self._marks.get(segment.cut.session)
+            marks = self._marks.get(placed.cut.session)
             if marks is None:
                 continue
             steps = rows.steps[mine]
@@ -321,11 +321,11 @@ class StepTable(Sequence[StepRow]):
 
         if self._device is None:
             device = np.full(len(self), np.nan)
-            for k, segment in enumerate(self._intervals.segments):
+            for k, placed in enumerate(self._intervals.placed):
                 mine = self._rows_of(k)
-                marks = self._marks.get(segment.cut.session)
+                marks = self._marks.get(placed.cut.session)
                 if marks is not None and mine.start != mine.stop and marks.has_device_seconds():
-                    device[mine] = marks.device_seconds(self._of_segment(k, _np_ints(segment.cut.exec_step), False))
+                    device[mine] = marks.device_seconds(self._of_placed(k, int64s(placed.cut.exec_step), False))
             device[~np.isfinite(device)] = np.nan
             self._device = device
         return self._device
@@ -338,34 +338,34 @@ class StepTable(Sequence[StepRow]):
         return [self[int(i)] for i in order]
 
     def _simple(self, k: int) -> Any:
-        """Which intervals of segment ``k`` are *simple* (a bool column, made once): plain
+        """Which intervals of placed ``k`` are *simple* (a bool column, made once): plain
         (:func:`plain_intervals`: nothing relabels them) and without overhead, so that each of
         their rows is all productive and counted, read from the cut's columns alone."""
         simple = self._simple_of.get(k)
         if simple is None:
-            segment = self._intervals.segments[k]
-            simple = plain_intervals(segment.cut, *segment.relabels)
-            for values in segment.cut.interval_overhead.values():
-                simple &= _np_ints(values) == 0
+            placed = self._intervals.placed[k]
+            simple = plain_intervals(placed.cut, *placed.relabels)
+            for values in placed.cut.interval_overhead.values():
+                simple &= int64s(values) == 0
             self._simple_of[k] = simple
         return simple
 
     def _block(self, k: int, block: slice) -> list[list[Any]]:
-        """Rows ``block`` (rows of segment ``k``) as one list per field of :class:`StepRow`, in
+        """Rows ``block`` (rows of placed ``k``) as one list per field of :class:`StepRow`, in
         its order: the one derivation of a row. The fields are the cut's columns at the rows'
         executions and intervals; a row's productive time is its interval's, shared equally
         (:attr:`productive_s`); where the interval is not simple (:meth:`_simple`), its
         productive time, overhead and whether it counts are read from its pieces."""
         import numpy as np
 
-        segment = self._intervals.segments[k]
-        cut = segment.cut
+        placed = self._intervals.placed[k]
+        cut = placed.cut
         w, position = self._interval[block], self._position[block]
         n = len(w)
-        i = _np_ints(cut.interval_first)[w] + position
-        steps = _np_ints(cut.exec_step)[i]
-        flags = _np_ints(cut.exec_flags)[i]
-        compute = _np_ints(cut.exec_compute)[i]
+        i = int64s(cut.interval_first)[w] + position
+        steps = int64s(cut.exec_step)[i]
+        flags = int64s(cut.exec_flags)[i]
+        compute = int64s(cut.exec_compute)[i]
         how_codes, how_names = label_codes(cut.interval_how)
         how = how_codes[w]
         marks = self._marks.get(cut.session)
@@ -379,30 +379,30 @@ class StepTable(Sequence[StepRow]):
         interval: StepInterval | None = None
         for j in np.flatnonzero(~self._simple(k)[w]).tolist():
             if interval is None or interval.index != int(w[j]):
-                interval = segment_interval(segment, int(w[j]))
+                interval = placed_interval(placed, int(w[j]))
             shares = len(interval.executions)
             found = interval.overhead()
             wasted = found.pop(WASTED, 0)
             productive[j] = (interval.total(PRODUCTIVE) + wasted) / shares / NS
             overhead[j] = {label: v / shares / NS for label, v in found.items()}
             counted[j] = int(i[j]) not in interval.lost
-        start = _np_ints(cut.interval_start)[w] + segment.delta
+        start = int64s(cut.interval_start)[w] + placed.delta
         host = np.full(n, True) if cut.host_timed else codes_in(how, how_names, (HOST_EXIT,))
         device = self.device_s()[block]
         return [
             steps.tolist(),
-            [segment.attempt] * n,
+            [placed.attempt] * n,
             ((start - self._job_start) / NS).tolist(),
             self.step_time_s[block].tolist(),
             productive,
             overhead,
-            _np_ints(cut.interval_count)[w].tolist(),
+            int64s(cut.interval_count)[w].tolist(),
             host.tolist(),
             self.first_of_attempt[block].tolist(),
             counted,
-            _np_ints(cut.exec_seq)[i].tolist(),
+            int64s(cut.exec_seq)[i].tolist(),
             start.tolist(),
-            (_np_ints(cut.interval_end)[w] + segment.delta).tolist(),
+            (int64s(cut.interval_end)[w] + placed.delta).tolist(),
             [how_names[code] for code in how.tolist()],
             ((flags & FLAG_REPEATED) != 0).tolist(),
             ((flags & FLAG_DECREASING) != 0).tolist(),
@@ -420,12 +420,6 @@ def _step_row(fields: dict[str, Any]) -> StepRow:
     row = object.__new__(StepRow)
     object.__setattr__(row, "__dict__", fields)
     return row
-
-
-def _np_ints(values: Any) -> Any:
-    import numpy as np
-
-    return np.frombuffer(values, dtype=np.int64)
 
 
 def _np_full(n: int, value: int) -> Any:
