@@ -16,9 +16,11 @@ again (three times at most).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from goodtrace.analysis import RunAnalysis
 from helpers.idle_truth import MS, charged, run_and_check, true_cost
 
 pytestmark = pytest.mark.processes
@@ -63,9 +65,24 @@ def test_host_overhead_beside_queued_device_work_stays_productive(tmp_path: Path
     assert all(r.productive_s > 0.050 for r in rows), [r.productive_s for r in rows]
 
 
+def _first_batch(truth: dict[str, Any]) -> int:
+    return next(t1 - t0 for category, t0, t1, _ in truth["spans"] if category == "data")
+
+
+def _only_the_first_batch_idle(analysis: RunAnalysis, truths: list[dict[str, Any]]) -> str | None:
+    """Why the device-bound loop did not have its shape: a later batch than the first found the
+    device idle (this machine held the host off for longer than a device step)."""
+    cost, first = true_cost(truths[0]).get("data", 0), _first_batch(truths[0])
+    if cost > first + MS:
+        return f"the device waited {cost / MS:.1f} ms on data, the first batch took {first / MS:.1f} ms"
+    return None
+
+
 def test_a_device_bound_loop_keeps_its_short_data_and_log_spans_productive(tmp_path: Path) -> None:
-    analysis, _ = run_and_check("device_bound", tmp_path, ["data", "log"])
-    measured, _ = charged(analysis, 0)
-    # only the first step's batch found the device idle (nothing dispatched before it)
-    assert 4 * MS <= measured.get("data", 0) <= 7 * MS
+    analysis, (truth,) = run_and_check("device_bound", tmp_path, ["data", "log"], shaped=_only_the_first_batch_idle)
+    measured, uncertain = charged(analysis, 0)
+    # only the first step's batch found the device idle (nothing dispatched before it): it is
+    # charged, as long as this machine made it; the other batches ran beside queued kernels
+    first, bound = _first_batch(truth), truth["poll_ns"] + truth["slack_ns"] + MS
+    assert first - bound <= measured.get("data", 0) <= first + uncertain + MS
     assert analysis.verdict.kind != "input-bound"
