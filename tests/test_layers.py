@@ -27,6 +27,7 @@ LAYER_OF = {
     "accelerators": "leaf",
     "record": "record",
     "read": "read",
+    "columns": "read",  # numpy column helpers of the reader and the analysis (numpy imported lazily)
     "analysis": "analysis",
     "renderers": "renderers",
     "sinks": "sinks",
