@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,8 @@ from helpers.storage_servers import EmulatedNFS, S3Server, fuse_unavailable
 FLUSH_S = 0.25
 
 # Steps of 10 spans with a 1 ms "device" sleep; every 50 ms the longest chunk the writer needed
-# (encode + storage call: append or upload) so far, for the parent's bound.
+# (encode + storage call: append or upload) so far, its storage calls ended, and the time.
+REPORT_S = 0.05
 KILL_CHILD = textwrap.dedent(
     """
     import mmap, sys, time
@@ -52,8 +52,8 @@ KILL_CHILD = textwrap.dedent(
         progress[:8] = step.to_bytes(8, "little")  # steps 0 .. step - 1 have ended
         time.sleep(0.001)
         if time.monotonic() >= next_report:
-            next_report = time.monotonic() + 0.05
-            print(f"{stats.max_chunk_seconds():.6f} {step}", flush=True)
+            next_report = time.monotonic() + 0.05  # REPORT_S
+            print(f"{stats.max_chunk_seconds():.6f} {stats.calls} {time.monotonic():.6f}", flush=True)
     """
 )
 
@@ -71,34 +71,41 @@ def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
 
 
 def _kill_and_measure(run_dir: str, env: dict[str, str]) -> tuple[float, float]:
-    """Run the child, SIGKILL it after a few intervals; (seconds lost, the bound this run allows).
-    The loss is counted in the steps the child had ended that are not in the run, at the run's
-    own time per step, not from the kill's time: a child the scheduler held off appended
-    nothing meanwhile, and lost nothing."""
+    """Run the child, SIGKILL it after a few intervals, as soon as it reports a storage call
+    ended; (seconds lost, the bound this run allows). The loss is counted in the steps the
+    child had ended that are not in the run, at the run's own time per step, not from the
+    kill's time: a child the scheduler held off appended nothing meanwhile, and lost nothing.
+    The bound: one interval (records not yet in a chunk when the call began), the slowest
+    chunk so far (that call's), the time from the report to the kill, and the scheduler's
+    lateness; a kill in the middle of a slow call would need that call's unknown length."""
     progress = tempfile.NamedTemporaryFile(suffix=".progress", delete=False)  # noqa: SIM115
     progress.close()
     child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, run_dir, str(FLUSH_S), progress.name],
                              stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
     assert child.stdout is not None
     assert child.stdout.readline(), "the child did not start"
-    reports: list[str] = []
-    reader = threading.Thread(target=reports.extend, args=(child.stdout,), daemon=True)
-    reader.start()
     late = oversleep()
-    time.sleep(6 * FLUSH_S)
-    child.send_signal(signal.SIGKILL)
+    not_before, give_up = time.monotonic() + 6 * FLUSH_S, time.monotonic() + 60
+    calls, killed = -1, None
+    for line in child.stdout:
+        chunk_s, now_calls, at = float(line.split()[0]), int(line.split()[1]), float(line.split()[2])
+        if time.monotonic() >= not_before and now_calls > calls >= 0:
+            killed = time.monotonic()
+            child.send_signal(signal.SIGKILL)
+            break
+        calls = now_calls
+        assert time.monotonic() < give_up, "the child's writer ended no storage call for a minute"
+    assert killed is not None, "the child ended before it was killed"
     child.wait(timeout=30)
-    reader.join(timeout=30)
     child.stdout.close()
     ended = int.from_bytes(Path(progress.name).read_bytes()[:8], "little")  # steps 0 .. ended - 1
     os.unlink(progress.name)
-    chunk_s = max(float(line.split()[0]) for line in reports)
     (session,) = read_run(run_dir).sessions
     assert session.finish is None
     steps = [r for r in session.records if r["kind"] == "step"]
     per_step_s = (steps[-1]["t1"] - steps[0]["t0"]) / 1e9 / len(steps)
     lost = (ended - 1 - max(r["step"] for r in steps)) * per_step_s
-    return lost, FLUSH_S + 2 * chunk_s + 2 * late + 2 * sys.getswitchinterval()
+    return lost, FLUSH_S + chunk_s + (killed - at) + REPORT_S + 2 * late + 2 * sys.getswitchinterval()
 
 
 @pytest.mark.processes
