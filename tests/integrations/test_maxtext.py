@@ -3,8 +3,9 @@ runs MaxText's own pre-training trainer (a tiny model on CPU, synthetic data, ch
 evaluations every 5 steps) through its goodput-recorder seam, and the run is read back.
 
 MaxText needs Python >= 3.12 and about 230 packages, so it lives in an environment of its own:
-``GOODTRACE_MAXTEXT_PYTHON`` names its interpreter (docs/development.md says how to make one);
-without it the real-trainer test is skipped. goodtrace comes from this checkout (``src/`` on
+``.venv-maxtext/`` beside the suite's, made by ``.ci/maxtext-env`` (the README's test command
+runs it), or the interpreter ``GOODTRACE_MAXTEXT_PYTHON`` names; without either the
+real-trainer test is skipped. goodtrace comes from this checkout (``src/`` on
 its path; the recording path needs only the standard library)."""
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from goodtrace.read.load import load_run
 
 pytestmark = pytest.mark.processes
 
-SRC = Path(__file__).resolve().parents[2] / "src"
-PYTHON = os.environ.get("GOODTRACE_MAXTEXT_PYTHON", "")
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src"
+MADE = ROOT / ".venv-maxtext" / "bin" / "python"  # what .ci/maxtext-env makes (the README's test command runs it)
+PYTHON = os.environ.get("GOODTRACE_MAXTEXT_PYTHON", "") or (str(MADE) if MADE.exists() else "")
 STEPS, EVERY = 12, 5
 TINY = ["hardware=cpu", "dataset_type=synthetic", "skip_jax_distributed_system=True", f"steps={STEPS}",
         "base_emb_dim=64", "base_num_query_heads=2", "base_num_kv_heads=2", "base_mlp_dim=128",
@@ -34,7 +37,8 @@ TINY = ["hardware=cpu", "dataset_type=synthetic", "skip_jax_distributed_system=T
         "per_device_batch_size=1", "enable_checkpointing=True", "async_checkpointing=False",
         f"checkpoint_period={EVERY}", f"eval_interval={EVERY}", "eval_steps=1"]
 
-needs_maxtext = pytest.mark.skipif(not PYTHON, reason="GOODTRACE_MAXTEXT_PYTHON (a Python with MaxText) is not set")
+needs_maxtext = pytest.mark.skipif(not PYTHON, reason="no Python with MaxText: run .ci/maxtext-env, or set "
+                                   "GOODTRACE_MAXTEXT_PYTHON")
 
 
 def _maxtext(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
