@@ -6,7 +6,7 @@ anomaly; the second made, per span name, a column of every step (for its median)
 every name for each anomaly. So a run that records an event every step (a health check, a
 data probe), or names a span after its step (``f"batch {k}"``), with many anomalies cost the
 product of the two, growing with the square of the run. The events are now indexed by step
-once per session (``StepMarks.events``), the medians come from the values sorted per name,
+once per session (``StepDetail.events``), the medians come from the values sorted per name,
 and an anomaly sums the names its steps have.
 
 The run: one rank (``tests/helpers/builders.py``'s records), steps of 0.1 s with every fifth

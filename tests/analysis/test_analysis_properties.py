@@ -95,7 +95,7 @@ def loaded_runs(draw: Any) -> LoadedRun:
         sessions.append(info)
         records[a] = rec
         t = last_seen
-    return LoadedRun(path="memory", sessions=sessions, timelines={}, session_records=records)
+    return LoadedRun(path="memory", sessions=sessions, details={}, session_records=records)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

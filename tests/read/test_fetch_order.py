@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from goodtrace import columns, schema
-from goodtrace.read import duckdb_sql, model_fetch, timelines
+from goodtrace.read import detail, duckdb_sql, model_fetch
 
 _DETAIL = {
     "det_tags": [(0, 0, 1, "b", 100), (0, 0, 1, "a", 100), (0, 1, 2, "c", 200), (0, 1, 2, "a", 200)],
@@ -28,13 +28,13 @@ _DETAIL = {
 
 def _timeline(order: random.Random) -> tuple[object, ...]:
     con = duckdb.connect()
-    timelines.create_detail_tables(con)
+    detail.create_detail_tables(con)
     for table, rows in _DETAIL.items():
         shuffled = list(rows)
         order.shuffle(shuffled)
         marks = ", ".join("?" * len(shuffled[0]))
         con.executemany(f"INSERT INTO {table} VALUES ({marks})", shuffled)
-    tl = timelines.load_timelines(con, [0])[0]
+    tl = detail.load_details(con, [0])[0]
     names = tl.names
     return (tl.span_names, [names[c] for c in tl.span_name], list(tl.span_step), list(tl.span_ns),
             [names[c] for c in tl.tag_name], list(tl.tag_step), [names[c] for c in tl.metric_name],
@@ -51,11 +51,11 @@ def test_the_reference_detail_is_fetched_in_one_order_whatever_the_rows_order() 
 
 def test_span_time_summed_over_files_past_int64_is_an_error_not_a_wrapped_number() -> None:
     con = duckdb.connect()
-    timelines.create_detail_tables(con)
+    detail.create_detail_tables(con)
     con.executemany("INSERT INTO det_spans VALUES (?, ?, ?, ?, ?, ?)",
                     [(0, 0, 5, "fwd", 2**62 + 1, 10), (0, 1, 5, "fwd", 2**62, 20), (0, 0, 6, "fwd", 1, 30)])
     with pytest.raises(duckdb.ConversionException, match="out of range"):
-        timelines.load_timelines(con, [0])
+        detail.load_details(con, [0])
 
 
 def test_rows_are_ordered_by_one_combined_key_or_key_by_key_alike() -> None:

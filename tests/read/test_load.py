@@ -94,7 +94,7 @@ def test_every_rank_is_analysed_and_only_the_reference_rank_read_in_full(tmp_pat
         p.finish(6.0)
         p.write()
     loaded = load_run(tmp_path)
-    assert {loaded.sessions[i].rank for i in loaded.timelines} == {0}
+    assert {loaded.sessions[i].rank for i in loaded.details} == {0}
     assert len(loaded.session_records) == 12
     result = analyze(loaded)
     assert result.spread.ranks == 12 and result.spread.analysed == 12

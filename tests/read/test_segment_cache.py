@@ -343,7 +343,7 @@ def _crossing(run: Path, seq: bool = True, steps: int = 8) -> Proc:
 
 def test_a_long_session_is_parsed_a_few_files_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A session of many files is parsed in parts of a few files (``fold_batches.batch_parts``) and
-    its detail read the same way (``timelines.extract_details``): parsed whole, a session of 10 M
+    its detail read the same way (``detail.extract_details``): parsed whole, a session of 10 M
     steps was one table DuckDB could not group within its memory. Here parts of one and of two
     files of a session of eight give the report that one batch gives, read from the JSON lines
     and from the compacted copy (whose reduction is extracted in the same parts)."""

@@ -276,7 +276,7 @@ class RunAnalysis:
 def _events(run: LoadedRun, attempts: Sequence[Attempt], job_start: int,
             records_of: Mapping[int, SessionRecords]) -> tuple[list[EventRow], int]:
     """The job's first :data:`MAX_EVENTS` events, earliest first (attributes from the reference
-    sessions' timelines; the others' as the analysis took them when it cut each session), and
+    sessions' step detail; the others' as the analysis took them when it cut each session), and
     how many there are: only those kept are held (a week of 10,000 ranks has millions of events)."""
     total = 0
 
@@ -285,9 +285,9 @@ def _events(run: LoadedRun, attempts: Sequence[Attempt], job_start: int,
         for a in attempts:
             for index in a.sessions:
                 info = run.sessions[index]
-                timeline = run.timelines.get(index)
-                if timeline is not None:
-                    for name, t, step, attrs in timeline.events:
+                session_detail = run.details.get(index)
+                if session_detail is not None:
+                    for name, t, step, attrs in session_detail.events:
                         total += 1
                         yield EventRow(info.rank, a.index, name, (info.wall(t) - job_start) / NS, step, attrs)
                     continue
@@ -382,7 +382,7 @@ def analyze(
             raise AnalysisError(f"empty window {lo_s}:{hi_s}")
         window_partition = interval_partition(timeline, a_ns, b_ns)
     rolling = tuple(rolling_goodput(timeline, rolling_s)) if rolling_s else ()
-    rows = StepTable(timeline.intervals, run.timelines, job_start)
+    rows = StepTable(timeline.intervals, run.details, job_start)
     ideal_s = None if ideal_ns is None else ideal_ns / NS
     anomalies, threshold = find_anomalies(rows, k=anomaly_k)
     time_range = None

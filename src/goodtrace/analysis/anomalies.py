@@ -13,7 +13,7 @@ from typing import Any
 from goodtrace import schema
 from goodtrace.analysis.cut import FLAG_DECREASING, FLAG_REPEATED
 from goodtrace.analysis.partition import WARMUP, WASTED, StepInterval
-from goodtrace.analysis.step_marks import StepMarks
+from goodtrace.analysis.step_detail import StepDetail
 from goodtrace.analysis.steps import NS, StepTable
 from goodtrace.columns import median
 from goodtrace.record.live.change_point import interpolate
@@ -115,19 +115,19 @@ def find_anomalies(table: StepTable, *, k: float = 5.0) -> tuple[list[Anomaly], 
                                             table.step_time_s[rows].tolist(), strict=True):
         interval, execution = table.execution_at(i)
         step, seq = interval.cut.exec_step[execution], interval.cut.exec_seq[execution]
-        marks = table.marks_of(interval.cut.session)
-        tags = marks.tags(step) if marks is not None else ()
+        detail = table.detail_of(interval.cut.session)
+        tags = detail.tags(step) if detail is not None else ()
         found.append(Anomaly(step, interval.attempt, productive_s, threshold, step_time_s,
                              _overlapping(interval, table, tags), seq))
     return found, threshold
 
 
-def _unusual(marks: StepMarks, steps: Sequence[int]) -> list[str]:
+def _unusual(detail: StepDetail, steps: Sequence[int]) -> list[str]:
     """The spans that took unusually long in ``steps``: more than 1.5x their usual time per
     step, and at least 1 ms more (the five largest excesses)."""
     found = []
-    medians = marks.span_medians()
-    for name, took in marks.span_totals(steps).items():
+    medians = detail.span_medians()
+    for name, took in detail.span_totals(steps).items():
         usual = medians[name] * len(steps)
         if took > 1.5 * usual and took - usual >= 0.001 * NS:
             found.append((took - usual, f"span:{name} {took / NS:.3f}s (usually {usual / NS:.3f}s)"))
@@ -136,16 +136,16 @@ def _unusual(marks: StepMarks, steps: Sequence[int]) -> list[str]:
 
 def _overlapping(w: StepInterval, table: StepTable, tags: tuple[str, ...]) -> tuple[str, ...]:
     found = [f"tag:{t}" for t in tags]
-    marks = table.marks_of(w.cut.session)
-    if marks is None:
+    detail = table.detail_of(w.cut.session)
+    if detail is None:
         return tuple(found)
     for label, length in sorted(w.overhead().items(), key=lambda kv: -kv[1]):
         if label not in (WASTED, WARMUP):
             found.append(f"{label}:{length / NS:.3f}s")
     steps = sorted({w.cut.exec_step[i] for i in w.executions})
-    found.extend(_unusual(marks, steps))
-    found.extend(f"event:{name}" for step in steps for name in marks.events(step))
-    idle = sum(marks.metric_sum(step, schema.DEVICE_IDLE_METRIC) for step in steps)
+    found.extend(_unusual(detail, steps))
+    found.extend(f"event:{name}" for step in steps for name in detail.events(step))
+    idle = sum(detail.metric_sum(step, schema.DEVICE_IDLE_METRIC) for step in steps)
     if idle > 0:
         found.append(f"device_idle:{idle:.3f}s")
     return tuple(dict.fromkeys(found))

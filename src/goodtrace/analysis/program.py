@@ -39,10 +39,10 @@ class ProgramGoodput:
 def model_figures(run: LoadedRun, sessions: Sequence[int]) -> tuple[float | None, float | None]:
     """(FLOPs per step of one rank, peak FLOP/s of one of its devices) as the framework
     integration recorded them: a ``flops_per_step`` metric and a ``model`` event (goodtrace.integrations)."""
-    values = [value for index in sessions if index in run.timelines for value in run.timelines[index].flops]
+    values = [value for index in sessions if index in run.details for value in run.details[index].flops]
     peaks = [
-        float(peak) for index in sessions if index in run.timelines
-        for peak in (run.timelines[index].model.get("peak_flops"),)
+        float(peak) for index in sessions if index in run.details
+        for peak in (run.details[index].model.get("peak_flops"),)
         if isinstance(peak, (int, float)) and not isinstance(peak, bool) and peak > 0
     ]
     return (statistics.median(values) if values else None), (statistics.median(peaks) if peaks else None)

@@ -25,9 +25,9 @@ from goodtrace.analysis.partition import (
     placed_interval,
     plain_intervals,
 )
-from goodtrace.analysis.step_marks import StepMarks
+from goodtrace.analysis.step_detail import StepDetail
 from goodtrace.columns import codes_in, int64s, label_codes
-from goodtrace.read.loaded import SessionTimeline
+from goodtrace.read.loaded import SessionDetail
 
 NS = 1e9
 
@@ -115,21 +115,21 @@ class StepColumns(NamedTuple):
     tags: list[tuple[int, tuple[str, ...]]]  # (row, its step's tags) of the rows with tags
 
 
-_ROW_BLOCK = 1 << 16  # rows made at a time when the table is walked (their marks looked up together)
+_ROW_BLOCK = 1 << 16  # rows made at a time when the table is walked (their detail looked up together)
 
 
 class StepTable(Sequence[StepRow]):
     """The step table: one row per execution of the reference rank, in time order, held as
     columns (a week-long run has hundreds of thousands of rows); a :class:`StepRow` is made
-    when a row is read, from its interval and the session's per-step marks. The columns that
+    when a row is read, from its interval and the session's per-step detail. The columns that
     statistics, anomalies and the slowest steps need are numpy arrays."""
 
-    def __init__(self, intervals: IntervalList, marks: dict[int, SessionTimeline], job_start: int) -> None:
+    def __init__(self, intervals: IntervalList, detail: dict[int, SessionDetail], job_start: int) -> None:
         import numpy as np
 
         self._intervals = intervals
         cuts = {placed.cut.session: placed.cut for placed in intervals.placed}
-        self._marks = {session: StepMarks(tl, cuts.get(session)) for session, tl in marks.items()}
+        self._detail = {session: StepDetail(tl, cuts.get(session)) for session, tl in detail.items()}
         self._job_start = job_start
         placed_of, interval_of, position, step_time, productive = [], [], [], [], []
         for k, placed in enumerate(intervals.placed):
@@ -252,9 +252,9 @@ class StepTable(Sequence[StepRow]):
             for lo in range(mine.start, mine.stop, size):
                 yield self._block(k, slice(lo, min(lo + size, mine.stop)))
 
-    def marks_of(self, session: int) -> StepMarks | None:
-        """The per-step marks (tags, metrics, span time) of ``session``, None without them."""
-        return self._marks.get(session)
+    def detail_of(self, session: int) -> StepDetail | None:
+        """The per-step detail (tags, metrics, span time) of ``session``, None without them."""
+        return self._detail.get(session)
 
     def interval_at(self, index: int) -> StepInterval:
         """The step interval of row ``index``."""
@@ -264,7 +264,7 @@ class StepTable(Sequence[StepRow]):
         """The rows where the boolean column ``keep`` is true, as a table over the same intervals
         (``--since``/``--until``)."""
         out = object.__new__(StepTable)
-        out._intervals, out._marks, out._job_start = self._intervals, self._marks, self._job_start
+        out._intervals, out._detail, out._job_start = self._intervals, self._detail, self._job_start
         for name in ("_placed", "_interval", "_position", "step_time_s", "productive_s", "first_of_attempt"):
             setattr(out, name, getattr(self, name)[keep])
         out._device = None if self._device is None else self._device[keep]
@@ -282,7 +282,7 @@ class StepTable(Sequence[StepRow]):
     def columns(self) -> StepColumns:
         """Every row as columns (:class:`StepColumns`): each interval's overhead per category
         from its cut's columns, shared equally like its productive time, with the attempt's
-        warm-up in its first interval; tags and device time from the session's marks."""
+        warm-up in its first interval; tags and device time from the session's detail."""
         import numpy as np
 
         n = len(self)
@@ -304,12 +304,12 @@ class StepTable(Sequence[StepRow]):
                 if bool((ns > 0).any()):
                     overhead.setdefault(label, np.zeros(n))[mine] = np.where(ns > 0, ns / count / NS, 0.0)
                 del ns
-            marks = self._marks.get(placed.cut.session)
-            if marks is None:
+            detail = self._detail.get(placed.cut.session)
+            if detail is None:
                 continue
             steps = rows.steps[mine]
-            tagged = np.flatnonzero(np.isin(steps, marks.tag_steps))
-            tags.extend((mine.start + j, marks.tags(int(steps[j]))) for j in tagged.tolist())  # in row order
+            tagged = np.flatnonzero(np.isin(steps, detail.tag_steps))
+            tags.extend((mine.start + j, detail.tags(int(steps[j]))) for j in tagged.tolist())  # in row order
         return StepColumns(rows.steps, self.seq, self.attempt, self.shared, rows.starts, rows.ends, self.productive_s,
                            overhead, self.device_s(), tags)
 
@@ -323,9 +323,9 @@ class StepTable(Sequence[StepRow]):
             device = np.full(len(self), np.nan)
             for k, placed in enumerate(self._intervals.placed):
                 mine = self._rows_of(k)
-                marks = self._marks.get(placed.cut.session)
-                if marks is not None and mine.start != mine.stop and marks.has_device_seconds():
-                    device[mine] = marks.device_seconds(self._of_placed(k, int64s(placed.cut.exec_step), False))
+                detail = self._detail.get(placed.cut.session)
+                if detail is not None and mine.start != mine.stop and detail.has_device_seconds():
+                    device[mine] = detail.device_seconds(self._of_placed(k, int64s(placed.cut.exec_step), False))
             device[~np.isfinite(device)] = np.nan
             self._device = device
         return self._device
@@ -368,9 +368,9 @@ class StepTable(Sequence[StepRow]):
         compute = int64s(cut.exec_compute)[i]
         how_codes, how_names = label_codes(cut.interval_how)
         how = how_codes[w]
-        marks = self._marks.get(cut.session)
-        if marks is not None:
-            tags, metrics = marks.tags_of(steps), marks.metrics_of(steps)
+        detail = self._detail.get(cut.session)
+        if detail is not None:
+            tags, metrics = detail.tags_of(steps), detail.metrics_of(steps)
         else:
             tags, metrics = [()] * n, [{} for _ in range(n)]
         productive = self.productive_s[block].tolist()

@@ -3,7 +3,7 @@ sessions that recorded one.
 
 The run model's event table says which sessions have one (name, time, step); a hang's stack
 and the rest of its attributes are wanted only there, so they are read from those sessions'
-own segment files (or taken from their full timelines when the loader holds them).
+own segment files (or taken from their step detail when the loader holds it).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ def hang_details(run: LoadedRun, events: dict[int, list[tuple[str, int, int | No
     the JSON files)."""
     found: dict[int, list[HangEvent]] = {}
     for index, named in events.items():
-        timeline = run.timelines.get(index)
-        if timeline is not None:
-            details = [HangEvent(n, t, s, a or {}) for n, t, s, a in timeline.events if n in HANG_EVENTS]
+        session_detail = run.details.get(index)
+        if session_detail is not None:
+            details = [HangEvent(n, t, s, a or {}) for n, t, s, a in session_detail.events if n in HANG_EVENTS]
         else:
             details = _from_files(run, index)
         if not details:  # the files are gone (a compacted copy): names and times only

@@ -3,8 +3,8 @@
 DuckDB parses every rank's JSON-lines segments (or reads the Parquet copy that
 ``compact_run`` writes) into what the run model needs of every session (summaries and compact
 columns: executions, sync points, overhead spans, compute per execution, clock samples), so
-memory stays bounded for any number of ranks and steps; full per-record timelines are loaded
-only for each attempt's reference session (rank 0, or the lowest rank present).
+memory stays bounded for any number of ranks and steps; the step detail (tags, metrics, span time
+per step, events) is loaded only for each attempt's reference session (rank 0, or the lowest rank present).
 Torn lines, missing ranks, missing finish records and older schema versions are tolerated and
 reported in ``LoadedRun.warnings``; every line that is not a valid record (not JSON, an
 impossible field, longer than a record may be, in a file whose header is unusable:
@@ -35,9 +35,9 @@ from goodtrace.read.cache_keep import (
     store_prefixes,
 )
 from goodtrace.read.compact import COMPACT_DIR, COMPACT_RECORDS, compact_manifest, compact_run
+from goodtrace.read.detail import Growing, load_details, read_details
 from goodtrace.read.detail_columns import keep as keep_detail
 from goodtrace.read.detail_columns import prune_kept
-from goodtrace.read.detail_read import Growing, read_details
 from goodtrace.read.discovery import (
     collect_sessions,
     count_lines,
@@ -57,9 +57,9 @@ from goodtrace.read.loaded import (
     LoadedRun,
     LoadError,
     Progress,
+    SessionDetail,
     SessionInfo,
     SessionRecords,
-    SessionTimeline,
 )
 from goodtrace.read.long_lines import shortened_copy
 from goodtrace.read.mirror import mirror_run
@@ -68,7 +68,6 @@ from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.session_columns import KeptChanged, KeptColumns
 from goodtrace.read.session_columns import prune_kept as prune_columns
 from goodtrace.read.sessions import number_attempts
-from goodtrace.read.timelines import load_timelines
 from goodtrace.read.validate import describe_skipped
 from goodtrace.record.io.storage import is_url, local_path
 
@@ -78,9 +77,9 @@ __all__ = [
     "LoadError",
     "LoadedRun",
     "NotARunError",
+    "SessionDetail",
     "SessionInfo",
     "SessionRecords",
-    "SessionTimeline",
     "compact_run",
     "load_run",
     "mirror_run",
@@ -452,18 +451,18 @@ def _load_run(
         detail = read_details(con, root, cache, references, list(drafts.values()), fid_of, identities, closed, skips,
                                parquet_ok, path_of, Growing(ranges, ends, os.path.join(tmpdir, "detail")), list(drafts),
                                use_kept=keep_columns)
-        # DuckDB's memory cut before the reference timelines are fetched and ordered in numpy
+        # DuckDB's memory cut before the reference sessions' detail is fetched and ordered in numpy
         duckdb_connection.settle(con)
         folder, names = detail.folder, list(drafts)
-        timelines = load_timelines(
+        details = load_details(
             con, references, detail.columns, detail.closing,
             None if folder is None else lambda sid, columns: keep_detail(
                 folder, names[sid], duckdb_sql.RUN_MODEL_VERSION, detail.files[sid], columns))
         if folder is not None:
             prune_kept(folder, drafts)
         models = model_fetch.model_events(con)
-        for sid, timeline in timelines.items():
-            timeline.model = models.get(sid, {})
+        for sid, session_detail in details.items():
+            session_detail.model = models.get(sid, {})
         if kept is not None:
             closing_columns(con, kept, root, drafts, sessions, fid_of, identities, closed, skips)
         vocab = model_fetch.model_vocab(con, kept)
@@ -491,7 +490,7 @@ def _load_run(
             warnings.append(f"rank {s.rank} (session {s.session}) spans {(s.last_seen - s.proc_start) / _YEAR_NS:.0f} "
                             "years from its process start to its last record: a record's time is likely corrupt")
     loaded = LoadedRun(
-        path=path, sessions=sessions, timelines=timelines, session_records=records,
+        path=path, sessions=sessions, details=details, session_records=records,
         warnings=fold_file_warnings(warnings),
         form=form, records=record_count, files=json_by_sid, file_ranges=file_ranges, parquet_fids=parquet_fids,
         parquet_path=parquet if parquet_ok else None, skipped=skipped, read_bytes=read_bytes,

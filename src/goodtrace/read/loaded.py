@@ -4,7 +4,7 @@ A :class:`LoadedRun` holds one :class:`SessionInfo` per session (one process of 
 :class:`SessionRecords` every session contributes to the run model (its step executions, sync
 points, main-thread overhead spans, per-execution compute time, clock samples, events: compact
 columns, so that 10,000 ranks of a long run fit in memory), and the per-step
-:class:`SessionTimeline` of the few sessions whose steps the report lists (the reference rank:
+:class:`SessionDetail` of the few sessions whose steps the report lists (the reference rank:
 tags, metric values and span time per step, as columns).
 """
 
@@ -28,9 +28,9 @@ __all__ = [
     "LoadError",
     "LoadedRun",
     "Progress",
+    "SessionDetail",
     "SessionInfo",
     "SessionRecords",
-    "SessionTimeline",
 ]
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -256,7 +256,7 @@ def _floats() -> array[float]:
 
 
 @dataclasses.dataclass
-class SessionTimeline:
+class SessionDetail:
     """What the step table and its explanations read of the reference rank's sessions, per
     step and as columns (never one object per record: a week-long run has millions): tags and
     metric values that name a step (in time order), each span name's time per step (sorted by
@@ -295,12 +295,12 @@ class FileRange(NamedTuple):
 
 @dataclasses.dataclass
 class LoadedRun:
-    """What the analysis reads: every session's summary and model records, and the full
-    timelines of the reference rank's sessions."""
+    """What the analysis reads: every session's summary and model records, and the step
+    detail of the reference rank's sessions."""
 
     path: str
     sessions: list[SessionInfo]
-    timelines: dict[int, SessionTimeline]
+    details: dict[int, SessionDetail]
     # each session's model columns: a dict, or the loader's source that fetches them when asked
     session_records: MutableMapping[int, SessionRecords] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)

@@ -462,7 +462,7 @@ def _kept_compute(kept: KeptColumns, sid: int) -> tuple[array[int], array[int]]:
 
 def model_events(con: Any) -> dict[int, dict[str, Any]]:
     """Per session, the attributes of the last ``model`` event the framework integration
-    recorded (the one fetch of it: ``SessionTimeline.model``)."""
+    recorded (the one fetch of it: ``SessionDetail.model``)."""
     return {int(sid): _json_object(attrs) for sid, attrs in con.execute(
         "SELECT sid, arg_max(attrs, (t, coalesce(attrs, ''))) FROM m_model WHERE name = 'model' GROUP BY sid"
     ).fetchall()}

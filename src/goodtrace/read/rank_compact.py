@@ -29,7 +29,7 @@ import tempfile
 import time
 import traceback
 
-from goodtrace.read import duckdb_connection, duckdb_sql, timelines
+from goodtrace.read import detail, duckdb_connection, duckdb_sql
 from goodtrace.read.cache_keep import closed_files, file_identities, last_segments, store_closed
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
@@ -93,7 +93,7 @@ def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> N
     os.makedirs(folder, exist_ok=True)
     cache = SegmentCache(folder)
     reference = draft.header.get("rank") == 0
-    kinds = [("model", duckdb_sql.SEGMENT_NAMES)] + ([("detail", timelines.DETAIL_NAMES)] if reference else [])
+    kinds = [("model", duckdb_sql.SEGMENT_NAMES)] + ([("detail", detail.DETAIL_NAMES)] if reference else [])
     found = {kind: cache.find(kind, {fid_of[p]: identities[p] for p in wanted}) for kind, _ in kinds}
     todo = [p for p in wanted if any(fid_of[p] not in hits for hits in found.values())]
     if not todo:
@@ -119,10 +119,10 @@ def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> N
             for kind, tables in kinds:
                 hits = found[kind]
                 if kind == "detail":
-                    timelines.create_detail_tables(con)
+                    detail.create_detail_tables(con)
                     for fid in _load_for_merge(cache, con, kind, hits, sid_of_fid):
                         del hits[fid]
-                    timelines.extract_details(
+                    detail.extract_details(
                         con, [(skips.substitutes.get(p, p), 0, fid_of[p]) for p in sorted(closed, key=lambda q: fid_of[q])
                               if fid_of[p] not in hits], [])
                 store_closed(cache, con, root, kind, tables, {fid_of[p]: identities[p] for p in closed}, hits, skips,

@@ -3,7 +3,7 @@ parses only the bytes written since.
 
 A *chunk* is what one report (or ``goodtrace compact``) stored: one Parquet file per table of
 the fold's map (``duckdb_sql.SEGMENT_NAMES``, kind ``model``) or of the reference rank's
-detail (``timelines.DETAIL_NAMES``, kind ``detail``), each row under its file's number in
+detail (``detail.DETAIL_NAMES``, kind ``detail``), each row under its file's number in
 the chunk, and an index ``<chunk>.json`` naming each file by its identity: path in the run,
 size, mtime_ns, inode (where the filesystem has one) and the main thread its session's header
 names, with the lines the fold skipped in it. A file's rows are used only while all of that is

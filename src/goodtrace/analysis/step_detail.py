@@ -1,4 +1,4 @@
-"""A session's marks by step: its tags and metric values, its events, and its spans' time per
+"""A session's step detail: its tags and metric values, its events, and its spans' time per
 name and step (the step table's rows and their anomalies read them), as columns sorted by step.
 
 A tag, or a span's time, belongs to the step it was recorded in, except where it lies inside an
@@ -14,21 +14,21 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from goodtrace import schema
-from goodtrace.read.loaded import SessionTimeline
+from goodtrace.read.loaded import SessionDetail
 
 if TYPE_CHECKING:
     from goodtrace.analysis.cut import SessionCut
 
-__all__ = ["StepMarks", "placed_steps"]
+__all__ = ["StepDetail", "placed_steps"]
 
 _DEVICE_KEYS = (schema.DEVICE_BUSY_METRIC, "device_time_s")
 
 
-class StepMarks:
+class StepDetail:
     """One session's tags and metric values by step (columns sorted by step, time order kept
     within a step), and its spans' time per name and step, for the step table and anomalies."""
 
-    def __init__(self, tl: SessionTimeline, cut: SessionCut | None = None) -> None:
+    def __init__(self, tl: SessionDetail, cut: SessionCut | None = None) -> None:
         import numpy as np
 
         self.tl = tl
@@ -152,7 +152,7 @@ class StepMarks:
         import numpy as np
 
         if self._span_medians is None:
-            sorted_steps = self._span_steps  # sorted by step (SessionTimeline)
+            sorted_steps = self._span_steps  # sorted by step (SessionDetail)
             count = int(np.count_nonzero(sorted_steps[1:] != sorted_steps[:-1])) + 1 if len(sorted_steps) else 0
             codes = np.frombuffer(self.tl.span_name, dtype=np.int32)
             totals = np.frombuffer(self.tl.span_ns, dtype=np.int64)

@@ -1,4 +1,4 @@
-"""A session's span time per name and step (``StepMarks``), which an anomaly's "unusually long
+"""A session's span time per name and step (``StepDetail``), which an anomaly's "unusually long
 spans" read: the median per name over the steps with any span, and the totals over a few steps,
 equal to the plain computation (a zero-filled column per name and ``np.median``; every name
 summed) on any columns, although they no longer make a column per name (a run may name a span
@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodtrace.analysis import step_marks as marks_module
-from goodtrace.analysis.step_marks import StepMarks
-from goodtrace.read.loaded import SessionTimeline
+from goodtrace.analysis import step_detail as detail_module
+from goodtrace.analysis.step_detail import StepDetail
+from goodtrace.read.loaded import SessionDetail
 
 
 @st.composite
-def timelines(draw: st.DrawFn) -> SessionTimeline:
+def details(draw: st.DrawFn) -> SessionDetail:
     names = tuple(sorted(draw(st.sets(st.text("abcxyz", min_size=1, max_size=3), min_size=1, max_size=6))))
     cells = draw(st.lists(st.tuples(st.integers(-3, 12), st.integers(0, len(names) - 1),
                                     st.sampled_from([-7, 0, 1, 2, 5, 10**9, 2**62 + 1])), max_size=40))
@@ -28,15 +28,15 @@ def timelines(draw: st.DrawFn) -> SessionTimeline:
     steps = [step for (step, _), _ in rows]
     codes = [code for (_, code), _ in rows]
     span_names = tuple(dict.fromkeys(names[code] for code in draw(st.permutations(codes))))
-    return SessionTimeline(names=names, span_step=array("q", steps), span_name=array("i", codes),
+    return SessionDetail(names=names, span_step=array("q", steps), span_name=array("i", codes),
                            span_ns=array("q", [ns for _, ns in rows]), span_names=span_names)
 
 
 @settings(max_examples=300, deadline=None)
-@given(timelines(), st.lists(st.integers(-3, 12), max_size=4, unique=True))
+@given(details(), st.lists(st.integers(-3, 12), max_size=4, unique=True))
 @pytest.mark.slow
-def test_span_medians_and_totals_equal_the_plain_computation(tl: SessionTimeline, asked: list[int]) -> None:
-    marks = StepMarks(tl)
+def test_span_medians_and_totals_equal_the_plain_computation(tl: SessionDetail, asked: list[int]) -> None:
+    detail = StepDetail(tl)
     steps = np.frombuffer(tl.span_step, dtype=np.int64)
     distinct = sorted(set(steps.tolist()))
     expected: dict[str, float] = {}
@@ -46,20 +46,20 @@ def test_span_medians_and_totals_equal_the_plain_computation(tl: SessionTimeline
             if tl.names[code] == name:
                 column[distinct.index(step)] = ns
         expected[name] = float(np.median(column)) if len(column) else 0.0
-    assert marks.span_medians() == expected
-    assert list(marks.span_medians()) == list(tl.span_names)
-    few = marks_module._FEW_NAMES
+    assert detail.span_medians() == expected
+    assert list(detail.span_medians()) == list(tl.span_names)
+    few = detail_module._FEW_NAMES
     try:  # the path of many names: one sort of every row, not a pass per name
-        marks_module._FEW_NAMES = 0
-        assert StepMarks(tl).span_medians() == expected
+        detail_module._FEW_NAMES = 0
+        assert StepDetail(tl).span_medians() == expected
     finally:
-        marks_module._FEW_NAMES = few
+        detail_module._FEW_NAMES = few
 
     totals = dict.fromkeys(tl.span_names, 0)
     for step, code, ns in zip(tl.span_step, tl.span_name, tl.span_ns, strict=True):
         if step in asked:
             totals[tl.names[code]] += ns
-    found = marks.span_totals(sorted(asked))
+    found = detail.span_totals(sorted(asked))
     # the names with a span in those steps, in order of first appearance
     assert list(found) == [name for name in tl.span_names if name in found]
     assert found == {name: ns for name, ns in totals.items() if name in found}
