@@ -183,9 +183,8 @@ def load_run(
 
     ``engine`` says where the sessions are folded (:class:`~goodtrace.read.engine.Engine`; by
     default a local process per core when the run is large enough, ``GOODTRACE_WORKERS``):
-    the result is the same wherever. A caller running inside a script whose module level
-    does work (a training script) passes ``Engine(workers=1)``: pool workers are spawned
-    interpreters, which import the main module. ``use_cache``: take the reduction of closed
+    the result is the same wherever; a local worker is a fresh interpreter that imports
+    nothing of the caller's program (:mod:`goodtrace.read.fold_worker`). ``use_cache``: take the reduction of closed
     segments from the segment cache, and keep the new ones there
     (:mod:`goodtrace.read.segment_cache`); the result is the same either way.
 
