@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from goodtrace.read.step_history import BLOCK, StepHistory, marked_lines
+from goodtrace.read.follow import BLOCK, StepHistory, marked_lines
 
 
 def _files(tmp_path: Path) -> tuple[list[str], list[int]]:

@@ -24,9 +24,8 @@ from goodtrace.read.chunk_files import FileIdentity, identity_of
 from goodtrace.read.detail_columns import DetailColumns, combine, fetch_detail, take, vocabulary
 from goodtrace.read.duckdb_connection import execute_all, insert_rows
 from goodtrace.read.duckdb_sql import MAX_EVENT_ATTRS, VALID_JSON, create_records_table, read_json_sql
-from goodtrace.read.file_skips import SHORTEN_TO, FileSkips, range_copy
+from goodtrace.read.file_skips import SHORTEN_TO, FileSkips, range_copy, shortened_copy
 from goodtrace.read.loaded import EventRecord, SessionDetail
-from goodtrace.read.long_lines import shortened_copy
 from goodtrace.read.model_fetch import int_column
 from goodtrace.read.segment_cache import OPEN_KINDS, Hit, SegmentCache
 from goodtrace.read.validate import json_object

@@ -13,7 +13,7 @@ Every line is checked where it enters (:func:`goodtrace.read.validate.invalid_sq
 that is not a record reads as a row whose kind is NULL): only valid records reach the run
 model, and the others are counted per file by reason (:class:`FileSkips`). A line longer than
 DuckDB's read buffer makes it refuse the whole batch; its files are then read from copies
-without those lines (:mod:`goodtrace.read.long_lines`), which are counted too.
+without those lines (:mod:`goodtrace.read.file_skips`), which are counted too.
 """
 
 from __future__ import annotations

@@ -11,25 +11,32 @@ into the driver's temporary directory; Ray: returned as bytes, the only thing th
 and returns the lines it skipped, by file. The driver reads the tables into its own, task
 after task in session order (as it reads the cache's chunks), and merges the skipped-line
 counts: the run model, and every number drawn from it, is the one-process one.
+
+On Ray (:class:`RaySession`, ``pip install 'goodtrace[ray]'``; ``ray`` is imported only when a
+run is read on Ray) each task is the same :class:`FoldTask`, run by the same function
+(:func:`run_task`): it opens its files itself (the run directory must be at the same path on
+every node: a shared filesystem) or, for a run on object storage read on a cluster, fetches
+them from the run's URL (:func:`~goodtrace.read.mirror.fetch_files`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from goodtrace.read import duckdb_connection, duckdb_sql, fold_batches
 from goodtrace.read.environment import count_from_environment
-from goodtrace.read.file_skips import SHORTEN_TO, FileSkips
-from goodtrace.read.loaded import Progress
-from goodtrace.read.long_lines import shortened_copy
+from goodtrace.read.file_skips import SHORTEN_TO, FileSkips, shortened_copy
+from goodtrace.read.loaded import LoadError, Progress
+from goodtrace.record.process import python_path
 
-__all__ = ["ENV_WORKERS", "POOL_MIN_BYTES", "Engine", "PoolTask", "RemoteRun", "fold_sessions", "local_workers",
-           "plan_tasks", "run_pool"]
+__all__ = ["ENV_WORKERS", "POOL_MIN_BYTES", "PROBE_S", "Engine", "PoolTask", "RaySession", "RemoteRun", "fold_sessions", "local_workers", "plan_tasks", "run_pool", "unreachable"]
 
 ENV_WORKERS = "GOODTRACE_WORKERS"
 # Below this many bytes of JSON lines to fold, an automatic choice folds in this process: the
@@ -234,8 +241,6 @@ def fold_sessions(
     ranges = ranges or {}
     sizes = fold_batches.fold_sizes(files_by_sid, ranges)
     if engine.ray is not None:
-        from goodtrace.read.ray_engine import RaySession
-
         with RaySession(engine.ray) as session:
             tasks = _tasks(files_by_sid, fid_of, main_tids, sizes, session.cpus, None, ranges)
             if remote is not None and engine.ray != LOCAL_RAY:
@@ -420,3 +425,102 @@ def _reduce(
             for paths in files_by_sid.values():
                 if path in paths:
                     paths[paths.index(path)] = found[0]
+
+
+# Ray retries a cluster address that nothing answers at 20 times, about 35 s each: a mistyped
+# or stale ``--ray ADDRESS`` held the report some 12 minutes before it failed. The address is
+# tried once first, for this long.
+PROBE_S = 10.0
+
+
+def unreachable(address: str) -> str | None:
+    """Why nothing answers at the Ray cluster ``address`` (``auto`` or ``host:port`` resolved as
+    Ray resolves them; ``ray://host:port``, Ray Client's, as it is), or None when something does
+    or it cannot be told here (then ``ray.init`` says). One TCP connection, closed at once."""
+    if address.startswith("ray://"):
+        target: str | None = address[len("ray://"):].split("/", 1)[0]
+    else:
+        try:  # Ray's own reading of the address: RAY_ADDRESS and the last cluster for "auto", the node's IP for localhost
+            from ray._private.services import canonicalize_bootstrap_address
+
+            target = canonicalize_bootstrap_address(address)
+        except Exception:  # a form Ray rejects (ray.init says why), or Ray's internals moved
+            return None
+    if not target:  # none found for "auto": ray.init says so at once
+        return None
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S):
+            return None
+    except ValueError:
+        return None
+    except OSError as exc:
+        return f"nothing answers at {target} ({exc or type(exc).__name__})"
+
+
+class RaySession:
+    """A connection to Ray for one read (a local Ray started for it with ``"local"``), unless
+    this process is connected already; ``cpus``: the cluster's CPUs."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.connected = False
+        self.cpus = 1
+
+    def __enter__(self) -> RaySession:
+        try:
+            import ray
+        except ImportError:
+            raise LoadError("--ray needs Ray: pip install 'goodtrace[ray]'") from None
+        if not ray.is_initialized():
+            options: dict[str, Any] = {}
+            if self.address == LOCAL_RAY:  # its workers import the goodtrace this process imported
+                options["runtime_env"] = {"env_vars": {"PYTHONPATH": python_path()}}
+            else:
+                why = unreachable(self.address)
+                if why is not None:
+                    raise LoadError(f"cannot connect to the Ray cluster {self.address!r}: {why}")
+            try:
+                ray.init(  # "local" is Ray's own word for a new local cluster, even where RAY_ADDRESS is set
+                    address=self.address, include_dashboard=False,
+                    logging_level=logging.WARNING, log_to_driver=False, configure_logging=True, **options,
+                )
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise LoadError(f"cannot connect to the Ray cluster {self.address!r}: {exc}") from None
+            self.connected = True
+        resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        self.cpus = max(1, int(resources.get("CPU", 1)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.connected:
+            import ray
+
+            ray.shutdown()
+
+    def run(self, tasks: Sequence[FoldTask], finished: Callable[[int], None], spill_dir: str) -> list[FoldResult]:
+        """Every task as a Ray task of one CPU; results as they arrive (``finished`` told of
+        each), their tables written to ``spill_dir`` (the driver holds no task's bytes)."""
+        import ray
+
+        remote: Any = ray.remote(num_cpus=1)(run_task)
+        pending = {remote.remote(task): task.index for task in tasks}
+        results: list[FoldResult] = []
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                try:
+                    result: FoldResult = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    cause = getattr(exc, "cause", None) or exc
+                    raise LoadError(f"a Ray task reading the run failed: {type(cause).__name__}: {cause}") from None
+                pending.pop(ref)
+                for table, stored in result.tables.items():
+                    if isinstance(stored, bytes):
+                        path = os.path.join(spill_dir, f"task{result.index:06d}-{table}.parquet")
+                        with open(path, "wb") as handle:
+                            handle.write(stored)
+                        result.tables[table] = path
+                results.append(result)
+                finished(result.index)
+        return results

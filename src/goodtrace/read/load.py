@@ -50,8 +50,7 @@ from goodtrace.read.discovery import (
     where_of,
 )
 from goodtrace.read.engine import Engine, RemoteRun, fold_sessions
-from goodtrace.read.file_skips import SHORTEN_TO, FileSkips
-from goodtrace.read.hangs import hang_details, hang_events_in
+from goodtrace.read.file_skips import SHORTEN_TO, FileSkips, shortened_copy
 from goodtrace.read.io_pool import io_map, stat_or_none
 from goodtrace.read.loaded import (
     LoadedRun,
@@ -61,8 +60,8 @@ from goodtrace.read.loaded import (
     SessionInfo,
     SessionRecords,
 )
-from goodtrace.read.long_lines import shortened_copy
 from goodtrace.read.mirror import mirror_run
+from goodtrace.read.raw import hang_details, hang_events_in
 from goodtrace.read.segment_cache import OPEN_KINDS, Hit
 from goodtrace.read.segments import SEGMENT_SUFFIX, NotARunError, list_segments
 from goodtrace.read.session_columns import KeptChanged, KeptColumns

@@ -317,7 +317,7 @@ class LoadedRun:
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)
     # the analysis consumed the step/sync/span columns of session_records (analyze(release_records=True))
     released: bool = False
-    # per session with a hang event: (name, t, step, attrs) of its hang events (read.hangs)
+    # per session with a hang event: (name, t, step, attrs) of its hang events (read.raw.hang_details)
     hang_events: dict[int, list[HangEvent]] = dataclasses.field(default_factory=dict)
     # bytes of JSON lines this load parsed for the run model (the rest came from the segment
     # cache, as whole closed files or as the first part of files still being written)

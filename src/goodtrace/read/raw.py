@@ -1,4 +1,5 @@
-"""Raw records of chosen sessions, for the timelines: spans, tags, events and metrics.
+"""Raw records of chosen sessions, for the views that draw them (the gantt chart, the trace) and
+for the stacks of hang events: spans, tags, events and metrics.
 
 The run model (:mod:`goodtrace.analysis`) says which sessions a view shows and which part of
 each (a range of its own clock, or all of it); :func:`session_records` then has DuckDB read
@@ -7,6 +8,12 @@ ranges, and hand them over one session at a time, sorted by time, as plain tuple
 (:func:`session_record_chunks`: a part of a session at a time, for a view that writes them as
 it reads them). Memory holds one batch of sessions' kept records (one part of them, read in
 parts); a 20-step slice of 10,000 ranks is a small read.
+
+The details of ``hang`` events (the watchdog's: step, span, where, since, stack;
+:func:`hang_details`): the run model's event table says which sessions have one (name, time,
+step); a hang's stack
+and the rest of its attributes are wanted only there, so they are read from those sessions'
+own segment files (or taken from their step detail when the loader holds it).
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ from typing import Any, NamedTuple
 
 from goodtrace import schema
 from goodtrace.read import duckdb_connection, duckdb_sql
-from goodtrace.read.loaded import FileRange, LoadedRun, Progress
+from goodtrace.read.loaded import FileRange, HangEvent, LoadedRun, Progress
+from goodtrace.read.segments import SegmentRecords, read_bytes
 from goodtrace.read.validate import json_object
 
-__all__ = ["CHUNK_RECORDS", "ClockRange", "RawRecord", "session_record_chunks", "session_records"]
+__all__ = ["CHUNK_RECORDS", "HANG_EVENTS", "ClockRange", "RawRecord", "hang_details", "hang_events_in", "session_record_chunks", "session_records"]
 
 # (t0, t1) of a session's own clock; None: all of it
 ClockRange = tuple[int, int] | None
@@ -248,3 +256,49 @@ def _stream(
         if progress is not None:
             progress("reading spans", done, len(wanted))
 
+
+HANG_EVENTS = ("hang", "hang_over")  # goodtrace.record.hang.HANG_EVENT, HANG_OVER_EVENT
+
+
+
+def hang_events_in(con: Any) -> dict[int, list[tuple[str, int, int | None]]]:
+    """(name, t, step) of the hang events of each session that has one, from the run model's
+    event table (a DuckDB connection of :mod:`goodtrace.read.load`)."""
+    names = ", ".join(f"'{name}'" for name in HANG_EVENTS)
+    rows = con.execute(f"SELECT sid, name, t, step FROM m_events WHERE name IN ({names}) ORDER BY sid, t, name, step").fetchall()
+    found: dict[int, list[tuple[str, int, int | None]]] = {}
+    for sid, name, t, step in rows:
+        found.setdefault(int(sid), []).append((str(name), int(t), None if step is None else int(step)))
+    return found
+
+
+def hang_details(run: LoadedRun, events: dict[int, list[tuple[str, int, int | None]]]) -> dict[int, list[HangEvent]]:
+    """Per session with a hang event (``events``: :func:`hang_events_in`): its hang events in
+    time order, with attributes (empty where they could not be read: a compacted copy without
+    the JSON files)."""
+    found: dict[int, list[HangEvent]] = {}
+    for index, named in events.items():
+        session_detail = run.details.get(index)
+        if session_detail is not None:
+            details = [HangEvent(n, t, s, a or {}) for n, t, s, a in session_detail.events if n in HANG_EVENTS]
+        else:
+            details = _from_files(run, index)
+        if not details:  # the files are gone (a compacted copy): names and times only
+            details = [HangEvent(n, t, s, {}) for n, t, s in named]
+        found[index] = sorted(details, key=lambda e: e[1])
+    return found
+
+
+def _from_files(run: LoadedRun, index: int) -> list[HangEvent]:
+    events: list[HangEvent] = []
+    for path in run.files.get(index, ()):
+        try:
+            data = read_bytes(run.path, path)
+        except OSError:
+            continue
+        for record in SegmentRecords(data, path, []):
+            if record.get(schema.F_KIND) == schema.EVENT and record.get(schema.F_NAME) in HANG_EVENTS:
+                attrs, step = record.get(schema.F_ATTRS), record.get(schema.F_STEP)
+                events.append(HangEvent(record[schema.F_NAME], int(record[schema.F_T]),
+                                        step if isinstance(step, int) else None, attrs if isinstance(attrs, dict) else {}))
+    return events
