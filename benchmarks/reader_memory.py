@@ -16,7 +16,7 @@ pool), the segment cache off:
 It prints each run's figures and, between consecutive sizes, the peak's growth per step-rank
 pair added: when the reading's memory is bounded, that growth falls towards zero as the runs
 grow (DuckDB, which holds the records while it folds them, spills beyond
-``duckdb_connection.FOLD_MEMORY`` to the load's temporary directory). ``--json``: the last line is one
+``duckdb_sql.FOLD_MEMORY`` to the load's temporary directory). ``--json``: the last line is one
 JSON object with every figure.
 """
 
@@ -38,7 +38,7 @@ from report_steps import write_rank
 _LOAD = OWN_PEAK + r"""
 import json, os, sys, tracemalloc
 os.environ["GOODTRACE_SEGMENT_CACHE"] = "0"
-from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read import duckdb_sql
 from goodtrace.read.engine import Engine
 from goodtrace.read.load import load_run
 trace = sys.argv[2] == "trace"
@@ -47,13 +47,13 @@ if trace:
 if sys.argv[1] == "-":  # the floor: the reader imported, a connection opened as the load opens it
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        duckdb_connection.connect(tmp).close()
+        duckdb_sql.connect(tmp).close()
     sessions = 0
 else:
     run = load_run(sys.argv[1], engine=Engine(workers=1))
     sessions = len(run.sessions)
 out = {"peak_mib": own_peak_kib() / 1024, "sessions": sessions,
-       "fold_memory": duckdb_connection.FOLD_MEMORY}
+       "fold_memory": duckdb_sql.FOLD_MEMORY}
 if trace:
     out["python_peak_mib"] = tracemalloc.get_traced_memory()[1] / 2**20
 print(json.dumps(out))

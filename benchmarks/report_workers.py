@@ -41,13 +41,13 @@ from goodtrace.read.load import load_run
 from goodtrace.renderers.json_report import render_json
 run, workers, ray, out, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, sys.argv[4], int(sys.argv[5])
 if threads:  # this process's DuckDB on that many threads (a worker's: 1)
-    from goodtrace.read import duckdb_connection
-    connect = duckdb_connection.connect
+    from goodtrace.read import duckdb_sql
+    connect = duckdb_sql.connect
     def one_thread(*args, **kwargs):
         con = connect(*args, **kwargs)
         con.execute(f"SET threads={threads}")
         return con
-    duckdb_connection.connect = one_thread
+    duckdb_sql.connect = one_thread
 from goodtrace.read import engine, load
 marks = {}
 spent = {"fold_s": 0.0, "reduce_s": 0.0}

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from goodtrace import columns
-from goodtrace.read import column_file
+from goodtrace.read import session_columns
 
 
 def test_arrays_read_back_as_written_whatever_their_type_and_byte_order(tmp_path: Path) -> None:
@@ -20,15 +20,15 @@ def test_arrays_read_back_as_written_whatever_their_type_and_byte_order(tmp_path
         "empty_int64": np.zeros(0, dtype=np.int64),
     }
     path = str(tmp_path / "x.columns")
-    column_file.write(path, {"of": "a test"}, list(arrays), arrays.items())
-    head = column_file.read_head(path)
+    session_columns.write(path, {"of": "a test"}, list(arrays), arrays.items())
+    head = session_columns.read_head(path)
     assert head is not None and head["of"] == "a test"
-    back = column_file.read_arrays(path, head, list(arrays))
+    back = session_columns.read_arrays(path, head, list(arrays))
     for name, values in arrays.items():
         assert back[name].dtype == values.dtype, name
         assert back[name].tolist() == values.tolist(), name
     # with the rows after it, read into one array
-    back = column_file.read_arrays(path, head, ["native_int64"], {"native_int64": np.array([9], dtype=np.int64)})
+    back = session_columns.read_arrays(path, head, ["native_int64"], {"native_int64": np.array([9], dtype=np.int64)})
     # the native int64 column lies on an array.array, handed on as it is (no copy)
     whole = columns.array_of(back["native_int64"], "q")
     assert whole.tolist() == [1, -2, 3 << 40, 9]

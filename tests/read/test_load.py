@@ -212,7 +212,7 @@ def test_the_run_model_in_memory_and_in_a_database_file_give_the_same_report(
     """A small run model is held in memory, a large one in a database file (read/load.py,
     IN_MEMORY_BYTES): the same report either way, over many blocks of sessions (64 ranks,
     fetched a few at a time), and the connection is the one chosen."""
-    from goodtrace.read import duckdb_connection, model_fetch
+    from goodtrace.read import duckdb_sql, model_fetch
     from goodtrace.read import load as load_module
     from goodtrace.read.engine import Engine
     from helpers.many_ranks import report_read_by, write_many_ranks
@@ -221,13 +221,13 @@ def test_the_run_model_in_memory_and_in_a_database_file_give_the_same_report(
     monkeypatch.setenv("GOODTRACE_SEGMENT_CACHE", "0")
     monkeypatch.setattr(model_fetch, "SESSION_BATCH", 8)  # eight blocks, each released after its fetch
     modes: list[bool] = []
-    settle = duckdb_connection.settle
+    settle = duckdb_sql.settle
 
     def noting(con: object) -> None:
-        modes.append(duckdb_connection.is_in_memory(con))
+        modes.append(duckdb_sql.is_in_memory(con))
         settle(con)
 
-    monkeypatch.setattr(duckdb_connection, "settle", noting)
+    monkeypatch.setattr(duckdb_sql, "settle", noting)
     in_memory = report_read_by(run, Engine(workers=1))
     monkeypatch.setattr(load_module, "IN_MEMORY_BYTES", 0)
     in_a_file = report_read_by(run, Engine(workers=1))

@@ -121,7 +121,7 @@ def test_a_kept_file_reads_back_its_codes_into_the_fetch_s_vocabulary(tmp_path: 
     with pytest.raises(KeptChanged, match="another report"):
         read_kept(stale, {"steps": ("seq",)}, {"how": [], "cat": []})
     # a code past its vocabulary (a damaged array, its header whole): said, not read
-    head = session_columns.column_file.read_head(path)
+    head = session_columns.read_head(path)
     assert head is not None
     _, offset, _ = head["arrays"]["syncs.how"]
     with open(path, "r+b") as handle:

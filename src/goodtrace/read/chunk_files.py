@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read import duckdb_sql
 from goodtrace.read.io_pool import on_network_filesystem, stat_or_none
 from goodtrace.record.process import pid_alive
 
@@ -161,7 +161,7 @@ def write_chunk(
             groups = f", ROW_GROUP_SIZE {STARTS_ROW_GROUP}" if starts else ""
             order = " ORDER BY fid, step" if starts else ""
             con.execute(f"COPY (SELECT * EXCLUDE (sid) FROM {table} WHERE fid IN ({fids}){order}) TO "
-                        f"{duckdb_connection.sql_str(first)} (FORMAT parquet, COMPRESSION zstd{groups})")
+                        f"{duckdb_sql.sql_str(first)} (FORMAT parquet, COMPRESSION zstd{groups})")
             if local is not None:
                 shutil.copyfile(first, target + ".partial")
                 os.remove(first)

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from goodtrace.read import duckdb_connection, duckdb_sql, fold_batches
+from goodtrace.read import duckdb_sql, fold_batches
 from goodtrace.read.chunk_files import FileIdentity, write_chunk
 from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
 from goodtrace.read.file_skips import FileSkips
@@ -63,8 +63,8 @@ def _store_reduction(
     main_tids = {i: int_or_none(d.header.get("main_tid")) for i, d in enumerate(drafts.values())}
     con.execute("CREATE TEMP TABLE sessmain (sid INTEGER, main_tid UBIGINT)")
     con.execute("CREATE TEMP TABLE session_files (fid INTEGER, sid INTEGER)")
-    duckdb_connection.insert_rows(con, "sessmain", list(main_tids.items()))
-    duckdb_connection.insert_rows(con, "session_files",
+    duckdb_sql.insert_rows(con, "sessmain", list(main_tids.items()))
+    duckdb_sql.insert_rows(con, "session_files",
                            [(entry_of[p]["fid"], sid) for sid, d in enumerate(drafts.values()) for p in d.files])
     duckdb_sql.create_segment_tables(con)
     # a few files at a time (fold_batches.file_parts), as the fold parses them: the whole run at
@@ -174,7 +174,7 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
     import duckdb
 
     try:
-        con = duckdb_connection.connect(tmpdir)
+        con = duckdb_sql.connect(tmpdir)
         try:
             duckdb_sql.create_records_table(con)
             con.execute("ALTER TABLE records RENAME COLUMN sid TO fid")
@@ -191,7 +191,7 @@ def compact_run(run_dir: str | os.PathLike[str], *, progress: Progress | None = 
             con.execute(
                 # Sorted by kind, then file: queries of one kind (sync points, spans) and of a
                 # few files (the detail ranks) skip the other row groups.
-                f"COPY (SELECT * FROM records ORDER BY kind, fid) TO {duckdb_connection.sql_str(partial)} "
+                f"COPY (SELECT * FROM records ORDER BY kind, fid) TO {duckdb_sql.sql_str(partial)} "
                 "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)"
             )
         finally:

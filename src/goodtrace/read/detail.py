@@ -22,8 +22,14 @@ from goodtrace.read import fold_batches
 from goodtrace.read.cache_keep import KeptDetail, kept_detail, store_closed, store_prefixes
 from goodtrace.read.chunk_files import FileIdentity, identity_of
 from goodtrace.read.detail_columns import DetailColumns, combine, fetch_detail, take, vocabulary
-from goodtrace.read.duckdb_connection import execute_all, insert_rows
-from goodtrace.read.duckdb_sql import MAX_EVENT_ATTRS, VALID_JSON, create_records_table, read_json_sql
+from goodtrace.read.duckdb_sql import (
+    MAX_EVENT_ATTRS,
+    VALID_JSON,
+    create_records_table,
+    execute_all,
+    insert_rows,
+    read_json_sql,
+)
 from goodtrace.read.file_skips import SHORTEN_TO, FileSkips, range_copy, shortened_copy
 from goodtrace.read.loaded import EventRecord, SessionDetail
 from goodtrace.read.model_fetch import int_column

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from goodtrace.columns import empty, order_of, per_session
-from goodtrace.read import column_file
+from goodtrace.read import session_columns
 from goodtrace.read.chunk_files import FileIdentity
-from goodtrace.read.duckdb_connection import insert_rows
+from goodtrace.read.duckdb_sql import insert_rows
 from goodtrace.read.session_columns import KeptChanged
 from goodtrace.record.errors import warn
 
@@ -89,7 +89,7 @@ class KeptFile:
         one found any more (another report replaced it). :func:`combine` checks before it reads
         the tables and after: a file replaced between would not be the same at both ends."""
         try:
-            if column_file.read_head(self.path) != self.head:
+            if session_columns.read_head(self.path) != self.head:
                 raise KeptChanged(self.path)
         except (OSError, ValueError) as exc:
             raise KeptChanged(f"{self.path}: {exc}") from None
@@ -104,7 +104,7 @@ class KeptFile:
         wanted = [column for column in TABLES[table] if (table, column) not in _OBJECTS]
         after = {f"{table}.{column}": then[column] for column in wanted} if then is not None else None
         try:
-            arrays = column_file.read_arrays(self.path, self.head, [f"{table}.{c}" for c in wanted], after)
+            arrays = session_columns.read_arrays(self.path, self.head, [f"{table}.{c}" for c in wanted], after)
         except (OSError, ValueError, KeyError) as exc:
             raise KeptChanged(f"{self.path}: {exc}") from None
         out = {column: arrays.pop(f"{table}.{column}") for column in wanted}
@@ -112,8 +112,8 @@ class KeptFile:
         if "name" in out and table != "events" and kept:
             codes = out["name"][:kept]
             try:
-                recoded = column_file.recode(codes, self.names, names)
-            except column_file.ColumnFileError:
+                recoded = session_columns.recode(codes, self.names, names)
+            except session_columns.ColumnFileError:
                 warn(f"the kept step detail {self.path} cannot be read (a name code out of range); ignored (read again)")
                 raise KeptChanged(f"{self.path}: a name code out of range") from None
             if recoded is not codes:
@@ -181,7 +181,7 @@ def combine(parts: Sequence[DetailColumns], names: tuple[str, ...], *, consume: 
             if consume:
                 part.tables[table] = _empty(table)
             if "name" in cols and table != "events":
-                cols["name"] = column_file.recode(cols["name"], part.names, names)
+                cols["name"] = session_columns.recode(cols["name"], part.names, names)
             runs.append(cols if part.combined else _ordered(table, cols))
         lengths = [len(run[columns[0]]) for run in runs]
         if unread is not None and unread.rows(table):
@@ -352,9 +352,9 @@ def load_kept(folder: str, session: str, version: str) -> tuple[list[dict[str, A
     version); a damaged file (its header) is a warning, and ignored."""
     import numpy as np
 
-    path = column_file.session_path(folder, PREFIX, session)
+    path = session_columns.session_path(folder, PREFIX, session)
     try:
-        head = column_file.read_head(path)
+        head = session_columns.read_head(path)
         if head is None:
             return None
         if head.get("format") != KEPT_FORMAT or head.get("version") != version or head.get("session") != session:
@@ -396,11 +396,11 @@ def keep(folder: str, session: str, version: str, files: Sequence[FileIdentity],
         "events": [[n, a] for n, a in zip(events["name"].tolist(), events["attrs"].tolist(), strict=True)],
     }
     try:
-        column_file.write(column_file.session_path(folder, PREFIX, session), head, [name for name, _ in arrays], arrays)
+        session_columns.write(session_columns.session_path(folder, PREFIX, session), head, [name for name, _ in arrays], arrays)
     except OSError as exc:
         warn(f"the step detail of session {session} cannot be kept in {folder} ({exc})")
 
 
-def prune_kept(folder: str, sessions: Iterable[str], grace_s: float = column_file.GRACE_S) -> None:
-    """Remove the kept detail of sessions the run no longer has (:func:`column_file.prune`)."""
-    column_file.prune(folder, PREFIX, sessions, grace_s)
+def prune_kept(folder: str, sessions: Iterable[str], grace_s: float = session_columns.GRACE_S) -> None:
+    """Remove the kept detail of sessions the run no longer has (:func:`session_columns.prune`)."""
+    session_columns.prune(folder, PREFIX, sessions, grace_s)

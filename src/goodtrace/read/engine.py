@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from goodtrace.read import duckdb_connection, duckdb_sql, fold_batches
+from goodtrace.read import duckdb_sql, fold_batches
 from goodtrace.read.environment import count_from_environment
 from goodtrace.read.file_skips import SHORTEN_TO, FileSkips, shortened_copy
 from goodtrace.read.loaded import LoadError, Progress
@@ -158,12 +158,12 @@ def run_task(task: FoldTask) -> FoldResult:
             for p, (start, end) in task.ranges.items():  # the copy holds at least that much; the
                 left_out = task.sources[p][1] - os.path.getsize(fetched[p])  # bytes left out before it
                 ranges[fetched[p]] = (start - left_out, end - left_out)
-        con = duckdb_connection.connect(tmpdir, in_memory=True)
+        con = duckdb_sql.connect(tmpdir, in_memory=True)
         try:
             con.execute("SET threads=1")
             for statement in duckdb_sql.MODEL_TABLES:
                 con.execute(statement)
-            duckdb_connection.insert_rows(con, "sessmain", task.main_tids)
+            duckdb_sql.insert_rows(con, "sessmain", task.main_tids)
             try:
                 fold_batches.fold_json(con, files, fids, None, 0, 0, skips, ranges)
             except duckdb.Error as exc:
@@ -174,7 +174,7 @@ def run_task(task: FoldTask) -> FoldResult:
             compression = "zstd" if task.out_dir is None else "uncompressed"
             for table in duckdb_sql.SEGMENT_NAMES:
                 path = os.path.join(out_dir, f"task{task.index:06d}-{table}.parquet")
-                con.execute(f"COPY {table} TO {duckdb_connection.sql_str(path)} (FORMAT parquet, COMPRESSION {compression})")
+                con.execute(f"COPY {table} TO {duckdb_sql.sql_str(path)} (FORMAT parquet, COMPRESSION {compression})")
                 if task.out_dir is None:
                     with open(path, "rb") as handle:
                         result.tables[table] = handle.read()
@@ -404,7 +404,7 @@ def _reduce(
             stored = [result.tables[table] for result in ordered]
             tables = [path for path in stored if isinstance(path, str)]
             assert len(tables) == len(stored)  # a Ray task's bytes are written out on arrival
-            files = "[" + ", ".join(duckdb_connection.sql_str(path) for path in tables) + "]"
+            files = "[" + ", ".join(duckdb_sql.sql_str(path) for path in tables) + "]"
             con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet({files})")
             for path in tables:
                 os.remove(path)

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from goodtrace.read import duckdb_connection, duckdb_sql, model_fetch
+from goodtrace.read import duckdb_sql, model_fetch
 from goodtrace.read.cache_keep import (
     LONG_TABLES,
     closed_files,
@@ -91,7 +91,7 @@ _STARTS = "seg_starts"  # the span starts: read from the cache last, as a sample
 # hold are at most this many bytes of JSON lines: a re-report of a long run, whose closed files'
 # long columns are kept, holds only the open files'. The model is about a third of the lines it
 # is folded from (500 MB from 1,458 MB), so this much stays within the fetch's memory
-# (duckdb_connection.FETCH_MEMORY), whose blocks then read it where it lies; a larger model is
+# (duckdb_sql.FETCH_MEMORY), whose blocks then read it where it lies; a larger model is
 # written to a database file, compressed, which the blocks read back and decode (the spill,
 # uncompressed, cost a cold report of 1.4 GB of lines 0.5 s more to read back than the file).
 IN_MEMORY_BYTES = 192 * 2**20
@@ -327,13 +327,13 @@ def _load_run(
             covered = kept.covered() if kept is not None else set()
         # the files whose rows DuckDB will hold (all but those whose long columns are kept)
         held = sum(ident.size for p, ident in identities.items() if fid_of[p] not in covered)
-        con = duckdb_connection.connect(tmpdir, in_memory=not parquet_ok and held <= IN_MEMORY_BYTES)
+        con = duckdb_sql.connect(tmpdir, in_memory=not parquet_ok and held <= IN_MEMORY_BYTES)
         for statement in duckdb_sql.MODEL_TABLES:
             con.execute(statement)
-        duckdb_connection.insert_rows(con, "sessmain", list(main_tids.items()))
+        duckdb_sql.insert_rows(con, "sessmain", list(main_tids.items()))
         if parquet_ok:
             # A view, not a copy: each query reads only the Parquet columns it needs.
-            con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_connection.sql_str(parquet)})")
+            con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(parquet)})")
         if cache is not None:
             # every table but the span starts, of which only a sample is kept (below); of the
             # files whose long columns are kept, only the small tables
@@ -382,7 +382,7 @@ def _load_run(
         total = sum(len(paths) for paths in fold_json_by_sid.values()) + (1 if fold_parquet else 0)
         done = 0
         if fold_parquet:
-            duckdb_connection.insert_rows(con, "foldmap", fold_parquet)
+            duckdb_sql.insert_rows(con, "foldmap", fold_parquet)
             duckdb_sql.fold_parquet(con)
             done += 1
             if progress is not None:
@@ -414,7 +414,7 @@ def _load_run(
                         again.setdefault(sid_of_fid[fid], []).append(path_of[fid])
                 if again_parquet:
                     con.execute("DELETE FROM foldmap")
-                    duckdb_connection.insert_rows(con, "foldmap", again_parquet)
+                    duckdb_sql.insert_rows(con, "foldmap", again_parquet)
                     duckdb_sql.fold_parquet(con)
                 fold_sessions(con, again, fid_of, main_tids, tmpdir, Engine(workers=1), None, 0, 0, skips, remote)
         for p in ranges:  # a range read without its long lines: the views that read the file
@@ -450,7 +450,7 @@ def _load_run(
                                parquet_ok, path_of, Growing(ranges, ends, os.path.join(tmpdir, "detail")), list(drafts),
                                use_kept=keep_columns)
         # DuckDB's memory cut before the reference sessions' detail is fetched and ordered in numpy
-        duckdb_connection.settle(con)
+        duckdb_sql.settle(con)
         folder, names = detail.folder, list(drafts)
         details = load_details(
             con, references, detail.columns, detail.closing,

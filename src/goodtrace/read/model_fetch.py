@@ -16,8 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMappin
 from typing import Any
 
 from goodtrace.columns import array_of, distinct_sorted, order_of, per_session
-from goodtrace.read.duckdb_connection import insert_rows, release_buffers
-from goodtrace.read.duckdb_sql import NO_FIRST_T
+from goodtrace.read.duckdb_sql import NO_FIRST_T, insert_rows, release_buffers
 from goodtrace.read.loaded import NO_TIME, EventColumns, FileRange, Labels, SessionRecords
 from goodtrace.read.session_columns import (
     ORDER,

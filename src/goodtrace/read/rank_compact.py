@@ -29,7 +29,7 @@ import tempfile
 import time
 import traceback
 
-from goodtrace.read import detail, duckdb_connection, duckdb_sql
+from goodtrace.read import detail, duckdb_sql
 from goodtrace.read.cache_keep import closed_files, file_identities, last_segments, store_closed
 from goodtrace.read.compact import COMPACT_DIR
 from goodtrace.read.discovery import collect_sessions, count_lines, int_or_none, read_header
@@ -100,12 +100,12 @@ def compact_session(root: str, rank_dir: str, session: str, *, final: bool) -> N
         return
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-compact-")
     try:
-        con = duckdb_connection.connect(tmpdir)
+        con = duckdb_sql.connect(tmpdir)
         try:
             con.execute("SET threads=1")
             for statement in duckdb_sql.MODEL_TABLES:
                 con.execute(statement)
-            duckdb_connection.insert_rows(con, "sessmain", list(main_tids.items()))
+            duckdb_sql.insert_rows(con, "sessmain", list(main_tids.items()))
             skips = FileSkips()
             model_hits = found["model"]
             for fid in _load_for_merge(cache, con, "model", model_hits, sid_of_fid):

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from goodtrace import schema
-from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read import duckdb_sql
 from goodtrace.read.loaded import FileRange, HangEvent, LoadedRun, Progress
 from goodtrace.read.segments import SegmentRecords, read_bytes
 from goodtrace.read.validate import json_object
@@ -113,7 +113,7 @@ def session_record_chunks(
         return
     tmpdir = tempfile.mkdtemp(prefix="goodtrace-raw-")
     try:
-        con = duckdb_connection.connect(tmpdir)
+        con = duckdb_sql.connect(tmpdir)
         try:
             yield from _stream(con, run, wanted, clock_ranges, steps, progress, spans_only, drawn_steps or {})
         finally:
@@ -159,7 +159,7 @@ def _stream(
     con.execute("CREATE TEMP TABLE clock_ranges (sid INTEGER, w0 BIGINT, w1 BIGINT)")
     con.execute("CREATE TEMP TABLE fidmap (fid INTEGER, sid INTEGER)")
     if run.parquet_path is not None and run.parquet_fids:
-        con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_connection.sql_str(run.parquet_path)})")
+        con.execute(f"CREATE TEMP VIEW parquet_records AS SELECT * FROM read_parquet({duckdb_sql.sql_str(run.parquet_path)})")
     lo, hi = steps if steps is not None else (None, None)
     in_steps = "true" if steps is None else (
         f"(r.step >= {int(lo) if lo is not None else -(2**62)} AND r.step <= {int(hi) if hi is not None else 2**62})"
@@ -195,11 +195,11 @@ def _stream(
         con.execute("DELETE FROM clock_ranges")
         con.execute("DELETE FROM files_batch")
         con.execute("DELETE FROM fidmap")
-        duckdb_connection.insert_rows(con, "clock_ranges", [(sid, *_bounds(clock_ranges[sid])) for sid in batch])
+        duckdb_sql.insert_rows(con, "clock_ranges", [(sid, *_bounds(clock_ranges[sid])) for sid in batch])
         parts = []
         paths = [(p, sid) for sid in batch for p in _files_for(run, sid, clock_ranges[sid], steps, drawn_steps.get(sid), spans_only)]
         if paths:
-            duckdb_connection.insert_rows(con, "files_batch", paths)
+            duckdb_sql.insert_rows(con, "files_batch", paths)
             parts.append(
                 f"SELECT f.sid, {columns} FROM {duckdb_sql.read_json_sql([p for p, _ in paths])} r "
                 "JOIN files_batch f ON r.filename = f.path JOIN clock_ranges w ON w.sid = f.sid "
@@ -207,7 +207,7 @@ def _stream(
             )
         fids = [(fid, sid) for sid in batch for fid in run.parquet_fids.get(sid, ())]
         if fids and run.parquet_path is not None:
-            duckdb_connection.insert_rows(con, "fidmap", fids)
+            duckdb_sql.insert_rows(con, "fidmap", fids)
             fid_list = ", ".join(str(f) for f, _ in fids)
             parts.append(
                 f"SELECT m.sid, {columns} FROM parquet_records r JOIN fidmap m ON r.fid = m.fid "

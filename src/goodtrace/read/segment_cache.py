@@ -39,7 +39,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from goodtrace.read import duckdb_connection, duckdb_sql
+from goodtrace.read import duckdb_sql
 from goodtrace.read.chunk_files import (
     CHUNK_NAME,
     INDEX_SUFFIX,
@@ -269,13 +269,13 @@ class SegmentCache:
         for chunk, rows in sorted(by_chunk.items()):
             folder, index = self._chunks[chunk]
             con.execute("DELETE FROM cachemap")
-            duckdb_connection.insert_rows(con, "cachemap", rows)
+            duckdb_sql.insert_rows(con, "cachemap", rows)
             done: list[str] = []
             try:
                 for table, name in index["tables"].items():
                     if not tables(table):
                         continue
-                    path = duckdb_connection.sql_str(os.path.join(folder, name))
+                    path = duckdb_sql.sql_str(os.path.join(folder, name))
                     con.execute(f"INSERT INTO {table} SELECT m.sid, m.fid, p.* EXCLUDE (fid) FROM read_parquet({path}) p "
                                 f"JOIN cachemap m ON p.fid = m.number {(filters or {}).get(table, '')}")
                     done.append(table)
@@ -311,8 +311,8 @@ class SegmentCache:
                     paths.append(path)
                     rows.extend((path, number, sid, fid) for number, sid, fid in by_chunk[chunk])
                 con.execute("DELETE FROM cachemap")
-                duckdb_connection.insert_rows(con, "cachemap", rows)
-                listed = ", ".join(duckdb_connection.sql_str(path) for path in paths)
+                duckdb_sql.insert_rows(con, "cachemap", rows)
+                listed = ", ".join(duckdb_sql.sql_str(path) for path in paths)
                 con.execute(f"INSERT INTO {table} SELECT m.sid, m.fid, p.* EXCLUDE (fid, filename) "
                             f"FROM read_parquet([{listed}], filename=true) p "
                             f"JOIN cachemap m ON p.filename = m.path AND p.fid = m.number {filters.get(table, '')}")
