@@ -16,8 +16,8 @@ MIRROR_SOURCE = "SOURCE"  # in a mirror (read.mirror): the URL it was fetched fr
 
 def cache_root() -> str:
     """``$GOODTRACE_CACHE_DIR``, by default ``$XDG_CACHE_HOME/goodtrace/runs`` (that is,
-    ``~/.cache/goodtrace/runs``): the mirrors of remote runs, and the segment caches of runs
-    whose folder cannot be written."""
+    ``~/.cache/goodtrace/runs``): everything a reader keeps (the mirrors of remote runs, each
+    run's segment cache, the rings it recovered, torchtitan's converted logs)."""
     return os.environ.get("GOODTRACE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "goodtrace", "runs")
 
