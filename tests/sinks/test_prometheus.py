@@ -84,6 +84,13 @@ def _value(server: str, expression: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+def _last(server: str, selector: str) -> float | None:
+    """The latest sample Prometheus holds of ``selector``. Not the instant query: a scrape that
+    fails (the exporter answers slower than the 0.5 s scrape timeout, on a loaded machine) marks
+    every series of the target stale, and an instant query then finds none of them."""
+    return _value(server, f"last_over_time({selector}[5m])")
+
+
 def _scraped_step(server: str) -> float | None:
     try:
         return _value(server, "goodtrace_step")
@@ -127,7 +134,7 @@ def test_prometheus_scrapes_the_latest_live_line(prometheus_server: Any, tmp_pat
         }
         for expression, value in expected.items():
             assert value is not None
-            assert _value(server, expression) == pytest.approx(value, rel=1e-9, abs=1e-12), expression
+            assert _last(server, expression) == pytest.approx(value, rel=1e-9, abs=1e-12), expression
         assert line.overhead_total_s["checkpoint_save"] >= 0.01
         # unknown figures are absent, not 0: no FLOPs (no MFU), no summary before the end
         for absent in ("goodtrace_mfu_ratio", "goodtrace_tflops_per_second", "goodtrace_summary_goodput_ratio"):
@@ -137,13 +144,13 @@ def test_prometheus_scrapes_the_latest_live_line(prometheus_server: Any, tmp_pat
             with gt.step(step):
                 time.sleep(0.002)
         _wait_for(lambda: _scraped_step(server) == 20, "Prometheus to scrape step 20")
-        assert _value(server, 'goodtrace_overhead_seconds{category="checkpoint_save"}') == 0.0
+        assert _last(server, 'goodtrace_overhead_seconds{category="checkpoint_save"}') == 0.0
     finally:
         gt.finish()
     # the endpoint was scraped during the run: it serves the summary until Prometheus read it
     expected_goodput = expected_summary(tmp_path / "run", capture.lines[-1])[0]["goodtrace/summary/goodput"]
     # the endpoint closes right after: the sample stays in Prometheus, marked stale at the next scrape
-    goodput = _wait_for(lambda: _value(server, "last_over_time(goodtrace_summary_goodput_ratio[5m])"),
+    goodput = _wait_for(lambda: _last(server, "goodtrace_summary_goodput_ratio"),
                         "the summary to be scraped")
     assert goodput == pytest.approx(expected_goodput, rel=1e-9)
     _wait_for(lambda: _refused(port), "the endpoint to close after the summary was scraped")
