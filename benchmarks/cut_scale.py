@@ -13,7 +13,7 @@ at S and 10 S steps (default 1,000,000 and 10,000,000; ``--quick``: 200,000 and 
 report command's allocator setting (``cli.analysed.return_freed_memory``), against a baseline
 in the same run: one linear pass over the session's input columns (a copy and a running sum
 of each). A third case times what the reader computes before the cut, each execution's
-outermost compute (:func:`goodtrace.read.model_fetch.outermost_compute`), on a session where one
+outermost compute (:func:`goodtrace.read.outermost.outermost_compute`), on a session where one
 compute span in 1,000 starts after the next step entered (its part goes to its own step's
 execution, found among the executions of the steps named). It prints, per loop and size, the cut's time per execution, its ratio to the
 baseline, and the time per execution at 10 S over that at S (1.0 = linear). ``--json``: the
@@ -34,7 +34,7 @@ from goodtrace import schema
 from goodtrace.analysis.cut import cut_session
 from goodtrace.cli.analysed import return_freed_memory
 from goodtrace.read.loaded import Labels, SessionInfo, SessionRecords
-from goodtrace.read.model_fetch import outermost_compute
+from goodtrace.read.outermost import outermost_compute
 
 SECOND = 10**9
 STEP_NS = SECOND // 2

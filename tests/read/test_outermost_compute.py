@@ -1,4 +1,4 @@
-"""Each execution's outermost compute time (``model_fetch.outermost_compute``), checked against
+"""Each execution's outermost compute time (``outermost.outermost_compute``), checked against
 a plain reading of its rule, one span at a time, on random sessions with nested and
 overlapping spans, spans without a step, steps entered twice (a re-done step), spans of a step
 that never entered, and executions entered at the same time; and the result kept for a
@@ -12,8 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from goodtrace.read import model_fetch
-from goodtrace.read.model_fetch import outermost_compute
+from goodtrace.read import outermost
+from goodtrace.read.outermost import outermost_compute
 
 
 def _reference(spans: list[tuple[int, int, int | None]], executions: list[tuple[int, int, int]]) -> dict[int, int]:
@@ -60,7 +60,7 @@ def _session(rng: random.Random) -> tuple[list[tuple[int, int, int | None]], lis
 def test_outermost_compute_follows_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     for seed in range(300):
         _check(seed)
-    monkeypatch.setattr(model_fetch, "COMPUTE_CHUNK", 3)  # the latest end carried across chunks
+    monkeypatch.setattr(outermost, "COMPUTE_CHUNK", 3)  # the latest end carried across chunks
     for seed in range(300):
         _check(seed)
 
@@ -109,13 +109,13 @@ def _resumed(spans: list[tuple[int, int, int | None]], executions: list[tuple[in
     new_spans = [s for s in spans if s[1] > boundary]
     at = written or [e[2] for e in executions]
     kept_steps, kept_compute = _columns(kept_spans, [e for e, w in zip(executions, at, strict=True) if w <= boundary])
-    outer = model_fetch.kept_outer(kept_steps, kept_compute)
+    outer = outermost.kept_outer(kept_steps, kept_compute)
     steps, compute = _columns(new_spans, executions)
-    if not model_fetch.adds_to(outer["bounds"], steps["t0"], compute["t0"]):
+    if not outermost.adds_to(outer["bounds"], steps["t0"], compute["t0"]):
         return None
     seq, ns = outermost_compute(compute["t0"], compute["t1"], np.ma.MaskedArray(compute["step"], mask=compute["nostep"]),
                                 steps["seq"], steps["step"], steps["t0"], reach=int(outer["bounds"][0]))
-    seq, ns = model_fetch.by_seq(np.concatenate((outer["seq"], seq)), np.concatenate((outer["ns"], ns)))
+    seq, ns = outermost.by_seq(np.concatenate((outer["seq"], seq)), np.concatenate((outer["ns"], ns)))
     assert list(seq) == sorted(set(seq.tolist()))
     return dict(zip(seq.tolist(), ns.tolist(), strict=True))
 

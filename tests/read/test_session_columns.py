@@ -20,7 +20,7 @@ from goodtrace.read.chunk_files import FileIdentity
 from goodtrace.read.engine import Engine
 from goodtrace.read.environment import run_cache_dir
 from goodtrace.read.load import load_run
-from goodtrace.read.model_fetch import kept_outer
+from goodtrace.read.outermost import kept_outer
 from goodtrace.read.segment_cache import ENV_SEGMENT_CACHE
 from goodtrace.read.session_columns import (
     ORDER,

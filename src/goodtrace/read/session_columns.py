@@ -222,7 +222,7 @@ ORDER: dict[str, tuple[str, ...]] = {
     "compute": ("t0", "-t1", "nostep", "step"),
 }
 # what is kept beside the tables, made of them: the outermost compute of the kept executions
-# (model_fetch.kept_outer: each execution's ns, by seq; its bounds: the latest end and start of
+# (outermost.kept_outer: each execution's ns, by seq; its bounds: the latest end and start of
 # the kept compute spans, and how many kept executions entered at or before that end), which a
 # re-report adds the new files' compute spans to, when they cannot change it
 DERIVED: dict[str, tuple[str, ...]] = {"outer": ("seq", "ns", "bounds")}
@@ -356,7 +356,7 @@ def read_kept(kept: KeptSession, tables: Mapping[str, Iterable[str]], vocab: Map
                 if recoded is not mine:
                     mine[:] = recoded
             out[table][column] = values
-        if then is not None and table in ORDER:  # a derived table's caller joins it (model_fetch.by_seq)
+        if then is not None and table in ORDER:  # a derived table's caller joins it (outermost.by_seq)
             out[table] = _in_order(table, out[table], len(out[table][TABLES[table][0]]) - added)
     return out
 
